@@ -1,0 +1,27 @@
+/* limits.h: every limit on what a client or a registry file controls, in one place. */
+#pragma once
+
+/* gRPC requests: larger messages are refused by the transport before decoding. */
+#define FAMILYD_MAX_REQUEST_BYTES        (4u * 1024u * 1024u)
+/* Concurrent client connections on the API socket; more are closed with a log line. */
+#define FAMILYD_MAX_CONNECTIONS          256u
+
+/* Resolve/Build arguments and values. */
+#define FAMILYD_MAX_ARGUMENTS            256u
+#define FAMILYD_MAX_NAME_LENGTH          256u
+#define FAMILYD_MAX_STRING_VALUE_LENGTH  65536u
+#define FAMILYD_MAX_VALUE_DEPTH          8u
+#define FAMILYD_MAX_LIST_VALUES          4096u
+
+/* Meshes. */
+#define FAMILYD_MAX_MESHES               1024u
+#define FAMILYD_MAX_MESH_DIMS            16u
+#define FAMILYD_MAX_RANKS                (1u << 20)
+
+/* Registry files. */
+#define FAMILYD_MAX_REGISTRY_FILES       4096u
+#define FAMILYD_MAX_REGISTRY_FILE_BYTES  (4u * 1024u * 1024u)
+#define FAMILYD_MAX_FAMILIES             65536u
+#define FAMILYD_MAX_SHAPE_RANK           16u
+#define FAMILYD_MAX_EXPR_LENGTH          1024u
+#define FAMILYD_MAX_EXPR_DEPTH           64u

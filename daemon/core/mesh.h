@@ -1,0 +1,76 @@
+/* mesh.h: job meshes (named-dimension views over ranks), their checks and content-derived ids. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "axis.h"
+#include "error.h"
+
+typedef struct MeshDim {
+        char *name;
+        int64_t size;
+} MeshDim;
+
+typedef struct MeshView {
+        MeshDim *dims; /* row-major, first dimension outermost */
+        size_t n;
+} MeshView;
+
+/* What a client asks for; CreateMesh turns it into a Mesh. */
+typedef struct MeshSpec {
+        MeshView device; /* device_mesh: the dense view */
+        MeshView expert; /* expert_mesh: optional second view of the same ranks */
+        bool has_size[_AXIS_MAX];
+        int64_t size[_AXIS_MAX]; /* declared <axis>_size */
+        bool sequence_parallel;
+        bool loss_parallel;
+        int64_t *ranks; /* empty: every rank of the topology, in order */
+        size_t n_ranks;
+} MeshSpec;
+
+void mesh_spec_done(MeshSpec *s);
+int mesh_spec_copy(const MeshSpec *src, MeshSpec *ret);
+
+typedef struct Mesh {
+        atomic_uint n_ref;
+        char *id;
+        MeshSpec spec;             /* validated; ranks filled in */
+        int64_t axis_size[_AXIS_MAX]; /* effective size of each axis (declared ones stand) */
+        atomic_uint n_builds;      /* live builds laid out on this mesh */
+} Mesh;
+
+/*
+ * Runs the CreateMesh checks of semantics.md in order (INVALID_ARGUMENT with its exact texts),
+ * fills in the default ranks (0 .. world_size-1) and derives the id from the content.
+ */
+int mesh_new(const MeshSpec *spec, int64_t world_size, Mesh **ret, FamilyError *ret_error);
+Mesh *mesh_ref(Mesh *m);
+Mesh *mesh_unref(Mesh *m);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Mesh *, mesh_unref);
+
+/* The view an axis is read from: the expert view for ep when the mesh has one, else device. */
+const MeshView *mesh_axis_view(const Mesh *m, Axis a);
+/* Size of a named dimension in a view, or 0 if the view lacks it. */
+int64_t mesh_view_dim_size(const MeshView *v, const char *name);
+
+/* A thread-safe table of meshes by id. */
+typedef struct MeshTable MeshTable;
+
+int mesh_table_new(size_t max_meshes, MeshTable **ret);
+MeshTable *mesh_table_free(MeshTable *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(MeshTable *, mesh_table_free);
+
+/*
+ * Adds m, or finds the existing mesh with the same id (same content): *ret is a new reference to
+ * whichever is in the table. RESOURCE_EXHAUSTED when the table is full.
+ */
+int mesh_table_add(MeshTable *t, Mesh *m, Mesh **ret, FamilyError *ret_error);
+/* NOT_FOUND "mesh 'ID' not found". *ret is a new reference. */
+int mesh_table_get(MeshTable *t, const char *id, Mesh **ret, FamilyError *ret_error);
+/* NOT_FOUND as above; FAILED_PRECONDITION "mesh 'ID' is used by N builds". */
+int mesh_table_remove(MeshTable *t, const char *id, FamilyError *ret_error);
+/* New references to every mesh, in creation order; free the array with mesh_list_free. */
+int mesh_table_list(MeshTable *t, Mesh ***ret, size_t *ret_n);
+void mesh_list_free(Mesh **list, size_t n);
+size_t mesh_table_size(MeshTable *t);

@@ -1,0 +1,165 @@
+/* registry.h: the family registry, an immutable reference-counted snapshot of the YAML files. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "axis.h"
+#include "error.h"
+#include "expr.h"
+#include "value.h"
+
+typedef struct TypedField {
+        char *name;
+        FieldType type;
+        Value default_value; /* VALUE_NONE when absent (arguments only) */
+} TypedField;
+
+typedef struct RuleCondition {
+        char *key; /* a selector name, or "parallel" */
+        Value value;
+} RuleCondition;
+
+typedef enum RuleOutcome {
+        RULE_OUTCOME_VARIANT,
+        RULE_OUTCOME_ERROR,
+        RULE_OUTCOME_UNSUPPORTED,
+        _RULE_OUTCOME_MAX,
+        _RULE_OUTCOME_INVALID = -EINVAL,
+} RuleOutcome;
+
+typedef struct Rule {
+        RuleCondition *when;
+        size_t n_when;
+        RuleOutcome outcome;
+        char *text; /* variant name, or the error/unsupported message */
+} Rule;
+
+typedef struct Requirement {
+        Axis axis;
+        bool is_list; /* `ep: [1, 2]` rather than `tp: 1` */
+        int64_t *values;
+        size_t n_values;
+} Requirement;
+
+typedef enum PlacementKind {
+        PLACEMENT_SHARD,
+        PLACEMENT_REPLICATE,
+        _PLACEMENT_KIND_MAX,
+        _PLACEMENT_KIND_INVALID = -EINVAL,
+} PlacementKind;
+
+typedef struct Placement {
+        char *axis; /* a mesh dimension name */
+        PlacementKind kind;
+        int64_t dim; /* shard only; -rank <= dim < rank */
+} Placement;
+
+typedef enum InitKind {
+        INIT_ZEROS,
+        INIT_ONES,
+        INIT_CONSTANT,
+        INIT_NORMAL,
+        INIT_UNIFORM,
+        _INIT_KIND_MAX,
+        _INIT_KIND_INVALID = -EINVAL,
+} InitKind;
+
+/* A number in an init, or the name of a config field that supplies it. */
+typedef struct InitNumber {
+        char *field; /* NULL: use value */
+        double value;
+} InitNumber;
+
+typedef struct InitSpec {
+        InitKind kind;
+        InitNumber a; /* constant: value; normal: mean; uniform: low */
+        InitNumber b; /* normal: std; uniform: high */
+} InitSpec;
+
+typedef struct ParameterSpec {
+        char *name;
+        Expr **shape;
+        size_t n_dims;
+        Placement *placements;
+        size_t n_placements;
+        InitSpec init;
+        char *init_text; /* canonical text: "zeros", "constant(value=1)", "normal(mean=0, std=x)" */
+} ParameterSpec;
+
+typedef struct Variant {
+        char *name;
+        char *constructor;
+        char **accepts;
+        size_t n_accepts;
+        Requirement *requires; /* axes in tp, cp, ep, pp order */
+        size_t n_requires;
+        bool has_parameters; /* the variant's own parameters replace the family's */
+        ParameterSpec *parameters;
+        size_t n_parameters;
+} Variant;
+
+typedef struct Family {
+        char *name;
+        char *baseline;
+        char *default_variant; /* NULL: the family cannot be requested */
+        Axis parallel_axis;    /* _AXIS_INVALID: none */
+        TypedField *selectors;
+        size_t n_selectors;
+        TypedField *arguments;
+        size_t n_arguments;
+        Variant *variants; /* in file order */
+        size_t n_variants;
+        Rule *rules;
+        size_t n_rules;
+        ParameterSpec *parameters;
+        size_t n_parameters;
+        char *source; /* "file:line" */
+} Family;
+
+typedef struct Registry {
+        atomic_uint n_ref;
+        char *path;
+        uint64_t generation;
+        Family *families; /* load order: files by name, then order within a file */
+        size_t n_families;
+} Registry;
+
+/* Load diagnostics: one "file:line:column: text" per problem. */
+typedef struct LoadDiagnostics {
+        char **lines;
+        size_t n;
+        size_t allocated;
+} LoadDiagnostics;
+
+void load_diagnostics_done(LoadDiagnostics *d);
+int load_diagnostics_add(LoadDiagnostics *d, const char *file, unsigned line, unsigned column,
+                         const char *format, ...) _printf_(5, 6);
+/* All lines joined with '\n'; NULL on OOM. */
+char *load_diagnostics_join(const LoadDiagnostics *d);
+
+/*
+ * Loads every *.yaml and *.yml file of dir (byte order of names). On any violation returns
+ * -EINVAL with every problem found in *ret_diag (nothing else is kept); other failures are a
+ * negative errno with a diagnostic line too (e.g. the directory cannot be read).
+ */
+int registry_load(const char *dir, uint64_t generation, Registry **ret, LoadDiagnostics *ret_diag);
+
+Registry *registry_ref(Registry *r);
+Registry *registry_unref(Registry *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Registry *, registry_unref);
+
+/* Resolve step 1 target lookup, by name or baseline, with its exact errors. */
+int registry_find(const Registry *r, const char *target, const Family **ret, FamilyError *ret_error);
+
+const Variant *family_find_variant(const Family *f, const char *name);
+const TypedField *family_find_selector(const Family *f, const char *name);
+const TypedField *family_find_argument(const Family *f, const char *name);
+/* The variant's parameters if it has its own, else the family's. */
+void variant_parameters(const Family *f, const Variant *v, const ParameterSpec **ret, size_t *ret_n);
+
+const char *placement_kind_to_string(PlacementKind k); /* "shard" | "replicate" */
+const char *init_kind_to_string(InitKind k);
+
+/* Names reserved for runtime arguments: config, module, module_fqn, context. */
+bool is_reserved_runtime_name(const char *name);

@@ -1,0 +1,60 @@
+/* topology.h: the nodes and devices a daemon knows, and the global rank numbering over them. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "macro.h"
+
+typedef struct Device {
+        int32_t local_index;
+        char *kind; /* "host" | "cuda" */
+        char *name;
+        char *uuid;
+        uint64_t memory_bytes;
+        int32_t numa_node; /* -1: unknown */
+        char *pci_bus_id;
+} Device;
+
+typedef enum NodeState {
+        NODE_UP,
+        NODE_SUSPECT,
+        NODE_DOWN,
+        _NODE_STATE_MAX,
+        _NODE_STATE_INVALID = -EINVAL,
+} NodeState;
+
+typedef struct Node {
+        char *name;
+        char *address;
+        int64_t node_rank; /* -1: not configured; ordering falls back to the name */
+        int64_t first_rank;
+        Device *devices;
+        size_t n_devices;
+        NodeState state;
+        int64_t last_seen_unix_ms;
+        bool local;
+} Node;
+
+/* Immutable once built; replaced as a whole on change. */
+typedef struct Topology {
+        atomic_uint n_ref;
+        uint64_t version;
+        int64_t world_size;
+        Node *nodes; /* ordered by node rank, then name; ranks numbered in that order */
+        size_t n_nodes;
+        size_t local; /* index of this node */
+} Topology;
+
+const char *node_state_to_string(NodeState s); /* "up" | "suspect" | "down" */
+
+/* A topology of this node alone, with n_host_devices host devices ("host0", ...). */
+int topology_new_local(const char *node_name, int64_t node_rank, const char *address,
+                       unsigned n_host_devices, uint64_t memory_bytes, Topology **ret);
+Topology *topology_ref(Topology *t);
+Topology *topology_unref(Topology *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Topology *, topology_unref);
+
+const Node *topology_local_node(const Topology *t);
+/* The node holding a global rank, and the rank's local device index; NULL if out of range. */
+const Node *topology_node_of_rank(const Topology *t, int64_t rank, int32_t *ret_local_device);
