@@ -1,1 +1,202 @@
-/* placeholder */
+/* daemon.c: wires manager, gRPC server and listener, and runs the signal and accept loop. */
+
+/*
+ * DESIGN: the main thread owns the loop (epoll over a signalfd and the API socket) and does
+ * nothing slow in it: accepting hands a connection to gRPC, SIGHUP reloads the registry (the
+ * manager builds the new snapshot without blocking calls). gRPC's worker threads answer calls.
+ */
+
+#include <inttypes.h>
+#include <signal.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+
+#include "daemon.h"
+#include "listener.h"
+#include "log.h"
+#include "manager.h"
+#include "resource-limits.h"
+#include "server.h"
+
+struct Daemon {
+        Manager *manager;
+        Server *server;
+        Listener *listener;
+        int signal_fd;
+        int epoll_fd;
+        const Config *config;
+};
+
+static int daemon_load(Daemon *d, const Config *c) {
+        _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
+        ManagerParams params = {
+                .registry_path = c->registry_path,
+                .node_name = c->node_name,
+                .node_rank = c->node_rank,
+                .address = c->listen_address ? c->listen_address : "",
+                .host_devices = c->host_devices,
+                .shm_budget_bytes = c->shm_budget_bytes,
+                .max_builds = c->max_builds,
+        };
+
+        int r = manager_new(&params, &d->manager, &diag);
+        if (r < 0) {
+                if (diag.n == 0)
+                        return log_error_errno(r, "Failed to load the registry %s: %m",
+                                               c->registry_path);
+                for (size_t i = 0; i < diag.n; i++)
+                        log_error("%s", diag.lines[i]);
+                return log_error_errno(r, "Failed to load the registry %s (%zu problems).",
+                                       c->registry_path, diag.n);
+        }
+        return 0;
+}
+
+int daemon_new(const Config *c, Daemon **ret) {
+        _cleanup_(daemon_freep) Daemon *d = NULL;
+        sigset_t mask;
+        int r;
+
+        d = calloc(1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        d->signal_fd = d->epoll_fd = -1;
+        d->config = c;
+
+        r = daemon_load(d, c);
+        if (r < 0)
+                return r;
+
+        /* Block the signals before gRPC starts its threads, so they inherit the mask and the
+         * signals reach only the signalfd. */
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
+        sigaddset(&mask, SIGPIPE);
+        r = -pthread_sigmask(SIG_BLOCK, &mask, NULL);
+        if (r < 0)
+                return log_error_errno(r, "Failed to block signals: %m");
+        sigdelset(&mask, SIGPIPE);
+        d->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        if (d->signal_fd < 0)
+                return log_error_errno(-errno, "Failed to create a signalfd: %m");
+
+        r = listener_new(c->socket_path, c->max_connections, &d->listener);
+        if (r < 0)
+                return r;
+
+        ServerParams sp = {
+                .manager = d->manager,
+                .threads = c->threads,
+                .max_request_bytes = FAMILYD_MAX_REQUEST_BYTES,
+        };
+        r = server_new(&sp, &d->server);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the gRPC server: %m");
+
+        d->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        if (d->epoll_fd < 0)
+                return log_error_errno(-errno, "Failed to create an epoll instance: %m");
+        struct epoll_event ev = { .events = EPOLLIN, .data.fd = d->signal_fd };
+        if (epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, d->signal_fd, &ev) < 0)
+                return log_error_errno(-errno, "Failed to watch the signalfd: %m");
+        ev.data.fd = listener_fd(d->listener);
+        if (epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
+                return log_error_errno(-errno, "Failed to watch the API socket: %m");
+
+        *ret = TAKE_PTR(d);
+        return 0;
+}
+
+Daemon *daemon_free(Daemon *d) {
+        if (!d)
+                return NULL;
+        /* Stop gRPC first: its workers may still be inside the manager. */
+        server_free(d->server);
+        listener_free(d->listener);
+        manager_free(d->manager);
+        safe_close(d->signal_fd);
+        safe_close(d->epoll_fd);
+        return mfree(d);
+}
+
+static void daemon_reload(Daemon *d) {
+        _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
+        _cleanup_(registry_unrefp) Registry *reg = NULL;
+
+        int r = manager_reload(d->manager, &reg, &diag);
+        if (r < 0) {
+                for (size_t i = 0; i < diag.n; i++)
+                        log_error("%s", diag.lines[i]);
+                log_error_errno(r, "Registry reload on SIGHUP failed, keeping generation "
+                                   "%" PRIu64 ", ignoring.",
+                                manager_registry_generation(d->manager));
+                return;
+        }
+        log_info("Registry reloaded on SIGHUP: generation %" PRIu64 ", %zu families.",
+                 reg->generation, reg->n_families);
+}
+
+/* Returns 1 to stop, 0 to go on. */
+static int daemon_handle_signal(Daemon *d) {
+        struct signalfd_siginfo si;
+
+        for (;;) {
+                ssize_t n = read(d->signal_fd, &si, sizeof si);
+                if (n != (ssize_t) sizeof si)
+                        return 0;
+                switch (si.ssi_signo) {
+                case SIGHUP:
+                        daemon_reload(d);
+                        break;
+                case SIGTERM:
+                case SIGINT:
+                        log_info("Received %s, stopping.", si.ssi_signo == SIGTERM ? "SIGTERM"
+                                                                                 : "SIGINT");
+                        return 1;
+                default:
+                        break;
+                }
+        }
+}
+
+static void daemon_accept(Daemon *d) {
+        for (;;) {
+                int fd, r;
+
+                r = listener_accept(d->listener, &fd);
+                if (r == -EAGAIN)
+                        return;
+                if (r == -EDQUOT)
+                        continue;
+                if (r < 0) {
+                        log_warning_errno(r, "Failed to accept a connection, ignoring: %m");
+                        return;
+                }
+                server_add_connection(d->server, fd);
+        }
+}
+
+int daemon_run(Daemon *d) {
+        log_info("familyd serving %s (node %s, registry %s).", d->config->socket_path,
+                 d->config->node_name, d->config->registry_path);
+
+        for (;;) {
+                struct epoll_event events[8];
+                int n = epoll_wait(d->epoll_fd, events, ELEMENTSOF(events), -1);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return log_error_errno(-errno, "epoll_wait failed: %m");
+                }
+                for (int i = 0; i < n; i++) {
+                        if (events[i].data.fd == d->signal_fd) {
+                                if (daemon_handle_signal(d) > 0)
+                                        return 0;
+                        } else
+                                daemon_accept(d);
+                }
+        }
+}

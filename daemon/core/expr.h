@@ -11,7 +11,7 @@ typedef struct Expr Expr;
 /*
  * Parses text (usual precedence, left associative). On a syntax error returns -EINVAL and, if
  * ret_message is not NULL, a newly allocated description ("unexpected ')' at column 7").
- * Integers out of int64 range are syntax errors. Nesting and length are bounded (limits.h).
+ * Integers out of int64 range are syntax errors. Nesting and length are bounded (resource-limits.h).
  */
 int expr_parse(const char *text, Expr **ret, char **ret_message);
 Expr *expr_free(Expr *e);

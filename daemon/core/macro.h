@@ -87,3 +87,5 @@ static inline bool isempty(const char *s) {
 bool greedy_realloc(void **p, size_t *allocated, size_t need, size_t size);
 #define GREEDY_REALLOC(array, allocated, need) \
         greedy_realloc((void **) &(array), &(allocated), (need), sizeof((array)[0]))
+
+#define container_of(ptr, type, member) ((type *) ((char *) (ptr) - offsetof(type, member)))

@@ -1,1 +1,416 @@
-/* placeholder */
+/* call.c: a server-side gRPC call from arrival to its last completion, for every method kind. */
+
+/*
+ * DESIGN: a Call is born armed (waiting in grpc_server_request_*call), and once a client's call
+ * arrives it re-arms its site, so every method always has one request outstanding (otherwise
+ * gRPC would stop serving it). Each batch started on the call holds one reference; the last
+ * completion frees the call. Worker threads may run two completions of one call at once (the
+ * send and the close of a watch), hence the atomic count; the steps of one stream are otherwise
+ * sequential by construction (one receive or one send outstanding at a time).
+ */
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "call.h"
+#include "codec-status.h"
+#include "log.h"
+
+
+typedef struct Call {
+        CallSite site;
+        atomic_uint n_ref;
+
+        grpc_call *call;
+        gpr_timespec deadline;
+        grpc_metadata_array request_metadata;
+        grpc_call_details details; /* catch-all site only */
+        grpc_byte_buffer *payload; /* the request (unary, watch) or the last stream message */
+
+        RpcTag on_arrived;
+        RpcTag on_sent;
+        RpcTag on_received;
+        RpcTag on_closed;
+
+        int cancelled;
+        grpc_byte_buffer *reply;
+        grpc_slice status_details;
+        bool has_status_details;
+        grpc_metadata trailer;
+        bool has_trailer;
+} Call;
+
+static Call *call_unref(Call *c);
+
+static void call_free(Call *c) {
+        if (c->call)
+                grpc_call_unref(c->call);
+        grpc_metadata_array_destroy(&c->request_metadata);
+        if (!c->site.method)
+                grpc_call_details_destroy(&c->details);
+        if (c->payload)
+                grpc_byte_buffer_destroy(c->payload);
+        if (c->reply)
+                grpc_byte_buffer_destroy(c->reply);
+        if (c->has_status_details)
+                grpc_slice_unref(c->status_details);
+        if (c->has_trailer) {
+                grpc_slice_unref(c->trailer.key);
+                grpc_slice_unref(c->trailer.value);
+        }
+        free(c);
+}
+
+static Call *call_unref(Call *c) {
+        if (c && atomic_fetch_sub(&c->n_ref, 1) == 1)
+                call_free(c);
+        return NULL;
+}
+
+static void call_ref(Call *c) {
+        atomic_fetch_add(&c->n_ref, 1);
+}
+
+/* A batch that gRPC refuses never completes: drop the reference it would have released. */
+static void call_start_batch(Call *c, const grpc_op *ops, size_t n, RpcTag *tag) {
+        call_ref(c);
+        grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
+        if (e != GRPC_CALL_OK) {
+                log_warning("grpc_call_start_batch failed (%d) on %s, dropping the call", (int) e,
+                            c->site.method ? c->site.method->path : "an unknown method");
+                call_unref(c);
+        }
+}
+
+static int buffer_to_bytes(grpc_byte_buffer *b, grpc_slice *ret) {
+        grpc_byte_buffer_reader reader;
+
+        if (!grpc_byte_buffer_reader_init(&reader, b))
+                return -EBADMSG;
+        *ret = grpc_byte_buffer_reader_readall(&reader);
+        grpc_byte_buffer_reader_destroy(&reader);
+        return 0;
+}
+
+static grpc_byte_buffer *bytes_to_buffer(const uint8_t *data, size_t size) {
+        grpc_slice s = grpc_slice_from_copied_buffer((const char *) data, size);
+        grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        return b;
+}
+
+static grpc_byte_buffer *message_to_buffer(const ProtobufCMessage *m) {
+        size_t size = protobuf_c_message_get_packed_size(m);
+        grpc_slice s = grpc_slice_malloc(size);
+        (void) protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+        grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        return b;
+}
+
+/* Fills the status op: code, message, and the google.rpc.Status detail in the trailer. */
+static void call_set_status(Call *c, grpc_op *op, const FamilyError *e) {
+        op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        op->data.send_status_from_server.status = (grpc_status_code) e->status;
+        if (e->status == FAMILY_STATUS_OK)
+                return;
+
+        c->status_details = grpc_slice_from_copied_string(strempty(e->message));
+        c->has_status_details = true;
+        op->data.send_status_from_server.status_details = &c->status_details;
+
+        _cleanup_free_ uint8_t *detail = NULL;
+        size_t detail_size = 0;
+        if (codec_status_encode((int) e->status, strempty(e->message),
+                                e->reason ? e->reason : family_status_to_string(e->status),
+                                "familyd", e->field ? "field" : NULL, e->field, &detail,
+                                &detail_size) >= 0) {
+                c->trailer.key = grpc_slice_from_static_string("grpc-status-details-bin");
+                c->trailer.value = grpc_slice_from_copied_buffer((const char *) detail,
+                                                                 detail_size);
+                c->has_trailer = true;
+                op->data.send_status_from_server.trailing_metadata_count = 1;
+                op->data.send_status_from_server.trailing_metadata = &c->trailer;
+        }
+}
+
+static void on_final_sent(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_sent);
+        call_unref(c);
+}
+
+/* Sends initial metadata (unless already sent), an optional reply and the status, ending the
+ * call; with close, also waits for the client's close in the same batch. */
+static void call_finish(Call *c, ProtobufCMessage *reply, const FamilyError *e, bool initial,
+                        bool close) {
+        grpc_op ops[4] = {};
+        size_t n = 0;
+
+        if (initial)
+                ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        if (reply) {
+                c->reply = message_to_buffer(reply);
+                ops[n].op = GRPC_OP_SEND_MESSAGE;
+                ops[n++].data.send_message.send_message = c->reply;
+        }
+        call_set_status(c, &ops[n++], e);
+        if (close) {
+                ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+                ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+        }
+        c->on_sent.complete = on_final_sent;
+        call_start_batch(c, ops, n, &c->on_sent);
+}
+
+static void error_from_errno(FamilyError *e, int r) {
+        if (family_error_is_set(e))
+                return;
+        if (r == -ENOMEM)
+                (void) family_error_set(e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", NULL,
+                                        "familyd is out of memory");
+        else
+                (void) family_error_set(e, FAMILY_STATUS_INTERNAL, "INTERNAL", NULL,
+                                        "internal error: %s", strerror(-r));
+}
+
+/* Decodes the request and runs the handler; on failure *ret_error says why. */
+static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const RpcMethod *m = c->site.method;
+        ProtobufCMessage *request = NULL;
+        grpc_slice bytes;
+        int r;
+
+        if (m->handler == rpc_unimplemented)
+                return family_error_set(ret_error, FAMILY_STATUS_UNIMPLEMENTED, "NOT_IMPLEMENTED",
+                                        NULL, "%s is not implemented yet by this familyd",
+                                        m->path + 1);
+
+        if (!c->payload || buffer_to_bytes(c->payload, &bytes) < 0)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
+                                        NULL, "request has no message");
+
+        request = protobuf_c_message_unpack(m->request_type, NULL, GRPC_SLICE_LENGTH(bytes),
+                                            GRPC_SLICE_START_PTR(bytes));
+        grpc_slice_unref(bytes);
+        if (!request)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
+                                        NULL, "request could not be decoded as %s",
+                                        m->request_type->name);
+
+        r = m->handler((RpcContext *) &c->site.context, request, ret_reply, ret_error);
+        protobuf_c_message_free_unpacked(request, NULL);
+        if (r < 0)
+                error_from_errno(ret_error, r);
+        return r;
+}
+
+static void call_run_unary(Call *c) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        ProtobufCMessage *reply = NULL;
+
+        if (call_handle(c, &reply, &e) < 0) {
+                call_finish(c, NULL, &e, true, true);
+                return;
+        }
+        call_finish(c, reply, &e, true, true);
+        protobuf_c_message_free_unpacked(reply, NULL);
+}
+
+static void on_closed(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_closed);
+        call_unref(c);
+}
+
+static void on_watch_sent(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_sent);
+        call_unref(c);
+}
+
+/* A watch sends its first reply and stays open: the close (client gone, or the server's
+ * cancel-all at shutdown) ends it. */
+static void call_run_watch(Call *c) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        ProtobufCMessage *reply = NULL;
+        grpc_op ops[2] = {};
+
+        if (call_handle(c, &reply, &e) < 0) {
+                call_finish(c, NULL, &e, true, true);
+                return;
+        }
+
+        ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[0].data.recv_close_on_server.cancelled = &c->cancelled;
+        c->on_closed.complete = on_closed;
+        call_start_batch(c, ops, 1, &c->on_closed);
+
+        c->reply = message_to_buffer(reply);
+        protobuf_c_message_free_unpacked(reply, NULL);
+        ops[0] = (grpc_op) { .op = GRPC_OP_SEND_INITIAL_METADATA };
+        ops[1] = (grpc_op) { .op = GRPC_OP_SEND_MESSAGE };
+        ops[1].data.send_message.send_message = c->reply;
+        c->on_sent.complete = on_watch_sent;
+        call_start_batch(c, ops, 2, &c->on_sent);
+}
+
+static void bidi_receive(Call *c, bool initial);
+
+static void on_bidi_sent(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_sent);
+
+        if (c->reply) {
+                grpc_byte_buffer_destroy(c->reply);
+                c->reply = NULL;
+        }
+        if (ok)
+                bidi_receive(c, false);
+        call_unref(c);
+}
+
+static void on_bidi_received(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_received);
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+
+        if (!ok) {
+                call_unref(c);
+                return;
+        }
+
+        if (!c->payload) {
+                /* The client half-closed: every request has its answer. */
+                call_finish(c, NULL, &e, false, false);
+                call_unref(c);
+                return;
+        }
+
+        grpc_slice bytes;
+        _cleanup_free_ uint8_t *reply = NULL;
+        size_t reply_size = 0;
+        int r = buffer_to_bytes(c->payload, &bytes);
+        grpc_byte_buffer_destroy(c->payload);
+        c->payload = NULL;
+        if (r >= 0) {
+                r = c->site.method->bytes_handler((RpcContext *) &c->site.context,
+                                                  GRPC_SLICE_START_PTR(bytes),
+                                                  GRPC_SLICE_LENGTH(bytes), &reply, &reply_size);
+                grpc_slice_unref(bytes);
+        }
+        if (r < 0) {
+                if (r == -EBADMSG)
+                        (void) family_error_set(&e, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
+                                                NULL, "request could not be decoded");
+                else
+                        error_from_errno(&e, r);
+                call_finish(c, NULL, &e, false, false);
+                call_unref(c);
+                return;
+        }
+
+        grpc_op op = { .op = GRPC_OP_SEND_MESSAGE };
+        c->reply = bytes_to_buffer(reply, reply_size);
+        op.data.send_message.send_message = c->reply;
+        c->on_sent.complete = on_bidi_sent;
+        call_start_batch(c, &op, 1, &c->on_sent);
+        call_unref(c);
+}
+
+static void bidi_receive(Call *c, bool initial) {
+        grpc_op ops[2] = {};
+        size_t n = 0;
+
+        if (initial)
+                ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[n].op = GRPC_OP_RECV_MESSAGE;
+        ops[n++].data.recv_message.recv_message = &c->payload;
+        c->on_received.complete = on_bidi_received;
+        call_start_batch(c, ops, n, &c->on_received);
+}
+
+static void call_run_bidi(Call *c) {
+        grpc_op op = { .op = GRPC_OP_RECV_CLOSE_ON_SERVER };
+
+        op.data.recv_close_on_server.cancelled = &c->cancelled;
+        c->on_closed.complete = on_closed;
+        call_start_batch(c, &op, 1, &c->on_closed);
+        bidi_receive(c, true);
+}
+
+static void call_run_unknown(Call *c) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        char *method = grpc_slice_to_c_string(c->details.method);
+
+        (void) family_error_set(&e, FAMILY_STATUS_UNIMPLEMENTED, "UNKNOWN_METHOD", NULL,
+                                "familyd does not serve the method %s", strempty(method));
+        gpr_free(method);
+        call_finish(c, NULL, &e, true, true);
+}
+
+static void on_arrived(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_arrived);
+
+        if (!ok || atomic_load(c->site.shutting_down)) {
+                call_unref(c);
+                return;
+        }
+
+        /* Keep one request outstanding per method before doing any work on this one. */
+        int r = call_arm(&c->site);
+        if (r < 0)
+                log_error_errno(r, "Failed to re-arm %s, it stops being served: %m",
+                                c->site.method ? c->site.method->path : "the catch-all");
+
+        if (!c->site.method)
+                call_run_unknown(c);
+        else
+                switch (c->site.method->kind) {
+                case RPC_UNARY:
+                        call_run_unary(c);
+                        break;
+                case RPC_WATCH:
+                        call_run_watch(c);
+                        break;
+                default:
+                        call_run_bidi(c);
+                        break;
+                }
+        call_unref(c);
+}
+
+int call_arm(const CallSite *site) {
+        grpc_call_error e;
+        Call *c;
+
+        c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->site = *site;
+        c->n_ref = 1;
+        c->on_arrived.complete = on_arrived;
+        grpc_metadata_array_init(&c->request_metadata);
+
+        if (!site->method) {
+                grpc_call_details_init(&c->details);
+                e = grpc_server_request_call(site->server, &c->call, &c->details,
+                                             &c->request_metadata, site->cq, site->cq,
+                                             &c->on_arrived);
+        } else
+                e = grpc_server_request_registered_call(
+                        site->server, site->registered, &c->call, &c->deadline,
+                        &c->request_metadata,
+                        site->method->kind == RPC_BIDI_BYTES ? NULL : &c->payload, site->cq,
+                        site->cq, &c->on_arrived);
+        if (e != GRPC_CALL_OK) {
+                call_free(c);
+                return -EIO;
+        }
+        return 0;
+}
+
+int rpc_unimplemented(RpcContext *ctx, const ProtobufCMessage *request,
+                      ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        /* A marker: call_handle answers before decoding, naming the method. */
+        return -EOPNOTSUPP;
+}

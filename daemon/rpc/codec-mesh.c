@@ -1,1 +1,233 @@
-/* placeholder */
+/* codec-mesh.c: the MeshService messages: Mesh to MeshSpec, and Mesh and Topology replies. */
+#include "codec.h"
+#include "resource-limits.h"
+
+
+static int view_decode(Familyd__V1__MeshDim *const *dims, size_t n, const char *what,
+                       MeshView *ret, FamilyError *ret_error) {
+        MeshView v = {};
+
+        if (n > FAMILYD_MAX_MESH_DIMS)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "MESH_INVALID",
+                                        what, "%s has more than %u dimensions", what,
+                                        FAMILYD_MAX_MESH_DIMS);
+        if (n > 0) {
+                v.dims = calloc(n, sizeof(MeshDim));
+                if (!v.dims)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                if (strlen(dims[i]->name) > FAMILYD_MAX_NAME_LENGTH) {
+                        for (size_t j = 0; j < v.n; j++)
+                                free(v.dims[j].name);
+                        free(v.dims);
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                "MESH_INVALID", what,
+                                                "mesh dimension names must be at most %u bytes",
+                                                FAMILYD_MAX_NAME_LENGTH);
+                }
+                v.dims[i].name = strdup(dims[i]->name);
+                if (!v.dims[i].name) {
+                        for (size_t j = 0; j < v.n; j++)
+                                free(v.dims[j].name);
+                        free(v.dims);
+                        return -ENOMEM;
+                }
+                v.dims[i].size = dims[i]->size;
+                v.n++;
+        }
+
+        *ret = v;
+        return 0;
+}
+
+int codec_mesh_spec_decode(const Familyd__V1__Mesh *pb, MeshSpec *ret, FamilyError *ret_error) {
+        _cleanup_(mesh_spec_done) MeshSpec s = {};
+        Familyd__V1__Mesh empty = FAMILYD__V1__MESH__INIT;
+        int r;
+
+        if (!pb)
+                pb = &empty;
+
+        r = view_decode(pb->device_mesh, pb->n_device_mesh, "device_mesh", &s.device, ret_error);
+        if (r < 0)
+                return r;
+        r = view_decode(pb->expert_mesh, pb->n_expert_mesh, "expert_mesh", &s.expert, ret_error);
+        if (r < 0)
+                return r;
+
+        s.has_size[AXIS_TP] = pb->_tp_size_case == FAMILYD__V1__MESH___TP_SIZE_TP_SIZE;
+        s.size[AXIS_TP] = s.has_size[AXIS_TP] ? pb->tp_size : 0;
+        s.has_size[AXIS_CP] = pb->_cp_size_case == FAMILYD__V1__MESH___CP_SIZE_CP_SIZE;
+        s.size[AXIS_CP] = s.has_size[AXIS_CP] ? pb->cp_size : 0;
+        s.has_size[AXIS_EP] = pb->_ep_size_case == FAMILYD__V1__MESH___EP_SIZE_EP_SIZE;
+        s.size[AXIS_EP] = s.has_size[AXIS_EP] ? pb->ep_size : 0;
+        s.has_size[AXIS_PP] = pb->_pp_size_case == FAMILYD__V1__MESH___PP_SIZE_PP_SIZE;
+        s.size[AXIS_PP] = s.has_size[AXIS_PP] ? pb->pp_size : 0;
+        s.sequence_parallel = pb->sequence_parallel;
+        s.loss_parallel = pb->loss_parallel;
+
+        if (pb->n_ranks > FAMILYD_MAX_RANKS)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "MESH_INVALID",
+                                        "ranks", "a mesh has at most %u ranks", FAMILYD_MAX_RANKS);
+        if (pb->n_ranks > 0) {
+                s.ranks = malloc(pb->n_ranks * sizeof(int64_t));
+                if (!s.ranks)
+                        return -ENOMEM;
+                memcpy(s.ranks, pb->ranks, pb->n_ranks * sizeof(int64_t));
+                s.n_ranks = pb->n_ranks;
+        }
+
+        *ret = s;
+        s = (MeshSpec) {};
+        return 0;
+}
+
+static int view_encode(const MeshView *v, Familyd__V1__MeshDim ***ret, size_t *ret_n) {
+        if (v->n == 0)
+                return 0;
+        *ret = calloc(v->n, sizeof(Familyd__V1__MeshDim *));
+        if (!*ret)
+                return -ENOMEM;
+        for (size_t i = 0; i < v->n; i++) {
+                Familyd__V1__MeshDim *d = MSG_NEW(Familyd__V1__MeshDim, familyd__v1__mesh_dim__init);
+                if (!d)
+                        return -ENOMEM;
+                (*ret)[(*ret_n)++] = d;
+                d->name = codec_strdup(v->dims[i].name);
+                if (!d->name)
+                        return -ENOMEM;
+                d->size = v->dims[i].size;
+        }
+        return 0;
+}
+
+static int mesh_encode_into(const Mesh *m, Familyd__V1__Mesh *pb) {
+        const MeshSpec *s = &m->spec;
+        int r;
+
+        pb->mesh_id = codec_strdup(m->id);
+        if (!pb->mesh_id)
+                return -ENOMEM;
+        r = view_encode(&s->device, &pb->device_mesh, &pb->n_device_mesh);
+        if (r < 0)
+                return r;
+        r = view_encode(&s->expert, &pb->expert_mesh, &pb->n_expert_mesh);
+        if (r < 0)
+                return r;
+
+        if (s->has_size[AXIS_TP]) {
+                pb->_tp_size_case = FAMILYD__V1__MESH___TP_SIZE_TP_SIZE;
+                pb->tp_size = s->size[AXIS_TP];
+        }
+        if (s->has_size[AXIS_CP]) {
+                pb->_cp_size_case = FAMILYD__V1__MESH___CP_SIZE_CP_SIZE;
+                pb->cp_size = s->size[AXIS_CP];
+        }
+        if (s->has_size[AXIS_EP]) {
+                pb->_ep_size_case = FAMILYD__V1__MESH___EP_SIZE_EP_SIZE;
+                pb->ep_size = s->size[AXIS_EP];
+        }
+        if (s->has_size[AXIS_PP]) {
+                pb->_pp_size_case = FAMILYD__V1__MESH___PP_SIZE_PP_SIZE;
+                pb->pp_size = s->size[AXIS_PP];
+        }
+        pb->sequence_parallel = s->sequence_parallel;
+        pb->loss_parallel = s->loss_parallel;
+
+        if (s->n_ranks > 0) {
+                pb->ranks = malloc(s->n_ranks * sizeof(int64_t));
+                if (!pb->ranks)
+                        return -ENOMEM;
+                memcpy(pb->ranks, s->ranks, s->n_ranks * sizeof(int64_t));
+                pb->n_ranks = s->n_ranks;
+        }
+        return 0;
+}
+
+int codec_mesh_encode(const Mesh *m, Familyd__V1__Mesh **ret) {
+        Familyd__V1__Mesh *pb = MSG_NEW(Familyd__V1__Mesh, familyd__v1__mesh__init);
+        if (!pb)
+                return -ENOMEM;
+        int r = mesh_encode_into(m, pb);
+        if (r < 0) {
+                protobuf_c_message_free_unpacked(&pb->base, NULL);
+                return r;
+        }
+        *ret = pb;
+        return 0;
+}
+
+static int device_encode(const Device *d, Familyd__V1__Device **ret) {
+        Familyd__V1__Device *pb = MSG_NEW(Familyd__V1__Device, familyd__v1__device__init);
+        if (!pb)
+                return -ENOMEM;
+        *ret = pb;
+        pb->local_index = d->local_index;
+        pb->kind = codec_strdup(d->kind);
+        pb->name = codec_strdup(d->name);
+        pb->uuid = codec_strdup(d->uuid);
+        pb->pci_bus_id = codec_strdup(d->pci_bus_id);
+        pb->memory_bytes = d->memory_bytes;
+        pb->numa_node = d->numa_node;
+        return pb->kind && pb->name && pb->uuid && pb->pci_bus_id ? 0 : -ENOMEM;
+}
+
+static int node_encode(const Node *n, Familyd__V1__Node **ret) {
+        Familyd__V1__Node *pb = MSG_NEW(Familyd__V1__Node, familyd__v1__node__init);
+        if (!pb)
+                return -ENOMEM;
+        *ret = pb;
+        pb->name = codec_strdup(n->name);
+        pb->address = codec_strdup(n->address);
+        pb->state = codec_strdup(node_state_to_string(n->state));
+        if (!pb->name || !pb->address || !pb->state)
+                return -ENOMEM;
+        pb->first_rank = n->first_rank;
+        pb->last_seen_unix_ms = n->last_seen_unix_ms;
+        pb->local = n->local;
+        pb->node_rank = n->node_rank;
+        if (n->n_devices > 0) {
+                pb->devices = calloc(n->n_devices, sizeof(Familyd__V1__Device *));
+                if (!pb->devices)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < n->n_devices; i++) {
+                int r = device_encode(&n->devices[i], &pb->devices[i]);
+                if (pb->devices[i])
+                        pb->n_devices++;
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int codec_topology_encode(const Topology *t, Familyd__V1__Topology **ret) {
+        Familyd__V1__Topology *pb = MSG_NEW(Familyd__V1__Topology, familyd__v1__topology__init);
+        int r = -ENOMEM;
+
+        if (!pb)
+                return -ENOMEM;
+        pb->version = t->version;
+        pb->world_size = t->world_size;
+        pb->local_node = codec_strdup(topology_local_node(t) ? topology_local_node(t)->name : "");
+        if (!pb->local_node)
+                goto fail;
+        if (t->n_nodes > 0) {
+                pb->nodes = calloc(t->n_nodes, sizeof(Familyd__V1__Node *));
+                if (!pb->nodes)
+                        goto fail;
+        }
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                r = node_encode(&t->nodes[i], &pb->nodes[i]);
+                if (pb->nodes[i])
+                        pb->n_nodes++;
+                if (r < 0)
+                        goto fail;
+        }
+        *ret = pb;
+        return 0;
+fail:
+        protobuf_c_message_free_unpacked(&pb->base, NULL);
+        return r;
+}

@@ -1,1 +1,53 @@
-/* placeholder */
+/* health.c: grpc.health.v1.Health: SERVING for the whole server and for each familyd service. */
+#include "codec.h"
+#include "grpc-health-v1-health.pb-c.h"
+#include "rpc.h"
+
+static const char *const served[] = {
+        "",
+        "familyd.v1.FamilyService",
+        "familyd.v1.MeshService",
+        "familyd.v1.AdminService",
+};
+
+static int health_answer(const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+                         FamilyError *ret_error) {
+        const Grpc__Health__V1__HealthCheckRequest *req =
+                (const Grpc__Health__V1__HealthCheckRequest *) request;
+        Grpc__Health__V1__HealthCheckResponse *reply;
+        bool known = false;
+
+        for (size_t i = 0; i < ELEMENTSOF(served); i++)
+                if (streq(served[i], req->service))
+                        known = true;
+        if (!known)
+                return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "UNKNOWN_SERVICE",
+                                        "service", "unknown service '%s'", req->service);
+
+        reply = MSG_NEW(Grpc__Health__V1__HealthCheckResponse,
+                        grpc__health__v1__health_check_response__init);
+        if (!reply)
+                return -ENOMEM;
+        /* Calls are answered only once the daemon is fully up, so an answer means SERVING. */
+        reply->status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int check(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+                 FamilyError *ret_error) {
+        return health_answer(request, ret_reply, ret_error);
+}
+
+static const RpcMethod methods[] = {
+        { "/grpc.health.v1.Health/Check", RPC_UNARY,
+          &grpc__health__v1__health_check_request__descriptor, check, NULL },
+        { "/grpc.health.v1.Health/Watch", RPC_WATCH,
+          &grpc__health__v1__health_check_request__descriptor, check, NULL },
+};
+
+const RpcService service_health = {
+        .name = "grpc.health.v1.Health",
+        .methods = methods,
+        .n_methods = ELEMENTSOF(methods),
+};

@@ -1,1 +1,187 @@
-/* placeholder */
+/* server.c: the gRPC core server's life: register every method, run the workers, shut down. */
+#include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
+#include <grpc/grpc_security.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "call.h"
+#include "log.h"
+#include "server.h"
+
+static const RpcService *const services[] = {
+        &service_family,
+        &service_mesh,
+        &service_admin,
+        &service_health,
+        &service_reflection_v1,
+        &service_reflection_v1alpha,
+};
+
+struct Server {
+        grpc_server *server;
+        grpc_completion_queue *cq;
+        grpc_server_credentials *credentials;
+        atomic_bool shutting_down;
+        CallSite *sites;
+        size_t n_sites;
+        pthread_t *threads;
+        size_t n_threads;
+        RpcTag shutdown_tag;
+        bool started;
+};
+
+
+static void on_shutdown_done(RpcTag *tag, bool ok) {
+        Server *s = container_of(tag, Server, shutdown_tag);
+
+        /* Every call is cancelled and the server holds no channel: nothing more will be queued,
+         * so the queue can drain to its end and the workers return. */
+        grpc_server_destroy(s->server);
+        s->server = NULL;
+        grpc_completion_queue_shutdown(s->cq);
+}
+
+static void *worker(void *userdata) {
+        Server *s = userdata;
+
+        for (;;) {
+                grpc_event ev = grpc_completion_queue_next(s->cq,
+                                                           gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                           NULL);
+                if (ev.type == GRPC_QUEUE_SHUTDOWN)
+                        break;
+                if (ev.type == GRPC_OP_COMPLETE) {
+                        RpcTag *tag = ev.tag;
+                        tag->complete(tag, ev.success != 0);
+                }
+        }
+        return NULL;
+}
+
+static size_t count_methods(void) {
+        size_t n = 0;
+        for (size_t i = 0; i < ELEMENTSOF(services); i++)
+                n += services[i]->n_methods;
+        return n;
+}
+
+int server_new(const ServerParams *params, Server **ret) {
+        _cleanup_(server_freep) Server *s = NULL;
+        grpc_arg args[2];
+        int r;
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+
+        grpc_init();
+
+        args[0] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
+                               .key = (char *) GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                               .value.integer = (int) params->max_request_bytes };
+        args[1] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
+                               .key = (char *) GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               .value.integer = 128 };
+        grpc_channel_args channel_args = { .num_args = ELEMENTSOF(args), .args = args };
+
+        s->server = grpc_server_create(&channel_args, NULL);
+        s->cq = grpc_completion_queue_create_for_next(NULL);
+        s->credentials = grpc_insecure_server_credentials_create();
+        if (!s->server || !s->cq || !s->credentials)
+                return -ENOMEM;
+        grpc_server_register_completion_queue(s->server, s->cq, NULL);
+
+        /* One site per method plus the catch-all (method NULL) for unknown methods. */
+        s->sites = calloc(count_methods() + 1, sizeof(CallSite));
+        if (!s->sites)
+                return -ENOMEM;
+        for (size_t i = 0; i < ELEMENTSOF(services); i++)
+                for (size_t j = 0; j < services[i]->n_methods; j++) {
+                        const RpcMethod *m = &services[i]->methods[j];
+                        CallSite *site = &s->sites[s->n_sites++];
+
+                        *site = (CallSite) {
+                                .server = s->server,
+                                .cq = s->cq,
+                                .context = { .manager = params->manager,
+                                             .userdata = services[i]->userdata },
+                                .method = m,
+                                .shutting_down = &s->shutting_down,
+                        };
+                        site->registered = grpc_server_register_method(
+                                s->server, m->path, NULL,
+                                m->kind == RPC_BIDI_BYTES ? GRPC_SRM_PAYLOAD_NONE
+                                                          : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+                                0);
+                        if (!site->registered)
+                                return log_error_errno(-EINVAL, "Failed to register %s", m->path);
+                }
+        s->sites[s->n_sites++] = (CallSite) {
+                .server = s->server,
+                .cq = s->cq,
+                .context = { .manager = params->manager },
+                .shutting_down = &s->shutting_down,
+        };
+
+        grpc_server_start(s->server);
+        s->started = true;
+
+        for (size_t i = 0; i < s->n_sites; i++) {
+                r = call_arm(&s->sites[i]);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to arm the gRPC server: %m");
+        }
+
+        s->threads = calloc(params->threads, sizeof(pthread_t));
+        if (!s->threads)
+                return -ENOMEM;
+        for (size_t i = 0; i < params->threads; i++) {
+                r = -pthread_create(&s->threads[i], NULL, worker, s);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to start a gRPC worker thread: %m");
+                s->n_threads++;
+        }
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+void server_add_connection(Server *s, int fd) {
+        grpc_server_add_channel_from_fd(s->server, fd, s->credentials);
+}
+
+Server *server_free(Server *s) {
+        if (!s)
+                return NULL;
+
+        atomic_store(&s->shutting_down, true);
+        if (s->started) {
+                /* The order gRPC wants: shutdown, cancel every call, destroy on the shutdown
+                 * tag (on_shutdown_done), shut the queue down, drain it to its end. */
+                s->shutdown_tag.complete = on_shutdown_done;
+                grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+                grpc_server_cancel_all_calls(s->server);
+                if (s->n_threads == 0)
+                        (void) worker(s);
+                for (size_t i = 0; i < s->n_threads; i++)
+                        (void) pthread_join(s->threads[i], NULL);
+        } else {
+                if (s->server)
+                        grpc_server_destroy(s->server);
+                if (s->cq) {
+                        grpc_completion_queue_shutdown(s->cq);
+                        (void) worker(s);
+                }
+        }
+
+        if (s->cq)
+                grpc_completion_queue_destroy(s->cq);
+        if (s->credentials)
+                grpc_server_credentials_release(s->credentials);
+        free(s->sites);
+        free(s->threads);
+        grpc_shutdown();
+        return mfree(s);
+}

@@ -1,1 +1,90 @@
-/* placeholder */
+/* service-admin.c: familyd.v1.AdminService: status and registry reload for operators. */
+#include <inttypes.h>
+
+#include "build-config.h"
+#include "codec.h"
+#include "log.h"
+#include "rpc.h"
+
+static int get_status(RpcContext *ctx, const ProtobufCMessage *request,
+                      ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        Manager *m = ctx->manager;
+        _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
+        _cleanup_(topology_unrefp) Topology *t = manager_topology(m);
+        Familyd__V1__GetStatusResponse *reply;
+
+        reply = MSG_NEW(Familyd__V1__GetStatusResponse, familyd__v1__get_status_response__init);
+        if (!reply)
+                return -ENOMEM;
+        *ret_reply = &reply->base;
+
+        reply->version = codec_strdup(FAMILYD_VERSION);
+        reply->registry_path = codec_strdup(m->registry_path);
+        reply->node = codec_strdup(m->node_name);
+        if (!reply->version || !reply->registry_path || !reply->node) {
+                protobuf_c_message_free_unpacked(&reply->base, NULL);
+                return -ENOMEM;
+        }
+        reply->uptime_ms = manager_uptime_ms(m);
+        reply->registry_generation = reg->generation;
+        reply->families = (uint32_t) reg->n_families;
+        reply->meshes = (uint32_t) mesh_table_size(m->meshes);
+        reply->shm_budget_bytes = m->shm_budget_bytes;
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                if (t->nodes[i].local)
+                        continue;
+                switch (t->nodes[i].state) {
+                case NODE_UP:
+                        reply->peers_up++;
+                        break;
+                case NODE_SUSPECT:
+                        reply->peers_suspect++;
+                        break;
+                default:
+                        reply->peers_down++;
+                        break;
+                }
+        }
+        return 0;
+}
+
+static int reload(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+                  FamilyError *ret_error) {
+        _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
+        _cleanup_(registry_unrefp) Registry *reg = NULL;
+        Familyd__V1__ReloadResponse *reply;
+        int r;
+
+        r = manager_reload(ctx->manager, &reg, &diag);
+        if (r < 0) {
+                _cleanup_free_ char *text = load_diagnostics_join(&diag);
+                log_warning("Registry reload failed, keeping the previous registry:\n%s",
+                            strempty(text));
+                return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                        "RELOAD_FAILED", NULL, "registry reload failed: %s",
+                                        text ? text : strerror(-r));
+        }
+        log_info("Registry reloaded: generation %" PRIu64 ", %zu families.", reg->generation,
+                 reg->n_families);
+
+        reply = MSG_NEW(Familyd__V1__ReloadResponse, familyd__v1__reload_response__init);
+        if (!reply)
+                return -ENOMEM;
+        reply->registry_generation = reg->generation;
+        reply->families = (uint32_t) reg->n_families;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static const RpcMethod methods[] = {
+        { "/familyd.v1.AdminService/GetStatus", RPC_UNARY,
+          &familyd__v1__get_status_request__descriptor, get_status, NULL },
+        { "/familyd.v1.AdminService/Reload", RPC_UNARY, &familyd__v1__reload_request__descriptor,
+          reload, NULL },
+};
+
+const RpcService service_admin = {
+        .name = "familyd.v1.AdminService",
+        .methods = methods,
+        .n_methods = ELEMENTSOF(methods),
+};

@@ -1,1 +1,103 @@
-/* placeholder */
+/* service-family.c: familyd.v1.FamilyService: the registry and Resolve. */
+#include "codec.h"
+#include "log.h"
+#include "rpc.h"
+
+static int list_families(RpcContext *ctx, const ProtobufCMessage *request,
+                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        _cleanup_(registry_unrefp) Registry *reg = manager_registry(ctx->manager);
+        Familyd__V1__ListFamiliesResponse *reply;
+        int r;
+
+        reply = MSG_NEW(Familyd__V1__ListFamiliesResponse,
+                        familyd__v1__list_families_response__init);
+        if (!reply)
+                return -ENOMEM;
+        if (!ARRAY_NEW(reply->families, reg->n_families)) {
+                free(reply);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < reg->n_families; i++) {
+                r = codec_family_encode(&reg->families[i], &reply->families[i]);
+                if (r < 0) {
+                        protobuf_c_message_free_unpacked(&reply->base, NULL);
+                        return r;
+                }
+                reply->n_families++;
+        }
+
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int get_family(RpcContext *ctx, const ProtobufCMessage *request,
+                      ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__GetFamilyRequest *req = (const Familyd__V1__GetFamilyRequest *) request;
+        _cleanup_(registry_unrefp) Registry *reg = NULL;
+        Familyd__V1__Family *reply;
+        const Family *f;
+        int r;
+
+        r = manager_get_family(ctx->manager, req->family, &reg, &f, ret_error);
+        if (r < 0)
+                return r;
+        r = codec_family_encode(f, &reply);
+        if (r < 0)
+                return r;
+
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int resolve(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+                   FamilyError *ret_error) {
+        _cleanup_(resolve_request_done) ResolveRequest req = {};
+        _cleanup_(resolved_family_done) ResolvedFamily res = {};
+        Familyd__V1__ResolveResponse *reply;
+        int r;
+
+        r = codec_resolve_request_decode((const Familyd__V1__ResolveRequest *) request, &req,
+                                         ret_error);
+        if (r < 0)
+                return r;
+        r = manager_resolve(ctx->manager, &req, &res, ret_error);
+        if (r < 0)
+                return r;
+
+        reply = MSG_NEW(Familyd__V1__ResolveResponse, familyd__v1__resolve_response__init);
+        if (!reply)
+                return -ENOMEM;
+        r = codec_resolved_family_encode(&res, &reply->resolved);
+        if (r < 0) {
+                free(reply);
+                return r;
+        }
+
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static const RpcMethod methods[] = {
+        { "/familyd.v1.FamilyService/ListFamilies", RPC_UNARY,
+          &familyd__v1__list_families_request__descriptor, list_families, NULL },
+        { "/familyd.v1.FamilyService/GetFamily", RPC_UNARY,
+          &familyd__v1__get_family_request__descriptor, get_family, NULL },
+        { "/familyd.v1.FamilyService/Resolve", RPC_UNARY,
+          &familyd__v1__resolve_request__descriptor, resolve, NULL },
+        { "/familyd.v1.FamilyService/Build", RPC_UNARY, &familyd__v1__build_request__descriptor,
+          rpc_unimplemented, NULL },
+        { "/familyd.v1.FamilyService/GetBuild", RPC_UNARY,
+          &familyd__v1__get_build_request__descriptor, rpc_unimplemented, NULL },
+        { "/familyd.v1.FamilyService/ListBuilds", RPC_UNARY,
+          &familyd__v1__list_builds_request__descriptor, rpc_unimplemented, NULL },
+        { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
+          &familyd__v1__release_build_request__descriptor, rpc_unimplemented, NULL },
+        { "/familyd.v1.FamilyService/Validate", RPC_UNARY,
+          &familyd__v1__validate_request__descriptor, rpc_unimplemented, NULL },
+};
+
+const RpcService service_family = {
+        .name = "familyd.v1.FamilyService",
+        .methods = methods,
+        .n_methods = ELEMENTSOF(methods),
+};

@@ -1,1 +1,126 @@
-/* placeholder */
+/* service-mesh.c: familyd.v1.MeshService: the topology and job meshes. */
+#include "codec.h"
+#include "rpc.h"
+
+static int get_topology(RpcContext *ctx, const ProtobufCMessage *request,
+                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        _cleanup_(topology_unrefp) Topology *t = manager_topology(ctx->manager);
+        Familyd__V1__Topology *reply;
+        int r;
+
+        r = codec_topology_encode(t, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int create_mesh(RpcContext *ctx, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__CreateMeshRequest *req =
+                (const Familyd__V1__CreateMeshRequest *) request;
+        _cleanup_(mesh_spec_done) MeshSpec spec = {};
+        _cleanup_(mesh_unrefp) Mesh *mesh = NULL;
+        Familyd__V1__Mesh *reply;
+        int r;
+
+        r = codec_mesh_spec_decode(req->mesh, &spec, ret_error);
+        if (r < 0)
+                return r;
+        r = manager_create_mesh(ctx->manager, &spec, &mesh, ret_error);
+        if (r < 0)
+                return r;
+        r = codec_mesh_encode(mesh, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int get_mesh(RpcContext *ctx, const ProtobufCMessage *request,
+                    ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__GetMeshRequest *req = (const Familyd__V1__GetMeshRequest *) request;
+        _cleanup_(mesh_unrefp) Mesh *mesh = NULL;
+        Familyd__V1__Mesh *reply;
+        int r;
+
+        r = mesh_table_get(ctx->manager->meshes, req->mesh_id, &mesh, ret_error);
+        if (r < 0)
+                return r;
+        r = codec_mesh_encode(mesh, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int list_meshes(RpcContext *ctx, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        Familyd__V1__ListMeshesResponse *reply;
+        Mesh **list = NULL;
+        size_t n = 0;
+        int r;
+
+        r = mesh_table_list(ctx->manager->meshes, &list, &n);
+        if (r < 0)
+                return r;
+
+        reply = MSG_NEW(Familyd__V1__ListMeshesResponse, familyd__v1__list_meshes_response__init);
+        if (!reply || !ARRAY_NEW(reply->meshes, n)) {
+                free(reply);
+                mesh_list_free(list, n);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                r = codec_mesh_encode(list[i], &reply->meshes[i]);
+                if (r < 0) {
+                        protobuf_c_message_free_unpacked(&reply->base, NULL);
+                        mesh_list_free(list, n);
+                        return r;
+                }
+                reply->n_meshes++;
+        }
+        mesh_list_free(list, n);
+
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int delete_mesh(RpcContext *ctx, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__DeleteMeshRequest *req =
+                (const Familyd__V1__DeleteMeshRequest *) request;
+        Familyd__V1__DeleteMeshResponse *reply;
+        int r;
+
+        r = mesh_table_remove(ctx->manager->meshes, req->mesh_id, ret_error);
+        if (r < 0)
+                return r;
+        reply = MSG_NEW(Familyd__V1__DeleteMeshResponse, familyd__v1__delete_mesh_response__init);
+        if (!reply)
+                return -ENOMEM;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static const RpcMethod methods[] = {
+        { "/familyd.v1.MeshService/GetTopology", RPC_UNARY,
+          &familyd__v1__get_topology_request__descriptor, get_topology, NULL },
+        /* The current topology, then held open: changes are pushed once peers exist. */
+        { "/familyd.v1.MeshService/WatchTopology", RPC_WATCH,
+          &familyd__v1__watch_topology_request__descriptor, get_topology, NULL },
+        { "/familyd.v1.MeshService/CreateMesh", RPC_UNARY,
+          &familyd__v1__create_mesh_request__descriptor, create_mesh, NULL },
+        { "/familyd.v1.MeshService/GetMesh", RPC_UNARY,
+          &familyd__v1__get_mesh_request__descriptor, get_mesh, NULL },
+        { "/familyd.v1.MeshService/ListMeshes", RPC_UNARY,
+          &familyd__v1__list_meshes_request__descriptor, list_meshes, NULL },
+        { "/familyd.v1.MeshService/DeleteMesh", RPC_UNARY,
+          &familyd__v1__delete_mesh_request__descriptor, delete_mesh, NULL },
+};
+
+const RpcService service_mesh = {
+        .name = "familyd.v1.MeshService",
+        .methods = methods,
+        .n_methods = ELEMENTSOF(methods),
+};

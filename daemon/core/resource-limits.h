@@ -1,4 +1,4 @@
-/* limits.h: every limit on what a client or a registry file controls, in one place. */
+/* resource-limits.h: every limit on what a client or a registry file controls, in one place. */
 #pragma once
 
 /* gRPC requests: larger messages are refused by the transport before decoding. */

@@ -1,0 +1,56 @@
+/* rpc.h: what a service file declares: its methods, their kinds and handlers. */
+#pragma once
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "manager.h"
+
+typedef enum RpcKind {
+        RPC_UNARY,       /* one request, one reply or an error */
+        RPC_WATCH,       /* one request, a first reply, then held open until the client leaves */
+        RPC_BIDI_BYTES,  /* a stream of requests, each answered by one reply (reflection) */
+        _RPC_KIND_MAX,
+        _RPC_KIND_INVALID = -EINVAL,
+} RpcKind;
+
+typedef struct RpcContext {
+        Manager *manager;
+        void *userdata; /* the service's own state, from RpcService.userdata */
+} RpcContext;
+
+/* Unary and watch: a decoded request in, a reply (freed by the caller with free_unpacked) or
+ * a FamilyError out. A negative errno without ret_error set is answered INTERNAL. */
+typedef int (*RpcHandler)(RpcContext *ctx, const ProtobufCMessage *request,
+                          ProtobufCMessage **ret_reply, FamilyError *ret_error);
+/* Bidi: raw request bytes in, raw reply bytes out (malloc'd); -EBADMSG: undecodable. */
+typedef int (*RpcBytesHandler)(RpcContext *ctx, const uint8_t *request, size_t size,
+                               uint8_t **ret_reply, size_t *ret_size);
+
+typedef struct RpcMethod {
+        const char *path; /* "/familyd.v1.FamilyService/Resolve" */
+        RpcKind kind;
+        const ProtobufCMessageDescriptor *request_type; /* unary and watch */
+        RpcHandler handler;
+        RpcBytesHandler bytes_handler;
+} RpcMethod;
+
+typedef struct RpcService {
+        const char *name; /* "familyd.v1.FamilyService" */
+        const RpcMethod *methods;
+        size_t n_methods;
+        void *userdata;
+} RpcService;
+
+/* The services, each in its own service-*.c / health.c / reflection glue. */
+extern const RpcService service_family;
+extern const RpcService service_mesh;
+extern const RpcService service_admin;
+extern const RpcService service_health;
+extern const RpcService service_reflection_v1;
+extern const RpcService service_reflection_v1alpha;
+
+/* Answers "not implemented yet", for methods a later part of familyd fills in. */
+int rpc_unimplemented(RpcContext *ctx, const ProtobufCMessage *request,
+                      ProtobufCMessage **ret_reply, FamilyError *ret_error);

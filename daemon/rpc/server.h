@@ -1,0 +1,26 @@
+/* server.h: the gRPC server: method registration, worker threads, connections handed in. */
+#pragma once
+
+/*
+ * DESIGN: one completion queue, polled by `threads` worker threads that own no domain state:
+ * each completion runs its call's next step (decode, call into the Manager, encode, send), so
+ * the Manager is the only shared state and it locks for itself. The daemon's main loop accepts
+ * connections and hands them in with server_add_connection(); gRPC never binds a socket.
+ */
+
+#include "manager.h"
+
+typedef struct Server Server;
+
+typedef struct ServerParams {
+        Manager *manager;
+        unsigned threads;
+        unsigned max_request_bytes;
+} ServerParams;
+
+int server_new(const ServerParams *params, Server **ret);
+/* Takes ownership of fd, a connected stream socket. */
+void server_add_connection(Server *s, int fd);
+/* Cancels every call, stops the threads and frees; accepts NULL. */
+Server *server_free(Server *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Server *, server_free);

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# install-deps.sh [--tests]: installs what familyd needs to build and run on Debian 12 (as root),
+# and with --tests what the test suite needs too (cmocka, Python grpcio, valgrind, buf from npm).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+packages=(
+    meson ninja-build pkg-config gcc xxd
+    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler grpc-proto
+    libyaml-dev libsystemd-dev libucx-dev ucx-utils
+)
+if [[ "${1:-}" == "--tests" ]]; then
+    packages+=(libcmocka-dev python3-grpcio python3-protobuf npm)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} > 0 )); then
+    echo "familyd: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# buf stands in for grpcurl (not in Debian): `buf curl` speaks gRPC over a Unix socket and
+# discovers the API by reflection.
+if [[ "${1:-}" == "--tests" && ! -x node_modules/.bin/buf ]]; then
+    echo "familyd: installing buf (npm @bufbuild/buf)"
+    npm install --no-save --no-audit --no-fund --loglevel=error @bufbuild/buf >/dev/null
+fi

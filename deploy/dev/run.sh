@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# run.sh: installs the build dependencies, builds familyd and runs it in the foreground with the
+# example registry on a socket inside the working tree. Ctrl-C stops it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+
+bash deploy/dev/install-deps.sh
+[[ -d build-run ]] || meson setup build-run -Dtests=false >/dev/null
+ninja -C build-run >/dev/null
+
+mkdir -p run
+sock="$root/run/familyd.sock"
+cat <<MSG
+familyd: starting on $sock with the example registry (deploy/registry), 8 host devices.
+Query it from another terminal:
+  build-run/client/familyctl --socket $sock families
+  build-run/client/familyctl --socket $sock resolve grouped_experts use_mxfp8=true --ep 2
+  build-run/client/familyctl --socket $sock mesh create dp=2,tp=4
+  build-run/client/familyctl --socket $sock status
+  node_modules/.bin/buf curl --protocol grpc --unix-socket $sock --list-services http://localhost
+  node_modules/.bin/buf curl --protocol grpc --unix-socket $sock -d '{"family":"grouped_experts","context":{"epSize":"4"}}' http://localhost/familyd.v1.FamilyService/Resolve
+  (buf comes with: bash deploy/dev/install-deps.sh --tests)
+MSG
+exec build-run/daemon/familyd --socket "$sock" --registry "$root/deploy/registry" --host-devices 8

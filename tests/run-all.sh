@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# run-all.sh: installs what the tests need, builds familyd with ASan+UBSan and warnings as
+# errors, and runs every suite (unit, integration). CI runs exactly this (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash deploy/dev/install-deps.sh --tests
+
+build=${FAMILYD_TEST_BUILD:-build-ci}
+if [[ ! -d "$build" ]]; then
+    meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true >/dev/null
+fi
+ninja -C "$build"
+
+export BUF="$(pwd)/node_modules/.bin/buf"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+status=0
+meson test -C "$build" --no-rebuild --print-errorlogs --num-processes 2 || status=$?
+
+# One plain closing line that any reader of CI logs understands.
+/usr/bin/python3 - "$build/meson-logs/testlog.json" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"):
+        passed += 1
+    elif r == "SKIP":
+        skipped += 1
+    else:
+        failed += 1
+print(f"familyd: {passed} passed, {failed} failed, {skipped} skipped")
+PY
+exit $status
