@@ -74,3 +74,16 @@ int mesh_table_remove(MeshTable *t, const char *id, FamilyError *ret_error);
 int mesh_table_list(MeshTable *t, Mesh ***ret, size_t *ret_n);
 void mesh_list_free(Mesh **list, size_t n);
 size_t mesh_table_size(MeshTable *t);
+
+/* Added by the mesh engineer; the declarations above are unchanged. */
+
+/* Field-by-field equality of two specs (what the id is derived from). */
+bool mesh_spec_equal(const MeshSpec *a, const MeshSpec *b);
+
+/*
+ * mesh_table_get that also counts a live build on the mesh (n_builds + 1) under the table's lock,
+ * so that a concurrent mesh_table_remove either sees the build or has already removed the mesh.
+ * Balance with mesh_build_release() when the build is released, before dropping the reference.
+ */
+int mesh_table_acquire(MeshTable *t, const char *id, Mesh **ret, FamilyError *ret_error);
+void mesh_build_release(Mesh *m);

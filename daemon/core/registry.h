@@ -152,6 +152,24 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Registry *, registry_unref);
 /* Resolve step 1 target lookup, by name or baseline, with its exact errors. */
 int registry_find(const Registry *r, const char *target, const Family **ret, FamilyError *ret_error);
 
+/*
+ * Added for GetFamily and ListFamilies-style callers: registry_find without the default_variant
+ * check (a family without one can still be shown, it just cannot be requested). Same errors
+ * otherwise: NOT_FOUND "UNKNOWN_FAMILY", INVALID_ARGUMENT "AMBIGUOUS_FAMILY".
+ */
+int registry_lookup(const Registry *r, const char *target, const Family **ret, FamilyError *ret_error);
+
+/*
+ * Takes ownership of families (n_families entries, from malloc) on success only; n_ref is 1.
+ * For loaders and tests that build a registry in memory.
+ */
+int registry_new(const char *path, uint64_t generation, Family *families, size_t n_families,
+                 Registry **ret);
+
+/* Release what a Family or ParameterSpec owns (all of it) and reset it; accept NULL. */
+void family_done(Family *f);
+void parameter_spec_done(ParameterSpec *p);
+
 const Variant *family_find_variant(const Family *f, const char *name);
 const TypedField *family_find_selector(const Family *f, const char *name);
 const TypedField *family_find_argument(const Family *f, const char *name);

@@ -1,1 +1,154 @@
-/* placeholder */
+/* topology.c: the topology of a lone node, reference counting and rank lookups. */
+#include <stdio.h>
+#include <time.h>
+
+#include "topology.h"
+
+static const char *const node_state_table[_NODE_STATE_MAX] = {
+        [NODE_UP] = "up",
+        [NODE_SUSPECT] = "suspect",
+        [NODE_DOWN] = "down",
+};
+
+const char *node_state_to_string(NodeState s) {
+        if (s < 0 || s >= _NODE_STATE_MAX)
+                return NULL;
+        return node_state_table[s];
+}
+
+static void device_done(Device *d) {
+        free(d->kind);
+        free(d->name);
+        free(d->uuid);
+        free(d->pci_bus_id);
+        *d = (Device) {};
+}
+
+static void node_done(Node *n) {
+        free(n->name);
+        free(n->address);
+        for (size_t i = 0; i < n->n_devices; i++)
+                device_done(&n->devices[i]);
+        free(n->devices);
+        *n = (Node) {};
+}
+
+static Topology *topology_free(Topology *t) {
+        if (!t)
+                return NULL;
+        for (size_t i = 0; i < t->n_nodes; i++)
+                node_done(&t->nodes[i]);
+        free(t->nodes);
+        return mfree(t);
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(Topology *, topology_free);
+
+static int64_t now_unix_ms(void) {
+        struct timespec ts;
+
+        if (clock_gettime(CLOCK_REALTIME, &ts) < 0)
+                return 0;
+        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * memory_bytes is what each host device reports. uuid and pci_bus_id are empty strings rather
+ * than NULL so that every consumer (codecs included) can treat the strings as always present.
+ */
+int topology_new_local(const char *node_name, int64_t node_rank, const char *address,
+                       unsigned n_host_devices, uint64_t memory_bytes, Topology **ret) {
+        _cleanup_(topology_freep) Topology *t = NULL;
+
+        if (isempty(node_name) || !ret)
+                return -EINVAL;
+
+        t = calloc(1, sizeof(Topology));
+        if (!t)
+                return -ENOMEM;
+        atomic_init(&t->n_ref, 1);
+        t->version = 1;
+        t->world_size = n_host_devices;
+
+        t->nodes = calloc(1, sizeof(Node));
+        if (!t->nodes)
+                return -ENOMEM;
+        t->n_nodes = 1;
+        t->local = 0;
+
+        Node *n = &t->nodes[0];
+        n->node_rank = node_rank;
+        n->first_rank = 0;
+        n->state = NODE_UP;
+        n->local = true;
+        n->last_seen_unix_ms = now_unix_ms();
+        n->name = strdup(node_name);
+        n->address = strdup(strempty(address));
+        if (!n->name || !n->address)
+                return -ENOMEM;
+
+        if (n_host_devices > 0) {
+                n->devices = calloc(n_host_devices, sizeof(Device));
+                if (!n->devices)
+                        return -ENOMEM;
+        }
+        for (unsigned i = 0; i < n_host_devices; i++) {
+                Device *d = &n->devices[i];
+
+                /* Counted before filling, so that a partial device is released too. */
+                n->n_devices++;
+                d->local_index = (int32_t) i;
+                d->memory_bytes = memory_bytes;
+                d->numa_node = -1;
+                if (asprintf(&d->name, "host%u", i) < 0) {
+                        d->name = NULL;
+                        return -ENOMEM;
+                }
+                d->kind = strdup("host");
+                d->uuid = strdup("");
+                d->pci_bus_id = strdup("");
+                if (!d->kind || !d->uuid || !d->pci_bus_id)
+                        return -ENOMEM;
+        }
+
+        *ret = TAKE_PTR(t);
+        return 0;
+}
+
+Topology *topology_ref(Topology *t) {
+        if (!t)
+                return NULL;
+        atomic_fetch_add_explicit(&t->n_ref, 1, memory_order_relaxed);
+        return t;
+}
+
+Topology *topology_unref(Topology *t) {
+        if (!t)
+                return NULL;
+        /* acq_rel: the last owner must see every write made through the other references. */
+        if (atomic_fetch_sub_explicit(&t->n_ref, 1, memory_order_acq_rel) == 1)
+                topology_free(t);
+        return NULL;
+}
+
+const Node *topology_local_node(const Topology *t) {
+        if (!t || t->local >= t->n_nodes)
+                return NULL;
+        return &t->nodes[t->local];
+}
+
+const Node *topology_node_of_rank(const Topology *t, int64_t rank, int32_t *ret_local_device) {
+        if (!t || rank < 0 || rank >= t->world_size)
+                return NULL;
+
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                const Node *n = &t->nodes[i];
+
+                if (rank >= n->first_rank && (uint64_t) (rank - n->first_rank) < n->n_devices) {
+                        if (ret_local_device)
+                                *ret_local_device = (int32_t) (rank - n->first_rank);
+                        return n;
+                }
+        }
+        return NULL;
+}
