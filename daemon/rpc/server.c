@@ -30,17 +30,21 @@ struct Server {
         size_t n_threads;
         RpcTag shutdown_tag;
         bool started;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool shutdown_done;
 };
 
 
+/* Runs on a worker: only signals, because the main thread may still be inside
+ * grpc_server_cancel_all_calls() and must destroy the server itself afterwards. */
 static void on_shutdown_done(RpcTag *tag, bool ok) {
         Server *s = container_of(tag, Server, shutdown_tag);
 
-        /* Every call is cancelled and the server holds no channel: nothing more will be queued,
-         * so the queue can drain to its end and the workers return. */
-        grpc_server_destroy(s->server);
-        s->server = NULL;
-        grpc_completion_queue_shutdown(s->cq);
+        (void) pthread_mutex_lock(&s->lock);
+        s->shutdown_done = true;
+        (void) pthread_cond_signal(&s->cond);
+        (void) pthread_mutex_unlock(&s->lock);
 }
 
 static void *worker(void *userdata) {
@@ -75,6 +79,8 @@ int server_new(const ServerParams *params, Server **ret) {
         s = calloc(1, sizeof *s);
         if (!s)
                 return -ENOMEM;
+        (void) pthread_mutex_init(&s->lock, NULL);
+        (void) pthread_cond_init(&s->cond, NULL);
 
         grpc_init();
 
@@ -152,36 +158,55 @@ void server_add_connection(Server *s, int fd) {
         grpc_server_add_channel_from_fd(s->server, fd, s->credentials);
 }
 
+/* Runs completions on the calling thread until the shutdown tag has fired. */
+static void drain_until_shutdown(Server *s) {
+        while (!s->shutdown_done) {
+                grpc_event ev = grpc_completion_queue_next(s->cq,
+                                                           gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                           NULL);
+                if (ev.type != GRPC_OP_COMPLETE)
+                        break;
+                RpcTag *tag = ev.tag;
+                tag->complete(tag, ev.success != 0);
+        }
+}
+
 Server *server_free(Server *s) {
         if (!s)
                 return NULL;
 
         atomic_store(&s->shutting_down, true);
         if (s->started) {
-                /* The order gRPC wants: shutdown, cancel every call, destroy on the shutdown
-                 * tag (on_shutdown_done), shut the queue down, drain it to its end. */
+                /* The order gRPC wants: shutdown, cancel every call, wait for the shutdown
+                 * tag, destroy the server, shut the queue down, drain it to its end. */
                 s->shutdown_tag.complete = on_shutdown_done;
                 grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
                 grpc_server_cancel_all_calls(s->server);
                 if (s->n_threads == 0)
+                        drain_until_shutdown(s);
+                else {
+                        (void) pthread_mutex_lock(&s->lock);
+                        while (!s->shutdown_done)
+                                (void) pthread_cond_wait(&s->cond, &s->lock);
+                        (void) pthread_mutex_unlock(&s->lock);
+                }
+        }
+        if (s->server)
+                grpc_server_destroy(s->server);
+        if (s->cq) {
+                grpc_completion_queue_shutdown(s->cq);
+                if (s->n_threads == 0)
                         (void) worker(s);
                 for (size_t i = 0; i < s->n_threads; i++)
                         (void) pthread_join(s->threads[i], NULL);
-        } else {
-                if (s->server)
-                        grpc_server_destroy(s->server);
-                if (s->cq) {
-                        grpc_completion_queue_shutdown(s->cq);
-                        (void) worker(s);
-                }
-        }
-
-        if (s->cq)
                 grpc_completion_queue_destroy(s->cq);
+        }
         if (s->credentials)
                 grpc_server_credentials_release(s->credentials);
         free(s->sites);
         free(s->threads);
+        (void) pthread_cond_destroy(&s->cond);
+        (void) pthread_mutex_destroy(&s->lock);
         grpc_shutdown();
         return mfree(s);
 }
