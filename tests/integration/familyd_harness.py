@@ -315,7 +315,9 @@ class Daemon:
 
     def argv(self):
         a = [familyd_bin(), "--socket", self.socket, "--shard-socket", self.shard_socket,
-             "--registry", self.registry, "--host-devices", str(self.host_devices)]
+             "--registry", self.registry]
+        if self.host_devices is not None:
+            a += ["--host-devices", str(self.host_devices)]
         if self.state_dir:
             os.makedirs(self.state_dir, exist_ok=True)
             a += ["--state-dir", self.state_dir]

@@ -289,15 +289,31 @@ static void test_syntax_errors(void **state) {
         check_syntax_error("1 + 99999999999999999999999", "integer out of range at column 5");
         check_syntax_error("+1", "unexpected '+' at column 1");
 
-        /* Length: exactly the limit parses, one more does not. */
-        memset(buf, ' ', FAMILYD_MAX_EXPR_LENGTH);
-        buf[0] = '1';
+        /* Length: exactly the limit of significant characters parses, one more does not. */
+        memset(buf, '1', FAMILYD_MAX_EXPR_LENGTH);
         buf[FAMILYD_MAX_EXPR_LENGTH] = 0;
+        check_syntax_error(buf, "integer out of range at column 1"); /* parsed, then refused */
+        for (size_t i = 0; i < FAMILYD_MAX_EXPR_LENGTH; i++)
+                buf[i] = i % 2 ? '+' : '1';
+        buf[FAMILYD_MAX_EXPR_LENGTH - 2] = '1';
+        buf[FAMILYD_MAX_EXPR_LENGTH - 1] = '1'; /* "1+1+...+11" */
         _cleanup_(expr_freep) Expr *e = NULL;
         assert_int_equal(expr_parse(buf, &e, NULL), 0);
-        buf[FAMILYD_MAX_EXPR_LENGTH] = ' ';
+        buf[FAMILYD_MAX_EXPR_LENGTH] = 'y';
         buf[FAMILYD_MAX_EXPR_LENGTH + 1] = 0;
-        check_syntax_error(buf, NULL);
+        check_syntax_error(buf, "expression longer than 1024 characters");
+
+        /* Blanks do not count, within reason. */
+        _cleanup_free_ char *blank = malloc(4 * FAMILYD_MAX_EXPR_LENGTH + 2);
+        assert_non_null(blank);
+        memset(blank, ' ', 4 * FAMILYD_MAX_EXPR_LENGTH);
+        blank[0] = 'x';
+        blank[4 * FAMILYD_MAX_EXPR_LENGTH] = 0;
+        _cleanup_(expr_freep) Expr *b = NULL;
+        assert_int_equal(expr_parse(blank, &b, NULL), 0);
+        blank[4 * FAMILYD_MAX_EXPR_LENGTH] = ' ';
+        blank[4 * FAMILYD_MAX_EXPR_LENGTH + 1] = 0;
+        check_syntax_error(blank, "expression longer than 1024 characters");
 
         /* Nesting: parentheses and unary minus both count. */
         size_t n = 0;
@@ -346,8 +362,12 @@ static void test_long_chain(void **state) {
         _cleanup_(expr_freep) Expr *e = NULL;
         assert_int_equal(expr_parse(buf, &e, NULL), 0);
         assert_int_equal(eval_ok(buf), (int64_t) (n + 1) / 2);
+        /* Its canonical text is twice as long, and still accepted: blanks do not count. */
         _cleanup_free_ char *s = expr_to_string(e);
         assert_non_null(s);
+        assert_true(strlen(s) > FAMILYD_MAX_EXPR_LENGTH);
+        _cleanup_(expr_freep) Expr *again = NULL;
+        assert_int_equal(expr_parse(s, &again, NULL), 0);
 }
 
 int main(void) {

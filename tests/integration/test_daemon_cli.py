@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""The daemon's command line, config file and connection cap, through the real binary."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import familyd_harness as H  # noqa: E402
+
+REGISTRY = os.path.join(H.CONFORMANCE, "registry")
+
+
+def run(*args, timeout=20):
+    return subprocess.run([H.familyd_bin(), *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=timeout)
+
+
+class TestCommandLine(unittest.TestCase):
+    def test_help_and_version(self):
+        r = run("--help")
+        self.assertEqual(r.returncode, 0)
+        for flag in ("--socket", "--shard-socket", "--registry", "--state-dir", "--host-devices",
+                     "--node-name", "--node-rank", "--listen", "--peers", "--shm-budget",
+                     "--max-builds", "--heartbeat-ms", "--suspect-ms", "--down-ms",
+                     "--forget-after-ms", "--fdstore-max", "--config"):
+            self.assertIn(flag, r.stdout)
+        r = run("--version")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("familyd", r.stdout)
+
+    def test_usage_errors_exit_2(self):
+        for args, text in ((["--host-devices", "0"], "--host-devices"),
+                           (["--host-devices", "x"], "--host-devices"),
+                           (["--bogus"], "bogus"),
+                           (["stray"], "stray"),
+                           (["--heartbeat-ms", "500", "--suspect-ms", "100"], "suspect")):
+            r = run(*args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(text, r.stderr, args)
+
+    def test_missing_registry_fails_with_a_line(self):
+        tmp = H.short_tmpdir("fd-cli-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        r = run("--socket", os.path.join(tmp, "s.sock"), "--registry", os.path.join(tmp, "nope"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("nope", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(tmp, "s.sock")))
+
+
+class TestConfigFile(unittest.TestCase):
+    def setUp(self):
+        self.tmp = H.short_tmpdir("fd-conf-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def test_file_sets_options_and_flags_win(self):
+        conf = os.path.join(self.tmp, "familyd.conf")
+        with open(conf, "w") as f:
+            f.write("# comment\nhost-devices = 3\nnode-name = from-file\n"
+                    "registry = %s\n" % REGISTRY)
+        d = H.Daemon(registry=REGISTRY, tmpdir=self.tmp, host_devices=None,
+                     extra_args=["--config", conf, "--node-name", "from-flag"])
+        with d:
+            topo = d.client.call("familyd.v1.MeshService/GetTopology", {})
+            self.assertTrue(topo.ok, topo)
+            self.assertEqual(topo.reply.world_size, 3)
+            self.assertEqual(topo.reply.local_node, "from-flag")
+
+    def test_bad_config_names_file_and_line(self):
+        conf = os.path.join(self.tmp, "bad.conf")
+        with open(conf, "w") as f:
+            f.write("host-devices = 2\nno-such-key = 1\n")
+        r = run("--config", conf, "--socket", os.path.join(self.tmp, "s.sock"),
+                "--registry", REGISTRY)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("%s:2: unknown key 'no-such-key'" % conf, r.stderr)
+
+
+class TestConnectionCap(unittest.TestCase):
+    def test_connections_over_the_cap_are_refused_and_the_daemon_runs_on(self):
+        tmp = H.short_tmpdir("fd-cap-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        d = H.Daemon(registry=REGISTRY, tmpdir=tmp, extra_args=["--max-connections", "2"])
+        with d:
+            # The harness's own client holds the first connection; a local subchannel pool
+            # makes every channel its own connection.
+            self.assertTrue(d.client.health().ok)
+            opts = [("grpc.use_local_subchannel_pool", 1)]
+            second = grpc.insecure_channel("unix:" + d.socket, options=opts)
+            self.addCleanup(second.close)
+            check = lambda ch: ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=5)
+            self.assertIsNotNone(check(second))
+
+            third = grpc.insecure_channel("unix:" + d.socket, options=opts)
+            with self.assertRaises(grpc.RpcError) as e:
+                check(third)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            third.close()
+
+            # Closing a connection frees its place.
+            second.close()
+            time.sleep(0.5)
+            fourth = grpc.insecure_channel("unix:" + d.socket, options=opts)
+            self.addCleanup(fourth.close)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    self.assertIsNotNone(check(fourth))
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            self.assertTrue(d.client.health().ok)
+        self.assertIn("Refusing a connection", d.stderr())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
