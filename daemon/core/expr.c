@@ -241,6 +241,23 @@ static int parse_sum(Parser *p, Expr **ret) {
         return parse_level(p, ret, '+', EXPR_ADD, '-', EXPR_SUB, parse_product);
 }
 
+/*
+ * The limit counts significant characters, blanks aside, so that the canonical text (which adds
+ * blanks around operators but never adds anything else) of an accepted expression is accepted
+ * too. Blanks are bounded separately, by the text's total length.
+ */
+static bool expr_too_long(const char *text) {
+        size_t n = 0, total = 0;
+
+        for (const char *c = text; *c; c++) {
+                if (++total > 4 * FAMILYD_MAX_EXPR_LENGTH)
+                        return true;
+                if (*c != ' ' && *c != '\t' && ++n > FAMILYD_MAX_EXPR_LENGTH)
+                        return true;
+        }
+        return false;
+}
+
 int expr_parse(const char *text, Expr **ret, char **ret_message) {
         _cleanup_(expr_freep) Expr *e = NULL;
         Parser p = { .text = text };
@@ -249,7 +266,7 @@ int expr_parse(const char *text, Expr **ret, char **ret_message) {
         if (!text || !ret)
                 return -EINVAL;
 
-        if (strnlen(text, FAMILYD_MAX_EXPR_LENGTH + 1) > FAMILYD_MAX_EXPR_LENGTH)
+        if (expr_too_long(text))
                 r = parser_fail(&p, "expression longer than %u characters", FAMILYD_MAX_EXPR_LENGTH);
         else {
                 parser_skip_space(&p);
