@@ -3,23 +3,19 @@
 /*
  * DESIGN
  *
- * Two stages per file. libyaml's event parser feeds a small tree of our own (YNode) instead of
- * yaml_parser_load()'s document: the document API turns aliases into shared nodes (a DAG, even a
- * cycle through an ancestor, so a naive walk explodes or never ends) and forgets whether a
- * scalar was plain or quoted, which decides its type. The tree builder rejects aliases, bounds
- * nesting and node count, and keeps explicit tags. A schema walker then fills Family structs in
- * place, diagnosing every violation it can see and carrying on with the siblings, so one Reload
- * reports everything at once; a child's -EINVAL means "diagnosed", anything else aborts.
+ * Two stages per file. registry-yaml.c turns the text into a small tree of YNodes, rejecting
+ * aliases, bounding nesting and node count, and keeping explicit tags and scalar styles. A schema
+ * walker then fills Family structs in place, diagnosing every violation it can see and carrying
+ * on with the siblings, so one Reload reports everything at once; a child's -EINVAL means
+ * "diagnosed", anything else aborts.
  *
  * Diagnostics name a file by its entry name in the registry directory (the directory itself is
  * the registry path the operator configured), "name.yaml:line:column: context: text", 1-based.
  * Family.source uses the same name: "name.yaml:line". Problems with a whole file or the
  * directory have no position: "name.yaml: text".
  *
- * Scalars resolve like the YAML 1.2 core schema: plain null/~, true/false (any case style of
- * the spec), decimal, 0o and 0x integers, floats with .inf/.nan; quoted and block scalars are
- * strings; explicit !!str/!!int/!!float/!!bool/!!null tags are honoured; other tags are errors.
- * Mapping keys are taken as text. A null value is the wrong type wherever it appears.
+ * Scalars resolve like the YAML 1.2 core schema (see registry-yaml.c). Mapping keys are taken as
+ * text. A null value is the wrong type wherever it appears.
  */
 
 #include <dirent.h>
@@ -28,61 +24,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <yaml.h>
 
 #include "resource-limits.h"
 #include "registry.h"
+#include "registry-yaml.h"
 #include "repr.h"
 
-/* Bounds of our own on top of resource-limits.h: what a legitimate registry never comes near. */
-#define YAML_MAX_DEPTH          32u      /* the schema itself is 8 levels deep */
-#define YAML_MAX_NODES          262144u  /* per file; a family takes about 50 */
 #define LOAD_MAX_DIAGNOSTICS    1000u    /* past this the operator has seen enough */
 
-/* ---- the YAML tree ---- */
-
-typedef enum YNodeKind {
-        YNODE_SCALAR,
-        YNODE_SEQUENCE,
-        YNODE_MAPPING,
-} YNodeKind;
-
-typedef struct YNode YNode;
-struct YNode {
-        YNodeKind kind;
-        unsigned line, column; /* 1-based */
-        char *tag;             /* explicit tag, NULL when none */
-        char *text;            /* scalar: NUL-free, NUL-terminated */
-        bool plain;            /* scalar: plain style, subject to type resolution */
-        YNode **items;         /* sequence items; mapping keys and values alternate */
-        size_t n_items;
-        size_t allocated;
-};
-
-static YNode *ynode_free(YNode *n) {
-        /* Depth is bounded by YAML_MAX_DEPTH, so recursion is too. */
-        if (!n)
-                return NULL;
-        for (size_t i = 0; i < n->n_items; i++)
-                ynode_free(n->items[i]);
-        free(n->items);
-        free(n->tag);
-        free(n->text);
-        return mfree(n);
-}
-DEFINE_TRIVIAL_CLEANUP_FUNC(YNode *, ynode_free);
-
-static size_t ynode_n_pairs(const YNode *m) {
-        return m->n_items / 2;
-}
-
-static const YNode *ynode_key(const YNode *m, size_t i) {
-        return m->items[2 * i];
-}
-
-static const YNode *ynode_value(const YNode *m, size_t i) {
-        return m->items[2 * i + 1];
-}
 
 typedef struct Loader {
         const char *file; /* the file's entry name, for diagnostics */
@@ -90,12 +39,11 @@ typedef struct Loader {
         bool truncated;   /* LOAD_MAX_DIAGNOSTICS reached */
 } Loader;
 
-static int loader_diag_at(Loader *l, unsigned line, unsigned column, const char *ctx,
-                          const char *format, ...) _printf_(5, 6);
-static int loader_diag_at(Loader *l, unsigned line, unsigned column, const char *ctx,
-                          const char *format, ...) {
+static int loader_diag_atv(Loader *l, unsigned line, unsigned column, const char *ctx,
+                           const char *format, va_list ap) _printf_(5, 0);
+static int loader_diag_atv(Loader *l, unsigned line, unsigned column, const char *ctx,
+                           const char *format, va_list ap) {
         _cleanup_free_ char *text = NULL;
-        va_list ap;
         int k;
 
         if (l->diag->n >= LOAD_MAX_DIAGNOSTICS) {
@@ -103,9 +51,7 @@ static int loader_diag_at(Loader *l, unsigned line, unsigned column, const char 
                 return -EINVAL;
         }
 
-        va_start(ap, format);
         k = vasprintf(&text, format, ap);
-        va_end(ap);
         if (k < 0) {
                 text = NULL;
                 return -ENOMEM;
@@ -116,6 +62,25 @@ static int loader_diag_at(Loader *l, unsigned line, unsigned column, const char 
         else
                 k = load_diagnostics_add(l->diag, l->file, line, column, "%s", text);
         return k < 0 ? k : -EINVAL;
+}
+
+static int loader_diag_at(Loader *l, unsigned line, unsigned column, const char *ctx,
+                          const char *format, ...) _printf_(5, 6);
+static int loader_diag_at(Loader *l, unsigned line, unsigned column, const char *ctx,
+                          const char *format, ...) {
+        va_list ap;
+        int r;
+
+        va_start(ap, format);
+        r = loader_diag_atv(l, line, column, ctx, format, ap);
+        va_end(ap);
+        return r;
+}
+
+/* The YNodeDiagFunc for ynode_parse(): the tree builder's problems have no schema context. */
+static int loader_yaml_diag(void *userdata, unsigned line, unsigned column, const char *format,
+                            va_list ap) {
+        return loader_diag_atv(userdata, line, column, NULL, format, ap);
 }
 
 #define loader_diag(l, node, ctx, ...) \
@@ -143,322 +108,7 @@ static int fold(int *acc, int r) {
         return r < 0 ? r : 0;
 }
 
-/* ---- stage 1: events to tree ---- */
-
-static bool tag_is_allowed(const char *tag, YNodeKind kind) {
-        if (!tag || streq(tag, "!"))
-                return true;
-        switch (kind) {
-        case YNODE_SCALAR:
-                return streq(tag, YAML_STR_TAG) || streq(tag, YAML_INT_TAG) ||
-                       streq(tag, YAML_FLOAT_TAG) || streq(tag, YAML_BOOL_TAG) ||
-                       streq(tag, YAML_NULL_TAG);
-        case YNODE_SEQUENCE:
-                return streq(tag, YAML_SEQ_TAG);
-        case YNODE_MAPPING:
-                return streq(tag, YAML_MAP_TAG);
-        }
-        return false;
-}
-
-typedef struct TreeBuilder {
-        Loader *l;
-        YNode *root;
-        YNode *stack[YAML_MAX_DEPTH];
-        unsigned depth;
-        size_t n_nodes;
-        unsigned n_documents;
-        bool done;
-} TreeBuilder;
-
-static int tree_add_node(TreeBuilder *b, const yaml_event_t *ev, YNodeKind kind,
-                         const yaml_char_t *tag) {
-        _cleanup_(ynode_freep) YNode *n = NULL;
-        unsigned line = ev->start_mark.line + 1, column = ev->start_mark.column + 1;
-
-        if (++b->n_nodes > YAML_MAX_NODES)
-                return loader_diag_at(b->l, line, column, NULL, "more than %u YAML nodes in one file",
-                                      YAML_MAX_NODES);
-        if (!tag_is_allowed((const char *) tag, kind)) {
-                _cleanup_free_ char *q = repr_string((const char *) tag);
-                if (!q)
-                        return -ENOMEM;
-                return loader_diag_at(b->l, line, column, NULL,
-                                      "unsupported YAML tag %s (only !!str, !!int, !!float, !!bool, !!null, !!seq, !!map)",
-                                      q);
-        }
-
-        n = calloc(1, sizeof(YNode));
-        if (!n)
-                return -ENOMEM;
-        n->kind = kind;
-        n->line = line;
-        n->column = column;
-        if (tag) {
-                n->tag = strdup((const char *) tag);
-                if (!n->tag)
-                        return -ENOMEM;
-        }
-
-        if (kind == YNODE_SCALAR) {
-                size_t len = ev->data.scalar.length;
-                if (memchr(ev->data.scalar.value, 0, len))
-                        return loader_diag_at(b->l, line, column, NULL,
-                                              "scalar contains a NUL character");
-                n->text = strndup((const char *) ev->data.scalar.value, len);
-                if (!n->text)
-                        return -ENOMEM;
-                n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        }
-
-        YNode *added = n;
-        if (b->depth == 0) {
-                if (b->root) /* cannot happen in one document; be safe anyway */
-                        return loader_diag_at(b->l, line, column, NULL, "unexpected second root node");
-                b->root = TAKE_PTR(n);
-        } else {
-                YNode *parent = b->stack[b->depth - 1];
-                if (!GREEDY_REALLOC(parent->items, parent->allocated, parent->n_items + 1))
-                        return -ENOMEM;
-                parent->items[parent->n_items++] = TAKE_PTR(n);
-        }
-
-        if (kind != YNODE_SCALAR) {
-                if (b->depth >= YAML_MAX_DEPTH)
-                        return loader_diag_at(b->l, line, column, NULL,
-                                              "YAML nested deeper than %u levels", YAML_MAX_DEPTH);
-                b->stack[b->depth++] = added;
-        }
-        return 0;
-}
-
-static int tree_handle_event(TreeBuilder *b, const yaml_event_t *ev) {
-        unsigned line = ev->start_mark.line + 1, column = ev->start_mark.column + 1;
-
-        switch (ev->type) {
-        case YAML_STREAM_END_EVENT:
-                b->done = true;
-                return 0;
-        case YAML_DOCUMENT_START_EVENT:
-                if (++b->n_documents > 1)
-                        return loader_diag_at(b->l, line, column, NULL,
-                                              "a registry file holds one YAML document");
-                return 0;
-        case YAML_ALIAS_EVENT:
-                return loader_diag_at(b->l, line, column, NULL, "YAML aliases are not supported");
-        case YAML_SCALAR_EVENT:
-                return tree_add_node(b, ev, YNODE_SCALAR, ev->data.scalar.tag);
-        case YAML_SEQUENCE_START_EVENT:
-                return tree_add_node(b, ev, YNODE_SEQUENCE, ev->data.sequence_start.tag);
-        case YAML_MAPPING_START_EVENT:
-                return tree_add_node(b, ev, YNODE_MAPPING, ev->data.mapping_start.tag);
-        case YAML_SEQUENCE_END_EVENT:
-        case YAML_MAPPING_END_EVENT:
-                if (b->depth > 0)
-                        b->depth--;
-                return 0;
-        default:
-                return 0;
-        }
-}
-
-/* Parses buf into *ret (NULL for a stream without a document). */
-static int tree_parse(Loader *l, const char *buf, size_t size, YNode **ret) {
-        TreeBuilder b = { .l = l };
-        yaml_parser_t parser;
-        int r = 0;
-
-        if (!yaml_parser_initialize(&parser))
-                return -ENOMEM;
-        yaml_parser_set_input_string(&parser, (const unsigned char *) buf, size);
-
-        while (!b.done) {
-                yaml_event_t ev;
-
-                if (!yaml_parser_parse(&parser, &ev)) {
-                        if (parser.error == YAML_MEMORY_ERROR)
-                                r = -ENOMEM;
-                        else if (parser.error == YAML_READER_ERROR)
-                                r = loader_diag_at(l, 0, 0, NULL,
-                                                   "invalid YAML input at byte %zu: %s",
-                                                   parser.problem_offset,
-                                                   strempty(parser.problem));
-                        else if (parser.context)
-                                r = loader_diag_at(l, parser.problem_mark.line + 1,
-                                                   parser.problem_mark.column + 1, NULL,
-                                                   "invalid YAML: %s (%s)", strempty(parser.problem),
-                                                   parser.context);
-                        else
-                                r = loader_diag_at(l, parser.problem_mark.line + 1,
-                                                   parser.problem_mark.column + 1, NULL,
-                                                   "invalid YAML: %s", strempty(parser.problem));
-                        break;
-                }
-
-                r = tree_handle_event(&b, &ev);
-                yaml_event_delete(&ev);
-                if (r < 0)
-                        break;
-        }
-        yaml_parser_delete(&parser);
-
-        if (r < 0) {
-                ynode_free(b.root);
-                return r;
-        }
-        *ret = b.root;
-        return 0;
-}
-
 /* ---- scalars ---- */
-
-static bool is_one_of(const char *s, const char *const *set, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                if (streq(s, set[i]))
-                        return true;
-        return false;
-}
-
-static bool span_digits(const char **p, const char *set) {
-        const char *start = *p;
-        while (**p && strchr(set, **p))
-                (*p)++;
-        return *p > start;
-}
-
-#define DIGITS "0123456789"
-
-static bool text_is_float(const char *s) {
-        static const char *const special[] = {
-                ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF", "-.inf", "-.Inf", "-.INF",
-                ".nan", ".NaN", ".NAN",
-        };
-        const char *p = s;
-
-        if (is_one_of(s, special, ELEMENTSOF(special)))
-                return true;
-        if (*p == '-' || *p == '+')
-                p++;
-        if (*p == '.') {
-                p++;
-                if (!span_digits(&p, DIGITS))
-                        return false;
-        } else {
-                if (!span_digits(&p, DIGITS))
-                        return false;
-                if (*p == '.') {
-                        p++;
-                        (void) span_digits(&p, DIGITS);
-                }
-        }
-        if (*p == 'e' || *p == 'E') {
-                p++;
-                if (*p == '-' || *p == '+')
-                        p++;
-                if (!span_digits(&p, DIGITS))
-                        return false;
-        }
-        return *p == 0;
-}
-
-/* Resolves a scalar to a Value; VALUE_NONE for null. On a bad number returns -EINVAL with a
- * static *ret_problem. */
-static int scalar_resolve(const YNode *n, Value *ret, const char **ret_problem) {
-        static const char *const nulls[] = { "", "~", "null", "Null", "NULL" };
-        static const char *const trues[] = { "true", "True", "TRUE" };
-        static const char *const falses[] = { "false", "False", "FALSE" };
-        const char *s = n->text, *tag = n->tag;
-        Value v = { .kind = VALUE_STRING };
-
-        if ((!tag && !n->plain) || (tag && (streq(tag, YAML_STR_TAG) || streq(tag, "!")))) {
-                v.s = strdup(s);
-                if (!v.s)
-                        return -ENOMEM;
-                *ret = v;
-                return 0;
-        }
-
-        if (is_one_of(s, nulls, ELEMENTSOF(nulls)))
-                v.kind = VALUE_NONE;
-        else if (is_one_of(s, trues, ELEMENTSOF(trues)))
-                v = (Value) { .kind = VALUE_BOOL, .b = true };
-        else if (is_one_of(s, falses, ELEMENTSOF(falses)))
-                v = (Value) { .kind = VALUE_BOOL, .b = false };
-        else {
-                const char *p = s, *digits;
-                int base = 10;
-
-                if (strncmp(s, "0o", 2) == 0 && s[2]) {
-                        base = 8;
-                        digits = s + 2;
-                } else if (strncmp(s, "0x", 2) == 0 && s[2]) {
-                        base = 16;
-                        digits = s + 2;
-                } else {
-                        if (*p == '-' || *p == '+')
-                                p++;
-                        digits = s;
-                }
-
-                p = base == 10 ? p : digits;
-                if (span_digits(&p, base == 8 ? "01234567" : base == 16 ? DIGITS "abcdefABCDEF" : DIGITS) &&
-                    *p == 0) {
-                        char *end;
-                        errno = 0;
-                        long long i = strtoll(digits, &end, base);
-                        if (errno == ERANGE || *end) {
-                                *ret_problem = "integer out of range";
-                                return -EINVAL;
-                        }
-                        v = (Value) { .kind = VALUE_INT, .i = i };
-                } else if (text_is_float(s)) {
-                        double f;
-                        const char *q = s + (*s == '-' || *s == '+');
-
-                        if (*q == '.' && (q[1] == 'i' || q[1] == 'I'))
-                                f = *s == '-' ? -INFINITY : INFINITY;
-                        else if (*q == '.' && (q[1] == 'n' || q[1] == 'N'))
-                                f = NAN;
-                        else {
-                                /* strtod follows LC_NUMERIC; familyd never calls setlocale(), so
-                                 * this is the "C" locale's '.'. */
-                                errno = 0;
-                                f = strtod(s, NULL);
-                                if (errno == ERANGE && isinf(f)) {
-                                        *ret_problem = "number out of range";
-                                        return -EINVAL;
-                                }
-                        }
-                        v = (Value) { .kind = VALUE_FLOAT, .f = f };
-                } else {
-                        v.s = strdup(s);
-                        if (!v.s)
-                                return -ENOMEM;
-                }
-        }
-
-        if (tag) {
-                bool ok;
-                if (streq(tag, YAML_INT_TAG))
-                        ok = v.kind == VALUE_INT;
-                else if (streq(tag, YAML_FLOAT_TAG)) {
-                        ok = v.kind == VALUE_FLOAT || v.kind == VALUE_INT;
-                        if (v.kind == VALUE_INT)
-                                v = (Value) { .kind = VALUE_FLOAT, .f = (double) v.i };
-                } else if (streq(tag, YAML_BOOL_TAG))
-                        ok = v.kind == VALUE_BOOL;
-                else
-                        ok = v.kind == VALUE_NONE;
-                if (!ok) {
-                        value_done(&v);
-                        *ret_problem = "value does not match its tag";
-                        return -EINVAL;
-                }
-        }
-
-        *ret = v;
-        return 0;
-}
 
 /* Resolves n (any node) to a Value; collections come back as VALUE_LIST with no items, which
  * matches no scalar type. Diagnoses bad numbers. */
@@ -470,7 +120,7 @@ static int node_value(Loader *l, const YNode *n, const char *ctx, const char *wh
                 *ret = (Value) { .kind = VALUE_LIST };
                 return 0;
         }
-        r = scalar_resolve(n, ret, &problem);
+        r = ynode_scalar_resolve(n, ret, &problem);
         if (r == -EINVAL)
                 return loader_diag(l, n, ctx, "%s: %s", what, problem);
         return r;
@@ -1922,7 +1572,7 @@ int registry_load(const char *dir, uint64_t generation, Registry **ret, LoadDiag
 
                 r = read_file(&l, dirfd(d), names.names[i], &buf, &size);
                 if (r >= 0)
-                        r = tree_parse(&l, buf, size, &root);
+                        r = ynode_parse(buf, size, loader_yaml_diag, &l, &root);
                 if (r >= 0)
                         r = load_tree(&l, root, &fl);
                 truncated = l.truncated;
