@@ -1,4 +1,4 @@
-/* registry-yaml.h: the YAML tree registry-load.c walks: nodes with positions, tags and scalar typing. */
+/* registry-yaml.h: the YAML tree the registry loader walks: nodes with positions, tags and scalar typing. */
 #pragma once
 
 #include <stdarg.h>

@@ -30,6 +30,7 @@ typedef struct Call {
         grpc_metadata_array request_metadata;
         grpc_call_details details; /* catch-all site only */
         grpc_byte_buffer *payload; /* the request (unary, watch) or the last stream message */
+        Arena arena;               /* the decoded request and the reply tree */
 
         RpcTag on_arrived;
         RpcTag on_sent;
@@ -62,6 +63,7 @@ static void call_free(Call *c) {
                 grpc_slice_unref(c->trailer.key);
                 grpc_slice_unref(c->trailer.value);
         }
+        arena_done(&c->arena);
         free(c);
 }
 
@@ -177,6 +179,14 @@ static void error_from_errno(FamilyError *e, int r) {
                                         "internal error: %s", strerror(-r));
 }
 
+static void *arena_pb_alloc(void *data, size_t size) {
+        return arena_alloc(data, size);
+}
+
+static void arena_pb_free(void *data, void *p) {
+        /* Released with the arena. */
+}
+
 /* Decodes the request and runs the handler; on failure *ret_error says why. */
 static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const RpcMethod *m = c->site.method;
@@ -193,7 +203,12 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
                 return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
                                         NULL, "request has no message");
 
-        request = protobuf_c_message_unpack(m->request_type, NULL, GRPC_SLICE_LENGTH(bytes),
+        ProtobufCAllocator allocator = {
+                .alloc = arena_pb_alloc,
+                .free = arena_pb_free,
+                .allocator_data = &c->arena,
+        };
+        request = protobuf_c_message_unpack(m->request_type, &allocator, GRPC_SLICE_LENGTH(bytes),
                                             GRPC_SLICE_START_PTR(bytes));
         grpc_slice_unref(bytes);
         if (!request)
@@ -201,8 +216,8 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
                                         NULL, "request could not be decoded as %s",
                                         m->request_type->name);
 
-        r = m->handler((RpcContext *) &c->site.context, request, ret_reply, ret_error);
-        protobuf_c_message_free_unpacked(request, NULL);
+        r = m->handler((RpcContext *) &c->site.context, &c->arena, request, ret_reply,
+                       ret_error);
         if (r < 0)
                 error_from_errno(ret_error, r);
         return r;
@@ -217,7 +232,6 @@ static void call_run_unary(Call *c) {
                 return;
         }
         call_finish(c, reply, &e, true, true);
-        protobuf_c_message_free_unpacked(reply, NULL);
 }
 
 static void on_closed(RpcTag *tag, bool ok) {
@@ -248,7 +262,6 @@ static void call_run_watch(Call *c) {
         call_start_batch(c, ops, 1, &c->on_closed);
 
         c->reply = message_to_buffer(reply);
-        protobuf_c_message_free_unpacked(reply, NULL);
         ops[0] = (grpc_op) { .op = GRPC_OP_SEND_INITIAL_METADATA };
         ops[1] = (grpc_op) { .op = GRPC_OP_SEND_MESSAGE };
         ops[1].data.send_message.send_message = c->reply;
@@ -388,6 +401,7 @@ int call_arm(const CallSite *site) {
                 return -ENOMEM;
         c->site = *site;
         c->n_ref = 1;
+        arena_init(&c->arena);
         c->on_arrived.complete = on_arrived;
         grpc_metadata_array_init(&c->request_metadata);
 
@@ -409,7 +423,7 @@ int call_arm(const CallSite *site) {
         return 0;
 }
 
-int rpc_unimplemented(RpcContext *ctx, const ProtobufCMessage *request,
+int rpc_unimplemented(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         /* A marker: call_handle answers before decoding, naming the method. */
         return -EOPNOTSUPP;

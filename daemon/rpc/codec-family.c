@@ -4,181 +4,170 @@
 
 
 
-static int typed_field_encode(const TypedField *t, Familyd__V1__TypedField **ret) {
-        Familyd__V1__TypedField *pb = MSG_NEW(Familyd__V1__TypedField, familyd__v1__typed_field__init);
-        if (!pb)
-                return -ENOMEM;
-        *ret = pb;
-
-        pb->name = codec_strdup(t->name);
-        pb->type = codec_strdup(field_type_to_string(t->type));
-        if (!pb->name || !pb->type)
-                return -ENOMEM;
-        if (t->default_value.kind != VALUE_NONE)
-                return codec_value_encode(&t->default_value, &pb->default_);
-        return 0;
-}
-
-static int typed_fields_encode(const TypedField *fields, size_t n, Familyd__V1__TypedField ***ret,
-                               size_t *ret_n) {
-        if (!ARRAY_NEW(*ret, n))
+static int typed_fields_encode(Arena *a, const TypedField *fields, size_t n,
+                               Familyd__V1__TypedField ***ret, size_t *ret_n) {
+        if (!ARRAY_NEW(a, *ret, n))
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                int r = typed_field_encode(&fields[i], &(*ret)[i]);
-                if ((*ret)[i])
-                        (*ret_n)++;
-                if (r < 0)
-                        return r;
+                Familyd__V1__TypedField *pb = MSG_NEW(a, Familyd__V1__TypedField,
+                                                      familyd__v1__typed_field__init);
+                if (!pb)
+                        return -ENOMEM;
+                pb->name = arena_strdup(a, fields[i].name);
+                pb->type = arena_strdup(a, field_type_to_string(fields[i].type));
+                if (!pb->name || !pb->type)
+                        return -ENOMEM;
+                if (fields[i].default_value.kind != VALUE_NONE) {
+                        int r = codec_value_encode(a, &fields[i].default_value, &pb->default_);
+                        if (r < 0)
+                                return r;
+                }
+                (*ret)[i] = pb;
         }
+        *ret_n = n;
         return 0;
 }
 
-static int placement_encode(const Placement *p, Familyd__V1__Placement **ret) {
-        Familyd__V1__Placement *pb = MSG_NEW(Familyd__V1__Placement, familyd__v1__placement__init);
-        if (!pb)
-                return -ENOMEM;
-        *ret = pb;
-
-        pb->axis = codec_strdup(p->axis);
-        pb->kind = codec_strdup(placement_kind_to_string(p->kind));
-        pb->dim = p->kind == PLACEMENT_SHARD ? p->dim : 0;
-        return pb->axis && pb->kind ? 0 : -ENOMEM;
-}
-
-static int parameter_encode(const ParameterSpec *p, Familyd__V1__ParameterSpec **ret) {
+static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__ParameterSpec **ret) {
         Familyd__V1__ParameterSpec *pb =
-                MSG_NEW(Familyd__V1__ParameterSpec, familyd__v1__parameter_spec__init);
+                MSG_NEW(a, Familyd__V1__ParameterSpec, familyd__v1__parameter_spec__init);
         if (!pb)
                 return -ENOMEM;
-        *ret = pb;
 
-        pb->name = codec_strdup(p->name);
-        pb->init = codec_strdup(p->init_text);
+        pb->name = arena_strdup(a, p->name);
+        pb->init = arena_strdup(a, p->init_text);
         if (!pb->name || !pb->init)
                 return -ENOMEM;
 
-        if (!ARRAY_NEW(pb->shape, p->n_dims))
+        if (!ARRAY_NEW(a, pb->shape, p->n_dims))
                 return -ENOMEM;
         for (size_t i = 0; i < p->n_dims; i++) {
-                pb->shape[i] = expr_to_string(p->shape[i]);
+                _cleanup_free_ char *text = expr_to_string(p->shape[i]);
+                pb->shape[i] = text ? arena_strdup(a, text) : NULL;
                 if (!pb->shape[i])
                         return -ENOMEM;
-                pb->n_shape++;
         }
+        pb->n_shape = p->n_dims;
 
-        if (!ARRAY_NEW(pb->placements, p->n_placements))
+        if (!ARRAY_NEW(a, pb->placements, p->n_placements))
                 return -ENOMEM;
         for (size_t i = 0; i < p->n_placements; i++) {
-                int r = placement_encode(&p->placements[i], &pb->placements[i]);
-                if (pb->placements[i])
-                        pb->n_placements++;
-                if (r < 0)
-                        return r;
+                const Placement *pl = &p->placements[i];
+                Familyd__V1__Placement *e =
+                        MSG_NEW(a, Familyd__V1__Placement, familyd__v1__placement__init);
+                if (!e)
+                        return -ENOMEM;
+                e->axis = arena_strdup(a, pl->axis);
+                e->kind = arena_strdup(a, placement_kind_to_string(pl->kind));
+                if (!e->axis || !e->kind)
+                        return -ENOMEM;
+                e->dim = pl->kind == PLACEMENT_SHARD ? pl->dim : 0;
+                pb->placements[i] = e;
         }
+        pb->n_placements = p->n_placements;
+
+        *ret = pb;
         return 0;
 }
 
-static int parameters_encode(const ParameterSpec *params, size_t n,
+static int parameters_encode(Arena *a, const ParameterSpec *params, size_t n,
                              Familyd__V1__ParameterSpec ***ret, size_t *ret_n) {
-        if (!ARRAY_NEW(*ret, n))
+        if (!ARRAY_NEW(a, *ret, n))
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                int r = parameter_encode(&params[i], &(*ret)[i]);
-                if ((*ret)[i])
-                        (*ret_n)++;
+                int r = parameter_encode(a, &params[i], &(*ret)[i]);
                 if (r < 0)
                         return r;
         }
+        *ret_n = n;
         return 0;
 }
 
-static int requirement_encode(const Requirement *q, Familyd__V1__Variant__RequiresEntry **ret) {
-        Familyd__V1__Variant__RequiresEntry *pb = MSG_NEW(Familyd__V1__Variant__RequiresEntry,
-                                                          familyd__v1__variant__requires_entry__init);
+static int requirement_encode(Arena *a, const Requirement *q,
+                              Familyd__V1__Variant__RequiresEntry **ret) {
+        Familyd__V1__Variant__RequiresEntry *pb = MSG_NEW(
+                a, Familyd__V1__Variant__RequiresEntry, familyd__v1__variant__requires_entry__init);
         if (!pb)
                 return -ENOMEM;
-        *ret = pb;
 
-        pb->key = codec_strdup(axis_to_string(q->axis));
-        pb->value = MSG_NEW(Familyd__V1__ValueList, familyd__v1__value_list__init);
-        if (!pb->key || !pb->value)
-                return -ENOMEM;
-        if (!ARRAY_NEW(pb->value->values, q->n_values))
+        pb->key = arena_strdup(a, axis_to_string(q->axis));
+        pb->value = MSG_NEW(a, Familyd__V1__ValueList, familyd__v1__value_list__init);
+        if (!pb->key || !pb->value || !ARRAY_NEW(a, pb->value->values, q->n_values))
                 return -ENOMEM;
         for (size_t i = 0; i < q->n_values; i++) {
                 Value v = { .kind = VALUE_INT, .i = q->values[i] };
-                int r = codec_value_encode(&v, &pb->value->values[i]);
+                int r = codec_value_encode(a, &v, &pb->value->values[i]);
                 if (r < 0)
                         return r;
-                pb->value->n_values++;
         }
+        pb->value->n_values = q->n_values;
+
+        *ret = pb;
         return 0;
 }
 
-static int variant_encode(const Variant *v, Familyd__V1__Variant **ret) {
-        Familyd__V1__Variant *pb = MSG_NEW(Familyd__V1__Variant, familyd__v1__variant__init);
+static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret) {
+        Familyd__V1__Variant *pb = MSG_NEW(a, Familyd__V1__Variant, familyd__v1__variant__init);
         int r;
 
         if (!pb)
                 return -ENOMEM;
-        *ret = pb;
-
-        pb->name = codec_strdup(v->name);
-        pb->constructor = codec_strdup(v->constructor);
+        pb->name = arena_strdup(a, v->name);
+        pb->constructor = arena_strdup(a, v->constructor);
         if (!pb->name || !pb->constructor)
                 return -ENOMEM;
 
-        if (!ARRAY_NEW(pb->accepts, v->n_accepts))
+        if (!ARRAY_NEW(a, pb->accepts, v->n_accepts))
                 return -ENOMEM;
         for (size_t i = 0; i < v->n_accepts; i++) {
-                pb->accepts[i] = codec_strdup(v->accepts[i]);
+                pb->accepts[i] = arena_strdup(a, v->accepts[i]);
                 if (!pb->accepts[i])
                         return -ENOMEM;
-                pb->n_accepts++;
         }
+        pb->n_accepts = v->n_accepts;
 
-        if (!ARRAY_NEW(pb->requires, v->n_requires))
+        if (!ARRAY_NEW(a, pb->requires, v->n_requires))
                 return -ENOMEM;
         for (size_t i = 0; i < v->n_requires; i++) {
-                r = requirement_encode(&v->requires[i], &pb->requires[i]);
-                if (pb->requires[i])
-                        pb->n_requires++;
+                r = requirement_encode(a, &v->requires[i], &pb->requires[i]);
+                if (r < 0)
+                        return r;
+        }
+        pb->n_requires = v->n_requires;
+
+        if (v->has_parameters) {
+                r = parameters_encode(a, v->parameters, v->n_parameters, &pb->parameters,
+                                      &pb->n_parameters);
                 if (r < 0)
                         return r;
         }
 
-        if (v->has_parameters)
-                return parameters_encode(v->parameters, v->n_parameters, &pb->parameters,
-                                         &pb->n_parameters);
+        *ret = pb;
         return 0;
 }
 
-static int rule_encode(const Rule *rule, Familyd__V1__Rule **ret) {
-        _cleanup_(value_map_done) ValueMap when = {};
-        Familyd__V1__Rule *pb = MSG_NEW(Familyd__V1__Rule, familyd__v1__rule__init);
-        int r;
-
-        if (!pb)
+static int rule_encode(Arena *a, const Rule *rule, Familyd__V1__Rule **ret) {
+        Familyd__V1__Rule *pb = MSG_NEW(a, Familyd__V1__Rule, familyd__v1__rule__init);
+        if (!pb || !ARRAY_NEW(a, pb->when, rule->n_when))
                 return -ENOMEM;
-        *ret = pb;
 
+        /* Conditions are unique by key (the loader refuses duplicates), in file order. */
         for (size_t i = 0; i < rule->n_when; i++) {
-                Value v;
-                r = value_copy(&rule->when[i].value, &v);
+                Familyd__V1__Rule__WhenEntry *e = MSG_NEW(a, Familyd__V1__Rule__WhenEntry,
+                                                          familyd__v1__rule__when_entry__init);
+                if (!e)
+                        return -ENOMEM;
+                e->key = arena_strdup(a, rule->when[i].key);
+                if (!e->key)
+                        return -ENOMEM;
+                int r = codec_value_encode(a, &rule->when[i].value, &e->value);
                 if (r < 0)
                         return r;
-                r = value_map_put(&when, rule->when[i].key, &v);
-                if (r < 0) {
-                        value_done(&v);
-                        return r;
-                }
+                pb->when[i] = e;
         }
-        r = codec_value_map_encode(&when, &familyd__v1__rule__when_entry__descriptor,
-                                   (void ***) &pb->when, &pb->n_when);
-        if (r < 0)
-                return r;
+        pb->n_when = rule->n_when;
 
-        char *text = codec_strdup(rule->text);
+        char *text = arena_strdup(a, rule->text);
         if (!text)
                 return -ENOMEM;
         switch (rule->outcome) {
@@ -195,62 +184,58 @@ static int rule_encode(const Rule *rule, Familyd__V1__Rule **ret) {
                 pb->unsupported = text;
                 break;
         }
+
+        *ret = pb;
         return 0;
 }
 
-static int family_encode_into(const Family *f, Familyd__V1__Family *pb) {
+int codec_family_encode(Arena *a, const Family *f, Familyd__V1__Family **ret) {
+        Familyd__V1__Family *pb = MSG_NEW(a, Familyd__V1__Family, familyd__v1__family__init);
         int r;
 
-        pb->name = codec_strdup(f->name);
-        pb->baseline = codec_strdup(f->baseline);
-        pb->default_variant = codec_strdup(f->default_variant);
-        pb->parallel_axis = codec_strdup(axis_to_string(f->parallel_axis));
-        pb->source = codec_strdup(f->source);
+        if (!pb)
+                return -ENOMEM;
+        pb->name = arena_strdup(a, f->name);
+        pb->baseline = arena_strdup(a, f->baseline);
+        pb->default_variant = arena_strdup(a, f->default_variant);
+        pb->parallel_axis = arena_strdup(a, axis_to_string(f->parallel_axis));
+        pb->source = arena_strdup(a, f->source);
         if (!pb->name || !pb->baseline || !pb->default_variant || !pb->parallel_axis ||
             !pb->source)
                 return -ENOMEM;
 
-        r = typed_fields_encode(f->selectors, f->n_selectors, &pb->selectors, &pb->n_selectors);
+        r = typed_fields_encode(a, f->selectors, f->n_selectors, &pb->selectors,
+                                &pb->n_selectors);
         if (r < 0)
                 return r;
-        r = typed_fields_encode(f->arguments, f->n_arguments, &pb->arguments, &pb->n_arguments);
+        r = typed_fields_encode(a, f->arguments, f->n_arguments, &pb->arguments,
+                                &pb->n_arguments);
         if (r < 0)
                 return r;
 
-        if (!ARRAY_NEW(pb->variants, f->n_variants))
+        if (!ARRAY_NEW(a, pb->variants, f->n_variants))
                 return -ENOMEM;
         for (size_t i = 0; i < f->n_variants; i++) {
-                r = variant_encode(&f->variants[i], &pb->variants[i]);
-                if (pb->variants[i])
-                        pb->n_variants++;
+                r = variant_encode(a, &f->variants[i], &pb->variants[i]);
                 if (r < 0)
                         return r;
         }
+        pb->n_variants = f->n_variants;
 
-        if (!ARRAY_NEW(pb->rules, f->n_rules))
+        if (!ARRAY_NEW(a, pb->rules, f->n_rules))
                 return -ENOMEM;
         for (size_t i = 0; i < f->n_rules; i++) {
-                r = rule_encode(&f->rules[i], &pb->rules[i]);
-                if (pb->rules[i])
-                        pb->n_rules++;
+                r = rule_encode(a, &f->rules[i], &pb->rules[i]);
                 if (r < 0)
                         return r;
         }
+        pb->n_rules = f->n_rules;
 
-        return parameters_encode(f->parameters, f->n_parameters, &pb->parameters,
-                                 &pb->n_parameters);
-}
-
-int codec_family_encode(const Family *f, Familyd__V1__Family **ret) {
-        Familyd__V1__Family *pb = MSG_NEW(Familyd__V1__Family, familyd__v1__family__init);
-        if (!pb)
-                return -ENOMEM;
-
-        int r = family_encode_into(f, pb);
-        if (r < 0) {
-                protobuf_c_message_free_unpacked(&pb->base, NULL);
+        r = parameters_encode(a, f->parameters, f->n_parameters, &pb->parameters,
+                              &pb->n_parameters);
+        if (r < 0)
                 return r;
-        }
+
         *ret = pb;
         return 0;
 }
@@ -321,51 +306,46 @@ int codec_resolve_request_decode(const Familyd__V1__ResolveRequest *pb, ResolveR
         return 0;
 }
 
-int codec_resolved_family_encode(const ResolvedFamily *res, Familyd__V1__ResolvedFamily **ret) {
+int codec_resolved_family_encode(Arena *a, const ResolvedFamily *res,
+                                 Familyd__V1__ResolvedFamily **ret) {
         Familyd__V1__ResolvedFamily *pb =
-                MSG_NEW(Familyd__V1__ResolvedFamily, familyd__v1__resolved_family__init);
-        int r = -ENOMEM;
+                MSG_NEW(a, Familyd__V1__ResolvedFamily, familyd__v1__resolved_family__init);
+        int r;
 
         if (!pb)
                 return -ENOMEM;
-
-        pb->family = codec_strdup(res->family);
-        pb->variant = codec_strdup(res->variant);
-        pb->constructor = codec_strdup(res->constructor);
+        pb->family = arena_strdup(a, res->family);
+        pb->variant = arena_strdup(a, res->variant);
+        pb->constructor = arena_strdup(a, res->constructor);
         if (!pb->family || !pb->variant || !pb->constructor)
-                goto fail;
+                return -ENOMEM;
 
-        r = codec_value_map_encode(&res->arguments,
+        r = codec_value_map_encode(a, &res->arguments,
                                    &familyd__v1__resolved_family__arguments_entry__descriptor,
                                    (void ***) &pb->arguments, &pb->n_arguments);
         if (r < 0)
-                goto fail;
-        r = codec_value_map_encode(&res->selectors,
+                return r;
+        r = codec_value_map_encode(a, &res->selectors,
                                    &familyd__v1__resolved_family__selectors_entry__descriptor,
                                    (void ***) &pb->selectors, &pb->n_selectors);
         if (r < 0)
-                goto fail;
+                return r;
 
-        r = -ENOMEM;
-        pb->axis_sizes = calloc(_AXIS_MAX, sizeof(*pb->axis_sizes));
-        if (!pb->axis_sizes)
-                goto fail;
-        for (Axis a = 0; a < _AXIS_MAX; a++) {
+        if (!ARRAY_NEW(a, pb->axis_sizes, _AXIS_MAX))
+                return -ENOMEM;
+        for (Axis x = 0; x < _AXIS_MAX; x++) {
                 Familyd__V1__ResolvedFamily__AxisSizesEntry *e =
-                        MSG_NEW(Familyd__V1__ResolvedFamily__AxisSizesEntry,
+                        MSG_NEW(a, Familyd__V1__ResolvedFamily__AxisSizesEntry,
                                 familyd__v1__resolved_family__axis_sizes_entry__init);
                 if (!e)
-                        goto fail;
-                pb->axis_sizes[pb->n_axis_sizes++] = e;
-                e->key = codec_strdup(axis_to_string(a));
-                if (!e->key)
-                        goto fail;
-                e->value = res->axis_size[a];
+                        return -ENOMEM;
+                /* Static names: pack only reads, and the arena never frees piecewise. */
+                e->key = (char *) axis_to_string(x);
+                e->value = res->axis_size[x];
+                pb->axis_sizes[x] = e;
         }
+        pb->n_axis_sizes = _AXIS_MAX;
 
         *ret = pb;
         return 0;
-fail:
-        protobuf_c_message_free_unpacked(&pb->base, NULL);
-        return r;
 }

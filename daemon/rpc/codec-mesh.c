@@ -83,36 +83,38 @@ int codec_mesh_spec_decode(const Familyd__V1__Mesh *pb, MeshSpec *ret, FamilyErr
         return 0;
 }
 
-static int view_encode(const MeshView *v, Familyd__V1__MeshDim ***ret, size_t *ret_n) {
-        if (v->n == 0)
-                return 0;
-        *ret = calloc(v->n, sizeof(Familyd__V1__MeshDim *));
-        if (!*ret)
+static int view_encode(Arena *a, const MeshView *v, Familyd__V1__MeshDim ***ret, size_t *ret_n) {
+        if (!ARRAY_NEW(a, *ret, v->n))
                 return -ENOMEM;
         for (size_t i = 0; i < v->n; i++) {
-                Familyd__V1__MeshDim *d = MSG_NEW(Familyd__V1__MeshDim, familyd__v1__mesh_dim__init);
+                Familyd__V1__MeshDim *d = MSG_NEW(a, Familyd__V1__MeshDim,
+                                                  familyd__v1__mesh_dim__init);
                 if (!d)
                         return -ENOMEM;
-                (*ret)[(*ret_n)++] = d;
-                d->name = codec_strdup(v->dims[i].name);
+                d->name = arena_strdup(a, v->dims[i].name);
                 if (!d->name)
                         return -ENOMEM;
                 d->size = v->dims[i].size;
+                (*ret)[i] = d;
         }
+        *ret_n = v->n;
         return 0;
 }
 
-static int mesh_encode_into(const Mesh *m, Familyd__V1__Mesh *pb) {
+int codec_mesh_encode(Arena *a, const Mesh *m, Familyd__V1__Mesh **ret) {
         const MeshSpec *s = &m->spec;
+        Familyd__V1__Mesh *pb = MSG_NEW(a, Familyd__V1__Mesh, familyd__v1__mesh__init);
         int r;
 
-        pb->mesh_id = codec_strdup(m->id);
+        if (!pb)
+                return -ENOMEM;
+        pb->mesh_id = arena_strdup(a, m->id);
         if (!pb->mesh_id)
                 return -ENOMEM;
-        r = view_encode(&s->device, &pb->device_mesh, &pb->n_device_mesh);
+        r = view_encode(a, &s->device, &pb->device_mesh, &pb->n_device_mesh);
         if (r < 0)
                 return r;
-        r = view_encode(&s->expert, &pb->expert_mesh, &pb->n_expert_mesh);
+        r = view_encode(a, &s->expert, &pb->expert_mesh, &pb->n_expert_mesh);
         if (r < 0)
                 return r;
 
@@ -135,99 +137,75 @@ static int mesh_encode_into(const Mesh *m, Familyd__V1__Mesh *pb) {
         pb->sequence_parallel = s->sequence_parallel;
         pb->loss_parallel = s->loss_parallel;
 
-        if (s->n_ranks > 0) {
-                pb->ranks = malloc(s->n_ranks * sizeof(int64_t));
-                if (!pb->ranks)
-                        return -ENOMEM;
+        if (!ARRAY_NEW(a, pb->ranks, s->n_ranks))
+                return -ENOMEM;
+        if (s->n_ranks > 0)
                 memcpy(pb->ranks, s->ranks, s->n_ranks * sizeof(int64_t));
-                pb->n_ranks = s->n_ranks;
-        }
-        return 0;
-}
+        pb->n_ranks = s->n_ranks;
 
-int codec_mesh_encode(const Mesh *m, Familyd__V1__Mesh **ret) {
-        Familyd__V1__Mesh *pb = MSG_NEW(Familyd__V1__Mesh, familyd__v1__mesh__init);
-        if (!pb)
-                return -ENOMEM;
-        int r = mesh_encode_into(m, pb);
-        if (r < 0) {
-                protobuf_c_message_free_unpacked(&pb->base, NULL);
-                return r;
-        }
         *ret = pb;
         return 0;
 }
 
-static int device_encode(const Device *d, Familyd__V1__Device **ret) {
-        Familyd__V1__Device *pb = MSG_NEW(Familyd__V1__Device, familyd__v1__device__init);
+static int device_encode(Arena *a, const Device *d, Familyd__V1__Device **ret) {
+        Familyd__V1__Device *pb = MSG_NEW(a, Familyd__V1__Device, familyd__v1__device__init);
         if (!pb)
                 return -ENOMEM;
-        *ret = pb;
         pb->local_index = d->local_index;
-        pb->kind = codec_strdup(d->kind);
-        pb->name = codec_strdup(d->name);
-        pb->uuid = codec_strdup(d->uuid);
-        pb->pci_bus_id = codec_strdup(d->pci_bus_id);
+        pb->kind = arena_strdup(a, d->kind);
+        pb->name = arena_strdup(a, d->name);
+        pb->uuid = arena_strdup(a, d->uuid);
+        pb->pci_bus_id = arena_strdup(a, d->pci_bus_id);
+        if (!pb->kind || !pb->name || !pb->uuid || !pb->pci_bus_id)
+                return -ENOMEM;
         pb->memory_bytes = d->memory_bytes;
         pb->numa_node = d->numa_node;
-        return pb->kind && pb->name && pb->uuid && pb->pci_bus_id ? 0 : -ENOMEM;
+        *ret = pb;
+        return 0;
 }
 
-static int node_encode(const Node *n, Familyd__V1__Node **ret) {
-        Familyd__V1__Node *pb = MSG_NEW(Familyd__V1__Node, familyd__v1__node__init);
+static int node_encode(Arena *a, const Node *n, Familyd__V1__Node **ret) {
+        Familyd__V1__Node *pb = MSG_NEW(a, Familyd__V1__Node, familyd__v1__node__init);
         if (!pb)
                 return -ENOMEM;
-        *ret = pb;
-        pb->name = codec_strdup(n->name);
-        pb->address = codec_strdup(n->address);
-        pb->state = codec_strdup(node_state_to_string(n->state));
+        pb->name = arena_strdup(a, n->name);
+        pb->address = arena_strdup(a, n->address);
+        pb->state = arena_strdup(a, node_state_to_string(n->state));
         if (!pb->name || !pb->address || !pb->state)
                 return -ENOMEM;
         pb->first_rank = n->first_rank;
         pb->last_seen_unix_ms = n->last_seen_unix_ms;
         pb->local = n->local;
         pb->node_rank = n->node_rank;
-        if (n->n_devices > 0) {
-                pb->devices = calloc(n->n_devices, sizeof(Familyd__V1__Device *));
-                if (!pb->devices)
-                        return -ENOMEM;
-        }
+        if (!ARRAY_NEW(a, pb->devices, n->n_devices))
+                return -ENOMEM;
         for (size_t i = 0; i < n->n_devices; i++) {
-                int r = device_encode(&n->devices[i], &pb->devices[i]);
-                if (pb->devices[i])
-                        pb->n_devices++;
+                int r = device_encode(a, &n->devices[i], &pb->devices[i]);
                 if (r < 0)
                         return r;
         }
+        pb->n_devices = n->n_devices;
+        *ret = pb;
         return 0;
 }
 
-int codec_topology_encode(const Topology *t, Familyd__V1__Topology **ret) {
-        Familyd__V1__Topology *pb = MSG_NEW(Familyd__V1__Topology, familyd__v1__topology__init);
-        int r = -ENOMEM;
+int codec_topology_encode(Arena *a, const Topology *t, Familyd__V1__Topology **ret) {
+        Familyd__V1__Topology *pb = MSG_NEW(a, Familyd__V1__Topology, familyd__v1__topology__init);
+        const Node *local = topology_local_node(t);
 
         if (!pb)
                 return -ENOMEM;
         pb->version = t->version;
         pb->world_size = t->world_size;
-        pb->local_node = codec_strdup(topology_local_node(t) ? topology_local_node(t)->name : "");
-        if (!pb->local_node)
-                goto fail;
-        if (t->n_nodes > 0) {
-                pb->nodes = calloc(t->n_nodes, sizeof(Familyd__V1__Node *));
-                if (!pb->nodes)
-                        goto fail;
-        }
+        pb->local_node = arena_strdup(a, local ? local->name : "");
+        if (!pb->local_node || !ARRAY_NEW(a, pb->nodes, t->n_nodes))
+                return -ENOMEM;
         for (size_t i = 0; i < t->n_nodes; i++) {
-                r = node_encode(&t->nodes[i], &pb->nodes[i]);
-                if (pb->nodes[i])
-                        pb->n_nodes++;
+                int r = node_encode(a, &t->nodes[i], &pb->nodes[i]);
                 if (r < 0)
-                        goto fail;
+                        return r;
         }
+        pb->n_nodes = t->n_nodes;
         *ret = pb;
         return 0;
-fail:
-        protobuf_c_message_free_unpacked(&pb->base, NULL);
-        return r;
 }

@@ -13,10 +13,6 @@ _Static_assert(offsetof(CodecValueEntry, value) == offsetof(Familyd__V1__Config_
 _Static_assert(offsetof(CodecValueEntry, value) == offsetof(Familyd__V1__Rule__WhenEntry, value),
                "map entry layout");
 
-char *codec_strdup(const char *s) {
-        return strdup(s ? s : "");
-}
-
 static int value_limit_error(FamilyError *e, const char *what) {
         return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT", NULL, "%s", what);
 }
@@ -81,11 +77,10 @@ int codec_value_decode(const Familyd__V1__Value *pb, Value *ret, FamilyError *re
         return value_decode(pb, 0, ret, ret_error);
 }
 
-int codec_value_encode(const Value *v, Familyd__V1__Value **ret) {
-        Familyd__V1__Value *pb = malloc(sizeof *pb);
+int codec_value_encode(Arena *a, const Value *v, Familyd__V1__Value **ret) {
+        Familyd__V1__Value *pb = MSG_NEW(a, Familyd__V1__Value, familyd__v1__value__init);
         if (!pb)
                 return -ENOMEM;
-        familyd__v1__value__init(pb);
 
         switch (v->kind) {
         case VALUE_BOOL:
@@ -101,37 +96,24 @@ int codec_value_encode(const Value *v, Familyd__V1__Value **ret) {
                 pb->double_value = v->f;
                 break;
         case VALUE_STRING:
-                pb->string_value = strdup(v->s);
-                if (!pb->string_value) {
-                        free(pb);
-                        return -ENOMEM;
-                }
                 pb->kind_case = FAMILYD__V1__VALUE__KIND_STRING_VALUE;
+                pb->string_value = arena_strdup(a, v->s);
+                if (!pb->string_value)
+                        return -ENOMEM;
                 break;
         case VALUE_LIST: {
-                Familyd__V1__ValueList *l = malloc(sizeof *l);
-                if (!l) {
-                        free(pb);
+                Familyd__V1__ValueList *l = MSG_NEW(a, Familyd__V1__ValueList,
+                                                    familyd__v1__value_list__init);
+                if (!l || !ARRAY_NEW(a, l->values, v->list.n))
                         return -ENOMEM;
-                }
-                familyd__v1__value_list__init(l);
                 pb->kind_case = FAMILYD__V1__VALUE__KIND_LIST_VALUE;
                 pb->list_value = l;
-                if (v->list.n > 0) {
-                        l->values = calloc(v->list.n, sizeof(Familyd__V1__Value *));
-                        if (!l->values) {
-                                protobuf_c_message_free_unpacked(&pb->base, NULL);
-                                return -ENOMEM;
-                        }
-                }
                 for (size_t i = 0; i < v->list.n; i++) {
-                        int r = codec_value_encode(&v->list.items[i], &l->values[i]);
-                        if (r < 0) {
-                                protobuf_c_message_free_unpacked(&pb->base, NULL);
+                        int r = codec_value_encode(a, &v->list.items[i], &l->values[i]);
+                        if (r < 0)
                                 return r;
-                        }
-                        l->n_values++;
                 }
+                l->n_values = v->list.n;
                 break;
         }
         default:
@@ -176,34 +158,24 @@ int codec_value_map_decode(void *const *entries, size_t n, const char *what, Val
         return 0;
 }
 
-int codec_value_map_encode(const ValueMap *m, const ProtobufCMessageDescriptor *entry_desc,
-                           void ***ret_entries, size_t *ret_n) {
+int codec_value_map_encode(Arena *a, const ValueMap *m,
+                           const ProtobufCMessageDescriptor *entry_desc, void ***ret_entries,
+                           size_t *ret_n) {
         void **entries = NULL;
 
-        if (m->n > 0) {
-                entries = calloc(m->n, sizeof(void *));
-                if (!entries)
-                        return -ENOMEM;
-        }
-
+        if (!ARRAY_NEW(a, entries, m->n))
+                return -ENOMEM;
         for (size_t i = 0; i < m->n; i++) {
-                CodecValueEntry *e = malloc(entry_desc->sizeof_message);
-                int r = -ENOMEM;
-
-                if (e) {
-                        protobuf_c_message_init(entry_desc, e);
-                        e->key = strdup(m->items[i].name);
-                        if (e->key)
-                                r = codec_value_encode(&m->items[i].value, &e->value);
-                }
-                if (r < 0) {
-                        if (e)
-                                protobuf_c_message_free_unpacked(&e->base, NULL);
-                        for (size_t j = 0; j < i; j++)
-                                protobuf_c_message_free_unpacked(entries[j], NULL);
-                        free(entries);
+                CodecValueEntry *e = arena_alloc(a, entry_desc->sizeof_message);
+                if (!e)
+                        return -ENOMEM;
+                protobuf_c_message_init(entry_desc, e);
+                e->key = arena_strdup(a, m->items[i].name);
+                if (!e->key)
+                        return -ENOMEM;
+                int r = codec_value_encode(a, &m->items[i].value, &e->value);
+                if (r < 0)
                         return r;
-                }
                 entries[i] = e;
         }
 

@@ -3,9 +3,9 @@
 
 /*
  * Decoders check what the transport cannot: client-controlled sizes against resource-limits.h,
- * answering INVALID_ARGUMENT. Encoders build messages whose every part is heap-allocated, so the
- * caller releases a reply with protobuf_c_message_free_unpacked(msg, NULL) however far an
- * encoder got before failing (they return -ENOMEM and free what they built).
+ * answering INVALID_ARGUMENT; they build core structs the caller owns. Encoders build a reply
+ * tree in the call's Arena: nothing to free piecewise, and a failing encoder (-ENOMEM) leaves
+ * only arena memory behind, released with the call.
  */
 
 #include "familyd-v1-admin.pb-c.h"
@@ -13,6 +13,7 @@
 #include "familyd-v1-mesh.pb-c.h"
 #include "familyd-v1-values.pb-c.h"
 
+#include "arena.h"
 #include "error.h"
 #include "mesh.h"
 #include "registry.h"
@@ -28,36 +29,36 @@ typedef struct CodecValueEntry {
 } CodecValueEntry;
 
 int codec_value_decode(const Familyd__V1__Value *pb, Value *ret, FamilyError *ret_error);
-int codec_value_encode(const Value *v, Familyd__V1__Value **ret);
+int codec_value_encode(Arena *a, const Value *v, Familyd__V1__Value **ret);
 /* entries: an array of any map<string, Value> entry type; a key sent twice: the last wins. */
 int codec_value_map_decode(void *const *entries, size_t n, const char *what, ValueMap *ret,
                            FamilyError *ret_error);
 /* Allocates entries of the given entry descriptor. */
-int codec_value_map_encode(const ValueMap *m, const ProtobufCMessageDescriptor *entry_desc,
-                           void ***ret_entries, size_t *ret_n);
-
-char *codec_strdup(const char *s); /* NULL or "" -> "" owned copy; NULL on OOM */
+int codec_value_map_encode(Arena *a, const ValueMap *m,
+                           const ProtobufCMessageDescriptor *entry_desc, void ***ret_entries,
+                           size_t *ret_n);
 
 int codec_job_context_decode(const Familyd__V1__JobContext *pb, JobContext *ret,
                              FamilyError *ret_error);
 int codec_resolve_request_decode(const Familyd__V1__ResolveRequest *pb, ResolveRequest *ret,
                                  FamilyError *ret_error);
-int codec_resolved_family_encode(const ResolvedFamily *r, Familyd__V1__ResolvedFamily **ret);
-int codec_family_encode(const Family *f, Familyd__V1__Family **ret);
+int codec_resolved_family_encode(Arena *a, const ResolvedFamily *r,
+                                 Familyd__V1__ResolvedFamily **ret);
+int codec_family_encode(Arena *a, const Family *f, Familyd__V1__Family **ret);
 
 int codec_mesh_spec_decode(const Familyd__V1__Mesh *pb, MeshSpec *ret, FamilyError *ret_error);
-int codec_mesh_encode(const Mesh *m, Familyd__V1__Mesh **ret);
-int codec_topology_encode(const Topology *t, Familyd__V1__Topology **ret);
+int codec_mesh_encode(Arena *a, const Mesh *m, Familyd__V1__Mesh **ret);
+int codec_topology_encode(Arena *a, const Topology *t, Familyd__V1__Topology **ret);
 
-/* Allocates and initialises one message; NULL on OOM. */
-#define MSG_NEW(type, init_fn)                          \
-        ({                                              \
-                type *_m = malloc(sizeof(type));        \
-                if (_m)                                 \
-                        init_fn(_m);                    \
-                _m;                                     \
+/* One message in the arena, initialised; NULL on OOM. */
+#define MSG_NEW(arena, type, init_fn)                                   \
+        ({                                                              \
+                type *_m = arena_alloc((arena), sizeof(type));          \
+                if (_m)                                                 \
+                        init_fn(_m);                                    \
+                _m;                                                     \
         })
 
-/* Encoders attach each child to its parent as soon as it exists and count arrays up as they
- * fill, so one free_unpacked of the root releases everything on any failure. */
-#define ARRAY_NEW(ptr, n) (((n) == 0) || ((ptr) = calloc((n), sizeof(*(ptr)))) != NULL)
+/* A zeroed array of n pointers (or elements) in the arena; true on success, n may be 0. */
+#define ARRAY_NEW(arena, ptr, n) \
+        (((n) == 0) || ((ptr) = arena_alloc_array((arena), (n), sizeof(*(ptr)))) != NULL)

@@ -10,7 +10,7 @@ static const char *const served[] = {
         "familyd.v1.AdminService",
 };
 
-static int health_answer(const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+static int health_answer(Arena *arena, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
                          FamilyError *ret_error) {
         const Grpc__Health__V1__HealthCheckRequest *req =
                 (const Grpc__Health__V1__HealthCheckRequest *) request;
@@ -24,7 +24,7 @@ static int health_answer(const ProtobufCMessage *request, ProtobufCMessage **ret
                 return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "UNKNOWN_SERVICE",
                                         "service", "unknown service '%s'", req->service);
 
-        reply = MSG_NEW(Grpc__Health__V1__HealthCheckResponse,
+        reply = MSG_NEW(arena, Grpc__Health__V1__HealthCheckResponse,
                         grpc__health__v1__health_check_response__init);
         if (!reply)
                 return -ENOMEM;
@@ -34,9 +34,9 @@ static int health_answer(const ProtobufCMessage *request, ProtobufCMessage **ret
         return 0;
 }
 
-static int check(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+static int check(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
                  FamilyError *ret_error) {
-        return health_answer(request, ret_reply, ret_error);
+        return health_answer(arena, request, ret_reply, ret_error);
 }
 
 static const RpcMethod methods[] = {

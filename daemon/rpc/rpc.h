@@ -4,6 +4,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "error.h"
 #include "manager.h"
 
@@ -20,9 +21,9 @@ typedef struct RpcContext {
         void *userdata; /* the service's own state, from RpcService.userdata */
 } RpcContext;
 
-/* Unary and watch: a decoded request in, a reply (freed by the caller with free_unpacked) or
- * a FamilyError out. A negative errno without ret_error set is answered INTERNAL. */
-typedef int (*RpcHandler)(RpcContext *ctx, const ProtobufCMessage *request,
+/* Unary and watch: a decoded request in, a reply built in the call's arena (released with the
+ * call) or a FamilyError out. A negative errno without ret_error set is answered INTERNAL. */
+typedef int (*RpcHandler)(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                           ProtobufCMessage **ret_reply, FamilyError *ret_error);
 /* Bidi: raw request bytes in, raw reply bytes out (malloc'd); -EBADMSG: undecodable. */
 typedef int (*RpcBytesHandler)(RpcContext *ctx, const uint8_t *request, size_t size,
@@ -52,5 +53,5 @@ extern const RpcService service_reflection_v1;
 extern const RpcService service_reflection_v1alpha;
 
 /* Answers "not implemented yet", for methods a later part of familyd fills in. */
-int rpc_unimplemented(RpcContext *ctx, const ProtobufCMessage *request,
+int rpc_unimplemented(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error);

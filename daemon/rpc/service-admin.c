@@ -6,25 +6,22 @@
 #include "log.h"
 #include "rpc.h"
 
-static int get_status(RpcContext *ctx, const ProtobufCMessage *request,
+static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         Manager *m = ctx->manager;
         _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
         _cleanup_(topology_unrefp) Topology *t = manager_topology(m);
         Familyd__V1__GetStatusResponse *reply;
 
-        reply = MSG_NEW(Familyd__V1__GetStatusResponse, familyd__v1__get_status_response__init);
+        reply = MSG_NEW(arena, Familyd__V1__GetStatusResponse, familyd__v1__get_status_response__init);
         if (!reply)
                 return -ENOMEM;
-        *ret_reply = &reply->base;
 
-        reply->version = codec_strdup(FAMILYD_VERSION);
-        reply->registry_path = codec_strdup(m->registry_path);
-        reply->node = codec_strdup(m->node_name);
-        if (!reply->version || !reply->registry_path || !reply->node) {
-                protobuf_c_message_free_unpacked(&reply->base, NULL);
+        reply->version = arena_strdup(arena, FAMILYD_VERSION);
+        reply->registry_path = arena_strdup(arena, m->registry_path);
+        reply->node = arena_strdup(arena, m->node_name);
+        if (!reply->version || !reply->registry_path || !reply->node)
                 return -ENOMEM;
-        }
         reply->uptime_ms = manager_uptime_ms(m);
         reply->registry_generation = reg->generation;
         reply->families = (uint32_t) reg->n_families;
@@ -45,10 +42,12 @@ static int get_status(RpcContext *ctx, const ProtobufCMessage *request,
                         break;
                 }
         }
+
+        *ret_reply = &reply->base;
         return 0;
 }
 
-static int reload(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+static int reload(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
                   FamilyError *ret_error) {
         _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
         _cleanup_(registry_unrefp) Registry *reg = NULL;
@@ -67,7 +66,7 @@ static int reload(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMes
         log_info("Registry reloaded: generation %" PRIu64 ", %zu families.", reg->generation,
                  reg->n_families);
 
-        reply = MSG_NEW(Familyd__V1__ReloadResponse, familyd__v1__reload_response__init);
+        reply = MSG_NEW(arena, Familyd__V1__ReloadResponse, familyd__v1__reload_response__init);
         if (!reply)
                 return -ENOMEM;
         reply->registry_generation = reg->generation;

@@ -3,34 +3,28 @@
 #include "log.h"
 #include "rpc.h"
 
-static int list_families(RpcContext *ctx, const ProtobufCMessage *request,
+static int list_families(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                          ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         _cleanup_(registry_unrefp) Registry *reg = manager_registry(ctx->manager);
         Familyd__V1__ListFamiliesResponse *reply;
         int r;
 
-        reply = MSG_NEW(Familyd__V1__ListFamiliesResponse,
+        reply = MSG_NEW(arena, Familyd__V1__ListFamiliesResponse,
                         familyd__v1__list_families_response__init);
-        if (!reply)
+        if (!reply || !ARRAY_NEW(arena, reply->families, reg->n_families))
                 return -ENOMEM;
-        if (!ARRAY_NEW(reply->families, reg->n_families)) {
-                free(reply);
-                return -ENOMEM;
-        }
         for (size_t i = 0; i < reg->n_families; i++) {
-                r = codec_family_encode(&reg->families[i], &reply->families[i]);
-                if (r < 0) {
-                        protobuf_c_message_free_unpacked(&reply->base, NULL);
+                r = codec_family_encode(arena, &reg->families[i], &reply->families[i]);
+                if (r < 0)
                         return r;
-                }
-                reply->n_families++;
         }
+        reply->n_families = reg->n_families;
 
         *ret_reply = &reply->base;
         return 0;
 }
 
-static int get_family(RpcContext *ctx, const ProtobufCMessage *request,
+static int get_family(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const Familyd__V1__GetFamilyRequest *req = (const Familyd__V1__GetFamilyRequest *) request;
         _cleanup_(registry_unrefp) Registry *reg = NULL;
@@ -41,7 +35,7 @@ static int get_family(RpcContext *ctx, const ProtobufCMessage *request,
         r = manager_get_family(ctx->manager, req->family, &reg, &f, ret_error);
         if (r < 0)
                 return r;
-        r = codec_family_encode(f, &reply);
+        r = codec_family_encode(arena, f, &reply);
         if (r < 0)
                 return r;
 
@@ -49,7 +43,7 @@ static int get_family(RpcContext *ctx, const ProtobufCMessage *request,
         return 0;
 }
 
-static int resolve(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
+static int resolve(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
                    FamilyError *ret_error) {
         _cleanup_(resolve_request_done) ResolveRequest req = {};
         _cleanup_(resolved_family_done) ResolvedFamily res = {};
@@ -64,14 +58,12 @@ static int resolve(RpcContext *ctx, const ProtobufCMessage *request, ProtobufCMe
         if (r < 0)
                 return r;
 
-        reply = MSG_NEW(Familyd__V1__ResolveResponse, familyd__v1__resolve_response__init);
+        reply = MSG_NEW(arena, Familyd__V1__ResolveResponse, familyd__v1__resolve_response__init);
         if (!reply)
                 return -ENOMEM;
-        r = codec_resolved_family_encode(&res, &reply->resolved);
-        if (r < 0) {
-                free(reply);
+        r = codec_resolved_family_encode(arena, &res, &reply->resolved);
+        if (r < 0)
                 return r;
-        }
 
         *ret_reply = &reply->base;
         return 0;

@@ -2,20 +2,20 @@
 #include "codec.h"
 #include "rpc.h"
 
-static int get_topology(RpcContext *ctx, const ProtobufCMessage *request,
+static int get_topology(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         _cleanup_(topology_unrefp) Topology *t = manager_topology(ctx->manager);
         Familyd__V1__Topology *reply;
         int r;
 
-        r = codec_topology_encode(t, &reply);
+        r = codec_topology_encode(arena, t, &reply);
         if (r < 0)
                 return r;
         *ret_reply = &reply->base;
         return 0;
 }
 
-static int create_mesh(RpcContext *ctx, const ProtobufCMessage *request,
+static int create_mesh(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const Familyd__V1__CreateMeshRequest *req =
                 (const Familyd__V1__CreateMeshRequest *) request;
@@ -30,14 +30,14 @@ static int create_mesh(RpcContext *ctx, const ProtobufCMessage *request,
         r = manager_create_mesh(ctx->manager, &spec, &mesh, ret_error);
         if (r < 0)
                 return r;
-        r = codec_mesh_encode(mesh, &reply);
+        r = codec_mesh_encode(arena, mesh, &reply);
         if (r < 0)
                 return r;
         *ret_reply = &reply->base;
         return 0;
 }
 
-static int get_mesh(RpcContext *ctx, const ProtobufCMessage *request,
+static int get_mesh(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                     ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const Familyd__V1__GetMeshRequest *req = (const Familyd__V1__GetMeshRequest *) request;
         _cleanup_(mesh_unrefp) Mesh *mesh = NULL;
@@ -47,14 +47,14 @@ static int get_mesh(RpcContext *ctx, const ProtobufCMessage *request,
         r = mesh_table_get(ctx->manager->meshes, req->mesh_id, &mesh, ret_error);
         if (r < 0)
                 return r;
-        r = codec_mesh_encode(mesh, &reply);
+        r = codec_mesh_encode(arena, mesh, &reply);
         if (r < 0)
                 return r;
         *ret_reply = &reply->base;
         return 0;
 }
 
-static int list_meshes(RpcContext *ctx, const ProtobufCMessage *request,
+static int list_meshes(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         Familyd__V1__ListMeshesResponse *reply;
         Mesh **list = NULL;
@@ -65,28 +65,23 @@ static int list_meshes(RpcContext *ctx, const ProtobufCMessage *request,
         if (r < 0)
                 return r;
 
-        reply = MSG_NEW(Familyd__V1__ListMeshesResponse, familyd__v1__list_meshes_response__init);
-        if (!reply || !ARRAY_NEW(reply->meshes, n)) {
-                free(reply);
-                mesh_list_free(list, n);
-                return -ENOMEM;
-        }
-        for (size_t i = 0; i < n; i++) {
-                r = codec_mesh_encode(list[i], &reply->meshes[i]);
-                if (r < 0) {
-                        protobuf_c_message_free_unpacked(&reply->base, NULL);
-                        mesh_list_free(list, n);
-                        return r;
-                }
-                reply->n_meshes++;
+        reply = MSG_NEW(arena, Familyd__V1__ListMeshesResponse, familyd__v1__list_meshes_response__init);
+        r = -ENOMEM;
+        if (reply && ARRAY_NEW(arena, reply->meshes, n)) {
+                r = 0;
+                for (size_t i = 0; i < n && r >= 0; i++)
+                        r = codec_mesh_encode(arena, list[i], &reply->meshes[i]);
         }
         mesh_list_free(list, n);
+        if (r < 0)
+                return r;
+        reply->n_meshes = n;
 
         *ret_reply = &reply->base;
         return 0;
 }
 
-static int delete_mesh(RpcContext *ctx, const ProtobufCMessage *request,
+static int delete_mesh(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const Familyd__V1__DeleteMeshRequest *req =
                 (const Familyd__V1__DeleteMeshRequest *) request;
@@ -96,7 +91,7 @@ static int delete_mesh(RpcContext *ctx, const ProtobufCMessage *request,
         r = mesh_table_remove(ctx->manager->meshes, req->mesh_id, ret_error);
         if (r < 0)
                 return r;
-        reply = MSG_NEW(Familyd__V1__DeleteMeshResponse, familyd__v1__delete_mesh_response__init);
+        reply = MSG_NEW(arena, Familyd__V1__DeleteMeshResponse, familyd__v1__delete_mesh_response__init);
         if (!reply)
                 return -ENOMEM;
         *ret_reply = &reply->base;

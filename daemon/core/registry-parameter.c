@@ -1,0 +1,364 @@
+/* registry-parameter.c: a variant's or family's parameters: shapes, placements, inits. */
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "resource-limits.h"
+#include "registry-load.h"
+
+/* "shard(d)" or "replicate". */
+static int parse_placement(const char *s, PlacementKind *ret_kind, int64_t *ret_dim) {
+        const char *p;
+        char *end;
+
+        if (streq(s, "replicate")) {
+                *ret_kind = PLACEMENT_REPLICATE;
+                *ret_dim = 0;
+                return 0;
+        }
+        if (strncmp(s, "shard(", 6) != 0)
+                return -EINVAL;
+        p = s + 6;
+        while (*p == ' ')
+                p++;
+        if (!(*p == '-' || (*p >= '0' && *p <= '9')))
+                return -EINVAL;
+        errno = 0;
+        long long d = strtoll(p, &end, 10);
+        if (errno == ERANGE || end == p)
+                return -EINVAL;
+        while (*end == ' ')
+                end++;
+        if (!streq(end, ")"))
+                return -EINVAL;
+
+        *ret_kind = PLACEMENT_SHARD;
+        *ret_dim = d;
+        return 0;
+}
+
+static void format_number(double v, char buf[static 32]) {
+        /* The shortest of %.15g..%.17g that reads back as the same double: "0.02", not
+         * "0.02000000000000000042". */
+        for (int prec = 15; prec <= 17; prec++) {
+                snprintf(buf, 32, "%.*g", prec, v);
+                if (strtod(buf, NULL) == v)
+                        return;
+        }
+}
+
+static int load_init_number(Loader *l, const YNode *n, const char *ctx, const char *what,
+                            InitNumber *ret) {
+        Value v = {};
+        int r;
+
+        r = loader_node_value(l, n, ctx, what, &v);
+        if (r < 0)
+                return r;
+        switch (v.kind) {
+        case VALUE_INT:
+                *ret = (InitNumber) { .value = (double) v.i };
+                return 0;
+        case VALUE_FLOAT:
+                if (!isfinite(v.f))
+                        return loader_diag(l, n, ctx, "%s must be finite", what);
+                *ret = (InitNumber) { .value = v.f };
+                return 0;
+        case VALUE_STRING:
+                if (loader_is_identifier(v.s) && strlen(v.s) <= FAMILYD_MAX_NAME_LENGTH) {
+                        *ret = (InitNumber) { .field = TAKE_PTR(v.s) };
+                        return 0;
+                }
+                break;
+        default:
+                break;
+        }
+        value_done(&v);
+        return loader_diag(l, n, ctx, "%s must be a number or a config field name", what);
+}
+
+static const char *init_number_text(const InitNumber *x, char buf[static 32]) {
+        if (x->field)
+                return x->field;
+        format_number(x->value, buf);
+        return buf;
+}
+
+static int init_make_text(ParameterSpec *p) {
+        char a[32], b[32];
+        int k;
+
+        switch (p->init.kind) {
+        case INIT_ZEROS:
+        case INIT_ONES:
+                p->init_text = strdup(init_kind_to_string(p->init.kind));
+                return p->init_text ? 0 : -ENOMEM;
+        case INIT_CONSTANT:
+                k = asprintf(&p->init_text, "constant(value=%s)", init_number_text(&p->init.a, a));
+                break;
+        case INIT_NORMAL:
+                k = asprintf(&p->init_text, "normal(mean=%s, std=%s)", init_number_text(&p->init.a, a),
+                             init_number_text(&p->init.b, b));
+                break;
+        case INIT_UNIFORM:
+                k = asprintf(&p->init_text, "uniform(low=%s, high=%s)", init_number_text(&p->init.a, a),
+                             init_number_text(&p->init.b, b));
+                break;
+        default:
+                return -EINVAL;
+        }
+        if (k < 0) {
+                p->init_text = NULL;
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+static int load_init(Loader *l, const YNode *n, const char *ctx, ParameterSpec *p) {
+        static const char *const kinds[] = { "constant", "normal", "uniform" };
+        static const char *const constant_keys[] = { "value" };
+        static const char *const normal_keys[] = { "mean", "std" };
+        static const char *const uniform_keys[] = { "low", "high" };
+        static const char *const *const arg_keys[] = { constant_keys, normal_keys, uniform_keys };
+        static const size_t n_arg_keys[] = { 1, 2, 2 };
+        static const InitKind kind_of[] = { INIT_CONSTANT, INIT_NORMAL, INIT_UNIFORM };
+        static const char *const usage =
+                "'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}";
+        const YNode *values[ELEMENTSOF(kinds)] = {}, *args[2] = {}, *m = NULL;
+        size_t which = 0, n_present = 0;
+        int acc = 0, r;
+
+        if (n->kind == YNODE_SCALAR) {
+                _cleanup_free_ char *s = NULL;
+
+                r = loader_string(l, n, ctx, "'init'", FAMILYD_MAX_NAME_LENGTH, &s);
+                if (r < 0)
+                        return r;
+                if (streq(s, "zeros"))
+                        p->init = (InitSpec) { .kind = INIT_ZEROS };
+                else if (streq(s, "ones"))
+                        p->init = (InitSpec) { .kind = INIT_ONES };
+                else
+                        return loader_diag(l, n, ctx, "%s", usage);
+                return 0;
+        }
+        if (n->kind != YNODE_MAPPING)
+                return loader_diag(l, n, ctx, "%s", usage);
+
+        r = loader_map_fixed(l, n, ctx, kinds, values, ELEMENTSOF(kinds));
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < ELEMENTSOF(kinds); i++)
+                if (values[i]) {
+                        which = i;
+                        n_present++;
+                }
+        if (n_present != 1)
+                return loader_diag(l, n, ctx, "%s", usage);
+
+        m = values[which];
+        _cleanup_free_ char *ictx = NULL;
+        if (asprintf(&ictx, "%s: init %s", ctx, kinds[which]) < 0)
+                return -ENOMEM;
+        r = loader_expect_kind(l, m, ictx, "the init's arguments", YNODE_MAPPING);
+        if (r < 0)
+                return r;
+        r = loader_map_fixed(l, m, ictx, arg_keys[which], args, n_arg_keys[which]);
+        if (r < 0)
+                return r;
+
+        InitSpec init = { .kind = kind_of[which] };
+        for (size_t i = 0; i < n_arg_keys[which]; i++) {
+                _cleanup_free_ char *what = NULL;
+                InitNumber *x = i == 0 ? &init.a : &init.b;
+
+                if (!args[i]) {
+                        /* normal's mean is the one optional number; it defaults to 0. */
+                        if (kind_of[which] == INIT_NORMAL && i == 0)
+                                continue;
+                        r = loader_missing_key(l, m, ictx, arg_keys[which][i]);
+                } else {
+                        if (asprintf(&what, "'%s'", arg_keys[which][i]) < 0)
+                                r = -ENOMEM;
+                        else
+                                r = load_init_number(l, args[i], ictx, what, x);
+                }
+                r = loader_fold(&acc, r);
+                if (r < 0)
+                        break;
+        }
+        if (r < 0 || acc < 0) {
+                free(init.a.field);
+                free(init.b.field);
+                return r < 0 ? r : acc;
+        }
+        p->init = init;
+        return 0;
+}
+
+static int load_shape(Loader *l, const YNode *n, const char *ctx, ParameterSpec *p) {
+        int acc = 0, r;
+
+        r = loader_expect_kind(l, n, ctx, "'shape'", YNODE_SEQUENCE);
+        if (r < 0)
+                return r;
+        if (n->n_items > FAMILYD_MAX_SHAPE_RANK)
+                return loader_diag(l, n, ctx, "'shape' has more than %u dimensions",
+                                   FAMILYD_MAX_SHAPE_RANK);
+
+        p->shape = calloc(n->n_items ? n->n_items : 1, sizeof(Expr *));
+        if (!p->shape)
+                return -ENOMEM;
+
+        for (size_t i = 0; i < n->n_items; i++) {
+                const YNode *item = n->items[i];
+                _cleanup_free_ char *text = NULL, *message = NULL;
+                Value v = {};
+
+                r = loader_node_value(l, item, ctx, "'shape'", &v);
+                if (r < 0) {
+                        r = loader_fold(&acc, r);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                if (v.kind == VALUE_INT) {
+                        if (asprintf(&text, "%" PRId64, v.i) < 0)
+                                return -ENOMEM;
+                } else if (v.kind == VALUE_STRING)
+                        text = TAKE_PTR(v.s);
+                value_done(&v);
+                if (!text) {
+                        r = loader_fold(&acc, loader_diag(l, item, ctx,
+                                                   "'shape' entries must be integers or expressions"));
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+
+                r = expr_parse(text, &p->shape[p->n_dims], &message);
+                if (r == -EINVAL)
+                        r = loader_diag(l, item, ctx, "'shape': %s", message);
+                else if (r >= 0)
+                        p->n_dims++;
+                r = loader_fold(&acc, r);
+                if (r < 0)
+                        return r;
+        }
+        return acc;
+}
+
+static int load_placements(Loader *l, const YNode *n, const char *ctx, ParameterSpec *p,
+                           bool rank_known) {
+        _cleanup_free_ Entry *e = NULL;
+        size_t n_e = 0;
+        int acc, r;
+
+        r = loader_map_entries(l, n, ctx, "'placements'", FAMILYD_MAX_MESH_DIMS, &e, &n_e);
+        if (r < 0 && r != -EINVAL)
+                return r;
+        acc = r;
+
+        p->placements = calloc(n_e ? n_e : 1, sizeof(Placement));
+        if (!p->placements)
+                return -ENOMEM;
+
+        for (size_t i = 0; i < n_e; i++) {
+                _cleanup_free_ char *s = NULL, *what = NULL;
+                PlacementKind kind;
+                int64_t dim, rank = (int64_t) p->n_dims;
+
+                what = loader_ctx_push(NULL, "placement", e[i].key);
+                if (!what)
+                        return -ENOMEM;
+                r = loader_string(l, e[i].value, ctx, what, FAMILYD_MAX_NAME_LENGTH, &s);
+                if (r >= 0 && parse_placement(s, &kind, &dim) < 0)
+                        r = loader_diag(l, e[i].value, ctx, "%s must be shard(d) or replicate", what);
+                else if (r >= 0 && kind == PLACEMENT_SHARD && rank_known && (dim < -rank || dim >= rank))
+                        r = loader_diag(l, e[i].value, ctx,
+                                        "%s: shard(%" PRId64 ") is out of range for %" PRId64 " dimensions",
+                                        what, dim, rank);
+                else if (r >= 0) {
+                        Placement *pl = &p->placements[p->n_placements];
+                        pl->axis = strdup(e[i].key);
+                        if (!pl->axis)
+                                return -ENOMEM;
+                        pl->kind = kind;
+                        pl->dim = dim;
+                        p->n_placements++;
+                }
+                r = loader_fold(&acc, r);
+                if (r < 0)
+                        return r;
+        }
+        return acc;
+}
+
+int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec **ret,
+                    size_t *ret_n) {
+        static const char *const keys[] = { "shape", "placements", "init" };
+        _cleanup_free_ Entry *e = NULL;
+        size_t n_e = 0;
+        int acc, r;
+
+        r = loader_map_entries(l, n, ctx, "'parameters'", FAMILYD_MAX_LIST_VALUES, &e, &n_e);
+        if (r < 0 && r != -EINVAL)
+                return r;
+        acc = r;
+
+        *ret = calloc(n_e ? n_e : 1, sizeof(ParameterSpec));
+        if (!*ret)
+                return -ENOMEM;
+
+        for (size_t i = 0; i < n_e; i++) {
+                const YNode *values[ELEMENTSOF(keys)] = {};
+                _cleanup_free_ char *pctx = NULL;
+                ParameterSpec *p = &(*ret)[(*ret_n)++];
+                int pacc = 0;
+
+                p->name = strdup(e[i].key);
+                pctx = loader_ctx_push(ctx, "parameter", e[i].key);
+                if (!p->name || !pctx)
+                        return -ENOMEM;
+
+                r = loader_expect_kind(l, e[i].value, pctx, "the parameter", YNODE_MAPPING);
+                if (r >= 0)
+                        r = loader_map_fixed(l, e[i].value, pctx, keys, values, ELEMENTSOF(keys));
+                r = loader_fold(&pacc, r);
+                if (r < 0)
+                        return r;
+                if (e[i].value->kind != YNODE_MAPPING) {
+                        acc = -EINVAL;
+                        continue;
+                }
+
+                int shape_r = 0;
+                if (!values[0])
+                        shape_r = loader_missing_key(l, e[i].value, pctx, "shape");
+                else
+                        shape_r = load_shape(l, values[0], pctx, p);
+                r = loader_fold(&pacc, shape_r);
+                if (r < 0)
+                        return r;
+
+                if (values[1]) {
+                        r = loader_fold(&pacc, load_placements(l, values[1], pctx, p, shape_r >= 0));
+                        if (r < 0)
+                                return r;
+                }
+
+                p->init = (InitSpec) { .kind = INIT_ZEROS };
+                if (values[2]) {
+                        r = loader_fold(&pacc, load_init(l, values[2], pctx, p));
+                        if (r < 0)
+                                return r;
+                }
+                r = init_make_text(p);
+                if (r < 0)
+                        return r;
+                if (pacc < 0)
+                        acc = pacc;
+        }
+        return acc;
+}
