@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run-all.sh: installs what the tests need, builds familyd with ASan+UBSan and warnings as
-# errors, and runs every suite (unit, integration). CI runs exactly this (.ci/run).
+# errors, and runs every suite (unit, integration), then the unit tests under valgrind in a
+# build without sanitizers. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,11 +19,22 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
 meson test -C "$build" --no-rebuild --print-errorlogs --num-processes 2 || status=$?
 
+# The unit tests again under valgrind, in a build without sanitizers (they do not mix).
+vgbuild=${FAMILYD_VALGRIND_BUILD:-build-valgrind}
+logs=("$build/meson-logs/testlog.json")
+if command -v valgrind >/dev/null; then
+    [[ -d "$vgbuild" ]] || meson setup "$vgbuild" -Dbuildtype=debug -Dwerror=true >/dev/null
+    ninja -C "$vgbuild"
+    meson test -C "$vgbuild" --no-rebuild --print-errorlogs --setup valgrind --suite unit \
+        || status=$?
+    logs+=("$vgbuild/meson-logs/testlog-valgrind.json")
+fi
+
 # One plain closing line that any reader of CI logs understands.
-/usr/bin/python3 - "$build/meson-logs/testlog.json" <<'PY'
+/usr/bin/python3 - "${logs[@]}" <<'PY'
 import json, sys
 passed = failed = skipped = 0
-for line in open(sys.argv[1]):
+for line in (l for path in sys.argv[1:] for l in open(path)):
     r = json.loads(line)["result"]
     if r in ("OK", "EXPECTEDFAIL"):
         passed += 1
