@@ -81,3 +81,43 @@ FamilyStatus family_status_from_string(const char *s) {
                         return i;
         return _FAMILY_STATUS_INVALID;
 }
+
+int family_error_truncate(FamilyError *e, size_t max) {
+        char suffix[64];
+        size_t len, cut, room;
+
+        if (!e || !e->message || max < 64)
+                return 0;
+        len = strlen(e->message);
+        if (len <= max)
+                return 0;
+
+        /* Leave room for the suffix, then prefer a whole line. */
+        room = max - sizeof suffix;
+        cut = room;
+        while (cut > 0 && e->message[cut] != '\n')
+                cut--;
+        if (cut > 0) {
+                size_t lines = 1;
+                for (const char *p = e->message + cut + 1; *p; p++)
+                        if (*p == '\n' && p[1])
+                                lines++;
+                (void) snprintf(suffix, sizeof suffix, "\n... (%zu more line%s)", lines,
+                                lines == 1 ? "" : "s");
+        } else {
+                cut = room;
+                /* Never split a UTF-8 sequence: back up over continuation bytes. */
+                while (cut > 0 && ((unsigned char) e->message[cut] & 0xC0) == 0x80)
+                        cut--;
+                (void) snprintf(suffix, sizeof suffix, "...");
+        }
+
+        char *m = malloc(cut + strlen(suffix) + 1);
+        if (!m)
+                return -ENOMEM;
+        memcpy(m, e->message, cut);
+        strcpy(m + cut, suffix);
+        free(e->message);
+        e->message = m;
+        return 0;
+}

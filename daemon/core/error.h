@@ -56,3 +56,7 @@ static inline bool family_error_is_set(const FamilyError *e) {
 
 const char *family_status_to_string(FamilyStatus s);  /* "INVALID_ARGUMENT" */
 FamilyStatus family_status_from_string(const char *s);
+
+/* Cuts e->message to at most max bytes (max >= 64): at the last line break that fits, followed
+ * by "\n... (N more lines)", else at a UTF-8 boundary followed by "...". 0 or -ENOMEM. */
+int family_error_truncate(FamilyError *e, size_t max);

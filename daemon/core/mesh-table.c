@@ -70,11 +70,12 @@ static ssize_t find_locked(const MeshTable *t, const char *id) {
         return -1;
 }
 
-static int not_found(const char *id, FamilyError *e) {
+int mesh_table_not_found(const char *id, FamilyError *ret_error) {
         _cleanup_free_ char *q = repr_string(strempty(id));
         if (!q)
                 return -ENOMEM;
-        return family_error_set(e, FAMILY_STATUS_NOT_FOUND, "MESH_NOT_FOUND", "mesh_id", "mesh %s not found", q);
+        return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "MESH_NOT_FOUND", "mesh_id",
+                                "mesh %s not found", q);
 }
 
 int mesh_table_add(MeshTable *t, Mesh *m, Mesh **ret, FamilyError *ret_error) {
@@ -112,7 +113,7 @@ static int get_locked(MeshTable *t, const char *id, bool build, Mesh **ret, Fami
 
         ssize_t i = find_locked(t, id);
         if (i < 0)
-                return not_found(id, ret_error);
+                return mesh_table_not_found(id, ret_error);
         if (build)
                 atomic_fetch_add_explicit(&t->meshes[i]->n_builds, 1, memory_order_acq_rel);
         *ret = mesh_ref(t->meshes[i]);
@@ -138,7 +139,7 @@ int mesh_table_remove(MeshTable *t, const char *id, FamilyError *ret_error) {
 
                 ssize_t i = find_locked(t, id);
                 if (i < 0)
-                        return not_found(id, ret_error);
+                        return mesh_table_not_found(id, ret_error);
 
                 unsigned n_builds = atomic_load_explicit(&t->meshes[i]->n_builds, memory_order_acquire);
                 if (n_builds > 0) {

@@ -87,3 +87,7 @@ bool mesh_spec_equal(const MeshSpec *a, const MeshSpec *b);
  */
 int mesh_table_acquire(MeshTable *t, const char *id, Mesh **ret, FamilyError *ret_error);
 void mesh_build_release(Mesh *m);
+
+/* Fills ret_error with NOT_FOUND "mesh 'ID' not found", what a lookup of an unknown id answers,
+ * and returns -EINVAL (-ENOMEM on OOM); for callers without a table, where every id is unknown. */
+int mesh_table_not_found(const char *id, FamilyError *ret_error);

@@ -44,8 +44,12 @@ static int load_typed_fields(Loader *l, const Family *f, const YNode *n, const c
 
                 if (selectors && streq(e[i].key, "parallel"))
                         r = loader_diag(l, e[i].key_node, ctx, "selector name 'parallel' is reserved");
-                else if (!selectors && is_reserved_runtime_name(e[i].key))
-                        r = loader_diag_q(l, e[i].key_node, ctx, "argument name %s is reserved",
+                else if (is_reserved_runtime_name(e[i].key))
+                        /* Resolve treats a reserved runtime name as an unknown argument, so a
+                         * selector by that name could never be given. */
+                        r = loader_diag_q(l, e[i].key_node, ctx,
+                                          selectors ? "selector name %s is reserved"
+                                                    : "argument name %s is reserved",
                                           e[i].key);
                 else if (!selectors && family_find_selector(f, e[i].key))
                         r = loader_diag_q(l, e[i].key_node, ctx,

@@ -173,6 +173,11 @@ int registry_lookup(const Registry *r, const char *target, const Family **ret,
         return 0;
 }
 
+int registry_no_default_variant(FamilyError *ret_error) {
+        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "NO_DEFAULT_VARIANT", "family",
+                                "FamilyRequest requires a family with a concrete default_variant");
+}
+
 int registry_find(const Registry *r, const char *target, const Family **ret, FamilyError *ret_error) {
         const Family *f;
         int k;
@@ -182,9 +187,7 @@ int registry_find(const Registry *r, const char *target, const Family **ret, Fam
                 return k;
 
         if (!f->default_variant)
-                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
-                                        "NO_DEFAULT_VARIANT", "family",
-                                        "FamilyRequest requires a family with a concrete default_variant");
+                return registry_no_default_variant(ret_error);
 
         if (ret)
                 *ret = f;

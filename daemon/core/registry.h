@@ -151,6 +151,9 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Registry *, registry_unref);
 
 /* Resolve step 1 target lookup, by name or baseline, with its exact errors. */
 int registry_find(const Registry *r, const char *target, const Family **ret, FamilyError *ret_error);
+/* Fills ret_error with registry_find's INVALID_ARGUMENT "NO_DEFAULT_VARIANT" and returns -EINVAL
+ * (-ENOMEM on OOM); for callers that pick the default variant of a family they already hold. */
+int registry_no_default_variant(FamilyError *ret_error);
 
 /*
  * Added for GetFamily and ListFamilies-style callers: registry_find without the default_variant

@@ -39,7 +39,6 @@ void resolved_family_done(ResolvedFamily *r) {
         if (!r)
                 return;
         free(r->family);
-        free(r->baseline);
         free(r->variant);
         free(r->constructor);
         value_map_done(&r->arguments);
@@ -60,77 +59,78 @@ static int string_ptr_cmp(const void *a, const void *b) {
         return strcmp(*(char *const *) a, *(char *const *) b);
 }
 
-static int named_value_ptr_cmp(const void *a, const void *b) {
-        return strcmp((*(const NamedValue *const *) a)->name, (*(const NamedValue *const *) b)->name);
+static bool name_known(const Family *f, const char *const *allow_names, const char *name) {
+        return name_allowed(allow_names, name) || family_find_selector(f, name) || family_find_argument(f, name);
 }
 
-/* Step 2. Reserved runtime names are never declared (the loader refuses them), so they are
- * unknown here unless the caller allows them. */
+/* The failure path only: every unknown key, sorted (keys of a ValueMap are unique). */
+static int unknown_arguments(const Family *f, const ValueMap *arguments, const char *const *allow_names,
+                             FamilyError *ret_error) {
+        _cleanup_free_ char **unknown = calloc(arguments->n, sizeof(char *));
+        size_t n = 0;
+
+        if (!unknown)
+                return -ENOMEM;
+        for (size_t i = 0; i < arguments->n; i++)
+                if (!name_known(f, allow_names, arguments->items[i].name))
+                        unknown[n++] = arguments->items[i].name;
+        qsort(unknown, n, sizeof(char *), string_ptr_cmp);
+
+        _cleanup_free_ char *list = repr_string_list(unknown, n);
+        if (!list)
+                return -ENOMEM;
+        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "UNKNOWN_ARGUMENTS", "arguments",
+                                "%s: unknown arguments: %s", f->name, list);
+}
+
+/*
+ * Step 2. Reserved runtime names are never declared (the loader refuses them), so they are
+ * unknown here unless the caller allows them. This runs on every Resolve and Build, so the
+ * success path allocates nothing: the first type mismatch in sorted key order is the smallest
+ * mismatching key, found in one pass.
+ */
 int resolve_check_arguments(const Family *f, const ValueMap *arguments,
                             const char *const *allow_names, FamilyError *ret_error) {
+        const TypedField *bad_field = NULL;
+        const char *bad_name = NULL, *bad_what = NULL;
+
         if (!f || !arguments)
                 return -EINVAL;
-        if (arguments->n == 0)
-                return 0;
 
-        _cleanup_free_ char **unknown = calloc(arguments->n, sizeof(char *));
-        _cleanup_free_ const NamedValue **sorted = calloc(arguments->n, sizeof(NamedValue *));
-        if (!unknown || !sorted)
-                return -ENOMEM;
+        for (size_t i = 0; i < arguments->n; i++)
+                if (!name_known(f, allow_names, arguments->items[i].name))
+                        return unknown_arguments(f, arguments, allow_names, ret_error);
 
-        size_t n_unknown = 0;
         for (size_t i = 0; i < arguments->n; i++) {
-                const char *name = arguments->items[i].name;
-
-                sorted[i] = &arguments->items[i];
-                if (name_allowed(allow_names, name))
-                        continue;
-                if (family_find_selector(f, name) || family_find_argument(f, name))
-                        continue;
-                unknown[n_unknown++] = arguments->items[i].name;
-        }
-
-        if (n_unknown > 0) {
-                qsort(unknown, n_unknown, sizeof(char *), string_ptr_cmp);
-
-                /* A map built by hand may repeat a key; the text names each key once. */
-                size_t n = 1;
-                for (size_t i = 1; i < n_unknown; i++)
-                        if (!streq(unknown[i], unknown[n - 1]))
-                                unknown[n++] = unknown[i];
-
-                _cleanup_free_ char *list = repr_string_list(unknown, n);
-                if (!list)
-                        return -ENOMEM;
-                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "UNKNOWN_ARGUMENTS", "arguments",
-                                        "%s: unknown arguments: %s", f->name, list);
-        }
-
-        qsort(sorted, arguments->n, sizeof(NamedValue *), named_value_ptr_cmp);
-        for (size_t i = 0; i < arguments->n; i++) {
-                const char *name = sorted[i]->name;
+                const NamedValue *nv = &arguments->items[i];
                 const TypedField *field;
-                const char *what;
+                const char *what = "selector";
 
-                if (name_allowed(allow_names, name))
+                if (name_allowed(allow_names, nv->name))
+                        continue;
+                if (bad_name && strcmp(nv->name, bad_name) >= 0)
                         continue;
 
-                field = family_find_selector(f, name);
-                what = "selector";
+                field = family_find_selector(f, nv->name);
                 if (!field) {
-                        field = family_find_argument(f, name);
+                        field = family_find_argument(f, nv->name);
                         what = "argument";
                 }
-                if (!field || value_matches_type(&sorted[i]->value, field->type))
+                if (!field || value_matches_type(&nv->value, field->type))
                         continue;
 
-                _cleanup_free_ char *q = repr_string(name);
-                if (!q)
-                        return -ENOMEM;
-                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "ARGUMENT_TYPE", name,
-                                        "%s %s must be %s", what, q, field_type_to_string(field->type));
+                bad_name = nv->name;
+                bad_field = field;
+                bad_what = what;
         }
-        return 0;
+        if (!bad_name)
+                return 0;
+
+        _cleanup_free_ char *q = repr_string(bad_name);
+        if (!q)
+                return -ENOMEM;
+        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "ARGUMENT_TYPE", bad_name,
+                                "%s %s must be %s", bad_what, q, field_type_to_string(bad_field->type));
 }
 
 static void axis_field(Axis a, char buf[static 16]) {
@@ -156,16 +156,11 @@ int resolve_axis_sizes(MeshTable *meshes, const JobContext *ctx, int64_t ret_siz
                 }
 
         if (!isempty(ctx->mesh_id)) {
+                /* No table: every id is unknown. */
                 if (meshes)
                         r = mesh_table_get(meshes, ctx->mesh_id, &mesh, ret_error);
-                else {
-                        /* No table: every id is unknown; same words as the table's. */
-                        _cleanup_free_ char *q = repr_string(ctx->mesh_id);
-                        if (!q)
-                                return -ENOMEM;
-                        r = family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "MESH_NOT_FOUND", "mesh_id",
-                                             "mesh %s not found", q);
-                }
+                else
+                        r = mesh_table_not_found(ctx->mesh_id, ret_error);
                 if (r < 0)
                         return r;
 
@@ -222,8 +217,10 @@ static bool when_value_equal(const Value *want, const Value *have) {
 }
 
 /*
- * The effective selectors, in declaration order: the caller's value, else the default. A float
- * selector given an int is stored as a float, so that the result carries the declared type.
+ * The effective selectors, in declaration order: the caller's value as given, else the default.
+ * A float selector given an int keeps the int (Python's effective selector is the value passed):
+ * converting it to a double would lose precision past 2^53, and when_value_equal compares an
+ * int with a float exactly.
  */
 static int effective_selectors(const Family *f, const ValueMap *arguments, ValueMap *ret) {
         _cleanup_(value_map_done) ValueMap m = {};
@@ -237,8 +234,6 @@ static int effective_selectors(const Family *f, const ValueMap *arguments, Value
                 r = value_copy(given ? given : &s->default_value, &v);
                 if (r < 0)
                         return r;
-                if (s->type == FIELD_TYPE_FLOAT && v.kind == VALUE_INT)
-                        v = (Value) { .kind = VALUE_FLOAT, .f = (double) v.i };
 
                 r = value_map_put(&m, s->name, &v);
                 if (r < 0)
@@ -307,11 +302,6 @@ static int check_requires(const Variant *v, const int64_t size[_AXIS_MAX], Famil
         return 0;
 }
 
-static int no_default_variant(FamilyError *e) {
-        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "NO_DEFAULT_VARIANT", "family",
-                                "FamilyRequest requires a family with a concrete default_variant");
-}
-
 /* Steps 6-8. */
 int resolve_select(const Family *f, const ValueMap *arguments, const int64_t size[_AXIS_MAX],
                    ResolvedFamily *ret, FamilyError *ret_error) {
@@ -355,10 +345,10 @@ int resolve_select(const Family *f, const ValueMap *arguments, const int64_t siz
 
         if (!v) {
                 if (!f->default_variant)
-                        return no_default_variant(ret_error);
+                        return registry_no_default_variant(ret_error);
                 v = family_find_variant(f, f->default_variant);
                 if (!v)
-                        return no_default_variant(ret_error);
+                        return registry_no_default_variant(ret_error);
         }
 
         if (streq_ptr(v->constructor, f->baseline))
@@ -385,10 +375,9 @@ int resolve_select(const Family *f, const ValueMap *arguments, const int64_t siz
         }
 
         res.family = strdup(strempty(f->name));
-        res.baseline = strdup(strempty(f->baseline));
         res.variant = strdup(strempty(v->name));
         res.constructor = strdup(strempty(v->constructor));
-        if (!res.family || !res.baseline || !res.variant || !res.constructor)
+        if (!res.family || !res.variant || !res.constructor)
                 return -ENOMEM;
         memcpy(res.axis_size, size, sizeof(res.axis_size));
 
@@ -407,12 +396,10 @@ int resolve_family(const Registry *reg, MeshTable *meshes, const ResolveRequest 
         if (!reg || !req || !ret)
                 return -EINVAL;
 
+        /* Step 1, both halves: the target and its default_variant. */
         r = registry_find(reg, strempty(req->family), &f, ret_error);
         if (r < 0)
                 return r;
-        /* Step 1's second half; harmless if registry_find already refused it. */
-        if (!f->default_variant)
-                return no_default_variant(ret_error);
 
         r = resolve_check_arguments(f, &req->arguments, NULL, ret_error);
         if (r < 0)

@@ -32,7 +32,6 @@ void resolve_request_done(ResolveRequest *r);
 
 typedef struct ResolvedFamily {
         char *family; /* the family's name */
-        char *baseline;
         char *variant;
         char *constructor;
         ValueMap arguments; /* the caller's, without selectors */

@@ -25,3 +25,10 @@
 #define FAMILYD_MAX_SHAPE_RANK           16u
 #define FAMILYD_MAX_EXPR_LENGTH          1024u
 #define FAMILYD_MAX_EXPR_DEPTH           64u
+
+/* Replies. A status message longer than this is cut at a line boundary with a count of what
+ * was left out: it travels twice in the trailers (grpc-message and the google.rpc.Status
+ * detail), and clients refuse trailers over 8 KiB. */
+#define FAMILYD_MAX_STATUS_MESSAGE       2048u
+/* Open Watch streams (health, topology) across all connections. */
+#define FAMILYD_MAX_WATCHES              1024u

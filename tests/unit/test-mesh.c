@@ -486,6 +486,14 @@ static void test_table(void **state) {
         assert_ptr_equal(got, (Mesh *) 0x1);
         expect_error(&e, FAMILY_STATUS_NOT_FOUND, "MESH_NOT_FOUND", "mesh 'no-such-mesh' not found");
         family_error_done(&e);
+        /* The same words for callers without a table (Resolve with meshes == NULL). */
+        assert_int_equal(mesh_table_not_found("no-such-mesh", &e), -EINVAL);
+        expect_error(&e, FAMILY_STATUS_NOT_FOUND, "MESH_NOT_FOUND", "mesh 'no-such-mesh' not found");
+        assert_string_equal(e.field, "mesh_id");
+        family_error_done(&e);
+        assert_int_equal(mesh_table_not_found("it's", &e), -EINVAL);
+        expect_error(&e, FAMILY_STATUS_NOT_FOUND, "MESH_NOT_FOUND", "mesh \"it's\" not found");
+        family_error_done(&e);
 
         /* A mesh with live builds stays. */
         assert_int_equal(mesh_table_acquire(t, a->id, &got, &e), 0);

@@ -355,6 +355,15 @@ static void test_find(void **state) {
         assert_int_equal(err.status, FAMILY_STATUS_INVALID_ARGUMENT);
         assert_string_equal(err.reason, "NO_DEFAULT_VARIANT");
         assert_string_equal(err.message, "FamilyRequest requires a family with a concrete default_variant");
+        assert_string_equal(err.field, "family");
+        family_error_done(&err);
+
+        /* The same error, for callers that already hold the family (Resolve's select stage). */
+        assert_int_equal(registry_no_default_variant(&err), -EINVAL);
+        assert_int_equal(err.status, FAMILY_STATUS_INVALID_ARGUMENT);
+        assert_string_equal(err.reason, "NO_DEFAULT_VARIANT");
+        assert_string_equal(err.field, "family");
+        assert_string_equal(err.message, "FamilyRequest requires a family with a concrete default_variant");
         family_error_done(&err);
 
         /* registry_lookup: the same target rules without the default_variant check. */
@@ -664,6 +673,10 @@ static void test_schema_errors_family(void **state) {
 static void test_schema_errors_fields(void **state) {
         expect_error(BASE "selectors:\n  parallel: {type: bool, default: false}\n",
                      "f.yaml:8:3: family 'x': selector name 'parallel' is reserved");
+        expect_error(BASE "selectors:\n  context: {type: bool, default: false}\n",
+                     "f.yaml:8:3: family 'x': selector name 'context' is reserved");
+        expect_error(BASE "selectors:\n  s: {type: int, default: 0}\n  module_fqn: {type: string, default: a}\n",
+                     "f.yaml:9:3: family 'x': selector name 'module_fqn' is reserved");
         expect_error(BASE "arguments:\n  config: {type: int}\n",
                      "f.yaml:8:3: family 'x': argument name 'config' is reserved");
         expect_error(BASE "arguments:\n  context: {type: int}\n",

@@ -1,5 +1,6 @@
 /* test-resolve.c: Resolve's steps and texts over the conformance registry and a test registry. */
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,9 +43,12 @@ static const char extra_yaml[] =
         "        requires: {pp: [2, 4], ep: 1, tp: [1, 2], cp: 1}\n"
         "      tp_only: {constructor: pkg.TP, accepts: [config]}\n"
         "      factory: {constructor: pkg.Knobs, accepts: [config]}\n"
+        "      pow53: {constructor: pkg.Pow53, accepts: [config]}\n"
         "    rules:\n"
         "      - when: {scale: 2}\n"
         "        variant: double\n"
+        "      - when: {scale: 9007199254740992}\n"
+        "        variant: pow53\n"
         "      - when: {scale: 0.5}\n"
         "        variant: half\n"
         "      - when: {mode: strict}\n"
@@ -235,7 +239,6 @@ static void test_conformance_success(void **state) {
         {
                 _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(req("grouped_experts"));
                 assert_string_equal(out.family, "grouped_experts");
-                assert_string_equal(out.baseline, "hyper_parallel.components.modules.grouped_experts.GroupedExperts");
                 assert_string_equal(out.variant, "grouped");
                 assert_string_equal(out.constructor,
                                     "hyper_parallel.components.modules.grouped_experts.GroupedExpertsLocal");
@@ -549,6 +552,122 @@ static void test_check_arguments_allow(void **state) {
         assert_int_equal(resolve_check_arguments(f, &empty, NULL, &e), 0);
 }
 
+/* Several mismatches in every insertion order: the smallest key in byte order is reported;
+ * unknown keys, all of them sorted, still come first. */
+static void test_check_arguments_order(void **state) {
+        static const char *const names[] = { "scale", "count", "ratio", "mode", "flag" };
+        static const char *const perms[][5] = {
+                { "scale", "count", "ratio", "mode", "flag" },
+                { "flag", "mode", "ratio", "count", "scale" },
+                { "ratio", "flag", "scale", "mode", "count" },
+                { "mode", "scale", "count", "flag", "ratio" },
+        };
+        const Family *f = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+
+        assert_int_equal(registry_find(fx.extra, "knobs", &f, &e), 0);
+        for (size_t p = 0; p < ELEMENTSOF(perms); p++) {
+                _cleanup_(value_map_done) ValueMap args = {};
+
+                for (size_t i = 0; i < ELEMENTSOF(names); i++) {
+                        Value v = STRING("x"); /* wrong for every key but mode */
+                        assert_int_equal(value_map_put(&args, perms[p][i], &v), 0);
+                }
+                assert_int_equal(resolve_check_arguments(f, &args, NULL, &e), -EINVAL);
+                assert_string_equal(e.message, "selector 'count' must be int");
+                assert_string_equal(e.field, "count");
+                family_error_done(&e);
+
+                /* An allowed name below every other is skipped, not reported. */
+                Value c = INT(1);
+                assert_int_equal(value_map_put(&args, "count", &c), 0);
+                const char *const allow[] = { "a", NULL };
+                Value a = STRING("anything");
+                assert_int_equal(value_map_put(&args, "a", &a), 0);
+                assert_int_equal(resolve_check_arguments(f, &args, allow, &e), -EINVAL);
+                assert_string_equal(e.message, "argument 'flag' must be bool");
+                family_error_done(&e);
+
+                Value z = INT(0), b = INT(0);
+                assert_int_equal(value_map_put(&args, "zz", &z), 0);
+                assert_int_equal(value_map_put(&args, "b", &b), 0);
+                assert_int_equal(resolve_check_arguments(f, &args, allow, &e), -EINVAL);
+                assert_string_equal(e.message, "knobs: unknown arguments: ['b', 'zz']");
+                family_error_done(&e);
+        }
+}
+
+/*
+ * The check runs on every Resolve and Build: its success path allocates nothing. Counted with
+ * the sanitizer's allocation hooks, so only in an ASan build (CI's); skipped elsewhere.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#  define HAVE_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define HAVE_ASAN 1
+#  endif
+#endif
+
+#ifdef HAVE_ASAN
+/* From <sanitizer/allocator_interface.h>, which not every toolchain installs. */
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
+
+static atomic_bool counting;
+static atomic_uint n_allocations;
+
+static void count_malloc(const volatile void *p, size_t n) {
+        if (atomic_load(&counting))
+                atomic_fetch_add(&n_allocations, 1);
+}
+
+static void count_free(const volatile void *p) {
+}
+#endif
+
+static void test_check_arguments_allocates_nothing(void **state) {
+#ifdef HAVE_ASAN
+        static bool installed;
+        const char *const allow[] = { "config", NULL };
+        _cleanup_(value_map_done) ValueMap args = {};
+        const Family *f = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+        Value v;
+
+        if (!installed) {
+                assert_int_equal(__sanitizer_install_malloc_and_free_hooks(count_malloc, count_free), 1);
+                installed = true;
+        }
+
+        assert_int_equal(registry_find(fx.extra, "knobs", &f, &e), 0);
+        v = FLOAT(2.0);
+        assert_int_equal(value_map_put(&args, "scale", &v), 0);
+        v = STRING("x");
+        assert_int_equal(value_map_put(&args, "name", &v), 0);
+        v = INT(3);
+        assert_int_equal(value_map_put(&args, "ratio", &v), 0);
+        v = NONE;
+        assert_int_equal(value_map_put(&args, "config", &v), 0);
+
+        /* The hooks do see an allocation. */
+        atomic_store(&counting, true);
+        _cleanup_free_ char *probe = strdup("probe");
+        atomic_store(&counting, false);
+        assert_non_null(probe);
+        assert_int_equal(atomic_load(&n_allocations), 1);
+
+        atomic_store(&n_allocations, 0);
+        atomic_store(&counting, true);
+        int k = resolve_check_arguments(f, &args, allow, &e);
+        atomic_store(&counting, false);
+        assert_int_equal(k, 0);
+        assert_int_equal(atomic_load(&n_allocations), 0);
+#else
+        skip();
+#endif
+}
+
 static void test_rules_numbers(void **state) {
         ResolveRequest r;
 
@@ -558,9 +677,9 @@ static void test_rules_numbers(void **state) {
         {
                 _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
                 assert_string_equal(out.variant, "double");
-                /* The effective selector carries the declared type. */
-                assert_int_equal(out.selectors.items[0].value.kind, VALUE_FLOAT);
-                assert_true(out.selectors.items[0].value.f == 2.0);
+                /* The effective selector is the value passed, an int kept as given. */
+                assert_int_equal(out.selectors.items[0].value.kind, VALUE_INT);
+                assert_int_equal(out.selectors.items[0].value.i, 2);
         }
         r = req("knobs");
         arg(&r, "scale", FLOAT(2.0));
@@ -577,6 +696,22 @@ static void test_rules_numbers(void **state) {
         r = req("knobs");
         arg(&r, "scale", FLOAT(1e300));
         expect_variant(r, "plain");
+
+        /* Past 2^53 an int is compared exactly, never through a double: 2^53 + 1 is not 2^53. */
+        r = req("knobs");
+        arg(&r, "scale", INT(9007199254740992));
+        expect_variant(r, "pow53");
+        r = req("knobs");
+        arg(&r, "scale", FLOAT(9007199254740992.0));
+        expect_variant(r, "pow53");
+        {
+                r = req("knobs");
+                arg(&r, "scale", INT(9007199254740993));
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
+                assert_string_equal(out.variant, "plain");
+                assert_int_equal(out.selectors.items[0].value.kind, VALUE_INT);
+                assert_int_equal(out.selectors.items[0].value.i, 9007199254740993);
+        }
         {
                 _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(req("knobs"));
                 assert_string_equal(out.variant, "plain");
@@ -633,6 +768,23 @@ static void test_select_mixed_numbers(void **state) {
                 assert_int_equal(value_map_put(&args, "s", &v), 0);
                 assert_int_equal(resolve_select(&f, &args, sizes, &out, &e), 0);
                 assert_string_equal(out.variant, cases[i].variant);
+        }
+
+        /* No rule matches and no usable default: registry_find's words. */
+        const char *const defaults[] = { NULL, "missing" };
+        for (size_t i = 0; i < ELEMENTSOF(defaults); i++) {
+                _cleanup_(value_map_done) ValueMap args = {};
+                ResolvedFamily out = { .family = (char *) "untouched" };
+                FamilyError e = FAMILY_ERROR_NULL;
+
+                f.default_variant = (char *) defaults[i];
+                assert_int_equal(resolve_select(&f, &args, sizes, &out, &e), -EINVAL);
+                assert_string_equal(out.family, "untouched");
+                assert_int_equal(e.status, FAMILY_STATUS_INVALID_ARGUMENT);
+                assert_string_equal(e.reason, "NO_DEFAULT_VARIANT");
+                assert_string_equal(e.field, "family");
+                assert_string_equal(e.message, "FamilyRequest requires a family with a concrete default_variant");
+                family_error_done(&e);
         }
 }
 
@@ -816,6 +968,8 @@ int main(void) {
                 cmocka_unit_test(test_conformance_meshes),
                 cmocka_unit_test(test_arguments),
                 cmocka_unit_test(test_check_arguments_allow),
+                cmocka_unit_test(test_check_arguments_order),
+                cmocka_unit_test(test_check_arguments_allocates_nothing),
                 cmocka_unit_test(test_rules_numbers),
                 cmocka_unit_test(test_select_mixed_numbers),
                 cmocka_unit_test(test_rules_parallel_and_outcomes),
