@@ -19,6 +19,7 @@
 #include "call.h"
 #include "codec-status.h"
 #include "log.h"
+#include "resource-limits.h"
 
 
 typedef struct Call {
@@ -38,6 +39,7 @@ typedef struct Call {
         RpcTag on_closed;
 
         int cancelled;
+        bool is_watch; /* counted in counter->watches */
         grpc_byte_buffer *reply;
         grpc_slice status_details;
         bool has_status_details;
@@ -46,6 +48,51 @@ typedef struct Call {
 } Call;
 
 static Call *call_unref(Call *c);
+
+void call_counter_init(CallCounter *c) {
+        *c = (CallCounter) {};
+        (void) pthread_mutex_init(&c->lock, NULL);
+        (void) pthread_cond_init(&c->drained, NULL);
+}
+
+void call_counter_done(CallCounter *c) {
+        (void) pthread_cond_destroy(&c->drained);
+        (void) pthread_mutex_destroy(&c->lock);
+}
+
+void call_counter_wait_drained(CallCounter *c) {
+        (void) pthread_mutex_lock(&c->lock);
+        while (c->live > 0)
+                (void) pthread_cond_wait(&c->drained, &c->lock);
+        (void) pthread_mutex_unlock(&c->lock);
+}
+
+static void counter_add(CallCounter *c) {
+        (void) pthread_mutex_lock(&c->lock);
+        c->live++;
+        (void) pthread_mutex_unlock(&c->lock);
+}
+
+static void counter_remove(CallCounter *c, bool watch) {
+        (void) pthread_mutex_lock(&c->lock);
+        if (watch)
+                c->watches--;
+        if (--c->live == 0)
+                (void) pthread_cond_broadcast(&c->drained);
+        (void) pthread_mutex_unlock(&c->lock);
+}
+
+/* Takes a watch slot; false when FAMILYD_MAX_WATCHES are open. */
+static bool counter_take_watch(CallCounter *c) {
+        bool ok;
+
+        (void) pthread_mutex_lock(&c->lock);
+        ok = c->watches < FAMILYD_MAX_WATCHES;
+        if (ok)
+                c->watches++;
+        (void) pthread_mutex_unlock(&c->lock);
+        return ok;
+}
 
 static void call_free(Call *c) {
         if (c->call)
@@ -64,7 +111,11 @@ static void call_free(Call *c) {
                 grpc_slice_unref(c->trailer.value);
         }
         arena_done(&c->arena);
+        CallCounter *counter = c->site.counter;
+        bool watch = c->is_watch;
         free(c);
+        /* Last: once live reaches zero the server may go away. */
+        counter_remove(counter, watch);
 }
 
 static Call *call_unref(Call *c) {
@@ -115,12 +166,14 @@ static grpc_byte_buffer *message_to_buffer(const ProtobufCMessage *m) {
 }
 
 /* Fills the status op: code, message, and the google.rpc.Status detail in the trailer. */
-static void call_set_status(Call *c, grpc_op *op, const FamilyError *e) {
+static void call_set_status(Call *c, grpc_op *op, FamilyError *e) {
         op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
         op->data.send_status_from_server.status = (grpc_status_code) e->status;
         if (e->status == FAMILY_STATUS_OK)
                 return;
 
+        /* On OOM the full text goes out; clients may then refuse the trailers, nothing worse. */
+        (void) family_error_truncate(e, FAMILYD_MAX_STATUS_MESSAGE);
         c->status_details = grpc_slice_from_copied_string(strempty(e->message));
         c->has_status_details = true;
         op->data.send_status_from_server.status_details = &c->status_details;
@@ -147,7 +200,7 @@ static void on_final_sent(RpcTag *tag, bool ok) {
 
 /* Sends initial metadata (unless already sent), an optional reply and the status, ending the
  * call; with close, also waits for the client's close in the same batch. */
-static void call_finish(Call *c, ProtobufCMessage *reply, const FamilyError *e, bool initial,
+static void call_finish(Call *c, ProtobufCMessage *reply, FamilyError *e, bool initial,
                         bool close) {
         grpc_op ops[4] = {};
         size_t n = 0;
@@ -250,6 +303,15 @@ static void call_run_watch(Call *c) {
         _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
         ProtobufCMessage *reply = NULL;
         grpc_op ops[2] = {};
+
+        if (!counter_take_watch(c->site.counter)) {
+                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "WATCH_LIMIT", NULL,
+                                        "watch limit reached: %u open watches",
+                                        FAMILYD_MAX_WATCHES);
+                call_finish(c, NULL, &e, true, true);
+                return;
+        }
+        c->is_watch = true;
 
         if (call_handle(c, &reply, &e) < 0) {
                 call_finish(c, NULL, &e, true, true);
@@ -402,6 +464,7 @@ int call_arm(const CallSite *site) {
         c->site = *site;
         c->n_ref = 1;
         arena_init(&c->arena);
+        counter_add(site->counter);
         c->on_arrived.complete = on_arrived;
         grpc_metadata_array_init(&c->request_metadata);
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <grpc/grpc.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -12,6 +13,21 @@ typedef struct RpcTag {
         void (*complete)(struct RpcTag *tag, bool ok);
 } RpcTag;
 
+/* Every live Call, armed or answering, and the open watches among them. The server waits for
+ * live to reach zero before destroying itself: gRPC's shutdown tag fires once its channels are
+ * gone, not once our handlers have stopped starting batches. */
+typedef struct CallCounter {
+        pthread_mutex_t lock;
+        pthread_cond_t drained;
+        unsigned live;
+        unsigned watches;
+} CallCounter;
+
+void call_counter_init(CallCounter *c);
+void call_counter_done(CallCounter *c);
+/* Blocks until no Call is alive. */
+void call_counter_wait_drained(CallCounter *c);
+
 typedef struct CallSite {
         grpc_server *server;
         grpc_completion_queue *cq;
@@ -19,6 +35,7 @@ typedef struct CallSite {
         const RpcMethod *method; /* NULL: the catch-all for unknown methods */
         void *registered;        /* grpc_server_register_method's handle */
         atomic_bool *shutting_down;
+        CallCounter *counter;
 } CallSite;
 
 /* Asks gRPC for the next call at this site; a new call re-arms its site at once. */

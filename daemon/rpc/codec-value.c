@@ -183,3 +183,10 @@ int codec_value_map_encode(Arena *a, const ValueMap *m,
         *ret_n = m->n;
         return 0;
 }
+
+int codec_check_length(const char *s, size_t max, const char *field, FamilyError *ret_error) {
+        if (strnlen(s, max + 1) <= max)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT", field,
+                                "%s is longer than %zu bytes", field, max);
+}

@@ -38,6 +38,9 @@ int codec_value_map_encode(Arena *a, const ValueMap *m,
                            const ProtobufCMessageDescriptor *entry_desc, void ***ret_entries,
                            size_t *ret_n);
 
+/* A client-given name or id longer than max bytes: INVALID_ARGUMENT naming field. */
+int codec_check_length(const char *s, size_t max, const char *field, FamilyError *ret_error);
+
 int codec_job_context_decode(const Familyd__V1__JobContext *pb, JobContext *ret,
                              FamilyError *ret_error);
 int codec_resolve_request_decode(const Familyd__V1__ResolveRequest *pb, ResolveRequest *ret,

@@ -1,6 +1,7 @@
 /* health.c: grpc.health.v1.Health: SERVING for the whole server and for each familyd service. */
 #include "codec.h"
 #include "grpc-health-v1-health.pb-c.h"
+#include "resource-limits.h"
 #include "rpc.h"
 
 static const char *const served[] = {
@@ -10,8 +11,8 @@ static const char *const served[] = {
         "familyd.v1.AdminService",
 };
 
-static int health_answer(Arena *arena, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
-                         FamilyError *ret_error) {
+static int health_answer(Arena *arena, const ProtobufCMessage *request, bool watch,
+                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const Grpc__Health__V1__HealthCheckRequest *req =
                 (const Grpc__Health__V1__HealthCheckRequest *) request;
         Grpc__Health__V1__HealthCheckResponse *reply;
@@ -20,30 +21,40 @@ static int health_answer(Arena *arena, const ProtobufCMessage *request, Protobuf
         for (size_t i = 0; i < ELEMENTSOF(served); i++)
                 if (streq(served[i], req->service))
                         known = true;
-        if (!known)
+        /* The health protocol: Check answers NOT_FOUND, Watch reports SERVICE_UNKNOWN and stays
+         * open (a service may appear later). */
+        if (!known && !watch)
                 return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "UNKNOWN_SERVICE",
-                                        "service", "unknown service '%s'", req->service);
+                                        "service", "unknown service '%.*s'",
+                                        (int) FAMILYD_MAX_NAME_LENGTH, req->service);
 
         reply = MSG_NEW(arena, Grpc__Health__V1__HealthCheckResponse,
                         grpc__health__v1__health_check_response__init);
         if (!reply)
                 return -ENOMEM;
         /* Calls are answered only once the daemon is fully up, so an answer means SERVING. */
-        reply->status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+        reply->status = known
+                ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
         *ret_reply = &reply->base;
         return 0;
 }
 
-static int check(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request, ProtobufCMessage **ret_reply,
-                 FamilyError *ret_error) {
-        return health_answer(arena, request, ret_reply, ret_error);
+static int check(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                 ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        return health_answer(arena, request, false, ret_reply, ret_error);
+}
+
+static int watch(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                 ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        return health_answer(arena, request, true, ret_reply, ret_error);
 }
 
 static const RpcMethod methods[] = {
         { "/grpc.health.v1.Health/Check", RPC_UNARY,
           &grpc__health__v1__health_check_request__descriptor, check, NULL },
         { "/grpc.health.v1.Health/Watch", RPC_WATCH,
-          &grpc__health__v1__health_check_request__descriptor, check, NULL },
+          &grpc__health__v1__health_check_request__descriptor, watch, NULL },
 };
 
 const RpcService service_health = {

@@ -33,6 +33,7 @@ struct Server {
         pthread_mutex_t lock;
         pthread_cond_t cond;
         bool shutdown_done;
+        CallCounter calls;
 };
 
 
@@ -81,6 +82,7 @@ int server_new(const ServerParams *params, Server **ret) {
                 return -ENOMEM;
         (void) pthread_mutex_init(&s->lock, NULL);
         (void) pthread_cond_init(&s->cond, NULL);
+        call_counter_init(&s->calls);
 
         grpc_init();
 
@@ -115,6 +117,7 @@ int server_new(const ServerParams *params, Server **ret) {
                                              .userdata = services[i]->userdata },
                                 .method = m,
                                 .shutting_down = &s->shutting_down,
+                                .counter = &s->calls,
                         };
                         site->registered = grpc_server_register_method(
                                 s->server, m->path, NULL,
@@ -129,6 +132,7 @@ int server_new(const ServerParams *params, Server **ret) {
                 .cq = s->cq,
                 .context = { .manager = params->manager },
                 .shutting_down = &s->shutting_down,
+                .counter = &s->calls,
         };
 
         grpc_server_start(s->server);
@@ -158,9 +162,17 @@ void server_add_connection(Server *s, int fd) {
         grpc_server_add_channel_from_fd(s->server, fd, s->credentials);
 }
 
-/* Runs completions on the calling thread until the shutdown tag has fired. */
+static bool calls_live(Server *s) {
+        (void) pthread_mutex_lock(&s->calls.lock);
+        bool live = s->calls.live > 0;
+        (void) pthread_mutex_unlock(&s->calls.lock);
+        return live;
+}
+
+/* Without workers: runs completions on the calling thread until the shutdown tag has fired and
+ * every call is gone. */
 static void drain_until_shutdown(Server *s) {
-        while (!s->shutdown_done) {
+        while (!s->shutdown_done || calls_live(s)) {
                 grpc_event ev = grpc_completion_queue_next(s->cq,
                                                            gpr_inf_future(GPR_CLOCK_REALTIME),
                                                            NULL);
@@ -178,7 +190,9 @@ Server *server_free(Server *s) {
         atomic_store(&s->shutting_down, true);
         if (s->started) {
                 /* The order gRPC wants: shutdown, cancel every call, wait for the shutdown
-                 * tag, destroy the server, shut the queue down, drain it to its end. */
+                 * tag, destroy the server, shut the queue down, drain it to its end. Before the
+                 * destroy, every Call must be gone too: a worker still inside a handler would
+                 * start a batch on a destroyed server. */
                 s->shutdown_tag.complete = on_shutdown_done;
                 grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
                 grpc_server_cancel_all_calls(s->server);
@@ -189,6 +203,7 @@ Server *server_free(Server *s) {
                         while (!s->shutdown_done)
                                 (void) pthread_cond_wait(&s->cond, &s->lock);
                         (void) pthread_mutex_unlock(&s->lock);
+                        call_counter_wait_drained(&s->calls);
                 }
         }
         if (s->server)
@@ -207,6 +222,7 @@ Server *server_free(Server *s) {
         free(s->threads);
         (void) pthread_cond_destroy(&s->cond);
         (void) pthread_mutex_destroy(&s->lock);
+        call_counter_done(&s->calls);
         grpc_shutdown();
         return mfree(s);
 }

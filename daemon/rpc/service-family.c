@@ -1,6 +1,7 @@
 /* service-family.c: familyd.v1.FamilyService: the registry and Resolve. */
 #include "codec.h"
 #include "log.h"
+#include "resource-limits.h"
 #include "rpc.h"
 
 static int list_families(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
@@ -32,6 +33,9 @@ static int get_family(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
         const Family *f;
         int r;
 
+        r = codec_check_length(req->family, FAMILYD_MAX_NAME_LENGTH * 4, "family", ret_error);
+        if (r < 0)
+                return r;
         r = manager_get_family(ctx->manager, req->family, &reg, &f, ret_error);
         if (r < 0)
                 return r;

@@ -1,5 +1,6 @@
 /* service-mesh.c: familyd.v1.MeshService: the topology and job meshes. */
 #include "codec.h"
+#include "resource-limits.h"
 #include "rpc.h"
 
 static int get_topology(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
@@ -44,6 +45,9 @@ static int get_mesh(RpcContext *ctx, Arena *arena, const ProtobufCMessage *reque
         Familyd__V1__Mesh *reply;
         int r;
 
+        r = codec_check_length(req->mesh_id, FAMILYD_MAX_NAME_LENGTH, "mesh_id", ret_error);
+        if (r < 0)
+                return r;
         r = mesh_table_get(ctx->manager->meshes, req->mesh_id, &mesh, ret_error);
         if (r < 0)
                 return r;
@@ -88,6 +92,9 @@ static int delete_mesh(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
         Familyd__V1__DeleteMeshResponse *reply;
         int r;
 
+        r = codec_check_length(req->mesh_id, FAMILYD_MAX_NAME_LENGTH, "mesh_id", ret_error);
+        if (r < 0)
+                return r;
         r = mesh_table_remove(ctx->manager->meshes, req->mesh_id, ret_error);
         if (r < 0)
                 return r;
