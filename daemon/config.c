@@ -34,6 +34,9 @@ enum {
         ARG_FDSTORE_MAX,
         ARG_THREADS,
         ARG_MAX_CONNECTIONS,
+        ARG_MAX_CONNECTIONS_PER_PEER,
+        ARG_CONNECTION_IDLE_MS,
+        ARG_MAX_WATCHES,
         ARG_LOG_LEVEL,
         ARG_VERSION,
 };
@@ -60,6 +63,9 @@ static const struct option options[] = {
         { "fdstore-max", required_argument, NULL, ARG_FDSTORE_MAX },
         { "threads", required_argument, NULL, ARG_THREADS },
         { "max-connections", required_argument, NULL, ARG_MAX_CONNECTIONS },
+        { "max-connections-per-peer", required_argument, NULL, ARG_MAX_CONNECTIONS_PER_PEER },
+        { "connection-idle-ms", required_argument, NULL, ARG_CONNECTION_IDLE_MS },
+        { "max-watches", required_argument, NULL, ARG_MAX_WATCHES },
         { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
         {}
 };
@@ -93,12 +99,20 @@ static void help(void) {
                "     --forget-after-ms N    Forget a down peer after N ms (default: never)\n"
                "     --fdstore-max N        Descriptors kept in systemd's fd store (default 4096)\n"
                "     --threads N            gRPC worker threads (default 2)\n"
-               "     --max-connections N    Concurrent API connections (default %u)\n"
+               "     --max-connections N    Concurrent API connections (default %u; fewer\n"
+               "                            when the open-file limit is too low)\n"
+               "     --max-connections-per-peer N\n"
+               "                            Concurrent API connections from one process\n"
+               "                            (default %u)\n"
+               "     --connection-idle-ms N Close a connection with no call for N ms\n"
+               "                            (default %u)\n"
+               "     --max-watches N        Open Watch streams (default %u)\n"
                "     --log-level LEVEL      debug, info, notice, warning or err (default info)\n"
                "\n"
                "Readiness: once the API socket accepts calls, grpc.health.v1.Health/Check\n"
                "answers SERVING. SIGHUP reloads the registry; SIGTERM and SIGINT stop.\n",
-               FAMILYD_DEFAULT_SOCKET, FAMILYD_MAX_CONNECTIONS);
+               FAMILYD_DEFAULT_SOCKET, FAMILYD_MAX_CONNECTIONS, FAMILYD_MAX_CONNECTIONS_PER_PEER,
+               FAMILYD_CONNECTION_IDLE_MS, FAMILYD_MAX_WATCHES);
 }
 
 static int parse_u64(const char *name, const char *s, uint64_t min, uint64_t max,
@@ -208,6 +222,12 @@ static int config_apply(Config *c, int key, const char *name, const char *value)
                 return parse_unsigned(name, value, 1, 64, &c->threads);
         case ARG_MAX_CONNECTIONS:
                 return parse_unsigned(name, value, 1, 65536, &c->max_connections);
+        case ARG_MAX_CONNECTIONS_PER_PEER:
+                return parse_unsigned(name, value, 1, 65536, &c->max_connections_per_peer);
+        case ARG_CONNECTION_IDLE_MS:
+                return parse_unsigned(name, value, 100, 86400000, &c->connection_idle_ms);
+        case ARG_MAX_WATCHES:
+                return parse_unsigned(name, value, 1, 1u << 20, &c->max_watches);
         case ARG_LOG_LEVEL:
                 return parse_log_level(value, &c->log_level);
         default:
@@ -225,7 +245,7 @@ static char *strstrip(char *s) {
 }
 
 /* A line-oriented file: `key = value`, `#` comments, keys are the long option names. */
-static int config_parse_file(Config *c, const char *path, const Config *flags_seen) {
+static int config_parse_file(Config *c, const char *path) {
         _cleanup_free_ char *line = NULL;
         size_t allocated = 0;
         unsigned lineno = 0;
@@ -233,8 +253,9 @@ static int config_parse_file(Config *c, const char *path, const Config *flags_se
 
         f = fopen(path, "re");
         if (!f) {
-                fprintf(stderr, "familyd: cannot open config file %s: %m\n", path);
-                return -errno;
+                int r = -errno; /* fprintf may change errno */
+                fprintf(stderr, "familyd: cannot open config file %s: %s\n", path, strerror(-r));
+                return r;
         }
 
         for (;;) {
@@ -266,8 +287,6 @@ static int config_parse_file(Config *c, const char *path, const Config *flags_se
                         fclose(f);
                         return -EINVAL;
                 }
-                /* Flags win: a setting given on the command line is not overridden. */
-                (void) flags_seen;
                 int r = config_apply(c, o->val, o->name, value);
                 if (r < 0) {
                         fprintf(stderr, "familyd: %s:%u: invalid value for '%s'\n", path, lineno,
@@ -292,6 +311,9 @@ static void config_defaults(Config *c) {
                 .fdstore_max = 4096,
                 .threads = 2,
                 .max_connections = FAMILYD_MAX_CONNECTIONS,
+                .max_connections_per_peer = FAMILYD_MAX_CONNECTIONS_PER_PEER,
+                .connection_idle_ms = FAMILYD_CONNECTION_IDLE_MS,
+                .max_watches = FAMILYD_MAX_WATCHES,
                 .log_level = LOG_INFO,
         };
 }
@@ -370,7 +392,8 @@ int config_parse(Config *c, int argc, char *argv[]) {
         }
 
         if (flags.config_file) {
-                r = config_parse_file(c, flags.config_file, &flags);
+                /* Flags win: config_parse applies them again after the file. */
+                r = config_parse_file(c, flags.config_file);
                 if (r < 0) {
                         config_done(&flags);
                         return r;

@@ -5,6 +5,7 @@
 
 #include "macro.h"
 
+
 typedef struct Config {
         char *config_file;
         char *socket_path;
@@ -25,6 +26,9 @@ typedef struct Config {
         unsigned fdstore_max;
         unsigned threads; /* gRPC completion-queue threads */
         unsigned max_connections;
+        unsigned connection_idle_ms; /* close a connection with no call for this long */
+        unsigned max_watches;
+        unsigned max_connections_per_peer;
         int log_level;
 } Config;
 

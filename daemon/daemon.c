@@ -4,12 +4,15 @@
  * DESIGN: the main thread owns the loop (epoll over a signalfd and the API socket) and does
  * nothing slow in it: accepting hands a connection to gRPC, SIGHUP reloads the registry (the
  * manager builds the new snapshot without blocking calls). gRPC's worker threads answer calls.
+ * The API socket is watched level-triggered; when accepting fails in a way that leaves the
+ * connection queued, the loop stops watching it for a moment instead of spinning.
  */
 
 #include <inttypes.h>
 #include <signal.h>
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 
 #include "daemon.h"
@@ -25,8 +28,49 @@ struct Daemon {
         Listener *listener;
         int signal_fd;
         int epoll_fd;
+        bool accept_paused;  /* the API socket is out of the epoll set until the next timeout */
+        bool accept_failing; /* an accept failure episode is under way (logged once) */
         const Config *config;
 };
+
+/* Descriptors kept free of API connections: registry files on reload, gRPC's own (epoll,
+ * wakeup fds, timers), the signalfd, log and lock files. */
+#define DAEMON_FD_RESERVE 64u
+/* How long the loop stops accepting after a failure that leaves the connection queued. */
+#define DAEMON_ACCEPT_PAUSE_MS 100
+
+/*
+ * Raises the soft open-file limit to the hard one (familyd never uses select(), so a large
+ * limit costs nothing) and returns how many connections fit under it.
+ */
+static unsigned daemon_setup_fd_limit(unsigned max_connections) {
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+                log_warning_errno(-errno, "Failed to read RLIMIT_NOFILE, ignoring: %m");
+                return max_connections;
+        }
+        if (rl.rlim_cur < rl.rlim_max) {
+                struct rlimit raised = { .rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max };
+                if (setrlimit(RLIMIT_NOFILE, &raised) < 0)
+                        log_warning_errno(-errno, "Failed to raise RLIMIT_NOFILE to %llu, "
+                                                  "ignoring: %m",
+                                          (unsigned long long) rl.rlim_max);
+                else
+                        rl.rlim_cur = rl.rlim_max;
+        }
+        if (rl.rlim_cur == RLIM_INFINITY ||
+            rl.rlim_cur >= (rlim_t) max_connections + DAEMON_FD_RESERVE)
+                return max_connections;
+
+        unsigned fit = 1;
+        if (rl.rlim_cur > DAEMON_FD_RESERVE + 1)
+                fit = (unsigned) rl.rlim_cur - DAEMON_FD_RESERVE;
+        log_warning("--max-connections %u does not fit the open-file limit (RLIMIT_NOFILE %llu, "
+                    "%u kept in reserve), using %u.",
+                    max_connections, (unsigned long long) rl.rlim_cur, DAEMON_FD_RESERVE, fit);
+        return fit;
+}
 
 static int daemon_load(Daemon *d, const Config *c) {
         _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
@@ -64,6 +108,11 @@ int daemon_new(const Config *c, Daemon **ret) {
         d->signal_fd = d->epoll_fd = -1;
         d->config = c;
 
+        ListenerLimits limits = {
+                .max_connections = daemon_setup_fd_limit(c->max_connections),
+                .max_per_peer = c->max_connections_per_peer,
+        };
+
         r = daemon_load(d, c);
         if (r < 0)
                 return r;
@@ -83,7 +132,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (d->signal_fd < 0)
                 return log_error_errno(-errno, "Failed to create a signalfd: %m");
 
-        r = listener_new(c->socket_path, c->max_connections, &d->listener);
+        r = listener_new(c->socket_path, &limits, &d->listener);
         if (r < 0)
                 return r;
 
@@ -91,6 +140,8 @@ int daemon_new(const Config *c, Daemon **ret) {
                 .manager = d->manager,
                 .threads = c->threads,
                 .max_request_bytes = FAMILYD_MAX_REQUEST_BYTES,
+                .connection_idle_ms = c->connection_idle_ms,
+                .max_watches = c->max_watches,
         };
         r = server_new(&sp, &d->server);
         if (r < 0)
@@ -162,6 +213,21 @@ static int daemon_handle_signal(Daemon *d) {
         }
 }
 
+/* Stops (or resumes) watching the API socket; on failure the loop goes on watching it. */
+static void daemon_watch_listener(Daemon *d, bool watch) {
+        struct epoll_event ev = {
+                .events = watch ? EPOLLIN : 0,
+                .data.fd = listener_fd(d->listener),
+        };
+
+        if (epoll_ctl(d->epoll_fd, EPOLL_CTL_MOD, ev.data.fd, &ev) < 0) {
+                log_warning_errno(-errno, "Failed to %s watching the API socket, ignoring: %m",
+                                  watch ? "resume" : "pause");
+                return;
+        }
+        d->accept_paused = !watch;
+}
+
 static void daemon_accept(Daemon *d) {
         for (;;) {
                 int fd, r;
@@ -172,9 +238,16 @@ static void daemon_accept(Daemon *d) {
                 if (r == -EDQUOT)
                         continue;
                 if (r < 0) {
-                        log_warning_errno(r, "Failed to accept a connection, ignoring: %m");
+                        /* The connection is still queued and would wake the loop at once. */
+                        if (!d->accept_failing && r != -EMFILE && r != -ENFILE)
+                                log_warning_errno(r, "Failed to accept a connection, pausing "
+                                                     "for %d ms: %m",
+                                                  DAEMON_ACCEPT_PAUSE_MS);
+                        d->accept_failing = true;
+                        daemon_watch_listener(d, false);
                         return;
                 }
+                d->accept_failing = false;
                 server_add_connection(d->server, fd);
         }
 }
@@ -185,12 +258,15 @@ int daemon_run(Daemon *d) {
 
         for (;;) {
                 struct epoll_event events[8];
-                int n = epoll_wait(d->epoll_fd, events, ELEMENTSOF(events), -1);
+                int n = epoll_wait(d->epoll_fd, events, ELEMENTSOF(events),
+                                   d->accept_paused ? DAEMON_ACCEPT_PAUSE_MS : -1);
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
                         return log_error_errno(-errno, "epoll_wait failed: %m");
                 }
+                if (n == 0 && d->accept_paused)
+                        daemon_watch_listener(d, true);
                 for (int i = 0; i < n; i++) {
                         if (events[i].data.fd == d->signal_fd) {
                                 if (daemon_handle_signal(d) > 0)

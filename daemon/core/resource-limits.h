@@ -3,8 +3,18 @@
 
 /* gRPC requests: larger messages are refused by the transport before decoding. */
 #define FAMILYD_MAX_REQUEST_BYTES        (4u * 1024u * 1024u)
+/* What a request may hold, checked on the wire bytes before protobuf-c (which recurses per
+ * nesting level and allocates per field) decodes them: nesting depth, submessages, fields. */
+#define FAMILYD_MAX_REQUEST_DEPTH        32u
+#define FAMILYD_MAX_REQUEST_MESSAGES     65536u
+#define FAMILYD_MAX_REQUEST_FIELDS       131072u
 /* Concurrent client connections on the API socket; more are closed with a log line. */
 #define FAMILYD_MAX_CONNECTIONS          256u
+/* Connections from one peer process (SO_PEERCRED), so one client cannot take them all. */
+#define FAMILYD_MAX_CONNECTIONS_PER_PEER 64u
+/* A connection with no call in progress this long is closed (clients reconnect on their next
+ * call); this also ends connections that never speak HTTP/2. */
+#define FAMILYD_CONNECTION_IDLE_MS       120000u
 
 /* Resolve/Build arguments and values. */
 #define FAMILYD_MAX_ARGUMENTS            256u

@@ -18,6 +18,7 @@
 
 #include "call.h"
 #include "codec-status.h"
+#include "codec-wire.h"
 #include "log.h"
 #include "resource-limits.h"
 
@@ -49,8 +50,8 @@ typedef struct Call {
 
 static Call *call_unref(Call *c);
 
-void call_counter_init(CallCounter *c) {
-        *c = (CallCounter) {};
+void call_counter_init(CallCounter *c, unsigned max_watches) {
+        *c = (CallCounter) { .max_watches = max_watches };
         (void) pthread_mutex_init(&c->lock, NULL);
         (void) pthread_cond_init(&c->drained, NULL);
 }
@@ -82,12 +83,12 @@ static void counter_remove(CallCounter *c, bool watch) {
         (void) pthread_mutex_unlock(&c->lock);
 }
 
-/* Takes a watch slot; false when FAMILYD_MAX_WATCHES are open. */
+/* Takes a watch slot; false when max_watches are open. */
 static bool counter_take_watch(CallCounter *c) {
         bool ok;
 
         (void) pthread_mutex_lock(&c->lock);
-        ok = c->watches < FAMILYD_MAX_WATCHES;
+        ok = c->watches < c->max_watches;
         if (ok)
                 c->watches++;
         (void) pthread_mutex_unlock(&c->lock);
@@ -256,6 +257,25 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
                 return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
                                         NULL, "request has no message");
 
+        r = codec_wire_check(m->request_type, GRPC_SLICE_START_PTR(bytes),
+                             GRPC_SLICE_LENGTH(bytes), FAMILYD_MAX_REQUEST_DEPTH,
+                             FAMILYD_MAX_REQUEST_MESSAGES);
+        if (r < 0) {
+                grpc_slice_unref(bytes);
+                if (r == -ELOOP)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                "REQUEST_LIMIT", NULL,
+                                                "request nests messages deeper than %u levels",
+                                                FAMILYD_MAX_REQUEST_DEPTH);
+                if (r == -E2BIG)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                "REQUEST_LIMIT", NULL,
+                                                "request holds more than %u messages or %u fields",
+                                                FAMILYD_MAX_REQUEST_MESSAGES,
+                                                FAMILYD_MAX_REQUEST_FIELDS);
+                return r;
+        }
+
         ProtobufCAllocator allocator = {
                 .alloc = arena_pb_alloc,
                 .free = arena_pb_free,
@@ -307,7 +327,7 @@ static void call_run_watch(Call *c) {
         if (!counter_take_watch(c->site.counter)) {
                 (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "WATCH_LIMIT", NULL,
                                         "watch limit reached: %u open watches",
-                                        FAMILYD_MAX_WATCHES);
+                                        c->site.counter->max_watches);
                 call_finish(c, NULL, &e, true, true);
                 return;
         }

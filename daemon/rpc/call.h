@@ -21,9 +21,10 @@ typedef struct CallCounter {
         pthread_cond_t drained;
         unsigned live;
         unsigned watches;
+        unsigned max_watches;
 } CallCounter;
 
-void call_counter_init(CallCounter *c);
+void call_counter_init(CallCounter *c, unsigned max_watches);
 void call_counter_done(CallCounter *c);
 /* Blocks until no Call is alive. */
 void call_counter_wait_drained(CallCounter *c);

@@ -3,8 +3,14 @@
 /*
  * DESIGN: gRPC owns a connection once it has its fd and never says when it closes it. To count
  * live connections without holding a second reference to each socket (which would keep it open
- * after gRPC closes it), the listener remembers each accepted socket's inode and, only when the
- * cap is reached, prunes the ones no longer open in /proc/self/fd.
+ * after gRPC closes it), the listener remembers each accepted socket's inode and its peer's pid
+ * and, only when a cap is reached, prunes the ones no longer open in /proc/self/fd.
+ *
+ * The loop watches the listening socket level-triggered: a connection left in the queue wakes
+ * it again at once. So every connection taken off the queue is either handed on or closed, and
+ * when the process is out of descriptors a reserve descriptor is given up to accept and close
+ * the pending one (the classic reserve-fd trick). Refusals are logged at most once per episode
+ * or interval, never once per connection.
  */
 
 #include <dirent.h>
@@ -14,22 +20,52 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 
 #include "listener.h"
 #include "log.h"
 
+/* Refusal lines for one cause: at most one per interval, with a count of those left out. */
+#define LISTENER_LOG_INTERVAL_NSEC (10ull * 1000000000ull)
+
+typedef struct LogLimit {
+        unsigned long long last_nsec; /* 0: nothing logged yet */
+        unsigned suppressed;
+} LogLimit;
+
+typedef struct Connection {
+        ino_t inode;
+        pid_t pid; /* 0: unknown (not a Unix socket, or the peer is outside our pid namespace) */
+} Connection;
+
 struct Listener {
         int fd;
         int lock_fd;
+        int reserve_fd; /* /dev/null, given up to shed a connection when out of descriptors */
         char *path;
         char *lock_path;
-        unsigned max_connections;
-        ino_t *inodes; /* accepted sockets, live or since closed by gRPC */
-        size_t n_inodes;
+        ListenerLimits limits;
+        Connection *conns; /* accepted sockets, live or since closed by gRPC */
+        size_t n_conns;
         size_t allocated;
+        bool out_of_fds;   /* an episode of EMFILE/ENFILE is under way (logged once) */
+        unsigned n_shed;   /* connections closed during it */
+        LogLimit log_cap;  /* --max-connections refusals */
+        LogLimit log_peer; /* --max-connections-per-peer refusals */
 };
 
-int listener_new(const char *path, unsigned max_connections, Listener **ret) {
+static Listener *listener_alloc(const ListenerLimits *limits) {
+        Listener *l = calloc(1, sizeof *l);
+        if (!l)
+                return NULL;
+        l->fd = l->lock_fd = -1;
+        l->limits = *limits;
+        /* Failure is not fatal: listener_accept tries again, and copes without one. */
+        l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        return l;
+}
+
+int listener_new(const char *path, const ListenerLimits *limits, Listener **ret) {
         _cleanup_(listener_freep) Listener *l = NULL;
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
 
@@ -37,11 +73,9 @@ int listener_new(const char *path, unsigned max_connections, Listener **ret) {
                 return log_error_errno(-ENAMETOOLONG, "Socket path %s is too long", path);
         memcpy(sa.sun_path, path, strlen(path));
 
-        l = calloc(1, sizeof *l);
+        l = listener_alloc(limits);
         if (!l)
                 return -ENOMEM;
-        l->fd = l->lock_fd = -1;
-        l->max_connections = max_connections;
         l->path = strdup(path);
         if (!l->path || asprintf(&l->lock_path, "%s.lock", path) < 0)
                 return -ENOMEM;
@@ -82,13 +116,11 @@ int listener_new(const char *path, unsigned max_connections, Listener **ret) {
         return 0;
 }
 
-int listener_adopt(int fd, unsigned max_connections, Listener **ret) {
-        Listener *l = calloc(1, sizeof *l);
+int listener_adopt(int fd, const ListenerLimits *limits, Listener **ret) {
+        Listener *l = listener_alloc(limits);
         if (!l)
                 return -ENOMEM;
         l->fd = fd;
-        l->lock_fd = -1;
-        l->max_connections = max_connections;
         *ret = l;
         return 0;
 }
@@ -102,9 +134,10 @@ Listener *listener_free(Listener *l) {
         /* The lock file stays: unlinking it would let a starting daemon lock an orphaned inode
          * while a third one creates a fresh file and locks that too. */
         safe_close(l->lock_fd);
+        safe_close(l->reserve_fd);
         free(l->path);
         free(l->lock_path);
-        free(l->inodes);
+        free(l->conns);
         return mfree(l);
 }
 
@@ -112,17 +145,39 @@ int listener_fd(const Listener *l) {
         return l->fd;
 }
 
+static unsigned long long now_nsec(void) {
+        struct timespec ts;
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (unsigned long long) ts.tv_sec * 1000000000ull + (unsigned long long) ts.tv_nsec;
+}
+
+/* True when a line may be logged now, with *ret_suppressed the lines left out since the last. */
+static bool log_limit_test(LogLimit *ll, unsigned *ret_suppressed) {
+        unsigned long long now = now_nsec();
+
+        if (ll->last_nsec != 0 && now - ll->last_nsec < LISTENER_LOG_INTERVAL_NSEC) {
+                ll->suppressed++;
+                return false;
+        }
+        ll->last_nsec = now ? now : 1;
+        *ret_suppressed = ll->suppressed;
+        ll->suppressed = 0;
+        return true;
+}
+
 static int inode_cmp(const void *a, const void *b) {
         ino_t x = *(const ino_t *) a, y = *(const ino_t *) b;
         return x < y ? -1 : x > y;
 }
 
-/* Drops the inodes of connections gRPC has closed since. */
+/* Drops the connections gRPC has closed since. */
 static void listener_prune(Listener *l) {
         _cleanup_free_ ino_t *live = NULL;
         size_t n_live = 0, allocated = 0;
         DIR *d;
 
+        /* Out of descriptors, opendir fails and the stale entries stay: a cap errs on the side
+         * of refusing until descriptors are free again. */
         d = opendir("/proc/self/fd");
         if (!d)
                 return;
@@ -143,35 +198,112 @@ static void listener_prune(Listener *l) {
 
         qsort(live, n_live, sizeof(ino_t), inode_cmp);
         size_t kept = 0;
-        for (size_t i = 0; i < l->n_inodes; i++)
-                if (bsearch(&l->inodes[i], live, n_live, sizeof(ino_t), inode_cmp))
-                        l->inodes[kept++] = l->inodes[i];
-        l->n_inodes = kept;
+        for (size_t i = 0; i < l->n_conns; i++)
+                if (bsearch(&l->conns[i].inode, live, n_live, sizeof(ino_t), inode_cmp))
+                        l->conns[kept++] = l->conns[i];
+        l->n_conns = kept;
+}
+
+static unsigned listener_count_peer(const Listener *l, pid_t pid) {
+        unsigned n = 0;
+        for (size_t i = 0; i < l->n_conns; i++)
+                n += l->conns[i].pid == pid;
+        return n;
+}
+
+static bool listener_peer_at_cap(const Listener *l, pid_t pid) {
+        /* Peers whose pid we cannot see share pid 0: capping them together would let one
+         * container lock out every other, so only --max-connections bounds them. */
+        return pid > 0 && listener_count_peer(l, pid) >= l->limits.max_per_peer;
+}
+
+/*
+ * Out of descriptors with a connection waiting: left in the queue, it would wake the
+ * level-triggered loop again at once. Give up the reserve descriptor to accept it and close it,
+ * so the client learns at once instead of hanging, then take the reserve back.
+ */
+static int listener_shed(Listener *l, int error) {
+        int fd;
+
+        if (!l->out_of_fds) {
+                log_warning_errno(error, "Out of file descriptors accepting API connections (%m), "
+                                         "closing new connections until some are free again");
+                l->out_of_fds = true;
+                l->n_shed = 0;
+        }
+        if (l->reserve_fd < 0)
+                return error;
+
+        l->reserve_fd = safe_close(l->reserve_fd);
+        fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int r = fd < 0 ? -errno : 0;
+        safe_close(fd);
+        l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC | O_NOCTTY);
+
+        if (r == -EAGAIN || r == -EINTR || r == -ECONNABORTED)
+                return -EAGAIN;
+        if (r < 0)
+                /* Another thread took the freed descriptor first: the caller backs off. */
+                return error;
+        l->n_shed++;
+        return -EDQUOT;
 }
 
 int listener_accept(Listener *l, int *ret_fd) {
         _cleanup_close_ int fd = -1;
+        struct ucred cred = {};
+        socklen_t len = sizeof cred;
         struct stat st;
+        unsigned suppressed;
+
+        if (l->reserve_fd < 0)
+                l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC | O_NOCTTY);
 
         fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0)
-                return errno == EAGAIN || errno == EINTR || errno == ECONNABORTED ? -EAGAIN
-                                                                                   : -errno;
+        if (fd < 0) {
+                int r = -errno;
+                if (r == -EAGAIN || r == -EINTR || r == -ECONNABORTED)
+                        return -EAGAIN;
+                if (r == -EMFILE || r == -ENFILE)
+                        return listener_shed(l, r);
+                return r;
+        }
 
-        if (l->n_inodes >= l->max_connections)
-                listener_prune(l);
-        if (l->n_inodes >= l->max_connections) {
-                log_warning("Refusing a connection: %u connections are open, the limit "
-                            "(--max-connections)",
-                            l->max_connections);
-                return -EDQUOT;
+        if (l->out_of_fds) {
+                log_info("Accepting API connections again (%u closed while out of file "
+                         "descriptors).",
+                         l->n_shed);
+                l->out_of_fds = false;
         }
 
         if (fstat(fd, &st) < 0)
                 return -errno;
-        if (!GREEDY_REALLOC(l->inodes, l->allocated, l->n_inodes + 1))
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+                cred.pid = 0;
+
+        if (l->n_conns >= l->limits.max_connections || listener_peer_at_cap(l, cred.pid))
+                listener_prune(l);
+
+        if (l->n_conns >= l->limits.max_connections) {
+                if (log_limit_test(&l->log_cap, &suppressed))
+                        log_warning("Refusing a connection: %u connections are open, the limit "
+                                    "(--max-connections); %u more refused since the last "
+                                    "message",
+                                    l->limits.max_connections, suppressed);
+                return -EDQUOT;
+        }
+        if (listener_peer_at_cap(l, cred.pid)) {
+                if (log_limit_test(&l->log_peer, &suppressed))
+                        log_warning("Refusing a connection from pid %d: it has %u connections "
+                                    "open, the limit (--max-connections-per-peer); %u more "
+                                    "refused since the last message",
+                                    (int) cred.pid, l->limits.max_per_peer, suppressed);
+                return -EDQUOT;
+        }
+
+        if (!GREEDY_REALLOC(l->conns, l->allocated, l->n_conns + 1))
                 return -ENOMEM;
-        l->inodes[l->n_inodes++] = st.st_ino;
+        l->conns[l->n_conns++] = (Connection) { .inode = st.st_ino, .pid = cred.pid };
 
         *ret_fd = TAKE_FD(fd);
         return 0;

@@ -1,21 +1,30 @@
-/* listener.h: the API socket: lock, bind, accept, and a cap on concurrent connections. */
+/* listener.h: the API socket: lock, bind, accept, and caps on concurrent connections. */
 #pragma once
 
 #include "macro.h"
 
 typedef struct Listener Listener;
 
+typedef struct ListenerLimits {
+        unsigned max_connections; /* live connections in all (--max-connections) */
+        unsigned max_per_peer;    /* from one peer pid (--max-connections-per-peer) */
+} ListenerLimits;
+
 /*
  * Takes PATH.lock (flock) so a second daemon refuses to start instead of stealing the socket,
  * then binds PATH (replacing a stale socket), mode 0660. -EBUSY: another daemon holds the lock.
  */
-int listener_new(const char *path, unsigned max_connections, Listener **ret);
+int listener_new(const char *path, const ListenerLimits *limits, Listener **ret);
 /* Adopts an already listening socket (systemd socket activation); no lock, no unlink at exit. */
-int listener_adopt(int fd, unsigned max_connections, Listener **ret);
+int listener_adopt(int fd, const ListenerLimits *limits, Listener **ret);
 Listener *listener_free(Listener *l);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Listener *, listener_free);
 
 int listener_fd(const Listener *l);
-/* Accepts one connection: 0 and *ret_fd, -EAGAIN when none is waiting, -EDQUOT when the cap is
- * reached (the connection was closed and logged), or another negative errno. */
+/*
+ * Accepts one connection: 0 and *ret_fd; -EAGAIN when none is waiting; -EDQUOT when one was
+ * taken off the queue and closed (over a cap, or shed while the process is out of file
+ * descriptors), already logged; or another negative errno, after which the caller should stop
+ * accepting for a while (-EMFILE/-ENFILE: out of descriptors, already logged).
+ */
 int listener_accept(Listener *l, int *ret_fd);

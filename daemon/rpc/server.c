@@ -74,7 +74,7 @@ static size_t count_methods(void) {
 
 int server_new(const ServerParams *params, Server **ret) {
         _cleanup_(server_freep) Server *s = NULL;
-        grpc_arg args[2];
+        grpc_arg args[3];
         int r;
 
         s = calloc(1, sizeof *s);
@@ -82,7 +82,7 @@ int server_new(const ServerParams *params, Server **ret) {
                 return -ENOMEM;
         (void) pthread_mutex_init(&s->lock, NULL);
         (void) pthread_cond_init(&s->cond, NULL);
-        call_counter_init(&s->calls);
+        call_counter_init(&s->calls, params->max_watches);
 
         grpc_init();
 
@@ -92,6 +92,11 @@ int server_new(const ServerParams *params, Server **ret) {
         args[1] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
                                .key = (char *) GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                .value.integer = 128 };
+        /* Also closes connections that never send the HTTP/2 preface: the handshake timeout
+         * does not apply to channels added from an fd (measured with gRPC 1.51). */
+        args[2] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
+                               .key = (char *) GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               .value.integer = (int) params->connection_idle_ms };
         grpc_channel_args channel_args = { .num_args = ELEMENTSOF(args), .args = args };
 
         s->server = grpc_server_create(&channel_args, NULL);

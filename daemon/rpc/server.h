@@ -16,6 +16,8 @@ typedef struct ServerParams {
         Manager *manager;
         unsigned threads;
         unsigned max_request_bytes;
+        unsigned connection_idle_ms;
+        unsigned max_watches;
 } ServerParams;
 
 int server_new(const ServerParams *params, Server **ret);

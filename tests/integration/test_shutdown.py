@@ -76,6 +76,30 @@ class TestWatches(unittest.TestCase):
             self.assertEqual(check.code, "NOT_FOUND")
 
 
+    def test_watches_over_the_limit_are_refused(self):
+        with H.Daemon(registry=REGISTRY, extra_args=["--max-watches", "2"]) as d:
+            open_ = [d.client.stream("grpc.health.v1.Health/Watch", {}) for _ in range(2)]
+            for w in open_:
+                self.assertEqual(next(w).status, 1)
+            third = d.client.stream_first("grpc.health.v1.Health/Watch", {})
+            self.assertEqual(third.code, "RESOURCE_EXHAUSTED", third)
+            self.assertEqual(third.message, "watch limit reached: 2 open watches")
+            topo = d.client.stream_first("familyd.v1.MeshService/WatchTopology", {})
+            self.assertEqual(topo.code, "RESOURCE_EXHAUSTED", topo)
+            # Unary calls are not watches.
+            self.assertTrue(d.client.health().ok)
+            # Closing a watch frees its slot.
+            open_[0].cancel()
+            deadline = time.monotonic() + 10
+            while True:
+                again = d.client.stream_first("grpc.health.v1.Health/Watch", {})
+                if again.ok or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            self.assertTrue(again.ok, again)
+            open_[1].cancel()
+
+
 class TestReplyLimits(unittest.TestCase):
     def test_long_names_are_refused_and_messages_stay_short(self):
         with H.Daemon(registry=REGISTRY) as d:
