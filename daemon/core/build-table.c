@@ -1,0 +1,205 @@
+/* build-table.c: reservations, records and their lookup under one mutex. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "build-table.h"
+#include "repr.h"
+
+struct BuildTable {
+        pthread_mutex_t lock;
+        BuildRecord **records; /* creation order */
+        size_t n_records;
+        size_t allocated;
+        unsigned reserved;      /* slots reserved and not yet committed */
+        unsigned max_builds;
+        uint64_t bytes_in_use;  /* committed and reserved */
+        uint64_t budget;
+        uint32_t boot_tag;
+        uint64_t next_serial;
+};
+
+BuildRecord *build_record_ref(BuildRecord *r) {
+        if (r)
+                atomic_fetch_add(&r->n_ref, 1);
+        return r;
+}
+
+BuildRecord *build_record_unref(BuildRecord *r) {
+        if (r && atomic_fetch_sub(&r->n_ref, 1) == 1) {
+                if (r->payload_free)
+                        r->payload_free(r->payload);
+                free(r);
+        }
+        return NULL;
+}
+
+int build_table_new(unsigned max_builds, uint64_t budget_bytes, uint32_t boot_tag,
+                    BuildTable **ret) {
+        BuildTable *t = calloc(1, sizeof *t);
+        if (!t)
+                return -ENOMEM;
+        (void) pthread_mutex_init(&t->lock, NULL);
+        t->max_builds = max_builds;
+        t->budget = budget_bytes;
+        t->boot_tag = boot_tag;
+        t->next_serial = 1;
+        *ret = t;
+        return 0;
+}
+
+BuildTable *build_table_free(BuildTable *t) {
+        if (!t)
+                return NULL;
+        for (size_t i = 0; i < t->n_records; i++)
+                build_record_unref(t->records[i]);
+        free(t->records);
+        (void) pthread_mutex_destroy(&t->lock);
+        return mfree(t);
+}
+
+int build_table_reserve(BuildTable *t, uint64_t bytes, FamilyError *ret_error) {
+        int r = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        if (t->n_records + t->reserved >= t->max_builds)
+                r = family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "BUILD_LIMIT",
+                                     NULL, "build limit reached: %u builds", t->max_builds);
+        else if (bytes > t->budget || t->bytes_in_use > t->budget - bytes)
+                r = family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "SHM_BUDGET",
+                                     NULL,
+                                     "shm budget exceeded: build needs %" PRIu64
+                                     " bytes, %" PRIu64 " of %" PRIu64 " in use",
+                                     bytes, t->bytes_in_use, t->budget);
+        else {
+                t->reserved++;
+                t->bytes_in_use += bytes;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        return r;
+}
+
+void build_table_cancel(BuildTable *t, uint64_t bytes) {
+        (void) pthread_mutex_lock(&t->lock);
+        t->reserved--;
+        t->bytes_in_use -= bytes;
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
+int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
+                       void (*payload_free)(void *payload), BuildRecord **ret) {
+        BuildRecord *rec = calloc(1, sizeof *rec);
+        if (!rec)
+                return -ENOMEM;
+        rec->n_ref = 2; /* the table's and the caller's */
+        rec->bytes = bytes;
+
+        (void) pthread_mutex_lock(&t->lock);
+        if (!GREEDY_REALLOC(t->records, t->allocated, t->n_records + 1)) {
+                (void) pthread_mutex_unlock(&t->lock);
+                free(rec);
+                return -ENOMEM;
+        }
+        (void) snprintf(rec->id, sizeof rec->id, "bld-%08" PRIx32 "-%" PRIu64, t->boot_tag,
+                        t->next_serial++);
+        rec->payload = payload;
+        rec->payload_free = payload_free;
+        t->records[t->n_records++] = rec;
+        t->reserved--;
+        (void) pthread_mutex_unlock(&t->lock);
+
+        *ret = rec;
+        return 0;
+}
+
+static int not_found(const char *id, FamilyError *e) {
+        _cleanup_free_ char *q = repr_string(id);
+        if (!q)
+                return -ENOMEM;
+        return family_error_set(e, FAMILY_STATUS_NOT_FOUND, "BUILD_NOT_FOUND", "build_id",
+                                "build %s not found", q);
+}
+
+int build_table_get(BuildTable *t, const char *id, BuildRecord **ret, FamilyError *ret_error) {
+        BuildRecord *found = NULL;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++)
+                if (streq(t->records[i]->id, id)) {
+                        found = build_record_ref(t->records[i]);
+                        break;
+                }
+        (void) pthread_mutex_unlock(&t->lock);
+
+        if (!found)
+                return not_found(id, ret_error);
+        *ret = found;
+        return 0;
+}
+
+int build_table_remove(BuildTable *t, const char *id, FamilyError *ret_error) {
+        BuildRecord *found = NULL;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++)
+                if (streq(t->records[i]->id, id)) {
+                        found = t->records[i];
+                        memmove(t->records + i, t->records + i + 1,
+                                (t->n_records - i - 1) * sizeof(BuildRecord *));
+                        t->n_records--;
+                        t->bytes_in_use -= found->bytes;
+                        break;
+                }
+        (void) pthread_mutex_unlock(&t->lock);
+
+        if (!found)
+                return not_found(id, ret_error);
+        /* Outside the lock: the payload's destructor may close many descriptors. */
+        build_record_unref(found);
+        return 0;
+}
+
+int build_table_list(BuildTable *t, BuildRecord ***ret, size_t *ret_n) {
+        BuildRecord **list = NULL;
+        size_t n;
+
+        (void) pthread_mutex_lock(&t->lock);
+        n = t->n_records;
+        if (n > 0) {
+                list = calloc(n, sizeof(BuildRecord *));
+                if (!list) {
+                        (void) pthread_mutex_unlock(&t->lock);
+                        return -ENOMEM;
+                }
+                for (size_t i = 0; i < n; i++)
+                        list[i] = build_record_ref(t->records[i]);
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+
+        *ret = list;
+        *ret_n = n;
+        return 0;
+}
+
+void build_list_free(BuildRecord **list, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                build_record_unref(list[i]);
+        free(list);
+}
+
+unsigned build_table_count(BuildTable *t) {
+        (void) pthread_mutex_lock(&t->lock);
+        unsigned n = (unsigned) t->n_records;
+        (void) pthread_mutex_unlock(&t->lock);
+        return n;
+}
+
+uint64_t build_table_bytes_in_use(BuildTable *t) {
+        (void) pthread_mutex_lock(&t->lock);
+        uint64_t b = t->bytes_in_use;
+        (void) pthread_mutex_unlock(&t->lock);
+        return b;
+}
+
+uint64_t build_table_budget(BuildTable *t) {
+        return t->budget;
+}
