@@ -1,1 +1,682 @@
-/* placeholder: being written */
+/* build-plan.c: Build steps 1-4 of semantics.md, composed from Resolve's stages. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "build-plan.h"
+#include "repr.h"
+
+void source_module_done(SourceModule *m) {
+        if (!m)
+                return;
+        free(m->fqn);
+        for (size_t i = 0; i < m->n_parameters; i++) {
+                free(m->parameters[i].name);
+                free(m->parameters[i].shape);
+                free(m->parameters[i].dtype);
+        }
+        free(m->parameters);
+        *m = (SourceModule) {};
+}
+
+void materialize_options_done(MaterializeOptions *o) {
+        if (!o)
+                return;
+        free(o->dtype);
+        free(o->ranks);
+        *o = (MaterializeOptions) {};
+}
+
+int materialize_options_copy(const MaterializeOptions *src, MaterializeOptions *ret) {
+        _cleanup_(materialize_options_done) MaterializeOptions o = *src;
+
+        o.dtype = NULL;
+        o.ranks = NULL;
+        if (src->dtype) {
+                o.dtype = strdup(src->dtype);
+                if (!o.dtype)
+                        return -ENOMEM;
+        }
+        if (src->n_ranks > 0) {
+                o.ranks = calloc(src->n_ranks, sizeof(int64_t));
+                if (!o.ranks)
+                        return -ENOMEM;
+                memcpy(o.ranks, src->ranks, src->n_ranks * sizeof(int64_t));
+        }
+
+        *ret = o;
+        o = (MaterializeOptions) {};
+        return 0;
+}
+
+void build_request_done(BuildRequest *r) {
+        if (!r)
+                return;
+        free(r->family);
+        value_map_done(&r->arguments);
+        value_map_done(&r->config);
+        source_module_done(&r->module);
+        free(r->module_fqn);
+        job_context_done(&r->context);
+        free(r->mesh_id);
+        materialize_options_done(&r->materialize);
+        *r = (BuildRequest) {};
+}
+
+static const char *const build_origin_table[_BUILD_ORIGIN_MAX] = {
+        [BUILD_ORIGIN_DIRECT] = "direct",
+        [BUILD_ORIGIN_REPLACEMENT] = "replacement",
+};
+
+const char *build_origin_to_string(BuildOrigin o) {
+        if (o < 0 || o >= _BUILD_ORIGIN_MAX)
+                return NULL;
+        return build_origin_table[o];
+}
+
+static void plan_parameter_done(PlanParameter *p) {
+        if (!p)
+                return;
+        free(p->name);
+        free(p->shape);
+        for (size_t i = 0; i < p->n_placements; i++)
+                free(p->placements[i].axis);
+        free(p->placements);
+        free(p->init_text);
+        *p = (PlanParameter) {};
+}
+
+void build_plan_done(BuildPlan *p) {
+        if (!p)
+                return;
+        resolve_request_done(&p->request);
+        resolved_family_done(&p->resolved);
+        free(p->module_fqn);
+        mesh_unref(p->mesh);
+        for (size_t i = 0; i < p->n_parameters; i++)
+                plan_parameter_done(&p->parameters[i]);
+        free(p->parameters);
+        value_map_done(&p->config);
+        value_map_done(&p->bound_fields);
+        materialize_options_done(&p->materialize);
+        *p = (BuildPlan) {};
+}
+
+/* Error helpers: every text is semantics.md's; each quotes its names as Python's repr does. */
+
+/* family_error_set with one or two names quoted as Python's repr does; format checked at each use. */
+#define fail_q(e, reason, field, format, name)                                                           \
+        ({                                                                                               \
+                _cleanup_free_ char *_q_ = repr_string(name);                                            \
+                _q_ ? family_error_set((e), FAMILY_STATUS_INVALID_ARGUMENT, (reason), (field), format, _q_) \
+                    : -ENOMEM;                                                                           \
+        })
+
+#define fail_qq(e, reason, field, format, a, b)                                                          \
+        ({                                                                                               \
+                _cleanup_free_ char *_qa_ = repr_string(a), *_qb_ = repr_string(b);                      \
+                _qa_ && _qb_ ? family_error_set((e), FAMILY_STATUS_INVALID_ARGUMENT, (reason), (field),  \
+                                                format, _qa_, _qb_)                                      \
+                             : -ENOMEM;                                                                  \
+        })
+
+/* Step 1, after Resolve 1-2: `config` passed Resolve 2 as an allowed name; it belongs in its own field. */
+static int check_config_argument(const BuildRequest *req, FamilyError *e) {
+        if (!value_map_get(&req->arguments, "config"))
+                return 0;
+        if (req->has_config)
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "CONFIG", "config",
+                                        "config was supplied twice");
+        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "CONFIG", "config",
+                                "config must be given in BuildRequest.config");
+}
+
+/* Step 2. *ret_fqn is borrowed from req. */
+static int check_origin(const BuildRequest *req, const char **ret_fqn, FamilyError *e) {
+        if (req->has_config == req->has_module)
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "BINDING", NULL,
+                                        "provide exactly one of config or module");
+
+        const char *fqn = strempty(req->module_fqn);
+        if (req->has_module && !isempty(req->module.fqn)) {
+                if (!isempty(fqn) && !streq(fqn, req->module.fqn))
+                        return fail_qq(e, "BINDING", "module_fqn", "module_fqn %s disagrees with module.fqn %s",
+                                       fqn, req->module.fqn);
+                fqn = req->module.fqn;
+        }
+
+        *ret_fqn = fqn;
+        return 0;
+}
+
+/* Step 3, first half: the context Resolve 3-5 sees, naming the mesh of mesh_id. */
+static int effective_context(const BuildRequest *req, JobContext *ret, FamilyError *e) {
+        _cleanup_(job_context_done) JobContext c = {};
+        int r;
+
+        if (!isempty(req->mesh_id) && !isempty(req->context.mesh_id) && !streq(req->mesh_id, req->context.mesh_id))
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "MESH_MISMATCH", "mesh_id",
+                                        "context and mesh belong to different jobs");
+
+        r = job_context_copy(&req->context, &c);
+        if (r < 0)
+                return r;
+        if (!isempty(req->mesh_id)) {
+                free(c.mesh_id);
+                c.mesh_id = strdup(req->mesh_id);
+                if (!c.mesh_id)
+                        return -ENOMEM;
+        }
+
+        *ret = c;
+        c = (JobContext) {};
+        return 0;
+}
+
+static bool variant_accepts(const Variant *v, const char *name) {
+        for (size_t i = 0; i < v->n_accepts; i++)
+                if (streq(v->accepts[i], name))
+                        return true;
+        return false;
+}
+
+static int string_ptr_cmp(const void *a, const void *b) {
+        return strcmp(*(char *const *) a, *(char *const *) b);
+}
+
+/* Step 3, second half: binding, as the seed's _constructor_arguments. */
+static int check_binding(const Variant *v, const ResolvedFamily *res, BuildOrigin origin, FamilyError *e) {
+        const char *required = origin == BUILD_ORIGIN_DIRECT ? "config" : "module";
+
+        if (!variant_accepts(v, required)) {
+                _cleanup_free_ char *q = repr_string(v->name);
+                if (!q)
+                        return -ENOMEM;
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "BINDING", required,
+                                        "member %s must explicitly accept %s", q, required);
+        }
+
+        size_t n = 0;
+        for (size_t i = 0; i < res->arguments.n; i++)
+                if (!variant_accepts(v, res->arguments.items[i].name))
+                        n++;
+        if (n == 0)
+                return 0;
+
+        _cleanup_free_ char **unknown = calloc(n, sizeof(char *));
+        if (!unknown)
+                return -ENOMEM;
+        n = 0;
+        for (size_t i = 0; i < res->arguments.n; i++)
+                if (!variant_accepts(v, res->arguments.items[i].name))
+                        unknown[n++] = res->arguments.items[i].name;
+        qsort(unknown, n, sizeof(char *), string_ptr_cmp);
+
+        _cleanup_free_ char *q = repr_string(v->name), *list = repr_string_list(unknown, n);
+        if (!q || !list)
+                return -ENOMEM;
+        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "BINDING", "arguments",
+                                "member %s does not accept %s", q, list);
+}
+
+/* Step 4. */
+
+/* An ExprLookup over a ValueMap: an int field or nothing (a field that is not an int: -EDOM). */
+static int lookup_int(const char *name, int64_t *ret_value, void *userdata) {
+        const Value *v = value_map_get(userdata, name);
+
+        if (!v)
+                return -ENOENT;
+        if (v->kind != VALUE_INT)
+                return -EDOM;
+        *ret_value = v->i;
+        return 0;
+}
+
+static int fail_dim_positive(FamilyError *e, const char *param, size_t dim, int64_t value) {
+        _cleanup_free_ char *q = repr_string(param);
+        if (!q)
+                return -ENOMEM;
+        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "SHAPE", param,
+                                "parameter %s: dimension %zu must be positive, got %" PRId64, q, dim, value);
+}
+
+/* Each dimension >= 1 (0-based index in the text, as shard(d) counts), then the element bound. */
+static int check_shape(const char *param, const int64_t *shape, size_t n_dims, int64_t *ret_elements,
+                       FamilyError *e) {
+        int64_t n = 1;
+
+        for (size_t d = 0; d < n_dims; d++)
+                if (shape[d] < 1)
+                        return fail_dim_positive(e, param, d, shape[d]);
+
+        for (size_t d = 0; d < n_dims; d++)
+                if (__builtin_mul_overflow(n, shape[d], &n) || n > BUILD_PLAN_MAX_ELEMENTS) {
+                        _cleanup_free_ char *q = repr_string(param), *s = repr_int_list(shape, n_dims);
+                        if (!q || !s)
+                                return -ENOMEM;
+                        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "SHAPE", param,
+                                                "parameter %s: shape %s is too large", q, s);
+                }
+
+        *ret_elements = n;
+        return 0;
+}
+
+/* A direct build's dimension: the expression on the config. */
+static int eval_direct_dim(const ParameterSpec *p, size_t d, const ValueMap *config, int64_t *ret,
+                           FamilyError *e) {
+        ExprEvalError err = {};
+        int r;
+
+        r = expr_eval(p->shape[d], lookup_int, (void *) config, ret, &err);
+        if (r != -EINVAL)
+                return r;
+
+        switch (err.failure) {
+        case EXPR_FAILURE_MISSING_FIELD:
+                return fail_qq(e, "CONFIG", err.field, "parameter %s needs config field %s", p->name,
+                               strempty(err.field));
+        case EXPR_FAILURE_NOT_INT:
+                return fail_q(e, "CONFIG", err.field, "config field %s must be int", strempty(err.field));
+        case EXPR_FAILURE_NOT_DIVISIBLE:
+        case EXPR_FAILURE_DIVISION_BY_ZERO: {
+                _cleanup_free_ char *q = repr_string(p->name);
+                if (!q)
+                        return -ENOMEM;
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "SHAPE", p->name,
+                                        "parameter %s: %" PRId64 " / %" PRId64 " does not divide exactly",
+                                        q, err.lhs, err.rhs);
+        }
+        case EXPR_FAILURE_OVERFLOW: {
+                _cleanup_free_ char *q = repr_string(p->name);
+                if (!q)
+                        return -ENOMEM;
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "SHAPE", p->name,
+                                        "parameter %s: dimension %zu overflows int64", q, d);
+        }
+        default:
+                return -EIO;
+        }
+}
+
+/* A number of a direct build's init: a literal, or a config field holding an int or a float. */
+static int init_number_direct(const char *param, const InitNumber *x, const ValueMap *config, double *ret,
+                              FamilyError *e) {
+        if (!x->field) {
+                *ret = x->value;
+                return 0;
+        }
+
+        const Value *v = value_map_get(config, x->field);
+        if (!v)
+                return fail_qq(e, "CONFIG", x->field, "parameter %s needs config field %s", param, x->field);
+        if (v->kind == VALUE_INT)
+                *ret = (double) v->i;
+        else if (v->kind == VALUE_FLOAT)
+                *ret = v->f;
+        else
+                /* "float" as Resolve 2 names a number type: an int is accepted where float is declared. */
+                return fail_q(e, "CONFIG", x->field, "config field %s must be float", x->field);
+        return 0;
+}
+
+/* A number of a replacement build's init: a literal, or a field the source's shapes bound. */
+static bool init_number_bound(const InitNumber *x, const ValueMap *bound, double *ret) {
+        if (!x->field) {
+                *ret = x->value;
+                return true;
+        }
+
+        const Value *v = value_map_get(bound, x->field);
+        if (!v || v->kind != VALUE_INT)
+                return false;
+        *ret = (double) v->i;
+        return true;
+}
+
+static int copy_placements(const ParameterSpec *p, PlanParameter *out) {
+        if (p->n_placements == 0)
+                return 0;
+
+        out->placements = calloc(p->n_placements, sizeof(Placement));
+        if (!out->placements)
+                return -ENOMEM;
+        for (size_t i = 0; i < p->n_placements; i++) {
+                out->placements[i] = p->placements[i];
+                out->placements[i].axis = strdup(strempty(p->placements[i].axis));
+                if (!out->placements[i].axis) {
+                        out->n_placements = i;
+                        return -ENOMEM;
+                }
+        }
+        out->n_placements = p->n_placements;
+        return 0;
+}
+
+/* Name, placements, init text; shape and init are the caller's. */
+static int plan_parameter_start(const ParameterSpec *p, PlanParameter *out) {
+        int r;
+
+        out->name = strdup(strempty(p->name));
+        out->init_text = strdup(strempty(p->init_text));
+        if (!out->name || !out->init_text)
+                return -ENOMEM;
+        if (p->n_dims > 0) {
+                out->shape = calloc(p->n_dims, sizeof(int64_t));
+                if (!out->shape)
+                        return -ENOMEM;
+        }
+        out->n_dims = p->n_dims;
+
+        r = copy_placements(p, out);
+        if (r < 0)
+                return r;
+        return 0;
+}
+
+static int plan_direct_parameter(const ParameterSpec *p, const ValueMap *config, PlanParameter *out,
+                                 FamilyError *e) {
+        int r;
+
+        r = plan_parameter_start(p, out);
+        if (r < 0)
+                return r;
+
+        /* Each dimension evaluated and checked before the next, so the first failing one answers. */
+        for (size_t d = 0; d < p->n_dims; d++) {
+                r = eval_direct_dim(p, d, config, &out->shape[d], e);
+                if (r < 0)
+                        return r;
+                if (out->shape[d] < 1)
+                        return fail_dim_positive(e, p->name, d, out->shape[d]);
+        }
+        r = check_shape(p->name, out->shape, out->n_dims, &out->n_elements, e);
+        if (r < 0)
+                return r;
+
+        out->init.kind = p->init.kind;
+        r = init_number_direct(p->name, &p->init.a, config, &out->init.a, e);
+        if (r < 0)
+                return r;
+        r = init_number_direct(p->name, &p->init.b, config, &out->init.b, e);
+        if (r < 0)
+                return r;
+        out->init_resolved = true;
+        return 0;
+}
+
+static const SourceParameter *source_find(const SourceModule *m, const char *name) {
+        /* A name given twice: the last wins, as for a map key sent twice. */
+        for (size_t i = m->n_parameters; i > 0; i--)
+                if (streq_ptr(m->parameters[i - 1].name, name))
+                        return &m->parameters[i - 1];
+        return NULL;
+}
+
+/* `parameter 'w' of module 'm' has shape [8, 16, 32], which contradicts <what>` */
+static int fail_contradiction(FamilyError *e, const char *fqn, const char *param, const int64_t *shape,
+                              size_t n_dims, const char *what) {
+        _cleanup_free_ char *qp = repr_string(param), *qm = repr_string(fqn), *s = repr_int_list(shape, n_dims);
+        if (!qp || !qm || !s)
+                return -ENOMEM;
+        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "SHAPE", param,
+                                "parameter %s of module %s has shape %s, which contradicts %s", qp, qm, s, what);
+}
+
+typedef struct FieldList {
+        const ValueMap *bound;
+        char *text; /* "a=1, b=2" */
+        bool unbound;
+} FieldList;
+
+static int field_list_add(const char *name, void *userdata) {
+        FieldList *l = userdata;
+        const Value *v = value_map_get(l->bound, name);
+        char *t = NULL;
+
+        if (!v || v->kind != VALUE_INT) {
+                l->unbound = true;
+                return 0;
+        }
+        if (asprintf(&t, "%s%s%s=%" PRId64, strempty(l->text), l->text ? ", " : "", name, v->i) < 0)
+                return -ENOMEM;
+        free(l->text);
+        l->text = t;
+        return 0;
+}
+
+/* Checks one non-lone expression against the source's dimension once every field it names is bound. */
+static int check_bound_dim(const Expr *x, int64_t have, const ValueMap *bound, const char *fqn, const char *param,
+                           const int64_t *shape, size_t n_dims, FamilyError *e) {
+        _cleanup_free_ char *what = NULL;
+        FieldList l = { .bound = bound };
+        ExprEvalError err = {};
+        int64_t want;
+        int r;
+
+        r = expr_foreach_field(x, field_list_add, &l);
+        what = l.text;
+        if (r < 0)
+                return r;
+        if (l.unbound)
+                return 0;
+
+        r = expr_eval(x, lookup_int, (void *) bound, &want, &err);
+        if (r < 0 && r != -EINVAL)
+                return r;
+        /* Bound fields whose expression has no value (overflow, inexact division) contradict too. */
+        if (r == 0 && want == have)
+                return 0;
+
+        if (!what) {
+                what = expr_to_string(x);
+                if (!what)
+                        return -ENOMEM;
+        }
+        return fail_contradiction(e, fqn, param, shape, n_dims, what);
+}
+
+static int plan_replacement(const ParameterSpec *params, size_t n, const SourceModule *m, const char *fqn,
+                            PlanParameter *out, ValueMap *bound, FamilyError *e) {
+        int r;
+
+        /* Every declared parameter present, with its rank and a usable shape. */
+        for (size_t i = 0; i < n; i++) {
+                const ParameterSpec *p = &params[i];
+
+                const SourceParameter *src = source_find(m, p->name);
+                if (!src)
+                        return fail_qq(e, "SHAPE", p->name, "module %s has no parameter %s", fqn, p->name);
+                if (src->n_dims != p->n_dims) {
+                        _cleanup_free_ char *qp = repr_string(p->name), *qm = repr_string(fqn);
+                        if (!qp || !qm)
+                                return -ENOMEM;
+                        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "SHAPE", p->name,
+                                                "parameter %s of module %s has %zu dimensions, expected %zu",
+                                                qp, qm, src->n_dims, p->n_dims);
+                }
+
+                r = plan_parameter_start(p, &out[i]);
+                if (r < 0)
+                        return r;
+                if (p->n_dims > 0)
+                        memcpy(out[i].shape, src->shape, p->n_dims * sizeof(int64_t));
+                r = check_shape(p->name, out[i].shape, out[i].n_dims, &out[i].n_elements, e);
+                if (r < 0)
+                        return r;
+        }
+
+        /* Lone field names bind, in declared order; a later disagreement contradicts the first binding. */
+        for (size_t i = 0; i < n; i++)
+                for (size_t d = 0; d < params[i].n_dims; d++) {
+                        const char *name;
+
+                        if (!expr_is_field(params[i].shape[d], &name))
+                                continue;
+
+                        const Value *v = value_map_get(bound, name);
+                        if (!v) {
+                                Value x = { .kind = VALUE_INT, .i = out[i].shape[d] };
+                                r = value_map_put(bound, name, &x);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        if (v->i == out[i].shape[d])
+                                continue;
+
+                        _cleanup_free_ char *what = NULL;
+                        if (asprintf(&what, "%s=%" PRId64, name, v->i) < 0)
+                                return -ENOMEM;
+                        return fail_contradiction(e, fqn, params[i].name, out[i].shape, out[i].n_dims, what);
+                }
+
+        /* Every other expression, now that the bindings are complete. */
+        for (size_t i = 0; i < n; i++)
+                for (size_t d = 0; d < params[i].n_dims; d++) {
+                        if (expr_is_field(params[i].shape[d], NULL))
+                                continue;
+                        r = check_bound_dim(params[i].shape[d], out[i].shape[d], bound, fqn, params[i].name,
+                                            out[i].shape, out[i].n_dims, e);
+                        if (r < 0)
+                                return r;
+                }
+
+        /* Inits: no config, so a field-named number comes from the bindings, or the init is zeros. */
+        for (size_t i = 0; i < n; i++) {
+                ResolvedInit init = { .kind = params[i].init.kind };
+
+                if (init_number_bound(&params[i].init.a, bound, &init.a) &&
+                    init_number_bound(&params[i].init.b, bound, &init.b)) {
+                        out[i].init = init;
+                        out[i].init_resolved = true;
+                } else
+                        out[i].init = (ResolvedInit) { .kind = INIT_ZEROS };
+        }
+        return 0;
+}
+
+static int plan_parameters(const Family *f, const Variant *v, const BuildRequest *req, BuildOrigin origin,
+                           const char *fqn, BuildPlan *plan, FamilyError *e) {
+        const ParameterSpec *params;
+        size_t n;
+        int r;
+
+        variant_parameters(f, v, &params, &n);
+        if (n == 0)
+                return 0;
+
+        plan->parameters = calloc(n, sizeof(PlanParameter));
+        if (!plan->parameters)
+                return -ENOMEM;
+        /* Counted from the start so build_plan_done frees partial entries on failure. */
+        plan->n_parameters = n;
+
+        if (origin == BUILD_ORIGIN_REPLACEMENT)
+                return plan_replacement(params, n, &req->module, fqn, plan->parameters, &plan->bound_fields, e);
+
+        for (size_t i = 0; i < n; i++) {
+                r = plan_direct_parameter(&params[i], &req->config, &plan->parameters[i], e);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int copy_request(const BuildRequest *req, const JobContext *ctx, ResolveRequest *ret) {
+        _cleanup_(resolve_request_done) ResolveRequest r = {};
+        int k;
+
+        r.family = strdup(strempty(req->family));
+        if (!r.family)
+                return -ENOMEM;
+        k = value_map_copy(&req->arguments, &r.arguments);
+        if (k < 0)
+                return k;
+        k = job_context_copy(ctx, &r.context);
+        if (k < 0)
+                return k;
+
+        *ret = r;
+        r = (ResolveRequest) {};
+        return 0;
+}
+
+int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, BuildPlan *ret,
+               FamilyError *ret_error) {
+        static const char *const allow_config[] = { "config", NULL };
+        _cleanup_(build_plan_done) BuildPlan plan = {};
+        _cleanup_(job_context_done) JobContext ctx = {};
+        const Family *f = NULL;
+        const Variant *v;
+        const char *fqn = NULL;
+        int64_t size[_AXIS_MAX];
+        int r;
+
+        if (!reg || !req || !ret)
+                return -EINVAL;
+
+        /* Step 1: Resolve 1-2 with `config` let through, then refused: the seed validates the
+         * request's arguments when it makes the FamilyRequest, before it looks at `config`. */
+        r = registry_find(reg, strempty(req->family), &f, ret_error);
+        if (r < 0)
+                return r;
+        r = resolve_check_arguments(f, &req->arguments, allow_config, ret_error);
+        if (r < 0)
+                return r;
+        r = check_config_argument(req, ret_error);
+        if (r < 0)
+                return r;
+
+        /* Step 2. */
+        r = check_origin(req, &fqn, ret_error);
+        if (r < 0)
+                return r;
+        plan.origin = req->has_module ? BUILD_ORIGIN_REPLACEMENT : BUILD_ORIGIN_DIRECT;
+
+        /* Step 3: which mesh (the seed's _context_from_mesh, before any size), Resolve 3-8, binding. */
+        r = effective_context(req, &ctx, ret_error);
+        if (r < 0)
+                return r;
+        r = resolve_axis_sizes(meshes, &ctx, size, &plan.mesh, ret_error);
+        if (r < 0)
+                return r;
+        r = resolve_select(f, &req->arguments, size, &plan.resolved, ret_error);
+        if (r < 0)
+                return r;
+        v = family_find_variant(f, plan.resolved.variant);
+        if (!v)
+                return -EIO;
+        r = check_binding(v, &plan.resolved, plan.origin, ret_error);
+        if (r < 0)
+                return r;
+
+        /* Step 4. */
+        r = plan_parameters(f, v, req, plan.origin, fqn, &plan, ret_error);
+        if (r < 0)
+                return r;
+
+        /* The seed marks a direct build whose module can reset its parameters; here every
+         * parameter has an init (zeros when none is declared), so any parameter qualifies. */
+        plan.reset_after_materialization = plan.origin == BUILD_ORIGIN_DIRECT && plan.n_parameters > 0;
+
+        plan.module_fqn = strdup(fqn);
+        if (!plan.module_fqn)
+                return -ENOMEM;
+        plan.has_config = req->has_config;
+        if (req->has_config) {
+                r = value_map_copy(&req->config, &plan.config);
+                if (r < 0)
+                        return r;
+        }
+        r = copy_request(req, &ctx, &plan.request);
+        if (r < 0)
+                return r;
+        r = materialize_options_copy(&req->materialize, &plan.materialize);
+        if (r < 0)
+                return r;
+
+        *ret = plan;
+        plan = (BuildPlan) {};
+        return 0;
+}

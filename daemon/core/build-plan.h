@@ -1,0 +1,124 @@
+/* build-plan.h: Build steps 1-4: which member to construct, bound how, with which parameter shapes. */
+#pragma once
+
+/*
+ * DESIGN: build_plan() is a pure function of registry, mesh table and request, like Resolve. It
+ * allocates no shard memory and lays nothing out: the plan it returns is self-contained (strings,
+ * shapes, placements and config copied; no pointer into the registry), so it outlives a reload,
+ * and holds one plain reference to its mesh. The builder that turns a plan into a live build
+ * counts the build on the mesh itself (mesh_table_acquire() by plan->mesh->id) when it commits.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "mesh.h"
+#include "registry.h"
+#include "resolve.h"
+#include "value.h"
+
+/* A parameter of the source module in a replacement build; its shape is the logical shape. */
+typedef struct SourceParameter {
+        char *name;
+        int64_t *shape;
+        size_t n_dims;
+        char *dtype; /* carried, not checked */
+} SourceParameter;
+
+typedef struct SourceModule {
+        char *fqn;
+        SourceParameter *parameters; /* a name given twice: the last wins */
+        size_t n_parameters;
+} SourceModule;
+
+void source_module_done(SourceModule *m);
+
+/* Carried through unchecked: dtype and ranks are checked by layout and materialisation. */
+typedef struct MaterializeOptions {
+        bool enabled;
+        char *dtype; /* NULL or "": float32 */
+        bool has_seed;
+        uint64_t seed;
+        int64_t *ranks;
+        size_t n_ranks;
+} MaterializeOptions;
+
+void materialize_options_done(MaterializeOptions *o);
+int materialize_options_copy(const MaterializeOptions *src, MaterializeOptions *ret);
+
+typedef struct BuildRequest {
+        char *family; /* name or baseline */
+        ValueMap arguments;
+        bool has_config; /* presence matters: an empty config is a config */
+        ValueMap config;
+        bool has_module;
+        SourceModule module;
+        char *module_fqn; /* NULL or "": module.fqn */
+        JobContext context;
+        char *mesh_id; /* NULL or "": the context's mesh, if any */
+        MaterializeOptions materialize;
+} BuildRequest;
+
+void build_request_done(BuildRequest *r);
+
+typedef enum BuildOrigin {
+        BUILD_ORIGIN_DIRECT,
+        BUILD_ORIGIN_REPLACEMENT,
+        _BUILD_ORIGIN_MAX,
+        _BUILD_ORIGIN_INVALID = -EINVAL,
+} BuildOrigin;
+
+const char *build_origin_to_string(BuildOrigin o); /* "direct" | "replacement" */
+
+/* An init with every number a number: config field names resolved. */
+typedef struct ResolvedInit {
+        InitKind kind;
+        double a; /* constant: value; normal: mean; uniform: low */
+        double b; /* normal: std; uniform: high */
+} ResolvedInit;
+
+/*
+ * Element count bound of one parameter: count * 8 bytes still fits int64, so layout can compute
+ * byte sizes of any dtype without overflow checks per parameter (sums still need them).
+ */
+#define BUILD_PLAN_MAX_ELEMENTS (INT64_MAX / 8)
+
+typedef struct PlanParameter {
+        char *name;
+        int64_t *shape; /* logical shape, every dimension >= 1; NULL when n_dims is 0 */
+        size_t n_dims;
+        int64_t n_elements; /* 1 for a scalar; <= BUILD_PLAN_MAX_ELEMENTS */
+        Placement *placements; /* copied from the registry */
+        size_t n_placements;
+        ResolvedInit init;
+        /* false only in a replacement build whose init names a config field that the source's
+         * shapes do not bind: init is then zeros (the trainer copies the source's values). */
+        bool init_resolved;
+        char *init_text; /* the declared init, canonical text ("normal(mean=0, std=initializer_range)") */
+} PlanParameter;
+
+typedef struct BuildPlan {
+        ResolveRequest request; /* the original request; context.mesh_id: the mesh used, if any */
+        ResolvedFamily resolved;
+        BuildOrigin origin;
+        char *module_fqn; /* never NULL; "" when neither given */
+        Mesh *mesh;       /* a reference, or NULL without a mesh */
+        PlanParameter *parameters; /* declared order */
+        size_t n_parameters;
+        bool reset_after_materialization; /* a direct build with at least one parameter */
+        bool has_config;
+        ValueMap config; /* snapshot (direct); empty for replacement */
+        ValueMap bound_fields; /* replacement: config fields bound by the source's shapes (ints), in binding order */
+        MaterializeOptions materialize;
+} BuildPlan;
+
+void build_plan_done(BuildPlan *p);
+
+/*
+ * Build, steps 1-4 of semantics.md, the first failure being the answer (ret_error filled,
+ * -EINVAL; *ret untouched). meshes may be NULL (then any mesh id is unknown). Other negative
+ * errnos (-ENOMEM) leave ret_error as it was.
+ */
+int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, BuildPlan *ret,
+               FamilyError *ret_error);
