@@ -1,1 +1,605 @@
-/* placeholder: being written */
+/* shard-socket.c: the shard socket's thread: framed ShardFdRequests in, replies and fds out. */
+
+/*
+ * DESIGN: the socket has its own thread and epoll, so neither the main loop nor the gRPC
+ * workers ever wait on a shard client, and this thread waits on none either: every socket is
+ * non-blocking, a connection reads at most one frame ahead of its replies, and a reply that
+ * does not fit in the socket buffer stays queued (with its descriptors, until its first byte
+ * leaves) while the thread watches for EPOLLOUT. Descriptors for a reply are opened when the
+ * request is handled and closed by us once the kernel has taken them with the first chunk.
+ *
+ * A connection ends on: a declared frame length over SHARD_SOCKET_MAX_FRAME_BYTES (closed at
+ * once: the stream cannot be resynchronised); a frame that is not a ShardFdRequest (answered
+ * INVALID_ARGUMENT, then closed: the client's framing is evidently wrong, but it learns why);
+ * no complete request frame and no reply taken for the idle timeout; EOF or an error. Requests
+ * that decode get a reply and the connection lives on: too many tokens is INVALID_ARGUMENT, an
+ * unknown or released token NOT_FOUND (naming its index, never the token), and all or nothing.
+ *
+ * The thread owns the connections outright; other threads touch only the two atomic settings
+ * and the stop eventfd. All signals are blocked in the thread.
+ */
+
+#include <assert.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+
+#include "error.h"
+#include "familyd-v1-shard.pb-c.h"
+#include "log.h"
+#include "shard-socket.h"
+
+#define SHARD_SOCKET_FRAME_HEADER 4u
+/* Frames handled per connection per wakeup, so one busy client cannot starve the others
+ * (epoll is level-triggered: the rest wakes us again). */
+#define SHARD_SOCKET_FRAMES_PER_WAKEUP 16u
+/* After EMFILE and friends, accepting pauses this long instead of spinning. */
+#define SHARD_SOCKET_ACCEPT_PAUSE_MS 250u
+#define SHARD_SOCKET_LOG_INTERVAL_MS 10000u
+
+typedef Familyd__V1__ShardFdRequest Request;
+typedef Familyd__V1__ShardFdReply Reply;
+
+typedef struct Connection Connection;
+struct Connection {
+        Connection *prev, *next;
+        int fd;
+        uint64_t deadline_ms;
+        /* The frame being read: its header, then its body. */
+        uint8_t header[SHARD_SOCKET_FRAME_HEADER];
+        size_t n_header;
+        uint8_t *body;
+        size_t body_size, n_body;
+        /* The reply being written, and the descriptors riding with its first byte. */
+        uint8_t *out;
+        size_t n_out, n_sent;
+        int fds[SHARD_SOCKET_MAX_TOKENS];
+        size_t n_fds;
+        bool close_after_reply;
+};
+
+struct ShardServer {
+        ShardTable *table;
+        char *path;
+        int listen_fd;
+        int epoll_fd;
+        int stop_fd;
+        pthread_t thread;
+        bool thread_started;
+        atomic_uint idle_timeout_ms;
+        atomic_uint max_connections;
+        /* Owned by the thread from here on. */
+        Connection *connections;
+        unsigned n_connections;
+        uint64_t accept_resume_ms; /* 0: accepting */
+        uint64_t cap_logged_ms;
+        unsigned cap_suppressed;
+};
+
+static uint64_t now_ms(void) {
+        struct timespec ts;
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+static void connection_drop_reply(Connection *c) {
+        for (size_t i = 0; i < c->n_fds; i++)
+                safe_close(c->fds[i]);
+        c->n_fds = 0;
+        c->out = mfree(c->out);
+        c->n_out = c->n_sent = 0;
+}
+
+static void connection_free(ShardServer *s, Connection *c) {
+        if (c->prev)
+                c->prev->next = c->next;
+        else
+                s->connections = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        s->n_connections--;
+
+        connection_drop_reply(c);
+        free(c->body);
+        /* Closing removes it from the epoll set. */
+        safe_close(c->fd);
+        free(c);
+}
+
+static void connection_touch(ShardServer *s, Connection *c) {
+        c->deadline_ms = now_ms() + atomic_load(&s->idle_timeout_ms);
+}
+
+static int connection_watch(ShardServer *s, Connection *c) {
+        struct epoll_event ev = {
+                .events = c->n_out > 0 ? EPOLLOUT : EPOLLIN,
+                .data.ptr = c,
+        };
+        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev) < 0)
+                return -errno;
+        return 0;
+}
+
+/* Queues a reply; takes the n_fds descriptors in fds (closed on failure too). */
+static int connection_queue_reply(Connection *c, const Reply *reply, int *fds, size_t n_fds) {
+        size_t size = familyd__v1__shard_fd_reply__get_packed_size(reply);
+        uint8_t *out;
+
+        assert(c->n_out == 0 && c->n_fds == 0);
+        if (n_fds > 0)
+                memcpy(c->fds, fds, n_fds * sizeof(int));
+        c->n_fds = n_fds;
+
+        /* 253 entries of a few bytes each: far below the frame limit, which clients also use. */
+        if (size > SHARD_SOCKET_MAX_FRAME_BYTES) {
+                connection_drop_reply(c);
+                return -EMSGSIZE;
+        }
+        out = malloc(SHARD_SOCKET_FRAME_HEADER + size);
+        if (!out) {
+                connection_drop_reply(c);
+                return -ENOMEM;
+        }
+        for (unsigned i = 0; i < SHARD_SOCKET_FRAME_HEADER; i++)
+                out[i] = (uint8_t) ((uint32_t) size >> (8 * i));
+        (void) familyd__v1__shard_fd_reply__pack(reply, out + SHARD_SOCKET_FRAME_HEADER);
+        c->out = out;
+        c->n_out = SHARD_SOCKET_FRAME_HEADER + size;
+        c->n_sent = 0;
+        return 0;
+}
+
+static int connection_queue_error(Connection *c, FamilyStatus code, const char *message) {
+        Reply reply = FAMILYD__V1__SHARD_FD_REPLY__INIT;
+
+        reply.code = (int32_t) code;
+        reply.message = (char *) message;
+        return connection_queue_reply(c, &reply, NULL, 0);
+}
+
+static int connection_answer(ShardServer *s, Connection *c, const Request *req) {
+        ShardSegment *segments[SHARD_SOCKET_MAX_TOKENS];
+        int fds[SHARD_SOCKET_MAX_TOKENS];
+        uint64_t sizes[SHARD_SOCKET_MAX_TOKENS];
+        char *kinds[SHARD_SOCKET_MAX_TOKENS];
+        int32_t devices[SHARD_SOCKET_MAX_TOKENS];
+        char message[160];
+        size_t n = req->n_tokens, bad, n_fds = 0;
+        int r;
+
+        if (n > SHARD_SOCKET_MAX_TOKENS) {
+                (void) snprintf(message, sizeof message,
+                                "request names %zu shard tokens, at most %u are allowed", n,
+                                SHARD_SOCKET_MAX_TOKENS);
+                return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT, message);
+        }
+
+        r = shard_table_lookup_many(s->table, (const char *const *) req->tokens, n, segments, &bad);
+        if (r == SHARD_TABLE_NOT_FOUND) {
+                /* The index, never the token: a reply may end up in a log. */
+                (void) snprintf(message, sizeof message,
+                                "shard token %zu of %zu is unknown or released", bad + 1, n);
+                return connection_queue_error(c, FAMILY_STATUS_NOT_FOUND, message);
+        }
+        if (r != 0)
+                return r < 0 ? r : -EIO;
+
+        /* Every reference is dropped; after a failure nothing more is opened. */
+        for (size_t i = 0; i < n; i++) {
+                if (r == 0) {
+                        r = shard_segment_open(segments[i], req->writable, &fds[n_fds]);
+                        if (r < 0)
+                                bad = i;
+                        else {
+                                n_fds++;
+                                sizes[i] = shard_segment_size(segments[i]);
+                                kinds[i] = (char *) shard_segment_device_kind(segments[i]);
+                                devices[i] = shard_segment_device(segments[i]);
+                        }
+                }
+                shard_segment_unref(segments[i]);
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n_fds; i++)
+                        safe_close(fds[i]);
+                if (r == -EPERM) {
+                        (void) snprintf(message, sizeof message,
+                                        "shard %zu of %zu cannot be handed out writable", bad + 1,
+                                        n);
+                        return connection_queue_error(c, FAMILY_STATUS_PERMISSION_DENIED, message);
+                }
+                if (r == -EMFILE || r == -ENFILE || r == -ENOMEM) {
+                        log_warning_errno(r, "Failed to open shard descriptors, refusing a "
+                                             "request: %m");
+                        return connection_queue_error(c, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                      r == -ENOMEM
+                                                              ? "the daemon is out of memory"
+                                                              : "the daemon is out of file "
+                                                                "descriptors");
+                }
+                log_error_errno(r, "Failed to open a shard descriptor: %m");
+                return connection_queue_error(c, FAMILY_STATUS_INTERNAL,
+                                              "failed to open a shard descriptor");
+        }
+
+        Reply reply = FAMILYD__V1__SHARD_FD_REPLY__INIT;
+        reply.code = FAMILY_STATUS_OK;
+        reply.message = (char *) "";
+        reply.n_sizes = reply.n_device_kinds = reply.n_devices = n;
+        reply.sizes = sizes;
+        reply.device_kinds = kinds;
+        reply.devices = devices;
+        return connection_queue_reply(c, &reply, fds, n_fds);
+}
+
+/* Handles one complete frame: 0, with a reply queued. */
+static int connection_handle_frame(ShardServer *s, Connection *c, const uint8_t *data,
+                                   size_t size) {
+        Request *req;
+        int r;
+
+        req = familyd__v1__shard_fd_request__unpack(NULL, size, data);
+        if (!req) {
+                log_debug("Shard socket: a frame is not a ShardFdRequest, closing the connection");
+                c->close_after_reply = true;
+                return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT,
+                                              "frame could not be decoded as "
+                                              "familyd.v1.ShardFdRequest");
+        }
+        r = connection_answer(s, c, req);
+        familyd__v1__shard_fd_request__free_unpacked(req, NULL);
+        return r;
+}
+
+/* Sends what is queued. 0: all sent, or the socket is full (the rest waits for EPOLLOUT). */
+static int connection_flush(ShardServer *s, Connection *c) {
+        while (c->n_sent < c->n_out) {
+                union {
+                        struct cmsghdr align;
+                        char buf[CMSG_SPACE(sizeof(int) * SHARD_SOCKET_MAX_TOKENS)];
+                } control;
+                struct iovec iov = {
+                        .iov_base = c->out + c->n_sent,
+                        .iov_len = c->n_out - c->n_sent,
+                };
+                struct msghdr mh = {
+                        .msg_iov = &iov,
+                        .msg_iovlen = 1,
+                };
+
+                if (c->n_fds > 0) {
+                        memset(&control, 0, sizeof control);
+                        mh.msg_control = control.buf;
+                        mh.msg_controllen = CMSG_SPACE(sizeof(int) * c->n_fds);
+                        struct cmsghdr *cmsg = CMSG_FIRSTHDR(&mh);
+                        cmsg->cmsg_level = SOL_SOCKET;
+                        cmsg->cmsg_type = SCM_RIGHTS;
+                        cmsg->cmsg_len = CMSG_LEN(sizeof(int) * c->n_fds);
+                        memcpy(CMSG_DATA(cmsg), c->fds, sizeof(int) * c->n_fds);
+                }
+
+                ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN)
+                                return 0;
+                        return -errno;
+                }
+                /* The kernel holds the descriptors now, attached to the first byte. */
+                for (size_t i = 0; i < c->n_fds; i++)
+                        safe_close(c->fds[i]);
+                c->n_fds = 0;
+                c->n_sent += (size_t) k;
+        }
+        connection_drop_reply(c);
+        connection_touch(s, c);
+        return 0;
+}
+
+/* Reads and handles frames until the socket is empty, a reply is waiting for room, or the
+ * per-wakeup quota is used. 0; -ECONNRESET on EOF; another negative errno: close. */
+static int connection_read(ShardServer *s, Connection *c) {
+        for (unsigned frames = 0; frames < SHARD_SOCKET_FRAMES_PER_WAKEUP;) {
+                ssize_t k;
+
+                if (c->n_out > 0 || c->close_after_reply)
+                        return 0;
+
+                if (c->n_header < SHARD_SOCKET_FRAME_HEADER)
+                        k = read(c->fd, c->header + c->n_header,
+                                 SHARD_SOCKET_FRAME_HEADER - c->n_header);
+                else
+                        k = read(c->fd, c->body + c->n_body, c->body_size - c->n_body);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN)
+                                return 0;
+                        return -errno;
+                }
+                if (k == 0)
+                        return -ECONNRESET;
+
+                if (c->n_header < SHARD_SOCKET_FRAME_HEADER) {
+                        c->n_header += (size_t) k;
+                        if (c->n_header < SHARD_SOCKET_FRAME_HEADER)
+                                continue;
+                        uint32_t len = (uint32_t) c->header[0] | (uint32_t) c->header[1] << 8 |
+                                       (uint32_t) c->header[2] << 16 |
+                                       (uint32_t) c->header[3] << 24;
+                        if (len > SHARD_SOCKET_MAX_FRAME_BYTES) {
+                                log_debug("Shard socket: a frame of %" PRIu32 " bytes is over "
+                                          "the limit of %u, closing the connection",
+                                          len, SHARD_SOCKET_MAX_FRAME_BYTES);
+                                return -EMSGSIZE;
+                        }
+                        c->body_size = len;
+                        c->n_body = 0;
+                        if (len > 0) {
+                                c->body = malloc(len);
+                                if (!c->body)
+                                        return -ENOMEM;
+                                continue;
+                        }
+                } else {
+                        c->n_body += (size_t) k;
+                        if (c->n_body < c->body_size)
+                                continue;
+                }
+
+                /* A whole frame. */
+                _cleanup_free_ uint8_t *body = TAKE_PTR(c->body);
+                size_t size = c->body_size;
+                c->n_header = c->n_body = c->body_size = 0;
+                frames++;
+                connection_touch(s, c);
+
+                int r = connection_handle_frame(s, c, body, size);
+                if (r < 0)
+                        return r;
+                r = connection_flush(s, c);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void connection_dispatch(ShardServer *s, Connection *c, uint32_t events) {
+        int r = 0;
+
+        if (c->n_out > 0)
+                r = connection_flush(s, c);
+        if (r == 0 && c->n_out == 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+                r = connection_read(s, c);
+        if (r == 0 && c->n_out == 0 && c->close_after_reply)
+                r = -ECONNRESET;
+        if (r == 0)
+                r = connection_watch(s, c);
+        if (r < 0) {
+                if (r != -ECONNRESET && r != -EPIPE)
+                        log_debug_errno(r, "Shard socket: closing a connection: %m");
+                connection_free(s, c);
+        }
+}
+
+static void server_log_cap(ShardServer *s, unsigned max) {
+        uint64_t now = now_ms();
+
+        if (s->cap_logged_ms != 0 && now - s->cap_logged_ms < SHARD_SOCKET_LOG_INTERVAL_MS) {
+                s->cap_suppressed++;
+                return;
+        }
+        log_warning("Shard socket: %u connections open, the maximum; closing a new one "
+                    "(%u more closed since the last message)",
+                    max, s->cap_suppressed);
+        s->cap_logged_ms = now ? now : 1;
+        s->cap_suppressed = 0;
+}
+
+static void server_set_accepting(ShardServer *s, bool on) {
+        struct epoll_event ev = {
+                .events = on ? EPOLLIN : 0,
+                .data.ptr = &s->listen_fd,
+        };
+        (void) epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, s->listen_fd, &ev);
+        s->accept_resume_ms = on ? 0 : now_ms() + SHARD_SOCKET_ACCEPT_PAUSE_MS;
+}
+
+static void server_accept(ShardServer *s) {
+        for (unsigned i = 0; i < 64; i++) {
+                int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0) {
+                        if (errno == EAGAIN)
+                                return;
+                        if (errno == EINTR || errno == ECONNABORTED)
+                                continue;
+                        log_warning_errno(-errno, "Shard socket: failed to accept a connection, "
+                                                  "pausing: %m");
+                        server_set_accepting(s, false);
+                        return;
+                }
+
+                unsigned max = atomic_load(&s->max_connections);
+                if (s->n_connections >= max) {
+                        server_log_cap(s, max);
+                        safe_close(fd);
+                        continue;
+                }
+
+                Connection *c = calloc(1, sizeof *c);
+                if (!c) {
+                        safe_close(fd);
+                        continue;
+                }
+                c->fd = fd;
+                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+                if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+                        log_warning_errno(-errno, "Shard socket: failed to watch a connection, "
+                                                  "closing it: %m");
+                        safe_close(fd);
+                        free(c);
+                        continue;
+                }
+                c->next = s->connections;
+                if (c->next)
+                        c->next->prev = c;
+                s->connections = c;
+                s->n_connections++;
+                connection_touch(s, c);
+        }
+}
+
+/* Closes the connections past their deadline; returns the ms until the next deadline, or -1. */
+static int server_expire(ShardServer *s) {
+        uint64_t now = now_ms(), next = UINT64_MAX;
+
+        if (s->accept_resume_ms != 0) {
+                if (now >= s->accept_resume_ms)
+                        server_set_accepting(s, true);
+                else
+                        next = s->accept_resume_ms;
+        }
+        for (Connection *c = s->connections, *n; c; c = n) {
+                n = c->next;
+                if (now >= c->deadline_ms) {
+                        log_debug("Shard socket: closing a connection idle for %u ms",
+                                  atomic_load(&s->idle_timeout_ms));
+                        connection_free(s, c);
+                        continue;
+                }
+                if (c->deadline_ms < next)
+                        next = c->deadline_ms;
+        }
+        if (next == UINT64_MAX)
+                return -1;
+        return next - now > INT32_MAX ? INT32_MAX : (int) (next - now);
+}
+
+static void *server_thread(void *userdata) {
+        ShardServer *s = userdata;
+
+        for (;;) {
+                struct epoll_event events[64];
+                int timeout = server_expire(s);
+
+                int n = epoll_wait(s->epoll_fd, events, (int) ELEMENTSOF(events), timeout);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        log_error_errno(-errno, "Shard socket: epoll_wait failed, stopping: %m");
+                        return NULL;
+                }
+                for (int i = 0; i < n; i++) {
+                        void *p = events[i].data.ptr;
+                        if (p == &s->stop_fd)
+                                return NULL;
+                        if (p == &s->listen_fd)
+                                server_accept(s);
+                        else
+                                connection_dispatch(s, p, events[i].events);
+                }
+        }
+}
+
+int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
+        _cleanup_(shard_server_freep) ShardServer *s = NULL;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        sigset_t all, old;
+        int r;
+
+        if (strlen(path) >= sizeof sa.sun_path)
+                return log_error_errno(-ENAMETOOLONG, "Shard socket path %s is too long", path);
+        memcpy(sa.sun_path, path, strlen(path));
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        s->listen_fd = s->epoll_fd = s->stop_fd = -1;
+        s->table = shard_table_ref(table);
+        atomic_init(&s->idle_timeout_ms, SHARD_SOCKET_IDLE_TIMEOUT_MS);
+        atomic_init(&s->max_connections, SHARD_SOCKET_MAX_CONNECTIONS);
+
+        s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (s->listen_fd < 0)
+                return log_error_errno(-errno, "Failed to create the shard socket: %m");
+        /* The API socket's lock makes us the only daemon: whatever is here is stale. */
+        (void) unlink(path);
+        if (bind(s->listen_fd, (struct sockaddr *) &sa, sizeof sa) < 0)
+                return log_error_errno(-errno, "Failed to bind %s: %m", path);
+        s->path = strdup(path);
+        if (!s->path)
+                return -ENOMEM;
+        if (chmod(path, 0660) < 0)
+                return log_error_errno(-errno, "Failed to set the mode of %s: %m", path);
+        if (listen(s->listen_fd, SOMAXCONN) < 0)
+                return log_error_errno(-errno, "Failed to listen on %s: %m", path);
+
+        s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        if (s->epoll_fd < 0)
+                return log_error_errno(-errno, "Failed to create an epoll instance: %m");
+        s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (s->stop_fd < 0)
+                return log_error_errno(-errno, "Failed to create an eventfd: %m");
+
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &s->listen_fd };
+        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0)
+                return log_error_errno(-errno, "Failed to watch the shard socket: %m");
+        ev = (struct epoll_event) { .events = EPOLLIN, .data.ptr = &s->stop_fd };
+        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->stop_fd, &ev) < 0)
+                return log_error_errno(-errno, "Failed to watch an eventfd: %m");
+
+        /* Signals belong to the main loop's signalfd: the thread starts with all blocked. */
+        (void) sigfillset(&all);
+        r = -pthread_sigmask(SIG_BLOCK, &all, &old);
+        if (r < 0)
+                return log_error_errno(r, "Failed to block signals: %m");
+        r = -pthread_create(&s->thread, NULL, server_thread, s);
+        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the shard socket thread: %m");
+        s->thread_started = true;
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+ShardServer *shard_server_free(ShardServer *s) {
+        if (!s)
+                return NULL;
+
+        if (s->thread_started) {
+                uint64_t one = 1;
+                /* An eventfd write of 1 cannot fail short of a counter at its maximum. */
+                (void) write(s->stop_fd, &one, sizeof one);
+                (void) pthread_join(s->thread, NULL);
+        }
+        while (s->connections)
+                connection_free(s, s->connections);
+        if (s->path)
+                (void) unlink(s->path);
+        safe_close(s->listen_fd);
+        safe_close(s->epoll_fd);
+        safe_close(s->stop_fd);
+        shard_table_unref(s->table);
+        free(s->path);
+        return mfree(s);
+}
+
+void shard_server_set_idle_timeout(ShardServer *s, unsigned msec) {
+        atomic_store(&s->idle_timeout_ms, msec > 0 ? msec : SHARD_SOCKET_IDLE_TIMEOUT_MS);
+}
+
+void shard_server_set_max_connections(ShardServer *s, unsigned n) {
+        atomic_store(&s->max_connections, n > 0 ? n : SHARD_SOCKET_MAX_CONNECTIONS);
+}

@@ -1,0 +1,31 @@
+/* shard-socket.h: the shard socket: tokens in, memfd descriptors out over SCM_RIGHTS. */
+#pragma once
+
+#include "macro.h"
+#include "shard-table.h"
+
+/* Client-controlled resources of the shard socket (api.md, "Shard handout"). */
+/* A frame's body; a longer declared length closes the connection. */
+#define SHARD_SOCKET_MAX_FRAME_BYTES 65536u
+/* Tokens in one request: SCM_MAX_FD, the most descriptors one sendmsg carries. */
+#define SHARD_SOCKET_MAX_TOKENS 253u
+/* Concurrent connections; one over it is closed as soon as it is accepted, with a log line. */
+#define SHARD_SOCKET_MAX_CONNECTIONS 128u
+/* A connection that completes no request frame (and takes no reply) for this long is closed. */
+#define SHARD_SOCKET_IDLE_TIMEOUT_MS 5000u
+
+typedef struct ShardServer ShardServer;
+
+/*
+ * Binds path (replacing a stale socket: the API socket's lock already makes this daemon the
+ * only one), mode 0660, and starts the socket's own thread, which serves lookups in table (it
+ * takes a reference). Descriptors of read-only requests are read-only (segment.h).
+ */
+int shard_server_new(const char *path, ShardTable *table, ShardServer **ret);
+/* Stops and joins the thread, closes every connection, removes the socket. */
+ShardServer *shard_server_free(ShardServer *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(ShardServer *, shard_server_free);
+
+/* For tests and configuration; a change applies to deadlines set from then on. 0: default. */
+void shard_server_set_idle_timeout(ShardServer *s, unsigned msec);
+void shard_server_set_max_connections(ShardServer *s, unsigned n);

@@ -1,0 +1,61 @@
+/* shard-table.h: live shard tokens, each naming a segment, grouped by the build that made them. */
+#pragma once
+
+/*
+ * DESIGN: the one map from a capability to memory, shared by the gRPC workers (Build adds,
+ * ReleaseBuild removes a group) and the shard socket's thread (lookups), hence one mutex and
+ * an atomic reference count. Tokens are secrets, so lookups never compare them with memcmp or
+ * hash them with a function an attacker could steer: buckets come from SipHash-2-4 under a
+ * random per-table key, and candidates are compared in constant time. A lookup of many tokens
+ * happens under one lock, so a concurrent release yields all of them or none.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "macro.h"
+#include "segment.h"
+#include "token.h"
+
+/* Live tokens in one daemon (one per local shard per build): the default cap. */
+#define SHARD_TABLE_MAX_TOKENS 65536u
+/* A group (a build id) names tokens; longer ones are refused (-EINVAL). */
+#define SHARD_TABLE_MAX_GROUP_LENGTH 255u
+
+/* Outcomes a caller handles (see STYLE.md): positive, beside 0 and negative errnos. */
+enum {
+        SHARD_TABLE_NOT_FOUND = 1, /* an unknown or released token */
+        SHARD_TABLE_FULL = 2,      /* the table holds its maximum of tokens */
+};
+
+typedef struct ShardTable ShardTable;
+
+/* max_tokens 0: SHARD_TABLE_MAX_TOKENS. */
+int shard_table_new(size_t max_tokens, ShardTable **ret);
+ShardTable *shard_table_ref(ShardTable *t);
+ShardTable *shard_table_unref(ShardTable *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(ShardTable *, shard_table_unref);
+
+/*
+ * Files a new reference to segment under a fresh token in group (a build id, not empty).
+ * 0 and *ret_token; SHARD_TABLE_FULL; or a negative errno.
+ */
+int shard_table_add(ShardTable *t, const char *group, ShardSegment *segment,
+                    ShardToken *ret_token);
+
+/* 0 and a new reference in *ret; SHARD_TABLE_NOT_FOUND. token may be anything, even NULL. */
+int shard_table_lookup(ShardTable *t, const char *token, ShardSegment **ret);
+
+/*
+ * All or nothing: 0 and n new references in ret[0..n-1]; or SHARD_TABLE_NOT_FOUND with
+ * *ret_bad_index the first token not found, and ret untouched.
+ */
+int shard_table_lookup_many(ShardTable *t, const char *const *tokens, size_t n, ShardSegment **ret,
+                            size_t *ret_bad_index);
+
+/* 0, or SHARD_TABLE_NOT_FOUND. */
+int shard_table_remove(ShardTable *t, const char *token);
+/* Removes every token of group; returns how many. */
+size_t shard_table_remove_group(ShardTable *t, const char *group);
+
+size_t shard_table_size(ShardTable *t);

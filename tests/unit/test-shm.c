@@ -1,0 +1,983 @@
+/* test-shm.c: sealed segments, tokens, the shard table and the shard socket, with real fds. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "familyd-v1-shard.pb-c.h"
+#include "macro.h"
+#include "shm/segment.h"
+#include "shm/shard-socket.h"
+#include "shm/shard-table.h"
+#include "shm/token.h"
+
+typedef Familyd__V1__ShardFdRequest Request;
+typedef Familyd__V1__ShardFdReply Reply;
+
+static uint64_t now_ms(void) {
+        struct timespec ts;
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+static size_t count_open_fds(void) {
+        DIR *d = opendir("/proc/self/fd");
+        size_t n = 0;
+
+        assert_non_null(d);
+        for (struct dirent *de; (de = readdir(d));)
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+/* The server's thread closes its copies of handed-out descriptors just after sending them, so
+ * a count taken right after a reply can still include them: this waits for it to settle. */
+static size_t settled_open_fds(void) {
+        size_t n = count_open_fds();
+        for (unsigned i = 0; i < 100; i++) {
+                usleep(10 * 1000);
+                size_t m = count_open_fds();
+                if (m == n)
+                        return n;
+                n = m;
+        }
+        fail_msg("the number of open descriptors does not settle");
+        return 0;
+}
+
+/* ---- tokens ---- */
+
+static int token_cmp(const void *a, const void *b) {
+        return strcmp(((const ShardToken *) a)->hex, ((const ShardToken *) b)->hex);
+}
+
+static void test_token_format_unique(void **state) {
+        enum { N = 4096 };
+        ShardToken *t = calloc(N, sizeof *t);
+
+        assert_non_null(t);
+        for (size_t i = 0; i < N; i++) {
+                assert_int_equal(shard_token_new(&t[i]), 0);
+                assert_int_equal(strlen(t[i].hex), SHARD_TOKEN_LENGTH);
+                assert_true(shard_token_is_valid(t[i].hex));
+                for (size_t j = 0; j < SHARD_TOKEN_LENGTH; j++)
+                        assert_non_null(strchr("0123456789abcdef", t[i].hex[j]));
+        }
+        qsort(t, N, sizeof *t, token_cmp);
+        for (size_t i = 1; i < N; i++)
+                assert_true(strcmp(t[i - 1].hex, t[i].hex) < 0);
+
+        /* Every hex digit appears in every position over 4096 draws (a stuck nibble would not). */
+        for (size_t pos = 0; pos < SHARD_TOKEN_LENGTH; pos++) {
+                unsigned seen = 0;
+                for (size_t i = 0; i < N; i++) {
+                        char ch = t[i].hex[pos];
+                        seen |= 1u << (ch <= '9' ? ch - '0' : ch - 'a' + 10);
+                }
+                assert_int_equal(seen, 0xffffu);
+        }
+
+        char other[SHARD_TOKEN_LENGTH + 2];
+        memcpy(other, t[0].hex, SHARD_TOKEN_LENGTH + 1);
+        assert_true(shard_token_equal(t[0].hex, other));
+        other[SHARD_TOKEN_LENGTH - 1] ^= 1;
+        assert_false(shard_token_equal(t[0].hex, other));
+        memcpy(other, t[0].hex, SHARD_TOKEN_LENGTH + 1);
+        other[0] = other[0] == 'a' ? 'b' : 'a';
+        assert_false(shard_token_equal(t[0].hex, other));
+        memcpy(other, t[0].hex, SHARD_TOKEN_LENGTH + 1);
+        other[SHARD_TOKEN_LENGTH - 1] = 0; /* a prefix */
+        assert_false(shard_token_equal(t[0].hex, other));
+        assert_false(shard_token_is_valid(other));
+        memcpy(other, t[0].hex, SHARD_TOKEN_LENGTH);
+        other[SHARD_TOKEN_LENGTH] = '0';
+        other[SHARD_TOKEN_LENGTH + 1] = 0; /* one longer */
+        assert_false(shard_token_equal(t[0].hex, other));
+        assert_false(shard_token_is_valid(other));
+        assert_false(shard_token_equal(t[0].hex, ""));
+        assert_false(shard_token_equal(t[0].hex, NULL));
+        assert_false(shard_token_equal(NULL, t[0].hex));
+        assert_false(shard_token_is_valid("0123456789ABCDEF0123456789abcdef"));
+        assert_true(shard_token_is_valid("0123456789abcdef0123456789abcdef"));
+        free(t);
+}
+
+/* ---- segments ---- */
+
+static void test_segment_sealing(void **state) {
+        _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL;
+        _cleanup_close_ int ro = -1, rw = -1;
+        const size_t size = 3 * 4096 + 17;
+        struct stat st;
+
+        assert_int_equal(shard_segment_new_host("test", 0, 0, &s), -EINVAL);
+        assert_null(s);
+        assert_int_equal(shard_segment_new_host("test-shard", size, 3, &s), 0);
+        assert_int_equal(shard_segment_size(s), size);
+        assert_int_equal(shard_segment_device(s), 3);
+        assert_string_equal(shard_segment_device_kind(s), "host");
+        assert_true(shard_segment_is_sealed(s));
+
+        uint8_t *data = shard_segment_data(s);
+        assert_non_null(data);
+        for (size_t i = 0; i < size; i++)
+                data[i] = (uint8_t) (i * 7 + 1);
+
+        int seals = fcntl(shard_segment_fd(s), F_GET_SEALS);
+        assert_true(seals >= 0);
+        assert_true(seals & F_SEAL_SHRINK);
+        assert_true(seals & F_SEAL_GROW);
+        assert_true(seals & F_SEAL_SEAL);
+        assert_false(seals & F_SEAL_WRITE);
+
+        /* Read-only: no resize, no write, no writable shared mapping, even by mprotect. */
+        assert_int_equal(shard_segment_open(s, false, &ro), 0);
+        assert_int_equal(fcntl(ro, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        assert_int_equal(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
+        assert_int_equal(fstat(ro, &st), 0);
+        assert_int_equal(st.st_size, size);
+        assert_int_equal(st.st_mode & 07777, 0400);
+        assert_int_equal(ftruncate(ro, 1), -1);
+        assert_int_equal(write(ro, "x", 1), -1);
+        assert_int_equal(errno, EBADF);
+        assert_true(mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0) == MAP_FAILED);
+        assert_int_equal(errno, EACCES);
+        uint8_t *view = mmap(NULL, size, PROT_READ, MAP_SHARED, ro, 0);
+        assert_true(view != MAP_FAILED);
+        assert_memory_equal(view, data, size);
+        assert_int_equal(mprotect(view, size, PROT_READ | PROT_WRITE), -1);
+        assert_int_equal(errno, EACCES);
+
+        /* Writable: writes land in the daemon's mapping; the size is still final. */
+        assert_int_equal(shard_segment_open(s, true, &rw), 0);
+        assert_int_equal(fcntl(rw, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        assert_int_equal(ftruncate(rw, 1), -1);
+        assert_int_equal(errno, EPERM);
+        assert_int_equal(ftruncate(rw, (off_t) size * 2), -1);
+        assert_int_equal(errno, EPERM);
+        assert_int_equal(fcntl(rw, F_ADD_SEALS, F_SEAL_WRITE), -1);
+        assert_int_equal(errno, EPERM);
+        uint8_t *w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        assert_true(w != MAP_FAILED);
+        w[0] = 0xaa;
+        w[size - 1] = 0xbb;
+        assert_int_equal(data[0], 0xaa);
+        assert_int_equal(data[size - 1], 0xbb);
+        assert_int_equal(view[size - 1], 0xbb);
+
+        /* Unmapped and released, the memory lives on in the handed-out descriptors. */
+        shard_segment_unmap(s);
+        assert_null(shard_segment_data(s));
+        shard_segment_unmap(s);
+        s = shard_segment_unref(s);
+        w[1] = 0xcc;
+        assert_int_equal(view[1], 0xcc);
+        assert_int_equal(view[2], (uint8_t) (2 * 7 + 1));
+        assert_int_equal(munmap(w, size), 0);
+        assert_int_equal(munmap(view, size), 0);
+}
+
+static void test_segment_adopt(void **state) {
+        _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL, *a = NULL, *u = NULL;
+        _cleanup_close_ int ro = -1, rw = -1;
+
+        assert_int_equal(shard_segment_new_host("adopt", 4096, 1, &s), 0);
+        int fd = fcntl(shard_segment_fd(s), F_DUPFD_CLOEXEC, 3);
+        assert_true(fd >= 0);
+        assert_int_equal(shard_segment_adopt(fd, 5, &a), 0);
+        assert_int_equal(shard_segment_size(a), 4096);
+        assert_int_equal(shard_segment_device(a), 5);
+        assert_true(shard_segment_is_sealed(a));
+        assert_null(shard_segment_data(a));
+        assert_int_equal(shard_segment_open(a, true, &rw), 0);
+
+        /* An unsealed file (the --state-dir mode) is handed out read-only only. */
+        char path[] = "/tmp/test-shm-adopt-XXXXXX";
+        int ufd = mkostemp(path, O_CLOEXEC);
+        assert_true(ufd >= 0);
+        (void) unlink(path);
+        assert_int_equal(ftruncate(ufd, 100), 0);
+        assert_int_equal(shard_segment_adopt(ufd, 0, &u), 0);
+        assert_false(shard_segment_is_sealed(u));
+        assert_int_equal(shard_segment_open(u, true, &ro), -EPERM);
+        assert_int_equal(shard_segment_open(u, false, &ro), 0);
+        assert_int_equal(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
+}
+
+/* ---- the table ---- */
+
+static ShardSegment *segment_new(uint64_t size, int device, uint8_t fill) {
+        ShardSegment *s = NULL;
+
+        assert_int_equal(shard_segment_new_host("test", size, device, &s), 0);
+        memset(shard_segment_data(s), fill, size);
+        shard_segment_unmap(s);
+        return s;
+}
+
+static void test_table_basic(void **state) {
+        _cleanup_(shard_table_unrefp) ShardTable *t = NULL;
+        _cleanup_(shard_segment_unrefp) ShardSegment *a = segment_new(10, 0, 1),
+                                                     *b = segment_new(20, 1, 2);
+        ShardToken ta, tb, tc, td, te;
+        ShardSegment *got = NULL, *many[3];
+        size_t bad = 99;
+
+        assert_int_equal(shard_table_new(4, &t), 0);
+        assert_int_equal(shard_table_add(t, "", a, &ta), -EINVAL);
+        assert_int_equal(shard_table_add(t, "bld-1", a, &ta), 0);
+        assert_int_equal(shard_table_add(t, "bld-1", b, &tb), 0);
+        assert_int_equal(shard_table_add(t, "bld-2", a, &tc), 0);
+        assert_int_equal(shard_table_add(t, "bld-2", b, &td), 0);
+        assert_int_equal(shard_table_add(t, "bld-3", b, &te), SHARD_TABLE_FULL);
+        assert_int_equal(shard_table_size(t), 4);
+        assert_true(shard_token_is_valid(ta.hex));
+        assert_false(streq(ta.hex, tb.hex));
+
+        assert_int_equal(shard_table_lookup(t, tb.hex, &got), 0);
+        assert_ptr_equal(got, b);
+        got = shard_segment_unref(got);
+        assert_int_equal(shard_table_lookup(t, "0123456789abcdef0123456789abcdef", &got),
+                         SHARD_TABLE_NOT_FOUND);
+        assert_int_equal(shard_table_lookup(t, "", &got), SHARD_TABLE_NOT_FOUND);
+        assert_int_equal(shard_table_lookup(t, NULL, &got), SHARD_TABLE_NOT_FOUND);
+        char prefix[SHARD_TOKEN_LENGTH];
+        memcpy(prefix, ta.hex, sizeof prefix - 1);
+        prefix[sizeof prefix - 1] = 0;
+        assert_int_equal(shard_table_lookup(t, prefix, &got), SHARD_TABLE_NOT_FOUND);
+        assert_null(got);
+
+        const char *all[] = { ta.hex, td.hex, tb.hex };
+        assert_int_equal(shard_table_lookup_many(t, all, 3, many, &bad), 0);
+        assert_ptr_equal(many[0], a);
+        assert_ptr_equal(many[1], b);
+        assert_ptr_equal(many[2], b);
+        for (size_t i = 0; i < 3; i++)
+                shard_segment_unref(many[i]);
+        const char *some[] = { ta.hex, "nope", tb.hex };
+        many[0] = many[1] = many[2] = NULL;
+        assert_int_equal(shard_table_lookup_many(t, some, 3, many, &bad), SHARD_TABLE_NOT_FOUND);
+        assert_int_equal(bad, 1);
+        assert_null(many[0]);
+
+        assert_int_equal(shard_table_remove(t, ta.hex), 0);
+        assert_int_equal(shard_table_remove(t, ta.hex), SHARD_TABLE_NOT_FOUND);
+        assert_int_equal(shard_table_lookup(t, ta.hex, &got), SHARD_TABLE_NOT_FOUND);
+        assert_int_equal(shard_table_remove_group(t, "bld-2"), 2);
+        assert_int_equal(shard_table_remove_group(t, "bld-2"), 0);
+        assert_int_equal(shard_table_lookup(t, tc.hex, &got), SHARD_TABLE_NOT_FOUND);
+        assert_int_equal(shard_table_size(t), 1);
+        assert_int_equal(shard_table_lookup(t, tb.hex, &got), 0);
+        got = shard_segment_unref(got);
+
+        /* Growth past the initial buckets keeps every token findable. */
+        _cleanup_(shard_table_unrefp) ShardTable *big = NULL;
+        enum { N = 5000 };
+        ShardToken *tokens = calloc(N, sizeof *tokens);
+        assert_non_null(tokens);
+        assert_int_equal(shard_table_new(0, &big), 0);
+        for (size_t i = 0; i < N; i++)
+                assert_int_equal(shard_table_add(big, i % 2 ? "odd" : "even", i % 3 ? a : b,
+                                                 &tokens[i]), 0);
+        for (size_t i = 0; i < N; i++) {
+                assert_int_equal(shard_table_lookup(big, tokens[i].hex, &got), 0);
+                assert_ptr_equal(got, i % 3 ? a : b);
+                got = shard_segment_unref(got);
+        }
+        assert_int_equal(shard_table_remove_group(big, "odd"), N / 2);
+        for (size_t i = 0; i < N; i++) {
+                assert_int_equal(shard_table_lookup(big, tokens[i].hex, &got),
+                                 i % 2 ? SHARD_TABLE_NOT_FOUND : 0);
+                got = shard_segment_unref(got);
+        }
+        free(tokens);
+}
+
+typedef struct TableWorker {
+        ShardTable *table;
+        ShardSegment *segment;
+        unsigned index;
+        bool ok;
+} TableWorker;
+
+#define WORKER_TOKENS 400
+
+static void *table_worker(void *userdata) {
+        TableWorker *w = userdata;
+        ShardToken tokens[WORKER_TOKENS];
+        char group[32];
+
+        (void) snprintf(group, sizeof group, "bld-%u", w->index);
+        w->ok = false;
+        for (unsigned round = 0; round < 5; round++) {
+                for (size_t i = 0; i < WORKER_TOKENS; i++)
+                        if (shard_table_add(w->table, group, w->segment, &tokens[i]) != 0)
+                                return NULL;
+                for (size_t i = 0; i < WORKER_TOKENS; i++) {
+                        ShardSegment *got = NULL;
+                        if (shard_table_lookup(w->table, tokens[i].hex, &got) != 0 ||
+                            got != w->segment)
+                                return NULL;
+                        shard_segment_unref(got);
+                }
+                for (size_t i = 0; i < WORKER_TOKENS; i += 2)
+                        if (shard_table_remove(w->table, tokens[i].hex) != 0)
+                                return NULL;
+                if (shard_table_remove_group(w->table, group) != WORKER_TOKENS / 2)
+                        return NULL;
+                for (size_t i = 0; i < WORKER_TOKENS; i++) {
+                        ShardSegment *got = NULL;
+                        if (shard_table_lookup(w->table, tokens[i].hex, &got) !=
+                            SHARD_TABLE_NOT_FOUND)
+                                return NULL;
+                }
+        }
+        w->ok = true;
+        return NULL;
+}
+
+static void test_table_threads(void **state) {
+        _cleanup_(shard_table_unrefp) ShardTable *t = NULL;
+        enum { N = 8 };
+        ShardSegment *segments[N];
+        TableWorker workers[N];
+        pthread_t threads[N];
+
+        assert_int_equal(shard_table_new(0, &t), 0);
+        for (unsigned i = 0; i < N; i++) {
+                segments[i] = segment_new(64 + i, (int) i, (uint8_t) i);
+                workers[i] = (TableWorker) { .table = t, .segment = segments[i], .index = i };
+                assert_int_equal(pthread_create(&threads[i], NULL, table_worker, &workers[i]), 0);
+        }
+        for (unsigned i = 0; i < N; i++) {
+                assert_int_equal(pthread_join(threads[i], NULL), 0);
+                assert_true(workers[i].ok);
+                shard_segment_unref(segments[i]);
+        }
+        assert_int_equal(shard_table_size(t), 0);
+}
+
+/* ---- the socket: a small client ---- */
+
+typedef struct Fixture {
+        char dir[64];
+        char path[128];
+        ShardTable *table;
+        ShardServer *server;
+        ShardSegment *segments[3];
+        ShardToken tokens[3];
+        size_t fds_before;
+} Fixture;
+
+static const uint64_t fixture_sizes[3] = { 4096, 100, 1u << 20 };
+
+static int fixture_setup(void **state) {
+        Fixture *f = calloc(1, sizeof *f);
+
+        assert_non_null(f);
+        f->fds_before = count_open_fds();
+        strcpy(f->dir, "/tmp/test-shm-XXXXXX");
+        assert_non_null(mkdtemp(f->dir));
+        (void) snprintf(f->path, sizeof f->path, "%s/shard.sock", f->dir);
+        assert_int_equal(shard_table_new(0, &f->table), 0);
+        for (unsigned i = 0; i < 3; i++) {
+                f->segments[i] = segment_new(fixture_sizes[i], (int) i + 1, (uint8_t) (0x10 + i));
+                assert_int_equal(shard_table_add(f->table, "bld-test", f->segments[i],
+                                                 &f->tokens[i]), 0);
+        }
+        /* A stale socket file is replaced. */
+        int stale = open(f->path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        assert_true(stale >= 0);
+        close(stale);
+        assert_int_equal(shard_server_new(f->path, f->table, &f->server), 0);
+        struct stat st;
+        assert_int_equal(stat(f->path, &st), 0);
+        assert_true(S_ISSOCK(st.st_mode));
+        assert_int_equal(st.st_mode & 0777, 0660);
+        *state = f;
+        return 0;
+}
+
+static int fixture_teardown(void **state) {
+        Fixture *f = *state;
+
+        f->server = shard_server_free(f->server);
+        assert_int_equal(access(f->path, F_OK), -1);
+        for (unsigned i = 0; i < 3; i++)
+                shard_segment_unref(f->segments[i]);
+        shard_table_unref(f->table);
+        assert_int_equal(rmdir(f->dir), 0);
+        /* The server's thread, epoll, connections and pending descriptors are all gone. */
+        assert_int_equal(count_open_fds(), f->fds_before);
+        free(f);
+        return 0;
+}
+
+static int client_connect(const Fixture *f) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct timeval tv = { .tv_sec = 10 };
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+        assert_true(fd >= 0);
+        strcpy(sa.sun_path, f->path);
+        assert_int_equal(connect(fd, (struct sockaddr *) &sa, sizeof sa), 0);
+        /* A hung server fails the test instead of hanging it. */
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+        return fd;
+}
+
+static void send_all(int fd, const void *data, size_t size) {
+        const uint8_t *p = data;
+        while (size > 0) {
+                ssize_t k = send(fd, p, size, MSG_NOSIGNAL);
+                assert_true(k > 0);
+                p += k;
+                size -= (size_t) k;
+        }
+}
+
+static void send_frame(int fd, const void *data, uint32_t size) {
+        uint8_t header[4] = { size & 0xff, (size >> 8) & 0xff, (size >> 16) & 0xff, size >> 24 };
+        send_all(fd, header, 4);
+        send_all(fd, data, size);
+}
+
+static void send_request(int fd, const char *const *tokens, size_t n, bool writable) {
+        Request req = FAMILYD__V1__SHARD_FD_REQUEST__INIT;
+        req.tokens = (char **) tokens;
+        req.n_tokens = n;
+        req.writable = writable;
+        size_t size = familyd__v1__shard_fd_request__get_packed_size(&req);
+        uint8_t *buf = malloc(size + 1);
+        assert_non_null(buf);
+        assert_int_equal(familyd__v1__shard_fd_request__pack(&req, buf), size);
+        send_frame(fd, buf, (uint32_t) size);
+        free(buf);
+}
+
+/* Reads exactly size bytes; the first recvmsg collects SCM_RIGHTS descriptors into fds. 0, or
+ * -ECONNRESET at EOF before the first byte. */
+static int recv_exact(int fd, void *buf, size_t size, int *fds, size_t *n_fds) {
+        uint8_t *p = buf;
+        size_t got = 0;
+
+        while (got < size) {
+                union {
+                        struct cmsghdr align;
+                        char buf[CMSG_SPACE(sizeof(int) * 256)];
+                } control;
+                struct iovec iov = { .iov_base = p + got, .iov_len = size - got };
+                struct msghdr mh = {
+                        .msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = control.buf,
+                        .msg_controllen = sizeof control.buf,
+                };
+                ssize_t k = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0 && errno == ECONNRESET && got == 0)
+                        return -ECONNRESET;
+                assert_true(k >= 0);
+                if (k == 0) {
+                        assert_int_equal(got, 0);
+                        return -ECONNRESET;
+                }
+                assert_false(mh.msg_flags & MSG_CTRUNC);
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                        assert_int_equal(c->cmsg_level, SOL_SOCKET);
+                        assert_int_equal(c->cmsg_type, SCM_RIGHTS);
+                        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                        /* Only the first bytes of a reply carry descriptors. */
+                        assert_int_equal(got, 0);
+                        assert_non_null(fds);
+                        memcpy(fds + *n_fds, CMSG_DATA(c), n * sizeof(int));
+                        *n_fds += n;
+                }
+                got += (size_t) k;
+        }
+        return 0;
+}
+
+/* One reply and the descriptors that came with it; -ECONNRESET when the server closed. */
+static int recv_reply(int fd, Reply **ret, int *fds, size_t *ret_n_fds) {
+        uint8_t header[4];
+        size_t n_fds = 0;
+        int r;
+
+        r = recv_exact(fd, header, 4, fds, &n_fds);
+        if (r < 0)
+                return r;
+        uint32_t len = header[0] | header[1] << 8 | header[2] << 16 | (uint32_t) header[3] << 24;
+        assert_true(len <= SHARD_SOCKET_MAX_FRAME_BYTES);
+        uint8_t *body = malloc(len + 1);
+        assert_non_null(body);
+        if (len > 0)
+                assert_int_equal(recv_exact(fd, body, len, NULL, &(size_t) { 0 }), 0);
+        *ret = familyd__v1__shard_fd_reply__unpack(NULL, len, body);
+        assert_non_null(*ret);
+        free(body);
+        *ret_n_fds = n_fds;
+        return 0;
+}
+
+/* True when the server closes fd within timeout_ms (EOF, nothing else pending). */
+static bool wait_closed(int fd, int timeout_ms) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        uint8_t buf[256];
+
+        for (;;) {
+                int n = poll(&p, 1, timeout_ms);
+                if (n <= 0)
+                        return false;
+                ssize_t k = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+                if (k == 0 || (k < 0 && errno == ECONNRESET))
+                        return true;
+                if (k < 0)
+                        return false;
+        }
+}
+
+static void close_fds(int *fds, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                close(fds[i]);
+}
+
+/* Asserts an OK reply for the fixture's tokens in the order of idx, with right descriptors. */
+static void expect_ok(const Fixture *f, int fd, const unsigned *idx, size_t n, bool writable) {
+        int fds[256];
+        size_t n_fds = 0;
+        Reply *reply = NULL;
+
+        assert_int_equal(recv_reply(fd, &reply, fds, &n_fds), 0);
+        assert_int_equal(reply->code, 0);
+        assert_int_equal(n_fds, n);
+        assert_int_equal(reply->n_sizes, n);
+        assert_int_equal(reply->n_device_kinds, n);
+        assert_int_equal(reply->n_devices, n);
+        for (size_t i = 0; i < n; i++) {
+                struct stat st;
+                assert_int_equal(reply->sizes[i], fixture_sizes[idx[i]]);
+                assert_string_equal(reply->device_kinds[i], "host");
+                assert_int_equal(reply->devices[i], (int) idx[i] + 1);
+                assert_int_equal(fstat(fds[i], &st), 0);
+                assert_int_equal(st.st_size, fixture_sizes[idx[i]]);
+                assert_int_equal(fcntl(fds[i], F_GETFL) & O_ACCMODE, writable ? O_RDWR : O_RDONLY);
+                uint8_t *m = mmap(NULL, st.st_size, PROT_READ, MAP_SHARED, fds[i], 0);
+                assert_true(m != MAP_FAILED);
+                assert_int_equal(m[0], 0x10 + idx[i]);
+                assert_int_equal(m[st.st_size - 1], 0x10 + idx[i]);
+                assert_int_equal(munmap(m, st.st_size), 0);
+                if (!writable) {
+                        assert_true(mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                         fds[i], 0) == MAP_FAILED);
+                        assert_int_equal(errno, EACCES);
+                }
+                assert_int_equal(ftruncate(fds[i], 1), -1);
+        }
+        close_fds(fds, n_fds);
+        familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+}
+
+/* Asserts an error reply with no descriptors; returns the message (caller frees). */
+static char *expect_error(int fd, int code) {
+        int fds[256];
+        size_t n_fds = 0;
+        Reply *reply = NULL;
+
+        assert_int_equal(recv_reply(fd, &reply, fds, &n_fds), 0);
+        assert_int_equal(reply->code, code);
+        assert_int_equal(n_fds, 0);
+        assert_int_equal(reply->n_sizes, 0);
+        assert_int_equal(reply->n_device_kinds, 0);
+        assert_int_equal(reply->n_devices, 0);
+        char *m = strdup(reply->message);
+        familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+        return m;
+}
+
+/* ---- the socket: tests ---- */
+
+static void test_socket_three_in_order(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f);
+        const char *tokens[] = { f->tokens[2].hex, f->tokens[0].hex, f->tokens[1].hex };
+        const unsigned idx[] = { 2, 0, 1 };
+
+        send_request(fd, tokens, 3, false);
+        expect_ok(f, fd, idx, 3, false);
+
+        /* Writable, and the same token twice. */
+        const char *twice[] = { f->tokens[1].hex, f->tokens[1].hex };
+        const unsigned idx2[] = { 1, 1 };
+        send_request(fd, twice, 2, true);
+        expect_ok(f, fd, idx2, 2, true);
+
+        /* No tokens: OK and nothing. */
+        send_request(fd, NULL, 0, false);
+        expect_ok(f, fd, NULL, 0, false);
+}
+
+static void test_socket_not_found(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f);
+        const char *bogus = "0123456789abcdef0123456789abcdef";
+        const char *tokens[] = { f->tokens[0].hex, bogus, f->tokens[2].hex };
+        _cleanup_free_ char *m = NULL, *m2 = NULL, *m3 = NULL;
+
+        send_request(fd, tokens, 3, false);
+        m = expect_error(fd, 5);
+        assert_non_null(strstr(m, "2 of 3"));
+        /* No secret in the message: neither the bad token nor the good ones. */
+        assert_null(strstr(m, bogus));
+        assert_null(strstr(m, f->tokens[0].hex));
+        assert_null(strstr(m, f->tokens[2].hex));
+
+        /* Released: one by one, then by group. */
+        ShardToken extra;
+        ShardSegment *s = segment_new(64, 0, 0x10);
+        assert_int_equal(shard_table_add(f->table, "bld-other", s, &extra), 0);
+        const char *one[] = { extra.hex };
+        send_request(fd, one, 1, false);
+        int fds[4];
+        size_t n_fds = 0;
+        Reply *reply = NULL;
+        assert_int_equal(recv_reply(fd, &reply, fds, &n_fds), 0);
+        assert_int_equal(reply->code, 0);
+        assert_int_equal(n_fds, 1);
+        close_fds(fds, n_fds);
+        familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+
+        assert_int_equal(shard_table_remove_group(f->table, "bld-other"), 1);
+        shard_segment_unref(s);
+        send_request(fd, one, 1, false);
+        m2 = expect_error(fd, 5);
+        assert_null(strstr(m2, extra.hex));
+
+        assert_int_equal(shard_table_remove(f->table, f->tokens[1].hex), 0);
+        const char *released[] = { f->tokens[0].hex, f->tokens[1].hex };
+        send_request(fd, released, 2, true);
+        m3 = expect_error(fd, 5);
+
+        /* The connection lives on after NOT_FOUND. */
+        const unsigned idx[] = { 0 };
+        send_request(fd, tokens, 1, false);
+        expect_ok(f, fd, idx, 1, false);
+}
+
+static void test_socket_too_many_tokens(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f);
+        const char *tokens[254];
+        unsigned idx[253];
+        _cleanup_free_ char *m = NULL;
+
+        for (size_t i = 0; i < 254; i++) {
+                tokens[i] = f->tokens[i % 3].hex;
+                if (i < 253)
+                        idx[i] = (unsigned) (i % 3);
+        }
+        send_request(fd, tokens, 254, false);
+        m = expect_error(fd, 3);
+        assert_non_null(strstr(m, "254"));
+
+        /* 253 is the most, and works: 253 descriptors in one reply. */
+        send_request(fd, tokens, 253, false);
+        expect_ok(f, fd, idx, 253, false);
+}
+
+static void test_socket_oversized_frame(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f), fd2 = client_connect(f);
+        uint8_t header[4] = { 0, 0, 0x10, 0 }; /* 1 MiB */
+
+        send_all(fd, header, 4);
+        assert_true(wait_closed(fd, 3000));
+
+        /* 65,537: one over. */
+        uint8_t over[4] = { 0x01, 0x00, 0x01, 0x00 };
+        send_all(fd2, over, 4);
+        assert_true(wait_closed(fd2, 3000));
+
+        /* Exactly 65,536 bytes is a frame: here, one valid token plus padding in an unknown
+         * field, which protobuf-c skips. */
+        _cleanup_close_ int fd3 = client_connect(f);
+        uint8_t *body = calloc(1, 65536);
+        size_t n = 0;
+        body[n++] = 0x0a; /* tokens, length-delimited */
+        body[n++] = SHARD_TOKEN_LENGTH;
+        memcpy(body + n, f->tokens[0].hex, SHARD_TOKEN_LENGTH);
+        n += SHARD_TOKEN_LENGTH;
+        size_t pad = 65536 - n - 4; /* field 15 (0x7a), a 3-byte length */
+        body[n++] = 0x7a;
+        body[n++] = (uint8_t) (0x80 | (pad & 0x7f));
+        body[n++] = (uint8_t) (0x80 | ((pad >> 7) & 0x7f));
+        body[n++] = (uint8_t) (pad >> 14);
+        assert_int_equal(n + pad, 65536);
+        send_frame(fd3, body, 65536);
+        free(body);
+        const unsigned idx[] = { 0 };
+        expect_ok(f, fd3, idx, 1, false);
+}
+
+static void test_socket_garbage(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f), fd2 = client_connect(f),
+                            fd3 = client_connect(f);
+        const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        _cleanup_free_ char *m = NULL;
+
+        /* Not our framing at all: the "length" is far over the limit. */
+        send_all(fd, http, strlen(http));
+        assert_true(wait_closed(fd, 3000));
+
+        /* Framed, but not a ShardFdRequest: INVALID_ARGUMENT, then closed. */
+        uint8_t junk[16];
+        memset(junk, 0xff, sizeof junk);
+        send_frame(fd2, junk, sizeof junk);
+        m = expect_error(fd2, 3);
+        assert_non_null(strstr(m, "ShardFdRequest"));
+        assert_true(wait_closed(fd2, 3000));
+
+        /* Meanwhile others are served. */
+        const char *tokens[] = { f->tokens[1].hex };
+        const unsigned idx[] = { 1 };
+        send_request(fd3, tokens, 1, false);
+        expect_ok(f, fd3, idx, 1, false);
+}
+
+static void test_socket_idle_timeout(void **state) {
+        Fixture *f = *state;
+
+        shard_server_set_idle_timeout(f->server, 300);
+        _cleanup_close_ int silent = client_connect(f), trickle = client_connect(f),
+                            busy = client_connect(f);
+        uint64_t start = now_ms(), silent_closed = 0, trickle_closed = 0;
+        const char *tokens[] = { f->tokens[0].hex, f->tokens[1].hex };
+        const unsigned idx[] = { 0, 1 };
+        unsigned served = 0;
+        uint8_t header[4] = { 10, 0, 0, 0 };
+        unsigned trickled = 0;
+
+        while ((!silent_closed || !trickle_closed) && now_ms() - start < 5000) {
+                send_request(busy, tokens, 2, false);
+                expect_ok(f, busy, idx, 2, false);
+                served++;
+                /* A byte now and then does not count as activity: only whole frames do. */
+                if (!trickle_closed && trickled < 4) {
+                        (void) send(trickle, header + trickled, 1, MSG_NOSIGNAL);
+                        trickled++;
+                }
+                if (!silent_closed && wait_closed(silent, 0))
+                        silent_closed = now_ms() - start;
+                if (!trickle_closed && wait_closed(trickle, 0))
+                        trickle_closed = now_ms() - start;
+                usleep(20 * 1000);
+        }
+        print_message("silent closed after %llu ms, trickle after %llu ms, %u requests served "
+                      "meanwhile\n",
+                      (unsigned long long) silent_closed, (unsigned long long) trickle_closed,
+                      served);
+        assert_true(silent_closed >= 250 && silent_closed < 3000);
+        assert_true(trickle_closed >= 250 && trickle_closed < 3000);
+        assert_true(served >= 5);
+
+        /* The busy one lives on while it keeps asking. */
+        send_request(busy, tokens, 2, false);
+        expect_ok(f, busy, idx, 2, false);
+}
+
+static void test_socket_sequential(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f);
+        const char *tokens[] = { f->tokens[0].hex, f->tokens[1].hex, f->tokens[2].hex };
+        const char *bad[] = { f->tokens[0].hex, "x" };
+
+        for (unsigned i = 0; i < 500; i++) {
+                const unsigned idx[] = { i % 3, (i + 1) % 3, (i + 2) % 3 };
+                const char *order[] = { tokens[idx[0]], tokens[idx[1]], tokens[idx[2]] };
+                if (i % 7 == 3) {
+                        send_request(fd, bad, 2, false);
+                        free(expect_error(fd, 5));
+                        continue;
+                }
+                send_request(fd, order, 1 + i % 3, i % 2);
+                expect_ok(f, fd, idx, 1 + i % 3, i % 2);
+        }
+
+        /* Pipelined: ten requests before reading any reply. */
+        for (unsigned i = 0; i < 10; i++)
+                send_request(fd, tokens, 3, false);
+        const unsigned idx[] = { 0, 1, 2 };
+        for (unsigned i = 0; i < 10; i++)
+                expect_ok(f, fd, idx, 3, false);
+}
+
+typedef struct Flooder {
+        int fd;
+        const char *token;
+        unsigned n;
+} Flooder;
+
+static void *flood(void *userdata) {
+        Flooder *fl = userdata;
+        const char *bad[] = { "not-a-token" };
+        const char *good[] = { fl->token };
+
+        for (unsigned i = 0; i < fl->n; i++) {
+                if (i % 4 == 0)
+                        send_request(fl->fd, good, 1, false);
+                else
+                        send_request(fl->fd, bad, 1, false);
+        }
+        return NULL;
+}
+
+static void test_socket_slow_reader(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int slow = client_connect(f), other = client_connect(f);
+        Flooder fl = { .fd = slow, .token = f->tokens[2].hex, .n = 3000 };
+        pthread_t thread;
+
+        /* The slow client's replies fill its socket: the server must keep them queued and
+         * watch for room, while it serves others. */
+        assert_int_equal(pthread_create(&thread, NULL, flood, &fl), 0);
+        usleep(300 * 1000);
+        const char *tokens[] = { f->tokens[0].hex };
+        const unsigned idx[] = { 0 }, idx2[] = { 2 };
+        uint64_t t0 = now_ms();
+        send_request(other, tokens, 1, false);
+        expect_ok(f, other, idx, 1, false);
+        assert_true(now_ms() - t0 < 5000);
+
+        for (unsigned i = 0; i < fl.n; i++) {
+                if (i % 4 == 0)
+                        expect_ok(f, slow, idx2, 1, false);
+                else
+                        free(expect_error(slow, 5));
+        }
+        assert_int_equal(pthread_join(thread, NULL), 0);
+}
+
+static void test_socket_out_of_fds(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f);
+        const char *tokens[253];
+        const unsigned idx[] = { 0, 1, 2 };
+        struct rlimit saved, low;
+        _cleanup_free_ char *m = NULL;
+
+        for (size_t i = 0; i < 253; i++)
+                tokens[i] = f->tokens[i % 3].hex;
+
+        /* The server has accepted the connection once it answers. */
+        send_request(fd, tokens, 3, false);
+        expect_ok(f, fd, idx, 3, false);
+
+        /* Room for a few descriptors, not 253: all or nothing, and nothing leaks. */
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        low = saved;
+        size_t before = settled_open_fds();
+        low.rlim_cur = before + 16;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+        send_request(fd, tokens, 253, false);
+        m = expect_error(fd, 8);
+        assert_int_equal(count_open_fds(), before);
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+
+        send_request(fd, tokens, 3, false);
+        expect_ok(f, fd, idx, 3, false);
+}
+
+static void test_socket_connection_cap(void **state) {
+        Fixture *f = *state;
+
+        shard_server_set_max_connections(f->server, 2);
+        _cleanup_close_ int a = client_connect(f), b = client_connect(f);
+        const char *tokens[] = { f->tokens[0].hex };
+        const unsigned idx[] = { 0 };
+
+        /* Both accepted before the third arrives. */
+        send_request(a, tokens, 1, false);
+        expect_ok(f, a, idx, 1, false);
+        send_request(b, tokens, 1, false);
+        expect_ok(f, b, idx, 1, false);
+        _cleanup_close_ int c = client_connect(f);
+        assert_true(wait_closed(c, 3000));
+        send_request(a, tokens, 1, false);
+        expect_ok(f, a, idx, 1, false);
+
+        /* A slot freed is a slot for the next one, once the server has seen the close. */
+        a = safe_close(a);
+        for (unsigned tries = 0;; tries++) {
+                _cleanup_close_ int d = client_connect(f);
+                if (wait_closed(d, 100)) {
+                        assert_true(tries < 30);
+                        continue;
+                }
+                send_request(d, tokens, 1, false);
+                expect_ok(f, d, idx, 1, false);
+                break;
+        }
+}
+
+static void test_socket_free_with_clients(void **state) {
+        Fixture *f = *state;
+        int fd = client_connect(f), fd2 = client_connect(f);
+        uint8_t partial[2] = { 5, 0 };
+
+        /* A half-sent frame and an unread reply when the server stops: teardown checks that
+         * nothing leaks. */
+        send_all(fd, partial, 2);
+        const char *tokens[] = { f->tokens[0].hex };
+        send_request(fd2, tokens, 1, false);
+        usleep(100 * 1000);
+        f->server = shard_server_free(f->server);
+        assert_true(wait_closed(fd, 1000));
+        close(fd);
+        close(fd2);
+}
+
+#define SOCKET_TEST(t) cmocka_unit_test_setup_teardown(t, fixture_setup, fixture_teardown)
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_token_format_unique),
+                cmocka_unit_test(test_segment_sealing),
+                cmocka_unit_test(test_segment_adopt),
+                cmocka_unit_test(test_table_basic),
+                cmocka_unit_test(test_table_threads),
+                SOCKET_TEST(test_socket_three_in_order),
+                SOCKET_TEST(test_socket_not_found),
+                SOCKET_TEST(test_socket_too_many_tokens),
+                SOCKET_TEST(test_socket_oversized_frame),
+                SOCKET_TEST(test_socket_garbage),
+                SOCKET_TEST(test_socket_idle_timeout),
+                SOCKET_TEST(test_socket_sequential),
+                SOCKET_TEST(test_socket_slow_reader),
+                SOCKET_TEST(test_socket_out_of_fds),
+                SOCKET_TEST(test_socket_connection_cap),
+                SOCKET_TEST(test_socket_free_with_clients),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
