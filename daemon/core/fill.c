@@ -1,1 +1,831 @@
-/* placeholder: being written */
+/* fill.c: materialisation of parameter values (semantics.md, Build step 6). */
+
+/*
+ * DESIGN
+ *
+ * Determinism. An element's bits depend on its global index only. The generators use integer
+ * operations and the IEEE-754 basic operations (+ - * /, int<->float conversions), which
+ * are correctly rounded: a scalar, SSE2, AVX2 or AVX-512 instruction gives the same bits. Two
+ * things could break that and are ruled out here: contraction of a*b+c into an FMA (off for
+ * this file by pragma, for GCC and clang; GCC ignores `#pragma STDC FP_CONTRACT`), and libm,
+ * whose vector variants (libmvec) may round differently from the scalar ones. So the normal
+ * init uses no libm at all: ln and cos are evaluated by the double-precision polynomials below
+ * (error ~1e-15, far below float32's 6e-8), and so is sqrt (Newton steps).
+ * Nor -ffast-math: every operation is evaluated as written.
+ *
+ * Speed. Values are produced per batch of up to FILL_BATCH global indices (a multiple of
+ * FILL_BLOCK; a partial block computes padding lanes and drops them), one Philox call per element
+ * as the spec requires, in two stages: Philox x0/x1 for the batch (AVX-512 or AVX2 intrinsics
+ * on x86-64, chosen by CPU at run time, else portable C; integers, so all agree), then the
+ * float stage in plain C that gcc vectorises (cloned for AVX2 and AVX-512 on x86-64 gcc by
+ * ifunc; the default clone is SSE2). Every element goes through the same functions whatever its
+ * slice. Contiguous runs of a slice are walked row by row: index generation is an add per element.
+ *
+ * Threads. fill_run() cuts the slices into chunks of FILL_CHUNK local elements; threads take
+ * chunks from one atomic counter. A chunk writes only its own bytes of dst, so the split never
+ * shows in the result.
+ */
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "fill.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+        !defined(FILL_NO_CLONES)
+/* Multiversioning (glibc ifunc): the vector width follows the CPU, the bits do not. */
+#define _fill_clones_ __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define _fill_clones_
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(FILL_NO_INTRINSICS)
+#include <immintrin.h>
+#define FILL_X86_INTRINSICS 1
+#else
+#define FILL_X86_INTRINSICS 0
+#endif
+
+#define FILL_BLOCK 16            /* lanes per generator call; a multiple of every vector width */
+#define FILL_BATCH 512           /* indices walked per generator call */
+#define FILL_CHUNK (1u << 16)    /* local elements per thread work item */
+#define FILL_THREADS_MAX 1024u
+
+#define PHILOX_M0 UINT32_C(0xD2511F53)
+#define PHILOX_M1 UINT32_C(0xCD9E8D57)
+#define PHILOX_W0 UINT32_C(0x9E3779B9)
+#define PHILOX_W1 UINT32_C(0xBB67AE85)
+
+static const char *const dtype_table[_DTYPE_MAX] = {
+        [DTYPE_FLOAT32] = "float32",
+        [DTYPE_BFLOAT16] = "bfloat16",
+        [DTYPE_FLOAT16] = "float16",
+};
+
+Dtype dtype_from_string(const char *s) {
+        static const struct {
+                const char *name;
+                Dtype dtype;
+        } aliases[] = {
+                { "f32", DTYPE_FLOAT32 },  { "fp32", DTYPE_FLOAT32 }, { "bf16", DTYPE_BFLOAT16 },
+                { "f16", DTYPE_FLOAT16 },  { "fp16", DTYPE_FLOAT16 },
+        };
+
+        if (isempty(s))
+                return DTYPE_FLOAT32;
+        for (Dtype d = 0; d < _DTYPE_MAX; d++)
+                if (streq(s, dtype_table[d]))
+                        return d;
+        for (size_t i = 0; i < ELEMENTSOF(aliases); i++)
+                if (streq(s, aliases[i].name))
+                        return aliases[i].dtype;
+        return _DTYPE_INVALID;
+}
+
+const char *dtype_to_string(Dtype d) {
+        if (d < 0 || d >= _DTYPE_MAX)
+                return NULL;
+        return dtype_table[d];
+}
+
+size_t dtype_size(Dtype d) {
+        switch (d) {
+        case DTYPE_FLOAT32:
+                return 4;
+        case DTYPE_BFLOAT16:
+        case DTYPE_FLOAT16:
+                return 2;
+        default:
+                return 0;
+        }
+}
+
+uint32_t fnv1a32(const void *data, size_t n) {
+        const unsigned char *p = data;
+        uint32_t h = UINT32_C(0x811c9dc5);
+
+        for (size_t i = 0; i < n; i++) {
+                h ^= p[i];
+                h *= UINT32_C(0x01000193);
+        }
+        return h;
+}
+
+uint32_t fnv1a32_string(const char *s) {
+        s = strempty(s);
+        return fnv1a32(s, strlen(s));
+}
+
+static inline __attribute__((always_inline)) void philox_round(uint32_t c[4], uint32_t k0, uint32_t k1) {
+        uint64_t p0 = (uint64_t) PHILOX_M0 * c[0];
+        uint64_t p1 = (uint64_t) PHILOX_M1 * c[2];
+
+        c[0] = (uint32_t) (p1 >> 32) ^ c[1] ^ k0;
+        c[1] = (uint32_t) p1;
+        c[2] = (uint32_t) (p0 >> 32) ^ c[3] ^ k1;
+        c[3] = (uint32_t) p0;
+}
+
+void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t ret[4]) {
+        uint32_t c[4] = { counter[0], counter[1], counter[2], counter[3] };
+        uint32_t k0 = key[0], k1 = key[1];
+
+        for (unsigned r = 0; r < 10; r++) {
+                philox_round(c, k0, k1);
+                k0 += PHILOX_W0;
+                k1 += PHILOX_W1;
+        }
+        memcpy(ret, c, sizeof(c));
+}
+
+/*
+ * x0 and x1 of Philox4x32-10 for counter (lo32(i), hi32(i), h, 0). The tenth round needs only
+ * the M1 product: x0 = hi(M1 * c2) ^ c1 ^ k0, x1 = lo(M1 * c2).
+ */
+static inline __attribute__((always_inline)) void philox_x0x1(uint64_t i, uint32_t h, uint32_t k0,
+                                                             uint32_t k1, uint32_t *ret_x0,
+                                                             uint32_t *ret_x1) {
+        uint32_t c[4] = { (uint32_t) i, (uint32_t) (i >> 32), h, 0 };
+
+        /* Unrolled by hand: at -O2 gcc keeps a loop here, and a loop inside the lane loop stops
+         * vectorisation. */
+#define R(r) philox_round(c, k0 + (r) * PHILOX_W0, k1 + (r) * PHILOX_W1)
+        R(0); R(1); R(2); R(3); R(4); R(5); R(6); R(7); R(8);
+#undef R
+
+        uint64_t p1 = (uint64_t) PHILOX_M1 * c[2];
+        *ret_x0 = (uint32_t) (p1 >> 32) ^ c[1] ^ (k0 + 9 * PHILOX_W0);
+        *ret_x1 = (uint32_t) p1;
+}
+
+static inline uint32_t float_bits(float f) {
+        uint32_t u;
+        memcpy(&u, &f, sizeof(u));
+        return u;
+}
+
+static inline float bits_float(uint32_t u) {
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        return f;
+}
+
+static inline uint16_t bf16_from_bits(uint32_t b) {
+        uint16_t r = (uint16_t) ((b + UINT32_C(0x7fff) + ((b >> 16) & 1)) >> 16);
+        /* NaN: keep sign and top payload bits, force quiet (rounding could carry into inf). */
+        return (b & UINT32_C(0x7fffffff)) > UINT32_C(0x7f800000) ? (uint16_t) ((b >> 16) | 0x40) : r;
+}
+
+uint16_t float_to_bfloat16(float f) {
+        return bf16_from_bits(float_bits(f));
+}
+
+static inline uint16_t f16_from_bits(uint32_t b) {
+        uint32_t sign = (b >> 16) & 0x8000;
+        uint32_t x = b & UINT32_C(0x7fffffff);
+
+        if (x > UINT32_C(0x7f800000)) /* NaN: quiet, top payload bits kept */
+                return (uint16_t) (sign | 0x7e00 | ((x >> 13) & 0x3ff));
+        if (x >= UINT32_C(0x477ff000)) /* >= 65520 (incl. inf) rounds to inf */
+                return (uint16_t) (sign | 0x7c00);
+        if (x >= UINT32_C(0x38800000)) { /* normal: rebias 127 -> 15, round 13 bits away */
+                uint32_t h = (x - UINT32_C(0x38000000)) >> 13;
+                uint32_t rem = x & 0x1fff;
+                h += rem > 0x1000 || (rem == 0x1000 && (h & 1));
+                return (uint16_t) (sign | h);
+        }
+        if (x <= UINT32_C(0x33000000)) /* <= 2^-25: to zero (2^-25 ties to even 0) */
+                return (uint16_t) sign;
+        /* Subnormal: value = k * 2^-24, k = m >> (126 - e); shift is 14..24 here. */
+        uint32_t e = x >> 23, m = (x & UINT32_C(0x7fffff)) | UINT32_C(0x800000);
+        uint32_t shift = 126 - e;
+        uint32_t k = m >> shift, rem = m & ((UINT32_C(1) << shift) - 1), half = UINT32_C(1) << (shift - 1);
+        k += rem > half || (rem == half && (k & 1));
+        return (uint16_t) (sign | k);
+}
+
+uint16_t float_to_float16(float f) {
+        return f16_from_bits(float_bits(f));
+}
+
+float bfloat16_to_float(uint16_t h) {
+        return bits_float((uint32_t) h << 16);
+}
+
+float float16_to_float(uint16_t h) {
+        uint32_t sign = (uint32_t) (h & 0x8000) << 16;
+        uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+
+        if (e == 0x1f)
+                return bits_float(sign | UINT32_C(0x7f800000) | (m << 13));
+        if (e == 0) {
+                /* Subnormal or zero: m * 2^-24, exact in float32. */
+                float v = (float) m * 0x1p-24f;
+                return sign ? -v : v;
+        }
+        return bits_float(sign | ((e + 112) << 23) | (m << 13));
+}
+
+int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t seed, const char *name,
+                   Dtype dtype) {
+        if (!ret || kind < 0 || kind >= _INIT_KIND_MAX || dtype < 0 || dtype >= _DTYPE_MAX)
+                return -EINVAL;
+        *ret = (FillSpec) {
+                .kind = kind,
+                .a = a,
+                .b = b,
+                .seed = seed,
+                .name_hash = fnv1a32_string(name),
+                .dtype = dtype,
+        };
+        return 0;
+}
+
+/* ---- Generators: a batch of indices in, float32 values out. ---- */
+
+typedef struct GenParams {
+        uint32_t k0, k1, h;
+        float low, span; /* uniform: low, (float) high - (float) low */
+        double mean, std;
+} GenParams;
+
+static GenParams gen_params(const FillSpec *spec) {
+        float low = (float) spec->a, high = (float) spec->b;
+
+        return (GenParams) {
+                .k0 = (uint32_t) spec->seed,
+                .k1 = (uint32_t) (spec->seed >> 32),
+                .h = spec->name_hash,
+                .low = low,
+                .span = high - low,
+                .mean = spec->a,
+                .std = spec->b,
+        };
+}
+
+/* ---- Stage 1: Philox x0, x1 for a batch of indices. ---- */
+
+static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, size_t n,
+                           uint32_t *restrict x0, uint32_t *restrict x1) {
+        for (size_t j = 0; j < n; j++)
+                philox_x0x1(idx[j], p->h, p->k0, p->k1, &x0[j], &x1[j]);
+}
+
+#if FILL_X86_INTRINSICS
+/*
+ * Counter words live in 64-bit lanes, only their low 32 bits meaningful: vpmuludq reads the low
+ * halves and yields the full 64-bit product, so a round is two multiplies, two shifts and two
+ * three-way xors with no shuffles (gcc's own vectorisation of the C widens to 64x64 multiplies
+ * on AVX-512, three times the work). Lane 0 of idx is i itself: low half lo32(i), and
+ * hi32(i) is i >> 32. n is a multiple of 8.
+ */
+__attribute__((target("avx512f"))) static void philox_batch_avx512(const GenParams *p,
+                                                                   const uint64_t *restrict idx, size_t n,
+                                                                   uint32_t *restrict x0,
+                                                                   uint32_t *restrict x1) {
+        const __m512i m0 = _mm512_set1_epi64(PHILOX_M0), m1 = _mm512_set1_epi64(PHILOX_M1);
+        const __m512i c2_0 = _mm512_set1_epi64(p->h);
+        __m512i k0[10], k1[10];
+
+        for (uint32_t r = 0; r < 10; r++) {
+                k0[r] = _mm512_set1_epi64(p->k0 + r * PHILOX_W0);
+                k1[r] = _mm512_set1_epi64(p->k1 + r * PHILOX_W1);
+        }
+        for (size_t j = 0; j < n; j += 8) {
+                __m512i c0 = _mm512_loadu_si512(idx + j);
+                __m512i c1 = _mm512_srli_epi64(c0, 32);
+                __m512i c2 = c2_0, c3 = _mm512_setzero_si512();
+
+                for (unsigned r = 0; r < 9; r++) {
+                        __m512i p0 = _mm512_mul_epu32(c0, m0), p1 = _mm512_mul_epu32(c2, m1);
+                        c0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), c1, k0[r], 0x96);
+                        c1 = p1;
+                        c2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), c3, k1[r], 0x96);
+                        c3 = p0;
+                }
+                __m512i p1 = _mm512_mul_epu32(c2, m1);
+                __m512i r0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), c1, k0[9], 0x96);
+                _mm256_storeu_si256((__m256i *) (x0 + j), _mm512_cvtepi64_epi32(r0));
+                _mm256_storeu_si256((__m256i *) (x1 + j), _mm512_cvtepi64_epi32(p1));
+        }
+}
+
+__attribute__((target("avx2"))) static inline __m128i low_halves_avx2(__m256i v) {
+        return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+}
+
+__attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p, const uint64_t *restrict idx,
+                                                              size_t n, uint32_t *restrict x0,
+                                                              uint32_t *restrict x1) {
+        const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
+        const __m256i c2_0 = _mm256_set1_epi64x(p->h);
+        __m256i k0[10], k1[10];
+
+        for (uint32_t r = 0; r < 10; r++) {
+                k0[r] = _mm256_set1_epi64x(p->k0 + r * PHILOX_W0);
+                k1[r] = _mm256_set1_epi64x(p->k1 + r * PHILOX_W1);
+        }
+        for (size_t j = 0; j < n; j += 4) {
+                __m256i c0 = _mm256_loadu_si256((const __m256i *) (idx + j));
+                __m256i c1 = _mm256_srli_epi64(c0, 32);
+                __m256i c2 = c2_0, c3 = _mm256_setzero_si256();
+
+                for (unsigned r = 0; r < 9; r++) {
+                        __m256i p0 = _mm256_mul_epu32(c0, m0), p1 = _mm256_mul_epu32(c2, m1);
+                        c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), k0[r]);
+                        c1 = p1;
+                        c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), k1[r]);
+                        c3 = p0;
+                }
+                __m256i p1 = _mm256_mul_epu32(c2, m1);
+                __m256i r0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), k0[9]);
+                _mm_storeu_si128((__m128i *) (x0 + j), low_halves_avx2(r0));
+                _mm_storeu_si128((__m128i *) (x1 + j), low_halves_avx2(p1));
+        }
+}
+#endif
+
+/* n is a multiple of FILL_BLOCK. Every path computes the same integers. */
+static void philox_batch(const GenParams *p, const uint64_t *idx, size_t n, uint32_t *x0, uint32_t *x1) {
+#if FILL_X86_INTRINSICS
+        if (__builtin_cpu_supports("avx512f")) {
+                philox_batch_avx512(p, idx, n, x0, x1);
+                return;
+        }
+        if (__builtin_cpu_supports("avx2")) {
+                philox_batch_avx2(p, idx, n, x0, x1);
+                return;
+        }
+#endif
+        philox_batch_c(p, idx, n, x0, x1);
+}
+
+/* ---- Stage 2: values from the bits. ---- */
+
+_fill_clones_ static void uniform_from_bits(const GenParams *p, const uint32_t *restrict x0, size_t n,
+                                            float *restrict out) {
+        const float low = p->low, span = p->span;
+
+        /* Blocks of a fixed count: gcc -O2 (very cheap cost model) vectorises only those. */
+        for (size_t b = 0; b < n; b += FILL_BLOCK, x0 += FILL_BLOCK, out += FILL_BLOCK)
+                for (size_t j = 0; j < FILL_BLOCK; j++) {
+                        /* (x0 >> 8) < 2^24: exact in float32, and so is the scaling by 2^-24. */
+                        float u = (float) (int32_t) (x0[j] >> 8) * 0x1p-24f;
+                        float t = span * u;
+                        out[j] = low + t;
+                }
+}
+
+#define LN2 0.693147180559945309417232121458176568
+#define TWO_PI_2M24 (6.283185307179586476925286766559 / 16777216.0) /* exact power-of-two scaling */
+
+/*
+ * -2 ln(n * 2^-24) for n in [1, 2^24]. n = 2^e * f with f in [sqrt(1/2), sqrt(2)), taken
+ * from the bits of (float) n (exact); ln f = 2 atanh(s), s = (f - 1) / (f + 1), |s| <= 0.1716,
+ * series through s^17: relative truncation error < 1e-15.
+ */
+static inline __attribute__((always_inline)) double minus_two_ln_u(uint32_t n) {
+        uint32_t bits = float_bits((float) (int32_t) n);
+        uint32_t mant = bits & UINT32_C(0x7fffff);
+        /* The reduction in integers (sqrt(2) is 0x3fb504f3): gcc if-converts integer selects at
+         * every vector width, while a select between f and f * 0.5 stays a branch ("could trap"). */
+        uint32_t big = mant > UINT32_C(0x3504f3);
+        double e = (double) ((int32_t) (bits >> 23) - 127 - 24 + (int32_t) big);
+        double f = (double) bits_float(mant | (big ? UINT32_C(0x3f000000) : UINT32_C(0x3f800000)));
+
+        double s = (f - 1.0) / (f + 1.0);
+        double s2 = s * s;
+        double q = 1.0 / 17.0;
+        q = q * s2 + 1.0 / 15.0;
+        q = q * s2 + 1.0 / 13.0;
+        q = q * s2 + 1.0 / 11.0;
+        q = q * s2 + 1.0 / 9.0;
+        q = q * s2 + 1.0 / 7.0;
+        q = q * s2 + 1.0 / 5.0;
+        q = q * s2 + 1.0 / 3.0;
+        q = q * s2 + 1.0;
+        double ln_f = 2.0 * s * q;
+        double ln_u = ln_f + e * LN2;
+        return -2.0 * ln_u;
+}
+
+/*
+ * cos(2 pi m 2^-24) for m in [0, 2^24). The quadrant and the octant reflection are exact in
+ * integers; sin and cos on [0, pi/4] are Taylor polynomials (through x^15 and x^16: error
+ * < 1e-15).
+ */
+static inline __attribute__((always_inline)) double cos_two_pi_u(uint32_t m) {
+        uint32_t r = m & UINT32_C(0x3fffff);
+        uint32_t rr = r > UINT32_C(0x200000) ? UINT32_C(0x400000) - r : r;
+        double q = (double) (int32_t) (m >> 22);
+        bool refl = (double) (int32_t) r > 2097152.0; /* as above, on doubles for the selects below */
+        double x = (double) (int32_t) rr * TWO_PI_2M24;
+        double x2 = x * x;
+
+        double sp = -1.0 / 1307674368000.0;
+        sp = sp * x2 + 1.0 / 6227020800.0;
+        sp = sp * x2 - 1.0 / 39916800.0;
+        sp = sp * x2 + 1.0 / 362880.0;
+        sp = sp * x2 - 1.0 / 5040.0;
+        sp = sp * x2 + 1.0 / 120.0;
+        sp = sp * x2 - 1.0 / 6.0;
+        sp = sp * x2 + 1.0;
+        double sn = sp * x;
+
+        double cp = 1.0 / 20922789888000.0;
+        cp = cp * x2 - 1.0 / 87178291200.0;
+        cp = cp * x2 + 1.0 / 479001600.0;
+        cp = cp * x2 - 1.0 / 3628800.0;
+        cp = cp * x2 + 1.0 / 40320.0;
+        cp = cp * x2 - 1.0 / 720.0;
+        cp = cp * x2 + 1.0 / 24.0;
+        cp = cp * x2 - 0.5;
+        double cs = cp * x2 + 1.0;
+
+        /* Angle 2 pi (q/4 + f), f = r 2^-24 in [0, 1/4); reflected: f' = 1/4 - f. */
+        double c = refl ? sn : cs; /* cos(2 pi f) */
+        double s = refl ? cs : sn; /* sin(2 pi f) */
+        double v = q == 1.0 || q == 3.0 ? s : c;
+        return v * (q == 1.0 || q == 2.0 ? -1.0 : 1.0);
+}
+
+/*
+ * sqrt(t) for t in [0, 34] by Newton's iteration for 1/sqrt(t) from the classic bit-level seed
+ * (relative error 3.4e-2, squared by each step: 4 steps reach rounding noise), then t * y.
+ * GCC keeps a libm call for sqrt() on the errno path unless the whole build has -fno-math-errno,
+ * which blocks vectorising and would let libm in; this is a few multiplies, all IEEE basic ops.
+ */
+static inline __attribute__((always_inline)) double sqrt_newton(double t) {
+        uint64_t bits;
+        double y;
+
+        memcpy(&bits, &t, sizeof(bits));
+        bits = UINT64_C(0x5fe6eb50c7b537a9) - (bits >> 1);
+        memcpy(&y, &bits, sizeof(y));
+        double half = 0.5 * t;
+#define STEP() y = y * (1.5 - half * (y * y))
+        STEP(); STEP(); STEP(); STEP(); /* unrolled: see philox_x0x1() */
+#undef STEP
+        return t * y;
+}
+
+_fill_clones_ static void normal_from_bits(const GenParams *p, const uint32_t *restrict x0,
+                                           const uint32_t *restrict x1, size_t n, float *restrict out) {
+        const double mean = p->mean, std = p->std;
+
+        for (size_t b = 0; b < n; b += FILL_BLOCK, x0 += FILL_BLOCK, x1 += FILL_BLOCK, out += FILL_BLOCK)
+                for (size_t j = 0; j < FILL_BLOCK; j++) {
+                        double rad = sqrt_newton(minus_two_ln_u((x0[j] >> 8) + 1));
+                        double z = rad * cos_two_pi_u(x1[j] >> 8);
+                        double t = std * z;
+                        out[j] = (float) (mean + t);
+                }
+}
+
+/* n values for the indices idx[0..n), n a multiple of FILL_BLOCK and at most FILL_BATCH. */
+static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *idx, size_t n, float *out) {
+        uint32_t x0[FILL_BATCH], x1[FILL_BATCH];
+
+        philox_batch(p, idx, n, x0, x1);
+        if (spec->kind == INIT_UNIFORM)
+                uniform_from_bits(p, x0, n, out);
+        else
+                normal_from_bits(p, x0, x1, n, out);
+}
+
+float fill_value(const FillSpec *spec, uint64_t i) {
+        uint64_t idx[FILL_BLOCK];
+        float out[FILL_BLOCK];
+        GenParams p;
+
+        switch (spec->kind) {
+        case INIT_ZEROS:
+                return 0.0f;
+        case INIT_ONES:
+                return 1.0f;
+        case INIT_CONSTANT:
+                return (float) spec->a;
+        default:
+                break;
+        }
+        for (size_t j = 0; j < FILL_BLOCK; j++)
+                idx[j] = i;
+        p = gen_params(spec);
+        generate(spec, &p, idx, FILL_BLOCK, out);
+        return out[0];
+}
+
+/* ---- Slices: geometry, walking, chunks. ---- */
+
+typedef struct SliceGeom {
+        size_t n_outer;   /* dimensions walked row by row; the rest form one contiguous run */
+        uint64_t inner;   /* local elements per run */
+        uint64_t run_offset;
+        uint64_t local[FILL_RANK_MAX];
+        uint64_t offset[FILL_RANK_MAX];
+        uint64_t stride[FILL_RANK_MAX]; /* global row-major strides */
+} SliceGeom;
+
+int fill_slice_check(const FillSlice *s, uint64_t *ret_n_elements) {
+        uint64_t total = 1, local = 1;
+        bool overflow = false, empty = false;
+
+        if (!s || !s->spec || s->spec->kind < 0 || s->spec->kind >= _INIT_KIND_MAX ||
+            s->spec->dtype < 0 || s->spec->dtype >= _DTYPE_MAX)
+                return -EINVAL;
+        if (s->rank > FILL_RANK_MAX)
+                return -E2BIG;
+        if (s->rank > 0 && (!s->shape || !s->local_shape || !s->global_offset))
+                return -EINVAL;
+        for (size_t d = 0; d < s->rank; d++) {
+                int64_t n = s->shape[d], l = s->local_shape[d], o = s->global_offset[d];
+
+                if (n < 0 || l < 0 || o < 0 || l > n || o > n - l)
+                        return -EINVAL;
+                overflow = overflow || __builtin_mul_overflow(total, (uint64_t) n, &total);
+                empty = empty || n == 0;
+                local *= (uint64_t) l; /* <= total, so it overflows only if total does */
+        }
+        /* A shape with a zero extent has no elements, however large the others. */
+        if (overflow && !empty)
+                return -EOVERFLOW;
+        if (local > SIZE_MAX / dtype_size(s->spec->dtype))
+                return -EOVERFLOW;
+        if (local > 0 && !s->dst)
+                return -EINVAL;
+        if (ret_n_elements)
+                *ret_n_elements = local;
+        return 0;
+}
+
+static void slice_geom(const FillSlice *s, SliceGeom *g) {
+        size_t r = s->rank, c = 0;
+        uint64_t stride = 1;
+
+        for (size_t d = r; d-- > 0;) {
+                g->stride[d] = stride;
+                stride *= (uint64_t) s->shape[d];
+                g->local[d] = (uint64_t) s->local_shape[d];
+                g->offset[d] = (uint64_t) s->global_offset[d];
+        }
+        /* The last dimension the slice does not span fully; those after it are contiguous. */
+        for (size_t d = r; d-- > 0;)
+                if (s->local_shape[d] != s->shape[d]) {
+                        c = d;
+                        break;
+                }
+        g->n_outer = c;
+        g->inner = r > 0 ? g->local[c] * g->stride[c] : 1;
+        g->run_offset = r > 0 ? g->offset[c] * g->stride[c] : 0;
+}
+
+typedef struct Walker {
+        const SliceGeom *g;
+        uint64_t l[FILL_RANK_MAX]; /* local index in the outer dimensions */
+        uint64_t base;             /* global index of the current run's first element */
+        uint64_t o;                /* position in the current run */
+} Walker;
+
+static void walker_init(Walker *w, const SliceGeom *g, uint64_t start) {
+        uint64_t row = start / g->inner;
+
+        w->g = g;
+        w->o = start % g->inner;
+        w->base = g->run_offset;
+        for (size_t d = g->n_outer; d-- > 0;) {
+                w->l[d] = row % g->local[d];
+                row /= g->local[d];
+                w->base += (g->offset[d] + w->l[d]) * g->stride[d];
+        }
+}
+
+static void walker_take(Walker *w, uint64_t *idx, size_t n) {
+        const SliceGeom *g = w->g;
+
+        for (size_t filled = 0; filled < n;) {
+                uint64_t k = g->inner - w->o;
+                if (k > n - filled)
+                        k = n - filled;
+                uint64_t first = w->base + w->o;
+                for (size_t j = 0; j < k; j++)
+                        idx[filled + j] = first + j;
+                filled += k;
+                w->o += k;
+                if (w->o < g->inner)
+                        continue;
+                w->o = 0;
+                for (size_t d = g->n_outer; d-- > 0;) {
+                        w->base += g->stride[d];
+                        if (++w->l[d] < g->local[d])
+                                break;
+                        w->base -= g->local[d] * g->stride[d];
+                        w->l[d] = 0;
+                }
+        }
+}
+
+static void store_pattern(void *dst, size_t n, Dtype dtype, float v) {
+        if (float_bits(v) == 0) {
+                memset(dst, 0, n * dtype_size(dtype));
+                return;
+        }
+        if (dtype == DTYPE_FLOAT32) {
+                uint32_t pat = float_bits(v), *q = dst;
+                for (size_t i = 0; i < n; i++)
+                        q[i] = pat;
+        } else {
+                uint16_t pat = dtype == DTYPE_BFLOAT16 ? float_to_bfloat16(v) : float_to_float16(v), *q = dst;
+                for (size_t i = 0; i < n; i++)
+                        q[i] = pat;
+        }
+}
+
+static void store_converted(void *dst, const float *src, size_t n, Dtype dtype) {
+        uint16_t *q = dst;
+
+        switch (dtype) {
+        case DTYPE_FLOAT32:
+                memcpy(dst, src, n * sizeof(float));
+                break;
+        case DTYPE_BFLOAT16:
+                for (size_t i = 0; i < n; i++)
+                        q[i] = bf16_from_bits(float_bits(src[i]));
+                break;
+        default:
+                for (size_t i = 0; i < n; i++)
+                        q[i] = f16_from_bits(float_bits(src[i]));
+                break;
+        }
+}
+
+/* Local elements [start, start + n) of a checked slice. */
+static void fill_chunk(const FillSlice *s, uint64_t start, uint64_t n) {
+        const FillSpec *spec = s->spec;
+        size_t size = dtype_size(spec->dtype);
+        uint8_t *dst = (uint8_t *) s->dst + start * size;
+
+        switch (spec->kind) {
+        case INIT_ZEROS:
+                store_pattern(dst, n, spec->dtype, 0.0f);
+                return;
+        case INIT_ONES:
+                store_pattern(dst, n, spec->dtype, 1.0f);
+                return;
+        case INIT_CONSTANT:
+                store_pattern(dst, n, spec->dtype, (float) spec->a);
+                return;
+        default:
+                break;
+        }
+
+        SliceGeom g;
+        Walker w;
+        uint64_t idx[FILL_BATCH];
+        float tmp[FILL_BATCH];
+        GenParams p = gen_params(spec);
+
+        slice_geom(s, &g);
+        walker_init(&w, &g, start);
+        while (n > 0) {
+                size_t m = n < FILL_BATCH ? (size_t) n : FILL_BATCH;
+                size_t n_blocks = (m + FILL_BLOCK - 1) / FILL_BLOCK;
+
+                walker_take(&w, idx, m);
+                for (size_t j = m; j < n_blocks * FILL_BLOCK; j++)
+                        idx[j] = idx[m - 1]; /* padding lanes: computed, dropped */
+                if (spec->dtype == DTYPE_FLOAT32 && m == n_blocks * FILL_BLOCK)
+                        generate(spec, &p, idx, m, (float *) (void *) dst);
+                else {
+                        generate(spec, &p, idx, n_blocks * FILL_BLOCK, tmp);
+                        store_converted(dst, tmp, m, spec->dtype);
+                }
+                dst += m * size;
+                n -= m;
+        }
+}
+
+int fill_slice(const FillSlice *s) {
+        uint64_t n;
+        int r;
+
+        r = fill_slice_check(s, &n);
+        if (r < 0)
+                return r;
+        for (uint64_t start = 0; start < n; start += FILL_CHUNK)
+                fill_chunk(s, start, n - start < FILL_CHUNK ? n - start : FILL_CHUNK);
+        return 0;
+}
+
+void fill_values(const FillSpec *spec, uint64_t first, size_t n, void *dst) {
+        size_t size = dtype_size(spec->dtype);
+
+        if (n <= (uint64_t) INT64_MAX && first <= (uint64_t) INT64_MAX - n) {
+                /* A rank-1 slice [first, first + n) of a shape [INT64_MAX]: one contiguous run. */
+                int64_t shape = INT64_MAX, local = (int64_t) n, offset = (int64_t) first;
+                FillSlice s = {
+                        .spec = spec, .rank = 1, .shape = &shape, .local_shape = &local,
+                        .global_offset = &offset, .dst = dst,
+                };
+                for (uint64_t start = 0; start < n; start += FILL_CHUNK)
+                        fill_chunk(&s, start, n - start < FILL_CHUNK ? n - start : FILL_CHUNK);
+                return;
+        }
+        /* Indices beyond 2^63 (no shape reaches them; tests do): through the same generator. */
+        for (size_t i = 0; i < n; i++) {
+                float v = fill_value(spec, first + i);
+                store_converted((uint8_t *) dst + i * size, &v, 1, spec->dtype);
+        }
+}
+
+typedef struct FillJob {
+        const FillSlice *slices;
+        size_t n_slices;
+        const uint64_t *n_elements;
+        const uint64_t *first_chunk; /* n_slices + 1 entries, prefix sums */
+        atomic_uint_fast64_t next;
+} FillJob;
+
+static void *fill_worker(void *userdata) {
+        FillJob *job = userdata;
+        uint64_t total = job->first_chunk[job->n_slices];
+
+        for (;;) {
+                uint64_t id = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+                size_t lo = 0, hi = job->n_slices;
+
+                if (id >= total)
+                        return NULL;
+                /* The slice k with first_chunk[k] <= id < first_chunk[k + 1]. */
+                while (hi - lo > 1) {
+                        size_t mid = lo + (hi - lo) / 2;
+                        if (job->first_chunk[mid] <= id)
+                                lo = mid;
+                        else
+                                hi = mid;
+                }
+                uint64_t start = (id - job->first_chunk[lo]) * FILL_CHUNK;
+                uint64_t n = job->n_elements[lo] - start;
+                fill_chunk(&job->slices[lo], start, n < FILL_CHUNK ? n : FILL_CHUNK);
+        }
+}
+
+int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
+        _cleanup_free_ uint64_t *n_elements = NULL, *first_chunk = NULL;
+        _cleanup_free_ pthread_t *threads = NULL;
+        size_t n_started = 0;
+        int r;
+
+        if (n_slices > 0 && !slices)
+                return -EINVAL;
+        if (n_slices == 0)
+                return 0;
+        n_elements = calloc(n_slices, sizeof(uint64_t));
+        first_chunk = calloc(n_slices + 1, sizeof(uint64_t));
+        if (!n_elements || !first_chunk)
+                return -ENOMEM;
+        for (size_t k = 0; k < n_slices; k++) {
+                r = fill_slice_check(&slices[k], &n_elements[k]);
+                if (r < 0)
+                        return r;
+                first_chunk[k + 1] = first_chunk[k] + (n_elements[k] + FILL_CHUNK - 1) / FILL_CHUNK;
+        }
+
+        FillJob job = {
+                .slices = slices,
+                .n_slices = n_slices,
+                .n_elements = n_elements,
+                .first_chunk = first_chunk,
+        };
+        uint64_t n_chunks = first_chunk[n_slices];
+
+        if (n_threads == 0) {
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                n_threads = n > 0 ? (unsigned) n : 1;
+        }
+        if (n_threads > FILL_THREADS_MAX)
+                n_threads = FILL_THREADS_MAX;
+        if (n_threads > n_chunks)
+                n_threads = n_chunks > 0 ? (unsigned) n_chunks : 1;
+        atomic_init(&job.next, 0);
+
+        if (n_threads > 1) {
+                threads = calloc(n_threads - 1, sizeof(pthread_t));
+                /* Without memory or threads the calling thread does all the work. */
+                for (size_t t = 0; threads && t < n_threads - 1; t++) {
+                        if (pthread_create(&threads[t], NULL, fill_worker, &job) != 0)
+                                break;
+                        n_started++;
+                }
+        }
+        (void) fill_worker(&job);
+        for (size_t t = 0; t < n_started; t++)
+                (void) pthread_join(threads[t], NULL);
+        return 0;
+}

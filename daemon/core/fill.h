@@ -1,0 +1,101 @@
+/* fill.h: materialisation of parameter values (semantics.md, Build step 6), bit-exact per element. */
+#pragma once
+
+#include <stdint.h>
+
+#include "macro.h"
+#include "registry.h"
+
+/*
+ * Every element's value is a pure function of (init, seed, parameter name, dtype, global
+ * row-major index i): Philox4x32-10 with counter (lo32(i), hi32(i), fnv1a32(name), 0) and key
+ * (lo32(seed), hi32(seed)). Only integer operations and correctly rounded IEEE-754 additions,
+ * multiplications, divisions, square roots and conversions are used, with contraction off and no
+ * libm, so the bits never depend on slicing, thread count, vector width or the CPU's ISA.
+ */
+
+typedef enum Dtype {
+        DTYPE_FLOAT32,
+        DTYPE_BFLOAT16,
+        DTYPE_FLOAT16,
+        _DTYPE_MAX,
+        _DTYPE_INVALID = -EINVAL,
+} Dtype;
+
+/* "float32" | "bfloat16" | "float16" and the aliases f32, fp32, bf16, f16, fp16; NULL or "" is
+ * float32 (the default). _DTYPE_INVALID otherwise. */
+Dtype dtype_from_string(const char *s);
+/* The canonical name; NULL for an invalid dtype. */
+const char *dtype_to_string(Dtype d);
+/* Bytes per element; 0 for an invalid dtype. */
+size_t dtype_size(Dtype d);
+
+/* 32-bit FNV-1a. */
+uint32_t fnv1a32(const void *data, size_t n);
+uint32_t fnv1a32_string(const char *s);
+
+/* Philox4x32-10 (Salmon et al., Random123's philox4x32 with 10 rounds). */
+void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t ret[4]);
+
+/* float32 to bfloat16 / float16 bits, round to nearest even. NaN stays NaN (quiet), infinities
+ * stay infinite, float16 overflows to infinity (|x| >= 65520), subnormals round correctly. */
+uint16_t float_to_bfloat16(float f);
+uint16_t float_to_float16(float f);
+/* Exact widenings, for tests and readers. */
+float bfloat16_to_float(uint16_t h);
+float float16_to_float(uint16_t h);
+
+typedef struct FillSpec {
+        InitKind kind;
+        double a;           /* constant: value; normal: mean; uniform: low; else unused */
+        double b;           /* normal: std; uniform: high; else unused */
+        uint64_t seed;
+        uint32_t name_hash; /* fnv1a32 of the parameter name */
+        Dtype dtype;
+} FillSpec;
+
+/* A spec from resolved numbers; name is hashed. Returns -EINVAL for an invalid kind or dtype. */
+int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t seed, const char *name,
+                   Dtype dtype);
+
+/*
+ * One element's float32 value before the dtype conversion, through the same code as the bulk
+ * fill (normal: z and mean + std * z in double, rounded once to float32; see fill.c).
+ */
+float fill_value(const FillSpec *spec, uint64_t i);
+
+/* Dimensions of a logical shape; a larger rank is refused with -E2BIG. */
+#define FILL_RANK_MAX 64
+
+/*
+ * One slice of one parameter: logical shape[rank], the slice's local_shape[rank] at
+ * global_offset[rank]. dst receives the slice's elements row-major (local), dtype_size(spec->dtype)
+ * bytes each, tightly packed; it needs no alignment. The arrays are borrowed.
+ */
+typedef struct FillSlice {
+        const FillSpec *spec;
+        size_t rank;
+        const int64_t *shape;
+        const int64_t *local_shape;
+        const int64_t *global_offset;
+        void *dst;
+} FillSlice;
+
+/* Checks a slice: 0, or -EINVAL (bad spec, negative extent, slice outside the shape), -E2BIG
+ * (rank), -EOVERFLOW (element count beyond 2^64 - 1, or bytes beyond SIZE_MAX). On success
+ * *ret_n_elements (may be NULL) gets the slice's element count. */
+int fill_slice_check(const FillSlice *s, uint64_t *ret_n_elements);
+
+/* Fills one slice on the calling thread. Errors as fill_slice_check(); nothing is written then. */
+int fill_slice(const FillSlice *s);
+
+/*
+ * Fills every slice, split in chunks over n_threads threads (0: all online CPUs; the calling thread
+ * is one of them). The result is bit-identical for any split. All slices are checked first:
+ * on an error nothing is written. Returns 0, a fill_slice_check() error, or -ENOMEM. If a
+ * thread cannot be started the others do its share.
+ */
+int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads);
+
+/* n consecutive elements from global index first (a rank-1 slice), on the calling thread. */
+void fill_values(const FillSpec *spec, uint64_t first, size_t n, void *dst);

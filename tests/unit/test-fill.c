@@ -1,0 +1,532 @@
+/* test-fill.c: materialisation values (semantics.md, Build step 6): Philox, dtypes, invariance. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <cmocka.h>
+
+#include "fill.h"
+
+static uint32_t bits_of(float f) {
+        uint32_t u;
+        memcpy(&u, &f, sizeof(u));
+        return u;
+}
+
+static float float_of(uint32_t u) {
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        return f;
+}
+
+static void test_philox_known_answers(void **state) {
+        const uint32_t zero_c[4] = { 0 }, zero_k[2] = { 0 };
+        const uint32_t ones_c[4] = { UINT32_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX };
+        const uint32_t ones_k[2] = { UINT32_MAX, UINT32_MAX };
+        uint32_t x[4];
+
+        philox4x32_10(zero_c, zero_k, x);
+        assert_int_equal(x[0], 0x6627e8d5);
+        assert_int_equal(x[1], 0xe169c58d);
+        assert_int_equal(x[2], 0xbc57ac4c);
+        assert_int_equal(x[3], 0x9b00dbd8);
+
+        philox4x32_10(ones_c, ones_k, x);
+        assert_int_equal(x[0], 0x408f276d);
+        assert_int_equal(x[1], 0x41c83b0e);
+        assert_int_equal(x[2], 0xa20bc7c6);
+        assert_int_equal(x[3], 0x6d5451fd);
+}
+
+static void test_fnv1a32(void **state) {
+        assert_int_equal(fnv1a32("", 0), 0x811c9dc5);
+        assert_int_equal(fnv1a32_string(""), 0x811c9dc5);
+        assert_int_equal(fnv1a32_string(NULL), 0x811c9dc5);
+        assert_int_equal(fnv1a32_string("a"), 0xe40c292c);
+        assert_int_equal(fnv1a32_string("foobar"), 0xbf9cf968);
+        assert_int_equal(fnv1a32("a\0b", 3), fnv1a32("a\0b", 3));
+        assert_int_not_equal(fnv1a32("a\0b", 3), fnv1a32_string("a"));
+}
+
+static void test_dtype_names(void **state) {
+        assert_int_equal(dtype_from_string(NULL), DTYPE_FLOAT32);
+        assert_int_equal(dtype_from_string(""), DTYPE_FLOAT32);
+        assert_int_equal(dtype_from_string("float32"), DTYPE_FLOAT32);
+        assert_int_equal(dtype_from_string("f32"), DTYPE_FLOAT32);
+        assert_int_equal(dtype_from_string("fp32"), DTYPE_FLOAT32);
+        assert_int_equal(dtype_from_string("bfloat16"), DTYPE_BFLOAT16);
+        assert_int_equal(dtype_from_string("bf16"), DTYPE_BFLOAT16);
+        assert_int_equal(dtype_from_string("float16"), DTYPE_FLOAT16);
+        assert_int_equal(dtype_from_string("f16"), DTYPE_FLOAT16);
+        assert_int_equal(dtype_from_string("fp16"), DTYPE_FLOAT16);
+        assert_int_equal(dtype_from_string("float64"), _DTYPE_INVALID);
+        assert_int_equal(dtype_from_string("Float32"), _DTYPE_INVALID);
+        assert_string_equal(dtype_to_string(DTYPE_FLOAT32), "float32");
+        assert_string_equal(dtype_to_string(DTYPE_BFLOAT16), "bfloat16");
+        assert_string_equal(dtype_to_string(DTYPE_FLOAT16), "float16");
+        assert_null(dtype_to_string(_DTYPE_INVALID));
+        assert_null(dtype_to_string(_DTYPE_MAX));
+        assert_int_equal(dtype_size(DTYPE_FLOAT32), 4);
+        assert_int_equal(dtype_size(DTYPE_BFLOAT16), 2);
+        assert_int_equal(dtype_size(DTYPE_FLOAT16), 2);
+        assert_int_equal(dtype_size(_DTYPE_INVALID), 0);
+}
+
+/* The formula of semantics.md, one rounded float32 operation at a time. */
+static float uniform_expected(uint64_t seed, const char *name, uint64_t i, float low, float high) {
+        uint32_t c[4] = { (uint32_t) i, (uint32_t) (i >> 32), fnv1a32_string(name), 0 };
+        uint32_t k[2] = { (uint32_t) seed, (uint32_t) (seed >> 32) };
+        uint32_t x[4];
+
+        philox4x32_10(c, k, x);
+        volatile float u = (float) (x[0] >> 8);
+        u = u * 0x1p-24f;
+        volatile float span = high - low;
+        volatile float t = span * u;
+        volatile float v = low + t;
+        return v;
+}
+
+static void test_uniform_bit_exact(void **state) {
+        static const uint64_t indices[] = {
+                0, 1, 2, 3, 15, 16, 17, 12345, UINT64_C(0xffffffff), UINT64_C(0x100000007),
+                UINT64_C(0x123456789abcdef0), UINT64_MAX,
+        };
+        static const struct {
+                uint64_t seed;
+                const char *name;
+                float low, high;
+        } cases[] = {
+                { 0, "w", 0.0f, 1.0f },
+                { 42, "layers.0.attn.q_proj.weight", -0.1f, 0.1f },
+                { UINT64_C(0xdeadbeefcafef00d), "", -3.5f, 1e-3f },
+        };
+
+        for (size_t c = 0; c < ELEMENTSOF(cases); c++) {
+                FillSpec spec;
+                assert_int_equal(fill_spec_init(&spec, INIT_UNIFORM, cases[c].low, cases[c].high,
+                                                cases[c].seed, cases[c].name, DTYPE_FLOAT32), 0);
+                for (size_t j = 0; j < ELEMENTSOF(indices); j++) {
+                        uint64_t i = indices[j];
+                        float want = uniform_expected(cases[c].seed, cases[c].name, i, cases[c].low,
+                                                      cases[c].high);
+                        float got, run[37];
+
+                        assert_int_equal(bits_of(fill_value(&spec, i)), bits_of(want));
+                        fill_values(&spec, i, 1, &got);
+                        assert_int_equal(bits_of(got), bits_of(want));
+                        /* The same element in the middle of a run. */
+                        if (i >= 20 && i <= UINT64_MAX - 17) {
+                                fill_values(&spec, i - 20, ELEMENTSOF(run), run);
+                                assert_int_equal(bits_of(run[20]), bits_of(want));
+                        }
+                        assert_true(want >= cases[c].low && want <= cases[c].high);
+                }
+        }
+
+        /* Hand check of index 0, seed 0, name "w", [0, 1): u is x0 >> 8 scaled exactly. */
+        FillSpec spec;
+        uint32_t c[4] = { 0, 0, fnv1a32_string("w"), 0 }, k[2] = { 0, 0 }, x[4];
+        philox4x32_10(c, k, x);
+        assert_int_equal(fill_spec_init(&spec, INIT_UNIFORM, 0, 1, 0, "w", DTYPE_FLOAT32), 0);
+        assert_true(fill_value(&spec, 0) == (float) (x[0] >> 8) / 16777216.0f);
+}
+
+static void test_constants_exact(void **state) {
+        static const struct {
+                InitKind kind;
+                double a;
+                uint32_t f32;
+                uint16_t bf16, f16;
+        } cases[] = {
+                { INIT_ZEROS, 0, 0x00000000, 0x0000, 0x0000 },
+                { INIT_ONES, 0, 0x3f800000, 0x3f80, 0x3c00 },
+                { INIT_CONSTANT, 1.0, 0x3f800000, 0x3f80, 0x3c00 },
+                { INIT_CONSTANT, 0.1, 0x3dcccccd, 0x3dcd, 0x2e66 },
+                { INIT_CONSTANT, -0.0, 0x80000000, 0x8000, 0x8000 },
+                { INIT_CONSTANT, -2.5, 0xc0200000, 0xc020, 0xc100 },
+                { INIT_CONSTANT, 1e6, 0x49742400, 0x4974, 0x7c00 },
+        };
+
+        for (size_t c = 0; c < ELEMENTSOF(cases); c++)
+                for (Dtype d = 0; d < _DTYPE_MAX; d++) {
+                        FillSpec spec;
+                        uint8_t buf[1000 * 4];
+
+                        memset(buf, 0xa5, sizeof(buf));
+                        assert_int_equal(fill_spec_init(&spec, cases[c].kind, cases[c].a, 0, 7, "c", d), 0);
+                        fill_values(&spec, 99, 1000, buf);
+                        for (size_t i = 0; i < 1000; i++) {
+                                if (d == DTYPE_FLOAT32) {
+                                        uint32_t v;
+                                        memcpy(&v, buf + 4 * i, 4);
+                                        assert_int_equal(v, cases[c].f32);
+                                } else {
+                                        uint16_t v;
+                                        memcpy(&v, buf + 2 * i, 2);
+                                        assert_int_equal(v, d == DTYPE_BFLOAT16 ? cases[c].bf16 : cases[c].f16);
+                                }
+                        }
+                        if (d != DTYPE_FLOAT32)
+                                assert_int_equal(buf[2000], 0xa5); /* nothing past the end */
+                }
+}
+
+static void test_bfloat16(void **state) {
+        assert_int_equal(float_to_bfloat16(1.0f), 0x3f80);
+        assert_int_equal(float_to_bfloat16(-1.0f), 0xbf80);
+        assert_int_equal(float_to_bfloat16(1.0f / 3.0f), 0x3eab); /* 0x3eaaaaab rounds up */
+        assert_int_equal(float_to_bfloat16(float_of(0x3f808000)), 0x3f80); /* tie to even (down) */
+        assert_int_equal(float_to_bfloat16(float_of(0x3f818000)), 0x3f82); /* tie to even (up) */
+        assert_int_equal(float_to_bfloat16(float_of(0x3f808001)), 0x3f81);
+        assert_int_equal(float_to_bfloat16(float_of(0x7f7fffff)), 0x7f80); /* FLT_MAX: inf */
+        assert_int_equal(float_to_bfloat16(INFINITY), 0x7f80);
+        assert_int_equal(float_to_bfloat16(-INFINITY), 0xff80);
+        assert_int_equal(float_to_bfloat16(float_of(0x00000001)), 0x0000); /* tiny: to zero */
+        assert_int_equal(float_to_bfloat16(float_of(0x00010000)), 0x0001); /* subnormal kept */
+        assert_int_equal(float_to_bfloat16(float_of(0x00018000)), 0x0002); /* tie to even */
+        assert_int_equal(float_to_bfloat16(float_of(0x80000000)), 0x8000);
+        /* NaN stays NaN, also a signalling one whose payload sits in the dropped bits. */
+        uint16_t n = float_to_bfloat16(NAN);
+        assert_int_equal(n & 0x7f80, 0x7f80);
+        assert_int_not_equal(n & 0x7f, 0);
+        n = float_to_bfloat16(float_of(0x7f800001));
+        assert_int_equal(n & 0x7f80, 0x7f80);
+        assert_int_not_equal(n & 0x7f, 0);
+        n = float_to_bfloat16(float_of(0xffffffff));
+        assert_true(isnan(bfloat16_to_float(n)));
+        assert_true(bfloat16_to_float(0x3f80) == 1.0f);
+}
+
+static void test_float16(void **state) {
+        assert_int_equal(float_to_float16(1.0f), 0x3c00);
+        assert_int_equal(float_to_float16(-2.0f), 0xc000);
+        assert_int_equal(float_to_float16(1.0f / 3.0f), 0x3555);
+        assert_int_equal(float_to_float16(65504.0f), 0x7bff);
+        assert_int_equal(float_to_float16(65519.99f), 0x7bff);
+        assert_int_equal(float_to_float16(65520.0f), 0x7c00); /* overflow: inf */
+        assert_int_equal(float_to_float16(-1e10f), 0xfc00);
+        assert_int_equal(float_to_float16(INFINITY), 0x7c00);
+        assert_int_equal(float_to_float16(0x1p-14f), 0x0400);  /* smallest normal */
+        assert_int_equal(float_to_float16(0x1p-24f), 0x0001);  /* smallest subnormal */
+        assert_int_equal(float_to_float16(-0x1p-24f), 0x8001);
+        assert_int_equal(float_to_float16(0x1p-25f), 0x0000);  /* tie to even: zero */
+        assert_int_equal(float_to_float16(0x1.000002p-25f), 0x0001);
+        assert_int_equal(float_to_float16(0x3p-25f), 0x0002);  /* 1.5 units: tie to even 2 */
+        assert_int_equal(float_to_float16(0x5p-25f), 0x0002);  /* 2.5 units: tie to even 2 */
+        assert_int_equal(float_to_float16(0x1p-26f), 0x0000);
+        assert_int_equal(float_to_float16(0x3ffp-24f), 0x03ff); /* largest subnormal */
+        assert_int_equal(float_to_float16(0x7ffp-25f), 0x0400); /* rounds up into the normals */
+        assert_int_equal(float_to_float16(1.0f + 0x1p-11f), 0x3c00); /* tie to even (down) */
+        assert_int_equal(float_to_float16(1.0f + 0x3p-11f), 0x3c02); /* tie to even (up) */
+        assert_int_equal(float_to_float16(1.0f + 0x1.2p-11f), 0x3c01);
+        assert_int_equal(float_to_float16(0.0f), 0x0000);
+        assert_int_equal(float_to_float16(-0.0f), 0x8000);
+        uint16_t n = float_to_float16(NAN);
+        assert_int_equal(n & 0x7c00, 0x7c00);
+        assert_int_not_equal(n & 0x3ff, 0);
+        n = float_to_float16(float_of(0x7f800001)); /* payload below float16's mantissa */
+        assert_int_equal(n & 0x7c00, 0x7c00);
+        assert_int_not_equal(n & 0x3ff, 0);
+        /* Widening back is exact for every finite half. */
+        for (uint32_t h = 0; h < 0x10000; h++) {
+                if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
+                        continue;
+                assert_int_equal(float_to_float16(float16_to_float((uint16_t) h)), h);
+        }
+        assert_true(float16_to_float(0x0001) == 0x1p-24f);
+        assert_true(isnan(float16_to_float(0x7e00)));
+}
+
+/* ---- Invariance: whole tensor vs any slicing, any thread count. ---- */
+
+#define R3 3
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15;
+
+static uint64_t rng(void) {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        return rng_state;
+}
+
+/* Cuts [0, n) at up to k random points: sorted boundaries in cuts[0..ret], cuts[0] = 0. */
+static size_t random_cuts(int64_t n, size_t k, int64_t *cuts) {
+        size_t m = 1;
+        cuts[0] = 0;
+        for (size_t j = 0; j < k; j++) {
+                int64_t c = (int64_t) (rng() % (uint64_t) (n + 1));
+                size_t p = m;
+                while (p > 0 && cuts[p - 1] > c) {
+                        cuts[p] = cuts[p - 1];
+                        p--;
+                }
+                cuts[p] = c; /* duplicates give empty slices: allowed */
+                m++;
+        }
+        cuts[m] = n;
+        return m;
+}
+
+static void check_invariance(const FillSpec *spec, const int64_t shape[R3]) {
+        size_t size = dtype_size(spec->dtype);
+        uint64_t n = (uint64_t) (shape[0] * shape[1] * shape[2]);
+        const int64_t zero[R3] = { 0, 0, 0 };
+        uint8_t *whole = malloc(n * size), *assembled = malloc(n * size);
+        FillSlice s = { .spec = spec, .rank = R3, .shape = shape, .local_shape = shape,
+                        .global_offset = zero, .dst = whole };
+
+        assert_non_null(whole);
+        assert_non_null(assembled);
+        assert_int_equal(fill_slice(&s), 0);
+
+        /* Whole == consecutive values == one element at a time. */
+        uint8_t *flat = malloc(n * size);
+        assert_non_null(flat);
+        fill_values(spec, 0, n, flat);
+        assert_memory_equal(whole, flat, n * size);
+        for (uint64_t i = 0; i < n; i += 97) {
+                float v = fill_value(spec, i);
+                if (spec->dtype == DTYPE_FLOAT32)
+                        assert_int_equal(bits_of(v), ((uint32_t *) flat)[i]);
+                else
+                        assert_int_equal(spec->dtype == DTYPE_BFLOAT16 ? float_to_bfloat16(v)
+                                                                      : float_to_float16(v),
+                                         ((uint16_t *) flat)[i]);
+        }
+        free(flat);
+
+        static const unsigned thread_counts[] = { 1, 2, 7, 0 };
+        for (size_t round = 0; round < ELEMENTSOF(thread_counts); round++) {
+                int64_t cuts[R3][8];
+                size_t m[R3];
+                for (size_t d = 0; d < R3; d++)
+                        m[d] = random_cuts(shape[d], round == 0 ? 0 : 1 + rng() % 5, cuts[d]);
+
+                size_t n_slices = m[0] * m[1] * m[2];
+                FillSlice *slices = calloc(n_slices, sizeof(FillSlice));
+                int64_t (*geom)[2][R3] = calloc(n_slices, sizeof(*geom));
+                uint8_t **bufs = calloc(n_slices, sizeof(uint8_t *));
+                assert_non_null(slices);
+                assert_non_null(geom);
+                assert_non_null(bufs);
+
+                size_t k = 0;
+                for (size_t a = 0; a < m[0]; a++)
+                        for (size_t b = 0; b < m[1]; b++)
+                                for (size_t c = 0; c < m[2]; c++, k++) {
+                                        size_t ix[R3] = { a, b, c };
+                                        uint64_t cnt = 1;
+                                        for (size_t d = 0; d < R3; d++) {
+                                                geom[k][0][d] = cuts[d][ix[d] + 1] - cuts[d][ix[d]];
+                                                geom[k][1][d] = cuts[d][ix[d]];
+                                                cnt *= (uint64_t) geom[k][0][d];
+                                        }
+                                        bufs[k] = malloc(cnt * size + 1);
+                                        assert_non_null(bufs[k]);
+                                        slices[k] = (FillSlice) { .spec = spec, .rank = R3, .shape = shape,
+                                                                  .local_shape = geom[k][0],
+                                                                  .global_offset = geom[k][1],
+                                                                  .dst = bufs[k] };
+                                }
+                assert_int_equal(fill_run(slices, n_slices, thread_counts[round]), 0);
+
+                memset(assembled, 0x5a, n * size);
+                for (k = 0; k < n_slices; k++) {
+                        const int64_t *l = geom[k][0], *o = geom[k][1];
+                        size_t p = 0;
+                        for (int64_t x = 0; x < l[0]; x++)
+                                for (int64_t y = 0; y < l[1]; y++)
+                                        for (int64_t z = 0; z < l[2]; z++, p++) {
+                                                uint64_t g = (uint64_t) (((o[0] + x) * shape[1] + o[1] + y) * shape[2] +
+                                                                         o[2] + z);
+                                                memcpy(assembled + g * size, bufs[k] + p * size, size);
+                                        }
+                        free(bufs[k]);
+                }
+                assert_memory_equal(whole, assembled, n * size);
+                free(bufs);
+                free(geom);
+                free(slices);
+        }
+        free(whole);
+        free(assembled);
+}
+
+static void test_invariance(void **state) {
+        static const int64_t shapes[][R3] = {
+                { 7, 13, 29 },
+                { 3, 300, 257 }, /* several chunks per slice */
+                { 1, 1, 70001 },
+        };
+        static const struct {
+                InitKind kind;
+                double a, b;
+        } inits[] = {
+                { INIT_UNIFORM, -0.25, 0.75 },
+                { INIT_NORMAL, 0.5, 2.0 },
+                { INIT_CONSTANT, 0.1, 0 },
+        };
+
+        for (size_t sh = 0; sh < ELEMENTSOF(shapes); sh++)
+                for (size_t i = 0; i < ELEMENTSOF(inits); i++)
+                        for (Dtype d = 0; d < _DTYPE_MAX; d++) {
+                                FillSpec spec;
+                                assert_int_equal(fill_spec_init(&spec, inits[i].kind, inits[i].a, inits[i].b,
+                                                                1234 + sh, "layers.3.mlp.w", d), 0);
+                                check_invariance(&spec, shapes[sh]);
+                        }
+}
+
+static void test_slice_errors(void **state) {
+        FillSpec spec;
+        float buf[16];
+        int64_t shape[2] = { 4, 4 }, local[2] = { 2, 2 }, off[2] = { 3, 0 };
+        FillSlice s = { .spec = &spec, .rank = 2, .shape = shape, .local_shape = local,
+                        .global_offset = off, .dst = buf };
+        uint64_t n = 0;
+
+        assert_int_equal(fill_spec_init(&spec, INIT_ONES, 0, 0, 0, "x", DTYPE_FLOAT32), 0);
+        assert_int_equal(fill_spec_init(&spec, _INIT_KIND_MAX, 0, 0, 0, "x", DTYPE_FLOAT32), -EINVAL);
+        assert_int_equal(fill_spec_init(&spec, INIT_ONES, 0, 0, 0, "x", _DTYPE_INVALID), -EINVAL);
+        assert_int_equal(fill_slice_check(&s, &n), -EINVAL); /* 3 + 2 > 4 */
+        assert_int_equal(fill_run(&s, 1, 2), -EINVAL);
+        off[0] = 2;
+        assert_int_equal(fill_slice_check(&s, &n), 0);
+        assert_int_equal(n, 4);
+        local[1] = -1;
+        assert_int_equal(fill_slice(&s), -EINVAL);
+        local[1] = 2;
+        s.dst = NULL;
+        assert_int_equal(fill_slice(&s), -EINVAL);
+        s.dst = buf;
+        s.rank = FILL_RANK_MAX + 1;
+        assert_int_equal(fill_slice_check(&s, NULL), -E2BIG);
+
+        /* A shape past 2^64 elements. */
+        int64_t big[3] = { INT64_C(1) << 40, INT64_C(1) << 30, 1 }, bl[3] = { 1, 1, 1 }, bo[3] = { 0 };
+        FillSlice b = { .spec = &spec, .rank = 3, .shape = big, .local_shape = bl, .global_offset = bo,
+                        .dst = buf };
+        assert_int_equal(fill_slice_check(&b, NULL), -EOVERFLOW);
+        /* A zero extent: no elements, however large the others. */
+        int64_t zs[3] = { INT64_C(1) << 40, 0, INT64_C(1) << 40 }, zl[3] = { 1, 0, 1 };
+        FillSlice e = { .spec = &spec, .rank = 3, .shape = zs, .local_shape = zl, .global_offset = bo };
+        assert_int_equal(fill_slice_check(&e, &n), 0);
+        assert_int_equal(n, 0);
+        assert_int_equal(fill_run(&e, 1, 4), 0);
+        big[0] = INT64_C(1) << 33;
+        assert_int_equal(fill_slice(&b), 0);
+        assert_true(buf[0] == 1.0f);
+
+        /* Rank 0: one element, index 0; empty slices write nothing. */
+        FillSlice z = { .spec = &spec, .rank = 0, .dst = buf };
+        assert_int_equal(fill_spec_init(&spec, INIT_NORMAL, 0, 1, 5, "s", DTYPE_FLOAT32), 0);
+        buf[0] = NAN;
+        assert_int_equal(fill_run(&z, 1, 0), 0);
+        assert_int_equal(bits_of(buf[0]), bits_of(fill_value(&spec, 0)));
+        assert_int_equal(fill_run(NULL, 0, 0), 0);
+}
+
+static void test_normal_statistics(void **state) {
+        const size_t n = 1u << 20;
+        float *v = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
+        FillSpec spec;
+        int64_t shape = (int64_t) n, off = 0;
+        FillSlice s = { .spec = &spec, .rank = 1, .shape = &shape, .local_shape = &shape,
+                        .global_offset = &off, .dst = v };
+        double sum = 0, sum2 = 0, max_err = 0;
+        size_t tail = 0;
+
+        assert_non_null(v);
+        assert_non_null(w);
+        assert_int_equal(fill_spec_init(&spec, INIT_NORMAL, 0, 1, 0, "w", DTYPE_FLOAT32), 0);
+        assert_int_equal(fill_run(&s, 1, 0), 0);
+        for (size_t i = 0; i < n; i++) {
+                assert_true(isfinite(v[i]));
+                sum += v[i];
+                sum2 += (double) v[i] * v[i];
+                tail += fabsf(v[i]) > 3.0f;
+                assert_true(fabsf(v[i]) <= 5.8f); /* sqrt(-2 ln 2^-24) = 5.77 */
+        }
+        double mean = sum / n, std = sqrt(sum2 / n - mean * mean);
+        assert_true(fabs(mean) < 0.005);
+        assert_true(fabs(std - 1.0) < 0.005);
+        /* P(|z| > 3) = 0.0027 */
+        assert_true(tail > n * 0.0022 && tail < n * 0.0032);
+
+        /* The polynomials against libm, in double: far below float32 rounding. */
+        for (size_t i = 0; i < 20000; i++) {
+                uint32_t c[4] = { (uint32_t) i, 0, fnv1a32_string("w"), 0 }, k[2] = { 0, 0 }, x[4];
+                philox4x32_10(c, k, x);
+                double u1 = ((x[0] >> 8) + 1) * 0x1p-24, u2 = (x[1] >> 8) * 0x1p-24;
+                double z = sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+                double err = fabs((double) v[i] - z);
+                if (err > max_err)
+                        max_err = err;
+        }
+        assert_true(max_err < 1e-6);
+
+        /* Mean and std apply; another seed or name gives other values. */
+        assert_int_equal(fill_spec_init(&spec, INIT_NORMAL, 2.0, 3.0, 0, "w", DTYPE_FLOAT32), 0);
+        s.dst = w;
+        assert_int_equal(fill_run(&s, 1, 0), 0);
+        for (size_t i = 0; i < n; i += 101)
+                assert_true(fabs(w[i] - (2.0 + 3.0 * v[i])) < 1e-5 * (1.0 + fabs(w[i])));
+
+        static const struct {
+                uint64_t seed;
+                const char *name;
+        } others[] = { { 1, "w" }, { 0, "b" }, { UINT64_C(1) << 32, "w" } };
+        for (size_t o = 0; o < ELEMENTSOF(others); o++) {
+                size_t same = 0;
+                assert_int_equal(fill_spec_init(&spec, INIT_NORMAL, 0, 1, others[o].seed, others[o].name,
+                                                DTYPE_FLOAT32), 0);
+                fill_values(&spec, 0, 4096, w);
+                for (size_t i = 0; i < 4096; i++)
+                        same += bits_of(w[i]) == bits_of(v[i]);
+                assert_true(same < 4);
+        }
+        free(v);
+        free(w);
+}
+
+static void test_uniform_statistics(void **state) {
+        const size_t n = 1u << 20;
+        float *v = malloc(n * sizeof(float));
+        FillSpec spec;
+        double sum = 0;
+        float lo = INFINITY, hi = -INFINITY;
+
+        assert_non_null(v);
+        assert_int_equal(fill_spec_init(&spec, INIT_UNIFORM, -1.0, 3.0, 9, "u", DTYPE_FLOAT32), 0);
+        fill_values(&spec, 0, n, v);
+        for (size_t i = 0; i < n; i++) {
+                sum += v[i];
+                lo = v[i] < lo ? v[i] : lo;
+                hi = v[i] > hi ? v[i] : hi;
+        }
+        assert_true(fabs(sum / n - 1.0) < 0.01);
+        assert_true(lo >= -1.0f && lo < -0.99f);
+        assert_true(hi < 3.0f && hi > 2.99f);
+        free(v);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_philox_known_answers),
+                cmocka_unit_test(test_fnv1a32),
+                cmocka_unit_test(test_dtype_names),
+                cmocka_unit_test(test_uniform_bit_exact),
+                cmocka_unit_test(test_constants_exact),
+                cmocka_unit_test(test_bfloat16),
+                cmocka_unit_test(test_float16),
+                cmocka_unit_test(test_invariance),
+                cmocka_unit_test(test_slice_errors),
+                cmocka_unit_test(test_normal_statistics),
+                cmocka_unit_test(test_uniform_statistics),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
