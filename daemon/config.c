@@ -91,7 +91,7 @@ static void help(void) {
                "     --node-rank N          This node's rank in the cluster order\n"
                "     --listen ADDR:PORT     Peer listener address\n"
                "     --peers LIST           Peer daemons, ADDR:PORT[,ADDR:PORT...]\n"
-               "     --shm-budget BYTES     Shared memory for shards (default 1 GiB)\n"
+               "     --shm-budget BYTES     Shared memory held for shards (default: half of RAM)\n"
                "     --max-builds N         Live builds (default 1024)\n"
                "     --heartbeat-ms N       Peer heartbeat interval (default 1000)\n"
                "     --suspect-ms N         Silence before a peer is suspect (default 3000)\n"
@@ -303,7 +303,7 @@ static int config_parse_file(Config *c, const char *path) {
 static void config_defaults(Config *c) {
         *c = (Config) {
                 .node_rank = -1,
-                .shm_budget_bytes = UINT64_C(1) << 30,
+                .shm_budget_bytes = UINT64_MAX, /* unset: half of RAM, in config_fill_derived */
                 .max_builds = 1024,
                 .heartbeat_ms = 1000,
                 .suspect_ms = 3000,
@@ -334,6 +334,12 @@ static int config_fill_derived(Config *c) {
                         c->shard_socket_path = NULL;
                         return -ENOMEM;
                 }
+        }
+        if (c->shm_budget_bytes == UINT64_MAX) {
+                long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+                c->shm_budget_bytes = pages > 0 && page > 0
+                                              ? (uint64_t) pages * (uint64_t) page / 2
+                                              : UINT64_C(1) << 30;
         }
         if (!c->registry_path) {
                 r = set_string(&c->registry_path, "/etc/familyd/registry");

@@ -21,10 +21,15 @@
 #include "manager.h"
 #include "resource-limits.h"
 #include "server.h"
+#include "shard-socket.h"
+#include "shard-table.h"
+#include "token.h"
 
 struct Daemon {
         Manager *manager;
         Server *server;
+        ShardTable *shards;
+        ShardServer *shard_server;
         Listener *listener;
         int signal_fd;
         int epoll_fd;
@@ -84,7 +89,11 @@ static int daemon_load(Daemon *d, const Config *c) {
                 .max_builds = c->max_builds,
         };
 
-        int r = manager_new(&params, &d->manager, &diag);
+        int r = random_bytes(&params.boot_tag, sizeof params.boot_tag);
+        if (r < 0)
+                return log_error_errno(r, "Failed to get random bytes: %m");
+
+        r = manager_new(&params, &d->manager, &diag);
         if (r < 0) {
                 if (diag.n == 0)
                         return log_error_errno(r, "Failed to load the registry %s: %m",
@@ -136,8 +145,18 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (r < 0)
                 return r;
 
+        r = shard_table_new(0, &d->shards);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the shard table: %m");
+        r = shard_server_new(c->shard_socket_path, d->shards, &d->shard_server);
+        if (r < 0)
+                return log_error_errno(r, "Failed to serve shards on %s: %m",
+                                       c->shard_socket_path);
+
         ServerParams sp = {
                 .manager = d->manager,
+                .shards = d->shards,
+                .shard_socket = c->shard_socket_path,
                 .threads = c->threads,
                 .max_request_bytes = FAMILYD_MAX_REQUEST_BYTES,
                 .connection_idle_ms = c->connection_idle_ms,
@@ -164,8 +183,11 @@ int daemon_new(const Config *c, Daemon **ret) {
 Daemon *daemon_free(Daemon *d) {
         if (!d)
                 return NULL;
-        /* Stop gRPC first: its workers may still be inside the manager. */
+        /* Stop gRPC first: its workers may still be inside the manager; then the shard
+         * server, before the builds whose segments it hands out go. */
         server_free(d->server);
+        shard_server_free(d->shard_server);
+        shard_table_unref(d->shards);
         listener_free(d->listener);
         manager_free(d->manager);
         safe_close(d->signal_fd);

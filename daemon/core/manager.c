@@ -42,6 +42,11 @@ int manager_new(const ManagerParams *params, Manager **ret, LoadDiagnostics *ret
         if (r < 0)
                 return r;
 
+        r = build_table_new(params->max_builds, params->shm_budget_bytes, params->boot_tag,
+                            &m->builds);
+        if (r < 0)
+                return r;
+
         *ret = TAKE_PTR(m);
         return 0;
 }
@@ -49,6 +54,8 @@ int manager_new(const ManagerParams *params, Manager **ret, LoadDiagnostics *ret
 Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
+        /* Builds first: they hold meshes (and count themselves on them). */
+        build_table_free(m->builds);
         registry_unref(m->registry);
         topology_unref(m->topology);
         mesh_table_free(m->meshes);

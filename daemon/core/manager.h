@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "build-table.h"
 #include "error.h"
 #include "mesh.h"
 #include "registry.h"
@@ -26,6 +27,7 @@ typedef struct ManagerParams {
         unsigned host_devices; /* 0: one host device (no accelerators are probed yet) */
         uint64_t shm_budget_bytes;
         unsigned max_builds;
+        uint32_t boot_tag; /* random per start: build ids differ across restarts */
 } ManagerParams;
 
 typedef struct Manager {
@@ -34,6 +36,7 @@ typedef struct Manager {
         Registry *registry;
         Topology *topology;
         MeshTable *meshes;
+        BuildTable *builds;
         char *registry_path;
         char *node_name;
         uint64_t shm_budget_bytes;

@@ -23,6 +23,9 @@
 #define FAMILYD_MAX_VALUE_DEPTH          8u
 #define FAMILYD_MAX_LIST_VALUES          4096u
 
+/* Build requests. */
+#define FAMILYD_MAX_SOURCE_PARAMETERS    65536u
+
 /* Meshes. */
 #define FAMILYD_MAX_MESHES               1024u
 #define FAMILYD_MAX_MESH_DIMS            16u

@@ -349,3 +349,39 @@ int codec_resolved_family_encode(Arena *a, const ResolvedFamily *res,
         *ret = pb;
         return 0;
 }
+
+int codec_job_context_encode(Arena *a, const JobContext *c, Familyd__V1__JobContext **ret) {
+        Familyd__V1__JobContext *pb = MSG_NEW(a, Familyd__V1__JobContext,
+                                              familyd__v1__job_context__init);
+        if (!pb)
+                return -ENOMEM;
+
+        if (c->has_size[AXIS_TP]) {
+                pb->_tp_size_case = FAMILYD__V1__JOB_CONTEXT___TP_SIZE_TP_SIZE;
+                pb->tp_size = c->size[AXIS_TP];
+        }
+        if (c->has_size[AXIS_CP]) {
+                pb->_cp_size_case = FAMILYD__V1__JOB_CONTEXT___CP_SIZE_CP_SIZE;
+                pb->cp_size = c->size[AXIS_CP];
+        }
+        if (c->has_size[AXIS_EP]) {
+                pb->_ep_size_case = FAMILYD__V1__JOB_CONTEXT___EP_SIZE_EP_SIZE;
+                pb->ep_size = c->size[AXIS_EP];
+        }
+        if (c->has_size[AXIS_PP]) {
+                pb->_pp_size_case = FAMILYD__V1__JOB_CONTEXT___PP_SIZE_PP_SIZE;
+                pb->pp_size = c->size[AXIS_PP];
+        }
+        pb->tp = c->active[AXIS_TP];
+        pb->cp = c->active[AXIS_CP];
+        pb->ep = c->active[AXIS_EP];
+        pb->pp = c->active[AXIS_PP];
+        pb->sequence_parallel = c->sequence_parallel;
+        pb->loss_parallel = c->loss_parallel;
+        pb->mesh_id = arena_strdup(a, c->mesh_id);
+        if (!pb->mesh_id)
+                return -ENOMEM;
+
+        *ret = pb;
+        return 0;
+}

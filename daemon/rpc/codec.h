@@ -49,6 +49,16 @@ int codec_resolved_family_encode(Arena *a, const ResolvedFamily *r,
                                  Familyd__V1__ResolvedFamily **ret);
 int codec_family_encode(Arena *a, const Family *f, Familyd__V1__Family **ret);
 
+struct BuildRequest;
+int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, struct BuildRequest *ret,
+                               FamilyError *ret_error);
+
+struct BuildState;
+/* A Build reply from the daemon's state; shard_socket is where tokens are redeemed. */
+int codec_build_encode(Arena *a, const char *build_id, const struct BuildState *b,
+                       const char *shard_socket, Familyd__V1__Build **ret);
+int codec_job_context_encode(Arena *a, const JobContext *c, Familyd__V1__JobContext **ret);
+
 int codec_mesh_spec_decode(const Familyd__V1__Mesh *pb, MeshSpec *ret, FamilyError *ret_error);
 int codec_mesh_encode(Arena *a, const Mesh *m, Familyd__V1__Mesh **ret);
 int codec_topology_encode(Arena *a, const Topology *t, Familyd__V1__Topology **ret);

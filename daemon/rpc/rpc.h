@@ -16,8 +16,12 @@ typedef enum RpcKind {
         _RPC_KIND_INVALID = -EINVAL,
 } RpcKind;
 
+struct ShardTable;
+
 typedef struct RpcContext {
         Manager *manager;
+        struct ShardTable *shards; /* tokens of materialised builds */
+        const char *shard_socket;  /* where trainers fetch descriptors */
         void *userdata; /* the service's own state, from RpcService.userdata */
 } RpcContext;
 
@@ -46,6 +50,7 @@ typedef struct RpcService {
 
 /* The services, each in its own service-*.c / health.c / reflection glue. */
 extern const RpcService service_family;
+extern const RpcService service_build;
 extern const RpcService service_mesh;
 extern const RpcService service_admin;
 extern const RpcService service_health;

@@ -12,6 +12,7 @@
 
 static const RpcService *const services[] = {
         &service_family,
+        &service_build,
         &service_mesh,
         &service_admin,
         &service_health,
@@ -119,6 +120,8 @@ int server_new(const ServerParams *params, Server **ret) {
                                 .server = s->server,
                                 .cq = s->cq,
                                 .context = { .manager = params->manager,
+                                             .shards = params->shards,
+                                             .shard_socket = params->shard_socket,
                                              .userdata = services[i]->userdata },
                                 .method = m,
                                 .shutting_down = &s->shutting_down,

@@ -12,8 +12,12 @@
 
 typedef struct Server Server;
 
+struct ShardTable;
+
 typedef struct ServerParams {
         Manager *manager;
+        struct ShardTable *shards;
+        const char *shard_socket;
         unsigned threads;
         unsigned max_request_bytes;
         unsigned connection_idle_ms;

@@ -26,7 +26,9 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
         reply->registry_generation = reg->generation;
         reply->families = (uint32_t) reg->n_families;
         reply->meshes = (uint32_t) mesh_table_size(m->meshes);
-        reply->shm_budget_bytes = m->shm_budget_bytes;
+        reply->shm_budget_bytes = build_table_budget(m->builds);
+        reply->shm_bytes_in_use = build_table_bytes_in_use(m->builds);
+        reply->builds = build_table_count(m->builds);
         for (size_t i = 0; i < t->n_nodes; i++) {
                 if (t->nodes[i].local)
                         continue;

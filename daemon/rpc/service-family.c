@@ -80,18 +80,11 @@ static const RpcMethod methods[] = {
           &familyd__v1__get_family_request__descriptor, get_family, NULL },
         { "/familyd.v1.FamilyService/Resolve", RPC_UNARY,
           &familyd__v1__resolve_request__descriptor, resolve, NULL },
-        { "/familyd.v1.FamilyService/Build", RPC_UNARY, &familyd__v1__build_request__descriptor,
-          rpc_unimplemented, NULL },
-        { "/familyd.v1.FamilyService/GetBuild", RPC_UNARY,
-          &familyd__v1__get_build_request__descriptor, rpc_unimplemented, NULL },
-        { "/familyd.v1.FamilyService/ListBuilds", RPC_UNARY,
-          &familyd__v1__list_builds_request__descriptor, rpc_unimplemented, NULL },
-        { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
-          &familyd__v1__release_build_request__descriptor, rpc_unimplemented, NULL },
         { "/familyd.v1.FamilyService/Validate", RPC_UNARY,
           &familyd__v1__validate_request__descriptor, rpc_unimplemented, NULL },
 };
 
+/* Build, GetBuild, ListBuilds and ReleaseBuild are in service-build.c. */
 const RpcService service_family = {
         .name = "familyd.v1.FamilyService",
         .methods = methods,

@@ -1,0 +1,30 @@
+/* build-state.h: what the daemon keeps for one live build (a BuildRecord's payload). */
+#pragma once
+
+#include "build-plan.h"
+#include "fill.h"
+#include "layout.h"
+#include "segment.h"
+#include "token.h"
+
+/* Per rank of the layout, in the layout's rank order. */
+typedef struct BuildRankState {
+        char *node;           /* the node holding the rank */
+        int32_t local_device; /* on that node */
+        bool materialized;    /* here, holding bytes: then token and segment are set */
+        ShardToken token;
+        ShardSegment *segment;
+} BuildRankState;
+
+typedef struct BuildState {
+        BuildPlan plan;
+        Layout layout;
+        Dtype dtype;
+        uint64_t seed;
+        BuildRankState *ranks;
+        size_t n_ranks;
+        ShardToken group; /* the shard table groups this build's tokens under this name */
+        Mesh *counted_mesh; /* the mesh whose n_builds this build holds, or NULL */
+} BuildState;
+
+void build_state_free(void *state);

@@ -1,0 +1,337 @@
+/* service-build.c: Build, GetBuild, ListBuilds, ReleaseBuild: plan, layout, materialise, hand out. */
+
+/*
+ * DESIGN: a Build is checked completely (plan, dtype, layout, ranks) before it reserves its
+ * bytes and a slot in the build table; then its segments are made and filled, and only a
+ * finished build is committed and its tokens published. Any failure returns the reservation
+ * and drops what was made: nothing is half-built. ReleaseBuild withdraws the tokens first, so
+ * no new descriptor is handed out, then drops the daemon's hold; mappings trainers already
+ * have stay valid (the kernel frees the memory when the last one goes).
+ */
+
+#include <inttypes.h>
+
+#include "build-state.h"
+#include "codec.h"
+#include "materialize.h"
+#include "repr.h"
+#include "resource-limits.h"
+#include "rpc.h"
+#include "shard-table.h"
+
+void build_state_free(void *p) {
+        BuildState *b = p;
+
+        if (!b)
+                return;
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                free(b->ranks[i].node);
+                shard_segment_unref(b->ranks[i].segment);
+        }
+        free(b->ranks);
+        layout_done(&b->layout);
+        if (b->counted_mesh) {
+                mesh_build_release(b->counted_mesh);
+                mesh_unref(b->counted_mesh);
+        }
+        build_plan_done(&b->plan);
+        free(b);
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(BuildState *, build_state_free);
+
+static int dtype_of(const BuildPlan *plan, Dtype *ret, FamilyError *ret_error) {
+        const char *s = isempty(plan->materialize.dtype) ? "float32" : plan->materialize.dtype;
+        Dtype d = dtype_from_string(s);
+
+        if (d < 0) {
+                _cleanup_free_ char *q = repr_string(s);
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "DTYPE",
+                                        "materialize.dtype",
+                                        "dtype %s is not supported; use float32, bfloat16 or "
+                                        "float16",
+                                        strempty(q));
+        }
+        *ret = d;
+        return 0;
+}
+
+static int compute_layout(BuildState *b, FamilyError *ret_error) {
+        _cleanup_free_ LayoutParameter *params = NULL;
+        const BuildPlan *plan = &b->plan;
+
+        params = calloc(plan->n_parameters ? plan->n_parameters : 1, sizeof(LayoutParameter));
+        if (!params)
+                return -ENOMEM;
+        for (size_t i = 0; i < plan->n_parameters; i++)
+                params[i] = (LayoutParameter) {
+                        .name = plan->parameters[i].name,
+                        .shape = plan->parameters[i].shape,
+                        .n_dims = plan->parameters[i].n_dims,
+                        .placements = plan->parameters[i].placements,
+                        .n_placements = plan->parameters[i].n_placements,
+                };
+        return layout_compute(plan->mesh, params, plan->n_parameters, dtype_size(b->dtype),
+                              LAYOUT_MIN_ALIGN, &b->layout, ret_error);
+}
+
+/* Where each rank lives, and which ranks this Build materialises here. */
+static int place_ranks(BuildState *b, const Topology *t, FamilyError *ret_error) {
+        const MaterializeOptions *m = &b->plan.materialize;
+        const Node *local = topology_local_node(t);
+
+        b->ranks = calloc(b->layout.n_ranks ? b->layout.n_ranks : 1, sizeof(BuildRankState));
+        if (!b->ranks)
+                return -ENOMEM;
+        b->n_ranks = b->layout.n_ranks;
+
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                const Node *n = topology_node_of_rank(t, b->layout.ranks[i].rank,
+                                                      &b->ranks[i].local_device);
+                /* Without a mesh the one rank is this node's first device. */
+                if (!b->plan.mesh) {
+                        n = local;
+                        b->ranks[i].local_device = 0;
+                }
+                b->ranks[i].node = strdup(n ? n->name : "");
+                if (!b->ranks[i].node)
+                        return -ENOMEM;
+        }
+
+        if (!m->enabled)
+                return 0;
+
+        if (m->n_ranks > 0) {
+                for (size_t j = 0; j < m->n_ranks; j++) {
+                        const RankLayout *rl = layout_find_rank(&b->layout, m->ranks[j]);
+                        size_t i = rl ? (size_t) (rl - b->layout.ranks) : 0;
+
+                        if (!rl || !local || !streq(b->ranks[i].node, local->name))
+                                return family_error_set(ret_error,
+                                                        FAMILY_STATUS_INVALID_ARGUMENT,
+                                                        "RANK_NOT_LOCAL", "materialize.ranks",
+                                                        "rank %" PRId64
+                                                        " is not local to this node",
+                                                        m->ranks[j]);
+                        b->ranks[i].materialized = rl->size_bytes > 0;
+                }
+                return 0;
+        }
+
+        for (size_t i = 0; i < b->n_ranks; i++)
+                b->ranks[i].materialized = local && streq(b->ranks[i].node, local->name) &&
+                                           b->layout.ranks[i].size_bytes > 0;
+        return 0;
+}
+
+static uint64_t bytes_to_materialize(const BuildState *b) {
+        uint64_t total = 0;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized)
+                        total += b->layout.ranks[i].size_bytes;
+        return total;
+}
+
+static int materialize_all(BuildState *b) {
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                if (!b->ranks[i].materialized)
+                        continue;
+                int r = materialize_rank(&b->plan, &b->layout, &b->layout.ranks[i], b->dtype,
+                                         b->seed, b->ranks[i].local_device,
+                                         &b->ranks[i].segment);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_error) {
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                if (!b->ranks[i].materialized)
+                        continue;
+                int r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
+                                        &b->ranks[i].token);
+                if (r == SHARD_TABLE_FULL)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "SHARD_LIMIT", NULL,
+                                                "shard limit reached: %u shards",
+                                                SHARD_TABLE_MAX_TOKENS);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                 ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        Manager *m = ctx->manager;
+        _cleanup_(build_request_done) BuildRequest req = {};
+        _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
+        _cleanup_(topology_unrefp) Topology *topo = manager_topology(m);
+        _cleanup_(build_state_freep) BuildState *b = NULL;
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        Familyd__V1__BuildResponse *reply;
+        uint64_t bytes;
+        int r;
+
+        r = codec_build_request_decode((const Familyd__V1__BuildRequest *) request, &req,
+                                       ret_error);
+        if (r < 0)
+                return r;
+
+        b = calloc(1, sizeof *b);
+        if (!b)
+                return -ENOMEM;
+        r = build_plan(reg, m->meshes, &req, &b->plan, ret_error);
+        if (r < 0)
+                return r;
+        r = dtype_of(&b->plan, &b->dtype, ret_error);
+        if (r < 0)
+                return r;
+        b->seed = b->plan.materialize.has_seed ? b->plan.materialize.seed : 0;
+        r = compute_layout(b, ret_error);
+        if (r < 0)
+                return r;
+        r = place_ranks(b, topo, ret_error);
+        if (r < 0)
+                return r;
+        r = shard_token_new(&b->group);
+        if (r < 0)
+                return r;
+
+        /* Counted on its mesh now, so a DeleteMesh racing this Build is refused. */
+        if (b->plan.mesh) {
+                r = mesh_table_acquire(m->meshes, b->plan.mesh->id, &b->counted_mesh, ret_error);
+                if (r < 0)
+                        return r;
+        }
+
+        bytes = bytes_to_materialize(b);
+        r = build_table_reserve(m->builds, bytes, ret_error);
+        if (r < 0)
+                return r;
+
+        r = materialize_all(b);
+        if (r < 0) {
+                build_table_cancel(m->builds, bytes);
+                return r;
+        }
+        r = publish_tokens(b, ctx->shards, ret_error);
+        if (r < 0) {
+                (void) shard_table_remove_group(ctx->shards, b->group.hex);
+                build_table_cancel(m->builds, bytes);
+                return r;
+        }
+
+        BuildState *state = TAKE_PTR(b);
+        r = build_table_commit(m->builds, bytes, state, build_state_free, &rec);
+        if (r < 0) {
+                (void) shard_table_remove_group(ctx->shards, state->group.hex);
+                build_table_cancel(m->builds, bytes);
+                build_state_free(state);
+                return r;
+        }
+
+        reply = MSG_NEW(arena, Familyd__V1__BuildResponse, familyd__v1__build_response__init);
+        if (!reply)
+                return -ENOMEM;
+        r = codec_build_encode(arena, rec->id, rec->payload, ctx->shard_socket, &reply->build);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int get_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                     ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__GetBuildRequest *req = (const Familyd__V1__GetBuildRequest *) request;
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        Familyd__V1__Build *reply;
+        int r;
+
+        r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
+        if (r < 0)
+                return r;
+        r = build_table_get(ctx->manager->builds, req->build_id, &rec, ret_error);
+        if (r < 0)
+                return r;
+        r = codec_build_encode(arena, rec->id, rec->payload, ctx->shard_socket, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int list_builds(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        Familyd__V1__ListBuildsResponse *reply;
+        BuildRecord **list = NULL;
+        size_t n = 0;
+        int r;
+
+        r = build_table_list(ctx->manager->builds, &list, &n);
+        if (r < 0)
+                return r;
+        reply = MSG_NEW(arena, Familyd__V1__ListBuildsResponse,
+                        familyd__v1__list_builds_response__init);
+        r = -ENOMEM;
+        if (reply && ARRAY_NEW(arena, reply->builds, n)) {
+                r = 0;
+                for (size_t i = 0; i < n && r >= 0; i++)
+                        r = codec_build_encode(arena, list[i]->id, list[i]->payload,
+                                               ctx->shard_socket, &reply->builds[i]);
+        }
+        build_list_free(list, n);
+        if (r < 0)
+                return r;
+        reply->n_builds = n;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__ReleaseBuildRequest *req =
+                (const Familyd__V1__ReleaseBuildRequest *) request;
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        Familyd__V1__ReleaseBuildResponse *reply;
+        int r;
+
+        r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
+        if (r < 0)
+                return r;
+        r = build_table_get(ctx->manager->builds, req->build_id, &rec, ret_error);
+        if (r < 0)
+                return r;
+
+        /* Tokens first: from here on no new descriptor of this build is handed out. */
+        (void) shard_table_remove_group(ctx->shards, ((BuildState *) rec->payload)->group.hex);
+        r = build_table_remove(ctx->manager->builds, req->build_id, ret_error);
+        if (r < 0)
+                return r;
+
+        reply = MSG_NEW(arena, Familyd__V1__ReleaseBuildResponse,
+                        familyd__v1__release_build_response__init);
+        if (!reply)
+                return -ENOMEM;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static const RpcMethod methods[] = {
+        { "/familyd.v1.FamilyService/Build", RPC_UNARY, &familyd__v1__build_request__descriptor,
+          build, NULL },
+        { "/familyd.v1.FamilyService/GetBuild", RPC_UNARY,
+          &familyd__v1__get_build_request__descriptor, get_build, NULL },
+        { "/familyd.v1.FamilyService/ListBuilds", RPC_UNARY,
+          &familyd__v1__list_builds_request__descriptor, list_builds, NULL },
+        { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
+          &familyd__v1__release_build_request__descriptor, release_build, NULL },
+};
+
+/* The same gRPC service as service_family; a second table keeps Build apart. */
+const RpcService service_build = {
+        .name = "familyd.v1.FamilyService",
+        .methods = methods,
+        .n_methods = ELEMENTSOF(methods),
+};
