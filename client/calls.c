@@ -101,3 +101,45 @@ int familyd_reload(FamilydClient *client, Familyd__V1__ReloadResponse **ret_resp
 
         return CALL(client, ADMIN_SERVICE "Reload", &req, familyd__v1__reload_response__descriptor, ret_response, ret_error);
 }
+
+int familyd_build(FamilydClient *client, const Familyd__V1__BuildRequest *request, Familyd__V1__BuildResponse **ret_response, FamilydError *ret_error) {
+        if (!request) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        return CALL(client, FAMILY_SERVICE "Build", request, familyd__v1__build_response__descriptor, ret_response, ret_error);
+}
+
+int familyd_get_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error) {
+        Familyd__V1__GetBuildRequest req = FAMILYD__V1__GET_BUILD_REQUEST__INIT;
+
+        if (!build_id) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        req.build_id = (char *) build_id;
+        return CALL(client, FAMILY_SERVICE "GetBuild", &req, familyd__v1__build__descriptor, ret_build, ret_error);
+}
+
+int familyd_list_builds(FamilydClient *client, Familyd__V1__ListBuildsResponse **ret_response, FamilydError *ret_error) {
+        Familyd__V1__ListBuildsRequest req = FAMILYD__V1__LIST_BUILDS_REQUEST__INIT;
+
+        return CALL(client, FAMILY_SERVICE "ListBuilds", &req, familyd__v1__list_builds_response__descriptor, ret_response, ret_error);
+}
+
+int familyd_release_build(FamilydClient *client, const char *build_id, FamilydError *ret_error) {
+        Familyd__V1__ReleaseBuildRequest req = FAMILYD__V1__RELEASE_BUILD_REQUEST__INIT;
+        Familyd__V1__ReleaseBuildResponse *resp = NULL;
+        int r;
+
+        if (!build_id) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        req.build_id = (char *) build_id;
+        r = CALL(client, FAMILY_SERVICE "ReleaseBuild", &req, familyd__v1__release_build_response__descriptor, &resp, ret_error);
+        if (r < 0)
+                return r;
+        familyd__v1__release_build_response__free_unpacked(resp, NULL);
+        return 0;
+}

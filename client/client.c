@@ -145,6 +145,10 @@ const char *familyd_client_get_socket_path(const FamilydClient *client) {
         return client ? client->socket_path : NULL;
 }
 
+uint32_t familyd_client_get_timeout_ms(const FamilydClient *client) {
+        return client ? client->timeout_ms : 0;
+}
+
 static char *slice_strdup(grpc_slice s) {
         size_t n = GRPC_SLICE_LENGTH(s);
         char *p = malloc(n + 1);

@@ -29,6 +29,8 @@
  * calls. Release its contents with familyd_error_clear().
  */
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <protobuf-c/protobuf-c.h>
@@ -91,6 +93,9 @@ FamilydClient *familyd_client_free(FamilydClient *client);
 /* The socket path the client talks to. */
 const char *familyd_client_get_socket_path(const FamilydClient *client);
 
+/* The deadline of each call in milliseconds (0: none); also bounds familyd_shard_fetch(). */
+uint32_t familyd_client_get_timeout_ms(const FamilydClient *client);
+
 /* Generic unary call, for methods without a typed wrapper below (Build, Validate, ...).
  * method is the full path, "/familyd.v1.FamilyService/Build". *ret_response is a message of
  * response_descriptor's type, to be freed with protobuf_c_message_free_unpacked(m, NULL). */
@@ -106,6 +111,56 @@ int familyd_client_call(
 int familyd_list_families(FamilydClient *client, Familyd__V1__ListFamiliesResponse **ret_response, FamilydError *ret_error);
 int familyd_get_family(FamilydClient *client, const char *family, Familyd__V1__Family **ret_family, FamilydError *ret_error);
 int familyd_resolve(FamilydClient *client, const Familyd__V1__ResolveRequest *request, Familyd__V1__ResolveResponse **ret_response, FamilydError *ret_error);
+
+/* Build, GetBuild, ListBuilds, ReleaseBuild. familyd_build takes a prepared request (family,
+ * arguments, config or module, context, mesh_id, materialize), like familyd_resolve; the
+ * caller keeps ownership of it. A Build's shards hold the tokens to pass to
+ * familyd_shard_fetch() together with Build.shard_socket. */
+int familyd_build(FamilydClient *client, const Familyd__V1__BuildRequest *request, Familyd__V1__BuildResponse **ret_response, FamilydError *ret_error);
+int familyd_get_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
+int familyd_list_builds(FamilydClient *client, Familyd__V1__ListBuildsResponse **ret_response, FamilydError *ret_error);
+int familyd_release_build(FamilydClient *client, const char *build_id, FamilydError *ret_error);
+
+/*
+ * The shard socket (design/api.md, "Shard handout"; not gRPC): trades RankShard tokens for
+ * file descriptors of the shards' shared memory.
+ *
+ * familyd_shard_fetch() connects to shard_socket_path (NULL or "": shard.sock in the directory
+ * of the client's API socket), sends one ShardFdRequest{tokens, writable} and reads the
+ * ShardFdReply with its SCM_RIGHTS descriptors. n is 1..FAMILYD_SHARD_MAX_TOKENS. The client
+ * only lends its timeout (the whole exchange must finish within it; 0: no limit); client may
+ * be NULL (socket path then required, no timeout).
+ *
+ * On success ret_fds[i] is a new descriptor (O_CLOEXEC) of tokens[i]'s memory, owned by the
+ * caller, who close()s it; ret_sizes[i] (ret_sizes may be NULL) its size in bytes. Host
+ * shards are memfds sealed against resizing, read-only unless writable was asked for.
+ * On any failure no descriptor is left open and ret_fds/ret_sizes are untouched:
+ *
+ *   -EPROTO     the daemon answered a status other than OK (unknown token, bad request...):
+ *               *ret_error holds its code and message (reason/info stay NULL)
+ *   -EBADMSG    a reply that does not decode, or whose descriptors/sizes do not match tokens
+ *   -ETIMEDOUT  no complete reply within the client's timeout
+ *   -EINVAL     bad arguments; -ENOMEM; any other -errno of socket/connect/sendmsg/recvmsg
+ *               (-ENOENT, -ECONNREFUSED: no shard socket there)
+ */
+#define FAMILYD_SHARD_MAX_TOKENS 253
+
+int familyd_shard_fetch(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const char *const *tokens,
+                size_t n,
+                bool writable,
+                int *ret_fds,
+                uint64_t *ret_sizes,
+                FamilydError *ret_error);
+
+/* mmap()s size bytes of a shard descriptor, MAP_SHARED, PROT_READ (| PROT_WRITE when
+ * writable; the descriptor must have been fetched writable). *ret_ptr belongs to the caller:
+ * familyd_shard_unmap(ptr, size) or munmap(). The mapping stays valid after close(fd), and
+ * after ReleaseBuild (the memory lives while any descriptor or mapping holds it). */
+int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr);
+int familyd_shard_unmap(void *ptr, uint64_t size);
 
 /* familyd.v1.MeshService. create_mesh returns the mesh as stored, with its mesh_id and ranks. */
 int familyd_create_mesh(FamilydClient *client, const Familyd__V1__Mesh *mesh, Familyd__V1__Mesh **ret_mesh, FamilydError *ret_error);

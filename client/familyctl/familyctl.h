@@ -81,6 +81,11 @@ int ctl_print_json(const ProtobufCMessage *m);
 
 /* Parsing helpers: 0, or -EINVAL when the text is not entirely one number. */
 int ctl_parse_int64(const char *s, int64_t *ret);
+/* "0,1,2,3" or ranges "0-3,8-11" into a malloc()ed array; -EINVAL on bad text or no ranks. */
+int ctl_parse_ranks(const char *s, int64_t **ret, size_t *ret_n);
+/* KEY=VALUE's VALUE: true/false -> bool, an integer -> int, a number with '.', 'e' or 'E' ->
+ * float, anything else -> string (v->string_value points into text). */
+int ctl_parse_value(const char *text, Familyd__V1__Value *v);
 /* "dp=2,tp=4" into MeshDim messages (freed with ctl_mesh_dims_free). */
 int ctl_parse_mesh_dims(const char *s, Familyd__V1__MeshDim ***ret_dims, size_t *ret_n);
 void ctl_mesh_dims_free(Familyd__V1__MeshDim **dims, size_t n);
@@ -114,3 +119,42 @@ int verb_meshes(Context *ctx, int argc, char **argv);
 int verb_topology(Context *ctx, int argc, char **argv);
 int verb_status(Context *ctx, int argc, char **argv);
 int verb_reload(Context *ctx, int argc, char **argv);
+int verb_build(Context *ctx, int argc, char **argv);
+int verb_builds(Context *ctx, int argc, char **argv);
+int verb_build_info(Context *ctx, int argc, char **argv);
+int verb_release(Context *ctx, int argc, char **argv);
+int verb_shard(Context *ctx, int argc, char **argv);
+
+/* A small JSON reader for --config and --module files. Numbers keep their text so that
+ * integers stay exact; is_int when the text has no '.', 'e' or 'E' and fits int64. */
+typedef enum JsonType {
+        JSON_NULL,
+        JSON_BOOL,
+        JSON_NUMBER,
+        JSON_STRING,
+        JSON_ARRAY,
+        JSON_OBJECT,
+} JsonType;
+
+typedef struct JsonValue JsonValue;
+struct JsonValue {
+        JsonType type;
+        bool boolean;
+        bool is_int;
+        int64_t integer;
+        double number;
+        char *string;           /* JSON_STRING (NUL-terminated; embedded NULs refused) */
+        size_t n;               /* items of an array or object */
+        JsonValue **items;
+        char **keys;            /* JSON_OBJECT: keys[i] names items[i] */
+};
+
+JsonValue *json_value_free(JsonValue *v);
+/* Parses a whole document; on -EINVAL *ret_error_text (to free()) says why and where. */
+int json_parse(const char *text, size_t size, JsonValue **ret, char **ret_error_text);
+int json_parse_file(const char *path, JsonValue **ret, char **ret_error_text);
+const JsonValue *json_object_get(const JsonValue *v, const char *key);
+
+static inline void json_value_freep(JsonValue **v) {
+        json_value_free(*v);
+}

@@ -28,6 +28,77 @@ int ctl_parse_int64(const char *s, int64_t *ret) {
         return 0;
 }
 
+/* "0,1,2,3" or ranges "0-3,8-11". */
+int ctl_parse_ranks(const char *s, int64_t **ret, size_t *ret_n) {
+        _cleanup_free_ char *copy = strdup(s);
+        _cleanup_free_ int64_t *ranks = NULL;
+        char *save = NULL;
+        size_t n = 0;
+
+        if (!copy)
+                return -ENOMEM;
+        for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                char *dash = strchr(tok + 1, '-');   /* +1: a leading '-' is a sign */
+                int64_t lo, hi;
+
+                if (dash) {
+                        *dash = 0;
+                        if (ctl_parse_int64(tok, &lo) < 0 || ctl_parse_int64(dash + 1, &hi) < 0 ||
+                            lo > hi || hi - lo >= 1 << 20)
+                                return -EINVAL;
+                } else {
+                        if (ctl_parse_int64(tok, &lo) < 0)
+                                return -EINVAL;
+                        hi = lo;
+                }
+                for (int64_t r = lo; r <= hi; r++) {
+                        int64_t *grown = realloc(ranks, (n + 1) * sizeof(*ranks));
+
+                        if (!grown)
+                                return -ENOMEM;
+                        ranks = grown;
+                        ranks[n++] = r;
+                }
+        }
+        if (n == 0)
+                return -EINVAL;
+        *ret = TAKE_PTR(ranks);
+        *ret_n = n;
+        return 0;
+}
+
+/* key=value from the command line: true/false are bools, an integer is an int, a number with
+ * '.', 'e' or 'E' is a float, anything else a string. */
+int ctl_parse_value(const char *text, Familyd__V1__Value *v) {
+        int64_t i;
+        char *end;
+        double d;
+
+        familyd__v1__value__init(v);
+        if (streq(text, "true") || streq(text, "false")) {
+                v->kind_case = FAMILYD__V1__VALUE__KIND_BOOL_VALUE;
+                v->bool_value = streq(text, "true");
+                return 0;
+        }
+        if (ctl_parse_int64(text, &i) >= 0) {
+                v->kind_case = FAMILYD__V1__VALUE__KIND_INT_VALUE;
+                v->int_value = i;
+                return 0;
+        }
+        if (strpbrk(text, ".eE") && !isempty(text)) {
+                errno = 0;
+                d = strtod(text, &end);
+                if (errno == 0 && *end == 0 && end != text) {
+                        v->kind_case = FAMILYD__V1__VALUE__KIND_DOUBLE_VALUE;
+                        v->double_value = d;
+                        return 0;
+                }
+        }
+        v->kind_case = FAMILYD__V1__VALUE__KIND_STRING_VALUE;
+        v->string_value = (char *) text;
+        return 0;
+}
+
 void ctl_mesh_dims_free(Familyd__V1__MeshDim **dims, size_t n) {
         for (size_t i = 0; i < n; i++) {
                 if (!dims[i])

@@ -258,38 +258,6 @@ int verb_family(Context *ctx, int argc, char **argv) {
         return r;
 }
 
-/* key=value from the command line: true/false are bools, an integer is an int, a number with
- * '.', 'e' or 'E' is a float, anything else a string. */
-static int parse_value(const char *text, Familyd__V1__Value *v) {
-        int64_t i;
-        char *end;
-        double d;
-
-        familyd__v1__value__init(v);
-        if (streq(text, "true") || streq(text, "false")) {
-                v->kind_case = FAMILYD__V1__VALUE__KIND_BOOL_VALUE;
-                v->bool_value = streq(text, "true");
-                return 0;
-        }
-        if (ctl_parse_int64(text, &i) >= 0) {
-                v->kind_case = FAMILYD__V1__VALUE__KIND_INT_VALUE;
-                v->int_value = i;
-                return 0;
-        }
-        if (strpbrk(text, ".eE") && !isempty(text)) {
-                errno = 0;
-                d = strtod(text, &end);
-                if (errno == 0 && *end == 0 && end != text) {
-                        v->kind_case = FAMILYD__V1__VALUE__KIND_DOUBLE_VALUE;
-                        v->double_value = d;
-                        return 0;
-                }
-        }
-        v->kind_case = FAMILYD__V1__VALUE__KIND_STRING_VALUE;
-        v->string_value = (char *) text;
-        return 0;
-}
-
 static const char resolve_help[] =
         "Usage: familyctl resolve [OPTIONS] FAMILY [KEY=VALUE...]\n"
         "\n"
@@ -425,7 +393,7 @@ int verb_resolve(Context *ctx, int argc, char **argv) {
                 *eq = 0;
                 familyd__v1__resolve_request__arguments_entry__init(&entries[i]);
                 entries[i].key = kv;
-                (void) parse_value(eq + 1, &values[i]);
+                (void) ctl_parse_value(eq + 1, &values[i]);
                 entries[i].value = &values[i];
                 entry_ptrs[i] = &entries[i];
         }

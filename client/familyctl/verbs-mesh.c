@@ -30,45 +30,6 @@ static void print_mesh(const Familyd__V1__Mesh *m) {
         ctl_print_field("ranks", "%s (%zu)", strempty(ranks), m->n_ranks);
 }
 
-/* "0,1,2,3" or ranges "0-3,8-11". */
-static int parse_ranks(const char *s, int64_t **ret, size_t *ret_n) {
-        _cleanup_free_ char *copy = strdup(s);
-        _cleanup_free_ int64_t *ranks = NULL;
-        char *save = NULL;
-        size_t n = 0;
-
-        if (!copy)
-                return -ENOMEM;
-        for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                char *dash = strchr(tok + 1, '-');   /* +1: a leading '-' is a sign */
-                int64_t lo, hi;
-
-                if (dash) {
-                        *dash = 0;
-                        if (ctl_parse_int64(tok, &lo) < 0 || ctl_parse_int64(dash + 1, &hi) < 0 ||
-                            lo > hi || hi - lo >= 1 << 20)
-                                return -EINVAL;
-                } else {
-                        if (ctl_parse_int64(tok, &lo) < 0)
-                                return -EINVAL;
-                        hi = lo;
-                }
-                for (int64_t r = lo; r <= hi; r++) {
-                        int64_t *grown = realloc(ranks, (n + 1) * sizeof(*ranks));
-
-                        if (!grown)
-                                return -ENOMEM;
-                        ranks = grown;
-                        ranks[n++] = r;
-                }
-        }
-        if (n == 0)
-                return -EINVAL;
-        *ret = TAKE_PTR(ranks);
-        *ret_n = n;
-        return 0;
-}
-
 static const char mesh_create_help[] =
         "Usage: familyctl mesh create [OPTIONS] DIMS\n"
         "\n"
@@ -157,7 +118,7 @@ static int mesh_create(Context *ctx, int argc, char **argv) {
                         break;
                 case ARG_RANKS:
                         ranks = mfree(ranks);
-                        r = parse_ranks(optarg, &ranks, &n_ranks);
+                        r = ctl_parse_ranks(optarg, &ranks, &n_ranks);
                         if (r < 0) {
                                 r = r == -ENOMEM ? ctl_fail("parse --ranks", r, NULL) :
                                         ctl_usage_error("mesh create", "--ranks needs a list like 0,1,2,3 or 0-3, not '%s'", optarg);
