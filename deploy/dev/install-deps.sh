@@ -10,7 +10,7 @@ packages=(
     libyaml-dev libsystemd-dev libucx-dev ucx-utils
 )
 if [[ "${1:-}" == "--tests" ]]; then
-    packages+=(libcmocka-dev python3-grpcio python3-protobuf valgrind)
+    packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
     # npm may come with a Node.js that is not Debian's; ask apt only when there is none.
     command -v npm >/dev/null || packages+=(npm)
 fi
