@@ -26,6 +26,11 @@ static const Verb verbs[] = {
         { "topology", verb_topology, "topology                       show nodes and devices" },
         { "status",   verb_status,   "status                         show the daemon's status" },
         { "reload",   verb_reload,   "reload                         reload the registry" },
+        { "build",    verb_build,    "build FAMILY [KEY=VALUE...]    build a family (--config, --mesh, --materialize)" },
+        { "builds",   verb_builds,   "builds                         list builds" },
+        { "build-info", verb_build_info, "build-info ID                  show one build" },
+        { "release",  verb_release,  "release ID                     release a build's shared memory" },
+        { "shard",    verb_shard,    "shard ID RANK                  map a rank's shard and print its slices" },
 };
 
 static void help(void) {

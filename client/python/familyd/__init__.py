@@ -1,0 +1,19 @@
+"""familyd: a small Python client of the familyd node daemon for trainers.
+
+    import familyd
+    with familyd.Client("run/familyd.sock") as c:
+        b = c.build("grouped_experts", config={...}, dtype="bfloat16")
+        w = b.ranks[0]["gate_up_proj"]        # numpy view of the shared memory, no copy
+        t = b.ranks[0].torch()["gate_up_proj"]  # torch.bfloat16, same memory
+
+Message classes come from the descriptor set, not from protoc output: see familyd._protos
+(FAMILYD_DESCRIPTORS, then next to the package, then /usr/share/familyd/familyd.binpb).
+Needs python3-grpcio, python3-protobuf, python3-numpy; torch is optional.
+"""
+
+from ._protos import Protos, default_protos, descriptor_path
+from .client import Build, Client, FamilydError, RankTensors
+from .shard import ShardError, ShardHandle, fetch as fetch_shards
+
+__all__ = ["Build", "Client", "FamilydError", "Protos", "RankTensors", "ShardError",
+           "ShardHandle", "default_protos", "descriptor_path", "fetch_shards"]

@@ -1,0 +1,388 @@
+"""familyd.Client: the familyd.v1 gRPC API over the daemon's Unix socket, and Build, whose
+materialised shards are numpy arrays (and torch tensors) viewing the daemon's shared memory."""
+
+import os
+import warnings
+
+import grpc
+
+from . import shard as _shard
+from ._protos import default_protos
+
+DEFAULT_SOCKET = "/run/familyd/familyd.sock"
+
+# Layout dtype -> numpy dtype name. bfloat16 has no numpy dtype: its bits are uint16.
+_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
+_DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class FamilydError(Exception):
+    """A call that ended with a gRPC status other than OK.
+
+    .code: the grpc.StatusCode; .code_name ("NOT_FOUND"); .message: the status message;
+    .reason and .metadata: from the google.rpc.ErrorInfo of the status details (None / {}).
+    """
+
+    def __init__(self, code, message, reason=None, metadata=None):
+        self.code = code
+        self.code_name = code.name if hasattr(code, "name") else str(code)
+        self.message = message
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+        text = "%s: %s" % (self.code_name, message)
+        if reason:
+            text += " (%s)" % reason
+        super().__init__(text)
+
+
+class RankTensors(dict):
+    """One rank's parameters: name -> numpy array viewing the shard's shared memory (no copy).
+
+    bfloat16 parameters are numpy uint16 arrays of the raw bits; .torch() gives real
+    torch.bfloat16 tensors. .mmap is the mapping, .size its length, .slices the RankShard's
+    ShardSlice messages, .dtypes name -> layout dtype, .writable whether it may be written.
+    """
+
+    def __init__(self, rank, mm, size, slices, dtypes, device_kind, device, writable):
+        super().__init__()
+        self.rank = rank
+        self.mmap = mm
+        self.size = size
+        self.slices = slices
+        self.dtypes = dtypes
+        self.device_kind = device_kind
+        self.device = device
+        self.writable = writable
+
+    def torch(self):
+        """name -> torch tensor over the same memory (torch.frombuffer; no copy). bfloat16 is
+        torch.bfloat16. Raises ImportError without torch."""
+        import torch
+
+        tdtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        out = {}
+        with warnings.catch_warnings():
+            # A read-only mapping: torch warns that its tensors must not be written.
+            warnings.simplefilter("ignore", UserWarning)
+            for s in self.slices:
+                dtype = self.dtypes[s.parameter]
+                shape = tuple(s.local_shape)
+                size = _DTYPE_SIZES[dtype]
+                count = s.byte_length // size
+                if count == 0:
+                    out[s.parameter] = torch.empty(shape, dtype=tdtypes[dtype])
+                    continue
+                t = torch.frombuffer(self.mmap, dtype=tdtypes[dtype], count=count,
+                                     offset=s.byte_offset)
+                out[s.parameter] = t.view(shape)
+        return out
+
+
+class Build:
+    """A build: .id, .message (the familyd.v1.Build), .shard_socket, .layout (name ->
+    familyd.v1.ParameterLayout), and .ranks: rank -> RankTensors for every rank materialised on
+    this node (ranks of other nodes, empty ranks and non-host devices are absent).
+
+    release() drops the daemon's hold on the memory; the arrays stay valid while they are
+    referenced (the mappings keep the memory). close() drops this object's mappings. As a
+    context manager it releases and closes on exit.
+    """
+
+    def __init__(self, client, message, writable=False, map_shards=True):
+        self.client = client
+        self.message = message
+        self.id = message.build_id
+        self.shard_socket = message.shard_socket or client.default_shard_socket()
+        self.writable = writable
+        self.layout = {}
+        if message.info and message.info.layout:
+            for p in message.info.layout.parameters:
+                self.layout[p.name] = p
+        self.ranks = {}
+        self.released = False
+        if map_shards:
+            self._map()
+
+    def dtype_of(self, name):
+        p = self.layout.get(name)
+        return (p.dtype if p is not None and p.dtype else "float32")
+
+    def _map(self):
+        import numpy as np
+
+        local = [s for s in self.message.shards if s.token]
+        for start in range(0, len(local), _shard.MAX_TOKENS):
+            chunk = local[start:start + _shard.MAX_TOKENS]
+            handles = _shard.fetch(self.shard_socket, [s.token for s in chunk], self.writable,
+                                   timeout=self.client.timeout, protos=self.client.protos)
+            try:
+                for s, h in zip(chunk, handles):
+                    if h.device_kind != "host" or h.size == 0:
+                        continue
+                    mm = h.map()
+                    dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
+                    rt = RankTensors(s.rank, mm, h.size, list(s.slices), dtypes, h.device_kind,
+                                     h.device, self.writable)
+                    for sl in s.slices:
+                        dtype = dtypes[sl.parameter]
+                        if dtype not in _NUMPY_DTYPES:
+                            raise ValueError("parameter %r: unknown dtype %r" % (sl.parameter, dtype))
+                        if sl.byte_offset + sl.byte_length > h.size:
+                            raise ValueError("parameter %r: slice outside the shard" % sl.parameter)
+                        count = sl.byte_length // _DTYPE_SIZES[dtype]
+                        shape = tuple(sl.local_shape)
+                        if count == 0:
+                            arr = np.zeros(shape, dtype=_NUMPY_DTYPES[dtype])
+                        else:
+                            arr = np.frombuffer(mm, dtype=_NUMPY_DTYPES[dtype], count=count,
+                                                offset=sl.byte_offset).reshape(shape)
+                        rt[sl.parameter] = arr
+                    self.ranks[s.rank] = rt
+            finally:
+                for h in handles:
+                    h.close()   # the mappings keep the memory
+
+    def torch(self, rank):
+        """self.ranks[rank].torch()."""
+        return self.ranks[rank].torch()
+
+    def release(self):
+        """ReleaseBuild: the daemon drops its hold (the mappings here stay valid)."""
+        if not self.released:
+            self.client.release_build(self.id)
+            self.released = True
+
+    def close(self):
+        """Drops the arrays and closes the mappings that nothing else references."""
+        ranks, self.ranks = self.ranks, {}
+        for rt in ranks.values():
+            mm = rt.mmap
+            rt.clear()
+            try:
+                mm.close()
+            except BufferError:
+                pass   # an array still views it: it closes when the last view goes
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.release()
+        finally:
+            self.close()
+
+    def __repr__(self):
+        return "Build(%r, ranks=%s)" % (self.id, sorted(self.ranks))
+
+
+class Client:
+    """Client(socket=None, timeout=30.0, protos=None).
+
+    socket: the daemon's API socket; default $FAMILYD_SOCKET, else /run/familyd/familyd.sock.
+    timeout: seconds per call (None: no deadline), also for the shard socket.
+    """
+
+    def __init__(self, socket=None, timeout=30.0, protos=None):
+        self.socket = socket or os.environ.get("FAMILYD_SOCKET") or DEFAULT_SOCKET
+        self.timeout = timeout
+        self.protos = protos or default_protos()
+        self.channel = grpc.insecure_channel("unix:" + self.socket)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def default_shard_socket(self):
+        return os.path.join(os.path.dirname(self.socket) or ".", "shard.sock")
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def call(self, rpc, request):
+        """A unary call: rpc 'familyd.v1.FamilyService/Build', request a message of its type."""
+        path, _, resp_cls = self.protos.method(rpc)
+        fn = self.channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                                      response_deserializer=resp_cls.FromString)
+        try:
+            return fn(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+
+    def _error(self, e):
+        reason, metadata = None, {}
+        for k, v in (e.trailing_metadata() or ()):
+            if k != "grpc-status-details-bin":
+                continue
+            try:
+                st = self.protos.cls("google.rpc.Status").FromString(v)
+                for any_ in st.details:
+                    if any_.type_url.endswith("/google.rpc.ErrorInfo"):
+                        info = self.protos.cls("google.rpc.ErrorInfo").FromString(any_.value)
+                        reason, metadata = info.reason, dict(info.metadata)
+                        break
+            except Exception:
+                pass
+        return FamilydError(e.code(), e.details() or "", reason, metadata)
+
+    def _context(self, mesh_id=None, tp_size=None, cp_size=None, ep_size=None, pp_size=None,
+                 active=(), sequence_parallel=False, loss_parallel=False):
+        jc = self.protos.cls("familyd.v1.JobContext")()
+        for name, v in (("tp_size", tp_size), ("cp_size", cp_size), ("ep_size", ep_size),
+                        ("pp_size", pp_size)):
+            if v is not None:
+                setattr(jc, name, int(v))
+        for axis in active:
+            if axis not in ("tp", "cp", "ep", "pp"):
+                raise ValueError("unknown axis %r (tp, cp, ep, pp)" % (axis,))
+            setattr(jc, axis, True)
+        if mesh_id:
+            jc.mesh_id = mesh_id
+        jc.sequence_parallel = bool(sequence_parallel)
+        jc.loss_parallel = bool(loss_parallel)
+        return jc
+
+    def list_families(self):
+        return list(self.call("familyd.v1.FamilyService/ListFamilies",
+                              self.protos.cls("familyd.v1.ListFamiliesRequest")()).families)
+
+    def resolve(self, family, arguments=None, mesh_id=None, tp_size=None, cp_size=None,
+                ep_size=None, pp_size=None, active=(), sequence_parallel=False,
+                loss_parallel=False):
+        """Resolve: the familyd.v1.ResolvedFamily (family, variant, constructor, ...)."""
+        req = self.protos.cls("familyd.v1.ResolveRequest")(family=family)
+        for k, v in (arguments or {}).items():
+            req.arguments[k].CopyFrom(self.protos.value(v))
+        req.context.CopyFrom(self._context(mesh_id, tp_size, cp_size, ep_size, pp_size, active,
+                                           sequence_parallel, loss_parallel))
+        return self.call("familyd.v1.FamilyService/Resolve", req).resolved
+
+    def create_mesh(self, device_mesh, expert_mesh=None, ranks=None, tp_size=None,
+                    cp_size=None, ep_size=None, pp_size=None, sequence_parallel=False,
+                    loss_parallel=False):
+        """CreateMesh: device_mesh / expert_mesh as {"dp": 2, "tp": 4} (row-major order) or a
+        list of (name, size); returns the familyd.v1.Mesh as stored (.mesh_id, .ranks)."""
+        Mesh = self.protos.cls("familyd.v1.Mesh")
+        m = Mesh()
+
+        def dims(spec):
+            items = spec.items() if hasattr(spec, "items") else spec
+            return [self.protos.cls("familyd.v1.MeshDim")(name=n, size=int(s)) for n, s in items]
+
+        m.device_mesh.extend(dims(device_mesh))
+        if expert_mesh:
+            m.expert_mesh.extend(dims(expert_mesh))
+        if ranks is not None:
+            m.ranks.extend(int(r) for r in ranks)
+        for name, v in (("tp_size", tp_size), ("cp_size", cp_size), ("ep_size", ep_size),
+                        ("pp_size", pp_size)):
+            if v is not None:
+                setattr(m, name, int(v))
+        m.sequence_parallel = bool(sequence_parallel)
+        m.loss_parallel = bool(loss_parallel)
+        req = self.protos.cls("familyd.v1.CreateMeshRequest")(mesh=m)
+        return self.call("familyd.v1.MeshService/CreateMesh", req)
+
+    def delete_mesh(self, mesh_id):
+        self.call("familyd.v1.MeshService/DeleteMesh",
+                  self.protos.cls("familyd.v1.DeleteMeshRequest")(mesh_id=mesh_id))
+
+    def build_request(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
+                      seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
+                      context=None):
+        """The familyd.v1.BuildRequest that build() sends (see there)."""
+        req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
+        for k, v in (arguments or {}).items():
+            req.arguments[k].CopyFrom(self.protos.value(v))
+        if config is not None:
+            req.config.SetInParent()
+            for k, v in config.items():
+                req.config.fields[k].CopyFrom(self.protos.value(v))
+        if module is not None:
+            if isinstance(module, dict):
+                req.module.fqn = module.get("fqn", "")
+                for p in module.get("parameters", ()):
+                    sp = req.module.parameters.add()
+                    sp.name = p["name"]
+                    sp.shape.extend(int(d) for d in p.get("shape", ()))
+                    sp.dtype = p.get("dtype", "")
+            else:
+                req.module.CopyFrom(module)
+        if module_fqn:
+            req.module_fqn = module_fqn
+        if mesh_id:
+            req.mesh_id = mesh_id
+        if context:
+            req.context.CopyFrom(self._context(**context))
+        if materialize:
+            req.materialize.enabled = True
+            if dtype:
+                req.materialize.dtype = dtype
+            if seed is not None:
+                req.materialize.seed = int(seed)
+            if ranks is not None:
+                req.materialize.ranks.extend(int(r) for r in ranks)
+        return req
+
+    def build(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
+              seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
+              context=None, writable=False):
+        """Build and map: a Build whose .ranks hold numpy views of this node's shards.
+
+        config: {field: int | float | str | bool} (BuildRequest.config); module: a
+        familyd.v1.SourceModule or {"fqn": ..., "parameters": [{"name", "shape", "dtype"}]}
+        instead of config; arguments: selectors and arguments of the family; context: keyword
+        arguments of the job context (tp_size=..., active=("ep",), ...). dtype: float32,
+        bfloat16, float16 (or the daemon's aliases). writable: map the shards read-write.
+        """
+        req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
+                                 arguments, module, module_fqn, context)
+        resp = self.call("familyd.v1.FamilyService/Build", req)
+        b = Build(self, resp.build, writable=writable, map_shards=False)
+        try:
+            b._map()
+        except BaseException:
+            b.close()
+            try:
+                b.release()
+            except Exception:
+                pass
+            raise
+        return b
+
+    def open_build(self, build_id, writable=False):
+        """An existing build (GetBuild), its local shards mapped like build()'s."""
+        return Build(self, self.get_build(build_id), writable=writable)
+
+    def get_build(self, build_id):
+        return self.call("familyd.v1.FamilyService/GetBuild",
+                         self.protos.cls("familyd.v1.GetBuildRequest")(build_id=build_id))
+
+    def list_builds(self):
+        return list(self.call("familyd.v1.FamilyService/ListBuilds",
+                              self.protos.cls("familyd.v1.ListBuildsRequest")()).builds)
+
+    def release_build(self, build_id):
+        self.call("familyd.v1.FamilyService/ReleaseBuild",
+                  self.protos.cls("familyd.v1.ReleaseBuildRequest")(build_id=build_id))
+
+    def fetch_shards(self, build, writable=False, ranks=None):
+        """Raw descriptors: rank -> shard.ShardHandle for a familyd.v1.Build's local shards
+        (optionally only ranks). The caller closes them."""
+        local = [s for s in build.shards if s.token and (ranks is None or s.rank in ranks)]
+        out = {}
+        for start in range(0, len(local), _shard.MAX_TOKENS):
+            chunk = local[start:start + _shard.MAX_TOKENS]
+            handles = _shard.fetch(build.shard_socket or self.default_shard_socket(),
+                                   [s.token for s in chunk], writable, timeout=self.timeout,
+                                   protos=self.protos)
+            for s, h in zip(chunk, handles):
+                out[s.rank] = h
+        return out
+
+
+__all__ = ["Client", "Build", "RankTensors", "FamilydError"]

@@ -1,0 +1,147 @@
+"""The shard socket client (design/api.md, "Shard handout"), in pure Python.
+
+Each frame is a 4-byte little-endian length and that many bytes (at most 65,536) of a
+serialized message. The client sends familyd.v1.ShardFdRequest{tokens, writable} (at most 253
+tokens) and reads one familyd.v1.ShardFdReply{code, message, sizes, device_kinds, devices}; on
+success one descriptor per token rides as SCM_RIGHTS with the first bytes of the reply.
+"""
+
+import array
+import mmap
+import os
+import socket
+import struct
+import time
+
+from ._protos import default_protos
+
+MAX_TOKENS = 253
+MAX_FRAME = 65536
+
+_STATUS_NAMES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                 "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"]
+
+
+def status_name(code):
+    return _STATUS_NAMES[code] if 0 <= code < len(_STATUS_NAMES) else "UNKNOWN_STATUS"
+
+
+class ShardError(Exception):
+    """The daemon refused the request: .code (gRPC status number), .code_name, .message."""
+
+    def __init__(self, code, message):
+        super().__init__("%s: %s" % (status_name(code), message))
+        self.code = code
+        self.code_name = status_name(code)
+        self.message = message
+
+
+class ShardHandle:
+    """One descriptor from the shard socket: fd (owned; close() it), size, device kind/index."""
+
+    def __init__(self, fd, size, device_kind, device, writable):
+        self.fd = fd
+        self.size = size
+        self.device_kind = device_kind
+        self.device = device
+        self.writable = writable
+
+    def map(self):
+        """An mmap.mmap of the whole shard, MAP_SHARED (writable when fetched writable). The
+        mapping keeps the memory alive after close() and after ReleaseBuild."""
+        if self.size == 0:
+            raise ValueError("an empty shard cannot be mapped")
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
+        return mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED, prot=prot)
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _recv_exact(sock, n, fds, deadline):
+    """n bytes; SCM_RIGHTS descriptors of any chunk go to fds."""
+    buf = bytearray()
+    cmsg_space = socket.CMSG_SPACE(MAX_TOKENS * array.array("i").itemsize)
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("shard socket: no complete reply in time")
+            sock.settimeout(left)
+        data, ancdata, flags, _ = sock.recvmsg(n - len(buf), cmsg_space,
+                                               getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+        for level, typ, cdata in ancdata:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(cdata[:len(cdata) - (len(cdata) % a.itemsize)])
+                fds.extend(a)
+        if flags & getattr(socket, "MSG_CTRUNC", 0x8):
+            raise ConnectionError("shard socket: control data truncated")
+        if not data:
+            raise ConnectionError("shard socket: connection closed before the reply")
+        buf += data
+    return bytes(buf)
+
+
+def fetch(socket_path, tokens, writable=False, timeout=30.0, protos=None):
+    """Trade tokens for descriptors: a list of ShardHandle in token order.
+
+    Raises ShardError when the daemon answers a status other than OK (all or nothing: no
+    descriptor then), OSError when the socket cannot be reached, TimeoutError past timeout
+    (None: wait forever), ValueError for a malformed reply. No descriptor leaks on failure.
+    """
+    protos = protos or default_protos()
+    tokens = list(tokens)
+    if not 1 <= len(tokens) <= MAX_TOKENS:
+        raise ValueError("between 1 and %d tokens, not %d" % (MAX_TOKENS, len(tokens)))
+    req = protos.cls("familyd.v1.ShardFdRequest")(tokens=tokens, writable=bool(writable))
+    payload = req.SerializeToString()
+    if len(payload) > MAX_FRAME:
+        raise ValueError("request of %d bytes exceeds the %d-byte frame limit" % (len(payload), MAX_FRAME))
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    fds = []
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(struct.pack("<I", len(payload)) + payload)
+        (length,) = struct.unpack("<I", _recv_exact(sock, 4, fds, deadline))
+        if length > MAX_FRAME:
+            raise ValueError("shard socket: reply frame of %d bytes" % length)
+        reply = protos.cls("familyd.v1.ShardFdReply").FromString(_recv_exact(sock, length, fds, deadline))
+        if reply.code != 0:
+            raise ShardError(reply.code, reply.message)
+        if len(fds) != len(tokens) or len(reply.sizes) != len(tokens):
+            raise ValueError("shard socket: %d descriptors and %d sizes for %d tokens"
+                             % (len(fds), len(reply.sizes), len(tokens)))
+        handles = []
+        for i, fd in enumerate(fds):
+            kind = reply.device_kinds[i] if i < len(reply.device_kinds) else "host"
+            dev = reply.devices[i] if i < len(reply.devices) else 0
+            handles.append(ShardHandle(fd, reply.sizes[i], kind, dev, bool(writable)))
+        fds = []
+        return handles
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        sock.close()

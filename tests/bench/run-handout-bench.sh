@@ -1,0 +1,160 @@
+#!/bin/bash
+# run-handout-bench.sh: start familyd with a one-parameter registry and run handout-bench.
+#
+#   tests/bench/run-handout-bench.sh [--smoke] [BUILD_DIR] [-- BENCH_ARGS...]
+#
+# BUILD_DIR (default: build-bench under the source root) is configured as a release build
+# without sanitizers and built when it does not exist yet. FAMILYD_BIN and
+# FAMILYD_HANDOUT_BENCH, when set (meson test sets them), name the binaries instead.
+#
+# The registry, written to a temporary directory, has one family `blob` with one parameter
+# `data` of shape [n], init constant 1.0, so every read can be checked (the sum is n). The
+# daemon gets --shm-budget 3 GiB (one build is held at a time). The full run measures 1, 64 and
+# 1024 MiB; with MemAvailable under HANDOUT_BENCH_MIN_KIB (default 3.5 GiB: the shard, the
+# baseline server's payload and the gRPC client's copy are each 1 GiB) it drops 1024 MiB and
+# says so. --smoke: --quick (1 and 16 MiB) and a check that the table and goals are printed; the
+# goals are not enforced. Add `-- --check-goals` to fail when a goal is missed.
+
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
+
+smoke=0
+build=""
+bench_args=()
+while [ $# -gt 0 ]; do
+        case "$1" in
+        --smoke) smoke=1 ;;
+        --) shift; bench_args+=("$@"); break ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "run-handout-bench.sh: unknown option $1" >&2; exit 2 ;;
+        *) build=$1 ;;
+        esac
+        shift
+done
+
+familyd=${FAMILYD_BIN:-}
+bench=${FAMILYD_HANDOUT_BENCH:-}
+if [ -z "$familyd" ] || [ -z "$bench" ]; then
+        build=${build:-$root/build-bench}
+        if [ ! -f "$build/build.ninja" ]; then
+                echo "run-handout-bench.sh: configuring $build (release, no sanitizers)"
+                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
+        fi
+        ninja -C "$build" daemon/familyd tests/bench/handout-bench >/dev/null
+        familyd=${familyd:-$build/daemon/familyd}
+        bench=${bench:-$build/tests/bench/handout-bench}
+fi
+for f in "$familyd" "$bench"; do
+        [ -x "$f" ] || { echo "run-handout-bench.sh: $f not found" >&2; exit 1; }
+done
+
+sizes_args=()
+if [ "$smoke" = 1 ]; then
+        sizes_args=(--quick)
+else
+        min_kib=${HANDOUT_BENCH_MIN_KIB:-3670016}
+        avail_kib=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
+        if [ -n "$avail_kib" ] && [ "$avail_kib" -lt "$min_kib" ]; then
+                echo "run-handout-bench.sh: NOTE: MemAvailable $((avail_kib / 1024)) MiB < $((min_kib / 1024)) MiB:" \
+                     "skipping the 1024 MiB size; the goals are judged at 64 MiB"
+                sizes_args=(--sizes 1,64)
+        fi
+fi
+
+tmp=$(mktemp -d /tmp/fd-handout-XXXXXX)
+pid=""
+cleanup() {
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+                kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+mkdir "$tmp/registry"
+cat >"$tmp/registry/blob.yaml" <<'EOF'
+# handout-bench: one float32 parameter of n elements, all 1.0.
+families:
+  - name: blob
+    baseline: familyd_bench.Blob
+    default_variant: plain
+    variants:
+      plain:
+        constructor: familyd_bench.BlobLocal
+        accepts: [config]
+    parameters:
+      data:
+        shape: [n]
+        init: {constant: {value: 1.0}}
+EOF
+
+sock=$tmp/familyd.sock
+"$familyd" --socket "$sock" --shard-socket "$tmp/shard.sock" --state-dir "$tmp" \
+        --registry "$tmp/registry" --host-devices 1 --node-name bench \
+        --shm-budget $((3 << 30)) >"$tmp/familyd.log" 2>&1 &
+pid=$!
+
+ready=0
+for _ in $(seq 1 300); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+                echo "run-handout-bench.sh: familyd exited before it was ready:" >&2
+                cat "$tmp/familyd.log" >&2
+                exit 1
+        fi
+        if [ -S "$sock" ] && "$bench" --socket "$sock" --probe 2>/dev/null; then
+                ready=1
+                break
+        fi
+        sleep 0.1
+done
+if [ "$ready" != 1 ]; then
+        echo "run-handout-bench.sh: familyd not SERVING within 30 s" >&2
+        cat "$tmp/familyd.log" >&2
+        exit 1
+fi
+
+echo "run-handout-bench.sh: familyd $familyd"
+status=0
+"$bench" --socket "$sock" "${sizes_args[@]}" "${bench_args[@]}" | tee "$tmp/bench.out" || status=$?
+
+# Stop the daemon: SIGTERM must end it with status 0.
+kill -TERM "$pid"
+daemon_status=0
+for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+done
+if kill -0 "$pid" 2>/dev/null; then
+        echo "run-handout-bench.sh: familyd did not exit within 30 s of SIGTERM" >&2
+        daemon_status=1
+else
+        wait "$pid" || daemon_status=$?
+fi
+pid=""
+if [ "$daemon_status" != 0 ]; then
+        echo "run-handout-bench.sh: familyd exited with status $daemon_status after SIGTERM" >&2
+        tail -n 30 "$tmp/familyd.log" >&2
+        [ "$status" != 0 ] || status=1
+fi
+if [ "$status" != 0 ]; then
+        echo "run-handout-bench.sh: handout-bench failed with status $status" >&2
+        exit "$status"
+fi
+
+if [ "$smoke" = 1 ]; then
+        # The table's ratios and the goals must be printed, as finite numbers.
+        num='[0-9]+\.[0-9]+'
+        for pat in "^ratio grpc/\\(map\\+read\\) @1MiB $num recv/\\(map\\+read\\) $num read GB/s map $num grpc $num\$" \
+                   "^ratio grpc/\\(map\\+read\\) @16MiB $num recv/\\(map\\+read\\) $num read GB/s map $num grpc $num\$" \
+                   "^goal map flat map@16MiB/map@1MiB <= $num: $num (met|NOT MET)\$" \
+                   "^goal grpc/\\(map\\+read\\) @16MiB >= $num: $num (met|NOT MET)\$" \
+                   "^goals (met|NOT MET)\$"; do
+                if ! grep -Eq "$pat" "$tmp/bench.out"; then
+                        echo "run-handout-bench.sh: smoke: no line matching /$pat/" >&2
+                        exit 1
+                fi
+        done
+        echo "run-handout-bench.sh: smoke ok"
+fi
