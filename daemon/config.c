@@ -37,6 +37,7 @@ enum {
         ARG_MAX_CONNECTIONS_PER_PEER,
         ARG_CONNECTION_IDLE_MS,
         ARG_MAX_WATCHES,
+        ARG_MAX_SHARDS,
         ARG_LOG_LEVEL,
         ARG_VERSION,
 };
@@ -66,6 +67,7 @@ static const struct option options[] = {
         { "max-connections-per-peer", required_argument, NULL, ARG_MAX_CONNECTIONS_PER_PEER },
         { "connection-idle-ms", required_argument, NULL, ARG_CONNECTION_IDLE_MS },
         { "max-watches", required_argument, NULL, ARG_MAX_WATCHES },
+        { "max-shards", required_argument, NULL, ARG_MAX_SHARDS },
         { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
         {}
 };
@@ -107,6 +109,8 @@ static void help(void) {
                "     --connection-idle-ms N Close a connection with no call for N ms\n"
                "                            (default %u)\n"
                "     --max-watches N        Open Watch streams (default %u)\n"
+               "     --max-shards N         Shard segments held (one descriptor each; default:\n"
+               "                            what the open-file limit leaves, at most 65536)\n"
                "     --log-level LEVEL      debug, info, notice, warning or err (default info)\n"
                "\n"
                "Readiness: once the API socket accepts calls, grpc.health.v1.Health/Check\n"
@@ -228,6 +232,8 @@ static int config_apply(Config *c, int key, const char *name, const char *value)
                 return parse_unsigned(name, value, 100, 86400000, &c->connection_idle_ms);
         case ARG_MAX_WATCHES:
                 return parse_unsigned(name, value, 1, 1u << 20, &c->max_watches);
+        case ARG_MAX_SHARDS:
+                return parse_unsigned(name, value, 1, 65536, &c->max_shards);
         case ARG_LOG_LEVEL:
                 return parse_log_level(value, &c->log_level);
         default:

@@ -28,6 +28,7 @@ typedef struct Config {
         unsigned max_connections;
         unsigned connection_idle_ms; /* close a connection with no call for this long */
         unsigned max_watches;
+        unsigned max_shards; /* 0: fitted to RLIMIT_NOFILE */
         unsigned max_connections_per_peer;
         int log_level;
 } Config;

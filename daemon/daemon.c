@@ -77,6 +77,26 @@ static unsigned daemon_setup_fd_limit(unsigned max_connections) {
         return fit;
 }
 
+/* Descriptors left for shard segments once connections, the shard socket's handouts and the
+ * reserve are counted; --max-shards overrides. */
+static size_t daemon_shard_budget(const Config *c, unsigned max_connections) {
+        struct rlimit rl;
+        uint64_t used = (uint64_t) DAEMON_FD_RESERVE + max_connections +
+                        SHARD_SOCKET_MAX_CONNECTIONS + SHARD_SOCKET_MAX_TOKENS;
+
+        if (c->max_shards > 0)
+                return c->max_shards;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+                return SHARD_TABLE_MAX_TOKENS;
+        if (rl.rlim_cur <= used + 16) {
+                log_warning("RLIMIT_NOFILE %llu leaves almost no descriptors for shards, "
+                            "allowing 16.",
+                            (unsigned long long) rl.rlim_cur);
+                return 16;
+        }
+        return MIN((uint64_t) SHARD_TABLE_MAX_TOKENS, rl.rlim_cur - used);
+}
+
 static int daemon_load(Daemon *d, const Config *c) {
         _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
         ManagerParams params = {
@@ -145,7 +165,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (r < 0)
                 return r;
 
-        r = shard_table_new(0, &d->shards);
+        r = shard_table_new(daemon_shard_budget(c, limits.max_connections), &d->shards);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the shard table: %m");
         r = shard_server_new(c->shard_socket_path, d->shards, &d->shard_server);

@@ -89,3 +89,10 @@ bool greedy_realloc(void **p, size_t *allocated, size_t need, size_t size);
         greedy_realloc((void **) &(array), &(allocated), (need), sizeof((array)[0]))
 
 #define container_of(ptr, type, member) ((type *) ((char *) (ptr) - offsetof(type, member)))
+
+#define MIN(a, b)                                    \
+        ({                                           \
+                __typeof__(a) _a_ = (a);             \
+                __typeof__(b) _b_ = (b);             \
+                _a_ < _b_ ? _a_ : _b_;               \
+        })

@@ -132,6 +132,26 @@ static uint64_t bytes_to_materialize(const BuildState *b) {
         return total;
 }
 
+static size_t segments_to_materialize(const BuildState *b) {
+        size_t n = 0;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                n += b->ranks[i].materialized;
+        return n;
+}
+
+/* Each materialised rank keeps one descriptor open in the daemon until ReleaseBuild: the shard
+ * table's size is the descriptor budget (--max-shards, fitted to RLIMIT_NOFILE). */
+static int check_shard_room(const BuildState *b, ShardTable *shards, FamilyError *ret_error) {
+        size_t need = segments_to_materialize(b), held = shard_table_size(shards),
+               max = shard_table_max(shards);
+
+        if (need <= max && held <= max - need)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "SHARD_LIMIT", NULL,
+                                "shard limit reached: build needs %zu shards, %zu of %zu held",
+                                need, held, max);
+}
+
 static int materialize_all(BuildState *b) {
         for (size_t i = 0; i < b->n_ranks; i++) {
                 if (!b->ranks[i].materialized)
@@ -152,10 +172,12 @@ static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_er
                 int r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
                                         &b->ranks[i].token);
                 if (r == SHARD_TABLE_FULL)
-                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
-                                                "SHARD_LIMIT", NULL,
-                                                "shard limit reached: %u shards",
-                                                SHARD_TABLE_MAX_TOKENS);
+                        return check_shard_room(b, shards, ret_error) < 0
+                                       ? -EINVAL
+                                       : family_error_set(ret_error,
+                                                          FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                          "SHARD_LIMIT", NULL,
+                                                          "shard limit reached");
                 if (r < 0)
                         return r;
         }
@@ -206,6 +228,10 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                         return r;
         }
 
+        r = check_shard_room(b, ctx->shards, ret_error);
+        if (r < 0)
+                return r;
+
         bytes = bytes_to_materialize(b);
         r = build_table_reserve(m->builds, bytes, ret_error);
         if (r < 0)
@@ -214,6 +240,15 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         r = materialize_all(b);
         if (r < 0) {
                 build_table_cancel(m->builds, bytes);
+                if (r == -EMFILE || r == -ENFILE)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "FD_LIMIT", NULL,
+                                                "out of file descriptors for shard memory");
+                if (r == -ENOMEM || r == -ENOSPC)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "SHM_EXHAUSTED", NULL,
+                                                "out of shared memory for %" PRIu64 " bytes",
+                                                bytes);
                 return r;
         }
         r = publish_tokens(b, ctx->shards, ret_error);

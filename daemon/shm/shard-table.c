@@ -287,3 +287,7 @@ size_t shard_table_size(ShardTable *t) {
         (void) pthread_mutex_unlock(&t->lock);
         return n;
 }
+
+size_t shard_table_max(ShardTable *t) {
+        return t->max_entries;
+}

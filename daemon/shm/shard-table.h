@@ -59,3 +59,4 @@ int shard_table_remove(ShardTable *t, const char *token);
 size_t shard_table_remove_group(ShardTable *t, const char *group);
 
 size_t shard_table_size(ShardTable *t);
+size_t shard_table_max(ShardTable *t);
