@@ -43,5 +43,8 @@
  * was left out: it travels twice in the trailers (grpc-message and the google.rpc.Status
  * detail), and clients refuse trailers over 8 KiB. */
 #define FAMILYD_MAX_STATUS_MESSAGE       2048u
+/* A reply larger than gRPC clients accept by default is refused with RESOURCE_EXHAUSTED instead
+ * of failing in the client. */
+#define FAMILYD_MAX_REPLY_BYTES          (4u * 1024u * 1024u)
 /* Open Watch streams (health, topology) across all connections. */
 #define FAMILYD_MAX_WATCHES              1024u

@@ -13,6 +13,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -233,6 +234,17 @@ static void error_from_errno(FamilyError *e, int r) {
                                         "internal error: %s", strerror(-r));
 }
 
+/* The deadline of the call whose handler runs on this worker (handlers run synchronously). */
+static _Thread_local gpr_timespec handler_deadline;
+static _Thread_local bool handler_has_deadline;
+
+bool rpc_call_expired(void) {
+        if (!handler_has_deadline)
+                return false;
+        gpr_timespec now = gpr_now(handler_deadline.clock_type);
+        return gpr_time_cmp(now, handler_deadline) >= 0;
+}
+
 static void *arena_pb_alloc(void *data, size_t size) {
         return arena_alloc(data, size);
 }
@@ -289,8 +301,11 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
                                         NULL, "request could not be decoded as %s",
                                         m->request_type->name);
 
+        handler_deadline = c->deadline;
+        handler_has_deadline = true;
         r = m->handler((RpcContext *) &c->site.context, &c->arena, request, ret_reply,
                        ret_error);
+        handler_has_deadline = false;
         if (r < 0)
                 error_from_errno(ret_error, r);
         return r;
@@ -301,6 +316,15 @@ static void call_run_unary(Call *c) {
         ProtobufCMessage *reply = NULL;
 
         if (call_handle(c, &reply, &e) < 0) {
+                call_finish(c, NULL, &e, true, true);
+                return;
+        }
+        size_t size = protobuf_c_message_get_packed_size(reply);
+        if (size > FAMILYD_MAX_REPLY_BYTES) {
+                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "REPLY_LIMIT", NULL,
+                                        "the reply would be %zu bytes, more than the limit of "
+                                        "%u bytes",
+                                        size, FAMILYD_MAX_REPLY_BYTES);
                 call_finish(c, NULL, &e, true, true);
                 return;
         }

@@ -57,6 +57,10 @@ extern const RpcService service_health;
 extern const RpcService service_reflection_v1;
 extern const RpcService service_reflection_v1alpha;
 
+/* On a worker inside a handler: whether the call's deadline has passed (the client has given
+ * up on the answer). Long handlers check it before keeping what they made. */
+bool rpc_call_expired(void);
+
 /* Answers "not implemented yet", for methods a later part of familyd fills in. */
 int rpc_unimplemented(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error);

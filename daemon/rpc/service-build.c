@@ -156,6 +156,9 @@ static int materialize_all(BuildState *b) {
         for (size_t i = 0; i < b->n_ranks; i++) {
                 if (!b->ranks[i].materialized)
                         continue;
+                /* Nobody would learn this build's id: stop, and keep nothing. */
+                if (rpc_call_expired())
+                        return -ETIMEDOUT;
                 int r = materialize_rank(&b->plan, &b->layout, &b->layout.ranks[i], b->dtype,
                                          b->seed, b->ranks[i].local_device,
                                          &b->ranks[i].segment);
@@ -182,6 +185,32 @@ static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_er
                         return r;
         }
         return 0;
+}
+
+/* The reply is known in full before anything is materialised (tokens and ids have fixed
+ * lengths): a Build whose reply no client could receive is refused before it costs anything. */
+static int check_reply_size(BuildState *b, const char *shard_socket, FamilyError *ret_error) {
+        Arena a;
+        Familyd__V1__Build *pb = NULL;
+        int r;
+
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized)
+                        memset(b->ranks[i].token.hex, '0', SHARD_TOKEN_LENGTH);
+        arena_init(&a);
+        r = codec_build_encode(&a, "bld-00000000-00000000000000000000", b, shard_socket, &pb);
+        size_t size = r >= 0 ? protobuf_c_message_get_packed_size(&pb->base) + 16 : 0;
+        arena_done(&a);
+        for (size_t i = 0; i < b->n_ranks; i++)
+                b->ranks[i].token = (ShardToken) {};
+        if (r < 0)
+                return r;
+        if (size <= FAMILYD_MAX_REPLY_BYTES)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "REPLY_LIMIT", NULL,
+                                "the Build reply would be %zu bytes, more than the limit of %u "
+                                "bytes (%zu ranks)",
+                                size, FAMILYD_MAX_REPLY_BYTES, b->n_ranks);
 }
 
 static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
@@ -217,6 +246,9 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         r = place_ranks(b, topo, ret_error);
         if (r < 0)
                 return r;
+        r = check_reply_size(b, ctx->shard_socket, ret_error);
+        if (r < 0)
+                return r;
         r = shard_token_new(&b->group);
         if (r < 0)
                 return r;
@@ -238,8 +270,15 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                 return r;
 
         r = materialize_all(b);
+        if (r >= 0 && rpc_call_expired())
+                r = -ETIMEDOUT;
         if (r < 0) {
                 build_table_cancel(m->builds, bytes);
+                if (r == -ETIMEDOUT)
+                        return family_error_set(ret_error, FAMILY_STATUS_DEADLINE_EXCEEDED,
+                                                "DEADLINE", NULL,
+                                                "the call's deadline passed while materialising; "
+                                                "nothing was kept");
                 if (r == -EMFILE || r == -ENFILE)
                         return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
                                                 "FD_LIMIT", NULL,

@@ -3,6 +3,7 @@
 
 import os
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +49,81 @@ class TestShardLimit(unittest.TestCase):
                                    {"buildId": ids[0]}).ok)
             again = c.call("familyd.v1.FamilyService/Build", req)
             self.assertTrue(again.ok, again)
+
+
+class TestDeadline(unittest.TestCase):
+    def test_a_build_whose_client_gave_up_is_not_kept(self):
+        big = {"fields": {"num_experts": {"intValue": 64}, "hidden_size": {"intValue": 1024},
+                          "moe_intermediate_size": {"intValue": 512},
+                          "initializer_range": {"doubleValue": 0.02}}}
+        with H.Daemon(registry=REGISTRY) as d:
+            c = d.client
+            r = c.call("familyd.v1.FamilyService/Build",
+                       {"family": "grouped_experts", "config": big,
+                        "materialize": {"enabled": True}}, timeout=0.05)
+            self.assertEqual(r.code, "DEADLINE_EXCEEDED", r)
+            # The daemon finishes (or stops) the fill on its own time; then nothing is held.
+            deadline = time.monotonic() + 60
+            while True:
+                st = c.call("familyd.v1.AdminService/GetStatus", {})
+                if st.reply.shm_bytes_in_use == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            time.sleep(0.2)
+            st = c.call("familyd.v1.AdminService/GetStatus", {})
+            self.assertEqual((st.reply.builds, st.reply.shm_bytes_in_use), (0, 0))
+            self.assertEqual(len(c.call("familyd.v1.FamilyService/ListBuilds", {})
+                                 .reply.builds), 0)
+
+
+def wide_registry(tmp, n_params):
+    reg = os.path.join(tmp, "registry")
+    os.makedirs(reg, exist_ok=True)
+    lines = ["name: wide", "baseline: itest.wide.Wide", "default_variant: v", "variants:",
+             "  v: {constructor: itest.wide.V, accepts: [config]}", "parameters:"]
+    for i in range(n_params):
+        lines.append("  p%02d: {shape: [n], placements: {ep: shard(0)}}" % i)
+    with open(os.path.join(reg, "wide.yaml"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return reg
+
+
+class TestReplyLimit(unittest.TestCase):
+    def setUp(self):
+        self.tmp = H.short_tmpdir("fd-wide-")
+        self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
+
+    def test_replies_over_4_mib_are_refused_and_nothing_is_kept(self):
+        reg = wide_registry(self.tmp, 80)
+        with H.Daemon(registry=reg, tmpdir=self.tmp, host_devices=4096) as d:
+            c = d.client
+            mesh = c.call("familyd.v1.MeshService/CreateMesh",
+                          {"mesh": {"deviceMesh": [{"name": "ep", "size": 4096}]}})
+            self.assertTrue(mesh.ok, mesh)
+            req = {"family": "wide", "config": {"fields": {"n": {"intValue": 8192}}},
+                   "meshId": mesh.reply.mesh_id}
+            r = c.call("familyd.v1.FamilyService/Build", req, timeout=60)
+            self.assertEqual(r.code, "RESOURCE_EXHAUSTED", r)
+            self.assertRegex(r.message, r"^the Build reply would be \d+ bytes, more than the "
+                                        r"limit of 4194304 bytes \(4096 ranks\)$")
+            st = c.call("familyd.v1.AdminService/GetStatus", {})
+            self.assertEqual(st.reply.builds, 0)
+
+    def test_list_builds_over_4_mib_is_refused_whole(self):
+        reg = wide_registry(self.tmp, 25)
+        with H.Daemon(registry=reg, tmpdir=self.tmp, host_devices=4096) as d:
+            c = d.client
+            mesh = c.call("familyd.v1.MeshService/CreateMesh",
+                          {"mesh": {"deviceMesh": [{"name": "ep", "size": 4096}]}})
+            req = {"family": "wide", "config": {"fields": {"n": {"intValue": 8192}}},
+                   "meshId": mesh.reply.mesh_id}
+            for _ in range(3):
+                ok = c.call("familyd.v1.FamilyService/Build", req, timeout=60)
+                self.assertTrue(ok.ok, ok)
+            r = c.call("familyd.v1.FamilyService/ListBuilds", {}, timeout=60)
+            self.assertEqual(r.code, "RESOURCE_EXHAUSTED", r)
+            self.assertIn("more than the limit of 4194304 bytes", r.message)
+            self.assertTrue(c.health().ok)
 
 
 if __name__ == "__main__":
