@@ -776,6 +776,28 @@ static void *fill_worker(void *userdata) {
         }
 }
 
+/* Helper threads started by all fill_run() calls of the process together: concurrent fills
+ * (several Builds at once) share the cores instead of each taking all of them. */
+static atomic_uint fill_helpers_running;
+
+static unsigned fill_helpers_take(unsigned want, bool capped) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        unsigned cap = n > 1 ? (unsigned) n - 1 : 0;
+        unsigned cur = atomic_load(&fill_helpers_running);
+
+        if (!capped) {
+                atomic_fetch_add(&fill_helpers_running, want);
+                return want;
+        }
+        for (;;) {
+                unsigned got = cur >= cap ? 0 : MIN(want, cap - cur);
+                if (got == 0)
+                        return 0;
+                if (atomic_compare_exchange_weak(&fill_helpers_running, &cur, cur + got))
+                        return got;
+        }
+}
+
 int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
         _cleanup_free_ uint64_t *n_elements = NULL, *first_chunk = NULL;
         _cleanup_free_ pthread_t *threads = NULL;
@@ -805,7 +827,8 @@ int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
         };
         uint64_t n_chunks = first_chunk[n_slices];
 
-        if (n_threads == 0) {
+        bool automatic = n_threads == 0;
+        if (automatic) {
                 long n = sysconf(_SC_NPROCESSORS_ONLN);
                 n_threads = n > 0 ? (unsigned) n : 1;
         }
@@ -815,10 +838,11 @@ int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
                 n_threads = n_chunks > 0 ? (unsigned) n_chunks : 1;
         atomic_init(&job.next, 0);
 
-        if (n_threads > 1) {
-                threads = calloc(n_threads - 1, sizeof(pthread_t));
+        unsigned helpers = n_threads > 1 ? fill_helpers_take(n_threads - 1, automatic) : 0;
+        if (helpers > 0) {
+                threads = calloc(helpers, sizeof(pthread_t));
                 /* Without memory or threads the calling thread does all the work. */
-                for (size_t t = 0; threads && t < n_threads - 1; t++) {
+                for (size_t t = 0; threads && t < helpers; t++) {
                         if (pthread_create(&threads[t], NULL, fill_worker, &job) != 0)
                                 break;
                         n_started++;
@@ -827,5 +851,6 @@ int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
         (void) fill_worker(&job);
         for (size_t t = 0; t < n_started; t++)
                 (void) pthread_join(threads[t], NULL);
+        atomic_fetch_sub(&fill_helpers_running, helpers);
         return 0;
 }

@@ -90,8 +90,9 @@ int fill_slice_check(const FillSlice *s, uint64_t *ret_n_elements);
 int fill_slice(const FillSlice *s);
 
 /*
- * Fills every slice, split in chunks over n_threads threads (0: all online CPUs; the calling thread
- * is one of them). The result is bit-identical for any split. All slices are checked first:
+ * Fills every slice, split in chunks over n_threads threads (0: all online CPUs, shared with the
+ * process's other automatic fills, so concurrent Builds do not oversubscribe the cores; the
+ * calling thread is one of them). The result is bit-identical for any split. All slices are checked first:
  * on an error nothing is written. Returns 0, a fill_slice_check() error, or -ENOMEM. If a
  * thread cannot be started the others do its share.
  */
