@@ -92,8 +92,8 @@ int fill_slice(const FillSlice *s);
 /*
  * Fills every slice, split in chunks over n_threads threads (0: all online CPUs, shared with the
  * process's other automatic fills, so concurrent Builds do not oversubscribe the cores; the
- * calling thread is one of them). The result is bit-identical for any split. All slices are checked first:
- * on an error nothing is written. Returns 0, a fill_slice_check() error, or -ENOMEM. If a
+ * calling thread is one of them). The result is bit-identical for any split. All slices are
+ * checked first: on an error nothing is written. Returns 0, a fill_slice_check() error, or -ENOMEM. If a
  * thread cannot be started the others do its share.
  */
 int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads);
