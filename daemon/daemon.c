@@ -16,6 +16,7 @@
 #include <sys/signalfd.h>
 
 #include "daemon.h"
+#include "executor.h"
 #include "listener.h"
 #include "log.h"
 #include "manager.h"
@@ -30,6 +31,7 @@ struct Daemon {
         Server *server;
         ShardTable *shards;
         ShardServer *shard_server;
+        Executor *executor;
         Listener *listener;
         int signal_fd;
         int epoll_fd;
@@ -41,6 +43,9 @@ struct Daemon {
 /* Descriptors kept free of API connections: registry files on reload, gRPC's own (epoll,
  * wakeup fds, timers), the signalfd, log and lock files. */
 #define DAEMON_FD_RESERVE 64u
+/* Builds that materialise run here, off the gRPC workers (each fill uses all cores). */
+#define DAEMON_BUILD_THREADS 2u
+#define DAEMON_BUILD_QUEUE 64u
 /* How long the loop stops accepting after a failure that leaves the connection queued. */
 #define DAEMON_ACCEPT_PAUSE_MS 100
 
@@ -173,8 +178,13 @@ int daemon_new(const Config *c, Daemon **ret) {
                 return log_error_errno(r, "Failed to serve shards on %s: %m",
                                        c->shard_socket_path);
 
+        r = executor_new(DAEMON_BUILD_THREADS, DAEMON_BUILD_QUEUE, &d->executor);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the build threads: %m");
+
         ServerParams sp = {
                 .manager = d->manager,
+                .executor = d->executor,
                 .shards = d->shards,
                 .shard_socket = c->shard_socket_path,
                 .threads = c->threads,
@@ -203,9 +213,12 @@ int daemon_new(const Config *c, Daemon **ret) {
 Daemon *daemon_free(Daemon *d) {
         if (!d)
                 return NULL;
-        /* Stop gRPC first: its workers may still be inside the manager; then the shard
-         * server, before the builds whose segments it hands out go. */
+        /* Stop gRPC first: its workers may still be inside the manager. Pending Builds are
+         * calls too: the executor, told to stop, answers them at once so the server drains;
+         * then the shard server, before the builds whose segments it hands out go. */
+        executor_stop(d->executor);
         server_free(d->server);
+        executor_free(d->executor);
         shard_server_free(d->shard_server);
         shard_table_unref(d->shards);
         listener_free(d->listener);

@@ -14,6 +14,7 @@
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <assert.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -237,6 +238,7 @@ static void error_from_errno(FamilyError *e, int r) {
 /* The deadline of the call whose handler runs on this worker (handlers run synchronously). */
 static _Thread_local gpr_timespec handler_deadline;
 static _Thread_local bool handler_has_deadline;
+static _Thread_local Call *handler_call;
 
 bool rpc_call_expired(void) {
         if (!handler_has_deadline)
@@ -303,32 +305,69 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
 
         handler_deadline = c->deadline;
         handler_has_deadline = true;
+        handler_call = c;
         r = m->handler((RpcContext *) &c->site.context, &c->arena, request, ret_reply,
                        ret_error);
+        handler_call = NULL;
         handler_has_deadline = false;
         if (r < 0)
                 error_from_errno(ret_error, r);
         return r;
 }
 
-static void call_run_unary(Call *c) {
-        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
-        ProtobufCMessage *reply = NULL;
-
-        if (call_handle(c, &reply, &e) < 0) {
-                call_finish(c, NULL, &e, true, true);
+/* Sends a unary call's answer: the reply, unless it is larger than clients accept. */
+static void call_answer(Call *c, ProtobufCMessage *reply, FamilyError *e) {
+        if (!reply) {
+                call_finish(c, NULL, e, true, true);
                 return;
         }
         size_t size = protobuf_c_message_get_packed_size(reply);
         if (size > FAMILYD_MAX_REPLY_BYTES) {
-                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "REPLY_LIMIT", NULL,
+                (void) family_error_set(e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "REPLY_LIMIT", NULL,
                                         "the reply would be %zu bytes, more than the limit of "
                                         "%u bytes",
                                         size, FAMILYD_MAX_REPLY_BYTES);
-                call_finish(c, NULL, &e, true, true);
+                call_finish(c, NULL, e, true, true);
                 return;
         }
-        call_finish(c, reply, &e, true, true);
+        call_finish(c, reply, e, true, true);
+}
+
+static void call_run_unary(Call *c) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        ProtobufCMessage *reply = NULL;
+        int r;
+
+        r = call_handle(c, &reply, &e);
+        if (r == RPC_PENDING)
+                return; /* rpc_pending_finish() answers, holding its own reference */
+        call_answer(c, r < 0 ? NULL : reply, &e);
+}
+
+RpcPending *rpc_call_defer(void) {
+        Call *c = handler_call;
+
+        assert(c);
+        call_ref(c);
+        return (RpcPending *) c;
+}
+
+Arena *rpc_pending_arena(RpcPending *p) {
+        return &((Call *) p)->arena;
+}
+
+bool rpc_pending_expired(RpcPending *p) {
+        Call *c = (Call *) p;
+        return gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
+}
+
+void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error) {
+        Call *c = (Call *) p;
+        FamilyError none = FAMILY_ERROR_NULL;
+
+        call_answer(c, family_error_is_set(error) ? NULL : reply, error ? error : &none);
+        family_error_done(error);
+        call_unref(c);
 }
 
 static void on_closed(RpcTag *tag, bool ok) {

@@ -17,9 +17,11 @@ typedef enum RpcKind {
 } RpcKind;
 
 struct ShardTable;
+struct Executor;
 
 typedef struct RpcContext {
         Manager *manager;
+        struct Executor *executor; /* long work (materialising) off the gRPC workers */
         struct ShardTable *shards; /* tokens of materialised builds */
         const char *shard_socket;  /* where trainers fetch descriptors */
         void *userdata; /* the service's own state, from RpcService.userdata */
@@ -56,6 +58,23 @@ extern const RpcService service_admin;
 extern const RpcService service_health;
 extern const RpcService service_reflection_v1;
 extern const RpcService service_reflection_v1alpha;
+
+/*
+ * A unary handler that would hold its worker long (a Build that materialises) answers later:
+ * it calls rpc_call_defer() and returns RPC_PENDING; another thread then builds the reply in
+ * rpc_pending_arena() and calls rpc_pending_finish() exactly once. Until then the call stays
+ * alive (the server's shutdown waits for it).
+ */
+#define RPC_PENDING 1
+
+typedef struct RpcPending RpcPending;
+
+RpcPending *rpc_call_defer(void);
+Arena *rpc_pending_arena(RpcPending *p);
+/* Whether the call's deadline has passed. */
+bool rpc_pending_expired(RpcPending *p);
+/* reply (from the pending arena) or error; takes over the error's contents. */
+void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error);
 
 /* On a worker inside a handler: whether the call's deadline has passed (the client has given
  * up on the answer). Long handlers check it before keeping what they made. */

@@ -120,6 +120,7 @@ int server_new(const ServerParams *params, Server **ret) {
                                 .server = s->server,
                                 .cq = s->cq,
                                 .context = { .manager = params->manager,
+                                             .executor = params->executor,
                                              .shards = params->shards,
                                              .shard_socket = params->shard_socket,
                                              .userdata = services[i]->userdata },

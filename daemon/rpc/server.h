@@ -13,9 +13,11 @@
 typedef struct Server Server;
 
 struct ShardTable;
+struct Executor;
 
 typedef struct ServerParams {
         Manager *manager;
+        struct Executor *executor;
         struct ShardTable *shards;
         const char *shard_socket;
         unsigned threads;

@@ -13,6 +13,7 @@
 
 #include "build-state.h"
 #include "codec.h"
+#include "executor.h"
 #include "materialize.h"
 #include "repr.h"
 #include "resource-limits.h"
@@ -152,12 +153,12 @@ static int check_shard_room(const BuildState *b, ShardTable *shards, FamilyError
                                 need, held, max);
 }
 
-static int materialize_all(BuildState *b) {
+static int materialize_all(BuildState *b, bool (*expired)(void *userdata), void *userdata) {
         for (size_t i = 0; i < b->n_ranks; i++) {
                 if (!b->ranks[i].materialized)
                         continue;
                 /* Nobody would learn this build's id: stop, and keep nothing. */
-                if (rpc_call_expired())
+                if (expired(userdata))
                         return -ETIMEDOUT;
                 int r = materialize_rank(&b->plan, &b->layout, &b->layout.ranks[i], b->dtype,
                                          b->seed, b->ranks[i].local_device,
@@ -213,6 +214,98 @@ static int check_reply_size(BuildState *b, const char *shard_socket, FamilyError
                                 size, FAMILYD_MAX_REPLY_BYTES, b->n_ranks);
 }
 
+/* The part of a Build after its reservation: materialise, publish, commit, encode. A failure
+ * returns the reservation and drops what was made. expired: the caller has given up (deadline,
+ * or the daemon is stopping): nobody would learn the build's id, so nothing is kept. */
+static int build_finish(RpcContext *ctx, BuildState *b, uint64_t bytes, Arena *arena,
+                        bool (*expired)(void *userdata), void *userdata,
+                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        Manager *m = ctx->manager;
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        Familyd__V1__BuildResponse *reply;
+        int r;
+
+        r = materialize_all(b, expired, userdata);
+        if (r >= 0 && expired(userdata))
+                r = -ETIMEDOUT;
+        if (r < 0) {
+                build_table_cancel(m->builds, bytes);
+                build_state_free(b);
+                if (r == -ETIMEDOUT)
+                        return family_error_set(ret_error, FAMILY_STATUS_DEADLINE_EXCEEDED,
+                                                "DEADLINE", NULL,
+                                                "the call ended (deadline or shutdown) while "
+                                                "materialising; nothing was kept");
+                if (r == -EMFILE || r == -ENFILE)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "FD_LIMIT", NULL,
+                                                "out of file descriptors for shard memory");
+                if (r == -ENOMEM || r == -ENOSPC)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "SHM_EXHAUSTED", NULL,
+                                                "out of shared memory for %" PRIu64 " bytes",
+                                                bytes);
+                return r;
+        }
+        r = publish_tokens(b, ctx->shards, ret_error);
+        if (r < 0) {
+                (void) shard_table_remove_group(ctx->shards, b->group.hex);
+                build_table_cancel(m->builds, bytes);
+                build_state_free(b);
+                return r;
+        }
+
+        r = build_table_commit(m->builds, bytes, b, build_state_free, &rec);
+        if (r < 0) {
+                (void) shard_table_remove_group(ctx->shards, b->group.hex);
+                build_table_cancel(m->builds, bytes);
+                build_state_free(b);
+                return r;
+        }
+
+        reply = MSG_NEW(arena, Familyd__V1__BuildResponse, familyd__v1__build_response__init);
+        if (!reply)
+                return -ENOMEM;
+        r = codec_build_encode(arena, rec->id, rec->payload, ctx->shard_socket, &reply->build);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static bool handler_expired(void *userdata) {
+        return rpc_call_expired();
+}
+
+typedef struct BuildJob {
+        RpcContext *ctx;
+        BuildState *state;
+        uint64_t bytes;
+        RpcPending *pending;
+        bool cancelled;
+} BuildJob;
+
+static bool job_expired(void *userdata) {
+        BuildJob *j = userdata;
+        return j->cancelled || executor_stopping(j->ctx->executor) ||
+               rpc_pending_expired(j->pending);
+}
+
+static void build_job(void *data, bool cancelled) {
+        BuildJob *j = data;
+        FamilyError e = FAMILY_ERROR_NULL;
+        ProtobufCMessage *reply = NULL;
+
+        j->cancelled = cancelled;
+        int r = build_finish(j->ctx, j->state, j->bytes, rpc_pending_arena(j->pending),
+                             job_expired, j, &reply, &e);
+        if (r < 0 && !family_error_is_set(&e))
+                (void) family_error_set(&e, FAMILY_STATUS_INTERNAL, "INTERNAL", NULL,
+                                        "internal error: %s", strerror(-r));
+        rpc_pending_finish(j->pending, r < 0 ? NULL : reply, &e);
+        free(j);
+}
+
 static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                  ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         Manager *m = ctx->manager;
@@ -220,8 +313,6 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
         _cleanup_(topology_unrefp) Topology *topo = manager_topology(m);
         _cleanup_(build_state_freep) BuildState *b = NULL;
-        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
-        Familyd__V1__BuildResponse *reply;
         uint64_t bytes;
         int r;
 
@@ -269,51 +360,36 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         if (r < 0)
                 return r;
 
-        r = materialize_all(b);
-        if (r >= 0 && rpc_call_expired())
-                r = -ETIMEDOUT;
-        if (r < 0) {
-                build_table_cancel(m->builds, bytes);
-                if (r == -ETIMEDOUT)
-                        return family_error_set(ret_error, FAMILY_STATUS_DEADLINE_EXCEEDED,
-                                                "DEADLINE", NULL,
-                                                "the call's deadline passed while materialising; "
-                                                "nothing was kept");
-                if (r == -EMFILE || r == -ENFILE)
-                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
-                                                "FD_LIMIT", NULL,
-                                                "out of file descriptors for shard memory");
-                if (r == -ENOMEM || r == -ENOSPC)
-                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
-                                                "SHM_EXHAUSTED", NULL,
-                                                "out of shared memory for %" PRIu64 " bytes",
-                                                bytes);
-                return r;
-        }
-        r = publish_tokens(b, ctx->shards, ret_error);
-        if (r < 0) {
-                (void) shard_table_remove_group(ctx->shards, b->group.hex);
-                build_table_cancel(m->builds, bytes);
-                return r;
-        }
+        /* Nothing to fill: finish here. Else the fill runs on the executor, so gRPC's workers
+         * keep answering (Health, Resolve) while shards are written. */
+        if (bytes == 0 || !ctx->executor)
+                return build_finish(ctx, TAKE_PTR(b), bytes, arena, handler_expired, NULL,
+                                    ret_reply, ret_error);
 
-        BuildState *state = TAKE_PTR(b);
-        r = build_table_commit(m->builds, bytes, state, build_state_free, &rec);
-        if (r < 0) {
-                (void) shard_table_remove_group(ctx->shards, state->group.hex);
+        BuildJob *job = calloc(1, sizeof *job);
+        if (!job) {
                 build_table_cancel(m->builds, bytes);
-                build_state_free(state);
-                return r;
-        }
-
-        reply = MSG_NEW(arena, Familyd__V1__BuildResponse, familyd__v1__build_response__init);
-        if (!reply)
                 return -ENOMEM;
-        r = codec_build_encode(arena, rec->id, rec->payload, ctx->shard_socket, &reply->build);
-        if (r < 0)
-                return r;
-        *ret_reply = &reply->base;
-        return 0;
+        }
+        *job = (BuildJob) { .ctx = ctx, .state = b, .bytes = bytes };
+        job->pending = rpc_call_defer();
+        r = executor_submit(ctx->executor, build_job, job);
+        if (r < 0) {
+                FamilyError none = FAMILY_ERROR_NULL;
+                /* Not queued: answer on this worker, through the same pending handle. */
+                build_table_cancel(m->builds, bytes);
+                (void) family_error_set(&none, r == -EBUSY ? FAMILY_STATUS_RESOURCE_EXHAUSTED
+                                                           : FAMILY_STATUS_UNAVAILABLE,
+                                        r == -EBUSY ? "BUILD_QUEUE" : "SHUTTING_DOWN", NULL,
+                                        r == -EBUSY ? "build queue full: too many Builds are "
+                                                      "materialising; retry"
+                                                    : "familyd is stopping");
+                rpc_pending_finish(job->pending, NULL, &none);
+                free(job);
+                return RPC_PENDING;
+        }
+        TAKE_PTR(b);
+        return RPC_PENDING;
 }
 
 static int get_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,

@@ -76,6 +76,74 @@ class TestDeadline(unittest.TestCase):
                                  .reply.builds), 0)
 
 
+class TestBuildOffTheWorkers(unittest.TestCase):
+    BIG = {"fields": {"num_experts": {"intValue": 64}, "hidden_size": {"intValue": 1024},
+                      "moe_intermediate_size": {"intValue": 1024},
+                      "initializer_range": {"doubleValue": 0.02}}}
+
+    def test_health_answers_while_builds_materialise(self):
+        import threading
+        with H.Daemon(registry=REGISTRY) as d:
+            results = []
+
+            def big_build():
+                c = H.Client(d.socket, d.protos)
+                try:
+                    results.append(c.call("familyd.v1.FamilyService/Build",
+                                          {"family": "grouped_experts", "config": self.BIG,
+                                           "materialize": {"enabled": True}}, timeout=120))
+                finally:
+                    c.close()
+
+            # Two ~768 MiB Builds: more than the daemon's two gRPC workers could hold.
+            threads = [threading.Thread(target=big_build) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            slowest = 0.0
+            for _ in range(10):
+                h = d.client.health(timeout=5)
+                self.assertTrue(h.ok, h)
+                slowest = max(slowest, h.elapsed)
+                time.sleep(0.05)
+            for t in threads:
+                t.join(120)
+            self.assertLess(slowest, 1.0, "Health waited %.2f s behind the fills" % slowest)
+            self.assertEqual([r.code for r in results], ["OK", "OK"], results)
+            ids = [r.reply.build.build_id for r in results]
+            for i in ids:
+                self.assertTrue(d.client.call("familyd.v1.FamilyService/ReleaseBuild",
+                                              {"buildId": i}).ok)
+
+    def test_sigterm_during_a_fill_stops_promptly_and_cleanly(self):
+        import threading
+        d = H.Daemon(registry=REGISTRY)
+        d.start()
+        self.addCleanup(d.kill)
+        done = []
+
+        def big_build():
+            c = H.Client(d.socket, d.protos)
+            try:
+                done.append(c.call("familyd.v1.FamilyService/Build",
+                                   {"family": "grouped_experts", "config": self.BIG,
+                                    "materialize": {"enabled": True}}, timeout=120))
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=big_build) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        status = d.stop(expect_status=None)
+        elapsed = time.monotonic() - t0
+        for t in threads:
+            t.join(30)
+        self.assertEqual(status, 0, d.stderr())
+        self.assertLess(elapsed, 20)
+
+
 def wide_registry(tmp, n_params):
     reg = os.path.join(tmp, "registry")
     os.makedirs(reg, exist_ok=True)
