@@ -15,13 +15,45 @@
  * that decode get a reply and the connection lives on: too many tokens is INVALID_ARGUMENT, an
  * unknown or released token NOT_FOUND (naming its index, never the token), and all or nothing.
  *
- * The thread owns the connections outright; other threads touch only the two atomic settings
- * and the stop eventfd. All signals are blocked in the thread.
+ * Descriptors in flight: descriptors sent over a Unix socket and not yet received are charged by
+ * the kernel to the sender's user (user->unix_inflight); once that count passes RLIMIT_NOFILE,
+ * every SCM_RIGHTS sendmsg of every process of that user fails with ETOOMANYREFS (short of
+ * CAP_SYS_RESOURCE or CAP_SYS_ADMIN). A client that asks and never reads would pin our budget,
+ * so:
+ *  - a connection has at most one descriptor-carrying reply unread: once a reply's descriptors
+ *    have left (with its first byte), the connection reads no further frame (back-pressure)
+ *    until SIOCOUTQ, which for AF_UNIX counts what was sent and not yet consumed by the peer,
+ *    is 0. Replies without descriptors still pipeline. The thread learns that the peer has read
+ *    from an edge-triggered EPOLLOUT (the kernel wakes a writer each time its peer frees a
+ *    buffer of it) and, as that wakeup can come a moment before the count drops, from a
+ *    re-check every SHARD_SOCKET_UNREAD_RECHECK_MS while such connections exist. Neither spins:
+ *    an edge needs the peer to consume something, and the watch is changed only when the
+ *    state changes.
+ *  - a cap on concurrent connections per peer uid (SO_PEERCRED at accept), besides the global
+ *    one.
+ *  - a connection waiting for its peer to read is never idle-closed: closing it would free its
+ *    slot while the descriptors stay in the peer's receive queue, still charged to us, and the
+ *    client could pin 253 more on a new connection, again and again. After the unread timeout
+ *    it is shut down (SHUT_RDWR: the client reads what was sent, then EOF; no more requests),
+ *    but we keep the socket, and its slot, until SIOCOUTQ is 0: the peer read everything or
+ *    closed its end (which frees its queue).
+ * Hence the bound, at all times: at most per-uid cap x 253 descriptors in flight for one peer
+ * uid (4,048 with the defaults), global cap x 253 over all (32,384), plus up to 253 per
+ * connection in our own table while a reply waits for room in a full socket (those are ours,
+ * and closed by an idle close). Every other way a connection ends happens while none of its
+ * descriptors is unread, since it reads frames only then; shard_server_free is the exception.
+ * An in-flight limit hit anyway (other processes of our user, a low RLIMIT_NOFILE) makes the
+ * sendmsg fail before any byte leaves: that reply becomes RESOURCE_EXHAUSTED without
+ * descriptors, with a rate-limited warning, and the connection lives on.
+ *
+ * The thread owns the connections outright; other threads touch only the atomic settings and
+ * the stop eventfd. All signals are blocked in the thread.
  */
 
 #include <assert.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/sockios.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -29,6 +61,7 @@
 #include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -46,6 +79,9 @@
 /* After EMFILE and friends, accepting pauses this long instead of spinning. */
 #define SHARD_SOCKET_ACCEPT_PAUSE_MS 250u
 #define SHARD_SOCKET_LOG_INTERVAL_MS 10000u
+/* While a connection waits for its peer to read a reply with descriptors, SIOCOUTQ is checked
+ * this often besides on EPOLLOUT (see DESIGN). */
+#define SHARD_SOCKET_UNREAD_RECHECK_MS 50u
 
 typedef Familyd__V1__ShardFdRequest Request;
 typedef Familyd__V1__ShardFdReply Reply;
@@ -54,6 +90,9 @@ typedef struct Connection Connection;
 struct Connection {
         Connection *prev, *next;
         int fd;
+        uid_t uid;
+        uint32_t watched; /* the events epoll watches for now */
+        /* The idle deadline; while unread_fds, the unread timeout's; UINT64_MAX once shut down. */
         uint64_t deadline_ms;
         /* The frame being read: its header, then its body. */
         uint8_t header[SHARD_SOCKET_FRAME_HEADER];
@@ -66,7 +105,16 @@ struct Connection {
         int fds[SHARD_SOCKET_MAX_TOKENS];
         size_t n_fds;
         bool close_after_reply;
+        /* Descriptors we sent may be unread by the peer: no frame is read (see DESIGN). */
+        bool unread_fds;
+        /* Shut down at the unread timeout: freed once the peer has read or closed. */
+        bool shut_down;
 };
+
+typedef struct RateLimit {
+        uint64_t logged_ms;
+        unsigned suppressed;
+} RateLimit;
 
 struct ShardServer {
         ShardTable *table;
@@ -78,18 +126,34 @@ struct ShardServer {
         bool thread_started;
         atomic_uint idle_timeout_ms;
         atomic_uint max_connections;
+        atomic_uint max_connections_per_uid;
+        atomic_uint unread_timeout_ms;
         /* Owned by the thread from here on. */
         Connection *connections;
         unsigned n_connections;
         uint64_t accept_resume_ms; /* 0: accepting */
-        uint64_t cap_logged_ms;
-        unsigned cap_suppressed;
+        uint64_t unread_check_ms;  /* 0: no check due */
+        RateLimit cap_log, uid_cap_log, inflight_log;
 };
 
 static uint64_t now_ms(void) {
         struct timespec ts;
         (void) clock_gettime(CLOCK_MONOTONIC, &ts);
         return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+/* True once the interval since the last message passed; otherwise counts one suppressed. */
+static bool ratelimit_pass(RateLimit *rl, unsigned *ret_suppressed) {
+        uint64_t now = now_ms();
+
+        if (rl->logged_ms != 0 && now - rl->logged_ms < SHARD_SOCKET_LOG_INTERVAL_MS) {
+                rl->suppressed++;
+                return false;
+        }
+        *ret_suppressed = rl->suppressed;
+        rl->logged_ms = now ? now : 1;
+        rl->suppressed = 0;
+        return true;
 }
 
 static void connection_drop_reply(Connection *c) {
@@ -120,14 +184,39 @@ static void connection_touch(ShardServer *s, Connection *c) {
         c->deadline_ms = now_ms() + atomic_load(&s->idle_timeout_ms);
 }
 
+/* Level-triggered EPOLLOUT while a reply waits for room, edge-triggered while the peer has
+ * descriptors to read (the socket is writable then: only a new edge says anything), otherwise
+ * level-triggered EPOLLIN. Changed only when it differs: re-arming an edge-triggered watch on
+ * a writable socket reports it at once, which would spin. */
 static int connection_watch(ShardServer *s, Connection *c) {
+        uint32_t events = c->n_out > 0 ? EPOLLOUT : c->unread_fds ? EPOLLOUT | EPOLLET : EPOLLIN;
         struct epoll_event ev = {
-                .events = c->n_out > 0 ? EPOLLOUT : EPOLLIN,
+                .events = events,
                 .data.ptr = c,
         };
+
+        if (events == c->watched)
+                return 0;
         if (epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev) < 0)
                 return -errno;
+        c->watched = events;
         return 0;
+}
+
+/* Clears unread_fds once the whole reply has left and the peer has consumed everything sent.
+ * Returns whether descriptors may still be unread. */
+static bool connection_check_unread(ShardServer *s, Connection *c) {
+        int n = 0;
+
+        if (!c->unread_fds || c->n_out > 0)
+                return c->unread_fds;
+        if (ioctl(c->fd, SIOCOUTQ, &n) < 0 || n > 0)
+                return true;
+        c->unread_fds = false;
+        /* The reply was taken: the idle clock starts over (unless the connection is done). */
+        if (!c->shut_down)
+                connection_touch(s, c);
+        return false;
 }
 
 /* Queues a reply; takes the n_fds descriptors in fds (closed on failure too). */
@@ -261,6 +350,10 @@ static int connection_handle_frame(ShardServer *s, Connection *c, const uint8_t 
         return r;
 }
 
+static bool errno_is_fd_limit(int e) {
+        return e == ETOOMANYREFS || e == EMFILE || e == ENFILE;
+}
+
 /* Sends what is queued. 0: all sent, or the socket is full (the rest waits for EPOLLOUT). */
 static int connection_flush(ShardServer *s, Connection *c) {
         while (c->n_sent < c->n_out) {
@@ -290,20 +383,46 @@ static int connection_flush(ShardServer *s, Connection *c) {
 
                 ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
                 if (k < 0) {
-                        if (errno == EINTR)
+                        int e = errno;
+                        unsigned suppressed;
+
+                        if (e == EINTR)
                                 continue;
-                        if (errno == EAGAIN)
+                        if (e == EAGAIN)
                                 return 0;
-                        return -errno;
+                        /* Descriptors ride with the first byte only, so nothing has left. */
+                        if (!errno_is_fd_limit(e) || c->n_fds == 0 || c->n_sent > 0)
+                                return -e;
+                        if (ratelimit_pass(&s->inflight_log, &suppressed))
+                                log_warning_errno(-e, "Shard socket: failed to send %zu shard "
+                                                      "descriptors, answering "
+                                                      "RESOURCE_EXHAUSTED (%u more since the "
+                                                      "last message): %m",
+                                                  c->n_fds, suppressed);
+                        connection_drop_reply(c);
+                        int r = connection_queue_error(
+                                c, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                e == ETOOMANYREFS ? "too many descriptors are in flight to "
+                                                    "unread replies; try again later"
+                                                  : "the daemon is out of file descriptors");
+                        if (r < 0)
+                                return r;
+                        continue;
                 }
-                /* The kernel holds the descriptors now, attached to the first byte. */
-                for (size_t i = 0; i < c->n_fds; i++)
-                        safe_close(c->fds[i]);
-                c->n_fds = 0;
+                if (c->n_fds > 0) {
+                        /* The kernel holds the descriptors now, attached to the first byte,
+                         * charged to us until the peer reads them (see DESIGN). */
+                        for (size_t i = 0; i < c->n_fds; i++)
+                                safe_close(c->fds[i]);
+                        c->n_fds = 0;
+                        c->unread_fds = true;
+                        c->deadline_ms = now_ms() + atomic_load(&s->unread_timeout_ms);
+                }
                 c->n_sent += (size_t) k;
         }
         connection_drop_reply(c);
-        connection_touch(s, c);
+        if (!c->unread_fds)
+                connection_touch(s, c);
         return 0;
 }
 
@@ -313,7 +432,7 @@ static int connection_read(ShardServer *s, Connection *c) {
         for (unsigned frames = 0; frames < SHARD_SOCKET_FRAMES_PER_WAKEUP;) {
                 ssize_t k;
 
-                if (c->n_out > 0 || c->close_after_reply)
+                if (c->n_out > 0 || c->close_after_reply || connection_check_unread(s, c))
                         return 0;
 
                 if (c->n_header < SHARD_SOCKET_FRAME_HEADER)
@@ -375,12 +494,20 @@ static int connection_read(ShardServer *s, Connection *c) {
         return 0;
 }
 
-static void connection_dispatch(ShardServer *s, Connection *c, uint32_t events) {
+/* events: what epoll reported; 0 for a re-check of a connection with unread descriptors.
+ * Returns false when the connection was closed (and freed). */
+static bool connection_dispatch(ShardServer *s, Connection *c, uint32_t events) {
         int r = 0;
 
         if (c->n_out > 0)
                 r = connection_flush(s, c);
-        if (r == 0 && c->n_out == 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        if (r == 0 && c->shut_down && !connection_check_unread(s, c))
+                r = -ECONNRESET;
+        /* Reading waits while descriptors may be unread: then EOF or a hangup closes nothing
+         * either, since the peer's queue still holds them (see DESIGN). The wait ends with an
+         * EPOLLOUT edge or a re-check, with no EPOLLIN: frames may be waiting, so try. */
+        if (r == 0 && c->n_out == 0 && !c->shut_down &&
+            (events & (EPOLLIN | EPOLLHUP | EPOLLERR) || c->unread_fds))
                 r = connection_read(s, c);
         if (r == 0 && c->n_out == 0 && c->close_after_reply)
                 r = -ECONNRESET;
@@ -390,21 +517,18 @@ static void connection_dispatch(ShardServer *s, Connection *c, uint32_t events) 
                 if (r != -ECONNRESET && r != -EPIPE)
                         log_debug_errno(r, "Shard socket: closing a connection: %m");
                 connection_free(s, c);
+                return false;
         }
+        return true;
 }
 
-static void server_log_cap(ShardServer *s, unsigned max) {
-        uint64_t now = now_ms();
+static unsigned server_count_uid(ShardServer *s, uid_t uid) {
+        unsigned n = 0;
 
-        if (s->cap_logged_ms != 0 && now - s->cap_logged_ms < SHARD_SOCKET_LOG_INTERVAL_MS) {
-                s->cap_suppressed++;
-                return;
-        }
-        log_warning("Shard socket: %u connections open, the maximum; closing a new one "
-                    "(%u more closed since the last message)",
-                    max, s->cap_suppressed);
-        s->cap_logged_ms = now ? now : 1;
-        s->cap_suppressed = 0;
+        for (Connection *c = s->connections; c; c = c->next)
+                if (c->uid == uid)
+                        n++;
+        return n;
 }
 
 static void server_set_accepting(ShardServer *s, bool on) {
@@ -430,9 +554,32 @@ static void server_accept(ShardServer *s) {
                         return;
                 }
 
-                unsigned max = atomic_load(&s->max_connections);
+                unsigned max = atomic_load(&s->max_connections), suppressed;
                 if (s->n_connections >= max) {
-                        server_log_cap(s, max);
+                        if (ratelimit_pass(&s->cap_log, &suppressed))
+                                log_warning("Shard socket: %u connections open, the maximum; "
+                                            "closing a new one (%u more closed since the last "
+                                            "message)",
+                                            max, suppressed);
+                        safe_close(fd);
+                        continue;
+                }
+
+                struct ucred cred;
+                socklen_t len = sizeof cred;
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                        log_debug_errno(-errno, "Shard socket: failed to read the peer's "
+                                                "credentials, closing the connection: %m");
+                        safe_close(fd);
+                        continue;
+                }
+                unsigned max_uid = atomic_load(&s->max_connections_per_uid);
+                if (server_count_uid(s, cred.uid) >= max_uid) {
+                        if (ratelimit_pass(&s->uid_cap_log, &suppressed))
+                                log_warning("Shard socket: uid %u has %u connections "
+                                            "open, the maximum per user; closing a new one "
+                                            "(%u more closed since the last message)",
+                                            (unsigned) cred.uid, max_uid, suppressed);
                         safe_close(fd);
                         continue;
                 }
@@ -443,6 +590,8 @@ static void server_accept(ShardServer *s) {
                         continue;
                 }
                 c->fd = fd;
+                c->uid = cred.uid;
+                c->watched = EPOLLIN;
                 struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
                 if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
                         log_warning_errno(-errno, "Shard socket: failed to watch a connection, "
@@ -460,9 +609,34 @@ static void server_accept(ShardServer *s) {
         }
 }
 
-/* Closes the connections past their deadline; returns the ms until the next deadline, or -1. */
+/* At the unread timeout: no more requests or replies, but the slot stays (see DESIGN).
+ * Returns false when the connection was closed (and freed). */
+static bool connection_shut_down(ShardServer *s, Connection *c) {
+        log_debug("Shard socket: a reply with descriptors is unread after %u ms, shutting the "
+                  "connection down",
+                  atomic_load(&s->unread_timeout_ms));
+        connection_drop_reply(c);
+        free(c->body);
+        c->body = NULL;
+        c->n_header = c->n_body = c->body_size = 0;
+        (void) shutdown(c->fd, SHUT_RDWR);
+        c->shut_down = true;
+        c->deadline_ms = UINT64_MAX;
+        /* Edge-triggered from here on: the hangup we just made would be reported forever. */
+        int r = connection_watch(s, c);
+        if (r < 0) {
+                log_debug_errno(r, "Shard socket: closing a connection: %m");
+                connection_free(s, c);
+                return false;
+        }
+        return true;
+}
+
+/* Closes the connections past their deadline, re-checks those waiting for their peer to read;
+ * returns the ms until the next deadline or check, or -1. */
 static int server_expire(ShardServer *s) {
         uint64_t now = now_ms(), next = UINT64_MAX;
+        bool check = s->unread_check_ms != 0 && now >= s->unread_check_ms, waiting = false;
 
         if (s->accept_resume_ms != 0) {
                 if (now >= s->accept_resume_ms)
@@ -472,15 +646,28 @@ static int server_expire(ShardServer *s) {
         }
         for (Connection *c = s->connections, *n; c; c = n) {
                 n = c->next;
-                if (now >= c->deadline_ms) {
+                if (c->unread_fds && !c->shut_down && now >= c->deadline_ms) {
+                        if (!connection_shut_down(s, c))
+                                continue;
+                } else if (now >= c->deadline_ms) {
                         log_debug("Shard socket: closing a connection idle for %u ms",
                                   atomic_load(&s->idle_timeout_ms));
                         connection_free(s, c);
                         continue;
                 }
+                /* Frees c when it was shut down and is read now. */
+                if (c->unread_fds && check && !connection_dispatch(s, c, 0))
+                        continue;
+                waiting = waiting || c->unread_fds;
                 if (c->deadline_ms < next)
                         next = c->deadline_ms;
         }
+        if (!waiting)
+                s->unread_check_ms = 0;
+        else if (check || s->unread_check_ms == 0)
+                s->unread_check_ms = now + SHARD_SOCKET_UNREAD_RECHECK_MS;
+        if (s->unread_check_ms != 0 && s->unread_check_ms < next)
+                next = s->unread_check_ms;
         if (next == UINT64_MAX)
                 return -1;
         return next - now > INT32_MAX ? INT32_MAX : (int) (next - now);
@@ -529,6 +716,8 @@ int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
         s->table = shard_table_ref(table);
         atomic_init(&s->idle_timeout_ms, SHARD_SOCKET_IDLE_TIMEOUT_MS);
         atomic_init(&s->max_connections, SHARD_SOCKET_MAX_CONNECTIONS);
+        atomic_init(&s->max_connections_per_uid, SHARD_SOCKET_MAX_CONNECTIONS_PER_UID);
+        atomic_init(&s->unread_timeout_ms, SHARD_SOCKET_UNREAD_TIMEOUT_MS);
 
         s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (s->listen_fd < 0)
@@ -602,4 +791,12 @@ void shard_server_set_idle_timeout(ShardServer *s, unsigned msec) {
 
 void shard_server_set_max_connections(ShardServer *s, unsigned n) {
         atomic_store(&s->max_connections, n > 0 ? n : SHARD_SOCKET_MAX_CONNECTIONS);
+}
+
+void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n) {
+        atomic_store(&s->max_connections_per_uid, n > 0 ? n : SHARD_SOCKET_MAX_CONNECTIONS_PER_UID);
+}
+
+void shard_server_set_unread_timeout(ShardServer *s, unsigned msec) {
+        atomic_store(&s->unread_timeout_ms, msec > 0 ? msec : SHARD_SOCKET_UNREAD_TIMEOUT_MS);
 }

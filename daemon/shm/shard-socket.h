@@ -11,8 +11,16 @@
 #define SHARD_SOCKET_MAX_TOKENS 253u
 /* Concurrent connections; one over it is closed as soon as it is accepted, with a log line. */
 #define SHARD_SOCKET_MAX_CONNECTIONS 128u
-/* A connection that completes no request frame (and takes no reply) for this long is closed. */
+/* Concurrent connections of one peer uid (SO_PEERCRED at accept; uid 0 counts like any other),
+ * the same way. With the one-unread-reply rule this bounds the descriptors one uid can keep in
+ * flight, charged to the daemon's user, at this times SHARD_SOCKET_MAX_TOKENS. */
+#define SHARD_SOCKET_MAX_CONNECTIONS_PER_UID 16u
+/* A connection that completes no request frame (and takes no reply) for this long is closed;
+ * not while a reply with descriptors is unread, though: the unread timeout applies then. */
 #define SHARD_SOCKET_IDLE_TIMEOUT_MS 5000u
+/* A connection whose descriptor-carrying reply stays unread this long is shut down (the peer
+ * reads what was sent, then EOF); its slot is held until the peer reads it or closes. */
+#define SHARD_SOCKET_UNREAD_TIMEOUT_MS 60000u
 
 typedef struct ShardServer ShardServer;
 
@@ -29,3 +37,5 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(ShardServer *, shard_server_free);
 /* For tests and configuration; a change applies to deadlines set from then on. 0: default. */
 void shard_server_set_idle_timeout(ShardServer *s, unsigned msec);
 void shard_server_set_max_connections(ShardServer *s, unsigned n);
+void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n);
+void shard_server_set_unread_timeout(ShardServer *s, unsigned msec);

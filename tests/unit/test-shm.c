@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -12,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -957,6 +960,249 @@ static void test_socket_free_with_clients(void **state) {
         close(fd2);
 }
 
+static void test_socket_uid_cap(void **state) {
+        Fixture *f = *state;
+        const char *tokens[] = { f->tokens[0].hex };
+        const unsigned idx[] = { 0 };
+
+        /* Every connection here is uid 0's, which counts like any other uid. */
+        shard_server_set_max_connections_per_uid(f->server, 3);
+        _cleanup_close_ int a = client_connect(f), b = client_connect(f), c = client_connect(f);
+        send_request(a, tokens, 1, false);
+        expect_ok(f, a, idx, 1, false);
+        send_request(b, tokens, 1, false);
+        expect_ok(f, b, idx, 1, false);
+        send_request(c, tokens, 1, false);
+        expect_ok(f, c, idx, 1, false);
+
+        /* The fourth is closed at once; the first three are still served. */
+        _cleanup_close_ int d = client_connect(f);
+        assert_true(wait_closed(d, 3000));
+        send_request(a, tokens, 1, false);
+        expect_ok(f, a, idx, 1, false);
+        send_request(c, tokens, 1, false);
+        expect_ok(f, c, idx, 1, false);
+
+        /* A slot freed is reusable, once the server has seen the close. */
+        b = safe_close(b);
+        for (unsigned tries = 0;; tries++) {
+                _cleanup_close_ int e = client_connect(f);
+                if (wait_closed(e, 100)) {
+                        assert_true(tries < 30);
+                        continue;
+                }
+                send_request(e, tokens, 1, false);
+                expect_ok(f, e, idx, 1, false);
+                break;
+        }
+}
+
+/* Bytes the server has sent to fd that fd has not read yet. */
+static int unread_bytes(int fd) {
+        int n = -1;
+        assert_int_equal(ioctl(fd, FIONREAD, &n), 0);
+        return n;
+}
+
+/* The size of a reply on the wire, frame header included. */
+static int reply_wire_size(const Reply *reply) {
+        return 4 + (int) familyd__v1__shard_fd_reply__get_packed_size(reply);
+}
+
+static void test_socket_backpressure(void **state) {
+        Fixture *f = *state;
+        _cleanup_close_ int fd = client_connect(f);
+        const char *bogus[] = { "not-a-token" };
+
+        /* Three requests for descriptors, none read: only the first reply is sent. */
+        for (unsigned i = 0; i < 3; i++) {
+                const char *tokens[] = { f->tokens[i].hex };
+                send_request(fd, tokens, 1, false);
+        }
+        for (unsigned i = 0; i < 3; i++) {
+                int fds[4];
+                size_t n_fds = 0;
+                Reply *reply = NULL;
+
+                usleep(300 * 1000);
+                int queued = unread_bytes(fd);
+                assert_int_equal(recv_reply(fd, &reply, fds, &n_fds), 0);
+                /* In order, and alone in the socket until read. */
+                assert_int_equal(reply->code, 0);
+                assert_int_equal(n_fds, 1);
+                assert_int_equal(reply->n_devices, 1);
+                assert_int_equal(reply->devices[0], (int) i + 1);
+                assert_int_equal(queued, reply_wire_size(reply));
+                close_fds(fds, n_fds);
+                familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+        }
+        usleep(100 * 1000);
+        assert_int_equal(unread_bytes(fd), 0);
+
+        /* Replies without descriptors still pipeline: two errors, then one with descriptors,
+         * all sent before any is read; the request after it waits. */
+        const char *t0[] = { f->tokens[0].hex }, *t1[] = { f->tokens[1].hex };
+        const unsigned idx0[] = { 0 }, idx1[] = { 1 };
+        send_request(fd, bogus, 1, false);
+        send_request(fd, bogus, 1, false);
+        send_request(fd, t0, 1, false);
+        send_request(fd, t1, 1, false);
+        usleep(300 * 1000);
+        int queued = unread_bytes(fd);
+        Reply *reply = NULL;
+        size_t n_fds = 0;
+        int total = 0;
+        for (unsigned i = 0; i < 2; i++) {
+                assert_int_equal(recv_reply(fd, &reply, NULL, &n_fds), 0);
+                assert_int_equal(reply->code, 5);
+                total += reply_wire_size(reply);
+                familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+        }
+        assert_true(queued > total);
+        expect_ok(f, fd, idx0, 1, false);
+        expect_ok(f, fd, idx1, 1, false);
+}
+
+static void test_socket_unread_timeout(void **state) {
+        Fixture *f = *state;
+        const char *t0[] = { f->tokens[0].hex }, *t1[] = { f->tokens[1].hex },
+                   *t2[] = { f->tokens[2].hex };
+        const unsigned idx0[] = { 0 }, idx2[] = { 2 };
+
+        shard_server_set_idle_timeout(f->server, 100);
+        shard_server_set_unread_timeout(f->server, 700);
+        shard_server_set_max_connections_per_uid(f->server, 1);
+        _cleanup_close_ int fd = client_connect(f);
+        uint64_t start = now_ms();
+        send_request(fd, t0, 1, false);
+        send_request(fd, t1, 1, false);
+
+        /* Well past the idle timeout: not closed, and its slot still counts. */
+        usleep(350 * 1000);
+        struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+        assert_int_equal(poll(&p, 1, 0), 0);
+        _cleanup_close_ int other = client_connect(f);
+        assert_true(wait_closed(other, 3000));
+
+        /* At the unread timeout it is shut down ... */
+        assert_int_equal(poll(&p, 1, 5000), 1);
+        assert_true(p.revents & POLLRDHUP);
+        uint64_t shut = now_ms() - start;
+        print_message("shut down after %llu ms\n", (unsigned long long) shut);
+        assert_true(shut >= 650 && shut < 5000);
+
+        /* ... but holds its slot while the reply is unread. */
+        _cleanup_close_ int other2 = client_connect(f);
+        assert_true(wait_closed(other2, 3000));
+
+        /* What was sent can still be read, then EOF: the second request got no answer. */
+        expect_ok(f, fd, idx0, 1, false);
+        Reply *reply = NULL;
+        size_t n_fds = 0;
+        assert_int_equal(recv_reply(fd, &reply, NULL, &n_fds), -ECONNRESET);
+
+        /* Read, it frees the slot. */
+        shard_server_set_idle_timeout(f->server, 0);
+        for (unsigned tries = 0;; tries++) {
+                _cleanup_close_ int e = client_connect(f);
+                if (wait_closed(e, 100)) {
+                        assert_true(tries < 30);
+                        continue;
+                }
+                send_request(e, t2, 1, false);
+                expect_ok(f, e, idx2, 1, false);
+                break;
+        }
+}
+
+typedef struct Starter {
+        const char *path;
+        ShardTable *table;
+        ShardServer *server;
+        int r;
+} Starter;
+
+/* Starts a server whose thread lacks CAP_SYS_ADMIN and CAP_SYS_RESOURCE (capabilities are per
+ * thread, and a new thread inherits its creator's), so the in-flight limit applies to it. */
+static void *start_unprivileged(void *userdata) {
+        Starter *st = userdata;
+        struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
+        struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+        if (syscall(SYS_capget, &hdr, data) < 0) {
+                st->r = -errno;
+                return NULL;
+        }
+        data[CAP_TO_INDEX(CAP_SYS_ADMIN)].effective &= ~CAP_TO_MASK(CAP_SYS_ADMIN);
+        data[CAP_TO_INDEX(CAP_SYS_RESOURCE)].effective &= ~CAP_TO_MASK(CAP_SYS_RESOURCE);
+        if (syscall(SYS_capset, &hdr, data) < 0) {
+                st->r = -errno;
+                return NULL;
+        }
+        st->r = shard_server_new(st->path, st->table, &st->server);
+        return NULL;
+}
+
+static void test_socket_inflight_limit(void **state) {
+        Fixture *f = *state;
+        enum { N_CONN = 12, N_TOKENS = 100 };
+        const char *tokens[N_TOKENS];
+        unsigned idx[N_TOKENS];
+        int fds[N_CONN];
+        Starter st = { .path = f->path, .table = f->table, .r = -1 };
+        pthread_t thread;
+        struct rlimit saved, low;
+        size_t refused = N_CONN;
+        _cleanup_free_ char *m = NULL;
+
+        for (size_t i = 0; i < N_TOKENS; i++) {
+                tokens[i] = f->tokens[i % 3].hex;
+                idx[i] = (unsigned) (i % 3);
+        }
+        f->server = shard_server_free(f->server);
+        assert_int_equal(pthread_create(&thread, NULL, start_unprivileged, &st), 0);
+        assert_int_equal(pthread_join(thread, NULL), 0);
+        assert_int_equal(st.r, 0);
+        f->server = st.server;
+        for (size_t i = 0; i < N_CONN; i++) {
+                fds[i] = client_connect(f);
+                send_request(fds[i], NULL, 0, false);
+                expect_ok(f, fds[i], NULL, 0, false);
+        }
+
+        /* Descriptors in flight past RLIMIT_NOFILE (ours is the server's): the kernel refuses
+         * the next SCM_RIGHTS send, and the client learns why instead of seeing a close. */
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        low = saved;
+        low.rlim_cur = settled_open_fds() + N_TOKENS + 20;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+        for (size_t i = 0; i < N_CONN && refused == N_CONN; i++) {
+                int queued = 0;
+                send_request(fds[i], tokens, N_TOKENS, false);
+                for (unsigned tries = 0; tries < 300 && queued == 0; tries++) {
+                        usleep(10 * 1000);
+                        queued = unread_bytes(fds[i]);
+                }
+                /* An OK reply names 100 sizes, kinds and devices; an error is short. */
+                assert_true(queued > 0);
+                if (queued < 200)
+                        refused = i;
+        }
+        /* Others of our user may hold descriptors in flight too: the first may be refused. */
+        assert_true(refused < N_CONN);
+        m = expect_error(fds[refused], 8);
+        assert_non_null(strstr(m, "in flight"));
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+
+        /* The others' replies are intact, and the refused connection lives on. */
+        for (size_t i = 0; i < refused; i++)
+                expect_ok(f, fds[i], idx, N_TOKENS, false);
+        send_request(fds[refused], tokens, 3, false);
+        expect_ok(f, fds[refused], idx, 3, false);
+        for (size_t i = 0; i < N_CONN; i++)
+                close(fds[i]);
+}
+
 #define SOCKET_TEST(t) cmocka_unit_test_setup_teardown(t, fixture_setup, fixture_teardown)
 
 int main(void) {
@@ -977,6 +1223,10 @@ int main(void) {
                 SOCKET_TEST(test_socket_out_of_fds),
                 SOCKET_TEST(test_socket_connection_cap),
                 SOCKET_TEST(test_socket_free_with_clients),
+                SOCKET_TEST(test_socket_uid_cap),
+                SOCKET_TEST(test_socket_backpressure),
+                SOCKET_TEST(test_socket_unread_timeout),
+                SOCKET_TEST(test_socket_inflight_limit),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
