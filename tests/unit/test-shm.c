@@ -1147,6 +1147,14 @@ static void test_socket_inflight_limit(void **state) {
         Fixture *f = *state;
         enum { N_CONN = 12, N_TOKENS = 100 };
         const char *tokens[N_TOKENS];
+
+        /* valgrind keeps descriptors of its own and emulates RLIMIT_NOFILE: the kernel's
+         * in-flight accounting this test provokes cannot be reproduced under it. */
+        const char *preload = getenv("LD_PRELOAD");
+        if (preload && strstr(preload, "vgpreload")) {
+                skip();
+                return;
+        }
         unsigned idx[N_TOKENS];
         int fds[N_CONN];
         Starter st = { .path = f->path, .table = f->table, .r = -1 };
