@@ -3,6 +3,7 @@
 #include "build-state.h"
 #include "codec.h"
 #include "resource-limits.h"
+#include "validate.h"
 
 static int source_module_decode(const Familyd__V1__SourceModule *pb, SourceModule *ret,
                                 FamilyError *ret_error) {
@@ -324,5 +325,78 @@ int codec_build_encode(Arena *a, const char *build_id, const BuildState *b,
         }
         pb->n_shards = b->n_ranks;
         *ret = pb;
+        return 0;
+}
+
+/* Applied layouts and model boundaries point into the arena: they live as long as the call. */
+static int validate_parameter_decode(Arena *a, const Familyd__V1__ParameterLayout *pb,
+                                     ValidateParameter *ret, FamilyError *ret_error) {
+        if (codec_check_length(pb->name, FAMILYD_MAX_NAME_LENGTH, "applied_layout", ret_error) <
+            0)
+                return -EINVAL;
+        if (pb->n_shape > FAMILYD_MAX_SHAPE_RANK || pb->n_placements > FAMILYD_MAX_MESH_DIMS * 4)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
+                                        "applied_layout",
+                                        "an applied layout parameter has too many dimensions "
+                                        "or placements");
+        ret->name = pb->name;
+        ret->shape = pb->shape;
+        ret->n_dims = pb->n_shape;
+        if (!ARRAY_NEW(a, ret->placements, pb->n_placements))
+                return -ENOMEM;
+        for (size_t i = 0; i < pb->n_placements; i++) {
+                const Familyd__V1__Placement *p = pb->placements[i];
+                ret->placements[i] = (Placement) {
+                        .axis = p->axis,
+                        .kind = streq(p->kind, "replicate") ? PLACEMENT_REPLICATE
+                                                            : PLACEMENT_SHARD,
+                        .dim = p->dim,
+                };
+        }
+        ret->n_placements = pb->n_placements;
+        return 0;
+}
+
+int codec_model_decode(Arena *a, Familyd__V1__ModelBoundary *const *pb, size_t n,
+                       ModelBoundary **ret, size_t *ret_n, FamilyError *ret_error) {
+        ModelBoundary *b = NULL;
+        int r;
+
+        if (!ARRAY_NEW(a, b, n))
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const Familyd__V1__ModelBoundary *m = pb[i];
+
+                for (size_t j = 0; j < m->n_fqns; j++) {
+                        r = codec_check_length(m->fqns[j], FAMILYD_MAX_NAME_LENGTH * 4, "fqns",
+                                               ret_error);
+                        if (r < 0)
+                                return r;
+                }
+                r = codec_check_length(m->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id",
+                                       ret_error);
+                if (r < 0)
+                        return r;
+                b[i].fqns = m->fqns;
+                b[i].n_fqns = m->n_fqns;
+                b[i].build_id = m->build_id;
+                if (m->applied_layout) {
+                        const Familyd__V1__Layout *l = m->applied_layout;
+                        b[i].has_layout = true;
+                        b[i].layout.mesh_id = l->mesh_id;
+                        if (!ARRAY_NEW(a, b[i].layout.parameters, l->n_parameters))
+                                return -ENOMEM;
+                        for (size_t j = 0; j < l->n_parameters; j++) {
+                                r = validate_parameter_decode(a, l->parameters[j],
+                                                              &b[i].layout.parameters[j],
+                                                              ret_error);
+                                if (r < 0)
+                                        return r;
+                        }
+                        b[i].layout.n_parameters = l->n_parameters;
+                }
+        }
+        *ret = b;
+        *ret_n = n;
         return 0;
 }

@@ -53,6 +53,11 @@ struct BuildRequest;
 int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, struct BuildRequest *ret,
                                FamilyError *ret_error);
 
+struct ModelBoundary;
+/* Validate's boundaries, borrowing the request's strings (they live in the call's arena). */
+int codec_model_decode(Arena *a, Familyd__V1__ModelBoundary *const *pb, size_t n,
+                       struct ModelBoundary **ret, size_t *ret_n, FamilyError *ret_error);
+
 struct BuildState;
 /* A Build reply from the daemon's state; shard_socket is where tokens are redeemed. */
 int codec_build_encode(Arena *a, const char *build_id, const struct BuildState *b,

@@ -53,6 +53,7 @@ typedef struct RpcService {
 /* The services, each in its own service-*.c / health.c / reflection glue. */
 extern const RpcService service_family;
 extern const RpcService service_build;
+extern const RpcService service_validate;
 extern const RpcService service_mesh;
 extern const RpcService service_admin;
 extern const RpcService service_health;

@@ -13,6 +13,7 @@
 static const RpcService *const services[] = {
         &service_family,
         &service_build,
+        &service_validate,
         &service_mesh,
         &service_admin,
         &service_health,

@@ -80,8 +80,6 @@ static const RpcMethod methods[] = {
           &familyd__v1__get_family_request__descriptor, get_family, NULL },
         { "/familyd.v1.FamilyService/Resolve", RPC_UNARY,
           &familyd__v1__resolve_request__descriptor, resolve, NULL },
-        { "/familyd.v1.FamilyService/Validate", RPC_UNARY,
-          &familyd__v1__validate_request__descriptor, rpc_unimplemented, NULL },
 };
 
 /* Build, GetBuild, ListBuilds and ReleaseBuild are in service-build.c. */
