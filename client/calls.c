@@ -143,3 +143,11 @@ int familyd_release_build(FamilydClient *client, const char *build_id, FamilydEr
         familyd__v1__release_build_response__free_unpacked(resp, NULL);
         return 0;
 }
+
+int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *request, Familyd__V1__ValidateResponse **ret_response, FamilydError *ret_error) {
+        if (!request) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        return CALL(client, FAMILY_SERVICE "Validate", request, familyd__v1__validate_response__descriptor, ret_response, ret_error);
+}

@@ -96,7 +96,7 @@ const char *familyd_client_get_socket_path(const FamilydClient *client);
 /* The deadline of each call in milliseconds (0: none); also bounds familyd_shard_fetch(). */
 uint32_t familyd_client_get_timeout_ms(const FamilydClient *client);
 
-/* Generic unary call, for methods without a typed wrapper below (Build, Validate, ...).
+/* Generic unary call, for methods without a typed wrapper below.
  * method is the full path, "/familyd.v1.FamilyService/Build". *ret_response is a message of
  * response_descriptor's type, to be freed with protobuf_c_message_free_unpacked(m, NULL). */
 int familyd_client_call(
@@ -120,6 +120,12 @@ int familyd_build(FamilydClient *client, const Familyd__V1__BuildRequest *reques
 int familyd_get_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
 int familyd_list_builds(FamilydClient *client, Familyd__V1__ListBuildsResponse **ret_response, FamilydError *ret_error);
 int familyd_release_build(FamilydClient *client, const char *build_id, FamilydError *ret_error);
+
+/* Validate: the trainer's model (its boundaries: every fqn of one built instance, the build id,
+ * optionally the layout applied afterwards) against the job context. A model with violations
+ * is a successful call: the answer's ok is false and violations lists them all (fqns, reason
+ * code such as AXIS_SIZE_MISMATCH, message). The caller keeps ownership of the request. */
+int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *request, Familyd__V1__ValidateResponse **ret_response, FamilydError *ret_error);
 
 /*
  * The shard socket (design/api.md, "Shard handout"; not gRPC): trades RankShard tokens for

@@ -31,6 +31,7 @@ static const Verb verbs[] = {
         { "build-info", verb_build_info, "build-info ID                  show one build" },
         { "release",  verb_release,  "release ID                     release a build's shared memory" },
         { "shard",    verb_shard,    "shard ID RANK                  map a rank's shard and print its slices" },
+        { "validate", verb_validate, "validate MODEL.json            check a model's builds against the job (--mesh, --tp...)" },
 };
 
 static void help(void) {

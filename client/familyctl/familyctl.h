@@ -124,8 +124,9 @@ int verb_builds(Context *ctx, int argc, char **argv);
 int verb_build_info(Context *ctx, int argc, char **argv);
 int verb_release(Context *ctx, int argc, char **argv);
 int verb_shard(Context *ctx, int argc, char **argv);
+int verb_validate(Context *ctx, int argc, char **argv);
 
-/* A small JSON reader for --config and --module files. Numbers keep their text so that
+/* A small JSON reader for --config and --module files and validate's model file. Numbers keep their text so that
  * integers stay exact; is_int when the text has no '.', 'e' or 'E' and fits int64. */
 typedef enum JsonType {
         JSON_NULL,

@@ -1,4 +1,4 @@
-/* json-read.c: a small strict JSON reader (RFC 8259) for familyctl's --config and --module. */
+/* json-read.c: a small strict JSON reader (RFC 8259) for familyctl's --config, --module and model files. */
 
 #include <errno.h>
 #include <stdarg.h>

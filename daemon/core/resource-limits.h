@@ -6,8 +6,8 @@
 /* What a request may hold, checked on the wire bytes before protobuf-c (which recurses per
  * nesting level and allocates per field) decodes them: nesting depth, submessages, fields. */
 #define FAMILYD_MAX_REQUEST_DEPTH        32u
-#define FAMILYD_MAX_REQUEST_MESSAGES     65536u
-#define FAMILYD_MAX_REQUEST_FIELDS       131072u
+#define FAMILYD_MAX_REQUEST_MESSAGES     131072u
+#define FAMILYD_MAX_REQUEST_FIELDS       262144u
 /* Concurrent client connections on the API socket; more are closed with a log line. */
 #define FAMILYD_MAX_CONNECTIONS          256u
 /* Connections from one peer process (SO_PEERCRED), so one client cannot take them all. */

@@ -172,8 +172,8 @@ class TestManyMessages(Base):
         self.assertServing()
 
     def test_many_map_entries(self):
-        # 70,000 empty arguments entries: 70,000 messages at depth 1.
-        req = field(0x0a, GE.encode()) + b"\x12\x00" * 70000
+        # 140,000 empty arguments entries: 140,000 messages at depth 1, over the wire limit.
+        req = field(0x0a, GE.encode()) + b"\x12\x00" * 140000
         res = self.send(req)
         self.assertRefused(res, MORE)
         self.assertServing()

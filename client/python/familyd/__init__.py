@@ -5,6 +5,7 @@
         b = c.build("grouped_experts", config={...}, dtype="bfloat16")
         w = b.ranks[0]["gate_up_proj"]        # numpy view of the shared memory, no copy
         t = b.ranks[0].torch()["gate_up_proj"]  # torch.bfloat16, same memory
+        ok, violations = c.validate([{"fqns": ["layers.0.moe"], "build": b}], {"ep_size": 1})
 
 Message classes come from the descriptor set, not from protoc output: see familyd._protos
 (FAMILYD_DESCRIPTORS, then next to the package, then /usr/share/familyd/familyd.binpb).
@@ -12,8 +13,8 @@ Needs python3-grpcio, python3-protobuf, python3-numpy; torch is optional.
 """
 
 from ._protos import Protos, default_protos, descriptor_path
-from .client import Build, Client, FamilydError, RankTensors
+from .client import Build, Client, FamilydError, RankTensors, ValidateResult
 from .shard import ShardError, ShardHandle, fetch as fetch_shards
 
 __all__ = ["Build", "Client", "FamilydError", "Protos", "RankTensors", "ShardError",
-           "ShardHandle", "default_protos", "descriptor_path", "fetch_shards"]
+           "ShardHandle", "ValidateResult", "default_protos", "descriptor_path", "fetch_shards"]

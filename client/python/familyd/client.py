@@ -1,6 +1,7 @@
 """familyd.Client: the familyd.v1 gRPC API over the daemon's Unix socket, and Build, whose
 materialised shards are numpy arrays (and torch tensors) viewing the daemon's shared memory."""
 
+import collections
 import os
 import warnings
 
@@ -174,6 +175,17 @@ class Build:
 
     def __repr__(self):
         return "Build(%r, ranks=%s)" % (self.id, sorted(self.ranks))
+
+
+class ValidateResult(collections.namedtuple("ValidateResult", "ok violations")):
+    """What Client.validate() returns: .ok (bool) and .violations (a list of familyd.v1.Violation:
+    .fqns, .reason such as "AXIS_SIZE_MISMATCH", .message). Unpacks as (ok, violations); true
+    exactly when ok."""
+
+    __slots__ = ()
+
+    def __bool__(self):
+        return bool(self.ok)
 
 
 class Client:
@@ -370,6 +382,92 @@ class Client:
         self.call("familyd.v1.FamilyService/ReleaseBuild",
                   self.protos.cls("familyd.v1.ReleaseBuildRequest")(build_id=build_id))
 
+    # -- Validate ------------------------------------------------------------------------
+
+    _CONTEXT_KWARGS = ("mesh_id", "tp_size", "cp_size", "ep_size", "pp_size", "active",
+                       "sequence_parallel", "loss_parallel")
+
+    def _message(self, full_name, value):
+        """value as a message of full_name: the message itself, or a dict in proto3 JSON form
+        (lowerCamelCase or proto field names)."""
+        cls = self.protos.cls(full_name)
+        if isinstance(value, cls):
+            return value
+        if hasattr(value, "DESCRIPTOR") and value.DESCRIPTOR.full_name == full_name:
+            return cls.FromString(value.SerializeToString())
+        if isinstance(value, dict):
+            from google.protobuf import json_format
+
+            return json_format.ParseDict(value, cls())
+        raise TypeError("expected a %s or a dict, not %r" % (full_name, type(value).__name__))
+
+    def _boundary(self, b):
+        """One ModelBoundary from a message, a Build, a (fqns, build[, applied_layout]) tuple or
+        a dict {"fqns", "build_id" or "build", "applied_layout"}."""
+        Boundary = self.protos.cls("familyd.v1.ModelBoundary")
+        if isinstance(b, Boundary) or (hasattr(b, "DESCRIPTOR")
+                                       and b.DESCRIPTOR.full_name == "familyd.v1.ModelBoundary"):
+            return self._message("familyd.v1.ModelBoundary", b)
+        fqns, build, layout = (), None, None
+        if isinstance(b, Build) or hasattr(b, "build_id"):
+            build = b
+        elif isinstance(b, (tuple, list)):
+            if not 2 <= len(b) <= 3:
+                raise ValueError("a boundary tuple is (fqns, build[, applied_layout])")
+            fqns, build = b[0], b[1]
+            layout = b[2] if len(b) == 3 else None
+        elif isinstance(b, dict):
+            known = {"fqns", "build", "build_id", "buildId", "applied_layout", "appliedLayout"}
+            unknown = set(b) - known
+            if unknown:
+                raise ValueError("unknown boundary keys %s (%s)" % (sorted(unknown), sorted(known)))
+            fqns = b.get("fqns", ())
+            build = b.get("build", b.get("build_id", b.get("buildId")))
+            layout = b.get("applied_layout", b.get("appliedLayout"))
+        else:
+            raise TypeError("a boundary is a dict, a (fqns, build) tuple, a Build or a "
+                            "familyd.v1.ModelBoundary, not %r" % type(b).__name__)
+        if isinstance(fqns, str):
+            fqns = (fqns,)
+        m = Boundary()
+        m.fqns.extend(fqns)
+        if isinstance(build, Build):
+            m.build_id = build.id
+        elif hasattr(build, "build_id"):      # a familyd.v1.Build message
+            m.build_id = build.build_id
+        elif build is not None:
+            m.build_id = str(build)
+        if layout is not None:
+            m.applied_layout.CopyFrom(self._message("familyd.v1.Layout", layout))
+        return m
+
+    def validate_request(self, boundaries, context=None):
+        """The familyd.v1.ValidateRequest that validate() sends (see there)."""
+        req = self.protos.cls("familyd.v1.ValidateRequest")()
+        for b in boundaries:
+            req.boundaries.add().CopyFrom(self._boundary(b))
+        if context is not None:
+            if isinstance(context, dict) and set(context) <= set(self._CONTEXT_KWARGS):
+                req.context.CopyFrom(self._context(**context))
+            else:
+                req.context.CopyFrom(self._message("familyd.v1.JobContext", context))
+        return req
+
+    def validate(self, boundaries, context=None):
+        """Validate: the trainer's model against its job; a ValidateResult (ok, violations).
+
+        boundaries: one per built instance, in model order, each a dict {"fqns": [...],
+        "build_id": "bld-..." (or "build": a Build), "applied_layout": a familyd.v1.Layout or
+        its proto3 JSON dict (optional)}, a tuple (fqns, build[, applied_layout]), a Build
+        alone (no fqns), or a familyd.v1.ModelBoundary. context: keyword arguments of the job
+        context as for build() (mesh_id=..., ep_size=4, active=("ep",)), a proto3 JSON dict
+        ({"epSize": 4}) or a familyd.v1.JobContext. A model with violations is not an error:
+        .ok is False and .violations lists them all; FamilydError is for refused calls.
+        """
+        resp = self.call("familyd.v1.FamilyService/Validate",
+                         self.validate_request(boundaries, context))
+        return ValidateResult(bool(resp.ok), list(resp.violations))
+
     def fetch_shards(self, build, writable=False, ranks=None):
         """Raw descriptors: rank -> shard.ShardHandle for a familyd.v1.Build's local shards
         (optionally only ranks). The caller closes them."""
@@ -385,4 +483,4 @@ class Client:
         return out
 
 
-__all__ = ["Client", "Build", "RankTensors", "FamilydError"]
+__all__ = ["Client", "Build", "RankTensors", "FamilydError", "ValidateResult"]

@@ -1,0 +1,134 @@
+#!/bin/bash
+# run-validate-bench.sh: start familyd on a temporary socket and run validate-bench against it.
+#
+#   tests/bench/run-validate-bench.sh [--smoke] [BUILD_DIR] [-- BENCH_ARGS...]
+#
+# BUILD_DIR (default: build-bench under the source root) is configured as a release build
+# without sanitizers and built when it does not exist yet: numbers from an ASan build mean
+# little. FAMILYD_BIN and FAMILYD_VALIDATE_BENCH, when set (meson test sets them), name the
+# binaries instead. The daemon gets the conformance registry ($FAMILYD_BENCH_REGISTRY, else
+# ../shared/conformance/registry) and --host-devices 8; the bench makes its own mesh and Build.
+#
+# The full run times Validate of 1,000, 2,000, 5,000 and 10,000 boundaries and prints the time
+# per boundary and the ratio largest/smallest (goal <= 1.5); add `-- --check-goals` to fail
+# when the goal is missed. --smoke: --quick (1,000 and 2,000 boundaries), a check that the table
+# and the ratio are printed and that the daemon stops cleanly; the goal is not enforced.
+
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
+shared=${FAMILYD_SHARED:-$root/../shared}
+
+smoke=0
+build=""
+bench_args=()
+while [ $# -gt 0 ]; do
+        case "$1" in
+        --smoke) smoke=1 ;;
+        --) shift; bench_args+=("$@"); break ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "run-validate-bench.sh: unknown option $1" >&2; exit 2 ;;
+        *) build=$1 ;;
+        esac
+        shift
+done
+
+familyd=${FAMILYD_BIN:-}
+bench=${FAMILYD_VALIDATE_BENCH:-}
+if [ -z "$familyd" ] || [ -z "$bench" ]; then
+        build=${build:-$root/build-bench}
+        if [ ! -f "$build/build.ninja" ]; then
+                echo "run-validate-bench.sh: configuring $build (release, no sanitizers)"
+                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
+        fi
+        ninja -C "$build" daemon/familyd tests/bench/validate-bench >/dev/null
+        familyd=${familyd:-$build/daemon/familyd}
+        bench=${bench:-$build/tests/bench/validate-bench}
+fi
+for f in "$familyd" "$bench"; do
+        [ -x "$f" ] || { echo "run-validate-bench.sh: $f not found" >&2; exit 1; }
+done
+
+registry=${FAMILYD_BENCH_REGISTRY:-$shared/conformance/registry}
+[ -d "$registry" ] || { echo "run-validate-bench.sh: registry $registry not found" >&2; exit 1; }
+
+tmp=$(mktemp -d /tmp/fd-vbench-XXXXXX)
+pid=""
+cleanup() {
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+                kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+sock=$tmp/familyd.sock
+"$familyd" --socket "$sock" --shard-socket "$tmp/shard.sock" --state-dir "$tmp" \
+        --registry "$registry" --host-devices 8 --node-name vbench >"$tmp/familyd.log" 2>&1 &
+pid=$!
+
+ready=0
+for _ in $(seq 1 300); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+                echo "run-validate-bench.sh: familyd exited before it was ready:" >&2
+                cat "$tmp/familyd.log" >&2
+                exit 1
+        fi
+        if [ -S "$sock" ] && "$bench" --socket "$sock" --probe 2>/dev/null; then
+                ready=1
+                break
+        fi
+        sleep 0.1
+done
+if [ "$ready" != 1 ]; then
+        echo "run-validate-bench.sh: familyd not answering within 30 s" >&2
+        cat "$tmp/familyd.log" >&2
+        exit 1
+fi
+
+echo "run-validate-bench.sh: familyd $familyd, registry $registry"
+if [ "$smoke" = 1 ]; then
+        bench_args=(--quick "${bench_args[@]}")
+fi
+
+status=0
+"$bench" --socket "$sock" "${bench_args[@]}" | tee "$tmp/bench.out" || status=$?
+
+# Stop the daemon: SIGTERM must end it with status 0.
+kill -TERM "$pid"
+daemon_status=0
+for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+done
+if kill -0 "$pid" 2>/dev/null; then
+        echo "run-validate-bench.sh: familyd did not exit within 30 s of SIGTERM" >&2
+        daemon_status=1
+else
+        wait "$pid" || daemon_status=$?
+fi
+pid=""
+if [ "$daemon_status" != 0 ]; then
+        echo "run-validate-bench.sh: familyd exited with status $daemon_status after SIGTERM" >&2
+        tail -n 30 "$tmp/familyd.log" >&2
+        [ "$status" != 0 ] || status=1
+fi
+if [ "$status" != 0 ]; then
+        echo "run-validate-bench.sh: validate-bench failed with status $status" >&2
+        exit "$status"
+fi
+
+if [ "$smoke" = 1 ]; then
+        # A row per size and the ratio, as finite numbers.
+        num='[0-9]+\.[0-9]+'
+        for pat in "^1000 +[0-9]+ +[0-9]+ +[0-9]+ +$num +$num +$num\$" \
+                   "^2000 +[0-9]+ +[0-9]+ +[0-9]+ +$num +$num +$num\$" \
+                   "^ratio: time per boundary at 2000 / at 1000 = $num +goal <= $num: (met|MISSED)\$"; do
+                if ! grep -Eq "$pat" "$tmp/bench.out"; then
+                        echo "run-validate-bench.sh: smoke: no line matching /$pat/" >&2
+                        exit 1
+                fi
+        done
+        echo "run-validate-bench.sh: smoke ok"
+fi
