@@ -35,9 +35,12 @@
 #include "familyd.h"
 
 /* The daemon's limits on a request (daemon/core/resource-limits.h). */
-#define LIMIT_REQUEST_BYTES    (4u * 1024u * 1024u)
-#define LIMIT_REQUEST_MESSAGES 65536u
-#define LIMIT_REQUEST_FIELDS   131072u
+/* The daemon's own limits (daemon/core/resource-limits.h), so the check cannot drift. */
+#include "resource-limits.h"
+
+#define LIMIT_REQUEST_BYTES    FAMILYD_MAX_REQUEST_BYTES
+#define LIMIT_REQUEST_MESSAGES FAMILYD_MAX_REQUEST_MESSAGES
+#define LIMIT_REQUEST_FIELDS   FAMILYD_MAX_REQUEST_FIELDS
 
 #define MAX_SIZES 16
 #define GOAL_RATIO 1.5
