@@ -53,39 +53,11 @@ done
 registry=${FAMILYD_BENCH_REGISTRY:-$shared/conformance/registry}
 [ -d "$registry" ] || { echo "run-validate-bench.sh: registry $registry not found" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/fd-vbench-XXXXXX)
-pid=""
-cleanup() {
-        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-                kill -KILL "$pid" 2>/dev/null || true
-        fi
-        rm -rf "$tmp"
-}
-trap cleanup EXIT
+me=run-validate-bench.sh
+. "$here/bench-daemon.sh"
+bench_tmp vbench
 
-sock=$tmp/familyd.sock
-"$familyd" --socket "$sock" --shard-socket "$tmp/shard.sock" --state-dir "$tmp" \
-        --registry "$registry" --host-devices 8 --node-name vbench >"$tmp/familyd.log" 2>&1 &
-pid=$!
-
-ready=0
-for _ in $(seq 1 300); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-                echo "run-validate-bench.sh: familyd exited before it was ready:" >&2
-                cat "$tmp/familyd.log" >&2
-                exit 1
-        fi
-        if [ -S "$sock" ] && "$bench" --socket "$sock" --probe 2>/dev/null; then
-                ready=1
-                break
-        fi
-        sleep 0.1
-done
-if [ "$ready" != 1 ]; then
-        echo "run-validate-bench.sh: familyd not answering within 30 s" >&2
-        cat "$tmp/familyd.log" >&2
-        exit 1
-fi
+bench_daemon_start "$registry" --host-devices 8 --node-name vbench
 
 echo "run-validate-bench.sh: familyd $familyd, registry $registry"
 if [ "$smoke" = 1 ]; then
@@ -96,28 +68,7 @@ status=0
 "$bench" --socket "$sock" "${bench_args[@]}" | tee "$tmp/bench.out" || status=$?
 
 # Stop the daemon: SIGTERM must end it with status 0.
-kill -TERM "$pid"
-daemon_status=0
-for _ in $(seq 1 300); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-done
-if kill -0 "$pid" 2>/dev/null; then
-        echo "run-validate-bench.sh: familyd did not exit within 30 s of SIGTERM" >&2
-        daemon_status=1
-else
-        wait "$pid" || daemon_status=$?
-fi
-pid=""
-if [ "$daemon_status" != 0 ]; then
-        echo "run-validate-bench.sh: familyd exited with status $daemon_status after SIGTERM" >&2
-        tail -n 30 "$tmp/familyd.log" >&2
-        [ "$status" != 0 ] || status=1
-fi
-if [ "$status" != 0 ]; then
-        echo "run-validate-bench.sh: validate-bench failed with status $status" >&2
-        exit "$status"
-fi
+bench_daemon_stop "$status"
 
 if [ "$smoke" = 1 ]; then
         # A row per size and the ratio, as finite numbers.
