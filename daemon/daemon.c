@@ -125,8 +125,8 @@ static int daemon_load(Daemon *d, const Config *c) {
                                                c->registry_path);
                 for (size_t i = 0; i < diag.n; i++)
                         log_error("%s", diag.lines[i]);
-                return log_error_errno(r, "Failed to load the registry %s (%zu problems).",
-                                       c->registry_path, diag.n);
+                return log_error_errno(r, "Failed to load the registry %s (%zu problem%s).",
+                                       c->registry_path, diag.n, diag.n == 1 ? "" : "s");
         }
         return 0;
 }
