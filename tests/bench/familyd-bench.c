@@ -43,6 +43,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "bench-util.h"
 #include "familyd-v1-family.pb-c.h"
 #include "grpc-health-v1-health.pb-c.h"
 
@@ -124,19 +125,6 @@ typedef struct Client {
 static atomic_bool stop_flag;
 static pthread_barrier_t start_barrier;
 
-static uint64_t now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * UINT64_C(1000000000) + (uint64_t) ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
-
-        return x < y ? -1 : x > y;
-}
-
 static double percentile_us(uint64_t *v, size_t n, double p) {
         size_t i;
 
@@ -161,21 +149,6 @@ static int read_full(int fd, void *buf, size_t n) {
                         continue;
                 if (k <= 0)
                         return k == 0 ? -EPIPE : -errno;
-                p += k;
-                n -= (size_t) k;
-        }
-        return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t n) {
-        const uint8_t *p = buf;
-
-        while (n > 0) {
-                ssize_t k = write(fd, p, n);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return -errno;
                 p += k;
                 n -= (size_t) k;
         }
@@ -704,18 +677,6 @@ static int parse_size(const char *s, size_t *ret) {
         if (errno != 0 || end == s || *end != '\0' || s[0] == '-')
                 return -EINVAL;
         *ret = (size_t) v;
-        return 0;
-}
-
-static int parse_double(const char *s, double *ret) {
-        char *end;
-        double v;
-
-        errno = 0;
-        v = strtod(s, &end);
-        if (errno != 0 || end == s || *end != '\0' || !(v >= 0))
-                return -EINVAL;
-        *ret = v;
         return 0;
 }
 

@@ -60,6 +60,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "bench-util.h"
 #include "familyd-v1-family.pb-c.h"
 #include "familyd-v1-shard.pb-c.h"
 #include "familyd-v1-values.pb-c.h"
@@ -117,19 +118,6 @@ typedef struct Result {
         double grpc_ms;      /* median */
         double floor_ms;     /* median: the sum alone, over resident memory */
 } Result;
-
-static uint64_t now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * UINT64_C(1000000000) + (uint64_t) ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
-
-        return x < y ? -1 : x > y;
-}
 
 static double median_ns(uint64_t *v, size_t n) {
         if (n == 0)
@@ -468,21 +456,6 @@ static int familyd_release(Familyd *f, const char *build_id) {
 }
 
 /* ---- the shard socket --------------------------------------------------------------------- */
-
-static int write_full(int fd, const void *buf, size_t n) {
-        const uint8_t *p = buf;
-
-        while (n > 0) {
-                ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return -errno;
-                p += k;
-                n -= (size_t) k;
-        }
-        return 0;
-}
 
 /*
  * Reads n bytes; descriptors that ride with them (SCM_RIGHTS) go to fds (at most max_fds, more
@@ -1080,18 +1053,6 @@ static int parse_u64(const char *s, uint64_t *ret) {
         errno = 0;
         v = strtoull(s, &end, 10);
         if (errno != 0 || end == s || *end != '\0' || s[0] == '-')
-                return -EINVAL;
-        *ret = v;
-        return 0;
-}
-
-static int parse_double(const char *s, double *ret) {
-        char *end;
-        double v;
-
-        errno = 0;
-        v = strtod(s, &end);
-        if (errno != 0 || end == s || *end != '\0' || !(v >= 0))
                 return -EINVAL;
         *ret = v;
         return 0;
