@@ -262,11 +262,6 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
         grpc_slice bytes;
         int r;
 
-        if (m->handler == rpc_unimplemented)
-                return family_error_set(ret_error, FAMILY_STATUS_UNIMPLEMENTED, "NOT_IMPLEMENTED",
-                                        NULL, "%s is not implemented yet by this familyd",
-                                        m->path + 1);
-
         if (!c->payload || buffer_to_bytes(c->payload, &bytes) < 0)
                 return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
                                         NULL, "request has no message");
@@ -567,10 +562,4 @@ int call_arm(const CallSite *site) {
                 return -EIO;
         }
         return 0;
-}
-
-int rpc_unimplemented(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
-                      ProtobufCMessage **ret_reply, FamilyError *ret_error) {
-        /* A marker: call_handle answers before decoding, naming the method. */
-        return -EOPNOTSUPP;
 }

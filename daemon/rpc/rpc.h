@@ -81,6 +81,3 @@ void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *err
  * up on the answer). Long handlers check it before keeping what they made. */
 bool rpc_call_expired(void);
 
-/* Answers "not implemented yet", for methods a later part of familyd fills in. */
-int rpc_unimplemented(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
-                      ProtobufCMessage **ret_reply, FamilyError *ret_error);
