@@ -90,6 +90,17 @@ int familyd_get_topology(FamilydClient *client, Familyd__V1__Topology **ret_topo
         return CALL(client, MESH_SERVICE "GetTopology", &req, familyd__v1__topology__descriptor, ret_topology, ret_error);
 }
 
+int familyd_forget_node(FamilydClient *client, const char *node, Familyd__V1__ForgetNodeResponse **ret_response, FamilydError *ret_error) {
+        Familyd__V1__ForgetNodeRequest req = FAMILYD__V1__FORGET_NODE_REQUEST__INIT;
+
+        if (!node) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        req.node = (char *) node;
+        return CALL(client, MESH_SERVICE "ForgetNode", &req, familyd__v1__forget_node_response__descriptor, ret_response, ret_error);
+}
+
 int familyd_get_status(FamilydClient *client, Familyd__V1__GetStatusResponse **ret_status, FamilydError *ret_error) {
         Familyd__V1__GetStatusRequest req = FAMILYD__V1__GET_STATUS_REQUEST__INIT;
 

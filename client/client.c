@@ -23,6 +23,7 @@
 #include <grpc/support/time.h>
 
 #include "build-config.h"
+#include "client-private.h"
 #include "familyd.h"
 #include "google-protobuf-any.pb-c.h"
 #include "macro.h"
@@ -32,12 +33,6 @@
 
 #define STATUS_DETAILS_KEY "grpc-status-details-bin"
 #define ERROR_INFO_TYPE_URL_SUFFIX "/google.rpc.ErrorInfo"
-
-struct FamilydClient {
-        char *socket_path;
-        uint32_t timeout_ms;
-        grpc_channel *channel;
-};
 
 static const char *const status_names[] = {
         [GRPC_STATUS_OK]                  = "OK",
@@ -75,7 +70,7 @@ void familyd_error_clear(FamilydError *error) {
         *error = FAMILYD_ERROR_NULL;
 }
 
-static void error_reset(FamilydError *error) {
+void client_error_reset(FamilydError *error) {
         familyd_error_clear(error);
 }
 
@@ -199,7 +194,19 @@ static int error_parse_details(const grpc_metadata_array *trailers, FamilydError
         return 0;
 }
 
-static int request_pack(const ProtobufCMessage *request, grpc_byte_buffer **ret) {
+int client_error_fill(FamilydError *error, grpc_status_code status, grpc_slice details,
+                      const grpc_metadata_array *trailers) {
+        if (!error)
+                return 0;
+        familyd_error_clear(error);
+        error->code = status;
+        error->message = slice_strdup(details);
+        if (!error->message)
+                return -ENOMEM;
+        return error_parse_details(trailers, error);
+}
+
+int client_request_pack(const ProtobufCMessage *request, grpc_byte_buffer **ret) {
         size_t n = protobuf_c_message_get_packed_size(request);
         grpc_slice s = grpc_slice_malloc(n);
 
@@ -209,7 +216,7 @@ static int request_pack(const ProtobufCMessage *request, grpc_byte_buffer **ret)
         return *ret ? 0 : -ENOMEM;
 }
 
-static int response_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **ret) {
+int client_response_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **ret) {
         grpc_byte_buffer_reader reader;
         ProtobufCMessage *m;
         grpc_slice s;
@@ -229,13 +236,13 @@ static int response_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescripto
         return 0;
 }
 
-static gpr_timespec deadline_from_ms(uint32_t ms) {
+gpr_timespec client_deadline_from_ms(uint32_t ms) {
         if (ms == 0)
                 return gpr_inf_future(GPR_CLOCK_MONOTONIC);
         return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
 }
 
-static void cq_destroy(grpc_completion_queue *cq) {
+void client_cq_destroy(grpc_completion_queue *cq) {
         grpc_event ev;
 
         grpc_completion_queue_shutdown(cq);
@@ -265,11 +272,11 @@ int familyd_client_call(
         void *tag = &ops;   /* any unique address */
         int r;
 
-        error_reset(ret_error);
+        client_error_reset(ret_error);
         if (!client || !method || method[0] != '/' || !request || !response_descriptor || !ret_response)
                 return -EINVAL;
 
-        r = request_pack(request, &send_bb);
+        r = client_request_pack(request, &send_bb);
         if (r < 0)
                 return r;
 
@@ -281,11 +288,11 @@ int familyd_client_call(
 
         grpc_slice method_slice = grpc_slice_from_copied_string(method);
         call = grpc_channel_create_call(client->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                        method_slice, NULL, deadline_from_ms(client->timeout_ms), NULL);
+                                        method_slice, NULL, client_deadline_from_ms(client->timeout_ms), NULL);
         grpc_slice_unref(method_slice);
         if (!call) {
                 grpc_byte_buffer_destroy(send_bb);
-                cq_destroy(cq);
+                client_cq_destroy(cq);
                 return -EIO;
         }
 
@@ -321,26 +328,17 @@ int familyd_client_call(
         }
 
         if (status != GRPC_STATUS_OK) {
-                if (ret_error) {
-                        ret_error->code = status;
-                        ret_error->message = slice_strdup(details);
-                        if (!ret_error->message) {
-                                r = -ENOMEM;
-                                goto finish;
-                        }
-                        r = error_parse_details(&trailing_md, ret_error);
-                        if (r < 0)
-                                goto finish;
-                }
-                r = -EPROTO;
+                r = client_error_fill(ret_error, status, details, &trailing_md);
+                if (r >= 0)
+                        r = -EPROTO;
                 goto finish;
         }
 
-        r = response_unpack(recv_bb, response_descriptor, ret_response);
+        r = client_response_unpack(recv_bb, response_descriptor, ret_response);
 
 finish:
         if (r < 0 && r != -EPROTO)
-                error_reset(ret_error);
+                client_error_reset(ret_error);
         grpc_slice_unref(details);
         grpc_metadata_array_destroy(&initial_md);
         grpc_metadata_array_destroy(&trailing_md);
@@ -348,6 +346,6 @@ finish:
         if (recv_bb)
                 grpc_byte_buffer_destroy(recv_bb);
         grpc_call_unref(call);
-        cq_destroy(cq);
+        client_cq_destroy(cq);
         return r;
 }

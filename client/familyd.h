@@ -107,6 +107,82 @@ int familyd_client_call(
                 ProtobufCMessage **ret_response,
                 FamilydError *ret_error);
 
+/*
+ * Server-streaming calls ("watches": MeshService/WatchTopology).
+ *
+ * A FamilydWatch is one open stream. familyd_client_watch() sends the request and returns at
+ * once; familyd_watch_next() blocks until the next message, the end of the stream or the
+ * watch's deadline. Messages are bounded like unary answers (64 MiB); a larger one ends the
+ * stream with RESOURCE_EXHAUSTED. The client's per-call timeout does not apply: a watch is
+ * meant to stay open, so it has a deadline only when FamilydWatchParams gives one.
+ *
+ * familyd_watch_next() returns
+ *
+ *   0                     *ret_message is the next message, the caller's to free
+ *   FAMILYD_WATCH_ENDED   the daemon ended the stream with OK: nothing more will come
+ *   -ECANCELED            familyd_watch_cancel() ended it
+ *   -EPROTO               it ended with another status, in *ret_error: UNAVAILABLE when the
+ *                         daemon cannot be reached or went away, CANCELLED when it shut down,
+ *                         DEADLINE_EXCEEDED at the watch's deadline, RESOURCE_EXHAUSTED when
+ *                         the daemon's watch limit is reached or a message is too large
+ *   -EBADMSG              a message that does not decode (the stream is cancelled)
+ *   -ESHUTDOWN            the stream had already ended (an earlier call said how)
+ *   -EINVAL, -ENOMEM, -EIO  as for unary calls
+ *
+ * familyd_watch_cancel() may be called from any thread, also while another thread waits in
+ * familyd_watch_next() (which then returns -ECANCELED), but not from a signal handler and not
+ * after familyd_watch_free(). familyd_watch_free() cancels a stream still open and waits for
+ * nothing but gRPC's own bookkeeping. A watch belongs to its client: free it first.
+ */
+typedef struct FamilydWatch FamilydWatch;
+
+/* Bits of FamilydWatchParams.field_mask, as for FamilydClientParams. */
+enum {
+        FAMILYD_WATCH_PARAM_FIELD_TIMEOUT_MS = 1u << 0,
+};
+
+/* params may be NULL: no deadline. */
+typedef struct FamilydWatchParams {
+        uint64_t field_mask;
+        uint32_t timeout_ms;            /* deadline of the whole stream from its start; 0: none */
+} FamilydWatchParams;
+
+/* familyd_watch_next()'s and familyd_watch_topology()'s positive outcome. */
+enum {
+        FAMILYD_WATCH_ENDED = 1,
+};
+
+/* Generic server-streaming call, for methods without a typed wrapper: each message is of
+ * message_descriptor's type (free it with protobuf_c_message_free_unpacked(m, NULL)). */
+int familyd_client_watch(
+                FamilydClient *client,
+                const char *method,
+                const ProtobufCMessage *request,
+                const ProtobufCMessageDescriptor *message_descriptor,
+                const FamilydWatchParams *params,
+                FamilydWatch **ret_watch,
+                FamilydError *ret_error);
+int familyd_watch_next(FamilydWatch *watch, ProtobufCMessage **ret_message, FamilydError *ret_error);
+void familyd_watch_cancel(FamilydWatch *watch);
+/* Returns NULL. Accepts NULL. */
+FamilydWatch *familyd_watch_free(FamilydWatch *watch);
+
+/* MeshService/WatchTopology: the current Topology, then the whole Topology again after every
+ * change (a node joins, turns suspect, down or up again, is forgotten). Each message of
+ * familyd_watch_next() is a Familyd__V1__Topology: pass (ProtobufCMessage **) &topology and
+ * free it with familyd__v1__topology__free_unpacked(topology, NULL). */
+int familyd_watch_topology_start(FamilydClient *client, const FamilydWatchParams *params, FamilydWatch **ret_watch, FamilydError *ret_error);
+
+/* Called with each Topology; it is the library's, valid until the handler returns. Return 0
+ * for the next one, a positive value to stop (the stream is cancelled), or a negative errno to
+ * stop with that error. */
+typedef int (*FamilydTopologyHandler)(const Familyd__V1__Topology *topology, void *userdata);
+
+/* Runs a topology watch on the calling thread until the handler stops it (returns 0), the
+ * handler fails (returns its negative value), or the stream ends: FAMILYD_WATCH_ENDED, or the
+ * errors of familyd_watch_next() (-EPROTO with *ret_error, ...). */
+int familyd_watch_topology(FamilydClient *client, const FamilydWatchParams *params, FamilydTopologyHandler handler, void *userdata, FamilydError *ret_error);
+
 /* familyd.v1.FamilyService */
 int familyd_list_families(FamilydClient *client, Familyd__V1__ListFamiliesResponse **ret_response, FamilydError *ret_error);
 int familyd_get_family(FamilydClient *client, const char *family, Familyd__V1__Family **ret_family, FamilydError *ret_error);
@@ -139,7 +215,8 @@ int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *
  *
  * On success ret_fds[i] is a new descriptor (O_CLOEXEC) of tokens[i]'s memory, owned by the
  * caller, who close()s it; ret_sizes[i] (ret_sizes may be NULL) its size in bytes. Host
- * shards are memfds sealed against resizing, read-only unless writable was asked for.
+ * shards are memfds sealed against resizing, read-only unless writable was asked for; GPU
+ * shards (familyd_shard_fetch_info() says which) are CUDA descriptors, see below.
  * On any failure no descriptor is left open and ret_fds/ret_sizes are untouched:
  *
  *   -EPROTO     the daemon answered a status other than OK (unknown token, bad request...):
@@ -168,12 +245,81 @@ int familyd_shard_fetch(
 int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr);
 int familyd_shard_unmap(void *ptr, uint64_t size);
 
+/* What the shard socket says of each descriptor (ShardFdReply). */
+typedef struct FamilydShardInfo {
+        uint64_t size;        /* the descriptor's size; for cuda, the GPU allocation's (a
+                               * multiple of its granularity: map all of it) */
+        int32_t device;       /* the local device index; for cuda, the CUDA ordinal */
+        char device_kind[16]; /* "host": a sealed memfd, familyd_shard_map() it;
+                               * "cuda": a CUDA POSIX file descriptor, familyd_cuda_shard_import() it */
+} FamilydShardInfo;
+
+/* familyd_shard_fetch(), with each descriptor's size, device kind and device in ret_info[i]
+ * (written on success only). The same errors. */
+int familyd_shard_fetch_info(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const char *const *tokens,
+                size_t n,
+                bool writable,
+                int *ret_fds,
+                FamilydShardInfo *ret_info,
+                FamilydError *ret_error);
+
+/*
+ * CUDA shards (device_kind "cuda": the shard lives in GPU memory). libfamilyd does not link
+ * CUDA: the driver is loaded at run time on first use ($FAMILYD_CUDA_DRIVER, else
+ * libcuda.so.1). These fill ret_error (may be NULL) on every failure with a gRPC-style code
+ * and a sentence, and return:
+ *
+ *   -ENOENT     this client cannot map device memory: no CUDA driver, or one that cannot
+ *               initialise (code FAILED_PRECONDITION; the message says which)
+ *   -ENODEV     this process has no CUDA device of that ordinal
+ *   -EIO        a driver call failed (code UNAVAILABLE; the message names the call and its
+ *               CUresult)
+ *   -EINVAL, -ENOMEM
+ *
+ * familyd_cuda_available(): 0 when this process can import CUDA shards.
+ *
+ * familyd_cuda_shard_import(): imports fd (a "cuda" descriptor of familyd_shard_fetch_info();
+ * it stays the caller's, who may close it at once) of size bytes (its info's size) on CUDA
+ * device `device` (its info's device): retains that device's primary context and makes it
+ * current on the calling thread, then cuMemImportFromShareableHandle, cuMemAddressReserve,
+ * cuMemMap, cuMemSetAccess. The mapping is read-only unless writable; a driver that has no
+ * read-only device mappings gets read-write (familyd_cuda_shard_writable() says which).
+ * GPU shards cannot be sealed and their descriptors carry no access mode: read-only is
+ * advisory, a promise of this process, not a protection. The mapping stays valid after
+ * ReleaseBuild and after the daemon exits, until familyd_cuda_shard_free().
+ *
+ * familyd_cuda_shard_pointer(): the mapping's address (a CUdeviceptr, valid in the device's
+ * primary context, e.g. torch's); the RankShard's slices start at their byte_offset from it.
+ * familyd_cuda_shard_read(): copies n bytes at offset to host memory (cuMemcpyDtoH).
+ * familyd_cuda_shard_free(): unmaps, frees the reservation, releases the handle and the
+ * context; accepts NULL, returns NULL.
+ */
+typedef struct FamilydCudaShard FamilydCudaShard;
+
+int familyd_cuda_available(FamilydError *ret_error);
+int familyd_cuda_shard_import(int fd, uint64_t size, int device, bool writable,
+                              FamilydCudaShard **ret_shard, FamilydError *ret_error);
+uint64_t familyd_cuda_shard_pointer(const FamilydCudaShard *shard);
+uint64_t familyd_cuda_shard_size(const FamilydCudaShard *shard);
+int familyd_cuda_shard_device(const FamilydCudaShard *shard);
+bool familyd_cuda_shard_writable(const FamilydCudaShard *shard);
+int familyd_cuda_shard_read(const FamilydCudaShard *shard, uint64_t offset, void *dst, size_t n,
+                            FamilydError *ret_error);
+FamilydCudaShard *familyd_cuda_shard_free(FamilydCudaShard *shard);
+
 /* familyd.v1.MeshService. create_mesh returns the mesh as stored, with its mesh_id and ranks. */
 int familyd_create_mesh(FamilydClient *client, const Familyd__V1__Mesh *mesh, Familyd__V1__Mesh **ret_mesh, FamilydError *ret_error);
 int familyd_get_mesh(FamilydClient *client, const char *mesh_id, Familyd__V1__Mesh **ret_mesh, FamilydError *ret_error);
 int familyd_list_meshes(FamilydClient *client, Familyd__V1__ListMeshesResponse **ret_response, FamilydError *ret_error);
 int familyd_delete_mesh(FamilydClient *client, const char *mesh_id, FamilydError *ret_error);
 int familyd_get_topology(FamilydClient *client, Familyd__V1__Topology **ret_topology, FamilydError *ret_error);
+/* Drops a down node and its ranks from the topology, on every daemon; the answer holds the new
+ * topology. NOT_FOUND for a node not in the topology, FAILED_PRECONDITION for a node that is
+ * up or suspect, or this daemon's own node. */
+int familyd_forget_node(FamilydClient *client, const char *node, Familyd__V1__ForgetNodeResponse **ret_response, FamilydError *ret_error);
 
 /* familyd.v1.AdminService */
 int familyd_get_status(FamilydClient *client, Familyd__V1__GetStatusResponse **ret_status, FamilydError *ret_error);

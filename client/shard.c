@@ -1,6 +1,16 @@
 /* shard.c: the shard socket client (design/api.md, "Shard handout"): tokens in, descriptors
- * out over SCM_RIGHTS, and mmap of what comes back. */
+ * out over SCM_RIGHTS, and mmap of what comes back; CUDA shards imported through the driver. */
 
+/*
+ * DESIGN (CUDA shards): libfamilyd never links CUDA. The driver is loaded on first use,
+ * once per process and never unloaded ($FAMILYD_CUDA_DRIVER, else libcuda.so.1; the types are
+ * the daemon's, hw/cuda-driver.h), so a process without a driver can still use everything
+ * else and is told, in words, that it cannot map device memory. An import retains the
+ * device's primary context (the one a CUDA runtime such as torch's uses, so the pointer is
+ * valid there) and makes it current on the calling thread.
+ */
+
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -10,9 +20,12 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../daemon/hw/cuda-driver.h"
 #include "familyd-v1-shard.pb-c.h"
 #include "familyd.h"
 #include "macro.h"
@@ -171,7 +184,7 @@ static int shard_error_set(FamilydError *error, int code, const char *message) {
         return error->message ? 0 : -ENOMEM;
 }
 
-int familyd_shard_fetch(
+static int shard_fetch(
                 FamilydClient *client,
                 const char *shard_socket_path,
                 const char *const *tokens,
@@ -179,6 +192,7 @@ int familyd_shard_fetch(
                 bool writable,
                 int *ret_fds,
                 uint64_t *ret_sizes,
+                FamilydShardInfo *ret_info,
                 FamilydError *ret_error) {
 
         Familyd__V1__ShardFdRequest req = FAMILYD__V1__SHARD_FD_REQUEST__INIT;
@@ -291,6 +305,17 @@ int familyd_shard_fetch(
                 ret_fds[i] = x.fds[i];
                 if (ret_sizes)
                         ret_sizes[i] = reply->sizes[i];
+                if (ret_info) {
+                        /* Older daemons send no kinds: their shards are host memory. */
+                        const char *kind = i < reply->n_device_kinds ? reply->device_kinds[i]
+                                                                     : "host";
+                        ret_info[i] = (FamilydShardInfo) {
+                                .size = reply->sizes[i],
+                                .device = i < reply->n_devices ? reply->devices[i] : 0,
+                        };
+                        (void) snprintf(ret_info[i].device_kind, sizeof ret_info[i].device_kind,
+                                        "%s", kind ? kind : "");
+                }
         }
         x.n_fds = 0;
         r = 0;
@@ -300,6 +325,34 @@ finish:
         exchange_close_fds(&x);
         (void) safe_close(x.fd);
         return r;
+}
+
+int familyd_shard_fetch(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const char *const *tokens,
+                size_t n,
+                bool writable,
+                int *ret_fds,
+                uint64_t *ret_sizes,
+                FamilydError *ret_error) {
+        return shard_fetch(client, shard_socket_path, tokens, n, writable, ret_fds, ret_sizes,
+                           NULL, ret_error);
+}
+
+int familyd_shard_fetch_info(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const char *const *tokens,
+                size_t n,
+                bool writable,
+                int *ret_fds,
+                FamilydShardInfo *ret_info,
+                FamilydError *ret_error) {
+        if (!ret_info)
+                return -EINVAL;
+        return shard_fetch(client, shard_socket_path, tokens, n, writable, ret_fds, NULL,
+                           ret_info, ret_error);
 }
 
 int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr) {
@@ -319,5 +372,280 @@ int familyd_shard_unmap(void *ptr, uint64_t size) {
                 return -EINVAL;
         if (munmap(ptr, (size_t) size) < 0)
                 return -errno;
+        return 0;
+}
+
+/* ---- CUDA shards ------------------------------------------------------------------------ */
+
+/* gRPC status numbers for the texts of CUDA failures. */
+#define STATUS_INVALID_ARGUMENT 3
+#define STATUS_FAILED_PRECONDITION 9
+#define STATUS_UNAVAILABLE 14
+
+typedef struct ClientCuda {
+        void *handle;
+        CudaResult (*init)(unsigned flags);
+        CudaResult (*get_error_string)(CudaResult error, const char **ret);
+        CudaResult (*device_get)(CudaDevice *device, int ordinal);
+        CudaResult (*primary_ctx_retain)(CudaContext *ctx, CudaDevice device);
+        CudaResult (*primary_ctx_release)(CudaDevice device);
+        CudaResult (*ctx_set_current)(CudaContext ctx);
+        CudaResult (*mem_import_from_shareable_handle)(CudaMemHandle *handle, void *os_handle,
+                                                       int handle_type);
+        CudaResult (*mem_release)(CudaMemHandle handle);
+        CudaResult (*mem_address_reserve)(CudaDevicePtr *ptr, size_t size, size_t alignment,
+                                          CudaDevicePtr addr, unsigned long long flags);
+        CudaResult (*mem_address_free)(CudaDevicePtr ptr, size_t size);
+        CudaResult (*mem_map)(CudaDevicePtr ptr, size_t size, size_t offset, CudaMemHandle handle,
+                              unsigned long long flags);
+        CudaResult (*mem_unmap)(CudaDevicePtr ptr, size_t size);
+        CudaResult (*mem_set_access)(CudaDevicePtr ptr, size_t size, const CudaMemAccessDesc *desc,
+                                     size_t count);
+        CudaResult (*memcpy_dtoh)(void *dst, CudaDevicePtr src, size_t n);
+        char why[256]; /* not empty: this process cannot use the driver, and why */
+} ClientCuda;
+
+static ClientCuda client_cuda;
+static pthread_once_t client_cuda_once = PTHREAD_ONCE_INIT;
+
+static void client_cuda_load(void) {
+        ClientCuda *c = &client_cuda;
+        const char *path = getenv(CUDA_DRIVER_ENV);
+        struct {
+                void **fn;
+                const char *name;
+        } table[] = {
+                { (void **) &c->init, "cuInit" },
+                { (void **) &c->get_error_string, "cuGetErrorString" },
+                { (void **) &c->device_get, "cuDeviceGet" },
+                { (void **) &c->primary_ctx_retain, "cuDevicePrimaryCtxRetain" },
+                { (void **) &c->primary_ctx_release, "cuDevicePrimaryCtxRelease_v2" },
+                { (void **) &c->ctx_set_current, "cuCtxSetCurrent" },
+                { (void **) &c->mem_import_from_shareable_handle,
+                  "cuMemImportFromShareableHandle" },
+                { (void **) &c->mem_release, "cuMemRelease" },
+                { (void **) &c->mem_address_reserve, "cuMemAddressReserve" },
+                { (void **) &c->mem_address_free, "cuMemAddressFree" },
+                { (void **) &c->mem_map, "cuMemMap" },
+                { (void **) &c->mem_unmap, "cuMemUnmap" },
+                { (void **) &c->mem_set_access, "cuMemSetAccess" },
+                { (void **) &c->memcpy_dtoh, "cuMemcpyDtoH_v2" },
+        };
+
+        c->handle = dlopen(isempty(path) ? CUDA_DRIVER_LIBRARY : path, RTLD_NOW | RTLD_LOCAL);
+        if (!c->handle) {
+                (void) snprintf(c->why, sizeof c->why,
+                                "this client cannot map device memory: the CUDA driver (%s) is "
+                                "not installed",
+                                isempty(path) ? CUDA_DRIVER_LIBRARY : path);
+                return;
+        }
+        for (size_t i = 0; i < ELEMENTSOF(table); i++) {
+                *table[i].fn = dlsym(c->handle, table[i].name);
+                if (!*table[i].fn) {
+                        (void) snprintf(c->why, sizeof c->why,
+                                        "this client cannot map device memory: the CUDA driver "
+                                        "lacks %s",
+                                        table[i].name);
+                        return;
+                }
+        }
+        CudaResult r = c->init(0);
+        if (r != 0) {
+                const char *text = NULL;
+                if (c->get_error_string(r, &text) != 0 || !text)
+                        text = "unknown CUDA error";
+                (void) snprintf(c->why, sizeof c->why,
+                                "this client cannot map device memory: cuInit failed: %s "
+                                "(CUresult %d)",
+                                text, r);
+        }
+}
+
+static int cuda_error_set(FamilydError *error, int code, const char *format, ...)
+        __attribute__((format(printf, 3, 4)));
+static int cuda_error_set(FamilydError *error, int code, const char *format, ...) {
+        char text[512];
+        va_list ap;
+
+        if (!error)
+                return 0;
+        va_start(ap, format);
+        (void) vsnprintf(text, sizeof text, format, ap);
+        va_end(ap);
+        return shard_error_set(error, code, text);
+}
+
+static const char *cuda_text(CudaResult r) {
+        const char *text = NULL;
+
+        if (!client_cuda.get_error_string || client_cuda.get_error_string(r, &text) != 0 || !text)
+                return "unknown CUDA error";
+        return text;
+}
+
+/* -EIO with the failed call in *error. */
+static int cuda_call_failed(FamilydError *error, const char *call, int device, CudaResult r) {
+        int k = cuda_error_set(error, STATUS_UNAVAILABLE, "%s on cuda:%d failed: %s (CUresult %d)",
+                               call, device, cuda_text(r), r);
+        return k < 0 ? k : -EIO;
+}
+
+struct FamilydCudaShard {
+        int device;
+        CudaDevice dev;
+        CudaContext ctx;
+        CudaMemHandle handle;
+        CudaDevicePtr ptr;
+        uint64_t size;
+        bool imported, reserved, mapped, writable;
+};
+
+int familyd_cuda_available(FamilydError *ret_error) {
+        familyd_error_clear(ret_error);
+        (void) pthread_once(&client_cuda_once, client_cuda_load);
+        if (!client_cuda.why[0])
+                return 0;
+        int k = cuda_error_set(ret_error, STATUS_FAILED_PRECONDITION, "%s", client_cuda.why);
+        return k < 0 ? k : -ENOENT;
+}
+
+FamilydCudaShard *familyd_cuda_shard_free(FamilydCudaShard *s) {
+        ClientCuda *c = &client_cuda;
+
+        if (!s)
+                return NULL;
+        if (s->ctx)
+                (void) c->ctx_set_current(s->ctx);
+        if (s->mapped)
+                (void) c->mem_unmap(s->ptr, (size_t) s->size);
+        if (s->reserved)
+                (void) c->mem_address_free(s->ptr, (size_t) s->size);
+        if (s->imported)
+                (void) c->mem_release(s->handle);
+        if (s->ctx)
+                (void) c->primary_ctx_release(s->dev);
+        free(s);
+        return NULL;
+}
+
+int familyd_cuda_shard_import(int fd, uint64_t size, int device, bool writable,
+                              FamilydCudaShard **ret_shard, FamilydError *ret_error) {
+        ClientCuda *c = &client_cuda;
+        FamilydCudaShard *s;
+        CudaResult r;
+        int k;
+
+        familyd_error_clear(ret_error);
+        if (fd < 0 || size == 0 || size > SIZE_MAX || device < 0 || !ret_shard)
+                return -EINVAL;
+        k = familyd_cuda_available(ret_error);
+        if (k < 0)
+                return k;
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        s->device = device;
+        s->size = size;
+
+        r = c->device_get(&s->dev, device);
+        if (r != 0) {
+                k = cuda_error_set(ret_error, STATUS_FAILED_PRECONDITION,
+                                   "this process has no CUDA device %d: %s (CUresult %d)", device,
+                                   cuda_text(r), r);
+                familyd_cuda_shard_free(s);
+                return k < 0 ? k : -ENODEV;
+        }
+        r = c->primary_ctx_retain(&s->ctx, s->dev);
+        if (r != 0) {
+                s->ctx = NULL;
+                k = cuda_call_failed(ret_error, "cuDevicePrimaryCtxRetain", device, r);
+                familyd_cuda_shard_free(s);
+                return k;
+        }
+        r = c->ctx_set_current(s->ctx);
+        if (r == 0) {
+                r = c->mem_import_from_shareable_handle(
+                        &s->handle, (void *) (intptr_t) fd,
+                        CUDA_DRIVER_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                s->imported = r == 0;
+                if (r != 0)
+                        k = cuda_call_failed(ret_error, "cuMemImportFromShareableHandle", device,
+                                             r);
+        } else
+                k = cuda_call_failed(ret_error, "cuCtxSetCurrent", device, r);
+        if (r == 0) {
+                /* size is the allocation's (the shard socket's sizes): a multiple of its
+                 * granularity, as reservations and mappings need. */
+                r = c->mem_address_reserve(&s->ptr, (size_t) size, 0, 0, 0);
+                s->reserved = r == 0;
+                if (r != 0)
+                        k = cuda_call_failed(ret_error, "cuMemAddressReserve", device, r);
+        }
+        if (r == 0) {
+                r = c->mem_map(s->ptr, (size_t) size, 0, s->handle, 0);
+                s->mapped = r == 0;
+                if (r != 0)
+                        k = cuda_call_failed(ret_error, "cuMemMap", device, r);
+        }
+        if (r == 0) {
+                CudaMemAccessDesc access = {
+                        .location = { .type = CUDA_DRIVER_MEM_LOCATION_TYPE_DEVICE, .id = device },
+                        .flags = writable ? CUDA_DRIVER_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                          : CUDA_DRIVER_MEM_ACCESS_FLAGS_PROT_READ,
+                };
+                r = c->mem_set_access(s->ptr, (size_t) size, &access, 1);
+                if (r != 0 && !writable) {
+                        /* A driver without read-only device mappings: read-write, said so by
+                         * familyd_cuda_shard_writable(). Read-only is advisory for GPU shards
+                         * anyway (the descriptor carries no access mode). */
+                        access.flags = CUDA_DRIVER_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                        r = c->mem_set_access(s->ptr, (size_t) size, &access, 1);
+                        writable = r == 0;
+                }
+                if (r != 0)
+                        k = cuda_call_failed(ret_error, "cuMemSetAccess", device, r);
+        }
+        if (r != 0) {
+                familyd_cuda_shard_free(s);
+                return k;
+        }
+        s->writable = writable;
+        *ret_shard = s;
+        return 0;
+}
+
+uint64_t familyd_cuda_shard_pointer(const FamilydCudaShard *s) {
+        return s ? s->ptr : 0;
+}
+
+uint64_t familyd_cuda_shard_size(const FamilydCudaShard *s) {
+        return s ? s->size : 0;
+}
+
+int familyd_cuda_shard_device(const FamilydCudaShard *s) {
+        return s ? s->device : -1;
+}
+
+bool familyd_cuda_shard_writable(const FamilydCudaShard *s) {
+        return s && s->writable;
+}
+
+int familyd_cuda_shard_read(const FamilydCudaShard *s, uint64_t offset, void *dst, size_t n,
+                            FamilydError *ret_error) {
+        ClientCuda *c = &client_cuda;
+        CudaResult r;
+
+        familyd_error_clear(ret_error);
+        if (!s || (!dst && n > 0) || offset > s->size || n > s->size - offset)
+                return -EINVAL;
+        if (n == 0)
+                return 0;
+        r = c->ctx_set_current(s->ctx);
+        if (r == 0)
+                r = c->memcpy_dtoh(dst, s->ptr + offset, n);
+        if (r != 0)
+                return cuda_call_failed(ret_error, "cuMemcpyDtoH", s->device, r);
         return 0;
 }

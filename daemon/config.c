@@ -1,8 +1,10 @@
 /* config.c: command-line flags and the `key = value` config file, with their defaults. */
 #include <ctype.h>
+#include <dirent.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,8 @@
 #include "log.h"
 
 #include "build-config.h"
+
+#define FAMILYD_DEFAULT_REGISTRY "/etc/familyd/registry"
 
 enum {
         ARG_CONFIG = 0x100,
@@ -114,13 +118,48 @@ static void help(void) {
                "     --log-level LEVEL      debug, info, notice, warning or err (default info)\n"
                "\n"
                "Readiness: once the API socket accepts calls, grpc.health.v1.Health/Check\n"
-               "answers SERVING. SIGHUP reloads the registry; SIGTERM and SIGINT stop.\n",
+               "answers SERVING. SIGHUP reloads the registry; SIGTERM and SIGINT stop.\n"
+               "\n"
+               "Config file: one `key = value` per line, keys as the long options above\n"
+               "without dashes; `#` or `;` starts a comment line; a later line wins.\n"
+               "\n"
+               "Under systemd: given listening sockets named api and shard (LISTEN_FDS and\n"
+               "LISTEN_FDNAMES, FileDescriptorName= in the socket units), familyd serves on\n"
+               "them instead of binding --socket and --shard-socket. It reports readiness,\n"
+               "reloads and stopping with sd_notify (NOTIFY_SOCKET), pings the watchdog at\n"
+               "half of WATCHDOG_USEC, and logs to the journal with fields when stderr is\n"
+               "the journal (JOURNAL_STREAM).\n",
                FAMILYD_DEFAULT_SOCKET, FAMILYD_MAX_CONNECTIONS, FAMILYD_MAX_CONNECTIONS_PER_PEER,
                FAMILYD_CONNECTION_IDLE_MS, FAMILYD_MAX_WATCHES);
 }
 
-static int parse_u64(const char *name, const char *s, uint64_t min, uint64_t max,
-                     uint64_t *ret) {
+/* Where a setting comes from: a line of the config file, or the command line (path NULL). */
+typedef struct ConfigSource {
+        const char *path;
+        unsigned line;
+} ConfigSource;
+
+static const ConfigSource command_line = {};
+
+/* One line on stderr naming the culprit: "FILE:LINE: key: ..." or "--key: ...". Returns
+ * -EINVAL. */
+_printf_(3, 4) static int config_error(const ConfigSource *src, const char *name,
+                                       const char *format, ...) {
+        char text[512];
+        va_list ap;
+
+        va_start(ap, format);
+        (void) vsnprintf(text, sizeof text, format, ap);
+        va_end(ap);
+        if (src->path)
+                log_error("%s:%u: %s: %s", src->path, src->line, name, text);
+        else
+                log_error("--%s: %s", name, text);
+        return -EINVAL;
+}
+
+static int parse_u64(const ConfigSource *src, const char *name, const char *s, uint64_t min,
+                     uint64_t max, uint64_t *ret) {
         char *end = NULL;
 
         if (isempty(s) || !isdigit((unsigned char) s[0]))
@@ -132,15 +171,14 @@ static int parse_u64(const char *name, const char *s, uint64_t min, uint64_t max
         *ret = v;
         return 0;
 fail:
-        fprintf(stderr, "familyd: --%s: '%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]\n",
-                name, strempty(s), min, max);
-        return -EINVAL;
+        return config_error(src, name, "'%s' is not an integer in [%" PRIu64 ", %" PRIu64 "]",
+                            strempty(s), min, max);
 }
 
-static int parse_unsigned(const char *name, const char *s, unsigned min, unsigned max,
-                          unsigned *ret) {
+static int parse_unsigned(const ConfigSource *src, const char *name, const char *s, unsigned min,
+                          unsigned max, unsigned *ret) {
         uint64_t v;
-        int r = parse_u64(name, s, min, max, &v);
+        int r = parse_u64(src, name, s, min, max, &v);
         if (r < 0)
                 return r;
         *ret = (unsigned) v;
@@ -156,7 +194,7 @@ static int set_string(char **field, const char *value) {
         return 0;
 }
 
-static int parse_log_level(const char *s, int *ret) {
+static int parse_log_level(const ConfigSource *src, const char *name, const char *s, int *ret) {
         static const struct {
                 const char *name;
                 int level;
@@ -169,73 +207,120 @@ static int parse_log_level(const char *s, int *ret) {
                         *ret = table[i].level;
                         return 0;
                 }
-        fprintf(stderr, "familyd: --log-level: unknown level '%s'\n", s);
-        return -EINVAL;
+        return config_error(src, name, "unknown level '%s' (debug, info, notice, warning, err)",
+                            s);
+}
+
+/* Remembers that name was set at src (a config file line), or forgets it (a flag). */
+static int config_set_origin(Config *c, const ConfigSource *src, const char *name) {
+        ConfigOrigin *o = NULL;
+
+        for (size_t i = 0; i < c->n_origins; i++)
+                if (streq(c->origins[i].key, name))
+                        o = &c->origins[i];
+        if (!src->path) {
+                if (o)
+                        o->where = mfree(o->where);
+                return 0;
+        }
+        if (!o) {
+                if (!GREEDY_REALLOC(c->origins, c->allocated_origins, c->n_origins + 1))
+                        return -ENOMEM;
+                o = &c->origins[c->n_origins];
+                *o = (ConfigOrigin) { .key = strdup(name) };
+                if (!o->key)
+                        return -ENOMEM;
+                c->n_origins++;
+        }
+        free(o->where);
+        if (asprintf(&o->where, "%s:%u", src->path, src->line) < 0) {
+                o->where = NULL;
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+const char *config_origin(const Config *c, const char *key) {
+        for (size_t i = 0; i < c->n_origins; i++)
+                if (streq(c->origins[i].key, key))
+                        return c->origins[i].where;
+        return NULL;
+}
+
+/* A string setting: never empty (an empty path or address is always a mistake). */
+static int parse_string(const ConfigSource *src, const char *name, const char *value,
+                        char **field) {
+        if (isempty(value))
+                return config_error(src, name, "empty value");
+        return set_string(field, value);
 }
 
 /* Applies one setting, from a flag or a config file line. */
-static int config_apply(Config *c, int key, const char *name, const char *value) {
+static int config_apply(Config *c, const ConfigSource *src, int key, const char *name,
+                        const char *value) {
         uint64_t u;
         int r;
 
+        r = config_set_origin(c, src, name);
+        if (r < 0)
+                return r;
+
         switch (key) {
         case ARG_CONFIG:
-                return set_string(&c->config_file, value);
+                return parse_string(src, name, value, &c->config_file);
         case ARG_SOCKET:
-                return set_string(&c->socket_path, value);
+                return parse_string(src, name, value, &c->socket_path);
         case ARG_SHARD_SOCKET:
-                return set_string(&c->shard_socket_path, value);
+                return parse_string(src, name, value, &c->shard_socket_path);
         case ARG_REGISTRY:
-                return set_string(&c->registry_path, value);
+                return parse_string(src, name, value, &c->registry_path);
         case ARG_STATE_DIR:
-                return set_string(&c->state_dir, value);
+                return parse_string(src, name, value, &c->state_dir);
         case ARG_HOST_DEVICES:
-                return parse_unsigned(name, value, 1, 4096, &c->host_devices);
+                return parse_unsigned(src, name, value, 1, 4096, &c->host_devices);
         case ARG_NODE_NAME:
-                if (isempty(value) || strlen(value) > FAMILYD_MAX_NAME_LENGTH) {
-                        fprintf(stderr, "familyd: --node-name must be 1 to %u bytes\n",
-                                FAMILYD_MAX_NAME_LENGTH);
-                        return -EINVAL;
-                }
+                if (isempty(value) || strlen(value) > FAMILYD_MAX_NAME_LENGTH)
+                        return config_error(src, name, "must be 1 to %u bytes",
+                                            FAMILYD_MAX_NAME_LENGTH);
                 return set_string(&c->node_name, value);
         case ARG_NODE_RANK:
-                r = parse_u64(name, value, 0, INT32_MAX, &u);
+                r = parse_u64(src, name, value, 0, INT32_MAX, &u);
                 if (r < 0)
                         return r;
                 c->node_rank = (int64_t) u;
                 return 0;
         case ARG_LISTEN:
-                return set_string(&c->listen_address, value);
+                return parse_string(src, name, value, &c->listen_address);
         case ARG_PEERS:
-                return set_string(&c->peers, value);
+                return parse_string(src, name, value, &c->peers);
         case ARG_SHM_BUDGET:
-                return parse_u64(name, value, 0, UINT64_MAX / 2, &c->shm_budget_bytes);
+                return parse_u64(src, name, value, 0, UINT64_MAX / 2, &c->shm_budget_bytes);
         case ARG_MAX_BUILDS:
-                return parse_unsigned(name, value, 1, 1u << 20, &c->max_builds);
+                return parse_unsigned(src, name, value, 1, 1u << 20, &c->max_builds);
         case ARG_HEARTBEAT_MS:
-                return parse_unsigned(name, value, 10, 3600000, &c->heartbeat_ms);
+                return parse_unsigned(src, name, value, 10, 3600000, &c->heartbeat_ms);
         case ARG_SUSPECT_MS:
-                return parse_unsigned(name, value, 10, 3600000, &c->suspect_ms);
+                return parse_unsigned(src, name, value, 10, 3600000, &c->suspect_ms);
         case ARG_DOWN_MS:
-                return parse_unsigned(name, value, 10, 3600000, &c->down_ms);
+                return parse_unsigned(src, name, value, 10, 3600000, &c->down_ms);
         case ARG_FORGET_AFTER_MS:
-                return parse_unsigned(name, value, 0, UINT32_MAX, &c->forget_after_ms);
+                return parse_unsigned(src, name, value, 0, UINT32_MAX, &c->forget_after_ms);
         case ARG_FDSTORE_MAX:
-                return parse_unsigned(name, value, 0, 1u << 20, &c->fdstore_max);
+                return parse_unsigned(src, name, value, 0, 1u << 20, &c->fdstore_max);
         case ARG_THREADS:
-                return parse_unsigned(name, value, 1, 64, &c->threads);
+                return parse_unsigned(src, name, value, 1, 64, &c->threads);
         case ARG_MAX_CONNECTIONS:
-                return parse_unsigned(name, value, 1, 65536, &c->max_connections);
+                return parse_unsigned(src, name, value, 1, 65536, &c->max_connections);
         case ARG_MAX_CONNECTIONS_PER_PEER:
-                return parse_unsigned(name, value, 1, 65536, &c->max_connections_per_peer);
+                return parse_unsigned(src, name, value, 1, 65536, &c->max_connections_per_peer);
         case ARG_CONNECTION_IDLE_MS:
-                return parse_unsigned(name, value, 100, 86400000, &c->connection_idle_ms);
+                return parse_unsigned(src, name, value, 100, 86400000, &c->connection_idle_ms);
         case ARG_MAX_WATCHES:
-                return parse_unsigned(name, value, 1, 1u << 20, &c->max_watches);
+                return parse_unsigned(src, name, value, 1, 1u << 20, &c->max_watches);
         case ARG_MAX_SHARDS:
-                return parse_unsigned(name, value, 1, 65536, &c->max_shards);
+                return parse_unsigned(src, name, value, 1, 65536, &c->max_shards);
         case ARG_LOG_LEVEL:
-                return parse_log_level(value, &c->log_level);
+                return parse_log_level(src, name, value, &c->log_level);
         default:
                 return -EINVAL;
         }
@@ -250,60 +335,82 @@ static char *strstrip(char *s) {
         return s;
 }
 
-/* A line-oriented file: `key = value`, `#` comments, keys are the long option names. */
+/* A value in matching double or single quotes loses them ("a b" keeps its inner spaces). */
+static char *unquote(char *s) {
+        size_t n = strlen(s);
+        if (n >= 2 && (s[0] == '"' || s[0] == '\'') && s[n - 1] == s[0]) {
+                s[n - 1] = 0;
+                return s + 1;
+        }
+        return s;
+}
+
+static bool key_is_setting(const struct option *o) {
+        return o->has_arg == required_argument && o->val != ARG_CONFIG;
+}
+
+/* Line-oriented: `key = value`, `#` and `;` comment lines, keys are the long option names, a
+ * later line wins over an earlier one. Every problem names the file and the line. */
 static int config_parse_file(Config *c, const char *path) {
         _cleanup_free_ char *line = NULL;
         size_t allocated = 0;
-        unsigned lineno = 0;
+        ConfigSource src = { .path = path };
         FILE *f;
+        int r = 0;
 
         f = fopen(path, "re");
         if (!f) {
-                int r = -errno; /* fprintf may change errno */
-                fprintf(stderr, "familyd: cannot open config file %s: %s\n", path, strerror(-r));
-                return r;
+                r = -errno;
+                return log_error_errno(r, "cannot open config file %s: %m", path);
         }
 
         for (;;) {
+                errno = 0;
                 ssize_t n = getline(&line, &allocated, f);
-                if (n < 0)
+                if (n < 0) {
+                        if (errno != 0 && !feof(f)) {
+                                r = -errno;
+                                log_error("%s:%u: read error: %s", path, src.line + 1,
+                                          strerror(-r));
+                        }
                         break;
-                lineno++;
+                }
+                src.line++;
 
+                if (memchr(line, 0, (size_t) n)) {
+                        log_error("%s:%u: contains a NUL byte", path, src.line);
+                        r = -EINVAL;
+                        break;
+                }
                 char *s = strstrip(line);
-                if (*s == 0 || *s == '#')
+                if (*s == 0 || *s == '#' || *s == ';')
                         continue;
 
                 char *eq = strchr(s, '=');
                 if (!eq) {
-                        fprintf(stderr, "familyd: %s:%u: expected `key = value`\n", path, lineno);
-                        fclose(f);
-                        return -EINVAL;
+                        log_error("%s:%u: expected `key = value`", path, src.line);
+                        r = -EINVAL;
+                        break;
                 }
                 *eq = 0;
-                char *key = strstrip(s), *value = strstrip(eq + 1);
+                char *key = strstrip(s), *value = unquote(strstrip(eq + 1));
 
                 const struct option *o = NULL;
                 for (const struct option *i = options; i->name; i++)
-                        if (i->has_arg == required_argument && i->val != ARG_CONFIG &&
-                            streq(i->name, key))
+                        if (key_is_setting(i) && streq(i->name, key))
                                 o = i;
                 if (!o) {
-                        fprintf(stderr, "familyd: %s:%u: unknown key '%s'\n", path, lineno, key);
-                        fclose(f);
-                        return -EINVAL;
+                        log_error("%s:%u: unknown key '%s'", path, src.line, key);
+                        r = -EINVAL;
+                        break;
                 }
-                int r = config_apply(c, o->val, o->name, value);
-                if (r < 0) {
-                        fprintf(stderr, "familyd: %s:%u: invalid value for '%s'\n", path, lineno,
-                                key);
-                        fclose(f);
-                        return r;
-                }
+                r = config_apply(c, &src, o->val, o->name, value);
+                if (r < 0)
+                        break;
         }
 
         fclose(f);
-        return 0;
+        return r;
 }
 
 static void config_defaults(Config *c) {
@@ -348,7 +455,7 @@ static int config_fill_derived(Config *c) {
                                               : UINT64_C(1) << 30;
         }
         if (!c->registry_path) {
-                r = set_string(&c->registry_path, "/etc/familyd/registry");
+                r = set_string(&c->registry_path, FAMILYD_DEFAULT_REGISTRY);
                 if (r < 0)
                         return r;
         }
@@ -361,6 +468,26 @@ static int config_fill_derived(Config *c) {
                         return r;
         }
         return 0;
+}
+
+int config_check_paths(const Config *c) {
+        const char *origin = config_origin(c, "registry");
+        DIR *d = opendir(c->registry_path);
+        if (d) {
+                closedir(d);
+                return 0;
+        }
+        int r = -errno;
+        if (origin)
+                log_error("%s: registry: cannot read the directory %s: %s", origin,
+                          c->registry_path, strerror(-r));
+        else
+                log_error("cannot read the registry directory %s%s: %s", c->registry_path,
+                          streq(c->registry_path, FAMILYD_DEFAULT_REGISTRY)
+                                  ? " (the default; see --registry)"
+                                  : "",
+                          strerror(-r));
+        return r == -EINVAL ? -EIO : r;
 }
 
 int config_parse(Config *c, int argc, char *argv[]) {
@@ -388,7 +515,8 @@ int config_parse(Config *c, int argc, char *argv[]) {
                         return -EINVAL;
                 default:
                         if (opt == ARG_CONFIG) {
-                                r = config_apply(&flags, opt, "config", optarg);
+                                r = config_apply(&flags, &command_line, opt, "config",
+                                                 optarg);
                                 if (r < 0) {
                                         config_done(&flags);
                                         return r;
@@ -398,7 +526,7 @@ int config_parse(Config *c, int argc, char *argv[]) {
                 }
         }
         if (optind < argc) {
-                fprintf(stderr, "familyd: unexpected argument '%s' (see --help)\n", argv[optind]);
+                log_error("unexpected argument '%s' (see --help)", argv[optind]);
                 config_done(&flags);
                 return -EINVAL;
         }
@@ -422,13 +550,22 @@ int config_parse(Config *c, int argc, char *argv[]) {
                                 name = i->name;
                 if (opt == ARG_CONFIG)
                         continue;
-                r = config_apply(c, opt, name, optarg);
+                r = config_apply(c, &command_line, opt, name, optarg);
                 if (r < 0)
                         return r;
         }
 
         if (c->suspect_ms < c->heartbeat_ms || c->down_ms < c->suspect_ms) {
-                fprintf(stderr, "familyd: need --heartbeat-ms <= --suspect-ms <= --down-ms\n");
+                const char *keys[] = { "heartbeat-ms", "suspect-ms", "down-ms" };
+                char where[512] = "";
+                for (size_t i = 0; i < ELEMENTSOF(keys); i++)
+                        if (config_origin(c, keys[i])) {
+                                size_t used = strlen(where);
+                                (void) snprintf(where + used, sizeof where - used,
+                                                "; %s is set at %s", keys[i],
+                                                config_origin(c, keys[i]));
+                        }
+                log_error("need --heartbeat-ms <= --suspect-ms <= --down-ms%s", where);
                 return -EINVAL;
         }
 
@@ -449,5 +586,10 @@ void config_done(Config *c) {
         free(c->node_name);
         free(c->listen_address);
         free(c->peers);
+        for (size_t i = 0; i < c->n_origins; i++) {
+                free(c->origins[i].key);
+                free(c->origins[i].where);
+        }
+        free(c->origins);
         *c = (Config) {};
 }

@@ -6,6 +6,12 @@
 #include "macro.h"
 
 
+/* Where a key was set in the config file ("FILE:LINE"), for errors found after parsing. */
+typedef struct ConfigOrigin {
+        char *key;   /* the long option name */
+        char *where; /* NULL once a flag overrode it */
+} ConfigOrigin;
+
 typedef struct Config {
         char *config_file;
         char *socket_path;
@@ -31,6 +37,8 @@ typedef struct Config {
         unsigned max_shards; /* 0: fitted to RLIMIT_NOFILE */
         unsigned max_connections_per_peer;
         int log_level;
+        ConfigOrigin *origins;
+        size_t n_origins, allocated_origins;
 } Config;
 
 typedef enum ConfigParseResult {
@@ -40,6 +48,21 @@ typedef enum ConfigParseResult {
 
 void config_done(Config *c);
 
-/* Parses argv (and the file named by --config). 0 or 1 (CONFIG_EXIT) on success; on a usage
- * error prints one line to stderr and returns -EINVAL. */
+/*
+ * Parses argv (and the file named by --config). 0 or 1 (CONFIG_EXIT) on success; on a usage
+ * error, a bad value or an unknown key prints one line to stderr (naming FILE:LINE for the
+ * config file) and returns -EINVAL. Reads no file but the config file.
+ */
 int config_parse(Config *c, int argc, char *argv[]);
+
+/*
+ * Checks what the settings name on disk before anything is bound: the registry must be a
+ * directory familyd can read. A problem prints one line naming the config file line that set
+ * the path (or the flag, or the default) and returns a negative errno other than -EINVAL: a
+ * start failure, not a usage error.
+ */
+int config_check_paths(const Config *c);
+
+/* "FILE:LINE" where the config file set key (a long option name), or NULL: set by a flag, or
+ * not set. For errors about a value found later ("state-dir at /etc/familyd/familyd.conf:7"). */
+const char *config_origin(const Config *c, const char *key);

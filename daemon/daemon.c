@@ -1,29 +1,37 @@
 /* daemon.c: wires manager, gRPC server and listener, and runs the signal and accept loop. */
 
 /*
- * DESIGN: the main thread owns the loop (epoll over a signalfd and the API socket) and does
- * nothing slow in it: accepting hands a connection to gRPC, SIGHUP reloads the registry (the
- * manager builds the new snapshot without blocking calls). gRPC's worker threads answer calls.
+ * DESIGN: the main thread owns the loop (epoll over a signalfd, the API socket and the
+ * service manager's watchdog timer, sd/notify.c) and does nothing slow in it: accepting hands
+ * a connection to gRPC, SIGHUP reloads the registry (the manager builds the new snapshot
+ * without blocking calls), the timer pings the watchdog. gRPC's worker threads answer calls.
  * The API socket is watched level-triggered; when accepting fails in a way that leaves the
  * connection queued, the loop stops watching it for a moment instead of spinning.
  */
 
 #include <inttypes.h>
 #include <signal.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 
+#include "accel.h"
 #include "daemon.h"
 #include "executor.h"
+#include "listen.h"
 #include "listener.h"
 #include "log.h"
+#include "inventory.h"
 #include "manager.h"
+#include "peer.h"
+#include "notify.h"
 #include "resource-limits.h"
 #include "server.h"
 #include "shard-socket.h"
 #include "shard-table.h"
+#include "state.h"
 #include "token.h"
 
 struct Daemon {
@@ -38,6 +46,15 @@ struct Daemon {
         bool accept_paused;  /* the API socket is out of the epoll set until the next timeout */
         bool accept_failing; /* an accept failure episode is under way (logged once) */
         const Config *config;
+        /* What the service manager passed (LISTEN_FDS): api and shard are taken at start; the
+         * fd store's entries (shard-*, meta*) wait here for listen_fds_take(). */
+        ListenFds *listen_fds;
+        State *state; /* builds and meshes kept across restarts (daemon/state/) */
+        Accel *accel; /* shard memory by device: host, and GPUs (daemon/shm/accel.h) */
+        Notifier *notifier;
+        Peer *peer; /* NULL without --listen: this node alone */
+        char *socket_path;       /* where the API socket is: bound here, or inherited */
+        char *shard_socket_path; /* the same for the shard socket; Build replies name it */
 };
 
 /* Descriptors kept free of API connections: registry files on reload, gRPC's own (epoll,
@@ -104,7 +121,21 @@ static size_t daemon_shard_budget(const Config *c, unsigned max_connections) {
 
 static int daemon_load(Daemon *d, const Config *c) {
         _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
+        _cleanup_(inventory_done) Inventory inv = {};
+        int r;
+
+        r = inventory_probe(c->host_devices, &inv);
+        if (r < 0)
+                return log_error_errno(r, "Failed to list this node's devices: %m");
+        if (inv.n_devices > 0 && streq(inv.devices[0].kind, "cuda"))
+                log_info("Devices: %zu CUDA GPU%s.", inv.n_devices, inv.n_devices == 1 ? "" : "s");
+        else
+                log_info("Devices: %zu host-memory device%s (%s).", inv.n_devices,
+                         inv.n_devices == 1 ? "" : "s", inv.why_host);
+
         ManagerParams params = {
+                .devices = inv.devices,
+                .n_devices = inv.n_devices,
                 .registry_path = c->registry_path,
                 .node_name = c->node_name,
                 .node_rank = c->node_rank,
@@ -114,7 +145,7 @@ static int daemon_load(Daemon *d, const Config *c) {
                 .max_builds = c->max_builds,
         };
 
-        int r = random_bytes(&params.boot_tag, sizeof params.boot_tag);
+        r = random_bytes(&params.boot_tag, sizeof params.boot_tag);
         if (r < 0)
                 return log_error_errno(r, "Failed to get random bytes: %m");
 
@@ -128,7 +159,163 @@ static int daemon_load(Daemon *d, const Config *c) {
                 return log_error_errno(r, "Failed to load the registry %s (%zu problem%s).",
                                        c->registry_path, diag.n, diag.n == 1 ? "" : "s");
         }
+
+        /* The same devices the topology lists for this node: a rank's shard goes to the
+         * device the topology assigns to it. */
+        r = accel_new(inv.devices, inv.n_devices, &d->accel);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up shard memory: %m");
+        d->manager->accel = d->accel;
         return 0;
+}
+
+/* The API socket: the one the service manager passed (socket activation), else bound here. */
+static int daemon_open_listener(Daemon *d, const Config *c, const ListenerLimits *limits) {
+        int fd, r;
+
+        r = listen_fds_take_socket(d->listen_fds, LISTEN_NAME_API, &fd);
+        if (r == -ENOENT) {
+                d->socket_path = strdup(c->socket_path);
+                if (!d->socket_path)
+                        return -ENOMEM;
+                return listener_new(c->socket_path, limits, &d->listener);
+        }
+        if (r < 0)
+                return r;
+        if (socket_unix_path(fd, &d->socket_path) < 0)
+                d->socket_path = strdup("(the inherited API socket)");
+        if (!d->socket_path) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        log_info("Serving the API on the inherited socket %s.", d->socket_path);
+        return listener_adopt(fd, limits, &d->listener);
+}
+
+/* The shard socket, the same way. An inherited one must have a path: replies name it. */
+static int daemon_open_shard_server(Daemon *d, const Config *c) {
+        int fd, r;
+
+        r = listen_fds_take_socket(d->listen_fds, LISTEN_NAME_SHARD, &fd);
+        if (r == -ENOENT) {
+                d->shard_socket_path = strdup(c->shard_socket_path);
+                if (!d->shard_socket_path)
+                        return -ENOMEM;
+                r = shard_server_new(c->shard_socket_path, d->shards, &d->shard_server);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to serve shards on %s: %m",
+                                               c->shard_socket_path);
+                return 0;
+        }
+        if (r < 0)
+                return r;
+        r = socket_unix_path(fd, &d->shard_socket_path);
+        if (r < 0) {
+                safe_close(fd);
+                return log_error_errno(r, "The inherited shard socket has no path, which Build "
+                                          "replies must name: %m");
+        }
+        log_info("Serving shards on the inherited socket %s.", d->shard_socket_path);
+        return shard_server_adopt(fd, d->shards, &d->shard_server);
+}
+
+/* What the previous run kept (the fd store's shard-* and meta* descriptors, or --state-dir)
+ * comes back into the manager and the shard table before anything is served. */
+static int daemon_setup_state(Daemon *d, const Config *c) {
+        StateParams p = {
+                .state_dir = c->state_dir,
+                .fdstore_max = c->fdstore_max,
+                .under_manager = !isempty(getenv("NOTIFY_SOCKET")),
+        };
+        int r;
+
+        r = listen_fds_take(d->listen_fds, LISTEN_PREFIX_FDSTORE_META, &p.metas, &p.n_metas);
+        if (r >= 0)
+                r = listen_fds_take(d->listen_fds, LISTEN_PREFIX_FDSTORE_SHARD, &p.shards,
+                                    &p.n_shards);
+        if (r < 0) {
+                listen_fd_array_free(p.metas, p.n_metas);
+                return log_error_errno(r, "Failed to take the fd store's descriptors: %m");
+        }
+        r = state_new(&p, &d->state);
+        if (r < 0)
+                return r;
+        r = state_restore(d->state, d->manager, d->shards);
+        if (r < 0)
+                return r;
+        d->manager->state = d->state;
+        return 0;
+}
+
+/* The manager's hooks: a new topology (on the peer thread) reaches the open watches; a
+ * ForgetNode call (on a gRPC worker) goes to the peer thread. */
+static void daemon_hook_topology_changed(void *userdata) {
+        Daemon *d = userdata;
+        server_notify_watches(d->server);
+}
+
+static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret_error) {
+        Daemon *d = userdata;
+        return peer_forget(d->peer, node, ret_error);
+}
+
+/* With --listen, this node joins the cluster: its own devices are those of the local
+ * topology the manager started with. */
+static int daemon_start_peers(Daemon *d, const Config *c) {
+        _cleanup_(topology_unrefp) Topology *t = manager_topology(d->manager);
+        const Node *local = topology_local_node(t);
+        int r;
+
+        if (!c->listen_address) {
+                if (c->peers)
+                        return log_error_errno(-EINVAL, "--peers needs --listen: a node that "
+                                                        "joins must be reachable itself.");
+                return 0;
+        }
+
+        MemberInfo self = {
+                .name = local->name,
+                .node_rank = local->node_rank,
+                .address = (char *) c->listen_address,
+                .devices = local->devices,
+                .n_devices = local->n_devices,
+        };
+        PeerParams params = {
+                .listen_address = c->listen_address,
+                .peers = c->peers,
+                .self = &self,
+                .heartbeat_ms = c->heartbeat_ms,
+                .timeouts = {
+                        .suspect_ms = c->suspect_ms,
+                        .down_ms = c->down_ms,
+                        .forget_after_ms = c->forget_after_ms,
+                },
+                .manager = d->manager,
+        };
+        manager_set_hooks(d->manager, &(ManagerHooks) {
+                                              .topology_changed = daemon_hook_topology_changed,
+                                              .topology_userdata = d,
+                                              .forget_node = daemon_hook_forget,
+                                              .forget_userdata = d,
+                                      });
+        r = peer_new(&params, &d->peer);
+        if (r < 0) {
+                manager_set_hooks(d->manager, NULL);
+                return log_error_errno(r, "Failed to start the peer layer on %s: %m",
+                                       c->listen_address);
+        }
+        return 0;
+}
+
+/* The rpc layer's hooks, on gRPC workers: the Reload RPC, told to the service manager. */
+static void daemon_hook_reload_begin(void *userdata) {
+        Daemon *d = userdata;
+        notifier_reload_begin(d->notifier);
+}
+
+static void daemon_hook_reload_end(void *userdata, int result) {
+        Daemon *d = userdata;
+        notifier_reload_end(d->notifier, result);
 }
 
 int daemon_new(const Config *c, Daemon **ret) {
@@ -142,12 +329,21 @@ int daemon_new(const Config *c, Daemon **ret) {
         d->signal_fd = d->epoll_fd = -1;
         d->config = c;
 
+        /* First: a unit that passes what we do not understand fails before any work. */
+        r = listen_fds_new(&d->listen_fds);
+        if (r < 0)
+                return r;
+
         ListenerLimits limits = {
                 .max_connections = daemon_setup_fd_limit(c->max_connections),
                 .max_per_peer = c->max_connections_per_peer,
         };
 
         r = daemon_load(d, c);
+        if (r < 0)
+                return r;
+
+        r = notifier_new(d->manager, &d->notifier);
         if (r < 0)
                 return r;
 
@@ -166,17 +362,19 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (d->signal_fd < 0)
                 return log_error_errno(-errno, "Failed to create a signalfd: %m");
 
-        r = listener_new(c->socket_path, &limits, &d->listener);
+        r = daemon_open_listener(d, c, &limits);
         if (r < 0)
                 return r;
 
         r = shard_table_new(daemon_shard_budget(c, limits.max_connections), &d->shards);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the shard table: %m");
-        r = shard_server_new(c->shard_socket_path, d->shards, &d->shard_server);
+        r = daemon_setup_state(d, c);
         if (r < 0)
-                return log_error_errno(r, "Failed to serve shards on %s: %m",
-                                       c->shard_socket_path);
+                return r;
+        r = daemon_open_shard_server(d, c);
+        if (r < 0)
+                return r;
 
         r = executor_new(DAEMON_BUILD_THREADS, DAEMON_BUILD_QUEUE, &d->executor);
         if (r < 0)
@@ -186,11 +384,14 @@ int daemon_new(const Config *c, Daemon **ret) {
                 .manager = d->manager,
                 .executor = d->executor,
                 .shards = d->shards,
-                .shard_socket = c->shard_socket_path,
+                .shard_socket = d->shard_socket_path,
                 .threads = c->threads,
                 .max_request_bytes = FAMILYD_MAX_REQUEST_BYTES,
                 .connection_idle_ms = c->connection_idle_ms,
                 .max_watches = c->max_watches,
+                .hooks = { .reload_begin = daemon_hook_reload_begin,
+                           .reload_end = daemon_hook_reload_end,
+                           .userdata = d },
         };
         r = server_new(&sp, &d->server);
         if (r < 0)
@@ -205,6 +406,13 @@ int daemon_new(const Config *c, Daemon **ret) {
         ev.data.fd = listener_fd(d->listener);
         if (epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
                 return log_error_errno(-errno, "Failed to watch the API socket: %m");
+        ev.data.fd = notifier_fd(d->notifier);
+        if (ev.data.fd >= 0 && epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
+                return log_error_errno(-errno, "Failed to watch the watchdog timer: %m");
+
+        r = daemon_start_peers(d, c);
+        if (r < 0)
+                return r;
 
         *ret = TAKE_PTR(d);
         return 0;
@@ -213,16 +421,35 @@ int daemon_new(const Config *c, Daemon **ret) {
 Daemon *daemon_free(Daemon *d) {
         if (!d)
                 return NULL;
+        /* No more topology pushes into a server that is going away; forgetting stays until
+         * the server has drained, since a ForgetNode call may still be running. */
+        if (d->peer)
+                manager_set_hooks(d->manager, &(ManagerHooks) {
+                                                      .forget_node = daemon_hook_forget,
+                                                      .forget_userdata = d,
+                                              });
         /* Stop gRPC first: its workers may still be inside the manager. Pending Builds are
          * calls too: the executor, told to stop, answers them at once so the server drains;
          * then the shard server, before the builds whose segments it hands out go. */
         executor_stop(d->executor);
         server_free(d->server);
+        if (d->manager) /* NULL when daemon_new failed before loading the registry */
+                manager_set_hooks(d->manager, NULL);
+        peer_free(d->peer);
         executor_free(d->executor);
         shard_server_free(d->shard_server);
         shard_table_unref(d->shards);
         listener_free(d->listener);
+        /* After the server: its workers call the reload hooks; before the manager it reads. */
+        notifier_free(d->notifier);
         manager_free(d->manager);
+        /* After the manager: its mesh table calls into the state until it is freed. */
+        state_free(d->state);
+        /* After the builds: their GPU shards go back through it. */
+        accel_unref(d->accel);
+        listen_fds_free(d->listen_fds);
+        free(d->socket_path);
+        free(d->shard_socket_path);
         safe_close(d->signal_fd);
         safe_close(d->epoll_fd);
         return mfree(d);
@@ -232,7 +459,9 @@ static void daemon_reload(Daemon *d) {
         _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
         _cleanup_(registry_unrefp) Registry *reg = NULL;
 
+        notifier_reload_begin(d->notifier);
         int r = manager_reload(d->manager, &reg, &diag);
+        notifier_reload_end(d->notifier, r);
         if (r < 0) {
                 for (size_t i = 0; i < diag.n; i++)
                         log_error("%s", diag.lines[i]);
@@ -241,8 +470,11 @@ static void daemon_reload(Daemon *d) {
                                 manager_registry_generation(d->manager));
                 return;
         }
-        log_info("Registry reloaded on SIGHUP: generation %" PRIu64 ", %zu families.",
-                 reg->generation, reg->n_families);
+        char generation[32];
+        (void) snprintf(generation, sizeof generation, "%" PRIu64, reg->generation);
+        log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD("REGISTRY_GENERATION", generation)),
+                   "Registry reloaded on SIGHUP: generation %" PRIu64 ", %zu families.",
+                   reg->generation, reg->n_families);
 }
 
 /* Returns 1 to stop, 0 to go on. */
@@ -308,8 +540,11 @@ static void daemon_accept(Daemon *d) {
 }
 
 int daemon_run(Daemon *d) {
-        log_info("familyd serving %s (node %s, registry %s).", d->config->socket_path,
+        log_info("familyd serving %s (node %s, registry %s).", d->socket_path,
                  d->config->node_name, d->config->registry_path);
+        /* The registry is loaded, both sockets listen and the gRPC server runs: connections
+         * made from now on are accepted by this loop. */
+        notifier_ready(d->notifier);
 
         for (;;) {
                 struct epoll_event events[8];
@@ -324,9 +559,13 @@ int daemon_run(Daemon *d) {
                         daemon_watch_listener(d, true);
                 for (int i = 0; i < n; i++) {
                         if (events[i].data.fd == d->signal_fd) {
-                                if (daemon_handle_signal(d) > 0)
+                                if (daemon_handle_signal(d) > 0) {
+                                        notifier_stopping(d->notifier);
                                         return 0;
-                        } else
+                                }
+                        } else if (events[i].data.fd == notifier_fd(d->notifier))
+                                notifier_dispatch(d->notifier);
+                        else
                                 daemon_accept(d);
                 }
         }

@@ -1,13 +1,38 @@
-/* log.c: one line per message on stderr, "<N>" level prefixes when stderr is the journal. */
+/* log.c: one message per call: to the journal with fields under systemd, else one stderr line. */
+
+/*
+ * DESIGN: whether stderr is the journal is decided the way systemd.exec(5) documents for
+ * JOURNAL_STREAM: the service manager sets it to the device and inode of the stream it
+ * connected stdout/stderr to, and only when they match fstat(2) of our stderr is the journal
+ * really listening there (a shell in a unit that redirects stderr keeps the variable but not
+ * the stream). Then lines go as native journal messages with PRIORITY=, MESSAGE=, CODE_*= and
+ * the caller's fields; sd_journal_sendv() silently drops messages when the journal socket does
+ * not exist, so without it the stream itself carries "<N>"-prefixed lines, which journald
+ * reads as the priority. A send that fails falls back to that line too. INVOCATION_ID alone
+ * would say "started by systemd" but not where stderr goes.
+ *
+ * Any thread logs. sd_journal_sendv() is thread-safe; each stderr line is one fprintf on an
+ * unbuffered stream, and the target is decided once (a race decides it twice, the same way).
+ */
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#define SD_JOURNAL_SUPPRESS_LOCATION
+#include <systemd/sd-journal.h>
 
 #include "log.h"
 
+#define LOG_JOURNAL_SOCKET "/run/systemd/journal/socket"
+#define LOG_MAX_FIELDS 16
+#define LOG_TEXT_MAX 2048
+
 static atomic_int max_level = LOG_INFO;
+static atomic_int target = _LOG_TARGET_INVALID;
 
 void log_set_max_level(int level) {
         max_level = level;
@@ -17,13 +42,28 @@ int log_get_max_level(void) {
         return max_level;
 }
 
-/* systemd connects stderr to the journal and sets JOURNAL_STREAM; then the kernel-style "<N>"
- * prefix carries the priority. On a terminal, a word is easier to read. */
-static bool stderr_is_journal(void) {
-        static int cached = -1;
-        if (cached < 0)
-                cached = getenv("JOURNAL_STREAM") != NULL;
-        return cached;
+static LogTarget log_detect_target(void) {
+        const char *e = getenv("JOURNAL_STREAM");
+        unsigned long long dev, ino;
+        struct stat st;
+
+        if (!e || sscanf(e, "%llu:%llu", &dev, &ino) != 2)
+                return LOG_TARGET_CONSOLE;
+        if (fstat(STDERR_FILENO, &st) < 0 || (unsigned long long) st.st_dev != dev ||
+            (unsigned long long) st.st_ino != ino)
+                return LOG_TARGET_CONSOLE;
+        if (access(LOG_JOURNAL_SOCKET, W_OK) < 0)
+                return LOG_TARGET_STREAM;
+        return LOG_TARGET_JOURNAL;
+}
+
+LogTarget log_get_target(void) {
+        int t = atomic_load(&target);
+        if (t == _LOG_TARGET_INVALID) {
+                t = log_detect_target();
+                atomic_store(&target, t);
+        }
+        return t;
 }
 
 static const char *level_word(int level) {
@@ -41,12 +81,69 @@ static const char *level_word(int level) {
         }
 }
 
+/* 0 when sent; negative when the journal refused and the caller should write stderr. */
+static int log_send_journal(int level, int error, const char *file, int line, const char *func,
+                            const LogField *fields, const char *text) {
+        struct iovec iov[8 + LOG_MAX_FIELDS];
+        char *owned[8 + LOG_MAX_FIELDS] = {};
+        size_t n = 0, n_owned = 0;
+        int r = 0;
+
+#define ADD_FIELD(...)                                                             \
+        do {                                                                       \
+                char *_s_ = NULL;                                                  \
+                if (asprintf(&_s_, __VA_ARGS__) < 0) {                             \
+                        r = -ENOMEM;                                               \
+                        goto finish;                                               \
+                }                                                                  \
+                owned[n_owned++] = _s_;                                            \
+                iov[n++] = (struct iovec) { .iov_base = _s_, .iov_len = strlen(_s_) }; \
+        } while (0)
+
+        ADD_FIELD("PRIORITY=%d", level);
+        ADD_FIELD("MESSAGE=%s", text);
+        ADD_FIELD("SYSLOG_IDENTIFIER=familyd");
+        ADD_FIELD("CODE_FILE=%s", file);
+        ADD_FIELD("CODE_LINE=%d", line);
+        ADD_FIELD("CODE_FUNC=%s", func);
+        if (error != 0)
+                ADD_FIELD("ERRNO=%d", error);
+        for (size_t i = 0; fields && fields[i].key && i < LOG_MAX_FIELDS; i++)
+                if (fields[i].value)
+                        ADD_FIELD("%s=%s", fields[i].key, fields[i].value);
+#undef ADD_FIELD
+
+        r = sd_journal_sendv(iov, (int) n);
+finish:
+        for (size_t i = 0; i < n_owned; i++)
+                free(owned[i]);
+        return r;
+}
+
+/* " [KEY=value ...]" for stderr at debug level. */
+static void format_fields(const LogField *fields, char *buf, size_t size) {
+        size_t used = 0;
+
+        buf[0] = 0;
+        for (size_t i = 0; fields && fields[i].key && used < size; i++) {
+                if (!fields[i].value)
+                        continue;
+                int k = snprintf(buf + used, size - used, "%s%s=%s", used == 0 ? " [" : " ",
+                                 fields[i].key, fields[i].value);
+                if (k < 0)
+                        break;
+                used += (size_t) k;
+        }
+        if (used > 0 && used + 2 <= size)
+                strcat(buf, "]");
+}
+
 int log_internal(int level, int error, const char *file, int line, const char *func,
-                 const char *format, ...) {
+                 const LogField *fields, const char *format, ...) {
         int e = error < 0 ? -error : error;
 
         if (level <= max_level) {
-                char text[2048];
+                char text[LOG_TEXT_MAX];
                 va_list ap;
 
                 errno = e;
@@ -54,12 +151,19 @@ int log_internal(int level, int error, const char *file, int line, const char *f
                 (void) vsnprintf(text, sizeof text, format, ap);
                 va_end(ap);
 
-                if (stderr_is_journal())
+                LogTarget t = log_get_target();
+                bool sent = t == LOG_TARGET_JOURNAL &&
+                            log_send_journal(level, e, file, line, func, fields, text) >= 0;
+                if (sent)
+                        return -e;
+                if (t != LOG_TARGET_CONSOLE)
                         (void) fprintf(stderr, "<%d>%s\n", level, text);
-                else if (max_level >= LOG_DEBUG)
-                        (void) fprintf(stderr, "familyd: %s: %s (%s:%d %s)\n", level_word(level),
-                                       text, file, line, func);
-                else
+                else if (max_level >= LOG_DEBUG) {
+                        char extra[512];
+                        format_fields(fields, extra, sizeof extra);
+                        (void) fprintf(stderr, "familyd: %s: %s%s (%s:%d %s)\n",
+                                       level_word(level), text, extra, file, line, func);
+                } else
                         (void) fprintf(stderr, "familyd: %s: %s\n", level_word(level), text);
         }
 

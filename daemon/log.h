@@ -1,4 +1,4 @@
-/* log.h: the daemon's log: stderr with syslog-style level prefixes (the journal when under systemd). */
+/* log.h: the daemon's log: the journal with structured fields under systemd, else stderr. */
 #pragma once
 
 #include <errno.h>
@@ -9,13 +9,46 @@
 void log_set_max_level(int level);
 int log_get_max_level(void);
 
+/* Where lines go, decided once from the environment (log.c says how). */
+typedef enum LogTarget {
+        LOG_TARGET_CONSOLE, /* stderr, "familyd: LEVEL: text" */
+        LOG_TARGET_STREAM,  /* stderr is the journal's stream: "<N>text" */
+        LOG_TARGET_JOURNAL, /* sd_journal_sendv() with fields; "<N>text" on stderr if it fails */
+        _LOG_TARGET_MAX,
+        _LOG_TARGET_INVALID = -1,
+} LogTarget;
+
+LogTarget log_get_target(void);
+
+/* One extra journal field: key in upper case ([A-Z0-9_], no leading underscore). A NULL value
+ * leaves the field out, so optional fields need no branches at the call site. */
+typedef struct LogField {
+        const char *key;
+        const char *value;
+} LogField;
+
+#define LOG_FIELD(k, v) { .key = (k), .value = (v) }
+/* A terminated list for log_struct(): LOG_FIELDS(LOG_FIELD("BUILD_ID", id), ...). */
+#define LOG_FIELDS(...) ((const LogField[]) { __VA_ARGS__, { NULL, NULL } })
+
+/* The fields familyd attaches (journalctl BUILD_ID=bld-... finds every line of one build). */
+#define LOG_FIELD_FAMILY "FAMILY"
+#define LOG_FIELD_BUILD_ID "BUILD_ID"
+#define LOG_FIELD_MESH_ID "MESH_ID"
+#define LOG_FIELD_PEER "PEER"
+
 /* Logs and returns -abs(error) (or 0 when error is 0), so `return log_error_errno(r, ...)` works.
- * errno is set to abs(error) for the format, so %m prints it. */
+ * errno is set to abs(error) for the format, so %m prints it. fields may be NULL. */
 int log_internal(int level, int error, const char *file, int line, const char *func,
-                 const char *format, ...) _printf_(6, 7);
+                 const LogField *fields, const char *format, ...) _printf_(7, 8);
 
 #define log_full_errno(level, error, ...) \
-        log_internal((level), (error), __FILE__, __LINE__, __func__, __VA_ARGS__)
+        log_internal((level), (error), __FILE__, __LINE__, __func__, NULL, __VA_ARGS__)
+
+/* With journal fields: log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, id)),
+ * "Build %s created.", id). On stderr the fields show only at --log-level debug. */
+#define log_struct(level, error, fields, ...) \
+        log_internal((level), (error), __FILE__, __LINE__, __func__, (fields), __VA_ARGS__)
 
 #define log_debug(...) log_full_errno(LOG_DEBUG, 0, __VA_ARGS__)
 #define log_info(...) log_full_errno(LOG_INFO, 0, __VA_ARGS__)

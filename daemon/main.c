@@ -5,6 +5,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "sd/notify.h"
 
 int main(int argc, char *argv[]) {
         _cleanup_(config_done) Config config = {};
@@ -12,16 +13,29 @@ int main(int argc, char *argv[]) {
         int r;
 
         r = config_parse(&config, argc, argv);
-        if (r < 0)
+        if (r < 0) {
+                notifier_start_failed(r);
                 return r == -EINVAL ? 2 : EXIT_FAILURE;
+        }
         if (r == CONFIG_EXIT)
                 return EXIT_SUCCESS;
         log_set_max_level(config.log_level);
 
-        r = daemon_new(&config, &daemon);
-        if (r < 0)
+        /* Before anything is bound: a bad path leaves no socket behind. */
+        r = config_check_paths(&config);
+        if (r < 0) {
+                notifier_start_failed(r);
                 return EXIT_FAILURE;
+        }
 
+        /* Loads the registry, binds or adopts the sockets, starts the servers. */
+        r = daemon_new(&config, &daemon);
+        if (r < 0) {
+                notifier_start_failed(r);
+                return EXIT_FAILURE;
+        }
+
+        /* READY=1 as the loop starts; STOPPING=1 when a signal ends it. */
         r = daemon_run(daemon);
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-all.sh: installs what the tests need, builds familyd with ASan+UBSan and warnings as
-# errors, and runs every suite (unit, integration), then the unit tests under valgrind in a
-# build without sanitizers. CI runs exactly this (.ci/run).
+# errors, and runs every suite (unit, integration, fuzz replays), then the unit tests and one
+# integration session under valgrind in a build without sanitizers, then the libFuzzer targets
+# (clang) for 20 s each. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +29,19 @@ if command -v valgrind >/dev/null; then
     meson test -C "$vgbuild" --no-rebuild --print-errorlogs --setup valgrind --suite unit \
         || status=$?
     logs+=("$vgbuild/meson-logs/testlog-valgrind.json")
+    # One integration session against a daemon under valgrind: the test wraps the daemon itself
+    # (not Python), so it runs without --setup; it is registered in builds without sanitizers.
+    meson test -C "$vgbuild" --no-rebuild --print-errorlogs --suite valgrind || status=$?
+    logs+=("$vgbuild/meson-logs/testlog.json")
 fi
+
+# The libFuzzer targets, built with clang in their own folder, each run for $FUZZ_SECONDS
+# (default 20) from its corpus: executions and covered daemon functions are printed, a crash
+# fails (tests/fuzz/run-fuzzers.sh).
+fuzzlog=$(mktemp /tmp/fd-fuzz-results-XXXXXX.json)
+bash tests/fuzz/run-fuzzers.sh --build "${FAMILYD_FUZZ_BUILD:-build-fuzz}" \
+    --seconds "${FUZZ_SECONDS:-20}" --results "$fuzzlog" || status=$?
+logs+=("$fuzzlog")
 
 # One plain closing line that any reader of CI logs understands.
 /usr/bin/python3 - "${logs[@]}" <<'PY'
@@ -44,4 +57,5 @@ for line in (l for path in sys.argv[1:] for l in open(path)):
         failed += 1
 print(f"familyd: {passed} passed, {failed} failed, {skipped} skipped")
 PY
+rm -f "$fuzzlog"
 exit $status

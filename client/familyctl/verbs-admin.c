@@ -14,8 +14,8 @@ int verb_status(Context *ctx, int argc, char **argv) {
         PARSE_SIMPLE_VERB("status",
                           "Usage: familyctl status [OPTIONS]\n"
                           "\n"
-                          "Shows the daemon's version, uptime, registry, counts, shared-memory use and\n"
-                          "peers.\n"
+                          "Shows the daemon's version, uptime, registry, counts, shared-memory use,\n"
+                          "peers, the peer traffic it sent and its topology version.\n"
                           "\n"
                           COMMON_OPTIONS_HELP);
         if (optind < argc)
@@ -44,6 +44,9 @@ int verb_status(Context *ctx, int argc, char **argv) {
                 ctl_print_field("shm in use", "%" PRIu64 " of %" PRIu64 " bytes", st->shm_bytes_in_use, st->shm_budget_bytes);
                 ctl_print_field("peers", "%" PRIu32 " up, %" PRIu32 " suspect, %" PRIu32 " down",
                                 st->peers_up, st->peers_suspect, st->peers_down);
+                ctl_print_field("peer traffic", "%" PRIu64 " messages, %" PRIu64 " bytes sent",
+                                st->peer_messages_sent, st->peer_bytes_sent);
+                ctl_print_field("topology version", "%" PRIu64, st->topology_version);
                 r = EXIT_OK;
         }
         familyd__v1__get_status_response__free_unpacked(st, NULL);

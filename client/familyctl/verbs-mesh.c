@@ -1,4 +1,4 @@
-/* verbs-mesh.c: familyctl mesh create|get|delete, meshes, topology. */
+/* verbs-mesh.c: familyctl mesh create|get|delete, meshes. */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -319,76 +319,5 @@ int verb_meshes(Context *ctx, int argc, char **argv) {
         (void) table_print(t, stdout);
 finish:
         familyd__v1__list_meshes_response__free_unpacked(resp, NULL);
-        return r;
-}
-
-int verb_topology(Context *ctx, int argc, char **argv) {
-        _cleanup_(table_freep) Table *t = NULL;
-        FamilydError error = FAMILYD_ERROR_NULL;
-        Familyd__V1__Topology *topo = NULL;
-        int r;
-
-        PARSE_SIMPLE_VERB("topology",
-                          "Usage: familyctl topology [OPTIONS]\n"
-                          "\n"
-                          "Shows the topology this daemon sees: version, world size, local node, then\n"
-                          "NODE NODE_RANK RANKS STATE ADDRESS DEVICES LOCAL per node.\n"
-                          "\n"
-                          COMMON_OPTIONS_HELP);
-        if (optind < argc)
-                return ctl_usage_error("topology", "unexpected argument '%s'", argv[optind]);
-
-        r = ctl_connect(ctx);
-        if (r != EXIT_OK)
-                return r;
-        r = familyd_get_topology(ctx->client, &topo, &error);
-        if (r < 0) {
-                r = ctl_fail("get topology", r, &error);
-                familyd_error_clear(&error);
-                return r;
-        }
-        if (ctx->json) {
-                r = ctl_print_json(&topo->base);
-                goto finish;
-        }
-
-        ctl_print_field("version", "%" PRIu64, topo->version);
-        ctl_print_field("world size", "%" PRId64, topo->world_size);
-        ctl_print_field("local node", "%s", isempty(topo->local_node) ? "-" : topo->local_node);
-        putchar('\n');
-
-        r = EXIT_OK;
-        t = table_new(7, "NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL");
-        if (!t) {
-                r = ctl_fail("build table", -ENOMEM, NULL);
-                goto finish;
-        }
-        for (size_t i = 0; i < topo->n_nodes; i++) {
-                const Familyd__V1__Node *node = topo->nodes[i];
-                const char *kind = node->n_devices > 0 ? node->devices[0]->kind : NULL;
-                bool mixed = false;
-
-                for (size_t j = 1; j < node->n_devices; j++)
-                        if (!streq_ptr(node->devices[j]->kind, kind))
-                                mixed = true;
-
-                /* A node's ranks are first_rank .. first_rank + devices - 1. */
-                if (table_add_cell(t, node->name) < 0 ||
-                    table_add_cellf(t, "%" PRId64, node->node_rank) < 0 ||
-                    (node->n_devices > 0 ?
-                     table_add_cellf(t, "%" PRId64 "-%" PRId64, node->first_rank,
-                                     node->first_rank + (int64_t) node->n_devices - 1) :
-                     table_add_cell(t, "-")) < 0 ||
-                    table_add_cell(t, node->state) < 0 ||
-                    table_add_cell(t, node->address) < 0 ||
-                    table_add_cellf(t, "%zu %s", node->n_devices, mixed ? "mixed" : strempty(kind)) < 0 ||
-                    table_add_cell(t, node->local ? "yes" : "no") < 0) {
-                        r = ctl_fail("build table", -ENOMEM, NULL);
-                        goto finish;
-                }
-        }
-        (void) table_print(t, stdout);
-finish:
-        familyd__v1__topology__free_unpacked(topo, NULL);
         return r;
 }

@@ -85,29 +85,119 @@ void build_table_cancel(BuildTable *t, uint64_t bytes) {
         (void) pthread_mutex_unlock(&t->lock);
 }
 
-int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
-                       void (*payload_free)(void *payload), BuildRecord **ret) {
+static bool id_in_use_locked(const BuildTable *t, const char *id) {
+        for (size_t i = 0; i < t->n_records; i++)
+                if (streq(t->records[i]->id, id))
+                        return true;
+        return false;
+}
+
+static void next_id_locked(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]) {
+        (void) snprintf(ret_id, BUILD_TABLE_ID_MAX, "bld-%08" PRIx32 "-%" PRIu64, t->boot_tag,
+                        t->next_serial++);
+}
+
+void build_table_next_id(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]) {
+        (void) pthread_mutex_lock(&t->lock);
+        next_id_locked(t, ret_id);
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
+/* Appends rec under the lock; id NULL: the next one. -EEXIST, -ENOMEM. */
+static int insert_locked(BuildTable *t, BuildRecord *rec, const char *id) {
+        if (id && id_in_use_locked(t, id))
+                return -EEXIST;
+        if (!GREEDY_REALLOC(t->records, t->allocated, t->n_records + 1))
+                return -ENOMEM;
+        if (id)
+                (void) snprintf(rec->id, sizeof rec->id, "%s", id);
+        else
+                next_id_locked(t, rec->id);
+        t->records[t->n_records++] = rec;
+        return 0;
+}
+
+static BuildRecord *record_new(uint64_t bytes, void *payload, void (*payload_free)(void *)) {
         BuildRecord *rec = calloc(1, sizeof *rec);
         if (!rec)
-                return -ENOMEM;
+                return NULL;
         rec->n_ref = 2; /* the table's and the caller's */
         rec->bytes = bytes;
-
-        (void) pthread_mutex_lock(&t->lock);
-        if (!GREEDY_REALLOC(t->records, t->allocated, t->n_records + 1)) {
-                (void) pthread_mutex_unlock(&t->lock);
-                free(rec);
-                return -ENOMEM;
-        }
-        (void) snprintf(rec->id, sizeof rec->id, "bld-%08" PRIx32 "-%" PRIu64, t->boot_tag,
-                        t->next_serial++);
         rec->payload = payload;
         rec->payload_free = payload_free;
-        t->records[t->n_records++] = rec;
-        t->reserved--;
+        return rec;
+}
+
+static int commit(BuildTable *t, const char *id, uint64_t bytes, void *payload,
+                  void (*payload_free)(void *payload), BuildRecord **ret) {
+        int r;
+
+        if (id && strlen(id) >= BUILD_TABLE_ID_MAX)
+                return -EINVAL;
+        BuildRecord *rec = record_new(bytes, payload, payload_free);
+        if (!rec)
+                return -ENOMEM;
+
+        (void) pthread_mutex_lock(&t->lock);
+        r = insert_locked(t, rec, id);
+        if (r >= 0)
+                t->reserved--;
         (void) pthread_mutex_unlock(&t->lock);
+        if (r < 0) {
+                free(rec);
+                return r;
+        }
 
         *ret = rec;
+        return 0;
+}
+
+int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
+                       void (*payload_free)(void *payload), BuildRecord **ret) {
+        return commit(t, NULL, bytes, payload, payload_free, ret);
+}
+
+int build_table_commit_id(BuildTable *t, const char *id, uint64_t bytes, void *payload,
+                          void (*payload_free)(void *payload), BuildRecord **ret) {
+        if (!id)
+                return -EINVAL;
+        return commit(t, id, bytes, payload, payload_free, ret);
+}
+
+int build_table_restore(BuildTable *t, const char *id, uint64_t bytes, void *payload,
+                        void (*payload_free)(void *payload), BuildRecord **ret) {
+        uint32_t tag;
+        uint64_t serial;
+        int n = 0, r;
+
+        /* Only ids this table could have drawn: "bld-", 8 hex digits, "-", a serial. */
+        if (!id || strlen(id) >= BUILD_TABLE_ID_MAX ||
+            sscanf(id, "bld-%8" SCNx32 "-%" SCNu64 "%n", &tag, &serial, &n) != 2 ||
+            (size_t) n != strlen(id) || strlen(id) < 14 || id[12] != '-')
+                return -EINVAL;
+
+        BuildRecord *rec = record_new(bytes, payload, payload_free);
+        if (!rec)
+                return -ENOMEM;
+
+        (void) pthread_mutex_lock(&t->lock);
+        r = insert_locked(t, rec, id);
+        if (r >= 0) {
+                t->bytes_in_use += bytes;
+                /* Same boot tag (2^-32 per earlier run): later serials must not repeat it. */
+                if (tag == t->boot_tag && serial >= t->next_serial)
+                        t->next_serial = serial + 1;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        if (r < 0) {
+                free(rec);
+                return r;
+        }
+
+        if (ret)
+                *ret = rec;
+        else
+                build_record_unref(rec);
         return 0;
 }
 

@@ -15,9 +15,12 @@
 
 #include "error.h"
 
+/* "bld-" 8 hex digits "-" a decimal serial, NUL included. */
+#define BUILD_TABLE_ID_MAX 40
+
 typedef struct BuildRecord {
         atomic_uint n_ref;
-        char id[40];
+        char id[BUILD_TABLE_ID_MAX];
         uint64_t bytes; /* shared memory held for this build */
         void *payload;
         void (*payload_free)(void *payload);
@@ -45,6 +48,25 @@ void build_table_cancel(BuildTable *t, uint64_t bytes);
 /* Turns a reservation of `bytes` into a record (taking payload); *ret is a new reference. */
 int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
                        void (*payload_free)(void *payload), BuildRecord **ret);
+
+/*
+ * For a build that needs its id before it is committed (its shards are named after it where
+ * they outlive the daemon): a fresh id, never handed out before by this table (a build that
+ * fails after drawing one leaves a gap in the serials). build_table_commit_id() then commits
+ * the reservation under it (-EEXIST if a record has it).
+ */
+void build_table_next_id(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]);
+int build_table_commit_id(BuildTable *t, const char *id, uint64_t bytes, void *payload,
+                          void (*payload_free)(void *payload), BuildRecord **ret);
+
+/*
+ * Re-adopts a build kept across a restart under its old id (taking payload): no reservation,
+ * and neither the build limit nor the budget can refuse it, since its memory exists already;
+ * its bytes count from now on. -EEXIST for an id in use, -EINVAL for one that is not "bld-...".
+ * Ids drawn later never repeat it. *ret (may be NULL) is a new reference.
+ */
+int build_table_restore(BuildTable *t, const char *id, uint64_t bytes, void *payload,
+                        void (*payload_free)(void *payload), BuildRecord **ret);
 
 /* NOT_FOUND `build 'ID' not found` (BUILD_NOT_FOUND). *ret is a new reference. */
 int build_table_get(BuildTable *t, const char *id, BuildRecord **ret, FamilyError *ret_error);

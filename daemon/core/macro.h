@@ -96,3 +96,10 @@ bool greedy_realloc(void **p, size_t *allocated, size_t need, size_t size);
                 __typeof__(b) _b_ = (b);             \
                 _a_ < _b_ ? _a_ : _b_;               \
         })
+
+#define MAX(a, b)                                    \
+        ({                                           \
+                __typeof__(a) _x_ = (a);             \
+                __typeof__(b) _y_ = (b);             \
+                _x_ > _y_ ? _x_ : _y_;               \
+        })

@@ -19,6 +19,7 @@ int manager_new(const ManagerParams *params, Manager **ret, LoadDiagnostics *ret
                 return -ENOMEM;
         (void) pthread_mutex_init(&m->lock, NULL);
         (void) pthread_mutex_init(&m->reload_lock, NULL);
+        (void) pthread_mutex_init(&m->hooks_lock, NULL);
         m->started_usec = now_usec();
         m->shm_budget_bytes = params->shm_budget_bytes;
         m->max_builds = params->max_builds;
@@ -32,9 +33,13 @@ int manager_new(const ManagerParams *params, Manager **ret, LoadDiagnostics *ret
         if (r < 0)
                 return r;
 
-        r = topology_new_local(params->node_name, params->node_rank, params->address,
-                               params->host_devices > 0 ? params->host_devices : 1, 0,
-                               &m->topology);
+        if (params->n_devices > 0)
+                r = topology_new_single(params->node_name, params->node_rank, params->address,
+                                        params->devices, params->n_devices, &m->topology);
+        else
+                r = topology_new_local(params->node_name, params->node_rank, params->address,
+                                       params->host_devices > 0 ? params->host_devices : 1, 0,
+                                       &m->topology);
         if (r < 0)
                 return r;
 
@@ -63,6 +68,7 @@ Manager *manager_free(Manager *m) {
         free(m->node_name);
         (void) pthread_mutex_destroy(&m->lock);
         (void) pthread_mutex_destroy(&m->reload_lock);
+        (void) pthread_mutex_destroy(&m->hooks_lock);
         return mfree(m);
 }
 
@@ -78,6 +84,40 @@ Topology *manager_topology(Manager *m) {
         Topology *t = topology_ref(m->topology);
         (void) pthread_mutex_unlock(&m->lock);
         return t;
+}
+
+void manager_set_topology(Manager *m, Topology *t) {
+        (void) pthread_mutex_lock(&m->lock);
+        Topology *old = m->topology;
+        m->topology = topology_ref(t);
+        (void) pthread_mutex_unlock(&m->lock);
+        topology_unref(old);
+        (void) pthread_mutex_lock(&m->hooks_lock);
+        if (m->hooks.topology_changed)
+                m->hooks.topology_changed(m->hooks.topology_userdata);
+        (void) pthread_mutex_unlock(&m->hooks_lock);
+}
+
+void manager_set_hooks(Manager *m, const ManagerHooks *hooks) {
+        (void) pthread_mutex_lock(&m->hooks_lock);
+        m->hooks = hooks ? *hooks : (ManagerHooks) {};
+        (void) pthread_mutex_unlock(&m->hooks_lock);
+}
+
+int manager_forget_node(Manager *m, const char *node, FamilyError *ret_error) {
+        /* Not under hooks_lock: the peer thread, serving this, may publish meanwhile. The
+         * forget hook is removed only once no call can arrive. */
+        if (m->hooks.forget_node)
+                return m->hooks.forget_node(m->hooks.forget_userdata, node, ret_error);
+
+        _cleanup_(topology_unrefp) Topology *t = manager_topology(m);
+        const Node *local = topology_local_node(t);
+        if (local && streq(local->name, node))
+                return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                        "NODE_IS_LOCAL", "node",
+                                        "node '%s' is this daemon's own node", node);
+        return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "NODE_NOT_FOUND", "node",
+                                "node '%s' is not in the topology", node);
 }
 
 int manager_reload(Manager *m, Registry **ret_registry, LoadDiagnostics *ret_diag) {

@@ -5,7 +5,9 @@
  * add, and the last reference of a removed mesh is dropped after unlocking). The table owns one
  * reference per mesh; every mesh handed out is a new reference, so a caller keeps using a mesh
  * that another thread removes meanwhile. Meshes are few (FAMILYD_MAX_MESHES) and ids are
- * compared linearly, which keeps creation order for free.
+ * compared linearly, which keeps creation order for free. Hooks (the state adapter's) run
+ * under the lock too: they write or remove one small record, and a mesh must not be seen or
+ * deleted by another thread before its record exists.
  */
 #include <pthread.h>
 
@@ -19,6 +21,7 @@ struct MeshTable {
         size_t n;
         size_t allocated;
         size_t max;
+        MeshTableHooks hooks;
 };
 
 int mesh_table_new(size_t max_meshes, MeshTable **ret) {
@@ -99,9 +102,37 @@ int mesh_table_add(MeshTable *t, Mesh *m, Mesh **ret, FamilyError *ret_error) {
                                         "mesh limit reached: %zu meshes", t->max);
         if (!GREEDY_REALLOC(t->meshes, t->allocated, t->n + 1))
                 return -ENOMEM;
+        if (t->hooks.added) {
+                int r = t->hooks.added(m, t->hooks.userdata, ret_error);
+                if (r < 0)
+                        return r;
+        }
 
         t->meshes[t->n++] = mesh_ref(m);
         *ret = mesh_ref(m);
+        return 0;
+}
+
+void mesh_table_set_hooks(MeshTable *t, const MeshTableHooks *hooks) {
+        if (!t)
+                return;
+        LOCK_GUARD(t);
+        t->hooks = hooks ? *hooks : (MeshTableHooks) {};
+}
+
+int mesh_table_restore(MeshTable *t, Mesh *m, Mesh **ret) {
+        if (!t || !m || !m->id)
+                return -EINVAL;
+
+        LOCK_GUARD(t);
+
+        if (find_locked(t, m->id) >= 0)
+                return -EEXIST;
+        if (!GREEDY_REALLOC(t->meshes, t->allocated, t->n + 1))
+                return -ENOMEM;
+        t->meshes[t->n++] = mesh_ref(m);
+        if (ret)
+                *ret = mesh_ref(m);
         return 0;
 }
 
@@ -153,6 +184,8 @@ int mesh_table_remove(MeshTable *t, const char *id, FamilyError *ret_error) {
                 removed = t->meshes[i];
                 memmove(t->meshes + i, t->meshes + i + 1, (t->n - (size_t) i - 1) * sizeof(Mesh *));
                 t->n--;
+                if (t->hooks.removed)
+                        t->hooks.removed(removed, t->hooks.userdata);
         }
 
         /* The table's reference is dropped outside the lock (cleanup of removed). */

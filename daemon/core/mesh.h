@@ -88,6 +88,27 @@ bool mesh_spec_equal(const MeshSpec *a, const MeshSpec *b);
 int mesh_table_acquire(MeshTable *t, const char *id, Mesh **ret, FamilyError *ret_error);
 void mesh_build_release(Mesh *m);
 
+/*
+ * Observers of the table's content (the state adapter keeps meshes across restarts). Both run
+ * under the table's lock, so a record of a mesh is written before any other thread can see
+ * or delete the mesh. added: a new mesh went in (not one found by id); a failure takes it out
+ * again and is mesh_table_add()'s answer, ret_error filled. removed: a mesh left the table.
+ */
+typedef struct MeshTableHooks {
+        int (*added)(const Mesh *m, void *userdata, FamilyError *ret_error);
+        void (*removed)(const Mesh *m, void *userdata);
+        void *userdata;
+} MeshTableHooks;
+
+/* hooks NULL: none. Set before the table is shared. */
+void mesh_table_set_hooks(MeshTable *t, const MeshTableHooks *hooks);
+
+/*
+ * Puts back a mesh kept across a restart: no hook runs and the mesh limit does not refuse it
+ * (it existed before). -EEXIST when the id is in the table. *ret (may be NULL): a new reference.
+ */
+int mesh_table_restore(MeshTable *t, Mesh *m, Mesh **ret);
+
 /* Fills ret_error with NOT_FOUND "mesh 'ID' not found", what a lookup of an unknown id answers,
  * and returns -EINVAL (-ENOMEM on OOM); for callers without a table, where every id is unknown. */
 int mesh_table_not_found(const char *id, FamilyError *ret_error);

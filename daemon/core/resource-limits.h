@@ -48,3 +48,12 @@
 #define FAMILYD_MAX_REPLY_BYTES          (4u * 1024u * 1024u)
 /* Open Watch streams (health, topology) across all connections. */
 #define FAMILYD_MAX_WATCHES              1024u
+
+/* Peers (UCX membership messages come from the network: every field is bounded). */
+#define FAMILYD_MAX_PEERS                4096u
+#define FAMILYD_MAX_NODE_DEVICES         256u
+#define FAMILYD_MAX_PEER_MESSAGE_BYTES   (2u * 1024u * 1024u)
+/* Members listed in one hello or announce. */
+#define FAMILYD_MAX_PEER_MEMBERS         FAMILYD_MAX_PEERS
+/* Configured peer addresses (--peers). */
+#define FAMILYD_MAX_SEEDS                64u

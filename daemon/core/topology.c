@@ -1,5 +1,7 @@
-/* topology.c: the topology of a lone node, reference counting and rank lookups. */
+/* topology.c: the global rank order over nodes, reference counting and rank lookups. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "topology.h"
@@ -16,7 +18,7 @@ const char *node_state_to_string(NodeState s) {
         return node_state_table[s];
 }
 
-static void device_done(Device *d) {
+void device_done(Device *d) {
         free(d->kind);
         free(d->name);
         free(d->uuid);
@@ -24,13 +26,32 @@ static void device_done(Device *d) {
         *d = (Device) {};
 }
 
-static void node_done(Node *n) {
+void node_done(Node *n) {
         free(n->name);
         free(n->address);
         for (size_t i = 0; i < n->n_devices; i++)
                 device_done(&n->devices[i]);
         free(n->devices);
         *n = (Node) {};
+}
+
+int device_copy(const Device *from, Device *ret) {
+        Device d = {
+                .local_index = from->local_index,
+                .memory_bytes = from->memory_bytes,
+                .numa_node = from->numa_node,
+                .kind = strdup(strempty(from->kind)),
+                .name = strdup(strempty(from->name)),
+                .uuid = strdup(strempty(from->uuid)),
+                .pci_bus_id = strdup(strempty(from->pci_bus_id)),
+        };
+
+        if (!d.kind || !d.name || !d.uuid || !d.pci_bus_id) {
+                device_done(&d);
+                return -ENOMEM;
+        }
+        *ret = d;
+        return 0;
 }
 
 static Topology *topology_free(Topology *t) {
@@ -129,6 +150,82 @@ Topology *topology_unref(Topology *t) {
         if (atomic_fetch_sub_explicit(&t->n_ref, 1, memory_order_acq_rel) == 1)
                 topology_free(t);
         return NULL;
+}
+
+static int node_compare(const void *a, const void *b) {
+        const Node *x = a, *y = b;
+
+        /* Configured ranks first: an operator who numbers some nodes wants them in front. */
+        if ((x->node_rank >= 0) != (y->node_rank >= 0))
+                return x->node_rank >= 0 ? -1 : 1;
+        if (x->node_rank != y->node_rank)
+                return x->node_rank < y->node_rank ? -1 : 1;
+        return strcmp(x->name, y->name);
+}
+
+int topology_new(Node *nodes, size_t n, const char *local_name, uint64_t version,
+                 Topology **ret) {
+        _cleanup_(topology_freep) Topology *t = calloc(1, sizeof(Topology));
+        int64_t rank = 0;
+
+        if (!t) {
+                for (size_t i = 0; i < n; i++)
+                        node_done(&nodes[i]);
+                free(nodes);
+                return -ENOMEM;
+        }
+        atomic_init(&t->n_ref, 1);
+        t->nodes = nodes;
+        t->n_nodes = n;
+        t->version = version;
+        t->local = n; /* none until found */
+
+        if (n > 1)
+                qsort(t->nodes, n, sizeof(Node), node_compare);
+        for (size_t i = 0; i < n; i++) {
+                Node *node = &t->nodes[i];
+
+                node->first_rank = rank;
+                rank += (int64_t) node->n_devices;
+                node->local = streq_ptr(node->name, local_name);
+                if (node->local)
+                        t->local = i;
+        }
+        t->world_size = rank;
+
+        *ret = TAKE_PTR(t);
+        return 0;
+}
+
+int topology_new_single(const char *node_name, int64_t node_rank, const char *address,
+                        const Device *devices, size_t n_devices, Topology **ret) {
+        Node *node;
+        int r = 0;
+
+        if (isempty(node_name) || !ret)
+                return -EINVAL;
+        node = calloc(1, sizeof(Node));
+        if (!node)
+                return -ENOMEM;
+        node->node_rank = node_rank;
+        node->state = NODE_UP;
+        node->last_seen_unix_ms = now_unix_ms();
+        node->name = strdup(node_name);
+        node->address = strdup(strempty(address));
+        node->devices = calloc(n_devices ? n_devices : 1, sizeof(Device));
+        if (!node->name || !node->address || !node->devices)
+                r = -ENOMEM;
+        for (size_t i = 0; i < n_devices && r >= 0; i++) {
+                r = device_copy(&devices[i], &node->devices[i]);
+                if (r >= 0)
+                        node->n_devices++;
+        }
+        if (r < 0) {
+                node_done(node);
+                free(node);
+                return r;
+        }
+        return topology_new(node, 1, node_name, 1, ret);
 }
 
 const Node *topology_local_node(const Topology *t) {

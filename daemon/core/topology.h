@@ -48,9 +48,24 @@ typedef struct Topology {
 
 const char *node_state_to_string(NodeState s); /* "up" | "suspect" | "down" */
 
+void device_done(Device *d);
+int device_copy(const Device *from, Device *ret);
+void node_done(Node *n);
+
+/*
+ * Orders nodes[0..n) (configured node ranks first, ascending; then the others by name), numbers
+ * the global ranks in that order (devices by local index), and marks the node named local_name
+ * as local. Takes over the nodes array and its contents, also on failure.
+ */
+int topology_new(Node *nodes, size_t n, const char *local_name, uint64_t version,
+                 Topology **ret);
+
 /* A topology of this node alone, with n_host_devices host devices ("host0", ...). */
 int topology_new_local(const char *node_name, int64_t node_rank, const char *address,
                        unsigned n_host_devices, uint64_t memory_bytes, Topology **ret);
+/* This node alone, with copies of the devices an inventory found. */
+int topology_new_single(const char *node_name, int64_t node_rank, const char *address,
+                        const Device *devices, size_t n_devices, Topology **ret);
 Topology *topology_ref(Topology *t);
 Topology *topology_unref(Topology *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Topology *, topology_unref);

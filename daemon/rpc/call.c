@@ -35,6 +35,7 @@ typedef struct Call {
         grpc_call_details details; /* catch-all site only */
         grpc_byte_buffer *payload; /* the request (unary, watch) or the last stream message */
         Arena arena;               /* the decoded request and the reply tree */
+        ProtobufCMessage *request; /* decoded, in arena */
 
         RpcTag on_arrived;
         RpcTag on_sent;
@@ -42,7 +43,15 @@ typedef struct Call {
         RpcTag on_closed;
 
         int cancelled;
+        /* A deferred unary call asks for its close at once (rpc_call_defer), so it learns when
+         * its client cancels or goes away before the answer: gone is set then. */
+        bool close_armed;
+        atomic_bool gone;
         bool is_watch; /* counted in counter->watches */
+        /* Pushed watches, under counter->lock: the list, a send in flight, a change since. */
+        struct Call *pushed_next, *pushed_prev;
+        bool pushed_sending;
+        bool pushed_dirty;
         grpc_byte_buffer *reply;
         grpc_slice status_details;
         bool has_status_details;
@@ -293,6 +302,7 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
         request = protobuf_c_message_unpack(m->request_type, &allocator, GRPC_SLICE_LENGTH(bytes),
                                             GRPC_SLICE_START_PTR(bytes));
         grpc_slice_unref(bytes);
+        c->request = request;
         if (!request)
                 return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
                                         NULL, "request could not be decoded as %s",
@@ -310,10 +320,13 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
         return r;
 }
 
-/* Sends a unary call's answer: the reply, unless it is larger than clients accept. */
+/* Sends a unary call's answer: the reply, unless it is larger than clients accept. A deferred
+ * call's close is already asked for. */
 static void call_answer(Call *c, ProtobufCMessage *reply, FamilyError *e) {
+        bool close = !c->close_armed;
+
         if (!reply) {
-                call_finish(c, NULL, e, true, true);
+                call_finish(c, NULL, e, true, close);
                 return;
         }
         size_t size = protobuf_c_message_get_packed_size(reply);
@@ -322,10 +335,10 @@ static void call_answer(Call *c, ProtobufCMessage *reply, FamilyError *e) {
                                         "the reply would be %zu bytes, more than the limit of "
                                         "%u bytes",
                                         size, FAMILYD_MAX_REPLY_BYTES);
-                call_finish(c, NULL, e, true, true);
+                call_finish(c, NULL, e, true, close);
                 return;
         }
-        call_finish(c, reply, e, true, true);
+        call_finish(c, reply, e, true, close);
 }
 
 static void call_run_unary(Call *c) {
@@ -339,11 +352,28 @@ static void call_run_unary(Call *c) {
         call_answer(c, r < 0 ? NULL : reply, &e);
 }
 
+/* The close of a deferred call: the answer was sent, or the client cancelled or went away
+ * (killed, connection closed) while the work ran. */
+static void on_pending_closed(RpcTag *tag, bool ok) {
+        Call *c = container_of(tag, Call, on_closed);
+
+        if (!ok || c->cancelled)
+                atomic_store(&c->gone, true);
+        call_unref(c);
+}
+
 RpcPending *rpc_call_defer(void) {
         Call *c = handler_call;
+        grpc_op op = { .op = GRPC_OP_RECV_CLOSE_ON_SERVER };
 
         assert(c);
         call_ref(c);
+        /* Asked for now, not with the answer: a client that dies while its Build fills must
+         * not leave a build behind that nobody knows the id of. */
+        op.data.recv_close_on_server.cancelled = &c->cancelled;
+        c->on_closed.complete = on_pending_closed;
+        c->close_armed = true;
+        call_start_batch(c, &op, 1, &c->on_closed);
         return (RpcPending *) c;
 }
 
@@ -353,7 +383,8 @@ Arena *rpc_pending_arena(RpcPending *p) {
 
 bool rpc_pending_expired(RpcPending *p) {
         Call *c = (Call *) p;
-        return gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
+        return atomic_load(&c->gone) ||
+               gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
 }
 
 void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error) {
@@ -365,14 +396,80 @@ void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *err
         call_unref(c);
 }
 
+static void pushed_remove(Call *c) {
+        CallCounter *counter = c->site.counter;
+
+        (void) pthread_mutex_lock(&counter->lock);
+        if (c->pushed_prev)
+                c->pushed_prev->pushed_next = c->pushed_next;
+        else if (counter->pushed == c)
+                counter->pushed = c->pushed_next;
+        if (c->pushed_next)
+                c->pushed_next->pushed_prev = c->pushed_prev;
+        c->pushed_next = c->pushed_prev = NULL;
+        (void) pthread_mutex_unlock(&counter->lock);
+}
+
 static void on_closed(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_closed);
+
+        if (c->is_watch && c->site.method->pushes_changes)
+                pushed_remove(c);
         call_unref(c);
+}
+
+static void on_watch_sent(RpcTag *tag, bool ok);
+
+/* Under counter->lock: builds the handler's reply anew and sends it. */
+static void pushed_send(Call *c) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        ProtobufCMessage *reply = NULL;
+        grpc_op op = { .op = GRPC_OP_SEND_MESSAGE };
+        Arena scratch;
+
+        arena_init(&scratch);
+        int r = c->site.method->handler((RpcContext *) &c->site.context, &scratch,
+                                        c->request, &reply, &e);
+        if (r < 0 || !reply) {
+                arena_done(&scratch);
+                return;
+        }
+        if (c->reply)
+                grpc_byte_buffer_destroy(c->reply);
+        c->reply = message_to_buffer(reply);
+        arena_done(&scratch);
+
+        c->pushed_sending = true;
+        op.data.send_message.send_message = c->reply;
+        c->on_sent.complete = on_watch_sent;
+        call_start_batch(c, &op, 1, &c->on_sent);
 }
 
 static void on_watch_sent(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_sent);
+
+        if (c->site.method->pushes_changes) {
+                CallCounter *counter = c->site.counter;
+                (void) pthread_mutex_lock(&counter->lock);
+                c->pushed_sending = false;
+                if (ok && c->pushed_dirty) {
+                        c->pushed_dirty = false;
+                        pushed_send(c);
+                }
+                (void) pthread_mutex_unlock(&counter->lock);
+        }
         call_unref(c);
+}
+
+void call_counter_notify_watches(CallCounter *counter) {
+        (void) pthread_mutex_lock(&counter->lock);
+        for (Call *c = counter->pushed; c; c = c->pushed_next) {
+                if (c->pushed_sending)
+                        c->pushed_dirty = true;
+                else
+                        pushed_send(c);
+        }
+        (void) pthread_mutex_unlock(&counter->lock);
 }
 
 /* A watch sends its first reply and stays open: the close (client gone, or the server's
@@ -394,6 +491,18 @@ static void call_run_watch(Call *c) {
         if (call_handle(c, &reply, &e) < 0) {
                 call_finish(c, NULL, &e, true, true);
                 return;
+        }
+
+        /* Listed before the close batch starts, so on_closed always finds it listed. */
+        if (c->site.method->pushes_changes) {
+                CallCounter *counter = c->site.counter;
+                (void) pthread_mutex_lock(&counter->lock);
+                c->pushed_sending = true;
+                c->pushed_next = counter->pushed;
+                if (counter->pushed)
+                        counter->pushed->pushed_prev = c;
+                counter->pushed = c;
+                (void) pthread_mutex_unlock(&counter->lock);
         }
 
         ops[0].op = GRPC_OP_RECV_CLOSE_ON_SERVER;

@@ -22,12 +22,16 @@ typedef struct CallCounter {
         unsigned live;
         unsigned watches;
         unsigned max_watches;
+        struct Call *pushed; /* open watches of methods that push changes */
 } CallCounter;
 
 void call_counter_init(CallCounter *c, unsigned max_watches);
 void call_counter_done(CallCounter *c);
 /* Blocks until no Call is alive. */
 void call_counter_wait_drained(CallCounter *c);
+/* From any thread: every open watch that pushes changes sends its handler's reply anew (at
+ * once, or after the send in flight; a burst of changes costs at most one more send). */
+void call_counter_notify_watches(CallCounter *c);
 
 typedef struct CallSite {
         grpc_server *server;

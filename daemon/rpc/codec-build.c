@@ -277,7 +277,11 @@ static int rank_encode(Arena *a, const BuildState *b, size_t i, Familyd__V1__Ran
         pb->rank = rl->rank;
         pb->local_device = rs->local_device;
         pb->size_bytes = rl->size_bytes;
-        pb->device_kind = (char *) SHARD_SEGMENT_DEVICE_KIND_HOST;
+        pb->device_kind = (char *) (rs->device_kind ? rs->device_kind
+                                                     : SHARD_SEGMENT_DEVICE_KIND_HOST);
+        if (rs->materialized)
+                pb->allocation_bytes = rs->allocation_bytes ? rs->allocation_bytes
+                                                            : rl->size_bytes;
         if (rs->materialized && !(pb->token = arena_strdup(a, rs->token.hex)))
                 return -ENOMEM;
 

@@ -147,7 +147,7 @@ int codec_mesh_encode(Arena *a, const Mesh *m, Familyd__V1__Mesh **ret) {
         return 0;
 }
 
-static int device_encode(Arena *a, const Device *d, Familyd__V1__Device **ret) {
+int codec_device_encode(Arena *a, const Device *d, Familyd__V1__Device **ret) {
         Familyd__V1__Device *pb = MSG_NEW(a, Familyd__V1__Device, familyd__v1__device__init);
         if (!pb)
                 return -ENOMEM;
@@ -180,7 +180,7 @@ static int node_encode(Arena *a, const Node *n, Familyd__V1__Node **ret) {
         if (!ARRAY_NEW(a, pb->devices, n->n_devices))
                 return -ENOMEM;
         for (size_t i = 0; i < n->n_devices; i++) {
-                int r = device_encode(a, &n->devices[i], &pb->devices[i]);
+                int r = codec_device_encode(a, &n->devices[i], &pb->devices[i]);
                 if (r < 0)
                         return r;
         }

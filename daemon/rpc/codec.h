@@ -67,6 +67,7 @@ int codec_job_context_encode(Arena *a, const JobContext *c, Familyd__V1__JobCont
 int codec_mesh_spec_decode(const Familyd__V1__Mesh *pb, MeshSpec *ret, FamilyError *ret_error);
 int codec_mesh_encode(Arena *a, const Mesh *m, Familyd__V1__Mesh **ret);
 int codec_topology_encode(Arena *a, const Topology *t, Familyd__V1__Topology **ret);
+int codec_device_encode(Arena *a, const Device *d, Familyd__V1__Device **ret);
 
 /* One message in the arena, initialised; NULL on OOM. */
 #define MSG_NEW(arena, type, init_fn)                                   \

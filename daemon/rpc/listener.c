@@ -65,9 +65,37 @@ static Listener *listener_alloc(const ListenerLimits *limits) {
         return l;
 }
 
+/*
+ * Takes path.lock (flock), so that a second daemon refuses to start instead of stealing the
+ * socket. -EBUSY, logged, when another daemon holds it; then l->lock_path is dropped, so that
+ * freeing l does not touch the other daemon's files.
+ */
+static int listener_lock(Listener *l, const char *path) {
+        if (asprintf(&l->lock_path, "%s.lock", path) < 0) {
+                l->lock_path = NULL;
+                return -ENOMEM;
+        }
+        l->lock_fd = open(l->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
+        if (l->lock_fd < 0)
+                return log_error_errno(-errno, "Failed to open lock file %s: %m", l->lock_path);
+        if (flock(l->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+                int r = -errno;
+                if (r == -EWOULDBLOCK) {
+                        l->lock_path = mfree(l->lock_path);
+                        return log_error_errno(-EBUSY,
+                                               "Another familyd is serving %s (it holds %s.lock), "
+                                               "refusing to start",
+                                               path, path);
+                }
+                return log_error_errno(r, "Failed to lock %s: %m", l->lock_path);
+        }
+        return 0;
+}
+
 int listener_new(const char *path, const ListenerLimits *limits, Listener **ret) {
         _cleanup_(listener_freep) Listener *l = NULL;
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int r;
 
         if (strlen(path) >= sizeof sa.sun_path)
                 return log_error_errno(-ENAMETOOLONG, "Socket path %s is too long", path);
@@ -76,28 +104,10 @@ int listener_new(const char *path, const ListenerLimits *limits, Listener **ret)
         l = listener_alloc(limits);
         if (!l)
                 return -ENOMEM;
-        l->path = strdup(path);
-        if (!l->path || asprintf(&l->lock_path, "%s.lock", path) < 0)
-                return -ENOMEM;
 
-        l->lock_fd = open(l->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
-        if (l->lock_fd < 0)
-                return log_error_errno(-errno, "Failed to open lock file %s: %m", l->lock_path);
-        if (flock(l->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-                int r = -errno;
-                if (r == -EWOULDBLOCK) {
-                        /* Not ours to remove: the running daemon owns both files. */
-                        free(l->lock_path);
-                        l->lock_path = NULL;
-                        free(l->path);
-                        l->path = NULL;
-                        return log_error_errno(-EBUSY,
-                                               "Another familyd is serving %s (it holds %s.lock), "
-                                               "refusing to start",
-                                               path, path);
-                }
-                return log_error_errno(r, "Failed to lock %s: %m", l->lock_path);
-        }
+        r = listener_lock(l, path);
+        if (r < 0)
+                return r;
 
         l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (l->fd < 0)
@@ -107,6 +117,10 @@ int listener_new(const char *path, const ListenerLimits *limits, Listener **ret)
         (void) unlink(path);
         if (bind(l->fd, (struct sockaddr *) &sa, sizeof sa) < 0)
                 return log_error_errno(-errno, "Failed to bind %s: %m", path);
+        /* Bound: ours to remove from here on. */
+        l->path = strdup(path);
+        if (!l->path)
+                return -ENOMEM;
         if (chmod(path, 0660) < 0)
                 return log_error_errno(-errno, "Failed to set the mode of %s: %m", path);
         if (listen(l->fd, SOMAXCONN) < 0)
@@ -117,11 +131,36 @@ int listener_new(const char *path, const ListenerLimits *limits, Listener **ret)
 }
 
 int listener_adopt(int fd, const ListenerLimits *limits, Listener **ret) {
-        Listener *l = listener_alloc(limits);
-        if (!l)
+        _cleanup_(listener_freep) Listener *l = NULL;
+        struct sockaddr_un sa = {};
+        socklen_t len = sizeof sa;
+        int r;
+
+        l = listener_alloc(limits);
+        if (!l) {
+                safe_close(fd);
                 return -ENOMEM;
-        l->fd = fd;
-        *ret = l;
+        }
+        l->fd = fd; /* l->path stays NULL: the socket file belongs to the service manager */
+
+        /* The lock keeps a familyd started by hand on the same path from unlinking the
+         * manager's socket. A directory we cannot write only costs that protection. */
+        if (getsockname(fd, (struct sockaddr *) &sa, &len) == 0 && sa.sun_family == AF_UNIX &&
+            len > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] != 0) {
+                char path[sizeof sa.sun_path + 1] = {};
+                memcpy(path, sa.sun_path, MIN((size_t) len - offsetof(struct sockaddr_un, sun_path),
+                                              sizeof sa.sun_path));
+                r = listener_lock(l, path);
+                if (r == -EBUSY || r == -ENOMEM)
+                        return r;
+                if (r < 0) {
+                        log_warning_errno(r, "Serving %s without its lock file, ignoring.", path);
+                        l->lock_fd = safe_close(l->lock_fd);
+                        l->lock_path = mfree(l->lock_path);
+                }
+        }
+
+        *ret = TAKE_PTR(l);
         return 0;
 }
 

@@ -15,7 +15,11 @@ typedef struct ListenerLimits {
  * then binds PATH (replacing a stale socket), mode 0660. -EBUSY: another daemon holds the lock.
  */
 int listener_new(const char *path, const ListenerLimits *limits, Listener **ret);
-/* Adopts an already listening socket (systemd socket activation); no lock, no unlink at exit. */
+/*
+ * Adopts an already listening, non-blocking socket (socket activation) and takes fd, even on
+ * failure. Takes PATH.lock too when the socket is bound to a path (-EBUSY: another daemon holds
+ * it; a lock file that cannot be created is only a warning). Never removes the socket file.
+ */
 int listener_adopt(int fd, const ListenerLimits *limits, Listener **ret);
 Listener *listener_free(Listener *l);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Listener *, listener_free);

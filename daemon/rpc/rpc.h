@@ -19,8 +19,18 @@ typedef enum RpcKind {
 struct ShardTable;
 struct Executor;
 
+/* What the daemon around the server wants to hear of (the service manager, through sd/),
+ * without the rpc layer knowing who listens. Called on gRPC worker threads; NULL: nobody. */
+typedef struct RpcHooks {
+        /* Around the Reload RPC: before the registry is read, and after (result < 0: failed). */
+        void (*reload_begin)(void *userdata);
+        void (*reload_end)(void *userdata, int result);
+        void *userdata;
+} RpcHooks;
+
 typedef struct RpcContext {
         Manager *manager;
+        const RpcHooks *hooks;     /* NULL, or members NULL: nobody listens */
         struct Executor *executor; /* long work (materialising) off the gRPC workers */
         struct ShardTable *shards; /* tokens of materialised builds */
         const char *shard_socket;  /* where trainers fetch descriptors */
@@ -41,6 +51,8 @@ typedef struct RpcMethod {
         const ProtobufCMessageDescriptor *request_type; /* unary and watch */
         RpcHandler handler;
         RpcBytesHandler bytes_handler;
+        /* Watch: the handler's reply is sent again on each server_notify_watches(). */
+        bool pushes_changes;
 } RpcMethod;
 
 typedef struct RpcService {
@@ -72,7 +84,7 @@ typedef struct RpcPending RpcPending;
 
 RpcPending *rpc_call_defer(void);
 Arena *rpc_pending_arena(RpcPending *p);
-/* Whether the call's deadline has passed. */
+/* Whether the call's deadline has passed, or its client cancelled or went away. */
 bool rpc_pending_expired(RpcPending *p);
 /* reply (from the pending arena) or error; takes over the error's contents. */
 void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error);

@@ -36,6 +36,7 @@ struct Server {
         pthread_cond_t cond;
         bool shutdown_done;
         CallCounter calls;
+        RpcHooks hooks;
 };
 
 
@@ -85,6 +86,7 @@ int server_new(const ServerParams *params, Server **ret) {
         (void) pthread_mutex_init(&s->lock, NULL);
         (void) pthread_cond_init(&s->cond, NULL);
         call_counter_init(&s->calls, params->max_watches);
+        s->hooks = params->hooks;
 
         grpc_init();
 
@@ -121,6 +123,7 @@ int server_new(const ServerParams *params, Server **ret) {
                                 .server = s->server,
                                 .cq = s->cq,
                                 .context = { .manager = params->manager,
+                                             .hooks = &s->hooks,
                                              .executor = params->executor,
                                              .shards = params->shards,
                                              .shard_socket = params->shard_socket,
@@ -140,7 +143,7 @@ int server_new(const ServerParams *params, Server **ret) {
         s->sites[s->n_sites++] = (CallSite) {
                 .server = s->server,
                 .cq = s->cq,
-                .context = { .manager = params->manager },
+                .context = { .manager = params->manager, .hooks = &s->hooks },
                 .shutting_down = &s->shutting_down,
                 .counter = &s->calls,
         };
@@ -170,6 +173,10 @@ int server_new(const ServerParams *params, Server **ret) {
 
 void server_add_connection(Server *s, int fd) {
         grpc_server_add_channel_from_fd(s->server, fd, s->credentials);
+}
+
+void server_notify_watches(Server *s) {
+        call_counter_notify_watches(&s->calls);
 }
 
 static bool calls_live(Server *s) {

@@ -9,6 +9,7 @@
  */
 
 #include "manager.h"
+#include "rpc.h"
 
 typedef struct Server Server;
 
@@ -24,11 +25,14 @@ typedef struct ServerParams {
         unsigned max_request_bytes;
         unsigned connection_idle_ms;
         unsigned max_watches;
+        RpcHooks hooks; /* copied; userdata must outlive the server */
 } ServerParams;
 
 int server_new(const ServerParams *params, Server **ret);
 /* Takes ownership of fd, a connected stream socket. */
 void server_add_connection(Server *s, int fd);
+/* From any thread: open watches that push changes (WatchTopology) send anew. */
+void server_notify_watches(Server *s);
 /* Cancels every call, stops the threads and frees; accepts NULL. */
 Server *server_free(Server *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Server *, server_free);

@@ -1,5 +1,6 @@
 /* service-admin.c: familyd.v1.AdminService: status and registry reload for operators. */
 #include <inttypes.h>
+#include <stdio.h>
 
 #include "build-config.h"
 #include "codec.h"
@@ -29,6 +30,10 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
         reply->shm_budget_bytes = build_table_budget(m->builds);
         reply->shm_bytes_in_use = build_table_bytes_in_use(m->builds);
         reply->builds = build_table_count(m->builds);
+        reply->topology_version = t->version;
+        reply->peer_messages_sent = atomic_load_explicit(&m->peer_messages_sent,
+                                                         memory_order_relaxed);
+        reply->peer_bytes_sent = atomic_load_explicit(&m->peer_bytes_sent, memory_order_relaxed);
         for (size_t i = 0; i < t->n_nodes; i++) {
                 if (t->nodes[i].local)
                         continue;
@@ -56,7 +61,11 @@ static int reload(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request
         Familyd__V1__ReloadResponse *reply;
         int r;
 
+        if (ctx->hooks && ctx->hooks->reload_begin)
+                ctx->hooks->reload_begin(ctx->hooks->userdata);
         r = manager_reload(ctx->manager, &reg, &diag);
+        if (ctx->hooks && ctx->hooks->reload_end)
+                ctx->hooks->reload_end(ctx->hooks->userdata, r);
         if (r < 0) {
                 _cleanup_free_ char *text = load_diagnostics_join(&diag);
                 log_warning("Registry reload failed, keeping the previous registry:\n%s",
@@ -65,8 +74,11 @@ static int reload(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request
                                         "RELOAD_FAILED", NULL, "registry reload failed: %s",
                                         text ? text : strerror(-r));
         }
-        log_info("Registry reloaded: generation %" PRIu64 ", %zu families.", reg->generation,
-                 reg->n_families);
+        char generation[32];
+        (void) snprintf(generation, sizeof generation, "%" PRIu64, reg->generation);
+        log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD("REGISTRY_GENERATION", generation)),
+                   "Registry reloaded: generation %" PRIu64 ", %zu families.", reg->generation,
+                   reg->n_families);
 
         reply = MSG_NEW(arena, Familyd__V1__ReloadResponse, familyd__v1__reload_response__init);
         if (!reply)

@@ -7,18 +7,36 @@
  * and drops what was made: nothing is half-built. ReleaseBuild withdraws the tokens first, so
  * no new descriptor is handed out, then drops the daemon's hold; mappings trainers already
  * have stay valid (the kernel frees the memory when the last one goes).
+ *
+ * Where builds outlive the daemon (daemon/state/: the fd store, or --state-dir), a Build
+ * draws its id before materialising (its segments are named after it), reserves room in the
+ * fd store with its bytes, and is saved (segments, then its record) before it is committed:
+ * a build anyone can see is a build a restart brings back. ReleaseBuild forgets it there.
+ * Builds with shards in GPU memory are the exception: they are never kept (state.c says why).
+ *
+ * Devices: a rank goes to the device the topology assigns to it (its node, its local device
+ * index), and its kind ("host" or "cuda") is that device's. Ranks materialised on this node
+ * get their memory from the device's backend (shm/accel.h): host ranks a memfd (or a
+ * --state-dir file) counted in --shm-budget, GPU ranks an allocation on that GPU counted in
+ * the GPU's own budget, reserved (all GPUs at once) before anything is allocated, and given
+ * back when the build goes. A GPU that cannot hold shards fails the Build before anything is
+ * reserved.
  */
 
 #include <inttypes.h>
+#include <stdio.h>
 
+#include "accel.h"
 #include "build-state.h"
 #include "codec.h"
 #include "executor.h"
+#include "log.h"
 #include "materialize.h"
 #include "repr.h"
 #include "resource-limits.h"
 #include "rpc.h"
 #include "shard-table.h"
+#include "state.h"
 
 void build_state_free(void *p) {
         BuildState *b = p;
@@ -30,6 +48,7 @@ void build_state_free(void *p) {
                 shard_segment_unref(b->ranks[i].segment);
         }
         free(b->ranks);
+        accel_reservation_free(b->device_memory);
         layout_done(&b->layout);
         if (b->counted_mesh) {
                 mesh_build_release(b->counted_mesh);
@@ -76,8 +95,24 @@ static int compute_layout(BuildState *b, FamilyError *ret_error) {
                               LAYOUT_MIN_ALIGN, &b->layout, ret_error);
 }
 
+/* The kind of a node's device: "cuda" for a GPU, else "host" (static strings). */
+static const char *device_kind_of(const Node *n, int32_t local_device) {
+        if (!n)
+                return SHARD_SEGMENT_DEVICE_KIND_HOST;
+        for (size_t i = 0; i < n->n_devices; i++)
+                if (n->devices[i].local_index == local_device)
+                        return streq_ptr(n->devices[i].kind, SHARD_SEGMENT_DEVICE_KIND_CUDA)
+                                       ? SHARD_SEGMENT_DEVICE_KIND_CUDA
+                                       : SHARD_SEGMENT_DEVICE_KIND_HOST;
+        return SHARD_SEGMENT_DEVICE_KIND_HOST;
+}
+
+static bool rank_on_gpu(const BuildRankState *rs) {
+        return streq_ptr(rs->device_kind, SHARD_SEGMENT_DEVICE_KIND_CUDA);
+}
+
 /* Where each rank lives, and which ranks this Build materialises here. */
-static int place_ranks(BuildState *b, const Topology *t, FamilyError *ret_error) {
+static int place_ranks(BuildState *b, const Topology *t, Accel *accel, FamilyError *ret_error) {
         const MaterializeOptions *m = &b->plan.materialize;
         const Node *local = topology_local_node(t);
 
@@ -97,6 +132,7 @@ static int place_ranks(BuildState *b, const Topology *t, FamilyError *ret_error)
                 b->ranks[i].node = strdup(n ? n->name : "");
                 if (!b->ranks[i].node)
                         return -ENOMEM;
+                b->ranks[i].device_kind = device_kind_of(n, b->ranks[i].local_device);
         }
 
         if (!m->enabled)
@@ -116,20 +152,68 @@ static int place_ranks(BuildState *b, const Topology *t, FamilyError *ret_error)
                                                         m->ranks[j]);
                         b->ranks[i].materialized = rl->size_bytes > 0;
                 }
-                return 0;
-        }
+        } else
+                for (size_t i = 0; i < b->n_ranks; i++)
+                        b->ranks[i].materialized = local &&
+                                                   streq(b->ranks[i].node, local->name) &&
+                                                   b->layout.ranks[i].size_bytes > 0;
 
-        for (size_t i = 0; i < b->n_ranks; i++)
-                b->ranks[i].materialized = local && streq(b->ranks[i].node, local->name) &&
-                                           b->layout.ranks[i].size_bytes > 0;
+        /* Local ranks by this node's own backends: what a GPU allocation will take. */
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                BuildRankState *rs = &b->ranks[i];
+                if (!rs->materialized)
+                        continue;
+                rs->device_kind = accel_device_kind(accel, rs->local_device);
+                rs->allocation_bytes = accel_allocation_size(accel, rs->local_device,
+                                                             b->layout.ranks[i].size_bytes);
+        }
         return 0;
 }
 
+/* Every GPU this Build materialises on can hold shards; then their bytes, all at once. */
+static int reserve_devices(BuildState *b, Accel *accel, FamilyError *ret_error) {
+        _cleanup_free_ int32_t *devices = NULL;
+        _cleanup_free_ uint64_t *bytes = NULL;
+        size_t n = 0;
+        int r;
+
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                if (!b->ranks[i].materialized || !rank_on_gpu(&b->ranks[i]))
+                        continue;
+                r = accel_check_device(accel, b->ranks[i].local_device, ret_error);
+                if (r < 0)
+                        return r;
+                n++;
+        }
+        if (n == 0)
+                return 0;
+        devices = calloc(n, sizeof(int32_t));
+        bytes = calloc(n, sizeof(uint64_t));
+        if (!devices || !bytes)
+                return -ENOMEM;
+        n = 0;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && rank_on_gpu(&b->ranks[i])) {
+                        devices[n] = b->ranks[i].local_device;
+                        bytes[n++] = b->ranks[i].allocation_bytes;
+                }
+        return accel_reserve(accel, devices, bytes, n, &b->device_memory, ret_error);
+}
+
+/* Host bytes, the ones --shm-budget counts (GPU ranks count in their GPU's budget). */
 static uint64_t bytes_to_materialize(const BuildState *b) {
         uint64_t total = 0;
         for (size_t i = 0; i < b->n_ranks; i++)
-                if (b->ranks[i].materialized)
+                if (b->ranks[i].materialized && !rank_on_gpu(&b->ranks[i]))
                         total += b->layout.ranks[i].size_bytes;
+        return total;
+}
+
+static uint64_t gpu_bytes(const BuildState *b) {
+        uint64_t total = 0;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && rank_on_gpu(&b->ranks[i]))
+                        total += b->ranks[i].allocation_bytes;
         return total;
 }
 
@@ -153,16 +237,32 @@ static int check_shard_room(const BuildState *b, ShardTable *shards, FamilyError
                                 need, held, max);
 }
 
-static int materialize_all(BuildState *b, bool (*expired)(void *userdata), void *userdata) {
+static int materialize_all(BuildState *b, State *state, Accel *accel, const char *id,
+                           bool (*expired)(void *userdata), void *userdata,
+                           FamilyError *ret_error) {
         for (size_t i = 0; i < b->n_ranks; i++) {
-                if (!b->ranks[i].materialized)
+                const RankLayout *rl = &b->layout.ranks[i];
+                BuildRankState *rs = &b->ranks[i];
+                int r;
+
+                if (!rs->materialized)
                         continue;
                 /* Nobody would learn this build's id: stop, and keep nothing. */
                 if (expired(userdata))
                         return -ETIMEDOUT;
-                int r = materialize_rank(&b->plan, &b->layout, &b->layout.ranks[i], b->dtype,
-                                         b->seed, b->ranks[i].local_device,
-                                         &b->ranks[i].segment);
+                if (rank_on_gpu(rs)) {
+                        char name[96];
+                        (void) snprintf(name, sizeof name, "shard-%s-%" PRId64, id, rl->rank);
+                        r = accel_segment_new(accel, rs->local_device, name, rl->size_bytes,
+                                              &rs->segment, ret_error);
+                } else
+                        r = state_segment_new(state, id, rl->rank, rl->size_bytes,
+                                              rs->local_device, &rs->segment);
+                if (r < 0)
+                        return r;
+                rs->allocation_bytes = shard_segment_size(rs->segment);
+                r = accel_fill(accel, rs->segment, &b->plan, &b->layout, rl, b->dtype, b->seed,
+                               ret_error);
                 if (r < 0)
                         return r;
         }
@@ -214,23 +314,39 @@ static int check_reply_size(BuildState *b, const char *shard_socket, FamilyError
                                 size, FAMILYD_MAX_REPLY_BYTES, b->n_ranks);
 }
 
-/* The part of a Build after its reservation: materialise, publish, commit, encode. A failure
- * returns the reservation and drops what was made. expired: the caller has given up (deadline,
- * or the daemon is stopping): nobody would learn the build's id, so nothing is kept. */
+/* Gives back everything a Build took before its commit: tokens, the segments it made where
+ * they outlive the daemon, its fd store room, its reservation; then frees it. */
+static void build_abandon(RpcContext *ctx, BuildState *b, const char *id, uint64_t bytes) {
+        State *state = ctx->manager->state;
+
+        (void) shard_table_remove_group(ctx->shards, b->group.hex);
+        state_build_discard(state, id, b);
+        state_build_unreserve(state, b);
+        build_table_cancel(ctx->manager->builds, bytes);
+        build_state_free(b);
+}
+
+/* The part of a Build after its reservation: materialise, publish, save, commit, encode. A
+ * failure returns the reservation and drops what was made. expired: the caller has given up
+ * (deadline, or the daemon is stopping): nobody would learn the build's id, so nothing is
+ * kept. */
 static int build_finish(RpcContext *ctx, BuildState *b, uint64_t bytes, Arena *arena,
                         bool (*expired)(void *userdata), void *userdata,
                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         Manager *m = ctx->manager;
         _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
         Familyd__V1__BuildResponse *reply;
+        char id[BUILD_TABLE_ID_MAX];
         int r;
 
-        r = materialize_all(b, expired, userdata);
+        build_table_next_id(m->builds, id);
+        r = materialize_all(b, m->state, m->accel, id, expired, userdata, ret_error);
         if (r >= 0 && expired(userdata))
                 r = -ETIMEDOUT;
         if (r < 0) {
-                build_table_cancel(m->builds, bytes);
-                build_state_free(b);
+                build_abandon(ctx, b, id, bytes);
+                if (family_error_is_set(ret_error))
+                        return r; /* a backend's own answer (GPU memory, the CUDA driver) */
                 if (r == -ETIMEDOUT)
                         return family_error_set(ret_error, FAMILY_STATUS_DEADLINE_EXCEEDED,
                                                 "DEADLINE", NULL,
@@ -240,6 +356,8 @@ static int build_finish(RpcContext *ctx, BuildState *b, uint64_t bytes, Arena *a
                         return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
                                                 "FD_LIMIT", NULL,
                                                 "out of file descriptors for shard memory");
+                if ((r == -ENOSPC || r == -EDQUOT) && state_mode(m->state) == STATE_MODE_DIR)
+                        return state_dir_full_error(m->state, bytes, ret_error);
                 if (r == -ENOMEM || r == -ENOSPC)
                         return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
                                                 "SHM_EXHAUSTED", NULL,
@@ -248,20 +366,34 @@ static int build_finish(RpcContext *ctx, BuildState *b, uint64_t bytes, Arena *a
                 return r;
         }
         r = publish_tokens(b, ctx->shards, ret_error);
+        if (r >= 0)
+                r = state_build_save(m->state, id, b, ret_error);
         if (r < 0) {
-                (void) shard_table_remove_group(ctx->shards, b->group.hex);
-                build_table_cancel(m->builds, bytes);
-                build_state_free(b);
+                build_abandon(ctx, b, id, bytes);
                 return r;
         }
 
-        r = build_table_commit(m->builds, bytes, b, build_state_free, &rec);
+        r = build_table_commit_id(m->builds, id, bytes, b, build_state_free, &rec);
         if (r < 0) {
+                /* Saved: its fd store room is in use now, and forgetting gives it back. */
                 (void) shard_table_remove_group(ctx->shards, b->group.hex);
+                state_build_forget(m->state, id, b);
                 build_table_cancel(m->builds, bytes);
                 build_state_free(b);
                 return r;
         }
+        /* b lives on as rec's payload. */
+        char gpu_bytes_text[64] = "";
+        if (b->device_memory)
+                (void) snprintf(gpu_bytes_text, sizeof gpu_bytes_text,
+                                "%" PRIu64 " bytes in GPU memory", gpu_bytes(b));
+        log_struct(LOG_INFO, 0,
+                   LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
+                              LOG_FIELD(LOG_FIELD_FAMILY, b->plan.resolved.family),
+                              LOG_FIELD(LOG_FIELD_MESH_ID, b->plan.mesh ? b->plan.mesh->id : NULL)),
+                   "Build %s created: %s as %s, %zu ranks, %" PRIu64 " bytes of shards held%s%s.",
+                   rec->id, b->plan.resolved.family, b->plan.resolved.variant, b->n_ranks, bytes,
+                   b->device_memory ? ", " : "", b->device_memory ? gpu_bytes_text : "");
 
         reply = MSG_NEW(arena, Familyd__V1__BuildResponse, familyd__v1__build_response__init);
         if (!reply)
@@ -334,7 +466,7 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         r = compute_layout(b, ret_error);
         if (r < 0)
                 return r;
-        r = place_ranks(b, topo, ret_error);
+        r = place_ranks(b, topo, m->accel, ret_error);
         if (r < 0)
                 return r;
         r = check_reply_size(b, ctx->shard_socket, ret_error);
@@ -354,20 +486,29 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         r = check_shard_room(b, ctx->shards, ret_error);
         if (r < 0)
                 return r;
-
-        bytes = bytes_to_materialize(b);
-        r = build_table_reserve(m->builds, bytes, ret_error);
+        r = reserve_devices(b, m->accel, ret_error);
+        if (r < 0)
+                return r;
+        r = state_build_reserve(m->state, b, ret_error);
         if (r < 0)
                 return r;
 
+        bytes = bytes_to_materialize(b);
+        r = build_table_reserve(m->builds, bytes, ret_error);
+        if (r < 0) {
+                state_build_unreserve(m->state, b);
+                return r;
+        }
+
         /* Nothing to fill: finish here. Else the fill runs on the executor, so gRPC's workers
          * keep answering (Health, Resolve) while shards are written. */
-        if (bytes == 0 || !ctx->executor)
+        if (segments_to_materialize(b) == 0 || !ctx->executor)
                 return build_finish(ctx, TAKE_PTR(b), bytes, arena, handler_expired, NULL,
                                     ret_reply, ret_error);
 
         BuildJob *job = calloc(1, sizeof *job);
         if (!job) {
+                state_build_unreserve(m->state, b);
                 build_table_cancel(m->builds, bytes);
                 return -ENOMEM;
         }
@@ -377,6 +518,7 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         if (r < 0) {
                 FamilyError none = FAMILY_ERROR_NULL;
                 /* Not queued: answer on this worker, through the same pending handle. */
+                state_build_unreserve(m->state, b);
                 build_table_cancel(m->builds, bytes);
                 (void) family_error_set(&none, r == -EBUSY ? FAMILY_STATUS_RESOURCE_EXHAUSTED
                                                            : FAMILY_STATUS_UNAVAILABLE,
@@ -459,6 +601,16 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
         r = build_table_remove(ctx->manager->builds, req->build_id, ret_error);
         if (r < 0)
                 return r;
+        /* Only the caller whose remove succeeded gets here: forgotten once. */
+        state_build_forget(ctx->manager->state, rec->id, rec->payload);
+        const BuildState *state = rec->payload;
+        log_struct(LOG_INFO, 0,
+                   LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
+                              LOG_FIELD(LOG_FIELD_FAMILY, state->plan.resolved.family),
+                              LOG_FIELD(LOG_FIELD_MESH_ID,
+                                        state->plan.mesh ? state->plan.mesh->id : NULL)),
+                   "Build %s released: %" PRIu64 " bytes of shards let go.", rec->id,
+                   rec->bytes);
 
         reply = MSG_NEW(arena, Familyd__V1__ReleaseBuildResponse,
                         familyd__v1__release_build_response__init);

@@ -105,12 +105,42 @@ static int delete_mesh(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
         return 0;
 }
 
+static int forget_node(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__ForgetNodeRequest *req =
+                (const Familyd__V1__ForgetNodeRequest *) request;
+        Familyd__V1__ForgetNodeResponse *reply;
+        int r;
+
+        r = codec_check_length(req->node, FAMILYD_MAX_NAME_LENGTH, "node", ret_error);
+        if (r < 0)
+                return r;
+        if (isempty(req->node))
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
+                                        "node", "node is required");
+        r = manager_forget_node(ctx->manager, req->node, ret_error);
+        if (r < 0)
+                return r;
+
+        _cleanup_(topology_unrefp) Topology *t = manager_topology(ctx->manager);
+        reply = MSG_NEW(arena, Familyd__V1__ForgetNodeResponse,
+                        familyd__v1__forget_node_response__init);
+        if (!reply)
+                return -ENOMEM;
+        r = codec_topology_encode(arena, t, &reply->topology);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
 static const RpcMethod methods[] = {
         { "/familyd.v1.MeshService/GetTopology", RPC_UNARY,
           &familyd__v1__get_topology_request__descriptor, get_topology, NULL },
-        /* The current topology, then held open: changes are pushed once peers exist. */
+        /* The current topology, then the topology anew after each change. */
         { "/familyd.v1.MeshService/WatchTopology", RPC_WATCH,
-          &familyd__v1__watch_topology_request__descriptor, get_topology, NULL },
+          &familyd__v1__watch_topology_request__descriptor, get_topology, NULL,
+          .pushes_changes = true },
         { "/familyd.v1.MeshService/CreateMesh", RPC_UNARY,
           &familyd__v1__create_mesh_request__descriptor, create_mesh, NULL },
         { "/familyd.v1.MeshService/GetMesh", RPC_UNARY,
@@ -119,6 +149,8 @@ static const RpcMethod methods[] = {
           &familyd__v1__list_meshes_request__descriptor, list_meshes, NULL },
         { "/familyd.v1.MeshService/DeleteMesh", RPC_UNARY,
           &familyd__v1__delete_mesh_request__descriptor, delete_mesh, NULL },
+        { "/familyd.v1.MeshService/ForgetNode", RPC_UNARY,
+          &familyd__v1__forget_node_request__descriptor, forget_node, NULL },
 };
 
 const RpcService service_mesh = {

@@ -1,55 +1,66 @@
-/* materialize.c: a rank's segment from its layout and the parameters' inits. */
-#include <inttypes.h>
-#include <stdio.h>
-
+/* materialize.c: a rank's slices from its layout and the parameters' inits. */
 #include "materialize.h"
 
-int materialize_rank(const BuildPlan *plan, const Layout *layout, const RankLayout *rank,
-                     Dtype dtype, uint64_t seed, int device, ShardSegment **ret) {
-        _cleanup_(shard_segment_unrefp) ShardSegment *seg = NULL;
-        _cleanup_free_ FillSpec *specs = NULL;
-        _cleanup_free_ FillSlice *slices = NULL;
+int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLayout *rank,
+                       Dtype dtype, uint64_t seed, MaterializeSlice **ret, size_t *ret_n) {
+        _cleanup_free_ MaterializeSlice *slices = NULL;
         size_t n = 0;
-        char name[64];
         int r;
 
-        (void) snprintf(name, sizeof name, "familyd-rank-%" PRId64, rank->rank);
-        r = shard_segment_new_host(name, rank->size_bytes, device, &seg);
-        if (r < 0)
-                return r;
-
-        specs = calloc(rank->n_slices ? rank->n_slices : 1, sizeof(FillSpec));
-        slices = calloc(rank->n_slices ? rank->n_slices : 1, sizeof(FillSlice));
-        if (!specs || !slices)
+        /* Allocated once: fill.spec points into the array. */
+        slices = calloc(rank->n_slices ? rank->n_slices : 1, sizeof(MaterializeSlice));
+        if (!slices)
                 return -ENOMEM;
 
-        uint8_t *base = shard_segment_data(seg);
         for (size_t i = 0; i < rank->n_slices; i++) {
                 const ShardSlice *s = &rank->slices[i];
                 const PlanParameter *p = &plan->parameters[s->parameter];
+                MaterializeSlice *m = &slices[n];
 
                 if (s->byte_length == 0)
                         continue;
-                r = fill_spec_init(&specs[n], p->init.kind, p->init.a, p->init.b, seed, p->name,
+                r = fill_spec_init(&m->spec, p->init.kind, p->init.a, p->init.b, seed, p->name,
                                    dtype);
                 if (r < 0)
                         return r;
-                slices[n] = (FillSlice) {
-                        .spec = &specs[n],
+                m->fill = (FillSlice) {
+                        .spec = &m->spec,
                         .rank = s->n_dims,
                         .shape = layout->parameters[s->parameter].shape,
                         .local_shape = s->local_shape,
                         .global_offset = s->global_offset,
-                        .dst = base + s->byte_offset,
                 };
+                m->byte_offset = s->byte_offset;
+                m->byte_length = s->byte_length;
                 n++;
         }
 
-        r = fill_run(slices, n, 0);
+        *ret = TAKE_PTR(slices);
+        *ret_n = n;
+        return 0;
+}
+
+int materialize_host_fill(ShardSegment *seg, const MaterializeSlice *slices, size_t n) {
+        _cleanup_free_ FillSlice *fills = NULL;
+        uint8_t *base = shard_segment_data(seg);
+        int r;
+
+        if (!base)
+                return -EINVAL;
+        fills = calloc(n ? n : 1, sizeof(FillSlice));
+        if (!fills)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                if (slices[i].byte_length > shard_segment_size(seg) ||
+                    slices[i].byte_offset > shard_segment_size(seg) - slices[i].byte_length)
+                        return -EINVAL;
+                fills[i] = slices[i].fill;
+                fills[i].dst = base + slices[i].byte_offset;
+        }
+
+        r = fill_run(fills, n, 0);
         if (r < 0)
                 return r;
         shard_segment_unmap(seg);
-
-        *ret = TAKE_PTR(seg);
         return 0;
 }

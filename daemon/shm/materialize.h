@@ -1,4 +1,4 @@
-/* materialize.h: one rank's shard segment, filled with its slices of every parameter. */
+/* materialize.h: one rank's slices of every parameter, as fills of its segment. */
 #pragma once
 
 #include "build-plan.h"
@@ -7,9 +7,23 @@
 #include "segment.h"
 
 /*
- * Creates a sealed host segment of the rank's size and fills each non-empty slice with the
- * values of semantics.md Build 6 (fill.c), on all cores; the daemon's mapping is dropped
- * afterwards. The rank must hold bytes (size_bytes > 0).
+ * One non-empty slice of a rank: the values (semantics.md, Build 6) and where they go,
+ * relative to the rank's first byte. fill.spec points at spec; fill.dst is left NULL for the
+ * backend to set (a host mapping, a staging buffer, or nothing for a device kernel).
  */
-int materialize_rank(const BuildPlan *plan, const Layout *layout, const RankLayout *rank,
-                     Dtype dtype, uint64_t seed, int device, ShardSegment **ret);
+typedef struct MaterializeSlice {
+        FillSpec spec;
+        FillSlice fill;
+        uint64_t byte_offset;
+        uint64_t byte_length;
+} MaterializeSlice;
+
+/* The rank's non-empty slices in layout order: *ret (free() it) and *ret_n. */
+int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLayout *rank,
+                       Dtype dtype, uint64_t seed, MaterializeSlice **ret, size_t *ret_n);
+
+/*
+ * Fills a host segment (mapped, at least the rank's size: a memfd, or a file under
+ * --state-dir) on all cores; its mapping is dropped afterwards. The host backend's fill.
+ */
+int materialize_host_fill(ShardSegment *seg, const MaterializeSlice *slices, size_t n);

@@ -1,4 +1,4 @@
-/* segment.c: sealed memfd segments for host shards. */
+/* segment.c: sealed memfd segments for host shards, and the descriptors of device shards. */
 #include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -21,6 +21,9 @@ struct ShardSegment {
         void *mapping; /* the daemon's, until shard_segment_unmap() */
         int device;
         bool sealed;
+        /* Device segments: how to let go of memory, the backend's handle. */
+        const ShardSegmentDeviceOps *ops;
+        void *memory;
 };
 
 static int memfd_new(const char *name) {
@@ -69,6 +72,48 @@ int shard_segment_new_host(const char *name, uint64_t size, int device, ShardSeg
         return 0;
 }
 
+int shard_segment_new_file(int dir_fd, const char *name, uint64_t size, int device,
+                           ShardSegment **ret) {
+        _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL;
+        int r;
+
+        if (size == 0 || size > (uint64_t) SIZE_MAX || size > (uint64_t) INT64_MAX ||
+            isempty(name) || strchr(name, '/'))
+                return -EINVAL;
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        atomic_init(&s->n_ref, 1);
+        s->size = size;
+        s->device = device;
+
+        /* 0400 at creation still yields this O_RDWR descriptor; nobody can reopen it for
+         * writing later (the daemon itself re-adopts it read-only). */
+        s->fd = openat(dir_fd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW |
+                                             O_NOCTTY, 0400);
+        if (s->fd < 0)
+                return -errno;
+
+        r = fallocate(s->fd, 0, 0, (off_t) size) < 0 ? -errno : 0;
+        if (r == -EOPNOTSUPP)
+                r = ftruncate(s->fd, (off_t) size) < 0 ? -errno : 0;
+        if (r >= 0) {
+                void *p = mmap(NULL, (size_t) size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+                if (p == MAP_FAILED)
+                        r = -errno;
+                else
+                        s->mapping = p;
+        }
+        if (r < 0) {
+                (void) unlinkat(dir_fd, name, 0);
+                return r;
+        }
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
 int shard_segment_adopt(int fd, int device, ShardSegment **ret) {
         struct stat st;
         ShardSegment *s;
@@ -98,6 +143,26 @@ int shard_segment_adopt(int fd, int device, ShardSegment **ret) {
         return 0;
 }
 
+int shard_segment_new_device(const ShardSegmentDeviceOps *ops, void *memory, int fd,
+                             uint64_t size, int device, ShardSegment **ret) {
+        ShardSegment *s;
+
+        if (!ops || !ops->release || !memory || fd < 0 || size == 0 ||
+            size > (uint64_t) INT64_MAX)
+                return -EINVAL;
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        atomic_init(&s->n_ref, 1);
+        s->fd = fd;
+        s->size = size;
+        s->device = device;
+        s->ops = ops;
+        s->memory = memory;
+        *ret = s;
+        return 0;
+}
+
 ShardSegment *shard_segment_ref(ShardSegment *s) {
         if (s)
                 atomic_fetch_add_explicit(&s->n_ref, 1, memory_order_relaxed);
@@ -109,6 +174,8 @@ ShardSegment *shard_segment_unref(ShardSegment *s) {
                 return NULL;
         shard_segment_unmap(s);
         safe_close(s->fd);
+        if (s->ops)
+                s->ops->release(s->memory);
         return mfree(s);
 }
 
@@ -128,8 +195,15 @@ uint64_t shard_segment_size(const ShardSegment *s) {
 }
 
 const char *shard_segment_device_kind(const ShardSegment *s) {
-        (void) s;
-        return SHARD_SEGMENT_DEVICE_KIND_HOST;
+        return s->ops ? s->ops->kind : SHARD_SEGMENT_DEVICE_KIND_HOST;
+}
+
+bool shard_segment_is_host(const ShardSegment *s) {
+        return !s->ops;
+}
+
+void *shard_segment_device_memory(const ShardSegment *s) {
+        return s->memory;
 }
 
 int shard_segment_device(const ShardSegment *s) {
@@ -147,6 +221,14 @@ bool shard_segment_is_sealed(const ShardSegment *s) {
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd) {
         int fd;
 
+        if (s->ops) {
+                /* Nothing to seal, no access mode to give: see DESIGN in segment.h. */
+                fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);
+                if (fd < 0)
+                        return -errno;
+                *ret_fd = fd;
+                return 0;
+        }
         if (writable) {
                 /* Unsealed (adopted from --state-dir): a writer could truncate it under
                  * everyone's mapping, so it is never handed out writable. */

@@ -1,4 +1,4 @@
-/* segment.h: a shard's memory: a sealed memfd the daemon fills and hands out as descriptors. */
+/* segment.h: a shard's memory: a sealed memfd, or a GPU allocation, handed out as descriptors. */
 #pragma once
 
 #include <stdbool.h>
@@ -18,12 +18,26 @@
  * still can: the mode is all that guards that, no seal does, since writable handouts of the
  * same memfd must keep working).
  *
+ * A device segment (a GPU allocation, shard/backend-cuda.c) is an exported descriptor of the
+ * allocation plus the backend's handle, released through the backend when the last reference
+ * goes. Such descriptors cannot be sealed and carry no access mode: any process that imports
+ * one may map it read-write, so for them "read-only" is advisory (README, "Accelerators"):
+ * every handout is a dup of the exported descriptor.
+ *
  * Segments are reference-counted with an atomic count: the shard table, a Build record and the
  * shard socket's thread each hold references. A segment never changes after creation except
  * for the mapping, which only its creator touches (fill, then unmap) before it is shared.
  */
 
 #define SHARD_SEGMENT_DEVICE_KIND_HOST "host"
+#define SHARD_SEGMENT_DEVICE_KIND_CUDA "cuda"
+
+/* How a device segment's memory goes: release(memory) once, from the last unref, on any
+ * thread. */
+typedef struct ShardSegmentDeviceOps {
+        const char *kind; /* SHARD_SEGMENT_DEVICE_KIND_CUDA */
+        void (*release)(void *memory);
+} ShardSegmentDeviceOps;
 
 typedef struct ShardSegment ShardSegment;
 
@@ -35,11 +49,29 @@ typedef struct ShardSegment ShardSegment;
 int shard_segment_new_host(const char *name, uint64_t size, int device, ShardSegment **ret);
 
 /*
+ * A host segment kept as the file name in the directory dir_fd (a tmpfs: --state-dir), so
+ * that it outlives the daemon: created (O_EXCL, mode 0400), its blocks allocated up front
+ * (fallocate, so a full tmpfs is -ENOSPC here rather than SIGBUS while filling; ramfs, which
+ * cannot preallocate, gets ftruncate), mapped read-write for the daemon. Such a file cannot be
+ * sealed: the segment is handed out read-only only. On failure the file is gone again.
+ */
+int shard_segment_new_file(int dir_fd, const char *name, uint64_t size, int device,
+                           ShardSegment **ret);
+
+/*
  * Takes over fd (on success only), a descriptor of a segment created earlier (the systemd fd
  * store, or a file under --state-dir): its size is its current size (> 0), its kind "host".
  * One not sealed against resizing is handed out read-only only. No mapping is made.
  */
 int shard_segment_adopt(int fd, int device, ShardSegment **ret);
+
+/*
+ * A device segment: fd, the exported descriptor of an allocation of size bytes (its full size,
+ * a multiple of the device's allocation granularity), and memory, the backend's handle of it;
+ * both taken over on success only. No mapping is made.
+ */
+int shard_segment_new_device(const ShardSegmentDeviceOps *ops, void *memory, int fd,
+                             uint64_t size, int device, ShardSegment **ret);
 
 ShardSegment *shard_segment_ref(ShardSegment *s);
 ShardSegment *shard_segment_unref(ShardSegment *s);
@@ -50,17 +82,24 @@ void *shard_segment_data(const ShardSegment *s);
 /* Drops the daemon's mapping; the memory lives on in the memfd. Idempotent. */
 void shard_segment_unmap(ShardSegment *s);
 
+/* The descriptor's size: for a device segment the allocation's, rounded up to its granularity. */
 uint64_t shard_segment_size(const ShardSegment *s);
+/* "host" or "cuda". */
 const char *shard_segment_device_kind(const ShardSegment *s);
+bool shard_segment_is_host(const ShardSegment *s);
+/* The backend's handle of a device segment; NULL for a host one. */
+void *shard_segment_device_memory(const ShardSegment *s);
 int shard_segment_device(const ShardSegment *s);
-/* The segment's own descriptor (O_RDWR), still owned by the segment: for the fd store. */
+/* The segment's own descriptor (O_RDWR; a device segment's exported one), still owned by the
+ * segment: for the fd store, which takes host segments only. */
 int shard_segment_fd(const ShardSegment *s);
-/* True when sealed against shrinking and growing (always, for a segment made here). */
+/* True when sealed against shrinking and growing (always, for a host segment made here; never
+ * for a device segment). */
 bool shard_segment_is_sealed(const ShardSegment *s);
 
 /*
  * A new O_CLOEXEC descriptor for a client: writable, a dup of the memfd; else read-only (see
- * DESIGN). -EPERM: writable asked of a segment that is not sealed. -EMFILE, -ENFILE: out of
- * descriptors.
+ * DESIGN); a device segment's is a dup of its exported descriptor either way. -EPERM:
+ * writable asked of a host segment that is not sealed. -EMFILE, -ENFILE: out of descriptors.
  */
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd);

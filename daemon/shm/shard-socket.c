@@ -262,7 +262,7 @@ static int connection_answer(ShardServer *s, Connection *c, const Request *req) 
         uint64_t sizes[SHARD_SOCKET_MAX_TOKENS];
         char *kinds[SHARD_SOCKET_MAX_TOKENS];
         int32_t devices[SHARD_SOCKET_MAX_TOKENS];
-        char message[160];
+        char message[192];
         size_t n = req->n_tokens, bad, n_fds = 0;
         int r;
 
@@ -302,10 +302,14 @@ static int connection_answer(ShardServer *s, Connection *c, const Request *req) 
                 for (size_t i = 0; i < n_fds; i++)
                         safe_close(fds[i]);
                 if (r == -EPERM) {
+                        /* Only unsealed segments refuse it: files kept under --state-dir. */
                         (void) snprintf(message, sizeof message,
-                                        "shard %zu of %zu cannot be handed out writable", bad + 1,
-                                        n);
-                        return connection_queue_error(c, FAMILY_STATUS_PERMISSION_DENIED, message);
+                                        "shard %zu of %zu is read-only: it is kept in a "
+                                        "--state-dir file, which cannot be sealed against "
+                                        "resizing, so it is never handed out writable",
+                                        bad + 1, n);
+                        return connection_queue_error(c, FAMILY_STATUS_FAILED_PRECONDITION,
+                                                      message);
                 }
                 if (r == -EMFILE || r == -ENFILE || r == -ENOMEM) {
                         log_warning_errno(r, "Failed to open shard descriptors, refusing a "
@@ -699,25 +703,50 @@ static void *server_thread(void *userdata) {
         }
 }
 
-int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
-        _cleanup_(shard_server_freep) ShardServer *s = NULL;
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        sigset_t all, old;
-        int r;
-
-        if (strlen(path) >= sizeof sa.sun_path)
-                return log_error_errno(-ENAMETOOLONG, "Shard socket path %s is too long", path);
-        memcpy(sa.sun_path, path, strlen(path));
-
-        s = calloc(1, sizeof *s);
+static ShardServer *shard_server_alloc(ShardTable *table) {
+        ShardServer *s = calloc(1, sizeof *s);
         if (!s)
-                return -ENOMEM;
+                return NULL;
         s->listen_fd = s->epoll_fd = s->stop_fd = -1;
         s->table = shard_table_ref(table);
         atomic_init(&s->idle_timeout_ms, SHARD_SOCKET_IDLE_TIMEOUT_MS);
         atomic_init(&s->max_connections, SHARD_SOCKET_MAX_CONNECTIONS);
         atomic_init(&s->max_connections_per_uid, SHARD_SOCKET_MAX_CONNECTIONS_PER_UID);
         atomic_init(&s->unread_timeout_ms, SHARD_SOCKET_UNREAD_TIMEOUT_MS);
+        return s;
+}
+
+static int shard_server_start(ShardServer *s);
+
+int shard_server_adopt(int fd, ShardTable *table, ShardServer **ret) {
+        _cleanup_(shard_server_freep) ShardServer *s = NULL;
+        int r;
+
+        s = shard_server_alloc(table);
+        if (!s) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        s->listen_fd = fd; /* s->path stays NULL: the socket file is not ours to remove */
+        r = shard_server_start(s);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
+        _cleanup_(shard_server_freep) ShardServer *s = NULL;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int r;
+
+        if (strlen(path) >= sizeof sa.sun_path)
+                return log_error_errno(-ENAMETOOLONG, "Shard socket path %s is too long", path);
+        memcpy(sa.sun_path, path, strlen(path));
+
+        s = shard_server_alloc(table);
+        if (!s)
+                return -ENOMEM;
 
         s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (s->listen_fd < 0)
@@ -733,6 +762,18 @@ int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
                 return log_error_errno(-errno, "Failed to set the mode of %s: %m", path);
         if (listen(s->listen_fd, SOMAXCONN) < 0)
                 return log_error_errno(-errno, "Failed to listen on %s: %m", path);
+
+        r = shard_server_start(s);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+/* The listening socket is in place: the epoll set, the stop eventfd and the thread. */
+static int shard_server_start(ShardServer *s) {
+        sigset_t all, old;
+        int r;
 
         s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
         if (s->epoll_fd < 0)
@@ -758,8 +799,6 @@ int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to start the shard socket thread: %m");
         s->thread_started = true;
-
-        *ret = TAKE_PTR(s);
         return 0;
 }
 

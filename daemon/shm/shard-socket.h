@@ -1,4 +1,4 @@
-/* shard-socket.h: the shard socket: tokens in, memfd descriptors out over SCM_RIGHTS. */
+/* shard-socket.h: the shard socket: tokens in, shard descriptors out over SCM_RIGHTS. */
 #pragma once
 
 #include "macro.h"
@@ -27,9 +27,13 @@ typedef struct ShardServer ShardServer;
 /*
  * Binds path (replacing a stale socket: the API socket's lock already makes this daemon the
  * only one), mode 0660, and starts the socket's own thread, which serves lookups in table (it
- * takes a reference). Descriptors of read-only requests are read-only (segment.h).
+ * takes a reference). Host descriptors of read-only requests are read-only;
+ * GPU ones carry no access mode (segment.h).
  */
 int shard_server_new(const char *path, ShardTable *table, ShardServer **ret);
+/* The same on an inherited listening socket (socket activation), non-blocking already; takes
+ * fd, even on failure, and never removes the socket file. */
+int shard_server_adopt(int fd, ShardTable *table, ShardServer **ret);
 /* Stops and joins the thread, closes every connection, removes the socket. */
 ShardServer *shard_server_free(ShardServer *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(ShardServer *, shard_server_free);

@@ -213,6 +213,39 @@ int shard_table_add(ShardTable *t, const char *group, ShardSegment *segment,
         return 0;
 }
 
+int shard_table_restore(ShardTable *t, const char *group, ShardSegment *segment,
+                        const char *token) {
+        _cleanup_free_ Entry *e = NULL;
+        _cleanup_free_ char *g = NULL;
+
+        if (isempty(group) || strnlen(group, SHARD_TABLE_MAX_GROUP_LENGTH + 1) >
+                                      SHARD_TABLE_MAX_GROUP_LENGTH || !segment ||
+            !shard_token_is_valid(token))
+                return -EINVAL;
+
+        e = calloc(1, sizeof *e);
+        g = strdup(group);
+        if (!e || !g)
+                return -ENOMEM;
+        memcpy(e->token.hex, token, SHARD_TOKEN_LENGTH + 1);
+
+        (void) pthread_mutex_lock(&t->lock);
+        if (table_find_locked(t, token)) {
+                (void) pthread_mutex_unlock(&t->lock);
+                return -EEXIST;
+        }
+        e->hash = token_hash(t, e->token.hex);
+        e->group = TAKE_PTR(g);
+        e->segment = shard_segment_ref(segment);
+        Entry **bucket = &t->buckets[e->hash & (t->n_buckets - 1)];
+        e->next = *bucket;
+        *bucket = TAKE_PTR(e);
+        t->n_entries++;
+        table_grow_locked(t);
+        (void) pthread_mutex_unlock(&t->lock);
+        return 0;
+}
+
 int shard_table_lookup(ShardTable *t, const char *token, ShardSegment **ret) {
         return shard_table_lookup_many(t, &token, 1, ret, &(size_t) { 0 });
 }

@@ -43,6 +43,14 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(ShardTable *, shard_table_unref);
 int shard_table_add(ShardTable *t, const char *group, ShardSegment *segment,
                     ShardToken *ret_token);
 
+/*
+ * Files segment under a token it had before a restart (32 lowercase hex characters, else
+ * -EINVAL): -EEXIST when the token is live. The cap does not refuse it: the descriptor is
+ * open already, and a table over its cap only refuses new tokens.
+ */
+int shard_table_restore(ShardTable *t, const char *group, ShardSegment *segment,
+                        const char *token);
+
 /* 0 and a new reference in *ret; SHARD_TABLE_NOT_FOUND. token may be anything, even NULL. */
 int shard_table_lookup(ShardTable *t, const char *token, ShardSegment **ret);
 

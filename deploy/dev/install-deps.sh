@@ -11,6 +11,13 @@ packages=(
 )
 if [[ "${1:-}" == "--tests" ]]; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
+    # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
+    # llvm-symbolizer for the coverage report.
+    packages+=(clang libclang-rt-14-dev llvm-14)
+    # The systemd tests: systemd-analyze (verify, security), systemd-socket-activate,
+    # systemd-sysusers and systemd-tmpfiles come with the systemd package (no PID 1 needed);
+    # unshare (the journal test's private /run) with util-linux.
+    packages+=(systemd util-linux)
     # npm may come with a Node.js that is not Debian's; ask apt only when there is none.
     command -v npm >/dev/null || packages+=(npm)
 fi

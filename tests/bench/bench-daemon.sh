@@ -24,7 +24,7 @@ bench_daemon_start() {
         local registry=$1
         shift
         sock=$tmp/familyd.sock
-        "$familyd" --socket "$sock" --shard-socket "$tmp/shard.sock" --state-dir "$tmp" \
+        "$familyd" --socket "$sock" --shard-socket "$tmp/shard.sock" \
                 --registry "$registry" "$@" >"$tmp/familyd.log" 2>&1 &
         pid=$!
 

@@ -30,7 +30,8 @@
  * floor in turn. Each column is the median of its rounds (map over the map-only rounds and the
  * read rounds). Then every build is released. The sum is one loop over 16 float lanes in blocks
  * of 4096 floats (GCC vector extensions: SSE2, no -ffast-math needed), each block added into a
- * double: exact for ones, and memory-bound.
+ * double: exact for ones, and memory-bound. From 8 MiB up it runs on every online CPU
+ * (--read-threads), as a trainer's tensor library would read, on all three paths alike.
  *
  * Goals: map time flat in the size (map at the largest size / map at the smallest <= 2) and
  * grpc / (map+read) >= 10 at the largest size. --check-goals: exit 1 when one is missed.
@@ -94,6 +95,7 @@ typedef struct Options {
         bool check_goals;
         bool probe;
         bool populate;
+        unsigned read_threads; /* the full read's threads, both paths alike; 0: online CPUs */
         unsigned call_timeout_ms;
 } Options;
 
@@ -189,6 +191,85 @@ static void stream_sum_add(StreamSum *s, const unsigned char *p, size_t len) {
         s->total += sum_floats(p, len / sizeof(float));
         s->n_carry = len % sizeof(float);
         memcpy(s->carry, p + len - s->n_carry, s->n_carry);
+}
+
+/*
+ * The full read as a trainer's tensor library does it: on every core. The bytes are a list of
+ * pieces (one mapping, or the slices of a gRPC message); each thread sums a float-aligned
+ * range of the whole stream, walking the pieces it overlaps, so a float split across two
+ * slices is still read whole. Both paths use this, with the same thread count.
+ */
+typedef struct Piece {
+        const unsigned char *p;
+        size_t len;
+} Piece;
+
+typedef struct SumJob {
+        const Piece *pieces;
+        size_t n_pieces;
+        size_t from, to; /* byte range of the stream, both multiples of sizeof(float) */
+        StreamSum sum;
+        pthread_t thread;
+} SumJob;
+
+/* Below this the threads cost more than they save. */
+#define PARALLEL_SUM_MIN_BYTES (8u << 20)
+
+static void *sum_job_run(void *userdata) {
+        SumJob *j = userdata;
+        size_t off = 0;
+
+        for (size_t i = 0; i < j->n_pieces && off < j->to; i++) {
+                size_t a = off, b = off + j->pieces[i].len;
+
+                off = b;
+                if (b <= j->from)
+                        continue;
+                size_t s = a < j->from ? j->from - a : 0;
+                size_t e = (b > j->to ? j->to : b) - a;
+                stream_sum_add(&j->sum, j->pieces[i].p + s, e - s);
+        }
+        return NULL;
+}
+
+static unsigned read_threads(void) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        if (opt.read_threads > 0)
+                return opt.read_threads;
+        return n > 0 ? (unsigned) n : 1;
+}
+
+/* The sum of the float32 stream; *ret_ok false when a float is left incomplete. */
+static double parallel_sum(const Piece *pieces, size_t n_pieces, size_t total, bool *ret_ok) {
+        unsigned n = total < PARALLEL_SUM_MIN_BYTES ? 1 : read_threads();
+        size_t floats = total / sizeof(float);
+        SumJob jobs[64];
+        double sum = 0;
+
+        if (n > 64)
+                n = 64;
+        for (unsigned t = 0; t < n; t++) {
+                jobs[t] = (SumJob) {
+                        .pieces = pieces,
+                        .n_pieces = n_pieces,
+                        .from = floats * t / n * sizeof(float),
+                        .to = t + 1 == n ? total : floats * (t + 1) / n * sizeof(float),
+                };
+                if (t > 0 && pthread_create(&jobs[t].thread, NULL, sum_job_run, &jobs[t]) != 0)
+                        sum_job_run(&jobs[t]), jobs[t].thread = 0;
+        }
+        sum_job_run(&jobs[0]);
+        *ret_ok = true;
+        for (unsigned t = 0; t < n; t++) {
+                if (t > 0 && jobs[t].thread)
+                        pthread_join(jobs[t].thread, NULL);
+                sum += jobs[t].sum.total;
+                if (jobs[t].sum.n_carry != 0 && t + 1 < n)
+                        *ret_ok = false;
+        }
+        if (jobs[n - 1].sum.n_carry != 0)
+                *ret_ok = false;
+        return sum;
 }
 
 /* ---- gRPC client calls -------------------------------------------------------------------- */
@@ -606,7 +687,9 @@ static int handout_once(const Built *b, bool read, uint64_t *ret_map_ns, uint64_
         close(fd);
         *ret_map_ns = t1 - t0;
         if (read) {
-                double s = sum_floats(p, b->size_bytes / sizeof(float));
+                Piece whole = { .p = p, .len = b->size_bytes };
+                bool ok;
+                double s = parallel_sum(&whole, 1, b->size_bytes, &ok);
 
                 t2 = now_ns();
                 *ret_total_ns = t2 - t0;
@@ -864,17 +947,37 @@ static int grpc_once(grpc_channel *ch, grpc_completion_queue *cq, uint64_t size,
                 grpc_byte_buffer_destroy(recv);
                 return -EBADMSG;
         }
+        /* The slices as they are (no flattening copy), then the same read as the mapping's. */
+        size_t n_slices = 0, allocated = 0;
+        grpc_slice *slices = NULL;
+        Piece *pieces = NULL;
+        bool ok = true;
         while (grpc_byte_buffer_reader_next(&reader, &slice)) {
-                stream_sum_add(&sum, GRPC_SLICE_START_PTR(slice), GRPC_SLICE_LENGTH(slice));
+                if (n_slices == allocated) {
+                        allocated = allocated ? 2 * allocated : 256;
+                        slices = realloc(slices, allocated * sizeof(*slices));
+                        pieces = realloc(pieces, allocated * sizeof(*pieces));
+                        if (!slices || !pieces)
+                                abort();
+                }
+                slices[n_slices] = slice;
                 got += GRPC_SLICE_LENGTH(slice);
-                grpc_slice_unref(slice);
+                n_slices++;
         }
+        /* Only now: a small slice keeps its bytes inline, in the grpc_slice itself. */
+        for (size_t i = 0; i < n_slices; i++)
+                pieces[i] = (Piece) { GRPC_SLICE_START_PTR(slices[i]), GRPC_SLICE_LENGTH(slices[i]) };
+        sum.total = parallel_sum(pieces, n_slices, got, &ok);
         t2 = now_ns();
+        for (size_t i = 0; i < n_slices; i++)
+                grpc_slice_unref(slices[i]);
+        free(slices);
+        free(pieces);
         grpc_byte_buffer_reader_destroy(&reader);
         grpc_byte_buffer_destroy(recv);
         *ret_recv_ns = t1 - t0;
         *ret_total_ns = t2 - t0;
-        if (got != size || sum.n_carry != 0 || sum.total != (double) (size / sizeof(float))) {
+        if (got != size || !ok || sum.total != (double) (size / sizeof(float))) {
                 snprintf(last_error, sizeof(last_error), "gRPC reply of %" PRIu64 " bytes summing to %.1f, "
                          "expected %" PRIu64 " bytes, %" PRIu64, got, sum.total, size, size / sizeof(float));
                 return -EBADMSG;
@@ -939,8 +1042,10 @@ static int measure_all(Familyd *f, grpc_channel *blob_ch, grpc_completion_queue 
                         if (r < 0)
                                 break;
                         /* The floor: the same sum over resident memory (the baseline's payload). */
+                        Piece whole = { .p = blob->data, .len = res[i].size };
+                        bool ok;
                         t0 = now_ns();
-                        s = sum_floats(blob->data, res[i].size / sizeof(float));
+                        s = parallel_sum(&whole, 1, res[i].size, &ok);
                         floor_ns[k] = now_ns() - t0;
                         if (s != (double) (res[i].size / sizeof(float))) {
                                 snprintf(last_error, sizeof(last_error), "payload sum %.1f", s);
@@ -1040,6 +1145,8 @@ static void usage(FILE *out) {
                 "  --goal-ratio X      goal: grpc / (map+read) at the largest >= X (default 10)\n"
                 "  --populate          mmap with MAP_POPULATE: the page faults move into \"map\"\n"
                 "                      (what a trainer could do; map is then not flat by design)\n"
+                "  --read-threads N    threads of the full read, on both paths alike (default:\n"
+                "                      every online CPU, as a trainer's torch.sum would)\n"
                 "  --check-goals       exit 1 when a goal is not met\n"
                 "  --probe             one Health/Check: exit 0 when SERVING, 3 otherwise\n"
                 "\n"
@@ -1082,7 +1189,7 @@ static int parse_sizes(const char *s) {
 static int parse_args(int argc, char **argv) {
         enum {
                 ARG_SOCKET = 0x100, ARG_SIZES, ARG_ROUNDS, ARG_MAP_ROUNDS, ARG_FAMILY, ARG_PARAMETER,
-                ARG_FIELD, ARG_QUICK, ARG_GOAL_FLAT, ARG_GOAL_RATIO, ARG_CHECK, ARG_PROBE, ARG_POPULATE, ARG_HELP,
+                ARG_FIELD, ARG_QUICK, ARG_GOAL_FLAT, ARG_GOAL_RATIO, ARG_CHECK, ARG_PROBE, ARG_POPULATE, ARG_READ_THREADS, ARG_HELP,
         };
         static const struct option options[] = {
                 { "socket", required_argument, NULL, ARG_SOCKET },
@@ -1098,6 +1205,7 @@ static int parse_args(int argc, char **argv) {
                 { "check-goals", no_argument, NULL, ARG_CHECK },
                 { "probe", no_argument, NULL, ARG_PROBE },
                 { "populate", no_argument, NULL, ARG_POPULATE },
+                { "read-threads", required_argument, NULL, ARG_READ_THREADS },
                 { "help", no_argument, NULL, ARG_HELP },
                 {}
         };
@@ -1153,6 +1261,14 @@ static int parse_args(int argc, char **argv) {
                 case ARG_PROBE:
                         opt.probe = true;
                         break;
+                case ARG_READ_THREADS: {
+                        char *end;
+                        unsigned long threads = strtoul(optarg, &end, 10);
+                        if (*end || threads < 1 || threads > 64)
+                                goto bad;
+                        opt.read_threads = (unsigned) threads;
+                        break;
+                }
                 case ARG_POPULATE:
                         opt.populate = true;
                         break;
@@ -1211,8 +1327,9 @@ int main(int argc, char **argv) {
                opt.family, opt.parameter, opt.field);
         for (size_t i = 0; i < opt.n_sizes; i++)
                 printf("%s%" PRIu64, i ? "," : " ", opt.sizes_mib[i]);
-        printf(" MiB, %u rounds (+%u map-only), medians%s\n", opt.rounds, opt.map_rounds,
-               opt.populate ? ", mmap with MAP_POPULATE" : "");
+        printf(" MiB, %u rounds (+%u map-only), medians%s; full reads on %u thread%s (8 MiB and up)\n",
+               opt.rounds, opt.map_rounds, opt.populate ? ", mmap with MAP_POPULATE" : "",
+               read_threads(), read_threads() == 1 ? "" : "s");
         printf("map: connect + ShardFdRequest + fd + mmap; map+read: and a sum of every float; grpc: unary call "
                "of the same bytes from a gRPC core server in this process + the same sum over its slices\n");
         fflush(stdout);

@@ -1,74 +1,268 @@
 #!/usr/bin/python3
-"""Regenerates the protobuf seeds of corpus/request and corpus/wire from the conformance cases.
+"""Regenerates the seed corpora of tests/fuzz/corpus/ (all but registry/, YAML files, and peer/).
 
-Run with /usr/bin/python3 (Debian's python3-protobuf) from anywhere:
-    tests/fuzz/gen-corpus.py [build/proto/familyd.binpb]
+Run with /usr/bin/python3 (Debian's python3-protobuf), after a build has made the descriptor set:
+    tests/fuzz/gen-corpus.py [BUILD/proto/familyd.binpb]
+
+  request/       one byte naming the method (0 Resolve, 1 CreateMesh, 2 Build, 3 Validate,
+                 4 GetFamily: the table of fuzz-request.c), then the request: the conformance
+                 cases' Resolve and CreateMesh requests, Builds and Validates made here against
+                 the state fuzz-request.c sets up (its meshes and builds, ids below)
+  wire/          ResolveRequest and BuildRequest bytes, and broken wire
+  expr/          every shape expression of deploy/registry and the conformance registry, and
+                 edge cases; a NUL, then field values
+  config/        familyd config files: every key, comments, and broken lines
+  shard-socket/  byte streams for the shard socket: frames of ShardFdRequests naming the
+                 placeholders of fuzz-shard-socket.c (32 x 'a'/'b' live, 'c' released), and bad
+                 framing (4 GiB length, oversize, garbage, partial)
 """
-import json, os, sys
+import json, os, re, struct, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+SHARED = os.path.join(ROOT, '..', 'shared')
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
-fds = descriptor_pb2.FileDescriptorSet.FromString(open(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, 'build', 'proto', 'familyd.binpb'), 'rb').read())
+
+default_binpb = os.path.join(ROOT, 'build', 'proto', 'familyd.binpb')
+fds = descriptor_pb2.FileDescriptorSet.FromString(open(sys.argv[1] if len(sys.argv) > 1 else default_binpb, 'rb').read())
 pool = descriptor_pool.DescriptorPool()
-for fd in fds.file: pool.Add(fd)
+for fd in fds.file:
+    pool.Add(fd)
+
+
 def cls(n):
     return message_factory.MessageFactory(pool).GetPrototype(pool.FindMessageTypeByName(n))
-RR = cls('familyd.v1.ResolveRequest'); BR = cls('familyd.v1.BuildRequest')
-cases = json.load(open(os.path.join(ROOT, '..', 'shared', 'conformance', 'cases.json')))['cases']
-res, bld = [], []
-for c in cases:
-    for s in c.get('steps', []):
-        rpc = s.get('rpc', '')
-        try:
-            if rpc.endswith('/Resolve'):
-                res.append(json_format.ParseDict(s['request'], RR()).SerializeToString(deterministic=True))
-            elif rpc.endswith('/Build'):
-                bld.append(json_format.ParseDict(s['request'], BR()).SerializeToString(deterministic=True))
-        except Exception as e:
-            print('skip', rpc, e, file=sys.stderr)
+
+
+def msg(name, d):
+    return json_format.ParseDict(d, cls(name)()).SerializeToString(deterministic=True)
+
+
+RR, CM, BR, VR, GF = ('familyd.v1.ResolveRequest', 'familyd.v1.CreateMeshRequest',
+                      'familyd.v1.BuildRequest', 'familyd.v1.ValidateRequest',
+                      'familyd.v1.GetFamilyRequest')
+# What fuzz-request.c's setup makes (FUZZ_SETUP=1 prints them): mesh dp=2,tp=4; mesh dp=8 with
+# the expert view edp_shard=2,ep=4; grouped_experts on the second, attention on the first.
+MESH_TP, MESH_EP = 'mesh-def74d73aacb4d50', 'mesh-ea663655915f894d'
+BUILD_GE, BUILD_ATT = 'bld-f022f022-1', 'bld-f022f022-2'
+
+
 def uniq(xs):
     seen, out = set(), []
     for x in xs:
-        if x not in seen: seen.add(x); out.append(x)
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
     return out
-res, bld = uniq(res), uniq(bld)
-# Hand-made: nested lists, a mesh id, all axes.
+
+
+def write_dir(d, files):
+    """files: {name: bytes}; the folder holds exactly these afterwards."""
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        if f not in files:
+            os.unlink(os.path.join(d, f))
+    for name, data in files.items():
+        with open(os.path.join(d, name), 'wb') as f:
+            f.write(data)
+
+
+cases = json.load(open(os.path.join(SHARED, 'conformance', 'cases.json')))['cases']
+res, meshes = [], []
+for c in cases:
+    for s in c.get('steps', []):
+        rpc = s.get('rpc', '')
+        if rpc.endswith('/Resolve'):
+            res.append(msg(RR, s['request']))
+        elif rpc.endswith('/CreateMesh'):
+            meshes.append(msg(CM, s['request']))
+res, meshes = uniq(res), uniq(meshes)
+
+
 def nested(n):
     v = {'intValue': '7'}
-    for _ in range(n): v = {'listValue': {'values': [v, {'stringValue': 'x'}]}}
+    for _ in range(n):
+        v = {'listValue': {'values': [v, {'stringValue': 'x'}]}}
     return v
-extra = [
+
+
+res_extra = [msg(RR, e) for e in [
     {'family': 'attention', 'arguments': {'window': nested(3), 'rope_theta': {'doubleValue': 1e308}},
-     'context': {'tpSize': 2, 'cpSize': 4, 'epSize': 1, 'ppSize': 1, 'tp': True, 'cp': True, 'meshId': 'm-unknown', 'sequenceParallel': True}},
+     'context': {'tpSize': 2, 'cpSize': 4, 'epSize': 1, 'ppSize': 1, 'tp': True, 'cp': True,
+                 'meshId': 'm-unknown', 'sequenceParallel': True}},
     {'family': 'grouped_experts', 'arguments': {'use_mxfp8': {'boolValue': True}, 'use_fused_mxfp8': {'boolValue': True}},
      'context': {'epSize': 2, 'ep': True, 'lossParallel': True}},
     {'family': 'grouped_experts', 'arguments': {'activation': nested(14)}},
-]
-for e in extra:
-    res.append(json_format.ParseDict(e, RR()).SerializeToString(deterministic=True))
-builds = [
-    {'family': 'norm', 'config': {'fields': {'hidden_size': {'intValue': '16'}}}, 'moduleFqn': 'model.norm',
+    {'family': 'grouped_experts', 'context': {'meshId': MESH_EP, 'ep': True}},
+    {'family': 'attention', 'context': {'meshId': MESH_TP, 'tpSize': 2}},
+]]
+
+GE_CFG = {'fields': {'num_experts': {'intValue': '8'}, 'hidden_size': {'intValue': '16'},
+                     'moe_intermediate_size': {'intValue': '8'},
+                     'initializer_range': {'doubleValue': 0.02}}}
+ATT_CFG = {'fields': {'num_attention_heads': {'intValue': '4'}, 'num_key_value_heads': {'intValue': '2'},
+                      'head_dim': {'intValue': '8'}, 'hidden_size': {'intValue': '32'},
+                      'initializer_range': {'doubleValue': 0.02}}}
+builds = [msg(BR, b) for b in [
+    {'family': 'hyper_parallel.components.modules.norm.RMSNorm', 'config': {'fields': {'hidden_size': {'intValue': '16'}}}, 'moduleFqn': 'model.norm',
      'context': {'tpSize': 2, 'tp': True}, 'materialize': {'enabled': True, 'dtype': 'float32', 'seed': '1', 'ranks': ['0', '1']}},
-    {'family': 'grouped_experts', 'arguments': {'activation': nested(2)},
-     'config': {'fields': {'num_experts': {'intValue': '4'}, 'hidden_size': {'intValue': '8'},
-                           'moe_intermediate_size': {'intValue': '8'}, 'initializer_range': {'doubleValue': 0.02}}},
+    {'family': 'hyper_parallel.components.modules.norm.OffsetRMSNorm',
+     'config': {'fields': {'hidden_size': {'intValue': '64'}}},
+     'materialize': {'enabled': True, 'dtype': 'bf16', 'seed': '18446744073709551615'}},
+    {'family': 'grouped_experts', 'arguments': {'activation': nested(2)}, 'config': GE_CFG,
      'module': {'fqn': 'layers.0.moe'}, 'meshId': 'm1'},
+    {'family': 'grouped_experts', 'config': GE_CFG, 'meshId': MESH_EP, 'moduleFqn': 'layers.0.mlp.experts',
+     'materialize': {'enabled': True, 'dtype': 'float16', 'seed': '7'}},
+    {'family': 'grouped_experts', 'config': GE_CFG, 'meshId': MESH_EP,
+     'materialize': {'enabled': True, 'ranks': ['3', '9']}},
+    {'family': 'grouped_experts', 'module': {'fqn': 'layers.1.moe', 'parameters': [
+        {'name': 'gate_up_proj', 'shape': ['8', '16', '16'], 'dtype': 'float32'},
+        {'name': 'down_proj', 'shape': ['8', '8', '16']}]},
+     'config': {'fields': {'initializer_range': {'doubleValue': 0.02}}},
+     'context': {'epSize': 4, 'ep': True}},
+    {'family': 'grouped_experts', 'module': {'fqn': 'x', 'parameters': [
+        {'name': 'gate_up_proj', 'shape': ['8', '16', '15']}]}},
+    {'family': 'attention', 'config': ATT_CFG, 'meshId': MESH_TP,
+     'materialize': {'enabled': True, 'dtype': 'bfloat16', 'seed': '3'}},
+    {'family': 'attention', 'config': ATT_CFG, 'context': {'tpSize': 4, 'tp': True, 'cpSize': 2, 'cp': True}},
     {'family': 'attention', 'config': {'fields': {'x': nested(6)}}},
-]
-for b in builds:
-    bld.append(json_format.ParseDict(b, BR()).SerializeToString(deterministic=True))
-def write(d, prefix, xs, cap):
-    os.makedirs(d, exist_ok=True)
-    # spread picks over the list
-    step = max(1, len(xs) // cap)
-    for i, x in enumerate(xs[::step][:cap]):
-        open(os.path.join(d, '%s-%02d.bin' % (prefix, i)), 'wb').write(x)
-write(os.path.join(HERE, 'corpus/request'), 'resolve', res[:-3], 14)
-for i, x in enumerate(res[-3:]):
-    open(os.path.join(HERE, 'corpus/request/resolve-extra-%d.bin' % i), 'wb').write(x)
-write(os.path.join(HERE, 'corpus/wire'), 'resolve', res, 8)
-write(os.path.join(HERE, 'corpus/wire'), 'build', bld, 8)
-# Broken wire: truncated, bad wire type, huge length.
-open(os.path.join(HERE, 'corpus/wire/broken-truncated.bin'), 'wb').write(res[-1][:len(res[-1])//2])
-open(os.path.join(HERE, 'corpus/wire/broken-wiretype.bin'), 'wb').write(b'\x0b\x12\x05abc')
-open(os.path.join(HERE, 'corpus/wire/broken-length.bin'), 'wb').write(b'\x12\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x0a\x01a')
+    {'family': 'attention', 'config': ATT_CFG, 'materialize': {'enabled': True, 'dtype': 'int4'}},
+    {'family': 'grouped_experts', 'config': {'fields': {'num_experts': {'intValue': '9223372036854775807'},
+                                                        'hidden_size': {'intValue': '2'},
+                                                        'moe_intermediate_size': {'intValue': '-1'}}},
+     'materialize': {'enabled': True}},
+    {'family': 'engram', 'config': {'fields': {}}},
+]]
+LAYOUT_GE = {'meshId': MESH_EP, 'parameters': [
+    {'name': 'gate_up_proj', 'shape': ['8', '16', '16'], 'placements': [{'axis': 'ep', 'kind': 'shard', 'dim': '0'}]},
+    {'name': 'down_proj', 'shape': ['8', '8', '16'], 'placements': [{'axis': 'ep', 'kind': 'shard', 'dim': '-3'},
+                                                                  {'axis': 'dp', 'kind': 'replicate'}]}]}
+validates = [msg(VR, v) for v in [
+    {'boundaries': [{'fqns': ['layers.0.moe', 'model.layers.0.moe'], 'buildId': BUILD_GE, 'appliedLayout': LAYOUT_GE},
+                    {'fqns': ['layers.1.moe'], 'buildId': BUILD_GE}],
+     'context': {'meshId': MESH_EP}},
+    {'boundaries': [{'fqns': ['attn'], 'buildId': BUILD_ATT}, {'fqns': ['u'], 'buildId': 'bld-gone'}],
+     'context': {'meshId': MESH_TP, 'tpSize': 2}},
+    {'boundaries': [{'fqns': ['a'], 'buildId': BUILD_GE,
+                     'appliedLayout': {'meshId': MESH_TP, 'parameters': [{'name': 'gate_up_proj', 'shape': ['8', '16', '32'],
+                                                                          'placements': [{'axis': 'ep', 'kind': 'shard', 'dim': '2'}]}]}},
+                    {'fqns': ['b'], 'buildId': BUILD_GE, 'appliedLayout': LAYOUT_GE}],
+     'context': {'epSize': 2, 'cpSize': 2}},
+    {'boundaries': [{'fqns': [], 'buildId': ''}], 'context': {'meshId': 'mesh-0000000000000000'}},
+    {'boundaries': [{'fqns': ['x'], 'buildId': BUILD_ATT, 'appliedLayout': {'parameters': [{'name': 'nope', 'shape': ['1']}]}}],
+     'context': {'tpSize': 4}},
+]]
+getfamily = [msg(GF, {'family': f}) for f in
+             ['grouped_experts', 'norm', 'hyper_parallel.components.modules.norm.RMSNorm', 'engram', '', 'nope']]
+
+request = {}
+for i, x in enumerate(res):
+    request['resolve-%02d.bin' % i] = b'\x00' + x
+for i, x in enumerate(res_extra):
+    request['resolve-extra-%d.bin' % i] = b'\x00' + x
+for i, x in enumerate(meshes):
+    request['mesh-%02d.bin' % i] = b'\x01' + x
+for i, x in enumerate(builds):
+    request['build-%02d.bin' % i] = b'\x02' + x
+for i, x in enumerate(validates):
+    request['validate-%02d.bin' % i] = b'\x03' + x
+for i, x in enumerate(getfamily):
+    request['family-%02d.bin' % i] = b'\x04' + x
+write_dir(os.path.join(HERE, 'corpus', 'request'), request)
+
+# wire: a spread of Resolve and Build requests, and broken wire.
+allres = res + res_extra
+wire = {}
+for i, x in enumerate(allres[::max(1, len(allres) // 8)][:8]):
+    wire['resolve-%02d.bin' % i] = x
+for i, x in enumerate(builds[:8]):
+    wire['build-%02d.bin' % i] = x
+wire['broken-truncated.bin'] = allres[-1][:len(allres[-1]) // 2]
+wire['broken-wiretype.bin'] = b'\x0b\x12\x05abc'
+wire['broken-length.bin'] = b'\x12\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x0a\x01a'
+write_dir(os.path.join(HERE, 'corpus', 'wire'), wire)
+
+# expr: every shape expression of both registries, then edge cases.
+exprs = []
+for d in (os.path.join(ROOT, 'deploy', 'registry'), os.path.join(SHARED, 'conformance', 'registry')):
+    for f in sorted(os.listdir(d)):
+        if f.endswith(('.yaml', '.yml')):
+            for m in re.finditer(r'shape:\s*\[(.*)\]', open(os.path.join(d, f)).read()):
+                exprs += [e.strip() for e in m.group(1).split(',')]
+exprs = uniq(exprs) + [
+    'a - (b - c)', '-(-x) * 3', '((a))', '- - - hidden', 'x / 0', 'x / 3', '9223372036854775807',
+    '9223372036854775808', '0 - 9223372036854775807 - 1', 'a*b*c*d*e*f*g*h', '(' * 70 + 'x' + ')' * 70,
+    '12abc', 'a +', '\tnum_experts\t*\t2', 'a $ b', '']
+values = struct.pack('<4q', 8, 4096, -1, 2 ** 62)
+write_dir(os.path.join(HERE, 'corpus', 'expr'),
+          {'expr-%02d.txt' % i: e.encode() + b'\x00' + values for i, e in enumerate(exprs)})
+
+# config: the daemon's config file.
+config_full = b"""# familyd.conf: every key
+socket = /run/familyd/familyd.sock
+shard-socket = /run/familyd/shard.sock
+registry = /etc/familyd/registry
+state-dir = /var/lib/familyd
+host-devices = 8
+node-name = node-0
+node-rank = 3
+listen = 10.0.0.1:7070
+peers = 10.0.0.2:7070,10.0.0.3:7070
+shm-budget = 1073741824
+max-builds = 1024
+heartbeat-ms = 1000
+suspect-ms = 3000
+down-ms = 10000
+forget-after-ms = 600000
+fdstore-max = 4096
+threads = 2
+max-connections = 256
+max-connections-per-peer = 64
+connection-idle-ms = 120000
+max-watches = 1024
+max-shards = 4096
+log-level = debug
+"""
+write_dir(os.path.join(HERE, 'corpus', 'config'), {
+    'full.conf': config_full,
+    'empty.conf': b'',
+    'comments.conf': b'  # only comments\n\n\t# and blanks\n   \n',
+    'spaces.conf': b'  registry=/tmp/r  \n\tthreads =4\t\nlog-level = warning\n',
+    'unknown-key.conf': b'registry = /r\nbogus = 1\n',
+    'no-equals.conf': b'registry /r\n',
+    'bad-number.conf': b'threads = 0x10\n',
+    'range.conf': b'heartbeat-ms = 5000\nsuspect-ms = 100\n',
+    'overflow.conf': b'shm-budget = 99999999999999999999999\n',
+    'long-name.conf': b'node-name = ' + b'n' * 300 + b'\n',
+    'config-key.conf': b'config = /etc/other.conf\n',
+    'nul.conf': b'registry = /a\x00b\nthreads = 2\n',
+    'no-newline.conf': b'max-builds = 7',
+})
+
+# shard-socket: byte streams.
+SR = cls('familyd.v1.ShardFdRequest')
+A, B, C = 'a' * 32, 'b' * 32, 'c' * 32
+
+
+def frame(tokens=(), writable=False, raw=None):
+    body = raw if raw is not None else SR(tokens=list(tokens), writable=writable).SerializeToString()
+    return struct.pack('<I', len(body)) + body
+
+
+write_dir(os.path.join(HERE, 'corpus', 'shard-socket'), {
+    'one.bin': frame([A]),
+    'two-writable.bin': frame([A, B], writable=True),
+    'same-twice.bin': frame([B, B]),
+    'empty-request.bin': frame([]),
+    'released.bin': frame([A, C]),
+    'unknown.bin': frame(['0123456789abcdef0123456789abcdef']),
+    'pipelined.bin': frame([A]) + frame([B], writable=True) + frame([]) + frame([C]) + frame([A, B]),
+    'too-many.bin': frame([A] * 254),
+    'most.bin': frame([A, B] * 126 + [A]),
+    'garbage-frame.bin': frame(raw=b'\xff\xff\xff') + frame([A]),
+    'length-4gib.bin': b'\xff\xff\xff\xff' + frame([A]),
+    'length-over.bin': struct.pack('<I', 65537) + b'x' * 16,
+    'partial-header.bin': frame([A]) + b'\x10\x00',
+    'partial-body.bin': frame([B]) + struct.pack('<I', 40) + frame([A])[4:20],
+    'zero-length-then-ok.bin': b'\x00\x00\x00\x00' + frame([A], writable=True),
+})
+print('corpus: %d request, %d wire, %d expr seeds' % (len(request), len(wire), len(exprs)))

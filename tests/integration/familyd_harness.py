@@ -297,7 +297,9 @@ class Daemon:
     """
 
     def __init__(self, registry, host_devices=8, node_name=None, extra_args=(), tmpdir=None,
-                 socket_path=None, protos=None, state_dir=True):
+                 socket_path=None, protos=None, state_dir=False):
+        # state_dir=True passes --state-dir TMPDIR/state: builds then persist (on a tmpfs) and
+        # shards are handed out read-only, so it is for the durability tests only.
         self.registry = registry
         self.host_devices = host_devices
         self.node_name = node_name

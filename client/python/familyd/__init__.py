@@ -9,12 +9,17 @@
 
 Message classes come from the descriptor set, not from protoc output: see familyd._protos
 (FAMILYD_DESCRIPTORS, then next to the package, then /usr/share/familyd/familyd.binpb).
-Needs python3-grpcio, python3-protobuf, python3-numpy; torch is optional.
+Needs python3-grpcio, python3-protobuf, python3-numpy; torch is optional. Shards in GPU memory
+(device_kind "cuda") are imported through the CUDA driver, loaded at run time (familyd.cuda):
+.ranks[r] is then a DeviceRankTensors whose arrays carry __cuda_array_interface__, and .torch()
+needs a CUDA build of torch (Debian's has none: it says so).
 """
 
 from ._protos import Protos, default_protos, descriptor_path
-from .client import Build, Client, FamilydError, RankTensors, ValidateResult
+from .client import Build, Client, DeviceRankTensors, FamilydError, RankTensors, ValidateResult
+from .cuda import DeviceArray, DeviceMemoryError, DeviceShard
 from .shard import ShardError, ShardHandle, fetch as fetch_shards
 
-__all__ = ["Build", "Client", "FamilydError", "Protos", "RankTensors", "ShardError",
-           "ShardHandle", "ValidateResult", "default_protos", "descriptor_path", "fetch_shards"]
+__all__ = ["Build", "Client", "DeviceArray", "DeviceMemoryError", "DeviceRankTensors",
+           "DeviceShard", "FamilydError", "Protos", "RankTensors", "ShardError", "ShardHandle",
+           "ValidateResult", "default_protos", "descriptor_path", "fetch_shards"]

@@ -7,6 +7,7 @@ import warnings
 
 import grpc
 
+from . import cuda as _cuda
 from . import shard as _shard
 from ._protos import default_protos
 
@@ -79,10 +80,40 @@ class RankTensors(dict):
         return out
 
 
+class DeviceRankTensors(dict):
+    """One rank's parameters in GPU memory: name -> cuda.DeviceArray (no copy; each has a
+    __cuda_array_interface__). .torch() gives torch tensors on the GPU over the same memory
+    (a CUDA build of torch needed: cuda.DeviceMemoryError otherwise); .numpy() copies to host
+    memory. .shard is the imported cuda.DeviceShard (.pointer, .size: the allocation, rounded
+    up to the GPU's granularity), .slices, .dtypes, .device_kind ("cuda"), .device (the CUDA
+    ordinal), .writable (read-only is advisory for GPU shards)."""
+
+    def __init__(self, rank, shard, slices, dtypes):
+        super().__init__()
+        self.rank = rank
+        self.shard = shard
+        self.size = shard.size
+        self.slices = slices
+        self.dtypes = dtypes
+        self.device_kind = "cuda"
+        self.device = shard.device
+        self.writable = shard.writable
+
+    def torch(self):
+        """name -> torch tensor on cuda:DEVICE over the shard (no copy)."""
+        return _cuda.torch_tensors(self.shard, self)
+
+    def numpy(self):
+        """name -> numpy array copied from the GPU (bfloat16 as uint16 bits)."""
+        return {name: a.numpy() for name, a in self.items()}
+
+
 class Build:
     """A build: .id, .message (the familyd.v1.Build), .shard_socket, .layout (name ->
-    familyd.v1.ParameterLayout), and .ranks: rank -> RankTensors for every rank materialised on
-    this node (ranks of other nodes, empty ranks and non-host devices are absent).
+    familyd.v1.ParameterLayout), and .ranks: rank -> RankTensors (host memory) or
+    DeviceRankTensors (GPU memory) for every rank materialised on this node (ranks of other
+    nodes and empty ranks are absent). A GPU shard this client cannot map (no CUDA driver)
+    raises cuda.DeviceMemoryError, which says so.
 
     release() drops the daemon's hold on the memory; the arrays stay valid while they are
     referenced (the mappings keep the memory). close() drops this object's mappings. As a
@@ -109,8 +140,6 @@ class Build:
         return (p.dtype if p is not None and p.dtype else "float32")
 
     def _map(self):
-        import numpy as np
-
         local = [s for s in self.message.shards if s.token]
         for start in range(0, len(local), _shard.MAX_TOKENS):
             chunk = local[start:start + _shard.MAX_TOKENS]
@@ -118,8 +147,15 @@ class Build:
                                    timeout=self.client.timeout, protos=self.client.protos)
             try:
                 for s, h in zip(chunk, handles):
-                    if h.device_kind != "host" or h.size == 0:
+                    if h.size == 0:
                         continue
+                    if h.device_kind == "cuda":
+                        self._map_device(s, h)
+                        continue
+                    if h.device_kind != "host":
+                        continue
+                    import numpy as np   # host ranks only: GPU ranks need no numpy
+
                     mm = h.map()
                     dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
                     rt = RankTensors(s.rank, mm, h.size, list(s.slices), dtypes, h.device_kind,
@@ -143,6 +179,20 @@ class Build:
                 for h in handles:
                     h.close()   # the mappings keep the memory
 
+    def _map_device(self, s, h):
+        shard = _cuda.DeviceShard(h.fd, h.size, h.device, self.writable)
+        dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
+        rt = DeviceRankTensors(s.rank, shard, list(s.slices), dtypes)
+        for sl in s.slices:
+            dtype = dtypes[sl.parameter]
+            if dtype not in _cuda.TYPESTRS:
+                raise ValueError("parameter %r: unknown dtype %r" % (sl.parameter, dtype))
+            if sl.byte_offset + sl.byte_length > h.size:
+                raise ValueError("parameter %r: slice outside the shard" % sl.parameter)
+            rt[sl.parameter] = _cuda.DeviceArray(shard, sl.byte_offset, sl.byte_length,
+                                                 sl.local_shape, dtype)
+        self.ranks[s.rank] = rt
+
     def torch(self, rank):
         """self.ranks[rank].torch()."""
         return self.ranks[rank].torch()
@@ -157,6 +207,10 @@ class Build:
         """Drops the arrays and closes the mappings that nothing else references."""
         ranks, self.ranks = self.ranks, {}
         for rt in ranks.values():
+            if isinstance(rt, DeviceRankTensors):
+                # Unmapped when the last DeviceArray or torch tensor over it goes.
+                rt.clear()
+                continue
             mm = rt.mmap
             rt.clear()
             try:
@@ -303,6 +357,42 @@ class Client:
         self.call("familyd.v1.MeshService/DeleteMesh",
                   self.protos.cls("familyd.v1.DeleteMeshRequest")(mesh_id=mesh_id))
 
+    # -- Topology ------------------------------------------------------------------------
+
+    def topology(self):
+        """GetTopology: the familyd.v1.Topology this daemon sees (.version, .world_size,
+        .local_node, .nodes with .name, .state "up" | "suspect" | "down", .first_rank,
+        .devices)."""
+        return self.call("familyd.v1.MeshService/GetTopology",
+                         self.protos.cls("familyd.v1.GetTopologyRequest")())
+
+    def watch_topology(self, timeout=None):
+        """WatchTopology as a generator: the current familyd.v1.Topology, then the whole
+        topology again after each change, for as long as the caller iterates.
+
+        timeout: seconds for the whole watch (None: no deadline; the client's per-call timeout
+        does not apply). Closing the generator (close(), break out of a for loop, garbage
+        collection) cancels the stream. The daemon going away, shutting down, or the deadline
+        raises FamilydError (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED)."""
+        path, _, resp_cls = self.protos.method("familyd.v1.MeshService/WatchTopology")
+        fn = self.channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
+                                       response_deserializer=resp_cls.FromString)
+        call = fn(self.protos.cls("familyd.v1.WatchTopologyRequest")(), timeout=timeout)
+        try:
+            for topology in call:
+                yield topology
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        finally:
+            call.cancel()
+
+    def forget_node(self, node):
+        """ForgetNode: drops a down node and its ranks from the topology of every daemon;
+        returns the new familyd.v1.Topology. FamilydError FAILED_PRECONDITION for a node that
+        is up or suspect or is this daemon's own, NOT_FOUND for an unknown one."""
+        req = self.protos.cls("familyd.v1.ForgetNodeRequest")(node=node)
+        return self.call("familyd.v1.MeshService/ForgetNode", req).topology
+
     def build_request(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
                       seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
                       context=None):
@@ -342,7 +432,7 @@ class Client:
 
     def build(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
               seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
-              context=None, writable=False):
+              context=None, writable=False, map_shards=True):
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -350,11 +440,16 @@ class Client:
         instead of config; arguments: selectors and arguments of the family; context: keyword
         arguments of the job context (tp_size=..., active=("ep",), ...). dtype: float32,
         bfloat16, float16 (or the daemon's aliases). writable: map the shards read-write.
+        map_shards=False: the Build without mappings (.message, .layout; fetch_shards() later).
+        GPU shards are imported through the CUDA driver (familyd.cuda); a client that cannot
+        map device memory gets cuda.DeviceMemoryError and the build is released.
         """
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
                                  arguments, module, module_fqn, context)
         resp = self.call("familyd.v1.FamilyService/Build", req)
         b = Build(self, resp.build, writable=writable, map_shards=False)
+        if not map_shards:
+            return b
         try:
             b._map()
         except BaseException:
@@ -483,4 +578,5 @@ class Client:
         return out
 
 
-__all__ = ["Client", "Build", "RankTensors", "FamilydError", "ValidateResult"]
+__all__ = ["Client", "Build", "DeviceRankTensors", "RankTensors", "FamilydError",
+           "ValidateResult"]

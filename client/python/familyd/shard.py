@@ -39,7 +39,11 @@ class ShardError(Exception):
 
 
 class ShardHandle:
-    """One descriptor from the shard socket: fd (owned; close() it), size, device kind/index."""
+    """One descriptor from the shard socket: fd (owned; close() it), size, device kind/index.
+
+    A "host" shard is a memfd: map() it. A "cuda" shard is a CUDA POSIX file descriptor of a
+    GPU allocation (size: the allocation's, rounded to its granularity): import it with
+    familyd.cuda.DeviceShard(h.fd, h.size, h.device)."""
 
     def __init__(self, fd, size, device_kind, device, writable):
         self.fd = fd
@@ -53,6 +57,9 @@ class ShardHandle:
         mapping keeps the memory alive after close() and after ReleaseBuild."""
         if self.size == 0:
             raise ValueError("an empty shard cannot be mapped")
+        if self.device_kind != "host":
+            raise ValueError("a %s shard is not host memory: import it with "
+                             "familyd.cuda.DeviceShard" % self.device_kind)
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
         return mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED, prot=prot)
 

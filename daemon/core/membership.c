@@ -1,0 +1,469 @@
+/* membership.c: who is in the cluster, in which state, and the agreed topology version. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "membership.h"
+#include "resource-limits.h"
+
+/* A forgotten start is remembered for a while, so that a peer's older table does not bring it
+ * back; a live node that speaks to us directly always can. */
+#define MEMBERSHIP_TOMBSTONES 256u
+
+typedef struct Tombstone {
+        char *name;
+        uint64_t boot_id;
+} Tombstone;
+
+struct Membership {
+        Member *members; /* [0] is this node */
+        size_t n_members;
+        size_t allocated;
+        MembershipTimeouts timeouts;
+        uint64_t version;
+        uint64_t changes;
+        Tombstone tombstones[MEMBERSHIP_TOMBSTONES];
+        size_t next_tombstone;
+};
+
+void member_info_done(MemberInfo *m) {
+        if (!m)
+                return;
+        free(m->name);
+        free(m->address);
+        for (size_t i = 0; i < m->n_devices; i++)
+                device_done(&m->devices[i]);
+        free(m->devices);
+        *m = (MemberInfo) {};
+}
+
+int member_info_copy(const MemberInfo *from, MemberInfo *ret) {
+        _cleanup_(member_info_done) MemberInfo c = {
+                .node_rank = from->node_rank,
+                .boot_id = from->boot_id,
+                .started_unix_ms = from->started_unix_ms,
+                .name = strdup(strempty(from->name)),
+                .address = strdup(strempty(from->address)),
+        };
+
+        if (!c.name || !c.address)
+                return -ENOMEM;
+        if (from->n_devices > 0) {
+                c.devices = calloc(from->n_devices, sizeof(Device));
+                if (!c.devices)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < from->n_devices; i++) {
+                int r = device_copy(&from->devices[i], &c.devices[i]);
+                if (r < 0)
+                        return r;
+                c.n_devices++;
+        }
+        *ret = c;
+        c = (MemberInfo) {};
+        return 0;
+}
+
+int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
+                   Membership **ret) {
+        _cleanup_(membership_freep) Membership *m = calloc(1, sizeof(Membership));
+        int r;
+
+        if (!m)
+                return -ENOMEM;
+        m->timeouts = *timeouts;
+        m->version = 1;
+        m->members = calloc(4, sizeof(Member));
+        if (!m->members)
+                return -ENOMEM;
+        m->allocated = 4;
+        r = member_info_copy(self, &m->members[0].info);
+        if (r < 0)
+                return r;
+        m->members[0].local = true;
+        m->members[0].state = NODE_UP;
+        m->members[0].last_heard_ms = now_ms;
+        m->n_members = 1;
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+Membership *membership_free(Membership *m) {
+        if (!m)
+                return NULL;
+        for (size_t i = 0; i < m->n_members; i++)
+                member_info_done(&m->members[i].info);
+        free(m->members);
+        for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
+                free(m->tombstones[i].name);
+        return mfree(m);
+}
+
+static Member *membership_lookup(Membership *m, const char *name) {
+        for (size_t i = 0; i < m->n_members; i++)
+                if (streq(m->members[i].info.name, name))
+                        return &m->members[i];
+        return NULL;
+}
+
+const Member *membership_find(const Membership *m, const char *name) {
+        return membership_lookup((Membership *) m, name);
+}
+
+static void membership_changed(Membership *m) {
+        m->version++;
+        m->changes++;
+}
+
+static void membership_see_version(Membership *m, uint64_t version) {
+        if (version > m->version)
+                m->version = version;
+}
+
+static NodeState state_for_age(const MembershipTimeouts *t, int64_t age_ms) {
+        if (age_ms < (int64_t) t->suspect_ms)
+                return NODE_UP;
+        if (age_ms < (int64_t) t->down_ms)
+                return NODE_SUSPECT;
+        return NODE_DOWN;
+}
+
+static bool is_tombstoned(const Membership *m, const char *name, uint64_t boot_id) {
+        for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
+                if (m->tombstones[i].name && m->tombstones[i].boot_id == boot_id &&
+                    streq(m->tombstones[i].name, name))
+                        return true;
+        return false;
+}
+
+static void tombstone_drop(Membership *m, const char *name) {
+        for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
+                if (m->tombstones[i].name && streq(m->tombstones[i].name, name))
+                        m->tombstones[i].name = mfree(m->tombstones[i].name);
+}
+
+/* The other member (not `name`) holding a configured node rank, if any. */
+static const Member *rank_holder(const Membership *m, int64_t node_rank, const char *name) {
+        if (node_rank < 0)
+                return NULL;
+        for (size_t i = 0; i < m->n_members; i++)
+                if (m->members[i].info.node_rank == node_rank &&
+                    !streq(m->members[i].info.name, name))
+                        return &m->members[i];
+        return NULL;
+}
+
+static int membership_add(Membership *m, const MemberInfo *info, int64_t last_heard_ms,
+                          int64_t now_ms) {
+        if (m->n_members == m->allocated) {
+                size_t n = m->allocated * 2;
+                Member *grown = reallocarray(m->members, n, sizeof(Member));
+                if (!grown)
+                        return -ENOMEM;
+                m->members = grown;
+                m->allocated = n;
+        }
+        Member *e = &m->members[m->n_members];
+        *e = (Member) { .last_heard_ms = last_heard_ms };
+        int r = member_info_copy(info, &e->info);
+        if (r < 0)
+                return r;
+        e->state = state_for_age(&m->timeouts, now_ms - last_heard_ms);
+        m->n_members++;
+        return 0;
+}
+
+static int member_replace(Member *e, const MemberInfo *info) {
+        MemberInfo copy;
+        int r = member_info_copy(info, &copy);
+        if (r < 0)
+                return r;
+        member_info_done(&e->info);
+        e->info = copy;
+        return 0;
+}
+
+/* Why a new or restarted `info` cannot take its place, or NULL when it can (ret: -ENOMEM). */
+static int membership_check_identity(const Membership *m, const MemberInfo *info,
+                                     const Member *existing, char **ret_reason) {
+        const Member *holder = rank_holder(m, info->node_rank, info->name);
+        int r = 0;
+
+        *ret_reason = NULL;
+        if (existing && existing->state == NODE_UP && !streq(existing->info.address, info->address))
+                r = asprintf(ret_reason,
+                             "node name '%s' is already in use by the live node at %s",
+                             info->name, existing->info.address);
+        else if (holder)
+                r = asprintf(ret_reason,
+                             "node rank %" PRId64 " is already taken by node '%s' (%s); "
+                             "forget that node first if it is gone",
+                             info->node_rank, holder->info.name,
+                             node_state_to_string(holder->state));
+        else if (!existing && m->n_members >= FAMILYD_MAX_PEERS)
+                r = asprintf(ret_reason, "the cluster already has %u members, the limit",
+                             FAMILYD_MAX_PEERS);
+        if (r < 0) {
+                *ret_reason = NULL;
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, int64_t now_ms,
+                     MemberVerdict *ret, char **ret_refusal) {
+        _cleanup_free_ char *reason = NULL;
+        Member *e;
+        int r;
+
+        membership_see_version(m, version);
+
+        if (streq(sender->name, m->members[0].info.name)) {
+                if (sender->boot_id == m->members[0].info.boot_id) {
+                        *ret = MEMBER_STALE; /* a link to our own address */
+                        return 0;
+                }
+                if (ret_refusal &&
+                    asprintf(ret_refusal, "node name '%s' is already in use by the live node at %s",
+                             sender->name, m->members[0].info.address) < 0)
+                        *ret_refusal = NULL;
+                *ret = MEMBER_REFUSED;
+                return 0;
+        }
+
+        e = membership_lookup(m, sender->name);
+        if (e && e->info.boot_id == sender->boot_id) {
+                e->last_heard_ms = MAX(e->last_heard_ms, now_ms);
+                if (e->state != NODE_UP) {
+                        e->state = NODE_UP;
+                        membership_changed(m);
+                }
+                *ret = MEMBER_KNOWN;
+                return 0;
+        }
+        if (sender->partial) {
+                *ret = MEMBER_UNKNOWN;
+                return 0;
+        }
+        if (e && sender->started_unix_ms < e->info.started_unix_ms &&
+            streq(e->info.address, sender->address)) {
+                *ret = MEMBER_STALE;
+                return 0;
+        }
+
+        r = membership_check_identity(m, sender, e, &reason);
+        if (r < 0)
+                return r;
+        if (reason) {
+                if (ret_refusal)
+                        *ret_refusal = TAKE_PTR(reason);
+                *ret = MEMBER_REFUSED;
+                return 0;
+        }
+
+        /* Speaking to us proves it lives, even if we had forgotten it. */
+        tombstone_drop(m, sender->name);
+        if (e) {
+                r = member_replace(e, sender);
+                if (r < 0)
+                        return r;
+                e->last_heard_ms = now_ms;
+                e->state = NODE_UP;
+                *ret = MEMBER_RESTARTED;
+        } else {
+                r = membership_add(m, sender, now_ms, now_ms);
+                if (r < 0)
+                        return r;
+                *ret = MEMBER_JOINED;
+        }
+        membership_changed(m);
+        return 0;
+}
+
+int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int64_t now_ms,
+                     MemberVerdict *ret) {
+        _cleanup_free_ char *reason = NULL;
+        int64_t heard = now_ms - (int64_t) MIN(age_ms, (uint64_t) INT32_MAX);
+        Member *e;
+        int r;
+
+        if (info->partial || streq(info->name, m->members[0].info.name) ||
+            is_tombstoned(m, info->name, info->boot_id)) {
+                *ret = MEMBER_STALE;
+                return 0;
+        }
+
+        e = membership_lookup(m, info->name);
+        if (e && e->info.boot_id == info->boot_id) {
+                /* Fresher news moves last_heard; the next tick turns it into a state. */
+                e->last_heard_ms = MAX(e->last_heard_ms, heard);
+                *ret = MEMBER_KNOWN;
+                return 0;
+        }
+        if (e && info->started_unix_ms <= e->info.started_unix_ms) {
+                *ret = MEMBER_STALE;
+                return 0;
+        }
+
+        r = membership_check_identity(m, info, e, &reason);
+        if (r < 0)
+                return r;
+        if (reason) {
+                *ret = MEMBER_REFUSED;
+                return 0;
+        }
+
+        if (e) {
+                r = member_replace(e, info);
+                if (r < 0)
+                        return r;
+                e->last_heard_ms = heard;
+                e->state = state_for_age(&m->timeouts, now_ms - heard);
+                *ret = MEMBER_RESTARTED;
+        } else {
+                r = membership_add(m, info, heard, now_ms);
+                if (r < 0)
+                        return r;
+                *ret = MEMBER_JOINED;
+        }
+        membership_changed(m);
+        return 0;
+}
+
+static void membership_remove(Membership *m, size_t i) {
+        Tombstone *t = &m->tombstones[m->next_tombstone];
+
+        free(t->name);
+        t->name = TAKE_PTR(m->members[i].info.name);
+        t->boot_id = m->members[i].info.boot_id;
+        m->next_tombstone = (m->next_tombstone + 1) % MEMBERSHIP_TOMBSTONES;
+
+        member_info_done(&m->members[i].info);
+        memmove(&m->members[i], &m->members[i + 1], (m->n_members - i - 1) * sizeof(Member));
+        m->n_members--;
+}
+
+bool membership_tick(Membership *m, int64_t now_ms) {
+        bool changed = false;
+
+        for (size_t i = 1; i < m->n_members;) {
+                Member *e = &m->members[i];
+                int64_t age = now_ms - e->last_heard_ms;
+                NodeState s = state_for_age(&m->timeouts, age);
+
+                if (s == NODE_DOWN && m->timeouts.forget_after_ms > 0 &&
+                    age >= (int64_t) (m->timeouts.down_ms + m->timeouts.forget_after_ms)) {
+                        membership_remove(m, i);
+                        changed = true;
+                        continue;
+                }
+                if (s != e->state) {
+                        e->state = s;
+                        changed = true;
+                }
+                i++;
+        }
+        if (changed)
+                membership_changed(m);
+        return changed;
+}
+
+int membership_forget(Membership *m, const char *name, uint64_t boot_id, bool from_peer,
+                      int64_t now_ms, FamilyError *ret_error) {
+        (void) now_ms;
+
+        for (size_t i = 0; i < m->n_members; i++) {
+                Member *e = &m->members[i];
+
+                if (!streq(e->info.name, name))
+                        continue;
+                if (from_peer && (e->local || e->state == NODE_UP ||
+                                  (boot_id != 0 && boot_id != e->info.boot_id)))
+                        return 0;
+                if (e->local)
+                        return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                                "NODE_IS_LOCAL", "node",
+                                                "node '%s' is this daemon's own node", name);
+                if (e->state != NODE_DOWN)
+                        return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                                "NODE_NOT_DOWN", "node",
+                                                "node '%s' is %s; only a down node can be "
+                                                "forgotten",
+                                                name, node_state_to_string(e->state));
+                membership_remove(m, i);
+                membership_changed(m);
+                return 1;
+        }
+        if (from_peer)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "NODE_NOT_FOUND", "node",
+                                "node '%s' is not in the topology", name);
+}
+
+size_t membership_count(const Membership *m) {
+        return m->n_members;
+}
+
+const Member *membership_get(const Membership *m, size_t i) {
+        return i < m->n_members ? &m->members[i] : NULL;
+}
+
+uint64_t membership_version(const Membership *m) {
+        return m->version;
+}
+
+uint64_t membership_changes(const Membership *m) {
+        return m->changes;
+}
+
+void membership_count_states(const Membership *m, unsigned counts[_NODE_STATE_MAX]) {
+        for (size_t s = 0; s < _NODE_STATE_MAX; s++)
+                counts[s] = 0;
+        for (size_t i = 1; i < m->n_members; i++)
+                counts[m->members[i].state]++;
+}
+
+int membership_topology(const Membership *m, int64_t now_ms, int64_t now_unix_ms,
+                        Topology **ret) {
+        Node *nodes = calloc(m->n_members, sizeof(Node));
+        size_t n = 0;
+        int r = 0;
+
+        if (!nodes)
+                return -ENOMEM;
+        for (size_t i = 0; i < m->n_members && r >= 0; i++) {
+                const Member *e = &m->members[i];
+                Node *node = &nodes[n++];
+
+                node->node_rank = e->info.node_rank;
+                node->state = e->local ? NODE_UP : e->state;
+                node->last_seen_unix_ms = now_unix_ms - (now_ms - e->last_heard_ms);
+                node->name = strdup(e->info.name);
+                node->address = strdup(e->info.address);
+                if (!node->name || !node->address) {
+                        r = -ENOMEM;
+                        break;
+                }
+                if (e->info.n_devices > 0) {
+                        node->devices = calloc(e->info.n_devices, sizeof(Device));
+                        if (!node->devices) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                }
+                for (size_t d = 0; d < e->info.n_devices && r >= 0; d++) {
+                        r = device_copy(&e->info.devices[d], &node->devices[d]);
+                        if (r >= 0)
+                                node->n_devices++;
+                }
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        node_done(&nodes[i]);
+                free(nodes);
+                return r;
+        }
+        return topology_new(nodes, n, m->members[0].info.name, m->version, ret);
+}

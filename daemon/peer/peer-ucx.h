@@ -1,0 +1,43 @@
+/* peer-ucx.h: one UCX worker in wakeup mode, its listener, and message endpoints to other daemons. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "macro.h"
+
+typedef struct PeerUcx PeerUcx;
+typedef struct PeerEndpoint PeerEndpoint;
+
+typedef struct PeerUcxCallbacks {
+        /* A whole message; `reply` can answer it with peer_ucx_reply() during this call. */
+        void (*on_message)(void *userdata, const uint8_t *data, size_t size, void *reply);
+        /* An endpoint this side dialed failed (refused, reset, timed out); it is closed after
+         * the call. cause: UCX's words for it. */
+        void (*on_failure)(void *userdata, PeerEndpoint *ep, const char *cause);
+        void *userdata;
+} PeerUcxCallbacks;
+
+/* Listens on listen_address ("host:port"). */
+int peer_ucx_new(const char *listen_address, const PeerUcxCallbacks *callbacks, PeerUcx **ret);
+PeerUcx *peer_ucx_free(PeerUcx *u);
+DEFINE_TRIVIAL_CLEANUP_FUNC(PeerUcx *, peer_ucx_free);
+
+/* The descriptor to poll; after it wakes, call peer_ucx_dispatch(). */
+int peer_ucx_fd(PeerUcx *u);
+/* Progresses the worker, delivers the callbacks, and re-arms the wakeup. */
+void peer_ucx_dispatch(PeerUcx *u);
+
+/* Dials a daemon at "host:port". The connection completes in the background. */
+int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoint **ret);
+void *peer_endpoint_userdata(PeerEndpoint *ep);
+/* Closes (forcibly) and forgets the endpoint; its userdata is not touched again. */
+void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep);
+
+/* Sends a message, taking over buf (malloc'd). Returns -EBUSY, and drops the message, when
+ * this endpoint already has too many messages in flight. */
+int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size);
+int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size);
+
+/* Splits "host:port" ("[v6]:port" too); 0 or -EINVAL. */
+int peer_address_split(const char *address, char **ret_host, char **ret_port);

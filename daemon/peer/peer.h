@@ -1,0 +1,28 @@
+/* peer.h: the peer thread: membership with the familyd of every other node, over UCX. */
+#pragma once
+
+#include <stdint.h>
+
+#include "error.h"
+#include "manager.h"
+#include "membership.h"
+
+typedef struct PeerParams {
+        const char *listen_address; /* "host:port" of our UCX listener */
+        const char *advertise_address; /* what others dial; default: listen_address */
+        const char *peers;          /* "host:port[,host:port...]": a full list or one seed */
+        const MemberInfo *self;     /* name, node rank, devices (address and boot are set here) */
+        unsigned heartbeat_ms;
+        MembershipTimeouts timeouts;
+        Manager *manager; /* receives each new topology */
+} PeerParams;
+
+typedef struct Peer Peer;
+
+/* Starts listening and the thread; the first topology is published before it returns. */
+int peer_new(const PeerParams *params, Peer **ret);
+Peer *peer_free(Peer *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Peer *, peer_free);
+
+/* From any thread: forgets a down node here and asks every peer to do the same. 1: forgotten. */
+int peer_forget(Peer *p, const char *node, FamilyError *ret_error);

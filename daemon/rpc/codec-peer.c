@@ -1,0 +1,296 @@
+/* codec-peer.c: membership messages between daemons, decoded with every field bounded. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec-peer.h"
+#include "codec-wire.h"
+#include "codec.h"
+#include "familyd-v1-peer.pb-c.h"
+#include "resource-limits.h"
+
+/* Strings from peers go into logs and topology replies: printable ASCII, bounded. */
+static bool peer_string_ok(const char *s, size_t max, bool allow_empty) {
+        size_t n = 0;
+
+        if (!s)
+                return allow_empty;
+        for (; s[n]; n++)
+                if (n >= max || (unsigned char) s[n] < 0x20 || (unsigned char) s[n] > 0x7e)
+                        return false;
+        return allow_empty || n > 0;
+}
+
+void peer_message_done(PeerMessage *m) {
+        if (!m)
+                return;
+        member_info_done(&m->sender);
+        for (size_t i = 0; i < m->n_members; i++)
+                member_info_done(&m->members[i].info);
+        free(m->members);
+        free(m->forget_name);
+        free(m->reason);
+        *m = (PeerMessage) {};
+}
+
+static int device_decode(const Familyd__V1__Device *pb, Device *ret) {
+        Device d = {
+                .local_index = pb->local_index,
+                .memory_bytes = pb->memory_bytes,
+                .numa_node = pb->numa_node,
+        };
+
+        if (pb->local_index < 0 || pb->numa_node < -1 ||
+            !peer_string_ok(pb->kind, 16, false) || !peer_string_ok(pb->name, 256, true) ||
+            !peer_string_ok(pb->uuid, 128, true) || !peer_string_ok(pb->pci_bus_id, 64, true))
+                return -EBADMSG;
+        return device_copy(&(Device) {
+                                   .local_index = d.local_index,
+                                   .memory_bytes = d.memory_bytes,
+                                   .numa_node = d.numa_node,
+                                   .kind = pb->kind,
+                                   .name = pb->name,
+                                   .uuid = pb->uuid,
+                                   .pci_bus_id = pb->pci_bus_id,
+                           },
+                           ret);
+}
+
+static int member_decode(const Familyd__V1__PeerMember *pb, MemberInfo *ret) {
+        _cleanup_(member_info_done) MemberInfo m = {};
+        int r;
+
+        if (!pb || !peer_string_ok(pb->name, FAMILYD_MAX_NAME_LENGTH, false) ||
+            !peer_string_ok(pb->address, FAMILYD_MAX_NAME_LENGTH, false) || pb->node_rank < -1 ||
+            pb->n_devices > FAMILYD_MAX_NODE_DEVICES)
+                return -EBADMSG;
+        /* Devices are numbered 0..n-1 in order: ranks are counted from them. */
+        for (size_t i = 0; i < pb->n_devices; i++)
+                if (!pb->devices[i] || pb->devices[i]->local_index != (int32_t) i)
+                        return -EBADMSG;
+
+        m.name = strdup(pb->name);
+        m.address = strdup(pb->address);
+        if (!m.name || !m.address)
+                return -ENOMEM;
+        m.node_rank = pb->node_rank;
+        m.partial = pb->partial;
+        m.boot_id = pb->boot_id;
+        m.started_unix_ms = pb->started_unix_ms;
+        if (pb->n_devices > 0) {
+                m.devices = calloc(pb->n_devices, sizeof(Device));
+                if (!m.devices)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < pb->n_devices; i++) {
+                r = device_decode(pb->devices[i], &m.devices[i]);
+                if (r < 0)
+                        return r;
+                m.n_devices++;
+        }
+        *ret = m;
+        m = (MemberInfo) {};
+        return 0;
+}
+
+static int known_decode(Familyd__V1__PeerKnown **pb, size_t n, PeerMessage *m) {
+        if (n > FAMILYD_MAX_PEER_MEMBERS)
+                return -EBADMSG;
+        if (n == 0)
+                return 0;
+        m->members = calloc(n, sizeof(PeerKnown));
+        if (!m->members)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                if (!pb[i])
+                        return -EBADMSG;
+                int r = member_decode(pb[i]->member, &m->members[i].info);
+                if (r < 0)
+                        return r;
+                m->members[i].age_ms = pb[i]->age_ms;
+                m->n_members++;
+        }
+        return 0;
+}
+
+static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
+        int r;
+
+        r = member_decode(pb->sender, &m->sender);
+        if (r < 0)
+                return r;
+        m->version = pb->version;
+
+        switch (pb->body_case) {
+        case FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT:
+                m->body = PEER_HEARTBEAT;
+                return 0;
+        case FAMILYD__V1__PEER_MESSAGE__BODY_HELLO:
+                m->body = PEER_HELLO;
+                return known_decode(pb->hello->members, pb->hello->n_members, m);
+        case FAMILYD__V1__PEER_MESSAGE__BODY_ANNOUNCE:
+                m->body = PEER_ANNOUNCE;
+                return known_decode(pb->announce->members, pb->announce->n_members, m);
+        case FAMILYD__V1__PEER_MESSAGE__BODY_FORGET:
+                m->body = PEER_FORGET;
+                if (!peer_string_ok(pb->forget->name, FAMILYD_MAX_NAME_LENGTH, false))
+                        return -EBADMSG;
+                m->forget_name = strdup(pb->forget->name);
+                m->forget_boot_id = pb->forget->boot_id;
+                return m->forget_name ? 0 : -ENOMEM;
+        case FAMILYD__V1__PEER_MESSAGE__BODY_WHO:
+                m->body = PEER_WHO;
+                return 0;
+        case FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE:
+                m->body = PEER_REFUSE;
+                if (!peer_string_ok(pb->refuse->reason, FAMILYD_MAX_STATUS_MESSAGE, true))
+                        return -EBADMSG;
+                m->reason = strdup(strempty(pb->refuse->reason));
+                return m->reason ? 0 : -ENOMEM;
+        default:
+                return -EBADMSG;
+        }
+}
+
+int codec_peer_decode(const uint8_t *data, size_t size, PeerMessage *ret) {
+        _cleanup_(peer_message_done) PeerMessage m = { .body = _PEER_BODY_INVALID };
+        Familyd__V1__PeerMessage *pb;
+        int r;
+
+        if (size > FAMILYD_MAX_PEER_MESSAGE_BYTES)
+                return -EBADMSG;
+        r = codec_wire_check(&familyd__v1__peer_message__descriptor, data, size,
+                             FAMILYD_MAX_REQUEST_DEPTH, FAMILYD_MAX_REQUEST_MESSAGES);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0)
+                return -EBADMSG;
+        pb = familyd__v1__peer_message__unpack(NULL, size, data);
+        if (!pb)
+                return -EBADMSG;
+        r = peer_decode(pb, &m);
+        familyd__v1__peer_message__free_unpacked(pb, NULL);
+        if (r < 0)
+                return r;
+        *ret = m;
+        m = (PeerMessage) {};
+        return 0;
+}
+
+static int member_encode(Arena *a, const MemberInfo *m, Familyd__V1__PeerMember **ret) {
+        Familyd__V1__PeerMember *pb =
+                MSG_NEW(a, Familyd__V1__PeerMember, familyd__v1__peer_member__init);
+
+        if (!pb)
+                return -ENOMEM;
+        pb->name = arena_strdup(a, m->name);
+        pb->address = arena_strdup(a, m->address);
+        if (!pb->name || !pb->address)
+                return -ENOMEM;
+        pb->node_rank = m->node_rank;
+        pb->boot_id = m->boot_id;
+        pb->started_unix_ms = m->started_unix_ms;
+        pb->partial = m->partial;
+        size_t n_devices = m->partial ? 0 : m->n_devices;
+        if (!ARRAY_NEW(a, pb->devices, n_devices))
+                return -ENOMEM;
+        for (size_t i = 0; i < n_devices; i++) {
+                int r = codec_device_encode(a, &m->devices[i], &pb->devices[i]);
+                if (r < 0)
+                        return r;
+        }
+        pb->n_devices = n_devices;
+        *ret = pb;
+        return 0;
+}
+
+static int known_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerKnown ***ret,
+                        size_t *ret_n) {
+        Familyd__V1__PeerKnown **list = NULL;
+
+        if (!ARRAY_NEW(a, list, m->n_members))
+                return -ENOMEM;
+        for (size_t i = 0; i < m->n_members; i++) {
+                list[i] = MSG_NEW(a, Familyd__V1__PeerKnown, familyd__v1__peer_known__init);
+                if (!list[i])
+                        return -ENOMEM;
+                int r = member_encode(a, &m->members[i].info, &list[i]->member);
+                if (r < 0)
+                        return r;
+                list[i]->age_ms = m->members[i].age_ms;
+        }
+        *ret = list;
+        *ret_n = m->n_members;
+        return 0;
+}
+
+static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage *pb) {
+        int r;
+
+        r = member_encode(a, &m->sender, &pb->sender);
+        if (r < 0)
+                return r;
+        pb->version = m->version;
+
+        switch (m->body) {
+        case PEER_HEARTBEAT:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT;
+                pb->heartbeat = MSG_NEW(a, Familyd__V1__PeerHeartbeat,
+                                        familyd__v1__peer_heartbeat__init);
+                return pb->heartbeat ? 0 : -ENOMEM;
+        case PEER_HELLO:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HELLO;
+                pb->hello = MSG_NEW(a, Familyd__V1__PeerHello, familyd__v1__peer_hello__init);
+                if (!pb->hello)
+                        return -ENOMEM;
+                return known_encode(a, m, &pb->hello->members, &pb->hello->n_members);
+        case PEER_ANNOUNCE:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_ANNOUNCE;
+                pb->announce = MSG_NEW(a, Familyd__V1__PeerAnnounce,
+                                       familyd__v1__peer_announce__init);
+                if (!pb->announce)
+                        return -ENOMEM;
+                return known_encode(a, m, &pb->announce->members, &pb->announce->n_members);
+        case PEER_FORGET:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_FORGET;
+                pb->forget = MSG_NEW(a, Familyd__V1__PeerForget, familyd__v1__peer_forget__init);
+                if (!pb->forget)
+                        return -ENOMEM;
+                pb->forget->name = arena_strdup(a, m->forget_name);
+                pb->forget->boot_id = m->forget_boot_id;
+                return pb->forget->name ? 0 : -ENOMEM;
+        case PEER_WHO:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_WHO;
+                pb->who = MSG_NEW(a, Familyd__V1__PeerWho, familyd__v1__peer_who__init);
+                return pb->who ? 0 : -ENOMEM;
+        case PEER_REFUSE:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE;
+                pb->refuse = MSG_NEW(a, Familyd__V1__PeerRefuse, familyd__v1__peer_refuse__init);
+                if (!pb->refuse)
+                        return -ENOMEM;
+                pb->refuse->reason = arena_strdup(a, m->reason);
+                return pb->refuse->reason ? 0 : -ENOMEM;
+        default:
+                return -EINVAL;
+        }
+}
+
+int codec_peer_encode(const PeerMessage *m, uint8_t **ret, size_t *ret_size) {
+        Familyd__V1__PeerMessage pb = FAMILYD__V1__PEER_MESSAGE__INIT;
+        _cleanup_(arena_done) Arena arena;
+        uint8_t *buf;
+        size_t size;
+        int r;
+
+        arena_init(&arena);
+        r = peer_encode(&arena, m, &pb);
+        if (r < 0)
+                return r;
+        size = familyd__v1__peer_message__get_packed_size(&pb);
+        buf = malloc(size ? size : 1);
+        if (!buf)
+                return -ENOMEM;
+        (void) familyd__v1__peer_message__pack(&pb, buf);
+        *ret = buf;
+        *ret_size = size;
+        return 0;
+}

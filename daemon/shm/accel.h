@@ -1,0 +1,72 @@
+/* accel.h: this node's devices, the backend that holds each one's shards, and GPU memory budgets. */
+#pragma once
+
+/*
+ * DESIGN: made once at start from the local node's devices (the topology's, so a rank goes to
+ * the device the topology assigns to it): host devices use the host backend, CUDA GPUs the
+ * CUDA backend (its local device index is its CUDA ordinal). A node without GPUs, or whose
+ * driver is missing, has host devices only (the inventory decided that already); a node whose
+ * GPUs are listed but cannot hold shards keeps them as cuda devices, and a Build that places a
+ * rank there is refused with the reason (check_device).
+ *
+ * Budgets: --shm-budget counts host memory only (the build table); each GPU has a budget of
+ * its own, its memory less an eighth kept free for contexts and the trainers' own work,
+ * counted in allocation sizes (rounded up to the granularity). A Build reserves every GPU's
+ * bytes at once, all or nothing, before anything is allocated; its AccelReservation gives
+ * them back when the build goes (failed, or released).
+ *
+ * Thread safety: everything may be called from any thread; the budgets have one mutex. A NULL
+ * Accel (unit tests, fuzzers) is a node of host devices.
+ */
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "error.h"
+#include "materialize.h"
+#include "topology.h"
+
+/* A GPU's shard budget is its memory less memory >> ACCEL_GPU_RESERVE_SHIFT. */
+#define ACCEL_GPU_RESERVE_SHIFT 3
+
+typedef struct Accel Accel;
+typedef struct AccelReservation AccelReservation;
+
+/* devices: the local node's, indexed by local index. Logs what each GPU can do. */
+int accel_new(const Device *devices, size_t n, Accel **ret);
+Accel *accel_ref(Accel *a);
+Accel *accel_unref(Accel *a);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Accel *, accel_unref);
+
+/* "cuda" for a GPU of this node, else "host" (host devices, and indexes past the list). */
+const char *accel_device_kind(const Accel *a, int32_t device);
+bool accel_device_is_gpu(const Accel *a, int32_t device);
+/* The bytes a shard of size bytes occupies on device. */
+uint64_t accel_allocation_size(const Accel *a, int32_t device, uint64_t size);
+/* 0 when device can hold shards now; FAILED_PRECONDITION with the reason otherwise. */
+int accel_check_device(const Accel *a, int32_t device, FamilyError *ret_error);
+/* A GPU's budget and what is reserved of it now (0 for a host device). */
+uint64_t accel_budget(const Accel *a, int32_t device);
+uint64_t accel_in_use(Accel *a, int32_t device);
+
+/*
+ * Reserves bytes[i] on devices[i] (GPUs; a device may repeat) against their budgets, all or
+ * nothing: RESOURCE_EXHAUSTED `GPU memory budget exceeded on cuda:1: build needs N bytes, U of
+ * T in use` (reason DEVICE_BUDGET). *ret is NULL when nothing was asked.
+ */
+int accel_reserve(Accel *a, const int32_t *devices, const uint64_t *bytes, size_t n,
+                  AccelReservation **ret, FamilyError *ret_error);
+AccelReservation *accel_reservation_free(AccelReservation *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(AccelReservation *, accel_reservation_free);
+
+/* A new, zeroed segment of accel_allocation_size(size) bytes on device, by its backend. */
+int accel_segment_new(Accel *a, int32_t device, const char *name, uint64_t size,
+                      ShardSegment **ret, FamilyError *ret_error);
+
+/* Fills seg (host or device, by its kind) with the rank's slices; a host segment's mapping is
+ * dropped afterwards. */
+int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout *layout,
+               const RankLayout *rank, Dtype dtype, uint64_t seed, FamilyError *ret_error);
+/* The same for slices made already (materialize_slices()). */
+int accel_fill_slices(Accel *a, ShardSegment *seg, const MaterializeSlice *slices, size_t n,
+                      FamilyError *ret_error);

@@ -1,0 +1,98 @@
+#!/bin/bash
+# run-topology-bench.sh: the membership protocol's cost at 2, 4 and 8 daemons on loopback.
+#
+#   tests/bench/run-topology-bench.sh [--smoke] [BUILD_DIR] [-- BENCH_ARGS...]
+#
+# BUILD_DIR (default: build-bench under the source root) is configured as a release build
+# without sanitizers and built when it does not exist yet: numbers from an ASan build mean
+# little. FAMILYD_BIN and FAMILYD_DESCRIPTORS, when set (meson test sets them), name the daemon
+# and the descriptor set instead. topology-bench.py (run with /usr/bin/python3: Debian's grpcio)
+# starts and stops the daemons itself through tests/integration/cluster_harness.py, so the
+# single-daemon helpers of bench-daemon.sh do not apply; every daemon must still exit 0 on
+# SIGTERM. UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless already set).
+#
+# The full run (about 3 minutes) prints convergence time, traffic per heartbeat interval and
+# idle CPU; add `-- --check-goals` to fail when traffic per peer is not flat, `-- --json FILE`
+# for the raw numbers. --smoke: --quick (2 and 4 daemons, 5 s idle windows), a check that the
+# tables, ratios and goal are printed and that the daemons stop cleanly; the goal is not
+# enforced.
+
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
+me=run-topology-bench.sh
+
+smoke=0
+build=""
+bench_args=()
+while [ $# -gt 0 ]; do
+        case "$1" in
+        --smoke) smoke=1 ;;
+        --) shift; bench_args+=("$@"); break ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "$me: unknown option $1" >&2; exit 2 ;;
+        *) build=$1 ;;
+        esac
+        shift
+done
+
+familyd=${FAMILYD_BIN:-}
+descriptors=${FAMILYD_DESCRIPTORS:-}
+if [ -z "$familyd" ] || [ -z "$descriptors" ]; then
+        build=${build:-$root/build-bench}
+        if [ ! -f "$build/build.ninja" ]; then
+                echo "$me: configuring $build (release, no sanitizers)"
+                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
+        fi
+        ninja -C "$build" daemon/familyd proto/familyd.binpb >/dev/null
+        familyd=${familyd:-$build/daemon/familyd}
+        descriptors=${descriptors:-$build/proto/familyd.binpb}
+fi
+[ -x "$familyd" ] || { echo "$me: $familyd not found" >&2; exit 1; }
+[ -f "$descriptors" ] || { echo "$me: $descriptors not found" >&2; exit 1; }
+
+# The bench spawns daemons for minutes: it runs copies, so that a rebuild of the tree meanwhile
+# (ninja relinks familyd in place) cannot give one run two different daemons.
+tmp=$(mktemp -d "/tmp/fd-topobench-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cp "$familyd" "$tmp/familyd"
+cp "$descriptors" "$tmp/familyd.binpb"
+out=$tmp/bench.out
+
+export FAMILYD_BIN=$tmp/familyd FAMILYD_DESCRIPTORS=$tmp/familyd.binpb FAMILYD_SOURCE_ROOT=$root
+export UCX_TLS=${UCX_TLS:-tcp} UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
+export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+
+if [ "$smoke" = 1 ]; then
+        bench_args=(--quick "${bench_args[@]}")
+fi
+
+echo "$me: familyd $familyd (run from a copy in $tmp)"
+status=0
+/usr/bin/python3 "$here/topology-bench.py" "${bench_args[@]}" | tee "$out" || status=$?
+if [ "$status" != 0 ]; then
+        # 77: the harness found no grpcio outside CI (a skip for meson test).
+        [ "$status" = 77 ] || echo "$me: topology-bench.py failed with status $status" >&2
+        exit "$status"
+fi
+
+if [ "$smoke" = 1 ]; then
+        # The --quick tables, ratios and the goal, as finite numbers.
+        num='[0-9]+\.[0-9]+'
+        range="$num \\[$num-$num\\]"
+        for pat in "^100 +2 +$range +$range +$range +[0-9]+ +$range\$" \
+                   "^100 +4 +$range +$range +$range +[0-9]+ +$range\$" \
+                   "^ +4 +3 +$num +$num +$num +$num +$num\$" \
+                   "^ratio traffic per peer N=4/N=2: messages $num bytes $num\$" \
+                   "^goal traffic per peer flat N=4/N=2 <= 1\\.50: $num (met|NOT MET)\$" \
+                   "^ratio idle cpu 3 peers/none @1000ms: stat ($num|inf) sched $num " \
+                   "^ratio idle cpu 3 peers/none @100ms: stat ($num|inf) sched $num " \
+                   "^goals (met|NOT MET)\$"; do
+                if ! grep -Eq "$pat" "$out"; then
+                        echo "$me: smoke: no line matching /$pat/" >&2
+                        exit 1
+                fi
+        done
+        echo "$me: smoke ok"
+fi

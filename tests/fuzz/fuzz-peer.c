@@ -1,0 +1,116 @@
+/* fuzz-peer.c: UCX membership messages, from the wire through the decoder into the membership. */
+
+/*
+ * An input is what a peer could send: one PeerMessage's bytes. It is decoded as the peer
+ * thread decodes it (daemon/rpc/codec-peer.c) and, when valid, applied as on_message() applies
+ * it (daemon/peer/peer.c): membership_heard() for the sender, membership_learn() for every
+ * member of a hello or announce, membership_forget() for a forget; then a tick and the
+ * topology every daemon computes. The membership starts with two known members, and the
+ * clock moves with the input, so joins, restarts, refusals, states and forgetting all happen.
+ * Checks besides "no crash": the version never goes down, the topology numbers its ranks
+ * without gaps, and every node in it is a member.
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "membership.h"
+#include "rpc/codec-peer.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static Device devices[1] = {
+        { .local_index = 0, .kind = "host", .name = "host0", .uuid = "", .pci_bus_id = "",
+          .numa_node = 0 },
+};
+
+static Membership *membership_seeded(void) {
+        static const MembershipTimeouts t = { .suspect_ms = 300, .down_ms = 1000,
+                                              .forget_after_ms = 2000 };
+        MemberInfo self = { .name = "self", .node_rank = 0, .address = "127.0.0.1:7000",
+                            .boot_id = 1, .started_unix_ms = 10, .devices = devices,
+                            .n_devices = 1 };
+        MemberInfo b = { .name = "node-b", .node_rank = -1, .address = "127.0.0.1:7001",
+                         .boot_id = 2, .started_unix_ms = 10, .devices = devices, .n_devices = 1 };
+        MemberInfo c = { .name = "node-c", .node_rank = 5, .address = "127.0.0.1:7002",
+                         .boot_id = 3, .started_unix_ms = 10, .devices = devices, .n_devices = 1 };
+        Membership *m = NULL;
+        MemberVerdict v;
+
+        if (membership_new(&self, &t, 0, &m) < 0)
+                abort();
+        (void) membership_heard(m, &b, 1, 0, &v, NULL);
+        (void) membership_learn(m, &c, 500, 0, &v);
+        return m;
+}
+
+static void check_topology(const Membership *m, int64_t now) {
+        _cleanup_(topology_unrefp) Topology *t = NULL;
+        int64_t rank = 0;
+
+        if (membership_topology(m, now, 1000000 + now, &t) < 0)
+                return; /* out of memory only */
+        if (t->n_nodes != membership_count(m) || t->version != membership_version(m))
+                abort();
+        for (size_t i = 0; i < t->n_nodes; i++) {
+                if (t->nodes[i].first_rank != rank || !membership_find(m, t->nodes[i].name))
+                        abort();
+                rank += (int64_t) t->nodes[i].n_devices;
+        }
+        if (rank != t->world_size || !topology_local_node(t))
+                abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+        _cleanup_(peer_message_done) PeerMessage msg = {};
+        _cleanup_(membership_freep) Membership *m = membership_seeded();
+        _cleanup_free_ char *refusal = NULL;
+        int64_t now = 100 + (size > 0 ? data[0] * 20 : 0);
+        MemberVerdict v;
+
+        if (codec_peer_decode(data, size, &msg) < 0)
+                return 0;
+
+        uint64_t before = membership_version(m);
+        if (membership_heard(m, &msg.sender, msg.version, now, &v, &refusal) < 0)
+                return 0;
+        if ((v == MEMBER_REFUSED) != (refusal != NULL) && v == MEMBER_REFUSED)
+                abort(); /* a refusal always says why */
+
+        if (v != MEMBER_REFUSED && v != MEMBER_STALE && v != MEMBER_UNKNOWN) {
+                switch (msg.body) {
+                case PEER_HELLO:
+                case PEER_ANNOUNCE:
+                        for (size_t i = 0; i < msg.n_members; i++)
+                                (void) membership_learn(m, &msg.members[i].info,
+                                                        msg.members[i].age_ms, now, &v);
+                        break;
+                case PEER_FORGET:
+                        (void) membership_forget(m, msg.forget_name, msg.forget_boot_id, true, now,
+                                                 NULL);
+                        break;
+                default:
+                        break;
+                }
+        }
+        if (membership_version(m) < before)
+                abort();
+        check_topology(m, now);
+        (void) membership_tick(m, now + 1500);
+        check_topology(m, now + 1500);
+        (void) membership_tick(m, now + 5000);
+        check_topology(m, now + 5000);
+
+        /* What a daemon sends back out must decode again. */
+        uint8_t *out = NULL;
+        size_t out_size = 0;
+        if (codec_peer_encode(&msg, &out, &out_size) == 0) {
+                PeerMessage again = {};
+                if (codec_peer_decode(out, out_size, &again) != 0)
+                        abort();
+                peer_message_done(&again);
+                free(out);
+        }
+        return 0;
+}

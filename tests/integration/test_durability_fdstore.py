@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""Restart without loss under a service manager: systemd's file-descriptor store.
+
+architecture.md (Durability) and issue 6: every shard segment and the record of every live
+build and mesh go into the manager's fd store (FDSTORE=1, FDNAME=shard-<build>-<rank> and
+meta-<id>); a daemon started again with those descriptors (LISTEN_FDS, LISTEN_FDNAMES) serves
+the same builds, tokens and bytes. Released builds leave the store. --fdstore-max bounds what
+familyd stores: a Build past it is refused with RESOURCE_EXHAUSTED, never left unprotected.
+
+No systemd as PID 1 here: fake_manager.py plays the manager (its notify socket, its fd store,
+and the restart that passes the store back).
+"""
+
+import os
+import shutil
+import signal
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import familyd_harness as H  # noqa: E402
+import shard_client as SC  # noqa: E402
+import test_durability_util as U  # noqa: E402
+from fake_manager import FakeManager  # noqa: E402
+
+P = H.Protos()
+MESH = {"deviceMesh": [{"name": "dp", "size": "2"}, {"name": "ep", "size": "4"}]}
+
+
+class ManagedDaemon(H.Daemon):
+    """familyd started by the fake manager, with a fixed shard socket path."""
+
+    def __init__(self, manager, tmpdir, extra_args=(), pass_fdstore=True):
+        super().__init__(registry=U.REGISTRY, tmpdir=tmpdir, protos=P,
+                         extra_args=list(extra_args))
+        self.manager = manager
+        self.pass_fdstore = pass_fdstore
+        self.shard_socket = os.path.join(tmpdir, "shard.sock")
+
+    def spawn(self):
+        out = open(self.stdout_path, "ab")
+        err = open(self.stderr_path, "ab")
+        try:
+            self.proc = self.manager.spawn(self.argv(), pass_fdstore=self.pass_fdstore,
+                                           stdout=out, stderr=err, stdin=subprocess_devnull())
+        finally:
+            out.close()
+            err.close()
+        return self.proc
+
+
+def subprocess_devnull():
+    import subprocess
+    return subprocess.DEVNULL
+
+
+class FdStoreTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = H.short_tmpdir()
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.daemons = []
+
+    def tearDown(self):
+        # Clean stops (exit 0): the sanitizers' leak check at exit covers the re-adoption.
+        for d in self.daemons:
+            if d.alive():
+                d.stop()
+
+    def manager(self, **kw):
+        m = FakeManager(self.tmp, **kw)
+        self.addCleanup(m.close)
+        return m
+
+    def start(self, m, **kw):
+        mark = m.mark()
+        d = ManagedDaemon(m, self.tmp, **kw)
+        self.daemons.append(d)
+        d.start()
+        m.wait_for("READY", "1", after=mark)
+        return d
+
+    def kill(self, d):
+        d.client.close()
+        d.client = None
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+
+    def ours(self, m):
+        return sorted(n for n in m.fdstore if n.startswith(("shard-", "meta")))
+
+    # -----------------------------------------------------------------------------------------
+
+    def test_sigkill_and_restart_with_the_store(self):
+        m = self.manager()
+        d1 = self.start(m)
+        mesh_id = U.create_mesh(self, d1.client, MESH)
+        on_mesh = U.build(self, d1, mesh_id=mesh_id, materialize={"dtype": "bf16", "seed": 5})
+        alone = U.build(self, d1, materialize={"seed": 9})
+        plain = U.build(self, d1)
+        before = U.view(self, d1)
+        bytes_before = U.read_shards(self, d1, on_mesh)
+
+        want = sorted(["meta-" + mesh_id] +
+                      ["meta-" + b.build_id for b in (on_mesh, alone, plain)] +
+                      ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)] +
+                      ["shard-%s-0" % alone.build_id])
+        self.assertEqual(self.ours(m), want)
+        self.assertEqual(m.fdstore_ignored, [])
+
+        # A trainer maps rank 2 writable (sealed memfds may be) and keeps it across the crash.
+        reply, fds = U.fetch(d1, on_mesh, writable=True)
+        self.assertEqual(reply.code, U.STATUS_OK, reply.message)
+        size2 = [s.size_bytes for s in on_mesh.shards if s.rank == 2][0]
+        held = SC.map_writable(fds[2], size2)
+        for fd in fds.values():
+            os.close(fd)
+
+        self.kill(d1)
+        self.assertEqual(bytes(held), bytes_before[2])
+
+        d2 = self.start(m)
+        self.assertEqual(U.view(self, d2), before)
+        self.assertRegex(d2.stderr(), r"Re-adopted 3 builds and 1 mesh from the fd store")
+        self.assertEqual(U.read_shards(self, d2, on_mesh), bytes_before)
+        # Nothing was stored twice, nothing dropped.
+        self.assertEqual(self.ours(m), want)
+        self.assertEqual(m.fdstore_ignored, [])
+
+        # The held mapping and the re-adopted segment are one memory: a write shows through.
+        held[0:4] = b"\x01\x02\x03\x04"
+        self.assertEqual(U.read_shards(self, d2, on_mesh)[2][:4], b"\x01\x02\x03\x04")
+        held.close()
+
+        # Released: its descriptors leave the store; a restart does not bring it back.
+        mark = m.mark()
+        U.ok(self, d2.client.call("familyd.v1.FamilyService/ReleaseBuild",
+                                  build_id=on_mesh.build_id))
+        for name in ["meta-" + on_mesh.build_id] + \
+                ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)]:
+            m.wait_for("FDNAME", name, after=mark)
+        self.assertEqual([n for n in self.ours(m) if on_mesh.build_id in n], [])
+        after_release = U.view(self, d2)
+        self.kill(d2)
+        d3 = self.start(m)
+        self.assertEqual(U.view(self, d3), after_release)
+        self.assertEqual(U.view(self, d3)["ids"], [alone.build_id, plain.build_id])
+
+    def test_fdstore_max_refuses_a_build_that_would_not_be_kept(self):
+        m = self.manager()
+        # One build of one shard needs two descriptors (its segment and its record).
+        d = self.start(m, extra_args=["--fdstore-max", "3"])
+        first = U.build(self, d, materialize={})
+        before = U.view(self, d)
+        stored = self.ours(m)
+        self.assertEqual(len(stored), 2)
+
+        res = d.client.call("familyd.v1.FamilyService/Build",
+                            U.build_request(P, materialize={"seed": 2}))
+        self.assertEqual(res.code, "RESOURCE_EXHAUSTED", res)
+        self.assertEqual(res.message, "fd store limit reached: build needs 2 descriptors, 2 of "
+                                      "3 kept (--fdstore-max)")
+        _, infos = d.client.error_details(res)
+        self.assertEqual([i.reason for i in infos], ["FDSTORE_LIMIT"])
+        self.assertEqual(U.view(self, d), before)
+        self.assertEqual(self.ours(m), stored)
+
+        # A build of no shards needs its record only: it fits; then a mesh does not.
+        plain = U.build(self, d)
+        res = d.client.call("familyd.v1.MeshService/CreateMesh", {"mesh": MESH})
+        self.assertEqual(res.code, "RESOURCE_EXHAUSTED", res)
+        self.assertEqual(res.message, "fd store limit reached: mesh needs 1 descriptor, 3 of 3 "
+                                      "kept (--fdstore-max)")
+        self.assertEqual(
+            len(U.ok(self, d.client.call("familyd.v1.MeshService/ListMeshes")).meshes), 0)
+
+        # Releasing gives the room back.
+        U.ok(self, d.client.call("familyd.v1.FamilyService/ReleaseBuild",
+                                 build_id=first.build_id))
+        again = U.build(self, d, materialize={"seed": 2})
+        self.assertEqual(U.view(self, d)["ids"], [plain.build_id, again.build_id])
+
+    def test_damaged_and_orphaned_descriptors_are_dropped(self):
+        m = self.manager()
+        d1 = self.start(m)
+        kept = U.build(self, d1, materialize={})
+        lost = U.build(self, d1, materialize={})
+        self.kill(d1)
+
+        # The manager hands back a record that is not one, and loses a shard of a build.
+        fd = os.memfd_create("junk")
+        os.write(fd, b"garbage")
+        m.fdstore["meta-bld-00000000-1"] = fd
+        os.close(m.fdstore.pop("shard-%s-0" % lost.build_id))
+
+        mark = m.mark()
+        d2 = self.start(m)
+        err = d2.stderr()
+        self.assertRegex(err, r"Dropping the state record meta-bld-00000000-1: not a familyd "
+                              r"state record")
+        self.assertRegex(err, r"Dropping build %s kept by an earlier run: its shard shard-%s-0 "
+                              r"is missing" % (lost.build_id, lost.build_id))
+        self.assertEqual(U.view(self, d2)["ids"], [kept.build_id])
+        for name in ("meta-bld-00000000-1", "meta-" + lost.build_id):
+            m.wait_for("FDSTOREREMOVE", "1", after=mark)
+            self.assertIsNotNone(m.find("FDNAME", name, after=mark), name)
+        self.assertEqual(self.ours(m), sorted(["meta-" + kept.build_id,
+                                               "shard-%s-0" % kept.build_id]))
+
+    def test_without_the_store_nothing_is_adopted(self):
+        """systemctl stop, then start: the manager passes nothing back; familyd starts empty."""
+        m = self.manager()
+        d1 = self.start(m)
+        U.build(self, d1, materialize={})
+        d1.stop()
+        d2 = self.start(m, pass_fdstore=False)
+        self.assertEqual(U.view(self, d2)["ids"], [])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,275 @@
+/* test-membership.c: joins, restarts, refusals, timeouts, forgetting and version agreement. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "membership.h"
+
+static const MembershipTimeouts timeouts = {
+        .suspect_ms = 300,
+        .down_ms = 1000,
+        .forget_after_ms = 0,
+};
+
+static Device host_devices[2] = {
+        { .local_index = 0, .kind = "host", .name = "host0", .uuid = "", .pci_bus_id = "",
+          .numa_node = -1 },
+        { .local_index = 1, .kind = "host", .name = "host1", .uuid = "", .pci_bus_id = "",
+          .numa_node = -1 },
+};
+
+static MemberInfo info(const char *name, int64_t rank, const char *address, uint64_t boot,
+                       int64_t started) {
+        return (MemberInfo) {
+                .name = (char *) name,
+                .node_rank = rank,
+                .address = (char *) address,
+                .boot_id = boot,
+                .started_unix_ms = started,
+                .devices = host_devices,
+                .n_devices = 2,
+        };
+}
+
+static Membership *new_self(const char *name, int64_t rank) {
+        MemberInfo self = info(name, rank, "127.0.0.1:7000", 1, 100);
+        Membership *m = NULL;
+
+        assert_int_equal(membership_new(&self, &timeouts, 0, &m), 0);
+        return m;
+}
+
+static MemberVerdict heard(Membership *m, MemberInfo i, uint64_t version, int64_t now) {
+        MemberVerdict v = _MEMBER_VERDICT_INVALID;
+        _cleanup_free_ char *why = NULL;
+
+        assert_int_equal(membership_heard(m, &i, version, now, &v, &why), 0);
+        assert_true((v == MEMBER_REFUSED) == (why != NULL));
+        return v;
+}
+
+static void test_join_and_order(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-b", -1);
+        _cleanup_(topology_unrefp) Topology *t = NULL;
+
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-a", -1, "127.0.0.1:7001", 8, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-z", 0, "127.0.0.1:7003", 9, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-a", -1, "127.0.0.1:7001", 8, 100), 1, 20),
+                         MEMBER_KNOWN);
+
+        assert_int_equal(membership_topology(m, 20, 5000, &t), 0);
+        assert_int_equal(t->n_nodes, 4);
+        assert_int_equal(t->world_size, 8);
+        /* Configured node ranks first, then names. */
+        assert_string_equal(t->nodes[0].name, "node-z");
+        assert_string_equal(t->nodes[1].name, "node-a");
+        assert_string_equal(t->nodes[2].name, "node-b");
+        assert_string_equal(t->nodes[3].name, "node-c");
+        assert_int_equal(t->nodes[2].first_rank, 4);
+        assert_true(t->nodes[2].local);
+        assert_int_equal(t->local, 2);
+        assert_int_equal(t->version, membership_version(m));
+}
+
+static void test_version_agreement(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+
+        assert_int_equal(membership_version(m), 1);
+        /* A quiet peer's higher version is taken as is; a change goes one past the maximum. */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 41, 0), MEMBER_JOINED);
+        assert_int_equal(membership_version(m), 42);
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 50, 10), MEMBER_KNOWN);
+        assert_int_equal(membership_version(m), 50);
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 3, 20), MEMBER_KNOWN);
+        assert_int_equal(membership_version(m), 50);
+}
+
+static void test_timeouts_and_return(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        unsigned counts[_NODE_STATE_MAX];
+
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        uint64_t v = membership_version(m);
+        assert_false(membership_tick(m, 299));
+        assert_true(membership_tick(m, 300));
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_SUSPECT);
+        assert_int_equal(membership_version(m), v + 1);
+        assert_false(membership_tick(m, 500));
+        assert_true(membership_tick(m, 1000));
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_DOWN);
+        membership_count_states(m, counts);
+        assert_int_equal(counts[NODE_DOWN], 1);
+        assert_int_equal(counts[NODE_UP], 0);
+
+        /* Heard again with the same start: up at once. */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 5000), MEMBER_KNOWN);
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
+        assert_int_equal(membership_version(m), v + 3);
+}
+
+static void test_restart_replaces(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        membership_tick(m, 2000); /* down */
+        MemberInfo again = info("node-b", -1, "h:2", 3, 2000);
+        again.n_devices = 1;
+        assert_int_equal(heard(m, again, 1, 2000), MEMBER_RESTARTED);
+        const Member *e = membership_find(m, "node-b");
+        assert_int_equal(e->state, NODE_UP);
+        assert_int_equal(e->info.boot_id, 3);
+        assert_int_equal(e->info.n_devices, 1);
+        /* The old start speaking from the same address is stale. */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 2001), MEMBER_STALE);
+        /* A restart on the same address is accepted even while the old entry looks up. */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 4, 3000), 1, 2002),
+                         MEMBER_RESTARTED);
+}
+
+static void test_duplicates_refused(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", 0);
+        MemberVerdict v;
+        _cleanup_free_ char *why = NULL, *why2 = NULL, *why3 = NULL;
+
+        assert_int_equal(heard(m, info("node-b", 1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+
+        /* Same name, another address, while the first is up. */
+        MemberInfo dup = info("node-b", 5, "h:9", 9, 200);
+        assert_int_equal(membership_heard(m, &dup, 1, 10, &v, &why), 0);
+        assert_int_equal(v, MEMBER_REFUSED);
+        assert_non_null(strstr(why, "node name 'node-b' is already in use by the live node at h:2"));
+
+        /* A node rank that another node holds. */
+        MemberInfo rank = info("node-c", 1, "h:3", 3, 200);
+        assert_int_equal(membership_heard(m, &rank, 1, 10, &v, &why2), 0);
+        assert_int_equal(v, MEMBER_REFUSED);
+        assert_non_null(strstr(why2, "node rank 1 is already taken by node 'node-b'"));
+
+        /* Our own name from another process. */
+        MemberInfo self = info("node-a", 7, "h:4", 4, 200);
+        assert_int_equal(membership_heard(m, &self, 1, 10, &v, &why3), 0);
+        assert_int_equal(v, MEMBER_REFUSED);
+        assert_non_null(why3);
+        assert_null(membership_find(m, "node-c"));
+        assert_int_equal(membership_count(m), 2);
+}
+
+static void test_learn(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        MemberVerdict v;
+
+        /* A node the teller last heard long ago arrives down, keeping its ranks. */
+        MemberInfo old = info("node-d", -1, "h:4", 4, 100);
+        assert_int_equal(membership_learn(m, &old, 5000, 10000, &v), 0);
+        assert_int_equal(v, MEMBER_JOINED);
+        assert_int_equal(membership_find(m, "node-d")->state, NODE_DOWN);
+
+        MemberInfo fresh = info("node-e", -1, "h:5", 5, 100);
+        assert_int_equal(membership_learn(m, &fresh, 0, 10000, &v), 0);
+        assert_int_equal(membership_find(m, "node-e")->state, NODE_UP);
+        /* Ourselves: ignored. */
+        MemberInfo me = info("node-a", -1, "x:1", 77, 999);
+        assert_int_equal(membership_learn(m, &me, 0, 10000, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+        /* An older start than the one we know: ignored. */
+        MemberInfo older = info("node-e", -1, "h:5", 6, 50);
+        assert_int_equal(membership_learn(m, &older, 0, 10000, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+}
+
+static void test_forget(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        _cleanup_(family_error_done) FamilyError e2 = FAMILY_ERROR_NULL;
+        _cleanup_(family_error_done) FamilyError e3 = FAMILY_ERROR_NULL;
+        MemberVerdict v;
+
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(membership_forget(m, "node-b", 0, false, 10, &e), -EINVAL);
+        assert_string_equal(e.message, "node 'node-b' is up; only a down node can be forgotten");
+        assert_int_equal(membership_forget(m, "node-a", 0, false, 10, &e2), -EINVAL);
+        assert_string_equal(e2.message, "node 'node-a' is this daemon's own node");
+        assert_int_equal(membership_forget(m, "nope", 0, false, 10, &e3), -EINVAL);
+        assert_int_equal(e3.status, FAMILY_STATUS_NOT_FOUND);
+        /* A peer's request for an up node is ignored, not an error. */
+        assert_int_equal(membership_forget(m, "node-b", 2, true, 10, NULL), 0);
+
+        membership_tick(m, 1000);
+        uint64_t v0 = membership_version(m);
+        assert_int_equal(membership_forget(m, "node-b", 0, false, 1000, NULL), 1);
+        assert_null(membership_find(m, "node-b"));
+        assert_int_equal(membership_version(m), v0 + 1);
+
+        /* A peer's stale table does not bring it back ... */
+        MemberInfo b = info("node-b", -1, "h:2", 2, 100);
+        assert_int_equal(membership_learn(m, &b, 0, 1001, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+        /* ... but the node itself, alive after all, does. */
+        assert_int_equal(heard(m, b, 1, 1002), MEMBER_JOINED);
+}
+
+static void test_forget_after(void **state) {
+        MembershipTimeouts t = timeouts;
+        MemberInfo self = info("node-a", -1, "h:1", 1, 100);
+        _cleanup_(membership_freep) Membership *m = NULL;
+
+        t.forget_after_ms = 500;
+        assert_int_equal(membership_new(&self, &t, 0, &m), 0);
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        membership_tick(m, 1000);
+        assert_non_null(membership_find(m, "node-b"));
+        assert_true(membership_tick(m, 1500));
+        assert_null(membership_find(m, "node-b"));
+}
+
+static void test_partial_records(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        MemberInfo slim = info("node-b", -1, "h:2", 2, 100);
+        MemberVerdict v;
+
+        slim.partial = true;
+        slim.n_devices = 0;
+        /* A heartbeat of a start we do not know: we must ask for the whole record. */
+        assert_int_equal(heard(m, slim, 1, 0), MEMBER_UNKNOWN);
+        assert_null(membership_find(m, "node-b"));
+        assert_int_equal(membership_learn(m, &slim, 0, 0, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+
+        uint64_t changes = membership_changes(m);
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(membership_changes(m), changes + 1);
+        /* Once known, the slim heartbeat keeps it alive and keeps its devices. */
+        membership_tick(m, 500);
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_SUSPECT);
+        assert_int_equal(heard(m, slim, 1, 600), MEMBER_KNOWN);
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
+        assert_int_equal(membership_find(m, "node-b")->info.n_devices, 2);
+        /* A higher version taken from a peer is not a change of ours. */
+        changes = membership_changes(m);
+        assert_int_equal(heard(m, slim, 99, 700), MEMBER_KNOWN);
+        assert_int_equal(membership_version(m), 99);
+        assert_int_equal(membership_changes(m), changes);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_join_and_order),
+                cmocka_unit_test(test_version_agreement),
+                cmocka_unit_test(test_timeouts_and_return),
+                cmocka_unit_test(test_restart_replaces),
+                cmocka_unit_test(test_duplicates_refused),
+                cmocka_unit_test(test_learn),
+                cmocka_unit_test(test_forget),
+                cmocka_unit_test(test_forget_after),
+                cmocka_unit_test(test_partial_records),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,186 @@
+/* test-peer-codec.c: membership messages round-trip, and hostile bytes are refused whole. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rpc/codec-peer.h"
+#include "familyd-v1-peer.pb-c.h"
+
+static Device devices[2] = {
+        { .local_index = 0, .kind = "cuda", .name = "GPU 0", .uuid = "GPU-1", .pci_bus_id = "0000:01:00.0",
+          .memory_bytes = 1u << 30, .numa_node = 0 },
+        { .local_index = 1, .kind = "cuda", .name = "GPU 1", .uuid = "GPU-2", .pci_bus_id = "0000:02:00.0",
+          .memory_bytes = 1u << 30, .numa_node = 1 },
+};
+
+static MemberInfo member(const char *name) {
+        return (MemberInfo) {
+                .name = (char *) name,
+                .node_rank = 3,
+                .address = "10.0.0.1:7100",
+                .boot_id = UINT64_C(0x1122334455667788),
+                .started_unix_ms = 1700000000000,
+                .devices = devices,
+                .n_devices = 2,
+        };
+}
+
+static void test_round_trip(void **state) {
+        PeerKnown known[2] = { { .info = member("b"), .age_ms = 5 }, { .info = member("c"), .age_ms = 9 } };
+        PeerMessage m = { .body = PEER_HELLO, .sender = member("a"), .version = 42,
+                          .members = known, .n_members = 2 };
+        _cleanup_(peer_message_done) PeerMessage back = {};
+        _cleanup_free_ uint8_t *buf = NULL;
+        size_t size;
+
+        assert_int_equal(codec_peer_encode(&m, &buf, &size), 0);
+        assert_int_equal(codec_peer_decode(buf, size, &back), 0);
+        assert_int_equal(back.body, PEER_HELLO);
+        assert_int_equal(back.version, 42);
+        assert_string_equal(back.sender.name, "a");
+        assert_int_equal(back.sender.node_rank, 3);
+        assert_int_equal(back.sender.boot_id, UINT64_C(0x1122334455667788));
+        assert_int_equal(back.sender.n_devices, 2);
+        assert_string_equal(back.sender.devices[1].pci_bus_id, "0000:02:00.0");
+        assert_int_equal(back.n_members, 2);
+        assert_string_equal(back.members[1].info.name, "c");
+        assert_int_equal(back.members[1].age_ms, 9);
+}
+
+static void test_partial_and_who(void **state) {
+        PeerMessage hb = { .body = PEER_HEARTBEAT, .sender = member("a"), .version = 3 };
+        PeerMessage who = { .body = PEER_WHO, .sender = member("a") };
+        _cleanup_(peer_message_done) PeerMessage hb2 = {}, who2 = {};
+        _cleanup_free_ uint8_t *b1 = NULL, *b2 = NULL;
+        size_t s1, s2, full;
+
+        assert_int_equal(codec_peer_encode(&hb, &b1, &full), 0);
+        free(b1);
+        b1 = NULL;
+        hb.sender.partial = true;
+        assert_int_equal(codec_peer_encode(&hb, &b1, &s1), 0);
+        /* A partial sender leaves the devices out. */
+        assert_true(s1 < full);
+        assert_int_equal(codec_peer_decode(b1, s1, &hb2), 0);
+        assert_true(hb2.sender.partial);
+        assert_int_equal(hb2.sender.n_devices, 0);
+        assert_int_equal(hb2.sender.boot_id, UINT64_C(0x1122334455667788));
+
+        assert_int_equal(codec_peer_encode(&who, &b2, &s2), 0);
+        assert_int_equal(codec_peer_decode(b2, s2, &who2), 0);
+        assert_int_equal(who2.body, PEER_WHO);
+        assert_false(who2.sender.partial);
+        assert_int_equal(who2.sender.n_devices, 2);
+}
+
+static void test_forget_and_refuse(void **state) {
+        PeerMessage f = { .body = PEER_FORGET, .sender = member("a"), .forget_name = "d",
+                          .forget_boot_id = 7 };
+        PeerMessage r = { .body = PEER_REFUSE, .sender = member("a"), .reason = "no" };
+        _cleanup_(peer_message_done) PeerMessage f2 = {}, r2 = {};
+        _cleanup_free_ uint8_t *b1 = NULL, *b2 = NULL;
+        size_t s1, s2;
+
+        assert_int_equal(codec_peer_encode(&f, &b1, &s1), 0);
+        assert_int_equal(codec_peer_decode(b1, s1, &f2), 0);
+        assert_string_equal(f2.forget_name, "d");
+        assert_int_equal(f2.forget_boot_id, 7);
+        assert_int_equal(codec_peer_encode(&r, &b2, &s2), 0);
+        assert_int_equal(codec_peer_decode(b2, s2, &r2), 0);
+        assert_string_equal(r2.reason, "no");
+}
+
+/* Encodes a hand-made protobuf message and expects the decoder to refuse it. */
+static void expect_refused(Familyd__V1__PeerMessage *pb) {
+        size_t size = familyd__v1__peer_message__get_packed_size(pb);
+        uint8_t *buf = malloc(size + 1);
+        PeerMessage m = {};
+
+        assert_non_null(buf);
+        familyd__v1__peer_message__pack(pb, buf);
+        assert_int_equal(codec_peer_decode(buf, size, &m), -EBADMSG);
+        assert_null(m.sender.name);
+        free(buf);
+}
+
+static void test_hostile(void **state) {
+        Familyd__V1__PeerMember sender = FAMILYD__V1__PEER_MEMBER__INIT;
+        Familyd__V1__PeerHeartbeat hb = FAMILYD__V1__PEER_HEARTBEAT__INIT;
+        Familyd__V1__PeerMessage pb = FAMILYD__V1__PEER_MESSAGE__INIT;
+        Familyd__V1__Device dev = FAMILYD__V1__DEVICE__INIT;
+        Familyd__V1__Device *devs[1] = { &dev };
+
+        sender.name = "a";
+        sender.address = "h:1";
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT;
+        pb.heartbeat = &hb;
+
+        /* No sender. */
+        expect_refused(&pb);
+        pb.sender = &sender;
+
+        /* Control characters in a name that ends up in logs. */
+        sender.name = "a\nb";
+        expect_refused(&pb);
+        sender.name = "";
+        expect_refused(&pb);
+        sender.name = "a";
+        sender.node_rank = -2;
+        expect_refused(&pb);
+        sender.node_rank = -1;
+
+        /* Devices must be numbered 0..n-1 and have a kind. */
+        dev.kind = "host";
+        dev.local_index = 5;
+        sender.devices = devs;
+        sender.n_devices = 1;
+        expect_refused(&pb);
+        dev.local_index = 0;
+        dev.kind = "";
+        expect_refused(&pb);
+        dev.kind = "host";
+
+        /* No body. */
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY__NOT_SET;
+        expect_refused(&pb);
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT;
+
+        /* Now it is fine. */
+        size_t size = familyd__v1__peer_message__get_packed_size(&pb);
+        _cleanup_free_ uint8_t *buf = malloc(size);
+        _cleanup_(peer_message_done) PeerMessage m = {};
+        familyd__v1__peer_message__pack(&pb, buf);
+        assert_int_equal(codec_peer_decode(buf, size, &m), 0);
+        assert_int_equal(m.body, PEER_HEARTBEAT);
+}
+
+static void test_garbage(void **state) {
+        uint8_t junk[512];
+        PeerMessage m = {};
+
+        for (unsigned seed = 0; seed < 2000; seed++) {
+                srand(seed);
+                size_t n = (size_t) rand() % sizeof junk;
+                for (size_t i = 0; i < n; i++)
+                        junk[i] = (uint8_t) rand();
+                if (codec_peer_decode(junk, n, &m) == 0)
+                        peer_message_done(&m);
+        }
+        /* Oversized. */
+        assert_int_equal(codec_peer_decode(junk, (size_t) 64 << 20, &m), -EBADMSG);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_round_trip),
+                cmocka_unit_test(test_forget_and_refuse),
+                cmocka_unit_test(test_partial_and_who),
+                cmocka_unit_test(test_hostile),
+                cmocka_unit_test(test_garbage),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
