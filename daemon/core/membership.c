@@ -112,13 +112,15 @@ const Member *membership_find(const Membership *m, const char *name) {
         return membership_lookup((Membership *) m, name);
 }
 
+/* The version never wraps: it stops at the limit (peers cannot tell a larger one). */
 static void membership_changed(Membership *m) {
-        m->version++;
+        if (m->version < FAMILYD_MAX_TOPOLOGY_VERSION)
+                m->version++;
         m->changes++;
 }
 
 static void membership_see_version(Membership *m, uint64_t version) {
-        if (version > m->version)
+        if (version > m->version && version <= FAMILYD_MAX_TOPOLOGY_VERSION)
                 m->version = version;
 }
 

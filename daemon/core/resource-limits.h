@@ -55,5 +55,8 @@
 #define FAMILYD_MAX_PEER_MESSAGE_BYTES   (2u * 1024u * 1024u)
 /* Members listed in one hello or announce. */
 #define FAMILYD_MAX_PEER_MEMBERS         FAMILYD_MAX_PEERS
+/* A topology version a peer may tell: 2^53 changes is centuries at a million a second, and
+ * anything above is hostile (2^64-1 would wrap the version to 0 on the next change). */
+#define FAMILYD_MAX_TOPOLOGY_VERSION     (UINT64_C(1) << 53)
 /* Configured peer addresses (--peers). */
 #define FAMILYD_MAX_SEEDS                64u

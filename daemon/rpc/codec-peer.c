@@ -118,6 +118,8 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         r = member_decode(pb->sender, &m->sender);
         if (r < 0)
                 return r;
+        if (pb->version > FAMILYD_MAX_TOPOLOGY_VERSION)
+                return -EBADMSG;
         m->version = pb->version;
 
         switch (pb->body_case) {

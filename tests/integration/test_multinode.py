@@ -367,6 +367,43 @@ class TestBuildAcrossNodes(unittest.TestCase):
             self.assertTrue(np.array_equal(union[name], single[name]), name)
 
 
+class TestPeerLostDuringUse(unittest.TestCase):
+    """A peer daemon killed and restarted while a mesh over both nodes is in use: its ranks show
+    down, then up; this node's builds, shards and new Builds are unaffected."""
+
+    protos = H.Protos()
+
+    def test_builds_here_survive_a_peer_restart(self):
+        mesh = {"mesh": {"deviceMesh": [{"name": "tp", "size": 4}], "tpSize": 4}}
+        with Cluster(2, host_devices=2) as c:
+            c.wait_agreement(world_size=4, timeout=20)
+            m = c.client(0).call("familyd.v1.MeshService/CreateMesh", mesh)
+            self.assertTrue(m.ok, m)
+            b = TestBuildAcrossNodes.build(self, c.client(0), m.reply.mesh_id)
+            before = {}
+            self.assertEqual(TestBuildAcrossNodes.tensors(self, b, before), [0, 1])
+
+            c.daemons[1].kill()
+            _, view = c.wait_agreement(states=["up", "down"], among=[0], timeout=20)
+            self.assertEqual(view[1], 4)     # node1 keeps its ranks while down
+            # This node's build, its shards and new Builds on the mesh still work.
+            got = c.client(0).call("familyd.v1.FamilyService/GetBuild", build_id=b.build_id)
+            self.assertTrue(got.ok, got)
+            after = {}
+            self.assertEqual(TestBuildAcrossNodes.tensors(self, b, after), [0, 1])
+            for name in before:
+                self.assertTrue(np.array_equal(before[name], after[name]), name)
+            b2 = TestBuildAcrossNodes.build(self, c.client(0), m.reply.mesh_id)
+            self.assertEqual({s.rank: s.node for s in b2.shards},
+                             {0: "node0", 1: "node0", 2: "node1", 3: "node1"})
+            self.assertEqual(sorted(s.rank for s in b2.shards if s.token), [0, 1])
+
+            c.restart(1)
+            c.wait_agreement(world_size=4, states=["up", "up"], timeout=20)
+            self.assertTrue(c.client(0).call("familyd.v1.FamilyService/GetBuild",
+                                             build_id=b.build_id).ok)
+
+
 class TestTraffic(unittest.TestCase):
     """Bytes and messages one daemon sends per heartbeat interval grow at most linearly in N."""
 

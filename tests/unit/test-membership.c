@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "membership.h"
+#include "resource-limits.h"
 
 static const MembershipTimeouts timeouts = {
         .suspect_ms = 300,
@@ -259,6 +260,21 @@ static void test_partial_records(void **state) {
         assert_int_equal(membership_changes(m), changes);
 }
 
+static void test_version_never_wraps(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+
+        /* A hostile peer's version beyond the limit is not taken (found by fuzz-peer). */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), UINT64_MAX, 0),
+                         MEMBER_JOINED);
+        assert_true(membership_version(m) < 10);
+        /* At the limit it stops instead of wrapping to 0. */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), FAMILYD_MAX_TOPOLOGY_VERSION,
+                               1),
+                         MEMBER_KNOWN);
+        membership_tick(m, 2000);
+        assert_int_equal(membership_version(m), FAMILYD_MAX_TOPOLOGY_VERSION);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_join_and_order),
@@ -270,6 +286,7 @@ int main(void) {
                 cmocka_unit_test(test_forget),
                 cmocka_unit_test(test_forget_after),
                 cmocka_unit_test(test_partial_records),
+                cmocka_unit_test(test_version_never_wraps),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

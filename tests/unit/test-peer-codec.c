@@ -144,6 +144,12 @@ static void test_hostile(void **state) {
         expect_refused(&pb);
         dev.kind = "host";
 
+        /* A version no daemon can reach (2^64-1 wrapped the version: fuzz-peer). */
+        pb.sender = &sender;
+        pb.version = UINT64_MAX;
+        expect_refused(&pb);
+        pb.version = 7;
+
         /* No body. */
         pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY__NOT_SET;
         expect_refused(&pb);
