@@ -141,7 +141,10 @@ class TestBuildOffTheWorkers(unittest.TestCase):
         for t in threads:
             t.join(30)
         self.assertEqual(status, 0, d.stderr())
-        self.assertLess(elapsed, 20)
+        # Queued Builds are answered at once; the (up to two) fills already running finish
+        # first, as they are not cancelled mid-way. One such fill takes 10-15 s under ASan,
+        # 21-23 s when other tests share the two cores: the bound says "no hang", with room.
+        self.assertLess(elapsed, 60)
 
 
 def wide_registry(tmp, n_params):
