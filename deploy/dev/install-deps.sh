@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 packages=(
     meson ninja-build pkg-config gcc xxd
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler grpc-proto
-    libyaml-dev libsystemd-dev libucx-dev ucx-utils
+    libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
 )
 if [[ "${1:-}" == "--tests" ]]; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
