@@ -161,7 +161,13 @@ class TestOutOfDescriptors(unittest.TestCase):
                                         % (len(served), len(closed)))
                 lines = self.assert_quiet_and_idle(d, before, socks)
                 emfile = [ln for ln in lines if "Out of file descriptors" in ln]
-                self.assertEqual(len(emfile), 1, "\n".join(lines))
+                # One line per episode, not per connection: a served connection that closes
+                # can end an episode and the next arrivals start another (seen in CI), so a
+                # few episodes are fine; 60 lines would be the spin this test guards against.
+                again = [ln for ln in lines if "Accepting API connections again" in ln]
+                self.assertGreaterEqual(len(emfile), 1, "\n".join(lines))
+                self.assertLessEqual(len(emfile), 4, "\n".join(lines))
+                self.assertGreaterEqual(len(again), len(emfile) - 1, "\n".join(lines))
             finally:
                 close_all(socks)
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
