@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# install-deps.sh [--tests]: installs what familyd needs to build and run on Debian 12 (as root),
-# and with --tests what the test suite needs too (cmocka, Python grpcio, valgrind, buf from npm).
+# install-deps.sh [--tests] [--list]: installs what familyd needs to build and run on Debian 12
+# (as root), and with --tests what the test suite needs too (cmocka, Python grpcio, valgrind, buf
+# from npm). --list prints the Debian packages, one a line, and installs nothing.
+#
+# Every package whose files the build or the tests read is named here, or is a dependency of one
+# named here: packages come with --no-install-recommends, as on a minimal machine.
+# tests/repo/check-packages.py (the test `install-deps`) proves it for every file the build read.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+tests=false list=false
+for arg in "$@"; do
+    case "$arg" in
+    --tests) tests=true ;;
+    --list) list=true ;;
+    -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install-deps.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+    esac
+done
+
 packages=(
     meson ninja-build pkg-config gcc xxd
-    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler grpc-proto
+    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
 )
-if [[ "${1:-}" == "--tests" ]]; then
+if $tests; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
     # llvm-symbolizer for the coverage report.
@@ -20,6 +35,10 @@ if [[ "${1:-}" == "--tests" ]]; then
     packages+=(systemd util-linux)
     # npm may come with a Node.js that is not Debian's; ask apt only when there is none.
     command -v npm >/dev/null || packages+=(npm)
+fi
+if $list; then
+    printf '%s\n' "${packages[@]}"
+    exit 0
 fi
 
 missing=()
@@ -35,7 +54,7 @@ fi
 
 # buf stands in for grpcurl (not in Debian): `buf curl` speaks gRPC over a Unix socket and
 # discovers the API by reflection.
-if [[ "${1:-}" == "--tests" && ! -x node_modules/.bin/buf ]]; then
+if $tests && [[ ! -x node_modules/.bin/buf ]]; then
     echo "familyd: installing buf (npm @bufbuild/buf)"
     npm install --no-save --no-audit --no-fund --loglevel=error @bufbuild/buf >/dev/null
 fi

@@ -7,7 +7,7 @@
 # without sanitizers and built when it does not exist yet: numbers from an ASan build mean
 # little. FAMILYD_BIN and FAMILYD_BENCH, when set (meson test sets them), name the binaries
 # instead. The registry is $FAMILYD_BENCH_REGISTRY, else deploy/registry when it holds
-# grouped_experts, else ../shared/conformance/registry.
+# grouped_experts, else tests/conformance/registry.
 #
 # --smoke: a quick run (--quick) that checks the bench runs and prints its ratios, and that the
 # daemon stops cleanly; the goals are printed, not enforced. Without --smoke the full run
@@ -17,7 +17,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
-shared=${FAMILYD_SHARED:-$root/../shared}
+conformance=${FAMILYD_CONFORMANCE:-$root/tests/conformance}
 
 smoke=0
 build=""
@@ -54,7 +54,7 @@ if [ -z "$registry" ]; then
         if grep -qs '^\s*-\?\s*name:\s*grouped_experts\s*$' "$root"/deploy/registry/*.y*ml; then
                 registry=$root/deploy/registry
         else
-                registry=$shared/conformance/registry
+                registry=$conformance/registry
         fi
 fi
 

@@ -7,7 +7,7 @@
 # without sanitizers and built when it does not exist yet: numbers from an ASan build mean
 # little. FAMILYD_BIN and FAMILYD_VALIDATE_BENCH, when set (meson test sets them), name the
 # binaries instead. The daemon gets the conformance registry ($FAMILYD_BENCH_REGISTRY, else
-# ../shared/conformance/registry) and --host-devices 8; the bench makes its own mesh and Build.
+# tests/conformance/registry) and --host-devices 8; the bench makes its own mesh and Build.
 #
 # The full run times Validate of 1,000, 2,000, 5,000 and 10,000 boundaries and prints the time
 # per boundary and the ratio largest/smallest (goal <= 1.5); add `-- --check-goals` to fail
@@ -18,7 +18,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
-shared=${FAMILYD_SHARED:-$root/../shared}
+conformance=${FAMILYD_CONFORMANCE:-$root/tests/conformance}
 
 smoke=0
 build=""
@@ -50,7 +50,7 @@ for f in "$familyd" "$bench"; do
         [ -x "$f" ] || { echo "run-validate-bench.sh: $f not found" >&2; exit 1; }
 done
 
-registry=${FAMILYD_BENCH_REGISTRY:-$shared/conformance/registry}
+registry=${FAMILYD_BENCH_REGISTRY:-$conformance/registry}
 [ -d "$registry" ] || { echo "run-validate-bench.sh: registry $registry not found" >&2; exit 1; }
 
 me=run-validate-bench.sh

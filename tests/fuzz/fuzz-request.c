@@ -21,7 +21,7 @@
  * FUZZ_STATS=1 prints, per method, how many inputs were unpacked, answered OK or answered an
  * error (FUZZ_STATS=2: also each input's outcome); FUZZ_SETUP=1 prints the seeded mesh and
  * build ids (tests/fuzz/gen-corpus.py uses them). The registry is
- * $FAMILYD_SHARED/conformance/registry, by default the shared folder beside the source tree.
+ * $FAMILYD_CONFORMANCE/registry, by default tests/conformance/registry of the source tree.
  */
 
 #include <stdint.h>
@@ -239,13 +239,13 @@ static void cleanup(void) {
 }
 
 static void setup(void) {
-        const char *shared = getenv("FAMILYD_SHARED");
+        const char *conformance = getenv("FAMILYD_CONFORMANCE");
         _cleanup_free_ char *dir = NULL;
         LoadDiagnostics diag = {};
 
-        if (!shared || !*shared)
-                shared = FUZZ_DEFAULT_SHARED;
-        if (asprintf(&dir, "%s/conformance/registry", shared) < 0)
+        if (!conformance || !*conformance)
+                conformance = FUZZ_DEFAULT_CONFORMANCE;
+        if (asprintf(&dir, "%s/registry", conformance) < 0)
                 abort();
         ManagerParams params = {
                 .registry_path = dir,

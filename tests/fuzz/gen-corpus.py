@@ -19,7 +19,7 @@ Run with /usr/bin/python3 (Debian's python3-protobuf), after a build has made th
 import json, os, re, struct, sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SHARED = os.path.join(ROOT, '..', 'shared')
+CONFORMANCE = os.path.join(ROOT, 'tests', 'conformance')
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
 default_binpb = os.path.join(ROOT, 'build', 'proto', 'familyd.binpb')
@@ -66,7 +66,7 @@ def write_dir(d, files):
             f.write(data)
 
 
-cases = json.load(open(os.path.join(SHARED, 'conformance', 'cases.json')))['cases']
+cases = json.load(open(os.path.join(CONFORMANCE, 'cases.json')))['cases']
 res, meshes = [], []
 for c in cases:
     for s in c.get('steps', []):
@@ -183,7 +183,7 @@ write_dir(os.path.join(HERE, 'corpus', 'wire'), wire)
 
 # expr: every shape expression of both registries, then edge cases.
 exprs = []
-for d in (os.path.join(ROOT, 'deploy', 'registry'), os.path.join(SHARED, 'conformance', 'registry')):
+for d in (os.path.join(ROOT, 'deploy', 'registry'), os.path.join(CONFORMANCE, 'registry')):
     for f in sorted(os.listdir(d)):
         if f.endswith(('.yaml', '.yml')):
             for m in re.finditer(r'shape:\s*\[(.*)\]', open(os.path.join(d, f)).read()):

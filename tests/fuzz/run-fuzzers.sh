@@ -84,7 +84,7 @@ fi
 
 # llvm-symbolizer names the covered functions (and symbolizes crash reports).
 export PATH="/usr/lib/llvm-14/bin:$PATH"
-export FAMILYD_SHARED=${FAMILYD_SHARED:-$root/../shared}
+export FAMILYD_CONFORMANCE=${FAMILYD_CONFORMANCE:-$root/tests/conformance}
 # Reports halt (a UBSan finding is a crash); leaks are checked after each input and at exit.
 export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"

@@ -2,11 +2,11 @@
 """Play conformance cases (cases.json) against one real familyd.
 
 usage: /usr/bin/python3 conformance.py [CASES.json ...]
-       (default: $FAMILYD_CONFORMANCE/cases.json, i.e. ../shared/conformance/cases.json)
+       (default: $FAMILYD_CONFORMANCE/cases.json, i.e. tests/conformance/cases.json)
 
 Each file names its daemon options ("daemon": {"registry": DIR relative to the file,
 "host_devices": N}); one daemon serves all cases of a file. Matching follows
-shared/conformance/README.md:
+tests/conformance/README.md:
 
 - expect.code: the gRPC status name; expect.message: the status message, exact;
 - expect.response: the reply in proto3 JSON, compared as a subset: every key given must be
@@ -16,7 +16,9 @@ shared/conformance/README.md:
 - capture: {name: "dotted.path"} stores a reply field, and "{{name}}" in later requests and
   expectations of the same case is replaced by it.
 
-Prints one line per case, then every mismatch; exits 1 on any mismatch.
+Prints one line per case, then every mismatch; exits 1 on any mismatch. Without arguments it
+also checks the fixtures' inventory: at least MIN_CASES cases with unique names, each listed in
+the README beside cases.json and each README row naming a case, so no case is lost silently.
 """
 
 import json
@@ -239,11 +241,44 @@ def run_file(cases_path, protos):
     return failures, len(cases)
 
 
+# The cases the suite has always played; the count may grow, never shrink.
+MIN_CASES = 35
+
+
+def inventory_errors(cases_path, readme_path):
+    """Mismatches between cases.json and the table of cases in its README."""
+    with open(cases_path) as f:
+        names = [c.get("name") for c in json.load(f).get("cases") or []]
+    with open(readme_path) as f:
+        text = f.read()
+    section = text.split("## The cases", 1)[-1]
+    rows = [m.group(1).strip() for m in re.finditer(r"^\|([^|]+)\|[^|]*\|\s*$", section, re.M)]
+    rows = [r for r in rows if r != "case" and not set(r) <= set("-: ")]
+    errors = []
+    if len(names) < MIN_CASES:
+        errors.append("%s has %d cases, fewer than the %d it must keep"
+                      % (cases_path, len(names), MIN_CASES))
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        errors.append("case names used twice: %s" % ", ".join(dup))
+    for n in names:
+        if n not in rows:
+            errors.append("case %r has no row in %s" % (n, readme_path))
+    for r in rows:
+        if r not in names:
+            errors.append("%s lists %r, which is not a case" % (readme_path, r))
+    return errors
+
+
 def main(argv):
     paths = argv[1:] or [os.path.join(H.CONFORMANCE, "cases.json")]
     protos = H.Protos()
     failures = []
     total = 0
+    if not argv[1:]:
+        failures += inventory_errors(paths[0], os.path.join(H.CONFORMANCE, "README.md"))
+        for f in failures:
+            print("inventory: " + f)
     for p in paths:
         try:
             f, n = run_file(p, protos)

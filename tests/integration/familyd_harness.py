@@ -7,8 +7,7 @@ Paths come from the environment, set by tests/integration/meson.build:
   FAMILYCTL            the familyctl binary (optional)
   FAMILYD_DESCRIPTORS  build/proto/familyd.binpb (FileDescriptorSet: familyd + imports + health)
   FAMILYD_SOURCE_ROOT  the project's source root
-  FAMILYD_SHARED       the shared folder (design, conformance), default <source root>/../shared
-  FAMILYD_CONFORMANCE  the conformance folder, default <shared>/conformance
+  FAMILYD_CONFORMANCE  the conformance fixtures, default <source root>/tests/conformance
   BUF                  buf binary, default <source root>/node_modules/.bin/buf
 
 No protoc is needed: message classes are built at run time from the descriptor set, and calls
@@ -38,8 +37,7 @@ SKIP = 77
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_ROOT = os.environ.get("FAMILYD_SOURCE_ROOT") or os.path.normpath(os.path.join(HERE, "..", ".."))
-SHARED = os.environ.get("FAMILYD_SHARED") or os.path.normpath(os.path.join(SOURCE_ROOT, "..", "shared"))
-CONFORMANCE = os.environ.get("FAMILYD_CONFORMANCE") or os.path.join(SHARED, "conformance")
+CONFORMANCE = os.environ.get("FAMILYD_CONFORMANCE") or os.path.join(SOURCE_ROOT, "tests", "conformance")
 
 # Generous under ASan on a 2-core machine; a healthy daemon needs well under a second.
 START_TIMEOUT = float(os.environ.get("FAMILYD_START_TIMEOUT", "30"))

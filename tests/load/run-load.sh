@@ -19,7 +19,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
-shared=${FAMILYD_SHARED:-$root/../shared}
+conformance=${FAMILYD_CONFORMANCE:-$root/tests/conformance}
 
 duration=600
 warmup=60
@@ -52,7 +52,7 @@ fi
 for f in "$familyd" "$bench"; do
         [ -x "$f" ] || { echo "run-load.sh: $f not found" >&2; exit 1; }
 done
-registry=$shared/conformance/registry
+registry=$conformance/registry
 [ -d "$registry" ] || { echo "run-load.sh: registry $registry not found" >&2; exit 1; }
 
 export ASAN_OPTIONS="quarantine_size_mb=16${ASAN_OPTIONS:+:$ASAN_OPTIONS}"

@@ -10,6 +10,7 @@
 #include "macro.h"
 #include "mesh.h"
 #include "registry.h"
+#include "test-fixtures.h"
 
 /* Families the conformance registry lacks: every shape and init failure, variant-local
  * parameters, members that accept only config or only module, a family without parameters. */
@@ -95,10 +96,9 @@ static Registry *load(const char *dir) {
 }
 
 static int setup(void **state) {
-        const char *shared = getenv("FAMILYD_SHARED");
         char path[4096];
 
-        snprintf(path, sizeof path, "%s/conformance/registry", shared ? shared : "/work/shared");
+        snprintf(path, sizeof path, "%s/registry", conformance_dir());
         fx.conformance = load(path);
 
         strcpy(fx.dir, "/tmp/test-build-plan-XXXXXX");

@@ -12,6 +12,7 @@
 #include "expr.h"
 #include "macro.h"
 #include "registry.h"
+#include "test-fixtures.h"
 #include "resource-limits.h"
 
 /* ---- helpers ---- */
@@ -137,11 +138,6 @@ static Registry *load_text(const char *yaml) {
         "    constructor: a.V\n"                \
         "    accepts: [config]\n"
 
-static const char *shared_dir(void) {
-        const char *s = getenv("FAMILYD_SHARED");
-        return s ? s : "/work/shared";
-}
-
 static const char *source_root(void) {
         const char *s = getenv("FAMILYD_SOURCE_ROOT");
         return s ? s : ".";
@@ -183,7 +179,7 @@ static void test_conformance_registry(void **state) {
         _cleanup_free_ char *dir = NULL;
         _cleanup_(registry_unrefp) Registry *reg = NULL;
 
-        assert_true(asprintf(&dir, "%s/conformance/registry", shared_dir()) > 0);
+        assert_true(asprintf(&dir, "%s/registry", conformance_dir()) > 0);
         reg = load_ok(dir);
 
         /* Load order: files by name, then order within the file. */
@@ -307,7 +303,7 @@ static void test_find(void **state) {
         _cleanup_(family_error_done) FamilyError err = {};
         const Family *f = NULL;
 
-        assert_true(asprintf(&dir, "%s/conformance/registry", shared_dir()) > 0);
+        assert_true(asprintf(&dir, "%s/registry", conformance_dir()) > 0);
         reg = load_ok(dir);
 
         assert_int_equal(registry_find(reg, "grouped_experts", &f, &err), 0);
@@ -497,8 +493,8 @@ static void test_deploy_registry(void **state) {
                 }
         }
 
-        /* grouped_experts is the semantics.md example: the same as the conformance one. */
-        assert_true(asprintf(&conf, "%s/conformance/registry", shared_dir()) > 0);
+        /* grouped_experts of deploy/registry is the same family as the conformance one. */
+        assert_true(asprintf(&conf, "%s/registry", conformance_dir()) > 0);
         creg = load_ok(conf);
         const Family *g, *cg;
         assert_int_equal(registry_find(reg, "grouped_experts", &g, NULL), 0);
@@ -953,7 +949,7 @@ static void test_mangled_inputs(void **state) {
         long size;
         uint32_t seed = 12345;
 
-        assert_true(asprintf(&path, "%s/conformance/registry/families.yaml", shared_dir()) > 0);
+        assert_true(asprintf(&path, "%s/registry/families.yaml", conformance_dir()) > 0);
         f = fopen(path, "re");
         assert_non_null(f);
         assert_int_equal(fseek(f, 0, SEEK_END), 0);

@@ -10,6 +10,7 @@
 #include "macro.h"
 #include "mesh.h"
 #include "registry.h"
+#include "test-fixtures.h"
 #include "resolve.h"
 
 /* Families that the conformance registry lacks: a factory member, typed selectors of every kind
@@ -84,10 +85,9 @@ static Registry *load(const char *dir) {
 }
 
 static int setup(void **state) {
-        const char *shared = getenv("FAMILYD_SHARED");
         char path[4096];
 
-        snprintf(path, sizeof path, "%s/conformance/registry", shared ? shared : "/work/shared");
+        snprintf(path, sizeof path, "%s/registry", conformance_dir());
         fx.conformance = load(path);
 
         strcpy(fx.dir, "/tmp/test-resolve-XXXXXX");
