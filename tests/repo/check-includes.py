@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""The include graph follows the layers: every #include goes to the same folder or downward.
+
+usage: check-includes.py [ROOT]
+
+ROOT (default: the source tree) holds common/, daemon/ and client/. Each C file belongs to a
+layer, named by its folder; an include names its header by folder (`"core/mesh.h"`), or by bare
+name for a header of the file's own folder. A layer may include only the layers LAYERS allows
+it, and only the layers listed in SYSTEM may include a library's headers. Every violation is
+printed as FILE:LINE: the include and why; the exit status is 1 when there is any.
+"""
+
+import os
+import re
+import sys
+
+# Layer -> the layers it may include (besides itself), lowest first. docs/architecture.md
+# draws the same picture.
+LAYERS = {
+    "common": [],
+    "core": ["common"],
+    "codec": ["common", "core"],
+    "hw": ["common", "core"],
+    "shm": ["common", "core", "hw"],
+    "state": ["common", "core"],
+    "build": ["common", "core", "codec", "hw", "shm", "state"],
+    "rpc": ["common", "core", "codec", "hw", "shm", "state", "build"],
+    "peer": ["common", "core", "codec"],
+    "sd": ["common", "core"],
+    "shell": ["common", "core", "codec", "hw", "shm", "state", "build", "rpc", "peer", "sd"],
+    "client": ["common"],
+}
+
+# Headers of libraries (and generated code) that only some layers may include.
+SYSTEM = [
+    (re.compile(r"\.pb-c\.h$|^protobuf-c/"), {"codec", "client"},
+     "generated protobuf code and protobuf-c belong to codec/"),
+    (re.compile(r"^grpc/"), {"rpc", "client"}, "gRPC belongs to rpc/"),
+    (re.compile(r"^(ucp|uct|ucs)/"), {"peer"}, "UCX belongs to peer/"),
+    (re.compile(r"^systemd/"), {"sd", "shell"}, "libsystemd belongs to sd/ and the shell"),
+    (re.compile(r"^hwloc"), {"hw"}, "hwloc belongs to hw/"),
+    (re.compile(r"^yaml\.h$"), {"core"}, "libyaml belongs to the registry loader in core/"),
+]
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def layer_of(rel):
+    """The layer of a file (path relative to ROOT), or None for files outside the layers."""
+    parts = rel.split(os.sep)
+    if parts[0] == "common":
+        return "common"
+    if parts[0] == "client":
+        return "client"
+    if parts[0] == "daemon":
+        if len(parts) == 2:
+            return "shell"
+        return parts[1] if parts[1] in LAYERS else None
+    return None
+
+
+def folder_of_layer(layer):
+    return {"common": "common", "client": "client", "shell": "daemon"}.get(layer,
+                                                                          "daemon/" + layer)
+
+
+def check_file(root, rel):
+    layer = layer_of(rel)
+    if layer is None:
+        return []
+    allowed = set(LAYERS[layer]) | {layer}
+    here = os.path.dirname(os.path.join(root, rel))
+    problems = []
+    with open(os.path.join(root, rel), errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            m = INCLUDE.match(line)
+            if not m:
+                continue
+            quote, name = m.groups()
+            for rx, layers, why in SYSTEM:
+                if rx.search(name) and layer not in layers:
+                    problems.append("%s:%d: #include %s%s%s: %s" % (
+                        rel, n, quote, name, ">" if quote == "<" else '"', why))
+            if quote == "<":
+                continue
+            if "/" not in name:
+                home = os.path.join(root, folder_of_layer(layer))
+                if os.path.exists(os.path.join(here, name)) or \
+                        os.path.exists(os.path.join(home, name)) or \
+                        name.endswith(".pb-c.h") or name == "build-config.h":
+                    continue
+                problems.append('%s:%d: #include "%s": not in %s/; name another folder\'s '
+                                'header by its folder ("FOLDER/%s")'
+                                % (rel, n, name, folder_of_layer(layer), name))
+                continue
+            target = name.split("/")[0]
+            if target in ("..", "."):
+                problems.append('%s:%d: #include "%s": a relative path; name the header by its '
+                                'folder' % (rel, n, name))
+                continue
+            target_layer = "common" if target == "common" else target
+            if target_layer not in LAYERS:
+                continue   # a library's own folder, e.g. "protobuf-c/..." seen above
+            if target_layer not in allowed:
+                problems.append('%s:%d: #include "%s": %s may not include %s (allowed: %s)' % (
+                    rel, n, name, folder_of_layer(layer), folder_of_layer(target_layer),
+                    ", ".join(folder_of_layer(x) for x in LAYERS[layer]) or "nothing"))
+    return problems
+
+
+def main(argv):
+    root = os.path.abspath(argv[1] if len(argv) > 1 else
+                           os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    files = []
+    for top in ("common", "daemon", "client"):
+        for d, _, names in os.walk(os.path.join(root, top)):
+            files += [os.path.relpath(os.path.join(d, n), root) for n in names
+                      if n.endswith((".c", ".h"))]
+    problems = []
+    for rel in sorted(files):
+        problems += check_file(root, rel)
+    print("check-includes: %d files, %d forbidden includes" % (len(files), len(problems)))
+    for p in problems:
+        print("  " + p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""check-includes.py on a fixture tree: allowed includes pass, each forbidden edge is named."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("check_includes",
+                                              os.path.join(HERE, "check-includes.py"))
+checker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checker)
+
+# A tree that follows the layers.
+CLEAN = {
+    "common/macro.h": "#pragma once\n#include <stddef.h>\n",
+    "daemon/core/mesh.h": '#pragma once\n#include "common/macro.h"\n',
+    "daemon/core/mesh.c": '#include "mesh.h"\n#include "core/mesh.h"\n#include <yaml.h>\n',
+    "daemon/codec/codec-mesh.c": '#include "core/mesh.h"\n#include "familyd-v1-mesh.pb-c.h"\n'
+                                 '#include <protobuf-c/protobuf-c.h>\n',
+    "daemon/state/store.c": '#include "common/macro.h"\n',
+    "daemon/build/build.c": '#include "state/store.h"\n#include "codec/codec.h"\n',
+    "daemon/rpc/service.c": '#include "build/build.h"\n#include <grpc/grpc.h>\n',
+    "daemon/peer/peer.c": '#include "codec/codec.h"\n#include <ucp/api/ucp.h>\n',
+    "daemon/daemon.c": '#include "rpc/service.h"\n#include "peer/peer.h"\n'
+                       '#include <systemd/sd-daemon.h>\n#include "build-config.h"\n',
+    "client/familyd.h": '#include "familyd-v1-family.pb-c.h"\n#include "common/macro.h"\n',
+    "client/familyctl/verbs.c": '#include "familyd.h"\n#include <grpc/grpc.h>\n',
+}
+
+# One forbidden include per file, with the words the report must carry.
+BAD = {
+    "daemon/state/record.c": ('#include "rpc/build-state.h"\n', "daemon/state may not include daemon/rpc"),
+    "daemon/core/manager.h": ('#include "shm/accel.h"\n', "daemon/core may not include daemon/shm"),
+    "daemon/shm/shard-socket.c": ('#include "familyd-v1-shard.pb-c.h"\n', "belong to codec/"),
+    "daemon/peer/peer2.c": ('#include "shm/token.h"\n', "daemon/peer may not include daemon/shm"),
+    "daemon/rpc/peer-use.c": ('#include "peer/peer.h"\n', "daemon/rpc may not include daemon/peer"),
+    "daemon/state/flat.c": ('#include "mesh.h"\n', "not in daemon/state/"),
+    "client/shard.c": ('#include "../daemon/hw/cuda-driver.h"\n', "a relative path"),
+    "client/calls.c": ('#include "core/macro.h"\n', "client may not include daemon/core"),
+    "common/crc.c": ('#include "core/mesh.h"\n', "common may not include daemon/core"),
+    "daemon/core/reg.c": ('#include <grpc/grpc.h>\n', "gRPC belongs to rpc/"),
+    "daemon/build/uses-ucx.c": ('#include <ucp/api/ucp.h>\n', "UCX belongs to peer/"),
+    "daemon/rpc/uses-sd.c": ('#include <systemd/sd-journal.h>\n', "libsystemd belongs to sd/"),
+}
+
+
+def make_tree(files):
+    root = tempfile.mkdtemp(prefix="check-includes-")
+    for rel, text in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    # Headers the clean tree names, so that bare and qualified names resolve.
+    for rel in ("daemon/state/store.h", "daemon/codec/codec.h", "daemon/build/build.h",
+                "daemon/rpc/service.h", "daemon/peer/peer.h", "daemon/shm/accel.h",
+                "daemon/shm/token.h", "daemon/rpc/build-state.h"):
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "a").close()
+    return root
+
+
+class TestCheckIncludes(unittest.TestCase):
+    def run_checker(self, root):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "check-includes.py"), root],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True)
+        return p.returncode, p.stdout
+
+    def test_clean_tree_passes(self):
+        rc, out = self.run_checker(make_tree(CLEAN))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("0 forbidden includes", out)
+
+    def test_each_forbidden_include_is_named_with_file_and_line(self):
+        files = dict(CLEAN)
+        for rel, (text, _) in BAD.items():
+            files[rel] = "/* fixture */\n" + text
+        rc, out = self.run_checker(make_tree(files))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("%d forbidden includes" % len(BAD), out)
+        for rel, (text, why) in BAD.items():
+            lines = [l for l in out.splitlines() if l.strip().startswith(rel + ":2:")]
+            self.assertEqual(len(lines), 1, "%s not reported once:\n%s" % (rel, out))
+            self.assertIn(why, lines[0])
+            self.assertIn(text.strip().split(" ", 1)[1], lines[0])
+
+    def test_layers_only_point_down(self):
+        order = list(checker.LAYERS)
+        for layer, below in checker.LAYERS.items():
+            for b in below:
+                self.assertLess(order.index(b), order.index(layer),
+                                "%s may include %s, which is not below it" % (layer, b))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
