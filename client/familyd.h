@@ -204,8 +204,8 @@ int familyd_release_build(FamilydClient *client, const char *build_id, FamilydEr
 int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *request, Familyd__V1__ValidateResponse **ret_response, FamilydError *ret_error);
 
 /*
- * The shard socket (design/api.md, "Shard handout"; not gRPC): trades RankShard tokens for
- * file descriptors of the shards' shared memory.
+ * The shard socket (not gRPC; proto/familyd/v1/shard.proto, README "Build and the shard
+ * socket"): trades RankShard tokens for file descriptors of the shards' shared memory.
  *
  * familyd_shard_fetch() connects to shard_socket_path (NULL or "": shard.sock in the directory
  * of the client's API socket), sends one ShardFdRequest{tokens, writable} and reads the

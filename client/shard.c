@@ -1,4 +1,4 @@
-/* shard.c: the shard socket client (design/api.md, "Shard handout"): tokens in, descriptors
+/* shard.c: the shard socket client (proto/familyd/v1/shard.proto): tokens in, descriptors
  * out over SCM_RIGHTS, and mmap of what comes back; CUDA shards imported through the driver. */
 
 /*

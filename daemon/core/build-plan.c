@@ -1,4 +1,4 @@
-/* build-plan.c: Build steps 1-4 of semantics.md, composed from Resolve's stages. */
+/* build-plan.c: Build steps 1-4 of docs/semantics.md, composed from Resolve's stages. */
 #include <inttypes.h>
 #include <stdio.h>
 
@@ -101,7 +101,7 @@ void build_plan_done(BuildPlan *p) {
         *p = (BuildPlan) {};
 }
 
-/* Error helpers: every text is semantics.md's; each quotes its names as Python's repr does. */
+/* Error helpers: every text is docs/semantics.md's; each quotes its names as Python's repr does. */
 
 /* family_error_set with one or two names quoted as Python's repr does; format checked at each use. */
 #define fail_q(e, reason, field, format, name)                                                           \
@@ -183,7 +183,7 @@ static int string_ptr_cmp(const void *a, const void *b) {
         return strcmp(*(char *const *) a, *(char *const *) b);
 }
 
-/* Step 3, second half: binding, as the seed's _constructor_arguments. */
+/* Step 3, second half: binding, as hyper_parallel's _constructor_arguments does. */
 static int check_binding(const Variant *v, const ResolvedFamily *res, BuildOrigin origin, FamilyError *e) {
         const char *required = origin == BUILD_ORIGIN_DIRECT ? "config" : "module";
 
@@ -616,8 +616,9 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         if (!reg || !req || !ret)
                 return -EINVAL;
 
-        /* Step 1: Resolve 1-2 with `config` let through, then refused: the seed validates the
-         * request's arguments when it makes the FamilyRequest, before it looks at `config`. */
+        /* Step 1: Resolve 1-2 with `config` let through, then refused: hyper_parallel's
+         * module-family layer validates the request's arguments when it makes the FamilyRequest,
+         * before it looks at `config`. */
         r = registry_find(reg, strempty(req->family), &f, ret_error);
         if (r < 0)
                 return r;
@@ -634,7 +635,8 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
                 return r;
         plan.origin = req->has_module ? BUILD_ORIGIN_REPLACEMENT : BUILD_ORIGIN_DIRECT;
 
-        /* Step 3: which mesh (the seed's _context_from_mesh, before any size), Resolve 3-8, binding. */
+        /* Step 3: which mesh (as hyper_parallel's _context_from_mesh, before any size), Resolve
+         * 3-8, binding. */
         r = effective_context(req, &ctx, ret_error);
         if (r < 0)
                 return r;
@@ -656,7 +658,7 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         if (r < 0)
                 return r;
 
-        /* The seed marks a direct build whose module can reset its parameters; here every
+        /* hyper_parallel marks a direct build whose module can reset its parameters; here every
          * parameter has an init (zeros when none is declared), so any parameter qualifies. */
         plan.reset_after_materialization = plan.origin == BUILD_ORIGIN_DIRECT && plan.n_parameters > 0;
 

@@ -116,7 +116,7 @@ typedef struct BuildPlan {
 void build_plan_done(BuildPlan *p);
 
 /*
- * Build, steps 1-4 of semantics.md, the first failure being the answer (ret_error filled,
+ * Build, steps 1-4 of docs/semantics.md, the first failure being the answer (ret_error filled,
  * -EINVAL; *ret untouched). meshes may be NULL (then any mesh id is unknown). Other negative
  * errnos (-ENOMEM) leave ret_error as it was.
  */

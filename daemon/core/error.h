@@ -27,8 +27,9 @@ typedef enum FamilyStatus {
 } FamilyStatus;
 
 /*
- * A user-facing failure: status class, an upper-case reason code (api.md, e.g. "UNKNOWN_FAMILY"),
- * optionally the field or axis it concerns, and the exact message text of semantics.md.
+ * A user-facing failure: status class, an upper-case reason code (docs/semantics.md, e.g.
+ * "UNKNOWN_FAMILY"), optionally the field or axis it concerns, and the exact message text of
+ * docs/semantics.md.
  * Caller-owned; zero-initialise it, release with family_error_done().
  */
 typedef struct FamilyError {

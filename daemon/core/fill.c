@@ -1,4 +1,4 @@
-/* fill.c: materialisation of parameter values (semantics.md, Build step 6). */
+/* fill.c: materialisation of parameter values (docs/semantics.md, Build step 6). */
 
 /*
  * DESIGN

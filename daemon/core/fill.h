@@ -1,4 +1,4 @@
-/* fill.h: materialisation of parameter values (semantics.md, Build step 6), bit-exact per element. */
+/* fill.h: parameter values when materialising (docs/semantics.md, Build step 6), bit-exact. */
 #pragma once
 
 #include <stdint.h>

@@ -95,11 +95,11 @@ typedef struct Layout {
 } Layout;
 
 /*
- * Step 5 of Build in semantics.md. mesh NULL means no mesh: one rank 0 holding every tensor whole
- * (coordinates empty, every placement's axis of size 1). A parameter is laid out on the expert
- * view when one of its placement axes is a dimension of the expert view and not of the device
- * view, else on the device view; an axis that view lacks has size 1. shard(d) over an axis of
- * size n splits a piece of length L like torch.chunk: chunk = ceil(L / n), the piece at
+ * Step 5 of Build in docs/semantics.md. mesh NULL means no mesh: one rank 0 holding every tensor
+ * whole (coordinates empty, every placement's axis of size 1). A parameter is laid out on the
+ * expert view when one of its placement axes is a dimension of the expert view and not of the
+ * device view, else on the device view; an axis that view lacks has size 1. shard(d) over an axis
+ * of size n splits a piece of length L like torch.chunk: chunk = ceil(L / n), the piece at
  * coordinate c is [min(L, c * chunk), min(L, (c + 1) * chunk)); axes sharding the same dim nest
  * in the view's dimension order.
  *

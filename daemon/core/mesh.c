@@ -108,8 +108,8 @@ static int rank_slot_cmp(const void *a, const void *b) {
 
 /*
  * Check 1. Every rank is range-checked before any duplicate is looked for (the order of
- * semantics.md). The duplicate named is the one whose second appearance comes first in the list;
- * sorting (rank, index) pairs finds it in O(n log n) whatever the world size.
+ * docs/semantics.md). The duplicate named is the one whose second appearance comes first in the
+ * list; sorting (rank, index) pairs finds it in O(n log n) whatever the world size.
  */
 static int check_ranks(const int64_t *ranks, size_t n, int64_t world_size, FamilyError *e) {
         for (size_t i = 0; i < n; i++)

@@ -41,7 +41,7 @@ typedef struct Mesh {
 } Mesh;
 
 /*
- * Runs the CreateMesh checks of semantics.md in order (INVALID_ARGUMENT with its exact texts),
+ * Runs the CreateMesh checks of docs/semantics.md in order (INVALID_ARGUMENT with its exact texts),
  * fills in the default ranks (0 .. world_size-1) and derives the id from the content.
  */
 int mesh_new(const MeshSpec *spec, int64_t world_size, Mesh **ret, FamilyError *ret_error);
@@ -74,8 +74,6 @@ int mesh_table_remove(MeshTable *t, const char *id, FamilyError *ret_error);
 int mesh_table_list(MeshTable *t, Mesh ***ret, size_t *ret_n);
 void mesh_list_free(Mesh **list, size_t n);
 size_t mesh_table_size(MeshTable *t);
-
-/* Added by the mesh engineer; the declarations above are unchanged. */
 
 /* Field-by-field equality of two specs (what the id is derived from). */
 bool mesh_spec_equal(const MeshSpec *a, const MeshSpec *b);

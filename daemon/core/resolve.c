@@ -1,4 +1,4 @@
-/* resolve.c: Resolve, steps 2-8 of semantics.md, and the composition with the target lookup. */
+/* resolve.c: Resolve, steps 2-8 of docs/semantics.md, composed with the target lookup. */
 #include <inttypes.h>
 #include <stdio.h>
 

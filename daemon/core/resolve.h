@@ -42,7 +42,7 @@ typedef struct ResolvedFamily {
 void resolved_family_done(ResolvedFamily *r);
 
 /*
- * Resolve, steps 1-8 of semantics.md, the first failure being the answer. meshes may be NULL
+ * Resolve, steps 1-8 of docs/semantics.md, the first failure being the answer. meshes may be NULL
  * (then any mesh id is unknown). A pure function of registry, meshes and request.
  */
 int resolve_family(const Registry *reg, MeshTable *meshes, const ResolveRequest *req,

@@ -69,7 +69,7 @@ typedef struct ViolationList {
 void violation_list_done(ViolationList *l);
 
 /*
- * Every violation of semantics.md's Validate, in the order of the boundaries and, within one,
+ * Every violation of docs/semantics.md's Validate, in the order of the boundaries and, within one,
  * unknown build, mesh problems, cp, ep, shared shapes, layout. Negative errno only for OOM.
  */
 int validate_model(const ModelBoundary *boundaries, size_t n, const ValidateJob *job,

@@ -7,7 +7,7 @@
 #include "segment.h"
 
 /*
- * One non-empty slice of a rank: the values (semantics.md, Build 6) and where they go,
+ * One non-empty slice of a rank: the values (docs/semantics.md, Build 6) and where they go,
  * relative to the rank's first byte. fill.spec points at spec; fill.dst is left NULL for the
  * backend to set (a host mapping, a staging buffer, or nothing for a device kernel).
  */

@@ -4,7 +4,7 @@
 #include "macro.h"
 #include "shard-table.h"
 
-/* Client-controlled resources of the shard socket (api.md, "Shard handout"). */
+/* Client-controlled resources of the shard socket (proto/familyd/v1/shard.proto). */
 /* A frame's body; a longer declared length closes the connection. */
 #define SHARD_SOCKET_MAX_FRAME_BYTES 65536u
 /* Tokens in one request: SCM_MAX_FD, the most descriptors one sendmsg carries. */

@@ -3,7 +3,7 @@
 /*
  * DESIGN
  *
- * Issue 3's handout goal: the time from a Build reply to a mapped tensor in the trainer, and to
+ * The handout goal: the time from a Build reply to a mapped tensor in the trainer, and to
  * the first full read of it, against the same bytes sent in a gRPC response. The bench starts
  * no daemon (run-handout-bench.sh does); it talks to a running familyd whose registry has a
  * family (default `blob`) with one float32 parameter (default `data`) of shape [n] (config field

@@ -36,8 +36,8 @@ a smoke run (well under a minute). Lines `ratio ...` and `goal ...` summarise; -
 exits 1 when the one goal (traffic per peer flat within 1.5x from the smallest N to the
 largest) is missed. --json FILE writes every raw number.
 
-The machine is usually shared (2 cores for all daemons and this script): convergence times are
-noisy, CPU time (not wall time) is what the idle figure counts.
+All daemons and this script share the machine's cores (2 on the CI machine), often with other
+load: convergence times are noisy, CPU time (not wall time) is what the idle figure counts.
 """
 
 import argparse

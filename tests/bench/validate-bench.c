@@ -1,4 +1,4 @@
-/* validate-bench: Validate of 1,000 to 10,000 boundaries, time per boundary (issue 4). */
+/* validate-bench: Validate of 1,000 to 10,000 boundaries, time per boundary. */
 
 /*
  * DESIGN

@@ -13,7 +13,7 @@
  *
  * The client sends without blocking while it reads, closes its sending side at the end, and
  * reads until the server closes. The replies are checked against a model of the protocol
- * (api.md, "Shard handout"), computed from the same bytes with the same protobuf-c:
+ * (proto/familyd/v1/shard.proto), computed from the same bytes with the same protobuf-c:
  *  - one reply per complete frame, in order; none for a trailing partial frame;
  *  - a length over 65,536: the connection ends there, without a reply;
  *  - a frame that is not a ShardFdRequest: INVALID_ARGUMENT, then the connection ends;

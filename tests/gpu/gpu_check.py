@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""familyd's GPU shards on a real GPU: the check of issue 8 (tests/gpu/README.md).
+"""familyd's GPU shards on a real GPU: the GPU check (tests/gpu/README.md).
 
 Run by run.sh from a bundle (pack.sh) with the GPU machine's own Python (torch with CUDA,
 grpcio). It starts familyd from the bundle, materialises 2 ranks of a mesh in GPU memory (one

@@ -14,7 +14,7 @@ sockets first, then the stored descriptors, as systemd does on a restart.
     j = m.wait_for("STOPPING", "1", after=i)
     m.close()
 
-Interface (tests of other engineers import it: keep it stable):
+Interface (several tests import it: keep it stable):
 
   FakeManager(tmpdir, fdstore_max=4096, name="notify.sock")
   .notify_socket    the datagram socket's path (what NOTIFY_SOCKET says)

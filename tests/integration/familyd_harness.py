@@ -5,7 +5,8 @@ Paths come from the environment, set by tests/integration/meson.build:
 
   FAMILYD_BIN          the familyd binary
   FAMILYCTL            the familyctl binary (optional)
-  FAMILYD_DESCRIPTORS  build/proto/familyd.binpb (FileDescriptorSet: familyd + imports + health)
+  FAMILYD_DESCRIPTORS  build/proto/familyd.binpb (FileDescriptorSet with source comments: familyd,
+                       its imports, health and reflection; what the reflection service serves)
   FAMILYD_SOURCE_ROOT  the project's source root
   FAMILYD_CONFORMANCE  the conformance fixtures, default <source root>/tests/conformance
   BUF                  buf binary, default <source root>/node_modules/.bin/buf

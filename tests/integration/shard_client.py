@@ -1,4 +1,4 @@
-"""A client for familyd's shard socket (api.md, "Shard handout (not gRPC)").
+"""A client for familyd's shard socket (proto/familyd/v1/shard.proto: framing, tokens, limits).
 
 Each message is a 4-byte little-endian length and that many bytes of a serialized protobuf
 message: the client sends familyd.v1.ShardFdRequest{repeated string tokens; bool writable}, the

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """familyd Build end to end: errors, layout, materialised values, and the shard handout.
 
-semantics.md (Build) is normative for every text and decision; api.md for the messages and
-the shard socket. Values are checked against an independent Python implementation of
-Philox4x32-10 and the formulas of semantics.md (numpy, float32 step by step); layouts against
-an independent torch.chunk computation; shards are fetched over the shard socket
-(shard_client.py), mapped with mmap and read with numpy, as a trainer would.
+docs/semantics.md (Build) is normative for every text and decision; proto/familyd/v1/*.proto for
+the messages and the shard socket. Values are checked against an independent Python
+implementation of Philox4x32-10 and the formulas of docs/semantics.md (numpy, float32 step by
+step); layouts against an independent torch.chunk computation; shards are fetched over the shard
+socket (shard_client.py), mapped with mmap and read with numpy, as a trainer would.
 
 Daemons (all with --host-devices 8, one node):
   D     the conformance registry (errors, layout, invariance, handout)
@@ -550,7 +550,7 @@ class TestBuildErrors(Base):
                               "parameter 'wq': dimension 1 must be positive, got 0", "SHAPE")
 
     def test_init_field_must_be_number(self):
-        # semantics.md gives no text for this one: a number type, named by the field.
+        # docs/semantics.md gives no text for this one: a number type, named by the field.
         res = self.build(GE, dict(GE_SMALL, initializer_range="big"))
         self.assertEqual(res.code, "INVALID_ARGUMENT", "%r" % res)
         self.assertIn("'initializer_range'", res.message)

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """Restart without loss under a service manager: systemd's file-descriptor store.
 
-architecture.md (Durability) and issue 6: every shard segment and the record of every live
-build and mesh go into the manager's fd store (FDSTORE=1, FDNAME=shard-<build>-<rank> and
-meta-<id>); a daemon started again with those descriptors (LISTEN_FDS, LISTEN_FDNAMES) serves
-the same builds, tokens and bytes. Released builds leave the store. --fdstore-max bounds what
-familyd stores: a Build past it is refused with RESOURCE_EXHAUSTED, never left unprotected.
+Under a service manager every shard segment and the record of every live build and mesh go into
+the manager's fd store (FDSTORE=1, FDNAME=shard-<build>-<rank> and meta-<id>); a daemon started
+again with those descriptors (LISTEN_FDS, LISTEN_FDNAMES) serves the same builds, tokens and
+bytes. Released builds leave the store. --fdstore-max bounds what familyd stores: a Build past
+it is refused with RESOURCE_EXHAUSTED, never left unprotected.
 
 No systemd as PID 1 here: fake_manager.py plays the manager (its notify socket, its fd store,
 and the restart that passes the store back).

@@ -152,7 +152,7 @@ class TestKilledClients(unittest.TestCase):
 
 class TestBudgetExhausted(unittest.TestCase):
     """One client fills --shm-budget: its next Build is refused with RESOURCE_EXHAUSTED and the
-    text of semantics.md; another client meanwhile resolves and makes layout-only builds; after
+    text of docs/semantics.md; another client meanwhile resolves and makes layout-only builds; after
     the first releases, everyone builds again. (test_build.py TestLimits has the exact
     accounting with one client; test_build_limits.py the descriptor budget.)"""
 

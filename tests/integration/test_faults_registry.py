@@ -5,7 +5,7 @@ daemon's user, and one file in it unreadable. The daemon runs as an unprivileged
 everything), its sockets and state in a folder that user owns.
 
 Each time the Reload RPC answers FAILED_PRECONDITION `registry reload failed: ` with the
-diagnostic naming the directory (or file) and the system's reason (api.md, AdminService), a
+diagnostic naming the directory (or file) and the system's reason (AdminService.Reload), a
 SIGHUP reload fails the same way with a log line, the old registry keeps serving (same
 generation, same families, Resolve and Build answer), a concurrent healthy client sees no error,
 and once the directory is back a reload succeeds.

@@ -383,8 +383,9 @@ class TestTopologyAndStatus(Base):
 
 
 class TestRobustness(Base):
-    def test_not_yet_implemented_methods_answer_promptly(self):
-        # Build, Validate, WatchTopology may be UNIMPLEMENTED for now (with a message), or answer.
+    def test_heavy_methods_answer_empty_requests_promptly(self):
+        # Build, Validate, the build calls and WatchTopology, given empty requests, answer promptly:
+        # a reply or an error (UNIMPLEMENTED only with a message), never a hang.
         hang = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "UNKNOWN", "INTERNAL")
         failures = []
         for rpc in ("familyd.v1.FamilyService/Build", "familyd.v1.FamilyService/Validate",

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """One socket, one daemon: a second familyd on the same socket refuses to start.
 
-gRPC's bind unlinks whatever sits at the path, so without a lock a second daemon would
-silently steal the first one's socket (shared/notes/toolchain.md). Also: a stale socket left
-by a SIGKILLed daemon does not block the next start, and a clean stop frees the socket.
+gRPC's bind unlinks whatever sits at the path, so without a lock a second daemon would silently
+steal the first one's socket. Also: a stale socket left by a SIGKILLed daemon does not block the
+next start, and a clean stop frees the socket.
 """
 
 import os

@@ -25,7 +25,7 @@ static void test_limits_and_texts(void **state) {
         assert_int_equal(build_table_commit(t, 3145728, malloc(1), payload_free, &a), 0);
         assert_string_equal(a->id, "bld-abcdef01-1");
 
-        /* Budget: the exact text of semantics.md. */
+        /* Budget: the exact text of docs/semantics.md. */
         assert_int_equal(build_table_reserve(t, 1048577, &e), -EINVAL);
         assert_int_equal(e.status, FAMILY_STATUS_RESOURCE_EXHAUSTED);
         assert_string_equal(e.reason, "SHM_BUDGET");

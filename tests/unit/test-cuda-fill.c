@@ -66,7 +66,7 @@ static void test_conversions_match(void **state) {
 }
 
 static void test_philox_matches(void **state) {
-        /* semantics.md's known answer: counter 0 and key 0. */
+        /* docs/semantics.md's known answer: counter 0 and key 0. */
         assert_int_equal(fk_philox_x0(0, 0, 0, 0), 0x6627e8d5u);
         for (unsigned k = 0; k < 100000; k++) {
                 uint64_t i = rnd(), seed = rnd();

@@ -1,4 +1,4 @@
-/* test-fill.c: materialisation values (semantics.md, Build step 6): Philox, dtypes, invariance. */
+/* test-fill.c: values (docs/semantics.md, Build step 6): Philox, dtypes, invariance. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -74,7 +74,7 @@ static void test_dtype_names(void **state) {
         assert_int_equal(dtype_size(_DTYPE_INVALID), 0);
 }
 
-/* The formula of semantics.md, one rounded float32 operation at a time. */
+/* The formula of docs/semantics.md, one rounded float32 operation at a time. */
 static float uniform_expected(uint64_t seed, const char *name, uint64_t i, float low, float high) {
         uint32_t c[4] = { (uint32_t) i, (uint32_t) (i >> 32), fnv1a32_string(name), 0 };
         uint32_t k[2] = { (uint32_t) seed, (uint32_t) (seed >> 32) };

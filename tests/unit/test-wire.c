@@ -178,9 +178,10 @@ static void prepend_field(uint8_t **p, const uint8_t *end, uint8_t tag) {
 }
 
 /*
- * The reviewer's request, built from the inside out without recursion: Value{bool_value} wrapped
- * levels times in Value{list_value: ValueList{values: [...]}}, as argument "activation". Its
- * innermost Value lies at depth 2 + 2 * levels. Returns a pointer into *ret_buf (to free).
+ * A hostile, deeply nested request, built from the inside out without recursion:
+ * Value{bool_value} wrapped levels times in Value{list_value: ValueList{values: [...]}}, as
+ * argument "activation". Its innermost Value lies at depth 2 + 2 * levels. Returns a pointer
+ * into *ret_buf (to free).
  */
 static const uint8_t *request_deep(size_t levels, uint8_t **ret_buf, size_t *ret_size) {
         size_t cap = levels * 2 * 11 + 64;

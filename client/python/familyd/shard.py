@@ -1,4 +1,4 @@
-"""The shard socket client (design/api.md, "Shard handout"), in pure Python.
+"""The shard socket client (proto/familyd/v1/shard.proto), in pure Python.
 
 Each frame is a 4-byte little-endian length and that many bytes (at most 65,536) of a
 serialized message. The client sends familyd.v1.ShardFdRequest{tokens, writable} (at most 253
