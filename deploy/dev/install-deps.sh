@@ -23,6 +23,7 @@ packages=(
     meson ninja-build pkg-config gcc xxd
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
+    libjansson-dev libsmartcols-dev
 )
 if $tests; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
