@@ -26,7 +26,7 @@
 #include "client-private.h"
 #include "familyd.h"
 #include "google-protobuf-any.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 
 /* A response may list every build or family of the node; gRPC's 4 MiB default is too small. */
 #define CLIENT_MAX_RECEIVE_BYTES (64 * 1024 * 1024)

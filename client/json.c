@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "familyd.h"
-#include "macro.h"
+#include "common/macro.h"
 
 /* Messages nest only as deep as the protos do; a cycle of pointers would be a caller's bug. */
 #define JSON_MAX_DEPTH 64

@@ -25,10 +25,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/hw/cuda-driver.h"
+#include "common/cuda-driver.h"
 #include "familyd-v1-shard.pb-c.h"
 #include "familyd.h"
-#include "macro.h"
+#include "common/macro.h"
 
 /* The daemon's frame limit: a longer reply is not a reply of this protocol. */
 #define SHARD_MAX_FRAME_BYTES 65536u
@@ -382,84 +382,44 @@ int familyd_shard_unmap(void *ptr, uint64_t size) {
 #define STATUS_FAILED_PRECONDITION 9
 #define STATUS_UNAVAILABLE 14
 
-typedef struct ClientCuda {
-        void *handle;
-        CudaResult (*init)(unsigned flags);
-        CudaResult (*get_error_string)(CudaResult error, const char **ret);
-        CudaResult (*device_get)(CudaDevice *device, int ordinal);
-        CudaResult (*primary_ctx_retain)(CudaContext *ctx, CudaDevice device);
-        CudaResult (*primary_ctx_release)(CudaDevice device);
-        CudaResult (*ctx_set_current)(CudaContext ctx);
-        CudaResult (*mem_import_from_shareable_handle)(CudaMemHandle *handle, void *os_handle,
-                                                       int handle_type);
-        CudaResult (*mem_release)(CudaMemHandle handle);
-        CudaResult (*mem_address_reserve)(CudaDevicePtr *ptr, size_t size, size_t alignment,
-                                          CudaDevicePtr addr, unsigned long long flags);
-        CudaResult (*mem_address_free)(CudaDevicePtr ptr, size_t size);
-        CudaResult (*mem_map)(CudaDevicePtr ptr, size_t size, size_t offset, CudaMemHandle handle,
-                              unsigned long long flags);
-        CudaResult (*mem_unmap)(CudaDevicePtr ptr, size_t size);
-        CudaResult (*mem_set_access)(CudaDevicePtr ptr, size_t size, const CudaMemAccessDesc *desc,
-                                     size_t count);
-        CudaResult (*memcpy_dtoh)(void *dst, CudaDevicePtr src, size_t n);
-        char why[256]; /* not empty: this process cannot use the driver, and why */
-} ClientCuda;
-
-static ClientCuda client_cuda;
+/* The driver's entry points (common/cuda-driver.h), loaded on first use; why is not empty when
+ * this process cannot use the driver, and says why. */
+static CudaDriver client_cuda;
+static char client_cuda_why[256];
 static pthread_once_t client_cuda_once = PTHREAD_ONCE_INIT;
 
 static void client_cuda_load(void) {
-        ClientCuda *c = &client_cuda;
         const char *path = getenv(CUDA_DRIVER_ENV);
-        struct {
-                void **fn;
-                const char *name;
-        } table[] = {
-                { (void **) &c->init, "cuInit" },
-                { (void **) &c->get_error_string, "cuGetErrorString" },
-                { (void **) &c->device_get, "cuDeviceGet" },
-                { (void **) &c->primary_ctx_retain, "cuDevicePrimaryCtxRetain" },
-                { (void **) &c->primary_ctx_release, "cuDevicePrimaryCtxRelease_v2" },
-                { (void **) &c->ctx_set_current, "cuCtxSetCurrent" },
-                { (void **) &c->mem_import_from_shareable_handle,
-                  "cuMemImportFromShareableHandle" },
-                { (void **) &c->mem_release, "cuMemRelease" },
-                { (void **) &c->mem_address_reserve, "cuMemAddressReserve" },
-                { (void **) &c->mem_address_free, "cuMemAddressFree" },
-                { (void **) &c->mem_map, "cuMemMap" },
-                { (void **) &c->mem_unmap, "cuMemUnmap" },
-                { (void **) &c->mem_set_access, "cuMemSetAccess" },
-                { (void **) &c->memcpy_dtoh, "cuMemcpyDtoH_v2" },
-        };
+        char why[sizeof client_cuda_why - 64];
+        CudaDriver d;
 
-        c->handle = dlopen(isempty(path) ? CUDA_DRIVER_LIBRARY : path, RTLD_NOW | RTLD_LOCAL);
-        if (!c->handle) {
-                (void) snprintf(c->why, sizeof c->why,
+        int r = cuda_driver_load(&d, why, sizeof why);
+        if (r == -ENOENT) {
+                (void) snprintf(client_cuda_why, sizeof client_cuda_why,
                                 "this client cannot map device memory: the CUDA driver (%s) is "
                                 "not installed",
                                 isempty(path) ? CUDA_DRIVER_LIBRARY : path);
                 return;
         }
-        for (size_t i = 0; i < ELEMENTSOF(table); i++) {
-                *table[i].fn = dlsym(c->handle, table[i].name);
-                if (!*table[i].fn) {
-                        (void) snprintf(c->why, sizeof c->why,
-                                        "this client cannot map device memory: the CUDA driver "
-                                        "lacks %s",
-                                        table[i].name);
-                        return;
-                }
+        if (r < 0) {
+                (void) snprintf(client_cuda_why, sizeof client_cuda_why,
+                                "this client cannot map device memory: %s", why);
+                return;
         }
-        CudaResult r = c->init(0);
-        if (r != 0) {
-                const char *text = NULL;
-                if (c->get_error_string(r, &text) != 0 || !text)
-                        text = "unknown CUDA error";
-                (void) snprintf(c->why, sizeof c->why,
+        if (!d.has_vmm) {
+                (void) snprintf(client_cuda_why, sizeof client_cuda_why,
+                                "this client cannot map device memory: the CUDA driver lacks %s",
+                                d.vmm_missing);
+                cuda_driver_close(&d);
+                return;
+        }
+        client_cuda = d;
+        CudaResult k = d.init(0);
+        if (k != 0)
+                (void) snprintf(client_cuda_why, sizeof client_cuda_why,
                                 "this client cannot map device memory: cuInit failed: %s "
                                 "(CUresult %d)",
-                                text, r);
-        }
+                                cuda_driver_error(&d, k), k);
 }
 
 static int cuda_error_set(FamilydError *error, int code, const char *format, ...)
@@ -477,11 +437,7 @@ static int cuda_error_set(FamilydError *error, int code, const char *format, ...
 }
 
 static const char *cuda_text(CudaResult r) {
-        const char *text = NULL;
-
-        if (!client_cuda.get_error_string || client_cuda.get_error_string(r, &text) != 0 || !text)
-                return "unknown CUDA error";
-        return text;
+        return cuda_driver_error(&client_cuda, r);
 }
 
 /* -EIO with the failed call in *error. */
@@ -504,14 +460,14 @@ struct FamilydCudaShard {
 int familyd_cuda_available(FamilydError *ret_error) {
         familyd_error_clear(ret_error);
         (void) pthread_once(&client_cuda_once, client_cuda_load);
-        if (!client_cuda.why[0])
+        if (!client_cuda_why[0])
                 return 0;
-        int k = cuda_error_set(ret_error, STATUS_FAILED_PRECONDITION, "%s", client_cuda.why);
+        int k = cuda_error_set(ret_error, STATUS_FAILED_PRECONDITION, "%s", client_cuda_why);
         return k < 0 ? k : -ENOENT;
 }
 
 FamilydCudaShard *familyd_cuda_shard_free(FamilydCudaShard *s) {
-        ClientCuda *c = &client_cuda;
+        const CudaDriver *c = &client_cuda;
 
         if (!s)
                 return NULL;
@@ -531,7 +487,7 @@ FamilydCudaShard *familyd_cuda_shard_free(FamilydCudaShard *s) {
 
 int familyd_cuda_shard_import(int fd, uint64_t size, int device, bool writable,
                               FamilydCudaShard **ret_shard, FamilydError *ret_error) {
-        ClientCuda *c = &client_cuda;
+        const CudaDriver *c = &client_cuda;
         FamilydCudaShard *s;
         CudaResult r;
         int k;
@@ -634,7 +590,7 @@ bool familyd_cuda_shard_writable(const FamilydCudaShard *s) {
 
 int familyd_cuda_shard_read(const FamilydCudaShard *s, uint64_t offset, void *dst, size_t n,
                             FamilydError *ret_error) {
-        ClientCuda *c = &client_cuda;
+        const CudaDriver *c = &client_cuda;
         CudaResult r;
 
         familyd_error_clear(ret_error);

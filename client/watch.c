@@ -28,7 +28,7 @@
 
 #include "client-private.h"
 #include "familyd.h"
-#include "macro.h"
+#include "common/macro.h"
 
 struct FamilydWatch {
         grpc_completion_queue *cq;

@@ -17,22 +17,24 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 
-#include "accel.h"
+#include "shm/accel.h"
 #include "daemon.h"
-#include "executor.h"
-#include "listen.h"
-#include "listener.h"
-#include "log.h"
-#include "inventory.h"
-#include "manager.h"
-#include "peer.h"
-#include "notify.h"
-#include "resource-limits.h"
-#include "server.h"
-#include "shard-socket.h"
-#include "shard-table.h"
-#include "state.h"
-#include "token.h"
+#include "rpc/executor.h"
+#include "sd/listen.h"
+#include "rpc/listener.h"
+#include "common/log.h"
+#include "hw/inventory.h"
+#include "sd/journal.h"
+#include "core/manager.h"
+#include "peer/peer.h"
+#include "sd/notify.h"
+#include "core/resource-limits.h"
+#include "rpc/server.h"
+#include "shm/shard-socket.h"
+#include "shm/shard-table.h"
+#include "state/state.h"
+#include "common/random.h"
+#include "shm/token.h"
 
 struct Daemon {
         Manager *manager;
@@ -328,6 +330,7 @@ int daemon_new(const Config *c, Daemon **ret) {
                 return -ENOMEM;
         d->signal_fd = d->epoll_fd = -1;
         d->config = c;
+        journal_log_install();
 
         /* First: a unit that passes what we do not understand fails before any work. */
         r = listen_fds_new(&d->listen_fds);

@@ -3,7 +3,7 @@
 
 #include <stddef.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 /*
  * A reply message tree, or a decoded request, is allocated piece by piece and released whole

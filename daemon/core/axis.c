@@ -1,6 +1,6 @@
 /* axis.c: names of the parallel axes. */
 #include "axis.h"
-#include "macro.h"
+#include "common/macro.h"
 
 static const char *const axis_table[_AXIS_MAX] = {
         [AXIS_TP] = "tp",

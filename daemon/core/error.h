@@ -3,7 +3,7 @@
 
 #include <stdarg.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 /* Numerically equal to gRPC status codes, so adapters pass them through unchanged. */
 typedef enum FamilyStatus {

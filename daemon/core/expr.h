@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef struct Expr Expr;
 

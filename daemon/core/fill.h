@@ -3,7 +3,7 @@
 
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 #include "registry.h"
 
 /*

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 #include "registry.h"
 #include "registry-yaml.h"
 

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "macro.h"
+#include "common/macro.h"
 #include "value.h"
 
 typedef enum YNodeKind {

@@ -2,7 +2,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "macro.h"
+#include "common/macro.h"
 #include "repr.h"
 
 typedef struct Buffer {

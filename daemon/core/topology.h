@@ -4,7 +4,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef struct Device {
         int32_t local_index;

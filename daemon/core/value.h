@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef enum ValueKind {
         VALUE_NONE, /* no kind set: matches no declared type */

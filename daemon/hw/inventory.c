@@ -5,9 +5,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda-driver.h"
+#include "common/cuda-driver.h"
 #include "inventory.h"
-#include "log.h"
+#include "common/log.h"
 
 void inventory_done(Inventory *inv) {
         if (!inv)

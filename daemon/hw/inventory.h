@@ -3,7 +3,7 @@
 
 #include <stddef.h>
 
-#include "topology.h"
+#include "core/topology.h"
 
 typedef struct Inventory {
         Device *devices;

@@ -32,9 +32,9 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 #include "peer-ucx.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 #define PEER_AM_ID 7
 /* Messages queued on one endpoint before sends are dropped (a stalled peer). */

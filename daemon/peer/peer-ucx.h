@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef struct PeerUcx PeerUcx;
 typedef struct PeerEndpoint PeerEndpoint;

@@ -23,12 +23,12 @@
 #include <unistd.h>
 #include <stdio.h>
 
-#include "codec-peer.h"
-#include "log.h"
+#include "rpc/codec-peer.h"
+#include "common/log.h"
 #include "peer-ucx.h"
 #include "peer.h"
-#include "resource-limits.h"
-#include "token.h"
+#include "core/resource-limits.h"
+#include "common/random.h"
 
 #define PEER_BACKOFF_MIN_MS 200
 #define PEER_BACKOFF_MAX_MS 5000

@@ -3,9 +3,9 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "manager.h"
-#include "membership.h"
+#include "core/error.h"
+#include "core/manager.h"
+#include "core/membership.h"
 
 typedef struct PeerParams {
         const char *listen_address; /* "host:port" of our UCX listener */

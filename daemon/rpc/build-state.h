@@ -1,12 +1,12 @@
 /* build-state.h: what the daemon keeps for one live build (a BuildRecord's payload). */
 #pragma once
 
-#include "accel.h"
-#include "build-plan.h"
-#include "fill.h"
-#include "layout.h"
-#include "segment.h"
-#include "token.h"
+#include "shm/accel.h"
+#include "core/build-plan.h"
+#include "core/fill.h"
+#include "core/layout.h"
+#include "shm/segment.h"
+#include "shm/token.h"
 
 /* Per rank of the layout, in the layout's rank order. */
 typedef struct BuildRankState {

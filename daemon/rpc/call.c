@@ -21,8 +21,8 @@
 #include "call.h"
 #include "codec-status.h"
 #include "codec-wire.h"
-#include "log.h"
-#include "resource-limits.h"
+#include "common/log.h"
+#include "core/resource-limits.h"
 
 
 typedef struct Call {

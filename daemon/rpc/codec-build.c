@@ -1,9 +1,9 @@
 /* codec-build.c: the Build messages: BuildRequest in, Build (provenance, layout, shards) out. */
-#include "build-plan.h"
+#include "core/build-plan.h"
 #include "build-state.h"
 #include "codec.h"
-#include "resource-limits.h"
-#include "validate.h"
+#include "core/resource-limits.h"
+#include "core/validate.h"
 
 static int source_module_decode(const Familyd__V1__SourceModule *pb, SourceModule *ret,
                                 FamilyError *ret_error) {

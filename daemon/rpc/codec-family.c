@@ -1,6 +1,6 @@
 /* codec-family.c: the FamilyService messages: Family, JobContext, ResolveRequest, ResolvedFamily. */
 #include "codec.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 
 

@@ -1,6 +1,6 @@
 /* codec-mesh.c: the MeshService messages: Mesh to MeshSpec, and Mesh and Topology replies. */
 #include "codec.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 
 static int view_decode(Familyd__V1__MeshDim *const *dims, size_t n, const char *what,

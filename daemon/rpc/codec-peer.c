@@ -6,7 +6,7 @@
 #include "codec-wire.h"
 #include "codec.h"
 #include "familyd-v1-peer.pb-c.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 /* Strings from peers go into logs and topology replies: printable ASCII, bounded. */
 static bool peer_string_ok(const char *s, size_t max, bool allow_empty) {

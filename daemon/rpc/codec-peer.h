@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "membership.h"
+#include "core/membership.h"
 
 typedef enum PeerBody {
         PEER_HEARTBEAT,

@@ -6,7 +6,7 @@
 #include "codec-status.h"
 #include "google-protobuf-any.pb-c.h"
 #include "google-rpc-status.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 
 #define CODEC_STATUS_ERROR_INFO_TYPE_URL "type.googleapis.com/google.rpc.ErrorInfo"
 

@@ -2,7 +2,7 @@
 #include <stddef.h>
 
 #include "codec.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 _Static_assert(offsetof(CodecValueEntry, key) == offsetof(Familyd__V1__ResolveRequest__ArgumentsEntry, key),
                "map entry layout");

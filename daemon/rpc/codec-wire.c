@@ -5,8 +5,8 @@
 #include <stdlib.h>
 
 #include "codec-wire.h"
-#include "resource-limits.h"
-#include "macro.h"
+#include "core/resource-limits.h"
+#include "common/macro.h"
 
 /* protobuf-c's own bounds: a tag takes at most 5 bytes, any other varint at most 10. */
 #define WIRE_TAG_MAX_BYTES     5u

@@ -6,7 +6,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 /*
  * protobuf_c_message_unpack() recurses once per nested message and allocates one struct per

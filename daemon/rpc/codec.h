@@ -13,13 +13,13 @@
 #include "familyd-v1-mesh.pb-c.h"
 #include "familyd-v1-values.pb-c.h"
 
-#include "arena.h"
-#include "error.h"
-#include "mesh.h"
-#include "registry.h"
-#include "resolve.h"
-#include "topology.h"
-#include "value.h"
+#include "core/arena.h"
+#include "core/error.h"
+#include "core/mesh.h"
+#include "core/registry.h"
+#include "core/resolve.h"
+#include "core/topology.h"
+#include "core/value.h"
 
 /* Every map<string, Value> entry message has this layout (key = 1, value = 2). */
 typedef struct CodecValueEntry {

@@ -3,7 +3,7 @@
 
 #include <stdbool.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef struct Executor Executor;
 

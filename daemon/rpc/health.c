@@ -1,7 +1,7 @@
 /* health.c: grpc.health.v1.Health: SERVING for the whole server and for each familyd service. */
 #include "codec.h"
 #include "grpc-health-v1-health.pb-c.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 #include "rpc.h"
 
 static const char *const served[] = {

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "listener.h"
-#include "log.h"
+#include "common/log.h"
 
 /* Refusal lines for one cause: at most one per interval, with a count of those left out. */
 #define LISTENER_LOG_INTERVAL_NSEC (10ull * 1000000000ull)

@@ -1,7 +1,7 @@
 /* listener.h: the API socket: lock, bind, accept, and caps on concurrent connections. */
 #pragma once
 
-#include "macro.h"
+#include "common/macro.h"
 
 typedef struct Listener Listener;
 

@@ -17,7 +17,7 @@
 
 #include "google-protobuf-descriptor.pb-c.h"
 #include "grpc-reflection-v1-reflection.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 #include "reflection.h"
 
 /* gRPC status numbers, fixed by the gRPC spec; this file stays free of gRPC's headers. */

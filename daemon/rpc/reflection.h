@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 /* Real reflection requests name one symbol or file. The cap keeps protobuf-c from allocating one
  * record per unknown field of a multi-megabyte request, and keeps the echoed original_request small.

@@ -4,9 +4,9 @@
 #include <protobuf-c/protobuf-c.h>
 #include <stdint.h>
 
-#include "arena.h"
-#include "error.h"
-#include "manager.h"
+#include "core/arena.h"
+#include "core/error.h"
+#include "core/manager.h"
 
 typedef enum RpcKind {
         RPC_UNARY,       /* one request, one reply or an error */

@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 #include "call.h"
-#include "log.h"
+#include "common/log.h"
 #include "server.h"
 
 static const RpcService *const services[] = {

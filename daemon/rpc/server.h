@@ -8,7 +8,7 @@
  * connections and hands them in with server_add_connection(); gRPC never binds a socket.
  */
 
-#include "manager.h"
+#include "core/manager.h"
 #include "rpc.h"
 
 typedef struct Server Server;

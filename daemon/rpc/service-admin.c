@@ -4,7 +4,7 @@
 
 #include "build-config.h"
 #include "codec.h"
-#include "log.h"
+#include "common/log.h"
 #include "rpc.h"
 
 static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,

@@ -26,17 +26,17 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "accel.h"
+#include "shm/accel.h"
 #include "build-state.h"
 #include "codec.h"
 #include "executor.h"
-#include "log.h"
-#include "materialize.h"
-#include "repr.h"
-#include "resource-limits.h"
+#include "common/log.h"
+#include "shm/materialize.h"
+#include "core/repr.h"
+#include "core/resource-limits.h"
 #include "rpc.h"
-#include "shard-table.h"
-#include "state.h"
+#include "shm/shard-table.h"
+#include "state/state.h"
 
 void build_state_free(void *p) {
         BuildState *b = p;

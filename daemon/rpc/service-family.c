@@ -1,7 +1,7 @@
 /* service-family.c: familyd.v1.FamilyService: the registry and Resolve. */
 #include "codec.h"
-#include "log.h"
-#include "resource-limits.h"
+#include "common/log.h"
+#include "core/resource-limits.h"
 #include "rpc.h"
 
 static int list_families(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,

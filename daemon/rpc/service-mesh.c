@@ -1,6 +1,6 @@
 /* service-mesh.c: familyd.v1.MeshService: the topology and job meshes. */
 #include "codec.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 #include "rpc.h"
 
 static int get_topology(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,

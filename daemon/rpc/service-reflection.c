@@ -1,7 +1,7 @@
 /* service-reflection.c: grpc.reflection v1 and v1alpha over the embedded descriptor set. */
 #include <pthread.h>
 
-#include "log.h"
+#include "common/log.h"
 #include "reflection.h"
 #include "rpc.h"
 

@@ -1,9 +1,9 @@
 /* service-validate.c: Validate: a trainer's model checked against its job and its builds. */
 #include "build-state.h"
 #include "codec.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 #include "rpc.h"
-#include "validate.h"
+#include "core/validate.h"
 
 typedef struct Lookup {
         BuildTable *builds;

@@ -18,7 +18,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "listen.h"
-#include "log.h"
+#include "common/log.h"
 
 struct ListenFds {
         ListenFd *fds; /* fd -1 and name NULL once taken */

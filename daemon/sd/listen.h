@@ -3,7 +3,7 @@
 
 #include <stddef.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 /*
  * Names familyd understands (LISTEN_FDNAMES, FileDescriptorName= in the socket units):

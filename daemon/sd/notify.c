@@ -21,7 +21,7 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
-#include "log.h"
+#include "common/log.h"
 #include "notify.h"
 
 #define NOTIFIER_STATUS_MAX 256

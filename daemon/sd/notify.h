@@ -1,8 +1,8 @@
 /* notify.h: telling the service manager how familyd is doing: readiness, reload, stop, watchdog. */
 #pragma once
 
-#include "macro.h"
-#include "manager.h"
+#include "common/macro.h"
+#include "core/manager.h"
 
 typedef struct Notifier Notifier;
 

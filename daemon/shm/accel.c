@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "accel.h"
-#include "log.h"
+#include "common/log.h"
 
 typedef struct AccelDevice {
         bool gpu;

@@ -22,9 +22,9 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "error.h"
+#include "core/error.h"
 #include "materialize.h"
-#include "topology.h"
+#include "core/topology.h"
 
 /* A GPU's shard budget is its memory less memory >> ACCEL_GPU_RESERVE_SHIFT. */
 #define ACCEL_GPU_RESERVE_SHIFT 3

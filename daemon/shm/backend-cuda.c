@@ -35,9 +35,9 @@
 #include <stdio.h>
 
 #include "backend.h"
-#include "cuda-driver.h"
+#include "common/cuda-driver.h"
 #include "cuda-fill-params.h"
-#include "log.h"
+#include "common/log.h"
 
 /* The fill kernel's PTX, NUL-terminated (cuda-fill.ptx, embedded by embed-ptx.sh). */
 extern unsigned char cuda_fill_ptx[];

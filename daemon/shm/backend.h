@@ -15,10 +15,10 @@
 
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "materialize.h"
 #include "segment.h"
-#include "topology.h"
+#include "core/topology.h"
 
 typedef struct ShardBackend ShardBackend;
 

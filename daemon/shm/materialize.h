@@ -1,9 +1,9 @@
 /* materialize.h: one rank's slices of every parameter, as fills of its segment. */
 #pragma once
 
-#include "build-plan.h"
-#include "fill.h"
-#include "layout.h"
+#include "core/build-plan.h"
+#include "core/fill.h"
+#include "core/layout.h"
 #include "segment.h"
 
 /*

@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 /*
  * DESIGN: a host segment is a memfd sealed against shrinking and growing (and against further

@@ -67,9 +67,9 @@
 #include <sys/un.h>
 #include <time.h>
 
-#include "error.h"
+#include "core/error.h"
 #include "familyd-v1-shard.pb-c.h"
-#include "log.h"
+#include "common/log.h"
 #include "shard-socket.h"
 
 #define SHARD_SOCKET_FRAME_HEADER 4u

@@ -1,7 +1,7 @@
 /* shard-socket.h: the shard socket: tokens in, shard descriptors out over SCM_RIGHTS. */
 #pragma once
 
-#include "macro.h"
+#include "common/macro.h"
 #include "shard-table.h"
 
 /* Client-controlled resources of the shard socket (proto/familyd/v1/shard.proto). */

@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/random.h"
 #include "shard-table.h"
 
 #define SHARD_TABLE_MIN_BUCKETS 64u

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "macro.h"
+#include "common/macro.h"
 #include "segment.h"
 #include "token.h"
 

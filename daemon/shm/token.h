@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 #define SHARD_TOKEN_BYTES  16u
 #define SHARD_TOKEN_LENGTH (SHARD_TOKEN_BYTES * 2u) /* hex characters, without the NUL */
@@ -13,13 +13,6 @@
 typedef struct ShardToken {
         char hex[SHARD_TOKEN_LENGTH + 1];
 } ShardToken;
-
-/*
- * Fills buf with bytes from the kernel's cryptographic generator (getrandom(2)). Before the
- * pool is initialised (early boot) it waits for it rather than hand out guessable bytes; on a
- * kernel without getrandom it reads /dev/urandom. 0 or a negative errno.
- */
-int random_bytes(void *buf, size_t n);
 
 /* A fresh token. 0 or a negative errno from random_bytes(). */
 int shard_token_new(ShardToken *ret);

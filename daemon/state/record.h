@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mesh.h"
+#include "core/mesh.h"
 
 struct BuildState; /* rpc/build-state.h */
 
@@ -60,8 +60,6 @@ typedef struct StateRecord {
 } StateRecord;
 
 void state_record_done(StateRecord *r);
-
-uint32_t crc32c(uint32_t crc, const void *data, size_t n);
 
 /* A record in a malloc'd buffer. b's ranks must have their tokens. */
 int state_record_encode_build(const char *id, const struct BuildState *b, uint64_t created_ns,

@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
-#include "log.h"
+#include "common/log.h"
 #include "record.h"
 #include "state-private.h"
 

@@ -9,8 +9,8 @@
 #include <sys/vfs.h>
 #include <time.h>
 
-#include "log.h"
-#include "notify.h"
+#include "common/log.h"
+#include "sd/notify.h"
 #include "record.h"
 #include "state-private.h"
 

@@ -39,12 +39,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "build-state.h"
-#include "error.h"
-#include "listen.h"
-#include "manager.h"
-#include "segment.h"
-#include "shard-table.h"
+#include "rpc/build-state.h"
+#include "core/error.h"
+#include "sd/listen.h"
+#include "core/manager.h"
+#include "shm/segment.h"
+#include "shm/shard-table.h"
 
 #define STATE_FDSTORE_MAX_DEFAULT 4096u
 /* The fd store's own rule (sd_notify(3), fdname_is_valid()): at most 255 characters. */

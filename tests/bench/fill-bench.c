@@ -17,7 +17,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "fill.h"
+#include "core/fill.h"
 
 static double now(void) {
         struct timespec ts;

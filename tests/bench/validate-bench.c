@@ -36,7 +36,7 @@
 
 /* The daemon's limits on a request (daemon/core/resource-limits.h). */
 /* The daemon's own limits (daemon/core/resource-limits.h), so the check cannot drift. */
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 #define LIMIT_REQUEST_BYTES    FAMILYD_MAX_REQUEST_BYTES
 #define LIMIT_REQUEST_MESSAGES FAMILYD_MAX_REQUEST_MESSAGES

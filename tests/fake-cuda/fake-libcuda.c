@@ -48,7 +48,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cuda-fill-kernel.h"
+#include "shm/cuda-fill-kernel.h"
 
 typedef int CUresult;
 typedef int CUdevice;

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "expr.h"
+#include "core/expr.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

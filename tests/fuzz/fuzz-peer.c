@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "membership.h"
+#include "core/membership.h"
 #include "rpc/codec-peer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "registry.h"
-#include "resolve.h"
+#include "core/registry.h"
+#include "core/resolve.h"
 #include "rpc/codec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

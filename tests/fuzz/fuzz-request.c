@@ -28,8 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "manager.h"
-#include "resource-limits.h"
+#include "core/manager.h"
+#include "core/resource-limits.h"
 #include "rpc/codec-status.h"
 #include "rpc/codec-wire.h"
 #include "rpc/codec.h"

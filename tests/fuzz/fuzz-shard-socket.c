@@ -33,7 +33,7 @@
 #include <time.h>
 
 #include "familyd-v1-shard.pb-c.h"
-#include "log.h"
+#include "common/log.h"
 #include "shm/segment.h"
 #include "shm/shard-socket.h"
 #include "shm/shard-table.h"

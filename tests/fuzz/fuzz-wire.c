@@ -5,7 +5,7 @@
 
 #include "rpc/codec-wire.h"
 #include "familyd-v1-family.pb-c.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "arena.h"
+#include "core/arena.h"
 
 static void test_inline_then_chunks(void **state) {
         Arena a;

@@ -6,10 +6,10 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-#include "build-plan.h"
-#include "macro.h"
-#include "mesh.h"
-#include "registry.h"
+#include "core/build-plan.h"
+#include "common/macro.h"
+#include "core/mesh.h"
+#include "core/registry.h"
 #include "test-fixtures.h"
 
 /* Families the conformance registry lacks: every shape and init failure, variant-local

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "build-table.h"
+#include "core/build-table.h"
 
 static int freed;
 static void payload_free(void *p) {

@@ -9,7 +9,7 @@
 
 #include "google-protobuf-any.pb-c.h"
 #include "google-rpc-status.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 #include "rpc/codec-status.h"
 
 static void status_freep(Google__Rpc__Status **p) {

@@ -1,5 +1,5 @@
 /* test-cuda-abi.c: familyd's own declarations of the CUDA driver's types and constants
- * (daemon/hw/cuda-driver.h, daemon/shm/cuda-fill-kernel.h) against cuda.h, where it is
+ * (common/cuda-driver.h, daemon/shm/cuda-fill-kernel.h) against cuda.h, where it is
  * installed. Built only then (tests/unit/meson.build); the daemon never includes cuda.h. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,7 +9,7 @@
 
 #include <cuda.h>
 
-#include "hw/cuda-driver.h"
+#include "common/cuda-driver.h"
 
 #define SAME_LAYOUT(ours, theirs) \
         _Static_assert(sizeof(ours) == sizeof(theirs), #ours " has the size of " #theirs); \

@@ -16,8 +16,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "fill.h"
-#include "macro.h"
+#include "core/fill.h"
+#include "common/macro.h"
 #include "shm/accel.h"
 #include "shm/segment.h"
 

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "fill.h"
-#include "macro.h"
+#include "core/fill.h"
+#include "common/macro.h"
 #include "shm/cuda-fill-kernel.h"
 #include "shm/cuda-fill-params.h"
 

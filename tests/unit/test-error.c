@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-#include "error.h"
+#include "core/error.h"
 
 static void test_set_and_done(void **state) {
         FamilyError e = FAMILY_ERROR_NULL;

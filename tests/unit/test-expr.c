@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-#include "expr.h"
-#include "macro.h"
-#include "resource-limits.h"
+#include "core/expr.h"
+#include "common/macro.h"
+#include "core/resource-limits.h"
 
 /* Parses text and checks its canonical form, and that the canonical form is a fixed point. */
 static void check_canonical(const char *text, const char *want) {

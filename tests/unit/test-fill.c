@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-#include "fill.h"
+#include "core/fill.h"
 
 static uint32_t bits_of(float f) {
         uint32_t u;

@@ -7,10 +7,10 @@
 #include <cmocka.h>
 #include <inttypes.h>
 
-#include "layout.h"
-#include "macro.h"
-#include "mesh.h"
-#include "resource-limits.h"
+#include "core/layout.h"
+#include "common/macro.h"
+#include "core/mesh.h"
+#include "core/resource-limits.h"
 
 /* "dp=2 tp=4" -> a view; "" -> an empty view. */
 static MeshView view(const char *text) {

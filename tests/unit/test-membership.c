@@ -7,8 +7,8 @@
 
 #include <cmocka.h>
 
-#include "membership.h"
-#include "resource-limits.h"
+#include "core/membership.h"
+#include "core/resource-limits.h"
 
 static const MembershipTimeouts timeouts = {
         .suspect_ms = 300,

@@ -7,9 +7,9 @@
 #include <cmocka.h>
 #include <pthread.h>
 
-#include "macro.h"
-#include "mesh.h"
-#include "resource-limits.h"
+#include "common/macro.h"
+#include "core/mesh.h"
+#include "core/resource-limits.h"
 
 /* "dp=2 tp=4" -> a view; "" -> an empty view. Sizes may be negative ("tp=-1"). */
 static MeshView view(const char *text) {

@@ -11,7 +11,7 @@
 #include "google-protobuf-descriptor.pb-c.h"
 #include "grpc-reflection-v1-reflection.pb-c.h"
 #include "grpc-reflection-v1alpha-reflection.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 #include "rpc/reflection.h"
 
 /* protoc-c's names for the oneof cases do not fit on a line. */

@@ -9,11 +9,11 @@
 #include <sys/stat.h>
 #include <cmocka.h>
 
-#include "expr.h"
-#include "macro.h"
-#include "registry.h"
+#include "core/expr.h"
+#include "common/macro.h"
+#include "core/registry.h"
 #include "test-fixtures.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 /* ---- helpers ---- */
 

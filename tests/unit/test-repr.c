@@ -5,9 +5,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "repr.h"
-#include "macro.h"
-#include "value.h"
+#include "core/repr.h"
+#include "common/macro.h"
+#include "core/value.h"
 
 static void check(char *got, const char *want) {
         assert_non_null(got);

@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-#include "macro.h"
-#include "mesh.h"
-#include "registry.h"
+#include "common/macro.h"
+#include "core/mesh.h"
+#include "core/registry.h"
 #include "test-fixtures.h"
-#include "resolve.h"
+#include "core/resolve.h"
 
 /* Families that the conformance registry lacks: a factory member, typed selectors of every kind
  * with int/float rule values, requires over several axes (declared out of axis order). */

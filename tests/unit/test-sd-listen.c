@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "log.h"
+#include "common/log.h"
 #include "sd/listen.h"
 
 enum { KIND_LISTEN, KIND_DGRAM, KIND_MEMFD };

@@ -15,8 +15,8 @@
 
 #include <cmocka.h>
 
-#include "log.h"
-#include "manager.h"
+#include "common/log.h"
+#include "core/manager.h"
 #include "sd/notify.h"
 
 static char tmpdir[] = "/tmp/test-sd-notify-XXXXXX";

@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #include "familyd-v1-shard.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 #include "shm/segment.h"
 #include "shm/shard-socket.h"
 #include "shm/shard-table.h"

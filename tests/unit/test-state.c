@@ -11,8 +11,9 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "build-table.h"
-#include "mesh.h"
+#include "common/crc32c.h"
+#include "core/build-table.h"
+#include "core/mesh.h"
 #include "shm/segment.h"
 #include "shm/shard-table.h"
 #include "state/record.h"

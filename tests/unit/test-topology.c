@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-#include "macro.h"
-#include "topology.h"
+#include "common/macro.h"
+#include "core/topology.h"
 
 static void test_node_state_names(void **state) {
         assert_string_equal(node_state_to_string(NODE_UP), "up");

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "validate.h"
+#include "core/validate.h"
 
 static int64_t shape[] = { 8, 16, 16 };
 static Placement shard0[] = { { .axis = (char *) "ep", .kind = PLACEMENT_SHARD, .dim = 0 } };

@@ -13,7 +13,7 @@
 
 #include "familyd-v1-family.pb-c.h"
 #include "familyd-v1-values.pb-c.h"
-#include "macro.h"
+#include "common/macro.h"
 #include "rpc/codec-wire.h"
 
 typedef Familyd__V1__Value Value;

@@ -25,7 +25,7 @@ static const char *resolve(void *handle, const Symbol *table, size_t n) {
         return NULL;
 }
 
-int cuda_driver_open(CudaDriver *ret, char *why, size_t why_size) {
+int cuda_driver_load(CudaDriver *ret, char *why, size_t why_size) {
         const char *path = getenv(CUDA_DRIVER_ENV);
         const char *missing;
         CudaDriver d = {};
@@ -86,11 +86,21 @@ int cuda_driver_open(CudaDriver *ret, char *why, size_t why_size) {
         d.has_vmm = !d.vmm_missing;
         d.has_modules = !resolve(d.handle, modules, ELEMENTSOF(modules));
 
-        CudaResult r = d.init(0);
-        if (r != 0) {
+        *ret = d;
+        return 0;
+}
+
+int cuda_driver_open(CudaDriver *ret, char *why, size_t why_size) {
+        CudaDriver d;
+        int r = cuda_driver_load(&d, why, why_size);
+        if (r < 0)
+                return r;
+
+        CudaResult k = d.init(0);
+        if (k != 0) {
                 /* Copied: the driver's text goes away with the library. */
-                (void) snprintf(why, why_size, "%s", cuda_driver_error(&d, r));
-                dlclose(d.handle);
+                (void) snprintf(why, why_size, "%s", cuda_driver_error(&d, k));
+                cuda_driver_close(&d);
                 return -EIO;
         }
         *ret = d;

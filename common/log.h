@@ -31,6 +31,18 @@ typedef struct LogField {
 /* A terminated list for log_struct(): LOG_FIELDS(LOG_FIELD("BUILD_ID", id), ...). */
 #define LOG_FIELDS(...) ((const LogField[]) { __VA_ARGS__, { NULL, NULL } })
 
+/* At most this many of a message's fields reach the journal. */
+#define LOG_MAX_FIELDS 16
+
+/* Sends one message to the journal: 0 when sent, negative when the caller should write stderr.
+ * text is formatted; error is positive or 0. */
+typedef int (*LogJournalSink)(int level, int error, const char *file, int line, const char *func,
+                              const LogField *fields, const char *text);
+
+/* Installed by the systemd adapter (sd/journal.c); NULL (the default) writes "<N>" lines to
+ * stderr where the target is the journal. */
+void log_set_journal_sink(LogJournalSink sink);
+
 /* The fields familyd attaches (journalctl BUILD_ID=bld-... finds every line of one build). */
 #define LOG_FIELD_FAMILY "FAMILY"
 #define LOG_FIELD_BUILD_ID "BUILD_ID"

@@ -152,5 +152,7 @@ typedef struct CudaDriver {
  * it loads but cannot initialise; why (why_size bytes) says why in words.
  */
 int cuda_driver_open(CudaDriver *ret, char *why, size_t why_size);
+/* The same without cuInit(0): for a client that reports the init failure in its own words. */
+int cuda_driver_load(CudaDriver *ret, char *why, size_t why_size);
 void cuda_driver_close(CudaDriver *d);
 const char *cuda_driver_error(const CudaDriver *d, CudaResult r);

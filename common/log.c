@@ -1,4 +1,4 @@
-/* log.c: one message per call: to the journal with fields under systemd, else one stderr line. */
+/* log.c: one message per call: to the journal's sink with fields under systemd, else one stderr line. */
 
 /*
  * DESIGN: whether stderr is the journal is decided the way systemd.exec(5) documents for
@@ -13,6 +13,10 @@
  *
  * Any thread logs. sd_journal_sendv() is thread-safe; each stderr line is one fprintf on an
  * unbuffered stream, and the target is decided once (a race decides it twice, the same way).
+ *
+ * This file is libc only: the journal itself is reached through a sink that the systemd adapter
+ * installs (sd/journal.c, journal_log_install()); until then a journal target writes the
+ * "<N>" lines that journald reads from the stream.
  */
 
 #include <stdarg.h>
@@ -21,18 +25,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
-#define SD_JOURNAL_SUPPRESS_LOCATION
-#include <systemd/sd-journal.h>
+#include <unistd.h>
 
 #include "log.h"
 
 #define LOG_JOURNAL_SOCKET "/run/systemd/journal/socket"
-#define LOG_MAX_FIELDS 16
 #define LOG_TEXT_MAX 2048
 
 static atomic_int max_level = LOG_INFO;
 static atomic_int target = _LOG_TARGET_INVALID;
+static _Atomic(LogJournalSink) journal_sink;
+
+void log_set_journal_sink(LogJournalSink sink) {
+        atomic_store(&journal_sink, sink);
+}
 
 void log_set_max_level(int level) {
         max_level = level;
@@ -81,45 +87,6 @@ static const char *level_word(int level) {
         }
 }
 
-/* 0 when sent; negative when the journal refused and the caller should write stderr. */
-static int log_send_journal(int level, int error, const char *file, int line, const char *func,
-                            const LogField *fields, const char *text) {
-        struct iovec iov[8 + LOG_MAX_FIELDS];
-        char *owned[8 + LOG_MAX_FIELDS] = {};
-        size_t n = 0, n_owned = 0;
-        int r = 0;
-
-#define ADD_FIELD(...)                                                             \
-        do {                                                                       \
-                char *_s_ = NULL;                                                  \
-                if (asprintf(&_s_, __VA_ARGS__) < 0) {                             \
-                        r = -ENOMEM;                                               \
-                        goto finish;                                               \
-                }                                                                  \
-                owned[n_owned++] = _s_;                                            \
-                iov[n++] = (struct iovec) { .iov_base = _s_, .iov_len = strlen(_s_) }; \
-        } while (0)
-
-        ADD_FIELD("PRIORITY=%d", level);
-        ADD_FIELD("MESSAGE=%s", text);
-        ADD_FIELD("SYSLOG_IDENTIFIER=familyd");
-        ADD_FIELD("CODE_FILE=%s", file);
-        ADD_FIELD("CODE_LINE=%d", line);
-        ADD_FIELD("CODE_FUNC=%s", func);
-        if (error != 0)
-                ADD_FIELD("ERRNO=%d", error);
-        for (size_t i = 0; fields && fields[i].key && i < LOG_MAX_FIELDS; i++)
-                if (fields[i].value)
-                        ADD_FIELD("%s=%s", fields[i].key, fields[i].value);
-#undef ADD_FIELD
-
-        r = sd_journal_sendv(iov, (int) n);
-finish:
-        for (size_t i = 0; i < n_owned; i++)
-                free(owned[i]);
-        return r;
-}
-
 /* " [KEY=value ...]" for stderr at debug level. */
 static void format_fields(const LogField *fields, char *buf, size_t size) {
         size_t used = 0;
@@ -152,8 +119,9 @@ int log_internal(int level, int error, const char *file, int line, const char *f
                 va_end(ap);
 
                 LogTarget t = log_get_target();
-                bool sent = t == LOG_TARGET_JOURNAL &&
-                            log_send_journal(level, e, file, line, func, fields, text) >= 0;
+                LogJournalSink sink = atomic_load(&journal_sink);
+                bool sent = t == LOG_TARGET_JOURNAL && sink &&
+                            sink(level, e, file, line, func, fields, text) >= 0;
                 if (sent)
                         return -e;
                 if (t != LOG_TARGET_CONSOLE)
