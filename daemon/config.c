@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,105 +19,338 @@
 
 #define FAMILYD_DEFAULT_REGISTRY "/etc/familyd/registry"
 
-enum {
-        ARG_CONFIG = 0x100,
-        ARG_SOCKET,
-        ARG_SHARD_SOCKET,
-        ARG_REGISTRY,
-        ARG_STATE_DIR,
-        ARG_HOST_DEVICES,
-        ARG_NODE_NAME,
-        ARG_NODE_RANK,
-        ARG_LISTEN,
-        ARG_PEERS,
-        ARG_SHM_BUDGET,
-        ARG_MAX_BUILDS,
-        ARG_HEARTBEAT_MS,
-        ARG_SUSPECT_MS,
-        ARG_DOWN_MS,
-        ARG_FORGET_AFTER_MS,
-        ARG_FDSTORE_MAX,
-        ARG_THREADS,
-        ARG_MAX_CONNECTIONS,
-        ARG_MAX_CONNECTIONS_PER_PEER,
-        ARG_CONNECTION_IDLE_MS,
-        ARG_MAX_WATCHES,
-        ARG_MAX_SHARDS,
-        ARG_LOG_LEVEL,
-        ARG_VERSION,
+/* What an option's value is, and how it is parsed. */
+typedef enum OptionType {
+        OPTION_FLAG,      /* no value: sets a bool field, or does its action */
+        OPTION_STRING,    /* non-empty text; max > 0: at most max bytes */
+        OPTION_PATH,      /* a non-empty path */
+        OPTION_UNSIGNED,  /* unsigned in [min, max] */
+        OPTION_BYTES,     /* uint64_t in [min, max] */
+        OPTION_INT64,     /* int64_t in [min, max] (unset: -1) */
+        OPTION_LOG_LEVEL, /* a level name: debug, info, notice, warning, err */
+} OptionType;
+
+/* Options that act instead of setting a field. */
+typedef enum OptionAction {
+        ACTION_NONE,         /* sets its field, from a flag or a config file key */
+        ACTION_HELP,         /* print --help and exit */
+        ACTION_VERSION,      /* print the version and exit */
+        ACTION_PRINT_CONFIG, /* print the example config file and exit */
+        ACTION_READ_FILE,    /* --config: read the file; not a key itself */
+} OptionAction;
+
+typedef struct ConfigOption {
+        const char *name;    /* the long option, and the config file key */
+        char short_name;     /* 0: none */
+        const char *metavar; /* what --help calls the value; NULL for a flag */
+        OptionType type;
+        OptionAction action;
+        bool hidden;         /* left out of --help (documented in README.md) */
+        uint64_t min, max;   /* integers: the range; OPTION_STRING: the longest (0: any) */
+        size_t offset;       /* the Config field it sets */
+
+        /* The default: a fixed value (has_value: def, or def_string for strings), shown as
+         * "(default VALUE)" and on the example's key line; default_text follows the value
+         * ("; fewer when ...") or, without one, says what familyd does ("(default: TEXT)").
+         * Neither: the setting is off until given. */
+        bool has_value;
+        uint64_t def;
+        const char *def_string;
+        const char *default_text;
+
+        const char *help; /* the sentence of --help, without the default */
+        const char *note; /* more for the example config file, or NULL */
+} ConfigOption;
+
+/* offsetof(Config, field), refusing to compile unless the field has type t. */
+#define FIELD(field, t)                                                                       \
+        (offsetof(Config, field) +                                                            \
+         0 * sizeof(struct {                                                                  \
+                 _Static_assert(__builtin_types_compatible_p(typeof(((Config *) 0)->field), t), \
+                                "Config." #field " is not of type " #t);                      \
+                 int dummy;                                                                   \
+         }))
+
+#define TYPE_FLAG(field)              .type = OPTION_FLAG, .offset = FIELD(field, bool)
+#define TYPE_ACTION(a)                .type = OPTION_FLAG, .action = (a)
+#define TYPE_PATH(field)              .type = OPTION_PATH, .offset = FIELD(field, char *)
+#define TYPE_STRING(field, longest)   .type = OPTION_STRING, .offset = FIELD(field, char *), \
+                                      .max = (longest)
+#define TYPE_UNSIGNED(field, lo, hi)  .type = OPTION_UNSIGNED, .offset = FIELD(field, unsigned), \
+                                      .min = (lo), .max = (hi)
+#define TYPE_BYTES(field, lo, hi)     .type = OPTION_BYTES, .offset = FIELD(field, uint64_t), \
+                                      .min = (lo), .max = (hi)
+#define TYPE_INT64(field, lo, hi)     .type = OPTION_INT64, .offset = FIELD(field, int64_t), \
+                                      .min = (lo), .max = (hi)
+#define TYPE_LOG_LEVEL(field)         .type = OPTION_LOG_LEVEL, .offset = FIELD(field, int)
+#define DEFAULT(v)                    .has_value = true, .def = (v)
+#define DEFAULT_STRING(s)             .has_value = true, .def_string = (s)
+
+/* Every option, in the order of --help. --help, the getopt table, the defaults, the config
+ * file's keys, value checking and `familyd --print-config` (deploy/systemd/familyd.conf) all
+ * come from here. */
+static const ConfigOption config_options[] = {
+        { .name = "help", .short_name = 'h', TYPE_ACTION(ACTION_HELP),
+          .help = "Show this help and exit" },
+        { .name = "version", TYPE_ACTION(ACTION_VERSION),
+          .help = "Show the version and exit" },
+        { .name = "print-config", TYPE_ACTION(ACTION_PRINT_CONFIG), .hidden = true,
+          .help = "Print the example config file (every key, commented out, with its default) "
+                  "and exit" },
+        { .name = "config", .metavar = "FILE", TYPE_PATH(config_file), .action = ACTION_READ_FILE,
+          .help = "Read settings from FILE (`key = value` lines, keys as the long options "
+                  "below; flags win)" },
+        { .name = "socket", .metavar = "PATH", TYPE_PATH(socket_path),
+          DEFAULT_STRING(FAMILYD_DEFAULT_SOCKET),
+          .help = "API socket",
+          .note = "Under systemd, familyd serves on the socket of familyd.socket (named "
+                  "\"api\") instead, and binds nothing here." },
+        { .name = "shard-socket", .metavar = "PATH", TYPE_PATH(shard_socket_path),
+          .default_text = "shard.sock beside the API socket",
+          .help = "Shard descriptor socket",
+          .note = "Under systemd, the socket of familyd-shard.socket (named \"shard\")." },
+        { .name = "registry", .metavar = "DIR", TYPE_PATH(registry_path),
+          DEFAULT_STRING(FAMILYD_DEFAULT_REGISTRY),
+          .help = "Family registry directory",
+          .note = "A directory of *.yaml files, read again on `systemctl reload familyd`." },
+        { .name = "state-dir", .metavar = "DIR", TYPE_PATH(state_dir),
+          .help = "Keep built shards and their metadata here",
+          .note = "For running without systemd's fd store: on a tmpfs, built shards then "
+                  "outlive a restart." },
+        { .name = "host-devices", .metavar = "N", TYPE_UNSIGNED(host_devices, 1, 4096),
+          .default_text = "the node's CUDA GPUs, else one host device",
+          .help = "Declare N host-memory devices on this node",
+          .note = "For nodes without GPUs, and tests." },
+        { .name = "node-name", .metavar = "NAME", TYPE_STRING(node_name, FAMILYD_MAX_NAME_LENGTH),
+          .default_text = "the host name",
+          .help = "This node's name" },
+        { .name = "node-rank", .metavar = "N", TYPE_INT64(node_rank, 0, INT32_MAX),
+          .help = "This node's rank in the cluster order",
+          .note = "Without ranks, nodes are ordered by name." },
+        { .name = "listen", .metavar = "ADDR:PORT", TYPE_STRING(listen_address, 0),
+          .help = "Peer listener address",
+          .note = "Where the other daemons of a cluster reach this one over UCX, for example "
+                  "0.0.0.0:7313. Without --listen and --peers, the node is a cluster of its own." },
+        { .name = "peers", .metavar = "LIST", TYPE_STRING(peers, 0),
+          .help = "Peer daemons, ADDR:PORT[,ADDR:PORT...]",
+          .note = "A full list, or one seed that every other member is learnt from, for "
+                  "example 10.0.0.2:7313,10.0.0.3:7313." },
+        { .name = "shm-budget", .metavar = "BYTES", TYPE_BYTES(shm_budget_bytes, 0, UINT64_MAX / 2),
+          .default_text = "half of RAM",
+          .help = "Shared memory held for shards",
+          .note = "In bytes." },
+        { .name = "max-builds", .metavar = "N", TYPE_UNSIGNED(max_builds, 1, 1u << 20),
+          DEFAULT(1024),
+          .help = "Live builds" },
+        { .name = "heartbeat-ms", .metavar = "N", TYPE_UNSIGNED(heartbeat_ms, 10, 3600000),
+          DEFAULT(1000),
+          .help = "Peer heartbeat interval",
+          .note = "heartbeat-ms <= suspect-ms <= down-ms." },
+        { .name = "suspect-ms", .metavar = "N", TYPE_UNSIGNED(suspect_ms, 10, 3600000),
+          DEFAULT(3000),
+          .help = "Silence before a peer is suspect" },
+        { .name = "down-ms", .metavar = "N", TYPE_UNSIGNED(down_ms, 10, 3600000),
+          DEFAULT(10000),
+          .help = "Silence before a peer is down" },
+        { .name = "forget-after-ms", .metavar = "N", TYPE_UNSIGNED(forget_after_ms, 0, UINT32_MAX),
+          DEFAULT(0), .default_text = ": never",
+          .help = "Forget a down peer after N ms" },
+        { .name = "fdstore-max", .metavar = "N", TYPE_UNSIGNED(fdstore_max, 0, 1u << 20),
+          DEFAULT(4096),
+          .help = "Descriptors kept in systemd's fd store",
+          .note = "Equal to FileDescriptorStoreMax= of familyd.service; a build that would need "
+                  "more is refused." },
+        { .name = "threads", .metavar = "N", TYPE_UNSIGNED(threads, 1, 64),
+          DEFAULT(2),
+          .help = "gRPC worker threads" },
+        { .name = "max-connections", .metavar = "N", TYPE_UNSIGNED(max_connections, 1, 65536),
+          DEFAULT(FAMILYD_MAX_CONNECTIONS),
+          .default_text = "; fewer when the open-file limit is too low",
+          .help = "Concurrent API connections" },
+        { .name = "max-connections-per-peer", .metavar = "N",
+          TYPE_UNSIGNED(max_connections_per_peer, 1, 65536),
+          DEFAULT(FAMILYD_MAX_CONNECTIONS_PER_PEER),
+          .help = "Concurrent API connections from one process" },
+        { .name = "connection-idle-ms", .metavar = "N",
+          TYPE_UNSIGNED(connection_idle_ms, 100, 86400000),
+          DEFAULT(FAMILYD_CONNECTION_IDLE_MS),
+          .help = "Close a connection with no call for N ms",
+          .note = "Clients reconnect on their next call." },
+        { .name = "max-watches", .metavar = "N", TYPE_UNSIGNED(max_watches, 1, 1u << 20),
+          DEFAULT(FAMILYD_MAX_WATCHES),
+          .help = "Open Watch streams" },
+        { .name = "max-shards", .metavar = "N", TYPE_UNSIGNED(max_shards, 1, 65536),
+          .default_text = "what the open-file limit leaves, at most 65536",
+          .help = "Shard segments held, one descriptor each" },
+        { .name = "log-level", .metavar = "LEVEL", TYPE_LOG_LEVEL(log_level),
+          DEFAULT(LOG_INFO),
+          .help = "debug, info, notice, warning or err",
+          .note = "Messages less severe than this are not logged." },
+        { .name = "check-config", TYPE_FLAG(check_config),
+          .help = "Check the settings and the registry path, then exit" },
 };
 
-static const struct option options[] = {
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, ARG_VERSION },
-        { "config", required_argument, NULL, ARG_CONFIG },
-        { "socket", required_argument, NULL, ARG_SOCKET },
-        { "shard-socket", required_argument, NULL, ARG_SHARD_SOCKET },
-        { "registry", required_argument, NULL, ARG_REGISTRY },
-        { "state-dir", required_argument, NULL, ARG_STATE_DIR },
-        { "host-devices", required_argument, NULL, ARG_HOST_DEVICES },
-        { "node-name", required_argument, NULL, ARG_NODE_NAME },
-        { "node-rank", required_argument, NULL, ARG_NODE_RANK },
-        { "listen", required_argument, NULL, ARG_LISTEN },
-        { "peers", required_argument, NULL, ARG_PEERS },
-        { "shm-budget", required_argument, NULL, ARG_SHM_BUDGET },
-        { "max-builds", required_argument, NULL, ARG_MAX_BUILDS },
-        { "heartbeat-ms", required_argument, NULL, ARG_HEARTBEAT_MS },
-        { "suspect-ms", required_argument, NULL, ARG_SUSPECT_MS },
-        { "down-ms", required_argument, NULL, ARG_DOWN_MS },
-        { "forget-after-ms", required_argument, NULL, ARG_FORGET_AFTER_MS },
-        { "fdstore-max", required_argument, NULL, ARG_FDSTORE_MAX },
-        { "threads", required_argument, NULL, ARG_THREADS },
-        { "max-connections", required_argument, NULL, ARG_MAX_CONNECTIONS },
-        { "max-connections-per-peer", required_argument, NULL, ARG_MAX_CONNECTIONS_PER_PEER },
-        { "connection-idle-ms", required_argument, NULL, ARG_CONNECTION_IDLE_MS },
-        { "max-watches", required_argument, NULL, ARG_MAX_WATCHES },
-        { "max-shards", required_argument, NULL, ARG_MAX_SHARDS },
-        { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
-        {}
+static const struct {
+        const char *name;
+        int level;
+} log_levels[] = {
+        { "debug", LOG_DEBUG },     { "info", LOG_INFO }, { "notice", LOG_NOTICE },
+        { "warning", LOG_WARNING }, { "err", LOG_ERR },   { "error", LOG_ERR },
 };
 
-static void help(void) {
+/* getopt_long's val for an option: its short name, or one past the characters. */
+#define OPTION_VAL_BASE 0x100
+
+static const ConfigOption *option_by_val(int val) {
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++)
+                if (config_options[i].short_name ? config_options[i].short_name == val
+                                                 : (int) (OPTION_VAL_BASE + i) == val)
+                        return &config_options[i];
+        return NULL;
+}
+
+/* A config file key: an option that takes a value and only sets its field. */
+static bool option_is_key(const ConfigOption *o) {
+        return o->type != OPTION_FLAG && o->action == ACTION_NONE;
+}
+
+static const ConfigOption *option_by_key(const char *key) {
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++)
+                if (option_is_key(&config_options[i]) && streq(config_options[i].name, key))
+                        return &config_options[i];
+        return NULL;
+}
+
+/* The getopt_long tables, made from config_options. */
+static struct option getopt_options[ELEMENTSOF(config_options) + 1];
+static char getopt_short[2 * ELEMENTSOF(config_options) + 1];
+
+static void getopt_tables(void) {
+        size_t n_short = 0;
+
+        if (getopt_options[0].name)
+                return;
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++) {
+                const ConfigOption *o = &config_options[i];
+                getopt_options[i] = (struct option) {
+                        .name = o->name,
+                        .has_arg = o->type == OPTION_FLAG ? no_argument : required_argument,
+                        .val = o->short_name ? o->short_name : (int) (OPTION_VAL_BASE + i),
+                };
+                if (o->short_name) {
+                        getopt_short[n_short++] = o->short_name;
+                        if (o->type != OPTION_FLAG)
+                                getopt_short[n_short++] = ':';
+                }
+        }
+}
+
+/* The default as a value, as the config file writes it; "" when there is none. */
+static const char *option_default_value(const ConfigOption *o, char *buf, size_t size) {
+        *buf = 0;
+        if (!o->has_value)
+                return buf;
+        switch (o->type) {
+        case OPTION_STRING:
+        case OPTION_PATH:
+                return o->def_string;
+        case OPTION_LOG_LEVEL:
+                for (size_t i = 0; i < ELEMENTSOF(log_levels); i++)
+                        if (log_levels[i].level == (int) o->def)
+                                return log_levels[i].name;
+                return buf;
+        case OPTION_INT64:
+                (void) snprintf(buf, size, "%" PRId64, (int64_t) o->def);
+                return buf;
+        default:
+                (void) snprintf(buf, size, "%" PRIu64, o->def);
+                return buf;
+        }
+}
+
+/* Between words of a line, a space where the line must not break ("(default 4096)"). */
+#define GLUE '\x1f'
+
+/* The option's help sentence with its default: "Live builds (default 1024)". */
+static char *option_sentence(const ConfigOption *o) {
+        char value[64];
+        char *s = NULL;
+        int r;
+
+        if (o->has_value)
+                r = asprintf(&s, "%s (default%c%s%s)", o->help, GLUE,
+                             option_default_value(o, value, sizeof value),
+                             strempty(o->default_text));
+        else if (o->default_text)
+                r = asprintf(&s, "%s (default: %s)", o->help, o->default_text);
+        else
+                r = asprintf(&s, "%s", o->help);
+        return r < 0 ? NULL : s;
+}
+
+/* Writes text from column col on, breaking lines between words before they pass width
+ * columns; each new line starts with indent. Ends the line. */
+static void write_wrapped(FILE *f, const char *text, size_t col, const char *indent,
+                          size_t width) {
+        bool line_empty = true;
+
+        for (const char *p = text; *p;) {
+                size_t n = strcspn(p, " ");
+                if (n > 0) {
+                        if (!line_empty && col + 1 + n > width) {
+                                fprintf(f, "\n%s", indent);
+                                col = strlen(indent);
+                                line_empty = true;
+                        }
+                        if (!line_empty) {
+                                fputc(' ', f);
+                                col++;
+                        }
+                        for (size_t i = 0; i < n; i++)
+                                fputc(p[i] == GLUE ? ' ' : p[i], f);
+                        col += n;
+                        line_empty = false;
+                }
+                p += n;
+                p += strspn(p, " ");
+        }
+        fputc('\n', f);
+}
+
+#define HELP_WIDTH 81 /* the longest line, --fdstore-max's, is 81 columns */
+#define HELP_TEXT_COLUMN 28
+
+static int help(void) {
         printf("Usage: familyd [OPTIONS]\n"
                "\n"
                "Per-node service for distributed training: the family registry, Resolve,\n"
                "job meshes and node topology over gRPC on a Unix socket.\n"
-               "\n"
-               "  -h --help                 Show this help and exit\n"
-               "     --version              Show the version and exit\n"
-               "     --config FILE          Read settings from FILE (`key = value` lines, keys\n"
-               "                            as the long options below; flags win)\n"
-               "     --socket PATH          API socket (default %s)\n"
-               "     --shard-socket PATH    Shard descriptor socket (default: shard.sock beside\n"
-               "                            the API socket)\n"
-               "     --registry DIR         Family registry directory (default\n"
-               "                            /etc/familyd/registry)\n"
-               "     --state-dir DIR        Keep built shards and their metadata here\n"
-               "     --host-devices N       Declare N host-memory devices on this node\n"
-               "     --node-name NAME       This node's name (default: the host name)\n"
-               "     --node-rank N          This node's rank in the cluster order\n"
-               "     --listen ADDR:PORT     Peer listener address\n"
-               "     --peers LIST           Peer daemons, ADDR:PORT[,ADDR:PORT...]\n"
-               "     --shm-budget BYTES     Shared memory held for shards (default: half of RAM)\n"
-               "     --max-builds N         Live builds (default 1024)\n"
-               "     --heartbeat-ms N       Peer heartbeat interval (default 1000)\n"
-               "     --suspect-ms N         Silence before a peer is suspect (default 3000)\n"
-               "     --down-ms N            Silence before a peer is down (default 10000)\n"
-               "     --forget-after-ms N    Forget a down peer after N ms (default: never)\n"
-               "     --fdstore-max N        Descriptors kept in systemd's fd store (default 4096)\n"
-               "     --threads N            gRPC worker threads (default 2)\n"
-               "     --max-connections N    Concurrent API connections (default %u; fewer\n"
-               "                            when the open-file limit is too low)\n"
-               "     --max-connections-per-peer N\n"
-               "                            Concurrent API connections from one process\n"
-               "                            (default %u)\n"
-               "     --connection-idle-ms N Close a connection with no call for N ms\n"
-               "                            (default %u)\n"
-               "     --max-watches N        Open Watch streams (default %u)\n"
-               "     --max-shards N         Shard segments held (one descriptor each; default:\n"
-               "                            what the open-file limit leaves, at most 65536)\n"
-               "     --log-level LEVEL      debug, info, notice, warning or err (default info)\n"
-               "\n"
+               "\n");
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++) {
+                const ConfigOption *o = &config_options[i];
+                char column[128];
+                _cleanup_free_ char *sentence = NULL;
+
+                if (o->hidden)
+                        continue;
+                sentence = option_sentence(o);
+                if (!sentence)
+                        return -ENOMEM;
+                if (o->short_name)
+                        (void) snprintf(column, sizeof column, "  -%c --%s%s%s", o->short_name,
+                                        o->name, o->metavar ? " " : "", strempty(o->metavar));
+                else
+                        (void) snprintf(column, sizeof column, "     --%s%s%s", o->name,
+                                        o->metavar ? " " : "", strempty(o->metavar));
+                size_t n = strlen(column);
+                if (n + 1 <= HELP_TEXT_COLUMN)
+                        printf("%-*s", HELP_TEXT_COLUMN, column);
+                else
+                        printf("%s\n%*s", column, HELP_TEXT_COLUMN, "");
+                write_wrapped(stdout, sentence, HELP_TEXT_COLUMN, "                            ",
+                              HELP_WIDTH);
+        }
+        printf("\n"
                "Readiness: once the API socket accepts calls, grpc.health.v1.Health/Check\n"
                "answers SERVING. SIGHUP reloads the registry; SIGTERM and SIGINT stop.\n"
                "\n"
@@ -128,9 +362,54 @@ static void help(void) {
                "them instead of binding --socket and --shard-socket. It reports readiness,\n"
                "reloads and stopping with sd_notify (NOTIFY_SOCKET), pings the watchdog at\n"
                "half of WATCHDOG_USEC, and logs to the journal with fields when stderr is\n"
-               "the journal (JOURNAL_STREAM).\n",
-               FAMILYD_DEFAULT_SOCKET, FAMILYD_MAX_CONNECTIONS, FAMILYD_MAX_CONNECTIONS_PER_PEER,
-               FAMILYD_CONNECTION_IDLE_MS, FAMILYD_MAX_WATCHES);
+               "the journal (JOURNAL_STREAM).\n");
+        return 0;
+}
+
+#define EXAMPLE_WIDTH 92
+
+/* The example config file (deploy/systemd/familyd.conf): every key, commented out, with its
+ * help, its default and a note. */
+static int print_config(void) {
+        static const char *const header[] = {
+                "/etc/familyd/familyd.conf: familyd's settings, read with `familyd --config "
+                "FILE` (the systemd unit passes this file). Every key is a long command-line "
+                "option without its dashes; a flag on the command line wins over the file. One "
+                "`key = value` per line; `#` or `;` starts a comment line; a value may be quoted "
+                "(\"...\" or '...'); a later line wins over an earlier one. An unknown key or a "
+                "bad value stops familyd, naming FILE:LINE.",
+                "",
+                "Every key is listed below, commented out, with its default; a key with nothing "
+                "after `=` has no fixed default (its comment says what familyd does without it). "
+                "`familyd\x1f--print-config` prints this file; "
+                "`familyd\x1f--check-config\x1f--config\x1f" "FILE` checks a file.",
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(header); i++) {
+                if (isempty(header[i])) {
+                        puts("#");
+                        continue;
+                }
+                fputs("# ", stdout);
+                write_wrapped(stdout, header[i], 2, "# ", EXAMPLE_WIDTH);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++) {
+                const ConfigOption *o = &config_options[i];
+                _cleanup_free_ char *sentence = NULL, *comment = NULL;
+                char value[64];
+
+                if (!option_is_key(o))
+                        continue;
+                sentence = option_sentence(o);
+                if (!sentence || asprintf(&comment, "%s.%s%s", sentence, o->note ? " " : "",
+                                          strempty(o->note)) < 0)
+                        return -ENOMEM;
+                fputs("\n# ", stdout);
+                write_wrapped(stdout, comment, 2, "# ", EXAMPLE_WIDTH);
+                const char *v = option_default_value(o, value, sizeof value);
+                printf("#%s =%s%s\n", o->name, *v ? " " : "", v);
+        }
+        return 0;
 }
 
 /* Where a setting comes from: a line of the config file, or the command line (path NULL). */
@@ -195,16 +474,9 @@ static int set_string(char **field, const char *value) {
 }
 
 static int parse_log_level(const ConfigSource *src, const char *name, const char *s, int *ret) {
-        static const struct {
-                const char *name;
-                int level;
-        } table[] = {
-                { "debug", LOG_DEBUG },     { "info", LOG_INFO }, { "notice", LOG_NOTICE },
-                { "warning", LOG_WARNING }, { "err", LOG_ERR },   { "error", LOG_ERR },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(table); i++)
-                if (streq(table[i].name, s)) {
-                        *ret = table[i].level;
+        for (size_t i = 0; i < ELEMENTSOF(log_levels); i++)
+                if (streq(log_levels[i].name, s)) {
+                        *ret = log_levels[i].level;
                         return 0;
                 }
         return config_error(src, name, "unknown level '%s' (debug, info, notice, warning, err)",
@@ -255,75 +527,48 @@ static int parse_string(const ConfigSource *src, const char *name, const char *v
         return set_string(field, value);
 }
 
-/* Applies one setting, from a flag or a config file line. */
-static int config_apply(Config *c, const ConfigSource *src, int key, const char *name,
+/* Applies one setting, from a flag or a config file line: value parsed as o's type into o's
+ * field (NULL for a flag). */
+static int config_apply(Config *c, const ConfigSource *src, const ConfigOption *o,
                         const char *value) {
+        void *field = (uint8_t *) c + o->offset;
         uint64_t u;
         int r;
 
-        r = config_set_origin(c, src, name);
+        r = config_set_origin(c, src, o->name);
         if (r < 0)
                 return r;
 
-        switch (key) {
-        case ARG_CONFIG:
-                return parse_string(src, name, value, &c->config_file);
-        case ARG_SOCKET:
-                return parse_string(src, name, value, &c->socket_path);
-        case ARG_SHARD_SOCKET:
-                return parse_string(src, name, value, &c->shard_socket_path);
-        case ARG_REGISTRY:
-                return parse_string(src, name, value, &c->registry_path);
-        case ARG_STATE_DIR:
-                return parse_string(src, name, value, &c->state_dir);
-        case ARG_HOST_DEVICES:
-                return parse_unsigned(src, name, value, 1, 4096, &c->host_devices);
-        case ARG_NODE_NAME:
-                if (isempty(value) || strlen(value) > FAMILYD_MAX_NAME_LENGTH)
-                        return config_error(src, name, "must be 1 to %u bytes",
-                                            FAMILYD_MAX_NAME_LENGTH);
-                return set_string(&c->node_name, value);
-        case ARG_NODE_RANK:
-                r = parse_u64(src, name, value, 0, INT32_MAX, &u);
+        switch (o->type) {
+        case OPTION_FLAG:
+                if (o->action != ACTION_NONE)
+                        return -EINVAL;
+                *(bool *) field = true;
+                return 0;
+        case OPTION_PATH:
+                return parse_string(src, o->name, value, field);
+        case OPTION_STRING:
+                if (o->max == 0)
+                        return parse_string(src, o->name, value, field);
+                if (isempty(value) || strlen(value) > o->max)
+                        return config_error(src, o->name, "must be 1 to %" PRIu64 " bytes",
+                                            o->max);
+                return set_string(field, value);
+        case OPTION_UNSIGNED:
+                return parse_unsigned(src, o->name, value, (unsigned) o->min, (unsigned) o->max,
+                                      field);
+        case OPTION_BYTES:
+                return parse_u64(src, o->name, value, o->min, o->max, field);
+        case OPTION_INT64:
+                r = parse_u64(src, o->name, value, o->min, o->max, &u);
                 if (r < 0)
                         return r;
-                c->node_rank = (int64_t) u;
+                *(int64_t *) field = (int64_t) u;
                 return 0;
-        case ARG_LISTEN:
-                return parse_string(src, name, value, &c->listen_address);
-        case ARG_PEERS:
-                return parse_string(src, name, value, &c->peers);
-        case ARG_SHM_BUDGET:
-                return parse_u64(src, name, value, 0, UINT64_MAX / 2, &c->shm_budget_bytes);
-        case ARG_MAX_BUILDS:
-                return parse_unsigned(src, name, value, 1, 1u << 20, &c->max_builds);
-        case ARG_HEARTBEAT_MS:
-                return parse_unsigned(src, name, value, 10, 3600000, &c->heartbeat_ms);
-        case ARG_SUSPECT_MS:
-                return parse_unsigned(src, name, value, 10, 3600000, &c->suspect_ms);
-        case ARG_DOWN_MS:
-                return parse_unsigned(src, name, value, 10, 3600000, &c->down_ms);
-        case ARG_FORGET_AFTER_MS:
-                return parse_unsigned(src, name, value, 0, UINT32_MAX, &c->forget_after_ms);
-        case ARG_FDSTORE_MAX:
-                return parse_unsigned(src, name, value, 0, 1u << 20, &c->fdstore_max);
-        case ARG_THREADS:
-                return parse_unsigned(src, name, value, 1, 64, &c->threads);
-        case ARG_MAX_CONNECTIONS:
-                return parse_unsigned(src, name, value, 1, 65536, &c->max_connections);
-        case ARG_MAX_CONNECTIONS_PER_PEER:
-                return parse_unsigned(src, name, value, 1, 65536, &c->max_connections_per_peer);
-        case ARG_CONNECTION_IDLE_MS:
-                return parse_unsigned(src, name, value, 100, 86400000, &c->connection_idle_ms);
-        case ARG_MAX_WATCHES:
-                return parse_unsigned(src, name, value, 1, 1u << 20, &c->max_watches);
-        case ARG_MAX_SHARDS:
-                return parse_unsigned(src, name, value, 1, 65536, &c->max_shards);
-        case ARG_LOG_LEVEL:
-                return parse_log_level(src, name, value, &c->log_level);
-        default:
-                return -EINVAL;
+        case OPTION_LOG_LEVEL:
+                return parse_log_level(src, o->name, value, field);
         }
+        return -EINVAL;
 }
 
 static char *strstrip(char *s) {
@@ -343,10 +588,6 @@ static char *unquote(char *s) {
                 return s + 1;
         }
         return s;
-}
-
-static bool key_is_setting(const struct option *o) {
-        return o->has_arg == required_argument && o->val != ARG_CONFIG;
 }
 
 /* Line-oriented: `key = value`, `#` and `;` comment lines, keys are the long option names, a
@@ -395,16 +636,13 @@ static int config_parse_file(Config *c, const char *path) {
                 *eq = 0;
                 char *key = strstrip(s), *value = unquote(strstrip(eq + 1));
 
-                const struct option *o = NULL;
-                for (const struct option *i = options; i->name; i++)
-                        if (key_is_setting(i) && streq(i->name, key))
-                                o = i;
+                const ConfigOption *o = option_by_key(key);
                 if (!o) {
                         log_error("%s:%u: unknown key '%s'", path, src.line, key);
                         r = -EINVAL;
                         break;
                 }
-                r = config_apply(c, &src, o->val, o->name, value);
+                r = config_apply(c, &src, o, value);
                 if (r < 0)
                         break;
         }
@@ -413,31 +651,46 @@ static int config_parse_file(Config *c, const char *path) {
         return r;
 }
 
+/* The table's fixed defaults; what has none stays unset (NULL, 0, -1 for node-rank,
+ * UINT64_MAX for shm-budget) until config_fill_derived. Strings are filled there too. */
 static void config_defaults(Config *c) {
-        *c = (Config) {
-                .node_rank = -1,
-                .shm_budget_bytes = UINT64_MAX, /* unset: half of RAM, in config_fill_derived */
-                .max_builds = 1024,
-                .heartbeat_ms = 1000,
-                .suspect_ms = 3000,
-                .down_ms = 10000,
-                .fdstore_max = 4096,
-                .threads = 2,
-                .max_connections = FAMILYD_MAX_CONNECTIONS,
-                .max_connections_per_peer = FAMILYD_MAX_CONNECTIONS_PER_PEER,
-                .connection_idle_ms = FAMILYD_CONNECTION_IDLE_MS,
-                .max_watches = FAMILYD_MAX_WATCHES,
-                .log_level = LOG_INFO,
-        };
+        *c = (Config) {};
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++) {
+                const ConfigOption *o = &config_options[i];
+                void *field = (uint8_t *) c + o->offset;
+
+                switch (o->type) {
+                case OPTION_UNSIGNED:
+                        *(unsigned *) field = o->has_value ? (unsigned) o->def : 0;
+                        break;
+                case OPTION_BYTES:
+                        *(uint64_t *) field = o->has_value ? o->def : UINT64_MAX;
+                        break;
+                case OPTION_INT64:
+                        *(int64_t *) field = o->has_value ? (int64_t) o->def : -1;
+                        break;
+                case OPTION_LOG_LEVEL:
+                        *(int *) field = (int) o->def;
+                        break;
+                default:
+                        break;
+                }
+        }
 }
 
 static int config_fill_derived(Config *c) {
         int r;
 
-        if (!c->socket_path) {
-                r = set_string(&c->socket_path, FAMILYD_DEFAULT_SOCKET);
-                if (r < 0)
-                        return r;
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++) {
+                const ConfigOption *o = &config_options[i];
+                char **field = (char **) ((uint8_t *) c + o->offset);
+
+                if ((o->type == OPTION_STRING || o->type == OPTION_PATH) && o->has_value &&
+                    !*field) {
+                        r = set_string(field, o->def_string);
+                        if (r < 0)
+                                return r;
+                }
         }
         if (!c->shard_socket_path) {
                 const char *slash = strrchr(c->socket_path, '/');
@@ -453,11 +706,6 @@ static int config_fill_derived(Config *c) {
                 c->shm_budget_bytes = pages > 0 && page > 0
                                               ? (uint64_t) pages * (uint64_t) page / 2
                                               : UINT64_C(1) << 30;
-        }
-        if (!c->registry_path) {
-                r = set_string(&c->registry_path, FAMILYD_DEFAULT_REGISTRY);
-                if (r < 0)
-                        return r;
         }
         if (!c->node_name) {
                 char host[256] = {};
@@ -496,32 +744,39 @@ int config_parse(Config *c, int argc, char *argv[]) {
         Config flags;
         int opt, r;
 
+        getopt_tables();
         config_defaults(c);
         config_defaults(&flags);
 
         optind = 0;
-        while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                switch (opt) {
-                case 'h':
-                        help();
+        while ((opt = getopt_long(argc, argv, getopt_short, getopt_options, NULL)) >= 0) {
+                const ConfigOption *o = option_by_val(opt);
+
+                if (!o) { /* '?': getopt_long has said what is wrong */
                         config_done(&flags);
-                        return CONFIG_EXIT;
-                case ARG_VERSION:
+                        return -EINVAL;
+                }
+                switch (o->action) {
+                case ACTION_HELP:
+                        r = help();
+                        config_done(&flags);
+                        return r < 0 ? r : CONFIG_EXIT;
+                case ACTION_VERSION:
                         printf("familyd %s\n", FAMILYD_VERSION);
                         config_done(&flags);
                         return CONFIG_EXIT;
-                case '?':
+                case ACTION_PRINT_CONFIG:
+                        r = print_config();
                         config_done(&flags);
-                        return -EINVAL;
-                default:
-                        if (opt == ARG_CONFIG) {
-                                r = config_apply(&flags, &command_line, opt, "config",
-                                                 optarg);
-                                if (r < 0) {
-                                        config_done(&flags);
-                                        return r;
-                                }
+                        return r < 0 ? r : CONFIG_EXIT;
+                case ACTION_READ_FILE:
+                        r = config_apply(&flags, &command_line, o, optarg);
+                        if (r < 0) {
+                                config_done(&flags);
+                                return r;
                         }
+                        break;
+                case ACTION_NONE:
                         break;
                 }
         }
@@ -543,14 +798,12 @@ int config_parse(Config *c, int argc, char *argv[]) {
         config_done(&flags);
 
         optind = 0;
-        while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                const char *name = NULL;
-                for (const struct option *i = options; i->name; i++)
-                        if (i->val == opt)
-                                name = i->name;
-                if (opt == ARG_CONFIG)
+        while ((opt = getopt_long(argc, argv, getopt_short, getopt_options, NULL)) >= 0) {
+                const ConfigOption *o = option_by_val(opt);
+
+                if (!o || o->action != ACTION_NONE)
                         continue;
-                r = config_apply(c, &command_line, opt, name, optarg);
+                r = config_apply(c, &command_line, o, optarg);
                 if (r < 0)
                         return r;
         }
@@ -572,20 +825,24 @@ int config_parse(Config *c, int argc, char *argv[]) {
         r = config_fill_derived(c);
         if (r < 0)
                 return r;
+
+        if (c->check_config) {
+                /* The checks of a start, up to binding anything: 0 means familyd would start
+                 * with these settings (given a registry that loads). */
+                r = config_check_paths(c);
+                return r < 0 ? r : CONFIG_EXIT;
+        }
         return CONFIG_RUN;
 }
 
 void config_done(Config *c) {
         if (!c)
                 return;
-        free(c->config_file);
-        free(c->socket_path);
-        free(c->shard_socket_path);
-        free(c->registry_path);
-        free(c->state_dir);
-        free(c->node_name);
-        free(c->listen_address);
-        free(c->peers);
+        for (size_t i = 0; i < ELEMENTSOF(config_options); i++) {
+                const ConfigOption *o = &config_options[i];
+                if (o->type == OPTION_STRING || o->type == OPTION_PATH)
+                        free(*(char **) ((uint8_t *) c + o->offset));
+        }
         for (size_t i = 0; i < c->n_origins; i++) {
                 free(c->origins[i].key);
                 free(c->origins[i].where);

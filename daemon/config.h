@@ -1,6 +1,7 @@
 /* config.h: familyd's settings, from the command line and an optional --config file (flags win). */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "macro.h"
@@ -37,21 +38,26 @@ typedef struct Config {
         unsigned max_shards; /* 0: fitted to RLIMIT_NOFILE */
         unsigned max_connections_per_peer;
         int log_level;
+        bool check_config; /* --check-config: check the settings, then exit */
         ConfigOrigin *origins;
         size_t n_origins, allocated_origins;
 } Config;
 
 typedef enum ConfigParseResult {
         CONFIG_RUN,  /* go on and run the daemon */
-        CONFIG_EXIT, /* --help or --version was printed: exit 0 */
+        CONFIG_EXIT, /* done: --help, --version or --print-config printed, or --check-config
+                      * found nothing wrong: exit 0 */
 } ConfigParseResult;
 
 void config_done(Config *c);
 
 /*
- * Parses argv (and the file named by --config). 0 or 1 (CONFIG_EXIT) on success; on a usage
+ * Parses argv (and the file named by --config). The options, their defaults, the config
+ * file's keys and their checks are one table in config.c, which also makes --help and
+ * --print-config (the example config file). 0 or 1 (CONFIG_EXIT) on success; on a usage
  * error, a bad value or an unknown key prints one line to stderr (naming FILE:LINE for the
- * config file) and returns -EINVAL. Reads no file but the config file.
+ * config file) and returns -EINVAL. Reads no file but the config file; with --check-config,
+ * also runs config_check_paths() and returns its error.
  */
 int config_parse(Config *c, int argc, char *argv[]);
 

@@ -23,7 +23,7 @@
 #include <unistd.h>
 #include <stdio.h>
 
-#include "rpc/codec-peer.h"
+#include "codec/codec-peer.h"
 #include "common/log.h"
 #include "peer-ucx.h"
 #include "peer.h"

@@ -19,8 +19,8 @@
 #include <stdio.h>
 
 #include "call.h"
-#include "codec-status.h"
-#include "codec-wire.h"
+#include "codec/codec-status.h"
+#include "codec/codec-wire.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
 

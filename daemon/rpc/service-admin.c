@@ -3,7 +3,7 @@
 #include <stdio.h>
 
 #include "build-config.h"
-#include "codec.h"
+#include "codec/codec.h"
 #include "common/log.h"
 #include "rpc.h"
 

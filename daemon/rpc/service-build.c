@@ -28,7 +28,7 @@
 
 #include "shm/accel.h"
 #include "build-state.h"
-#include "codec.h"
+#include "codec/codec.h"
 #include "executor.h"
 #include "common/log.h"
 #include "shm/materialize.h"

@@ -1,5 +1,5 @@
 /* service-family.c: familyd.v1.FamilyService: the registry and Resolve. */
-#include "codec.h"
+#include "codec/codec.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
 #include "rpc.h"

@@ -1,5 +1,5 @@
 /* service-mesh.c: familyd.v1.MeshService: the topology and job meshes. */
-#include "codec.h"
+#include "codec/codec.h"
 #include "core/resource-limits.h"
 #include "rpc.h"
 

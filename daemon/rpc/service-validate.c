@@ -1,6 +1,6 @@
 /* service-validate.c: Validate: a trainer's model checked against its job and its builds. */
 #include "build-state.h"
-#include "codec.h"
+#include "codec/codec.h"
 #include "core/resource-limits.h"
 #include "rpc.h"
 #include "core/validate.h"

@@ -68,7 +68,7 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "familyd-v1-shard.pb-c.h"
+#include "codec/codec-shard.h"
 #include "common/log.h"
 #include "shard-socket.h"
 
@@ -83,8 +83,6 @@
  * this often besides on EPOLLOUT (see DESIGN). */
 #define SHARD_SOCKET_UNREAD_RECHECK_MS 50u
 
-typedef Familyd__V1__ShardFdRequest Request;
-typedef Familyd__V1__ShardFdReply Reply;
 
 typedef struct Connection Connection;
 struct Connection {
@@ -220,8 +218,9 @@ static bool connection_check_unread(ShardServer *s, Connection *c) {
 }
 
 /* Queues a reply; takes the n_fds descriptors in fds (closed on failure too). */
-static int connection_queue_reply(Connection *c, const Reply *reply, int *fds, size_t n_fds) {
-        size_t size = familyd__v1__shard_fd_reply__get_packed_size(reply);
+static int connection_queue_reply(Connection *c, const ShardReply *reply, int *fds,
+                                  size_t n_fds) {
+        size_t size = codec_shard_reply_size(reply);
         uint8_t *out;
 
         assert(c->n_out == 0 && c->n_fds == 0);
@@ -241,7 +240,7 @@ static int connection_queue_reply(Connection *c, const Reply *reply, int *fds, s
         }
         for (unsigned i = 0; i < SHARD_SOCKET_FRAME_HEADER; i++)
                 out[i] = (uint8_t) ((uint32_t) size >> (8 * i));
-        (void) familyd__v1__shard_fd_reply__pack(reply, out + SHARD_SOCKET_FRAME_HEADER);
+        codec_shard_reply_pack(reply, out + SHARD_SOCKET_FRAME_HEADER);
         c->out = out;
         c->n_out = SHARD_SOCKET_FRAME_HEADER + size;
         c->n_sent = 0;
@@ -249,18 +248,16 @@ static int connection_queue_reply(Connection *c, const Reply *reply, int *fds, s
 }
 
 static int connection_queue_error(Connection *c, FamilyStatus code, const char *message) {
-        Reply reply = FAMILYD__V1__SHARD_FD_REPLY__INIT;
+        ShardReply reply = { .code = (int32_t) code, .message = message };
 
-        reply.code = (int32_t) code;
-        reply.message = (char *) message;
         return connection_queue_reply(c, &reply, NULL, 0);
 }
 
-static int connection_answer(ShardServer *s, Connection *c, const Request *req) {
+static int connection_answer(ShardServer *s, Connection *c, const ShardRequest *req) {
         ShardSegment *segments[SHARD_SOCKET_MAX_TOKENS];
         int fds[SHARD_SOCKET_MAX_TOKENS];
         uint64_t sizes[SHARD_SOCKET_MAX_TOKENS];
-        char *kinds[SHARD_SOCKET_MAX_TOKENS];
+        const char *kinds[SHARD_SOCKET_MAX_TOKENS];
         int32_t devices[SHARD_SOCKET_MAX_TOKENS];
         char message[192];
         size_t n = req->n_tokens, bad, n_fds = 0;
@@ -273,7 +270,7 @@ static int connection_answer(ShardServer *s, Connection *c, const Request *req) 
                 return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT, message);
         }
 
-        r = shard_table_lookup_many(s->table, (const char *const *) req->tokens, n, segments, &bad);
+        r = shard_table_lookup_many(s->table, req->tokens, n, segments, &bad);
         if (r == SHARD_TABLE_NOT_FOUND) {
                 /* The index, never the token: a reply may end up in a log. */
                 (void) snprintf(message, sizeof message,
@@ -292,7 +289,7 @@ static int connection_answer(ShardServer *s, Connection *c, const Request *req) 
                         else {
                                 n_fds++;
                                 sizes[i] = shard_segment_size(segments[i]);
-                                kinds[i] = (char *) shard_segment_device_kind(segments[i]);
+                                kinds[i] = shard_segment_device_kind(segments[i]);
                                 devices[i] = shard_segment_device(segments[i]);
                         }
                 }
@@ -325,33 +322,32 @@ static int connection_answer(ShardServer *s, Connection *c, const Request *req) 
                                               "failed to open a shard descriptor");
         }
 
-        Reply reply = FAMILYD__V1__SHARD_FD_REPLY__INIT;
-        reply.code = FAMILY_STATUS_OK;
-        reply.message = (char *) "";
-        reply.n_sizes = reply.n_device_kinds = reply.n_devices = n;
-        reply.sizes = sizes;
-        reply.device_kinds = kinds;
-        reply.devices = devices;
+        ShardReply reply = {
+                .code = FAMILY_STATUS_OK,
+                .message = "",
+                .n = n,
+                .sizes = sizes,
+                .device_kinds = kinds,
+                .devices = devices,
+        };
         return connection_queue_reply(c, &reply, fds, n_fds);
 }
 
 /* Handles one complete frame: 0, with a reply queued. */
 static int connection_handle_frame(ShardServer *s, Connection *c, const uint8_t *data,
                                    size_t size) {
-        Request *req;
+        _cleanup_(codec_shard_request_done) ShardRequest req = {};
         int r;
 
-        req = familyd__v1__shard_fd_request__unpack(NULL, size, data);
-        if (!req) {
+        r = codec_shard_request_decode(data, size, &req);
+        if (r < 0) {
                 log_debug("Shard socket: a frame is not a ShardFdRequest, closing the connection");
                 c->close_after_reply = true;
                 return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT,
                                               "frame could not be decoded as "
                                               "familyd.v1.ShardFdRequest");
         }
-        r = connection_answer(s, c, req);
-        familyd__v1__shard_fd_request__free_unpacked(req, NULL);
-        return r;
+        return connection_answer(s, c, &req);
 }
 
 static bool errno_is_fd_limit(int e) {

@@ -7,7 +7,7 @@
 #include "common/crc32c.h"
 #include "rpc/build-state.h"
 #include "core/build-table.h"
-#include "rpc/codec.h"
+#include "codec/codec.h"
 #include "record.h"
 #include "core/resource-limits.h"
 

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "core/membership.h"
-#include "rpc/codec-peer.h"
+#include "codec/codec-peer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -14,7 +14,7 @@
 
 #include "core/registry.h"
 #include "core/resolve.h"
-#include "rpc/codec.h"
+#include "codec/codec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -30,9 +30,9 @@
 
 #include "core/manager.h"
 #include "core/resource-limits.h"
-#include "rpc/codec-status.h"
-#include "rpc/codec-wire.h"
-#include "rpc/codec.h"
+#include "codec/codec-status.h"
+#include "codec/codec-wire.h"
+#include "codec/codec.h"
 #include "rpc/rpc.h"
 #include "shm/shard-table.h"
 

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "rpc/codec-wire.h"
+#include "codec/codec-wire.h"
 #include "familyd-v1-family.pb-c.h"
 #include "core/resource-limits.h"
 

@@ -165,6 +165,46 @@ class TestFileApplies(Base):
             self.assertEqual(second.code, "RESOURCE_EXHAUSTED", second)
 
 
+class TestCheckConfig(Base):
+    """familyd --check-config: the checks of a start, then exit; nothing is bound."""
+
+    def test_good_settings_exit_0_silently(self):
+        conf = self.conf("registry = %s\nhost-devices = 2\nthreads = 4\n" % REGISTRY)
+        r = run("--check-config", "--config", conf, "--socket", self.socket,
+                "--shard-socket", self.shard)
+        self.assertEqual((r.returncode, r.stdout, r.stderr), (0, "", ""))
+        self.assertFalse(os.path.exists(self.socket))
+        self.assertFalse(os.path.exists(self.shard))
+
+    def test_problems_exit_as_a_start_would(self):
+        cases = [
+            ("registry = %s\nsockett = /x\n" % REGISTRY, 2, ":2: unknown key 'sockett'"),
+            ("registry = %s\nthreads = 0\n" % REGISTRY, 2,
+             ":2: threads: '0' is not an integer in [1, 64]"),
+            ("registry = %s\nheartbeat-ms = 500\nsuspect-ms = 100\n" % REGISTRY, 2,
+             "need --heartbeat-ms <= --suspect-ms <= --down-ms"),
+            ("registry = %s\n" % os.path.join(self.tmp, "no-such-dir"), 1,
+             ":1: registry: cannot read the directory"),
+        ]
+        for text, code, message in cases:
+            with self.subTest(text=text):
+                conf = self.conf(text)
+                r = self.start_fails(conf, "--check-config")
+                self.assertEqual(r.returncode, code, r.stderr)
+                self.assertIn(message, r.stderr)
+
+    def test_flags_are_checked_too(self):
+        conf = self.conf("registry = %s\n" % REGISTRY)
+        r = self.start_fails(conf, "--check-config", "--max-shards", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--max-shards: '0' is not an integer in [1, 65536]", r.stderr)
+
+    def test_check_config_is_a_flag_not_a_key(self):
+        conf = self.conf("registry = %s\ncheck-config = 1\n" % REGISTRY)
+        r = self.start_fails(conf)
+        self.assertIn("%s:2: unknown key 'check-config'" % conf, r.stderr)
+
+
 class TestExample(Base):
     def example_lines(self):
         with open(EXAMPLE) as f:

@@ -28,17 +28,27 @@ class TestCommandLine(unittest.TestCase):
         for flag in ("--socket", "--shard-socket", "--registry", "--state-dir", "--host-devices",
                      "--node-name", "--node-rank", "--listen", "--peers", "--shm-budget",
                      "--max-builds", "--heartbeat-ms", "--suspect-ms", "--down-ms",
-                     "--forget-after-ms", "--fdstore-max", "--config"):
+                     "--forget-after-ms", "--fdstore-max", "--config", "--check-config"):
             self.assertIn(flag, r.stdout)
         r = run("--version")
         self.assertEqual(r.returncode, 0)
         self.assertIn("familyd", r.stdout)
+
+    def test_print_config_prints_the_example_and_is_not_in_help(self):
+        r = run("--print-config")
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        self.assertIn("\n#socket = ", r.stdout)
+        self.assertIn("\n#max-builds = 1024\n", r.stdout)
+        self.assertNotIn("#config =", r.stdout)
+        self.assertNotIn("--print-config", run("--help").stdout)
 
     def test_usage_errors_exit_2(self):
         for args, text in ((["--host-devices", "0"], "--host-devices"),
                            (["--host-devices", "x"], "--host-devices"),
                            (["--bogus"], "bogus"),
                            (["stray"], "stray"),
+                           (["--check-config", "--threads", "0"], "--threads"),
+                           (["--check-config", "stray"], "stray"),
                            (["--heartbeat-ms", "500", "--suspect-ms", "100"], "suspect")):
             r = run(*args)
             self.assertEqual(r.returncode, 2, (args, r.stderr))

@@ -2,7 +2,7 @@
 """familyd against hostile request bytes: deep nesting, a flood of tiny values, garbage.
 
 protobuf-c's unpack recurses once per nested message and allocates one struct per message; the
-daemon checks the wire bytes first (daemon/rpc/codec-wire.c: at most 32 levels of messages and
+daemon checks the wire bytes first (daemon/codec/codec-wire.c: at most 32 levels of messages and
 65536 of them) and answers INVALID_ARGUMENT. The bytes are built by hand: Python's protobuf
 refuses to serialize (or parse) messages this deep. One daemon (conformance registry) serves the
 module; tearDownModule stops it with SIGTERM and asserts exit status 0.

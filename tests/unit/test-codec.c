@@ -10,7 +10,7 @@
 #include "google-protobuf-any.pb-c.h"
 #include "google-rpc-status.pb-c.h"
 #include "common/macro.h"
-#include "rpc/codec-status.h"
+#include "codec/codec-status.h"
 
 static void status_freep(Google__Rpc__Status **p) {
         if (*p)

@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "rpc/codec-peer.h"
+#include "codec/codec-peer.h"
 #include "familyd-v1-peer.pb-c.h"
 
 static Device devices[2] = {

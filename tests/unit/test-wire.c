@@ -14,7 +14,7 @@
 #include "familyd-v1-family.pb-c.h"
 #include "familyd-v1-values.pb-c.h"
 #include "common/macro.h"
-#include "rpc/codec-wire.h"
+#include "codec/codec-wire.h"
 
 typedef Familyd__V1__Value Value;
 typedef Familyd__V1__ValueList ValueList;

@@ -1,6 +1,6 @@
 /* codec-build.c: the Build messages: BuildRequest in, Build (provenance, layout, shards) out. */
 #include "core/build-plan.h"
-#include "build-state.h"
+#include "rpc/build-state.h"
 #include "codec.h"
 #include "core/resource-limits.h"
 #include "core/validate.h"
