@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "resource-limits.h"
-#include "log.h"
+#include "core/resource-limits.h"
+#include "common/log.h"
 
 #include "build-config.h"
 

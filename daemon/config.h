@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "macro.h"
+#include "common/macro.h"
 
 
 /* Where a key was set in the config file ("FILE:LINE"), for errors found after parsing. */

@@ -4,7 +4,7 @@
 
 #include "config.h"
 #include "daemon.h"
-#include "log.h"
+#include "common/log.h"
 #include "sd/notify.h"
 
 int main(int argc, char *argv[]) {
