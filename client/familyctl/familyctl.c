@@ -1,6 +1,8 @@
 /* familyctl.c: the command line shell: global options, verb dispatch, errors and exit codes. */
 
 #include <errno.h>
+#include <langinfo.h>
+#include <locale.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +11,7 @@
 
 #include "build-config.h"
 #include "familyctl.h"
-#include "macro.h"
+#include "common/macro.h"
 
 typedef struct Verb {
         const char *name;
@@ -48,6 +50,9 @@ static void help(void) {
         for (size_t i = 0; i < ELEMENTSOF(verbs); i++)
                 printf("  %s\n", verbs[i].synopsis);
         printf("\n"
+               "Verbs that print tables also take -o/--output COLUMNS (which columns, in which\n"
+               "order), --noheadings and --raw; --json prints the daemon's answer instead.\n"
+               "\n"
                "The socket is --socket, else $FAMILYD_SOCKET, else %s.\n"
                "\n"
                "Exit status:\n"
@@ -175,6 +180,14 @@ int ctl_print_json(const ProtobufCMessage *m) {
         return EXIT_OK;
 }
 
+/* libsmartcols measures cells, and escapes what it cannot print, by the locale's character set;
+ * the daemon's strings are UTF-8, so a locale that is not is replaced by C.UTF-8 (for the
+ * character set only). */
+static void setup_locale(void) {
+        if (!setlocale(LC_CTYPE, "") || !streq(nl_langinfo(CODESET), "UTF-8"))
+                (void) setlocale(LC_CTYPE, "C.UTF-8");
+}
+
 int main(int argc, char **argv) {
         static const struct option options[] = {
                 COMMON_LONG_OPTIONS,
@@ -183,6 +196,8 @@ int main(int argc, char **argv) {
         };
         Context ctx = {};
         int c, r;
+
+        setup_locale();
 
         /* '+': stop at the verb, whose options are its own. */
         while ((c = getopt_long(argc, argv, "+s:jt:h", options, NULL)) >= 0) {

@@ -1,7 +1,9 @@
-/* familyctl.h: what the verbs of familyctl share: the context, exit codes, output helpers. */
+/* familyctl.h: what the verbs of familyctl share: the context, exit codes, the verb skeleton,
+ * tables, JSON input and output helpers. */
 #pragma once
 
 #include <getopt.h>
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,22 +19,33 @@ enum {
         EXIT_INTERNAL    = 4,   /* INTERNAL, UNKNOWN, DATA_LOSS, or a local failure */
 };
 
+/* How tables print: -o/--output, --noheadings, --raw of the verbs that print tables. */
+typedef struct TableOptions {
+        const char *columns;            /* comma-separated names (case-insensitive); NULL: all */
+        bool noheadings;
+        bool raw;
+} TableOptions;
+
 typedef struct Context {
         const char *socket_path;        /* NULL: $FAMILYD_SOCKET, then the built-in default */
         uint32_t timeout_ms;
         bool timeout_set;
         bool json;
+        TableOptions table;
         FamilydClient *client;
 } Context;
 
-/* Options every verb accepts too, so `familyctl families --json` works like `--json families`. */
+/* getopt values of the options that verbs share; a verb's own start at 0x100. */
 enum {
         ARG_COMMON_SOCKET = 0x1000,
         ARG_COMMON_JSON,
         ARG_COMMON_TIMEOUT,
-        ARG_COMMON_HELP,
+        ARG_TABLE_NOHEADINGS,
+        ARG_TABLE_RAW,
+        ARG_AXIS,               /* ARG_AXIS + 0..3: --tp..--pp; + 4..7: the hidden --tp-size.. */
 };
 
+/* Options every verb accepts too, so `familyctl families --json` works like `--json families`. */
 #define COMMON_LONG_OPTIONS                                                     \
         { "socket",  required_argument, NULL, ARG_COMMON_SOCKET },              \
         { "json",    no_argument,       NULL, ARG_COMMON_JSON },                \
@@ -45,24 +58,34 @@ enum {
         "  -t, --timeout MS    deadline of the call in milliseconds (0: none)\n"        \
         "  -h, --help          show this help\n"
 
-/* The option loop of a verb that has only the common options: returns from the verb on --help
- * (after printing help_text) and on a bad option. */
-#define PARSE_SIMPLE_VERB(verb_name, help_text)                                                 \
-        do {                                                                                    \
-                static const struct option _opts[] = { COMMON_LONG_OPTIONS, {} };               \
-                int _c, _r;                                                                     \
-                while ((_c = getopt_long(argc, argv, "s:jt:h", _opts, NULL)) >= 0) {            \
-                        if (_c == 'h') {                                                        \
-                                fputs(help_text, stdout);                                       \
-                                return EXIT_OK;                                                 \
-                        }                                                                       \
-                        if (_c == '?')                                                          \
-                                return ctl_usage_error(verb_name, "invalid option");            \
-                        _r = ctl_common_option(ctx, _c, optarg);                                \
-                        if (_r != EXIT_OK)                                                      \
-                                return _r < 0 ? EXIT_INTERNAL : _r;                             \
-                }                                                                               \
-        } while (0)
+/* The axis sizes of a job or a mesh: --tp N, --cp N, --ep N, --pp N, spelt the same by every
+ * verb that takes them (resolve, validate, mesh create). --tp-size N, --cp-size N, --ep-size N
+ * and --pp-size N, mesh create's spelling in 0.1.0, are kept as hidden aliases (accepted, not
+ * in --help) until 0.3.0, so that scripts written for 0.1.0 keep working; remove them then. */
+#define AXIS_LONG_OPTIONS                                                       \
+        { "tp",      required_argument, NULL, ARG_AXIS + 0 },                   \
+        { "cp",      required_argument, NULL, ARG_AXIS + 1 },                   \
+        { "ep",      required_argument, NULL, ARG_AXIS + 2 },                   \
+        { "pp",      required_argument, NULL, ARG_AXIS + 3 },                   \
+        { "tp-size", required_argument, NULL, ARG_AXIS + 4 },                   \
+        { "cp-size", required_argument, NULL, ARG_AXIS + 5 },                   \
+        { "ep-size", required_argument, NULL, ARG_AXIS + 6 },                   \
+        { "pp-size", required_argument, NULL, ARG_AXIS + 7 }
+
+#define AXIS_OPTIONS_HELP                                                               \
+        "      --tp N, --cp N, --ep N, --pp N\n"                                        \
+        "                      axis sizes (tp_size, cp_size, ep_size, pp_size)\n"
+
+typedef struct AxisSizes {
+        int64_t size[4];        /* tp, cp, ep, pp */
+        bool set[4];
+} AxisSizes;
+
+/* Handles an option of AXIS_LONG_OPTIONS (any integer: the daemon owns "must be a positive
+ * integer"); returns EXIT_OK, EXIT_USAGE after the message, or -1 if c is not one. */
+int ctl_axis_option(const char *verb, AxisSizes *a, int c, const char *arg);
+void ctl_axis_to_context(const AxisSizes *a, Familyd__V1__JobContext *jc);
+void ctl_axis_to_mesh(const AxisSizes *a, Familyd__V1__Mesh *m);
 
 /* Handles -s/-j/-t and their long forms; returns EXIT_OK, EXIT_USAGE, or -1 if c is not common. */
 int ctl_common_option(Context *ctx, int c, const char *arg);
@@ -79,6 +102,52 @@ int ctl_fail(const char *what, int r, const FamilydError *error);
 /* Prints m as pretty proto3 JSON on stdout; returns an exit code. */
 int ctl_print_json(const ProtobufCMessage *m);
 
+/* ---------------------------------------------------------------------------------------- */
+/* The verb skeleton (verb.c): options, positional arguments, connect, call, print, free. */
+
+typedef struct VerbRun VerbRun;
+
+typedef struct VerbDef {
+        const char *name;                       /* in messages: "families", "mesh create" */
+        const char *help;                       /* --help, before the table and common options */
+        const struct option *options;           /* the verb's own long options, {}-ended, or NULL */
+        const char *short_options;              /* the verb's own short options, or NULL */
+        int (*option)(VerbRun *v, int c, const char *arg);      /* one of them: an exit code */
+        unsigned min_args, max_args;            /* positional arguments */
+        const char *args_missing;               /* the usage error for fewer than min_args */
+        const char *args_extra;                 /* for more than max_args; NULL: "unexpected
+                                                 * argument 'X'" */
+        const char *const *const *tables;       /* the columns of each table it prints,
+                                                 * NULL-ended; NULL: no tables, no -o */
+        size_t state_size;                      /* bytes of v->state (zeroed) */
+        int (*prepare)(VerbRun *v);             /* after the options, before connecting: an
+                                                 * exit code (see VerbRun.finished) */
+        int (*call)(VerbRun *v);                /* the library call: 0 or a negative errno; the
+                                                 * answer in v->response, errors in v->error */
+        const char *what;                       /* what failed, for ctl_fail: "list families" */
+        int (*print)(VerbRun *v);               /* the human form: an exit code; NULL: nothing */
+        int (*print_json)(VerbRun *v);          /* NULL: v->response as proto3 JSON, {} if none */
+        void (*done)(VerbRun *v);               /* frees what the hooks left in v->state */
+} VerbDef;
+
+struct VerbRun {
+        Context *ctx;
+        const VerbDef *def;
+        char **args;                            /* the positional arguments */
+        size_t n_args;
+        void *state;                            /* def->state_size bytes, the verb's own */
+        ProtobufCMessage *response;             /* freed by the skeleton */
+        FamilydError error;
+        bool finished;                          /* set by prepare: its exit code ends the verb */
+};
+
+/* Runs a verb: argv[0] is the verb's name, the options follow in any order with the
+ * positional arguments. Returns the exit code. */
+int verb_run(Context *ctx, const VerbDef *def, int argc, char **argv);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Parsing and formatting (format.c) */
+
 /* Parsing helpers: 0, or -EINVAL when the text is not entirely one number. */
 int ctl_parse_int64(const char *s, int64_t *ret);
 /* "0,1,2,3" or ranges "0-3,8-11" into a malloc()ed array; -EINVAL on bad text or no ranks. */
@@ -94,22 +163,47 @@ void ctl_mesh_dims_free(Familyd__V1__MeshDim **dims, size_t n);
 char *ctl_value_to_string(const Familyd__V1__Value *v);
 char *ctl_mesh_dims_to_string(Familyd__V1__MeshDim *const *dims, size_t n);
 char *ctl_ranks_to_string(const int64_t *ranks, size_t n);
+/* "[8,64,64]" */
+char *ctl_shape_to_string(const int64_t *dims, size_t n);
+/* s as a JSON string literal, quotes included. */
+void ctl_json_string(FILE *f, const char *s);
 
 /* Key/value lines ("family      x"): column width fixed so that blocks of one verb align. */
 void ctl_print_field(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Aligned tables: the header row, then rows of cells; column widths from the widest cell. */
+/* ---------------------------------------------------------------------------------------- */
+/* Tables (table.c, libsmartcols) */
+
+/* A table of the given columns, shown as o asks: the columns -o names that are this table's,
+ * in -o's order (none of them: the table is not printed), or all of them. Empty cells print
+ * as "-". NULL on OOM. */
 typedef struct Table Table;
-Table *table_new(size_t n_columns, ...);
+Table *table_new(const TableOptions *o, const char *const *columns);
 Table *table_free(Table *t);
+/* Cells fill the rows left to right, a full row of all the table's columns each. */
 int table_add_cell(Table *t, const char *text);
 int table_add_cellf(Table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int table_print(const Table *t, FILE *f);
+/* Prints the table on stdout, after a blank line when blank_line_before; nothing for a table
+ * that -o left without columns. Returns an exit code. */
+int table_print(Table *t, bool blank_line_before);
+/* Checks -o's names against the verb's tables; a usage error names the valid ones. */
+int table_check_columns(const char *verb, const char *list, const char *const *const *tables);
 
 static inline void table_freep(Table **t) {
         table_free(*t);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* JSON input (json-load.c, jansson) */
+
+/* Reads the file path as one JSON document (any value at the top; duplicate object keys
+ * refused). On failure prints a usage error of verb and returns its exit code: a file that
+ * cannot be read as "LABELPATH: why", a document jansson refuses as "LABELPATH:LINE:COLUMN:
+ * why" in jansson's words (prefixed "not JSON: " when the text is not JSON at all). */
+int ctl_json_load(const char *verb, const char *label, const char *path, json_t **ret);
+/* jansson's json_decrefp() releases a _cleanup_(json_decrefp) json_t *. */
+
+/* ---------------------------------------------------------------------------------------- */
 /* The verbs: each parses its own options from argv (argv[0] is the verb) and returns an exit code. */
 int verb_families(Context *ctx, int argc, char **argv);
 int verb_family(Context *ctx, int argc, char **argv);
@@ -127,36 +221,27 @@ int verb_release(Context *ctx, int argc, char **argv);
 int verb_shard(Context *ctx, int argc, char **argv);
 int verb_validate(Context *ctx, int argc, char **argv);
 
-/* A small JSON reader for --config and --module files and validate's model file. Numbers keep their text so that
- * integers stay exact; is_int when the text has no '.', 'e' or 'E' and fits int64. */
-typedef enum JsonType {
-        JSON_NULL,
-        JSON_BOOL,
-        JSON_NUMBER,
-        JSON_STRING,
-        JSON_ARRAY,
-        JSON_OBJECT,
-} JsonType;
+/* Shared between verbs */
 
-typedef struct JsonValue JsonValue;
-struct JsonValue {
-        JsonType type;
-        bool boolean;
-        bool is_int;
-        int64_t integer;
-        double number;
-        char *string;           /* JSON_STRING (NUL-terminated; embedded NULs refused) */
-        size_t n;               /* items of an array or object */
-        JsonValue **items;
-        char **keys;            /* JSON_OBJECT: keys[i] names items[i] */
-};
+/* The human form of a topology (topology, its --watch, forget): fields, then the node table
+ * and, with devices, the device table. Returns an exit code. */
+int print_topology(const TableOptions *o, const Familyd__V1__Topology *topo, bool devices);
+/* topology --watch: until the daemon ends it, count topologies were printed (0: no limit),
+ * SIGINT or SIGTERM, or stdout's reader leaves. Returns an exit code. */
+int topology_watch(Context *ctx, bool devices, uint64_t count);
 
-JsonValue *json_value_free(JsonValue *v);
-/* Parses a whole document; on -EINVAL *ret_error_text (to free()) says why and where. */
-int json_parse(const char *text, size_t size, JsonValue **ret, char **ret_error_text);
-int json_parse_file(const char *path, JsonValue **ret, char **ret_error_text);
-const JsonValue *json_object_get(const JsonValue *v, const char *key);
+/* The BuildRequest of `familyctl build` (build-request.c). Each returns an exit code, after a
+ * message when not EXIT_OK. */
+/* --arg KEY=VALUE: a selector or argument (a later one replaces an earlier of the same key). */
+int build_request_argument(Familyd__V1__BuildRequest *req, const char *kv);
+/* KEY=VALUE: a config field, over --config's. */
+int build_request_config_field(Familyd__V1__BuildRequest *req, const char *kv);
+/* --config FILE.json: a JSON object of field names to numbers, strings, bools, lists of them. */
+int build_request_config_file(Familyd__V1__BuildRequest *req, const char *path);
+/* --module FILE.json: {"fqn": ..., "parameters": [{"name", "shape", "dtype"}]}. */
+int build_request_module_file(Familyd__V1__BuildRequest *req, const char *path);
 
-static inline void json_value_freep(JsonValue **v) {
-        json_value_free(*v);
-}
+/* validate's model file into req (validate-model.c): its boundaries and context (req->context
+ * must be allocated). Returns an exit code, after a message when not EXIT_OK: "PATH: WHERE:
+ * WHAT" for a file that is JSON but not a model. */
+int validate_model_load(const char *path, Familyd__V1__ValidateRequest *req);

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "familyctl.h"
-#include "macro.h"
+#include "common/macro.h"
 
 /* Key column of key/value output: wide enough for "registry generation". */
 #define FIELD_KEY_WIDTH 21
@@ -288,4 +288,33 @@ void ctl_print_field(const char *key, const char *fmt, ...) {
         vprintf(fmt, ap);
         va_end(ap);
         putchar('\n');
+}
+
+char *ctl_shape_to_string(const int64_t *dims, size_t n) {
+        char *buf = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&buf, &size);
+
+        if (!f)
+                return NULL;
+        fputc('[', f);
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "%s%" PRId64, i > 0 ? "," : "", dims[i]);
+        fputc(']', f);
+        if (fclose(f) != 0)
+                return mfree(buf);
+        return buf;
+}
+
+void ctl_json_string(FILE *f, const char *s) {
+        fputc('"', f);
+        for (const unsigned char *p = (const unsigned char *) strempty(s); *p; p++) {
+                if (*p == '"' || *p == '\\')
+                        fprintf(f, "\\%c", *p);
+                else if (*p < 0x20)
+                        fprintf(f, "\\u%04x", *p);
+                else
+                        fputc(*p, f);
+        }
+        fputc('"', f);
 }

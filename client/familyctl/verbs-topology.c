@@ -1,34 +1,13 @@
 /* verbs-topology.c: familyctl topology [--watch] [--devices], forget NODE. */
 
-/*
- * DESIGN
- *
- * `topology --watch` waits in familyd_watch_next() on the main thread. What must end that
- * wait from outside (SIGINT, SIGTERM, the reader of stdout going away) is watched by one
- * helper thread: SIGINT and SIGTERM are blocked before the client exists, so every thread gRPC
- * starts inherits the mask, and arrive on a signalfd; stdout is polled for POLLERR/POLLHUP (a
- * pipe whose reader closed). The helper records why and calls familyd_watch_cancel(), which
- * gRPC allows from any thread; the main thread sees -ECANCELED and exits 0. An eventfd tells
- * the helper to leave when the watch ends on its own; it is joined before the watch is freed.
- * SIGPIPE is ignored, so a write to a closed pipe fails with EPIPE instead of killing us.
- */
-
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/signalfd.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "familyctl.h"
-#include "macro.h"
+#include "common/macro.h"
 
 /* A node's ranks are first_rank .. first_rank + devices - 1. */
 static int add_node_row(Table *t, const Familyd__V1__Node *node) {
@@ -72,12 +51,19 @@ static int add_device_row(Table *t, const Familyd__V1__Node *node, size_t j) {
         return 0;
 }
 
-/* The human form shared by topology, topology --watch and forget: the summary fields, the node
- * table, and with devices a table of every device. Returns an exit code. */
-static int print_topology(const Familyd__V1__Topology *topo, bool devices) {
-        _cleanup_(table_freep) Table *nodes = NULL, *devs = NULL;
+static const char *const node_columns[] = {
+        "NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL", NULL,
+};
+static const char *const device_columns[] = {
+        "NODE", "RANK", "INDEX", "KIND", "NAME", "UUID", "MEMORY_BYTES", "NUMA", "PCI_BUS_ID", NULL,
+};
+static const char *const *const topology_tables[] = { node_columns, device_columns, NULL };
 
-        nodes = table_new(7, "NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL");
+int print_topology(const TableOptions *o, const Familyd__V1__Topology *topo, bool devices) {
+        _cleanup_(table_freep) Table *nodes = NULL, *devs = NULL;
+        int r;
+
+        nodes = table_new(o, node_columns);
         if (!nodes)
                 return ctl_fail("build table", -ENOMEM, NULL);
         for (size_t i = 0; i < topo->n_nodes; i++)
@@ -85,8 +71,7 @@ static int print_topology(const Familyd__V1__Topology *topo, bool devices) {
                         return ctl_fail("build table", -ENOMEM, NULL);
 
         if (devices) {
-                devs = table_new(9, "NODE", "RANK", "INDEX", "KIND", "NAME", "UUID", "MEMORY_BYTES",
-                                 "NUMA", "PCI_BUS_ID");
+                devs = table_new(o, device_columns);
                 if (!devs)
                         return ctl_fail("build table", -ENOMEM, NULL);
                 for (size_t i = 0; i < topo->n_nodes; i++)
@@ -98,318 +83,142 @@ static int print_topology(const Familyd__V1__Topology *topo, bool devices) {
         ctl_print_field("version", "%" PRIu64, topo->version);
         ctl_print_field("world size", "%" PRId64, topo->world_size);
         ctl_print_field("local node", "%s", isempty(topo->local_node) ? "-" : topo->local_node);
-        putchar('\n');
-        (void) table_print(nodes, stdout);
-        if (devs) {
-                putchar('\n');
-                (void) table_print(devs, stdout);
-        }
-        return EXIT_OK;
-}
-
-/* What ends a watch from outside the main thread (see DESIGN). */
-typedef struct WatchGuard {
-        FamilydWatch *watch;
-        int signal_fd;
-        int stop_fd;
-        pthread_t thread;
-        bool running;
-        atomic_int why;         /* 0, a signal number, or -EPIPE for a closed stdout */
-} WatchGuard;
-
-static void *guard_thread(void *userdata) {
-        WatchGuard *g = userdata;
-        struct pollfd p[3] = {
-                { .fd = g->signal_fd, .events = POLLIN },
-                { .fd = g->stop_fd, .events = POLLIN },
-                { .fd = STDOUT_FILENO, .events = 0 },  /* POLLERR/POLLHUP are always reported */
-        };
-
-        for (;;) {
-                if (poll(p, ELEMENTSOF(p), -1) < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return NULL;
-                }
-                if (p[1].revents)
-                        return NULL;
-                if (p[0].revents & POLLIN) {
-                        struct signalfd_siginfo si;
-
-                        if (read(g->signal_fd, &si, sizeof(si)) != (ssize_t) sizeof(si))
-                                continue;
-                        atomic_store(&g->why, (int) si.ssi_signo);
-                        break;
-                }
-                if (p[2].revents & (POLLERR | POLLHUP)) {
-                        atomic_store(&g->why, -EPIPE);
-                        break;
-                }
-                if (p[2].revents & POLLNVAL)
-                        p[2].fd = -1;   /* no stdout at all: nothing to watch there */
-        }
-        familyd_watch_cancel(g->watch);
-        return NULL;
-}
-
-static void guard_stop(WatchGuard *g) {
-        if (g->running) {
-                uint64_t one = 1;
-
-                (void) !write(g->stop_fd, &one, sizeof(one));
-                (void) pthread_join(g->thread, NULL);
-                g->running = false;
-        }
-        g->signal_fd = safe_close(g->signal_fd);
-        g->stop_fd = safe_close(g->stop_fd);
-}
-
-/* "2026-11-30T06:12:34.567+0000": local time, to the millisecond, with its offset. */
-static void print_timestamp(void) {
-        struct timespec ts;
-        struct tm tm;
-        char date[32], zone[8];
-
-        (void) clock_gettime(CLOCK_REALTIME, &ts);
-        (void) localtime_r(&ts.tv_sec, &tm);
-        (void) strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &tm);
-        (void) strftime(zone, sizeof(zone), "%z", &tm);
-        printf("%s.%03ld%s", date, ts.tv_nsec / 1000000, zone);
-}
-
-/* Prints one topology of the stream and flushes; -EPIPE when the reader is gone, another
- * negative errno when stdout fails otherwise, else an exit code. */
-static int watch_print(Context *ctx, const Familyd__V1__Topology *topo, bool devices) {
-        int r;
-
-        if (ctx->json) {
-                _cleanup_free_ char *json = NULL;
-
-                r = familyd_json_encode(&topo->base, 0, &json);
-                if (r < 0)
-                        return ctl_fail("encode JSON", r, NULL);
-                puts(json);
-        } else {
-                /* The blank line ends the block now, so that a reader need not wait for the
-                 * next topology to know this one is whole. */
-                print_timestamp();
-                printf("  topology version %" PRIu64 "\n", topo->version);
-                r = print_topology(topo, devices);
-                if (r != EXIT_OK)
-                        return r;
-                putchar('\n');
-        }
-        if (fflush(stdout) != 0 || ferror(stdout))
-                return errno > 0 ? -errno : -EIO;
-        return EXIT_OK;
-}
-
-/* The stream ended without our asking: say why. The daemon never ends a watch by itself, so
- * even an OK end means it went away. */
-static int watch_ended(int r, const FamilydError *error, uint64_t seen) {
-        if (r == FAMILYD_WATCH_ENDED) {
-                fputs("familyctl: familyd ended the topology watch\n", stderr);
-                return EXIT_UNREACHABLE;
-        }
-        if (r == -EPROTO && seen > 0 && error &&
-            (error->code == 14 /* UNAVAILABLE */ || error->code == 1 /* CANCELLED */)) {
-                fprintf(stderr, "familyctl: familyd went away, the topology watch ended: %s: %s\n",
-                        familyd_status_name(error->code), strempty(error->message));
-                return EXIT_UNREACHABLE;
-        }
-        return ctl_fail("watch topology", r, error);
-}
-
-static int topology_watch(Context *ctx, bool devices, uint64_t count) {
-        _cleanup_(guard_stop) WatchGuard g = { .signal_fd = -1, .stop_fd = -1 };
-        FamilydWatchParams params = {};
-        FamilydError error = FAMILYD_ERROR_NULL;
-        FamilydWatch *watch = NULL;
-        uint64_t seen = 0;
-        sigset_t mask;
-        int r;
-
-        /* Before the client exists, so that gRPC's threads inherit the mask (see DESIGN). */
-        (void) sigemptyset(&mask);
-        (void) sigaddset(&mask, SIGINT);
-        (void) sigaddset(&mask, SIGTERM);
-        r = -pthread_sigmask(SIG_BLOCK, &mask, NULL);
-        if (r < 0)
-                return ctl_fail("block signals", r, NULL);
-        (void) signal(SIGPIPE, SIG_IGN);
-
-        g.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
-        g.stop_fd = eventfd(0, EFD_CLOEXEC);
-        if (g.signal_fd < 0 || g.stop_fd < 0)
-                return ctl_fail("watch signals", -errno, NULL);
-
-        r = ctl_connect(ctx);
-        if (r != EXIT_OK)
-                return r;
-
-        /* --timeout bounds the whole watch only when given: the client's default would end
-         * every watch after 30 s. */
-        if (ctx->timeout_set) {
-                params.field_mask |= FAMILYD_WATCH_PARAM_FIELD_TIMEOUT_MS;
-                params.timeout_ms = ctx->timeout_ms;
-        }
-        r = familyd_watch_topology_start(ctx->client, &params, &watch, &error);
-        if (r < 0) {
-                r = ctl_fail("watch topology", r, &error);
-                familyd_error_clear(&error);
-                return r;
-        }
-
-        g.watch = watch;
-        r = -pthread_create(&g.thread, NULL, guard_thread, &g);
-        if (r < 0) {
-                familyd_watch_free(watch);
-                return ctl_fail("start a thread", r, NULL);
-        }
-        g.running = true;
-
-        for (;;) {
-                Familyd__V1__Topology *topo = NULL;
-
-                r = familyd_watch_next(watch, (ProtobufCMessage **) &topo, &error);
-                if (r != 0) {
-                        int why = atomic_load(&g.why);
-
-                        /* Ours: a signal or a closed stdout; the daemon's end otherwise. */
-                        r = r == -ECANCELED && why != 0 ? EXIT_OK : watch_ended(r, &error, seen);
-                        break;
-                }
-                r = watch_print(ctx, topo, devices);
-                familyd__v1__topology__free_unpacked(topo, NULL);
-                if (r == -EPIPE)
-                        r = EXIT_OK;    /* the reader is gone: nothing left to do */
-                else if (r < 0)
-                        r = ctl_fail("write to stdout", r, NULL);
-                if (r != EXIT_OK || ++seen == count)
-                        break;
-        }
-
-        familyd_error_clear(&error);
-        guard_stop(&g);
-        familyd_watch_free(watch);
+        r = table_print(nodes, true);
+        if (r == EXIT_OK && devs)
+                r = table_print(devs, true);
         return r;
 }
 
-static const char topology_help[] =
-        "Usage: familyctl topology [OPTIONS]\n"
-        "\n"
-        "Shows the topology this daemon sees: version, world size, local node, then\n"
-        "NODE NODE_RANK RANKS STATE ADDRESS DEVICES LOCAL per node.\n"
-        "\n"
-        "      --devices       also list every device: NODE RANK INDEX KIND NAME UUID\n"
-        "                      MEMORY_BYTES NUMA PCI_BUS_ID\n"
-        "  -w, --watch         keep watching: print the topology, then the whole topology\n"
-        "                      again after each change, each under a line with the local time\n"
-        "                      and its version (with --json: one JSON object per line)\n"
-        "  -n, --count N       with --watch: stop after N topologies\n"
-        "\n"
-        "A watch ends with exit 0 on SIGINT or SIGTERM (and when stdout's reader goes away),\n"
-        "with exit 3 and a message when the daemon goes away. --timeout, when given, bounds\n"
-        "the whole watch.\n"
-        "\n"
-        COMMON_OPTIONS_HELP;
+/* ---------------------------------------------------------------------------------------- */
+/* topology */
+
+typedef struct TopologyState {
+        bool devices;
+        bool watch;
+        uint64_t count;
+} TopologyState;
+
+enum {
+        ARG_DEVICES = 0x100,
+};
+
+static const struct option topology_options[] = {
+        { "devices", no_argument,       NULL, ARG_DEVICES },
+        { "watch",   no_argument,       NULL, 'w' },
+        { "count",   required_argument, NULL, 'n' },
+        {}
+};
+
+static int topology_option(VerbRun *v, int c, const char *arg) {
+        TopologyState *s = v->state;
+        int64_t n;
+
+        switch (c) {
+        case ARG_DEVICES:
+                s->devices = true;
+                return EXIT_OK;
+        case 'w':
+                s->watch = true;
+                return EXIT_OK;
+        case 'n':
+                if (ctl_parse_int64(arg, &n) < 0 || n <= 0)
+                        return ctl_usage_error("topology", "--count needs a positive integer, not '%s'", arg);
+                s->count = (uint64_t) n;
+                return EXIT_OK;
+        }
+        return -1;
+}
+
+static int topology_prepare(VerbRun *v) {
+        TopologyState *s = v->state;
+
+        if (s->count > 0 && !s->watch)
+                return ctl_usage_error("topology", "--count needs --watch");
+        if (!s->watch)
+                return EXIT_OK;
+        v->finished = true;
+        return topology_watch(v->ctx, s->devices, s->count);
+}
+
+static int topology_call(VerbRun *v) {
+        return familyd_get_topology(v->ctx->client, (Familyd__V1__Topology **) &v->response, &v->error);
+}
+
+static int topology_print(VerbRun *v) {
+        TopologyState *s = v->state;
+
+        return print_topology(&v->ctx->table, (const Familyd__V1__Topology *) v->response, s->devices);
+}
+
+static const VerbDef topology_verb = {
+        .name = "topology",
+        .help = "Usage: familyctl topology [OPTIONS]\n"
+                "\n"
+                "Shows the topology this daemon sees: version, world size, local node, then\n"
+                "NODE NODE_RANK RANKS STATE ADDRESS DEVICES LOCAL per node.\n"
+                "\n"
+                "      --devices       also list every device: NODE RANK INDEX KIND NAME UUID\n"
+                "                      MEMORY_BYTES NUMA PCI_BUS_ID\n"
+                "  -w, --watch         keep watching: print the topology, then the whole topology\n"
+                "                      again after each change, each under a line with the local time\n"
+                "                      and its version (with --json: one JSON object per line)\n"
+                "  -n, --count N       with --watch: stop after N topologies\n"
+                "\n"
+                "A watch ends with exit 0 on SIGINT or SIGTERM (and when stdout's reader goes away),\n"
+                "with exit 3 and a message when the daemon goes away. --timeout, when given, bounds\n"
+                "the whole watch.\n"
+                "\n",
+        .options = topology_options,
+        .short_options = "wn:",
+        .option = topology_option,
+        .tables = topology_tables,
+        .state_size = sizeof(TopologyState),
+        .prepare = topology_prepare,
+        .call = topology_call,
+        .what = "get topology",
+        .print = topology_print,
+};
 
 int verb_topology(Context *ctx, int argc, char **argv) {
-        enum {
-                ARG_DEVICES = 0x100,
-        };
-        static const struct option options[] = {
-                COMMON_LONG_OPTIONS,
-                { "devices", no_argument,       NULL, ARG_DEVICES },
-                { "watch",   no_argument,       NULL, 'w' },
-                { "count",   required_argument, NULL, 'n' },
-                {}
-        };
-        FamilydError error = FAMILYD_ERROR_NULL;
-        Familyd__V1__Topology *topo = NULL;
-        bool devices = false, watch = false;
-        uint64_t count = 0;
-        int64_t v;
-        int c, r;
-
-        while ((c = getopt_long(argc, argv, "s:jt:hwn:", options, NULL)) >= 0) {
-                switch (c) {
-                case 'h':
-                        fputs(topology_help, stdout);
-                        return EXIT_OK;
-                case '?':
-                        return ctl_usage_error("topology", "invalid option");
-                case ARG_DEVICES:
-                        devices = true;
-                        break;
-                case 'w':
-                        watch = true;
-                        break;
-                case 'n':
-                        if (ctl_parse_int64(optarg, &v) < 0 || v <= 0)
-                                return ctl_usage_error("topology", "--count needs a positive integer, not '%s'", optarg);
-                        count = (uint64_t) v;
-                        break;
-                default:
-                        r = ctl_common_option(ctx, c, optarg);
-                        if (r != EXIT_OK)
-                                return r < 0 ? EXIT_INTERNAL : r;
-                }
-        }
-        if (optind < argc)
-                return ctl_usage_error("topology", "unexpected argument '%s'", argv[optind]);
-        if (count > 0 && !watch)
-                return ctl_usage_error("topology", "--count needs --watch");
-
-        if (watch)
-                return topology_watch(ctx, devices, count);
-
-        r = ctl_connect(ctx);
-        if (r != EXIT_OK)
-                return r;
-        r = familyd_get_topology(ctx->client, &topo, &error);
-        if (r < 0) {
-                r = ctl_fail("get topology", r, &error);
-                familyd_error_clear(&error);
-                return r;
-        }
-        r = ctx->json ? ctl_print_json(&topo->base) : print_topology(topo, devices);
-        familyd__v1__topology__free_unpacked(topo, NULL);
-        return r;
+        return verb_run(ctx, &topology_verb, argc, argv);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* forget NODE */
+
+static int forget_call(VerbRun *v) {
+        return familyd_forget_node(v->ctx->client, v->args[0], (Familyd__V1__ForgetNodeResponse **) &v->response, &v->error);
+}
+
+static int forget_print(VerbRun *v) {
+        const Familyd__V1__ForgetNodeResponse *resp = (const Familyd__V1__ForgetNodeResponse *) v->response;
+
+        if (!resp->topology)
+                return EXIT_OK;
+        return print_topology(&v->ctx->table, resp->topology, false);
+}
+
+static const char *const *const forget_tables[] = { node_columns, NULL };
+
+static const VerbDef forget_verb = {
+        .name = "forget",
+        .help = "Usage: familyctl forget [OPTIONS] NODE\n"
+                "\n"
+                "Drops a down node and its ranks from the topology, on every daemon of the\n"
+                "cluster, and prints the new topology. A node that is up or suspect, or this\n"
+                "daemon's own node, is refused (FAILED_PRECONDITION); an unknown one is\n"
+                "NOT_FOUND.\n"
+                "\n",
+        .min_args = 1,
+        .max_args = 1,
+        .args_missing = "expected exactly one node name",
+        .args_extra = "expected exactly one node name",
+        .tables = forget_tables,
+        .call = forget_call,
+        .what = "forget node",
+        .print = forget_print,
+};
+
 int verb_forget(Context *ctx, int argc, char **argv) {
-        FamilydError error = FAMILYD_ERROR_NULL;
-        Familyd__V1__ForgetNodeResponse *resp = NULL;
-        int r;
-
-        PARSE_SIMPLE_VERB("forget",
-                          "Usage: familyctl forget [OPTIONS] NODE\n"
-                          "\n"
-                          "Drops a down node and its ranks from the topology, on every daemon of the\n"
-                          "cluster, and prints the new topology. A node that is up or suspect, or this\n"
-                          "daemon's own node, is refused (FAILED_PRECONDITION); an unknown one is\n"
-                          "NOT_FOUND.\n"
-                          "\n"
-                          COMMON_OPTIONS_HELP);
-        if (argc - optind != 1)
-                return ctl_usage_error("forget", "expected exactly one node name");
-
-        r = ctl_connect(ctx);
-        if (r != EXIT_OK)
-                return r;
-        r = familyd_forget_node(ctx->client, argv[optind], &resp, &error);
-        if (r < 0) {
-                r = ctl_fail("forget node", r, &error);
-                familyd_error_clear(&error);
-                return r;
-        }
-        if (ctx->json)
-                r = ctl_print_json(&resp->base);
-        else if (resp->topology)
-                r = print_topology(resp->topology, false);
-        else
-                r = EXIT_OK;
-        familyd__v1__forget_node_response__free_unpacked(resp, NULL);
-        return r;
+        return verb_run(ctx, &forget_verb, argc, argv);
 }

@@ -1,5 +1,7 @@
 #!/usr/bin/python3
-"""familyctl end to end against the real daemon: output, --json, exit codes 0/1/2/3.
+"""familyctl end to end against the real daemon: output, --json, exit codes 0/1/2/3, the table
+options (-o/--output, --noheadings, --raw) and the axis flags (--tp N ..., with --tp-size N kept
+as a hidden alias).
 
 familyctl is $FAMILYCTL (meson passes the built target). Exit codes: 0 ok, 1 daemon error,
 2 usage, 3 unreachable.
@@ -166,6 +168,86 @@ class TestFamilyctl(unittest.TestCase):
         gen2 = [int(x) for x in find_key(st2, "registryGeneration") + find_key(st2, "registry_generation")]
         self.assertEqual(gen2, [gen[0] + 1])
         self.assertIn("5", self.ok("status"))
+
+    # -- table options ---------------------------------------------------------------------
+
+    def test_output_picks_and_orders_columns(self):
+        full = [ln.split() for ln in self.ok("families").splitlines()]
+        out = self.ok("families", "-o", "source,NAME")
+        lines = [ln.split() for ln in out.splitlines()]
+        self.assertEqual(lines[0], ["SOURCE", "NAME"], out)
+        self.assertEqual(lines[1:], [[row[4], row[0]] for row in full[1:]], out)
+        # --output, names in any case; the same columns as the full table
+        out2 = self.ok("families", "--output", "Name,Default")
+        self.assertEqual([ln.split() for ln in out2.splitlines()],
+                         [[row[0], row[2]] for row in full], out2)
+        # --json is the daemon's answer whatever the columns
+        doc = json.loads(self.ok("--json", "families", "-o", "name"))
+        self.assertEqual(doc["families"][0]["name"], "grouped_experts")
+        self.assertIn("baseline", doc["families"][0])
+
+    def test_output_unknown_column_refused(self):
+        for args, text in ((["families", "-o", "name,bogus"],
+                            "unknown column 'bogus' (columns: NAME, BASELINE, DEFAULT, VARIANTS, SOURCE)"),
+                           (["meshes", "--output", "MESH"],
+                            "unknown column 'MESH' (columns: MESH_ID, DEVICE_MESH, EXPERT_MESH, RANKS)"),
+                           (["families", "-o", "name,NAME"], "column 'NAME' given twice"),
+                           (["families", "-o", ""], "--output needs column names"),
+                           (["status", "-o", "name"], "invalid option")):
+            rc, out, err = ctl(*args)
+            self.assertEqual(rc, 2, "%s: rc=%d %s" % (args, rc, err))
+            self.assertEqual(out, "", args)
+            self.assertIn(text, err, args)
+            self.assertIn("--help", err, args)
+
+    def test_noheadings(self):
+        full = self.ok("families").splitlines()
+        out = self.ok("families", "--noheadings")
+        self.assertEqual([ln.split() for ln in out.splitlines()],
+                         [ln.split() for ln in full[1:]], out)
+        out = self.ok("families", "--noheadings", "-o", "name")
+        self.assertEqual(out.split("\n"), ["grouped_experts", "attention", "norm", "norm", "engram", ""])
+
+    def test_raw(self):
+        # One space between cells; a blank inside a cell (DEVICES is "8 host") written as \x20.
+        out = self.ok("topology", "--raw", "-o", "node,devices,local")
+        self.assertIn("\nNODE DEVICES LOCAL\nctl-node 8\\x20host yes\n", out)
+        out = self.ok("topology", "--raw", "--noheadings", "-o", "node,state")
+        self.assertTrue(out.endswith("\n\nctl-node up\n"), out)
+        out = self.ok("families", "--raw", "-o", "name,default")
+        self.assertEqual(out.splitlines()[:2], ["NAME DEFAULT", "grouped_experts grouped"])
+
+    def test_help_lists_table_options(self):
+        out = self.ok("families", "--help")
+        for word in ("-o, --output COLUMNS", "--noheadings", "--raw",
+                     "Columns: NAME BASELINE DEFAULT VARIANTS SOURCE"):
+            self.assertIn(word, out)
+        self.assertNotIn("--output", self.ok("status", "--help"))
+
+    # -- axis flags ------------------------------------------------------------------------
+
+    def test_mesh_create_axis_flags(self):
+        doc = json.loads(self.ok("--json", "mesh", "create", "dp=4,tp=2", "--tp", "2"))
+        self.assertEqual(doc["tpSize"], "2")
+        self.assertRegex(self.ok("mesh", "get", doc["meshId"]), r"(?m)^tp size +2$")
+        # the spelling of 0.1.0, kept as a hidden alias: the same mesh
+        old = json.loads(self.ok("--json", "mesh", "create", "dp=4,tp=2", "--tp-size", "2"))
+        self.assertEqual(old["meshId"], doc["meshId"])
+        # the flag reaches the daemon: a size the views disagree with is its error
+        rc, out, err = ctl("mesh", "create", "dp=4,tp=2", "--tp", "4")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("tp_size=4 disagrees with the mesh size 2", err)
+        rc, out, err = ctl("mesh", "create", "dp=4,tp=2", "--ep-size", "x")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--ep-size needs an integer, not 'x'", err)
+        out = self.ok("mesh", "create", "--help")
+        self.assertIn("--tp N, --cp N, --ep N, --pp N", out)
+        self.assertNotIn("-size", out)
+
+    def test_resolve_accepts_the_alias(self):
+        doc = json.loads(self.ok("--json", "resolve", "grouped_experts", "--ep-size", "4"))
+        self.assertEqual(find_key(doc, "variant"), ["grouped_ep"])
+        self.assertNotIn("-size", self.ok("resolve", "--help"))
 
 
 if __name__ == "__main__":

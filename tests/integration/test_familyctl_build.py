@@ -4,7 +4,9 @@
 Checks: build with KEY=VALUE and with --config FILE.json (and --module), the builds table,
 build-info --json, shard's per-slice FNV-1a 64 checksums and first values against the bytes
 this test maps itself (its own shard socket client), release then build-info (exit 1,
-NOT_FOUND), usage errors (exit 2), and --help of each verb.
+NOT_FOUND), usage errors (exit 2; JSON files with a duplicate key or a syntax error named with
+line and column), -o/--noheadings over the builds table and build-info's two tables, and
+--help of each verb.
 """
 
 import array
@@ -305,6 +307,53 @@ class TestFamilyctlBuild(unittest.TestCase):
             self.assertEqual(rc, 2, "%s: rc=%d %s %s" % (args, rc, out, err))
             self.assertIn("--help", err, args)
             self.assertEqual(out, "", args)
+
+    def test_json_files_refused_with_line_and_column(self):
+        dup = os.path.join(TMP, "dup.json")
+        with open(dup, "w") as f:
+            f.write('{"hidden_size": 64,\n "num_experts": 4,\n "hidden_size": 32}\n')
+        bad = os.path.join(TMP, "syntax.json")
+        with open(bad, "w") as f:
+            f.write('{"hidden_size": 64,}')
+        mod = os.path.join(TMP, "dupmod.json")
+        with open(mod, "w") as f:
+            f.write('{"fqn": "a",\n "parameters": [{"name": "w", "name": "v"}]}')
+        cases = [
+            (["--config", dup], "familyctl: --config %s:3:14: duplicate object key 'hidden_size'\n" % dup),
+            (["--config", bad], "familyctl: --config %s:1:20: not JSON: string or '}' expected near '}'\n" % bad),
+            (["--module", mod], "familyctl: --module %s:2:36: duplicate object key 'name'\n" % mod),
+        ]
+        for args, text in cases:
+            rc, out, err = ctl("build", "grouped_experts", *args)
+            self.assertEqual(rc, 2, "%s: %s" % (args, err))
+            self.assertEqual(out, "")
+            self.assertTrue(err.startswith(text), err)
+
+    def test_table_options(self):
+        bid = build_id_of(self.ok("build", "grouped_experts", *KV, "--materialize"))
+        out = self.ok("builds", "-o", "bytes,build_id", "--noheadings")
+        rows = [ln.split() for ln in out.splitlines()]
+        self.assertIn([str(4 * (4 * 64 * 64 + 4 * 32 * 64)), bid], rows, out)
+        self.assertTrue(all(len(r) == 2 for r in rows), out)
+        # build-info: each of its tables shows the named columns that are its own
+        out = self.ok("build-info", bid, "-o", "materialized,PARAMETER,rank")
+        blocks = out.split("\n\n")
+        self.assertEqual(len(blocks), 3, out)
+        self.assertEqual(build_id_of(blocks[0]), bid)
+        self.assertEqual([ln.split() for ln in blocks[1].splitlines()],
+                         [["PARAMETER"], ["gate_up_proj"], ["down_proj"]], out)
+        self.assertEqual([ln.split() for ln in blocks[2].splitlines()],
+                         [["MATERIALIZED", "RANK"], ["yes", "0"]], out)
+        # a table none of whose columns is named is left out, with its blank line
+        out = self.ok("build-info", bid, "-o", "node")
+        self.assertEqual(out.split("\n\n")[1:], ["NODE\nctlb-node\n"], out)
+        rc, out, err = ctl("build-info", bid, "-o", "rank,bogus")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("unknown column 'bogus' (columns: PARAMETER, SHAPE, DTYPE, PLACEMENTS, VIEW, "
+                      "RANK, NODE, DEVICE, BYTES, SLICES, MATERIALIZED)", err)
+        out = self.ok("shard", bid, "0", "-o", "parameter,length", "--noheadings")
+        self.assertEqual([ln.split()[0] for ln in out.split("\n\n")[1].splitlines()],
+                         ["gate_up_proj", "down_proj"], out)
 
     def test_help(self):
         for verb in ("build", "builds", "build-info", "release", "shard"):

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The cluster topology through the clients: familyctl topology [--watch] [--devices], forget,
-status; libfamilyd's watch API (through client/watch-probe); the Python module's topology,
-watch_topology and forget_node.
+status, the table options over topology's two tables; libfamilyd's watch API (through
+client/watch-probe); the Python module's topology, watch_topology and forget_node.
 
 Three real daemons form a cluster over UCX on loopback (--listen/--peers on free ports, short
 heartbeat/suspect/down times). TestCluster keeps all three up; TestNodeLoss starts its own
@@ -305,6 +305,30 @@ class TestCluster(unittest.TestCase):
             self.assertEqual(r[8], dev.get("pciBusId") or "-")
         # the node table comes first, unchanged
         self.assertEqual(sorted(node_table(out)), ["n1", "n2", "n3"])
+
+    def test_topology_table_options(self):
+        # -o names columns of both tables: each shows its own, in -o's order
+        out = self.ok(self.n1, "topology", "--devices", "-o", "rank,node,state", "--noheadings")
+        blocks = out.split("\n\n")
+        self.assertEqual(len(blocks), 3, out)
+        self.assertRegex(blocks[0], r"(?m)^world size +6$")
+        self.assertEqual([ln.split() for ln in blocks[1].splitlines()],
+                         [["n1", "up"], ["n2", "up"], ["n3", "up"]], out)
+        self.assertEqual([ln.split() for ln in blocks[2].splitlines()],
+                         [[str(r), "n%d" % (r // 2 + 1)] for r in range(6)], out)
+        # a table with none of the named columns is left out
+        out = self.ok(self.n1, "topology", "--devices", "-o", "uuid")
+        self.assertNotIn("NODE", out)
+        self.assertEqual(out.split("\n\n")[1].splitlines()[0].split(), ["UUID"])
+        # the watch prints its topologies the same way
+        out = self.ok(self.n1, "topology", "--watch", "--count", "1", "--raw", "-o", "state,NODE,devices")
+        lines = out.splitlines()
+        self.assertRegex(lines[0], TIMESTAMP_LINE)
+        self.assertIn("STATE NODE DEVICES\nup n1 2\\x20host\nup n2 2\\x20host\nup n3 2\\x20host\n\n", out)
+        rc, out, err = ctl(self.n1, "forget", "n2", "-o", "uuid")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("unknown column 'uuid' (columns: NODE, NODE_RANK, RANKS, STATE, ADDRESS, "
+                      "DEVICES, LOCAL)", err)
 
     def test_status_peer_traffic_and_topology_version(self):
         out = self.ok(self.n1, "status")

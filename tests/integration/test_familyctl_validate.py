@@ -7,8 +7,10 @@ boundaries) exits 0 and prints `ok`; a model with an unknown build id and an ep 
 1 with both violations in the table, in the order of the boundaries; --json parses ({"ok":
 false, "violations": [...]}, same exit status); an applied layout with other placements
 (LAYOUT_CONFLICT); proto field names (build_id, applied_layout) and the file's context; the
-daemon's refusal (unknown mesh: exit 1, stderr); usage errors (exit 2, nothing sent); no daemon
-(exit 3); --help. Then Client.validate with dicts, tuples, Build objects and contexts.
+daemon's refusal (unknown mesh: exit 1, stderr); usage errors (exit 2, nothing sent), a
+duplicate key or a syntax error named with the file, line and column; -o/--noheadings/--raw over
+the violation table; no daemon (exit 3); --help. Then Client.validate with dicts, tuples, Build
+objects and contexts.
 """
 
 import json
@@ -229,6 +231,54 @@ class TestFamilyctlValidate(unittest.TestCase):
             self.assertEqual(out, "", args)
             self.assertIn(text, err, args)
             self.assertIn("familyctl validate --help", err, args)
+
+    def test_json_errors_name_line_and_column(self):
+        cases = [
+            ("dupkey.json", '{"context": {},\n  "boundaries": [],\n  "boundaries": []}\n',
+             ":3:14: duplicate object key 'boundaries'"),
+            ("dupnested.json", '{"boundaries": [\n  {"fqns": ["a"], "buildId": "x", "fqns": ["b"]}]}',
+             ":2:40: duplicate object key 'fqns'"),
+            ("syntax.json", '{\n  "boundaries": [\n    {"fqns": ["x"] "buildId": "a"}\n  ]\n}\n',
+             ":3:28: not JSON: '}' expected near '\"buildId\"'"),
+            ("truncated.json", '{"boundaries": [', ":1:16: not JSON: "),
+        ]
+        for name, text, where in cases:
+            path = model_file(name, text)
+            rc, out, err = ctl("validate", path)
+            self.assertEqual(rc, 2, "%s: rc=%d %s" % (name, rc, err))
+            self.assertEqual(out, "")
+            self.assertTrue(err.startswith("familyctl: %s%s" % (path, where)), err)
+            self.assertIn("familyctl validate --help", err)
+
+    def test_table_options(self):
+        rc, out, err = ctl("validate", self.violations_model(), "--ep", "4", "-o", "reason,FQNS")
+        self.assertEqual(rc, 1, out + err)
+        self.assertEqual([ln.split() for ln in out.splitlines()],
+                         [["REASON", "FQNS"], ["UNKNOWN_BUILD", "layers.0.moe"],
+                          ["AXIS_SIZE_MISMATCH", "layers.1.moe,model.layers.1.moe"]], out)
+        rc, out, err = ctl("validate", self.violations_model(), "--ep", "4", "--noheadings",
+                           "--raw", "-o", "message")
+        self.assertEqual(rc, 1, out + err)
+        self.assertEqual(out.splitlines()[0], "build\\x20'bld-does-not-exist'\\x20not\\x20found")
+        rc, out, err = ctl("validate", self.violations_model(), "-o", "violation")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("unknown column 'violation' (columns: FQNS, REASON, MESSAGE)", err)
+
+    def test_non_ascii_cells(self):
+        # The daemon's strings are UTF-8: printed as they are (not as \xHH) and aligned by
+        # their width, whatever the locale says.
+        path = model_file("utf8.json", {"boundaries": [
+            {"fqns": ["schicht.0.münze"], "buildId": "bld-nøpe"},
+            {"fqns": ["x"], "buildId": "bld-does-not-exist"}]})
+        env = dict(os.environ, LC_ALL="C")
+        env.pop("FAMILYD_SOCKET", None)
+        p = subprocess.run([CTL, "--socket", D.socket, "validate", path, "-o", "fqns,message"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=60)
+        out = p.stdout.decode()
+        self.assertEqual(p.returncode, 1, out + p.stderr.decode())
+        self.assertEqual(out.splitlines(), ["FQNS             MESSAGE",
+                                            "schicht.0.münze  build 'bld-nøpe' not found",
+                                            "x                build 'bld-does-not-exist' not found"])
 
     def test_unreachable(self):
         path = model_file("u.json", {"boundaries": []})
