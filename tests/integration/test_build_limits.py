@@ -136,7 +136,7 @@ class TestBuildOffTheWorkers(unittest.TestCase):
             t.start()
         time.sleep(0.5)
         t0 = time.monotonic()
-        status = d.stop(expect_status=None)
+        status = d.stop(timeout=60, expect_status=None)
         elapsed = time.monotonic() - t0
         for t in threads:
             t.join(30)
