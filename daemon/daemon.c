@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 
+#include "build/build.h"
 #include "shm/accel.h"
 #include "daemon.h"
 #include "rpc/executor.h"
@@ -53,6 +54,7 @@ struct Daemon {
         ListenFds *listen_fds;
         State *state; /* builds and meshes kept across restarts (daemon/state/) */
         Accel *accel; /* shard memory by device: host, and GPUs (daemon/shm/accel.h) */
+        Builder builder; /* the Build use-case over the above (daemon/build/), for the server */
         Notifier *notifier;
         Peer *peer; /* NULL without --listen: this node alone */
         char *socket_path;       /* where the API socket is: bound here, or inherited */
@@ -167,7 +169,6 @@ static int daemon_load(Daemon *d, const Config *c) {
         r = accel_new(inv.devices, inv.n_devices, &d->accel);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up shard memory: %m");
-        d->manager->accel = d->accel;
         return 0;
 }
 
@@ -221,6 +222,28 @@ static int daemon_open_shard_server(Daemon *d, const Config *c) {
         return shard_server_adopt(fd, d->shards, &d->shard_server);
 }
 
+/* The fd store, for the state store: the service manager through sd/. */
+static int daemon_fdstore_add(const char *name, int fd) {
+        return notify_fdstore_add(name, &fd, 1);
+}
+
+static int daemon_fdstore_remove(const char *name) {
+        return notify_fdstore_remove(name);
+}
+
+/* The fd store's descriptors of one prefix, now the state store's. */
+static int daemon_take_fdstore(Daemon *d, const char *prefix, StateFds *into) {
+        ListenFd *a = NULL;
+        size_t n = 0;
+        int r;
+
+        r = listen_fds_take(d->listen_fds, prefix, &a, &n);
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = state_fds_add(into, a[i].name, TAKE_FD(a[i].fd));
+        listen_fd_array_free(a, n);
+        return r;
+}
+
 /* What the previous run kept (the fd store's shard-* and meta* descriptors, or --state-dir)
  * comes back into the manager and the shard table before anything is served. */
 static int daemon_setup_state(Daemon *d, const Config *c) {
@@ -228,25 +251,29 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
                 .state_dir = c->state_dir,
                 .fdstore_max = c->fdstore_max,
                 .under_manager = !isempty(getenv("NOTIFY_SOCKET")),
+                .fdstore_add = daemon_fdstore_add,
+                .fdstore_remove = daemon_fdstore_remove,
         };
         int r;
 
-        r = listen_fds_take(d->listen_fds, LISTEN_PREFIX_FDSTORE_META, &p.metas, &p.n_metas);
+        r = daemon_take_fdstore(d, LISTEN_PREFIX_FDSTORE_META, &p.records);
         if (r >= 0)
-                r = listen_fds_take(d->listen_fds, LISTEN_PREFIX_FDSTORE_SHARD, &p.shards,
-                                    &p.n_shards);
+                r = daemon_take_fdstore(d, LISTEN_PREFIX_FDSTORE_SHARD, &p.segments);
         if (r < 0) {
-                listen_fd_array_free(p.metas, p.n_metas);
+                state_fds_done(&p.records);
+                state_fds_done(&p.segments);
                 return log_error_errno(r, "Failed to take the fd store's descriptors: %m");
         }
         r = state_new(&p, &d->state);
         if (r < 0)
                 return r;
-        r = state_restore(d->state, d->manager, d->shards);
-        if (r < 0)
-                return r;
-        d->manager->state = d->state;
-        return 0;
+        d->builder = (Builder) {
+                .manager = d->manager,
+                .shards = d->shards,
+                .accel = d->accel,
+                .state = d->state,
+        };
+        return build_restore(&d->builder);
 }
 
 /* The manager's hooks: a new topology (on the peer thread) reaches the open watches; a
@@ -394,7 +421,8 @@ int daemon_new(const Config *c, Daemon **ret) {
                 .max_watches = c->max_watches,
                 .hooks = { .reload_begin = daemon_hook_reload_begin,
                            .reload_end = daemon_hook_reload_end,
-                           .userdata = d },
+                           .userdata = d,
+                           .builder = &d->builder },
         };
         r = server_new(&sp, &d->server);
         if (r < 0)

@@ -1,6 +1,6 @@
 /* codec-build.c: the Build messages: BuildRequest in, Build (provenance, layout, shards) out. */
 #include "core/build-plan.h"
-#include "rpc/build-state.h"
+#include "codec-build.h"
 #include "codec.h"
 #include "core/resource-limits.h"
 #include "core/validate.h"
@@ -201,8 +201,8 @@ static int placements_encode(Arena *a, const Placement *p, size_t n, Familyd__V1
         return 0;
 }
 
-static int layout_encode(Arena *a, const BuildState *b, Familyd__V1__Layout **ret) {
-        const Layout *l = &b->layout;
+static int layout_encode(Arena *a, const CodecBuild *b, Familyd__V1__Layout **ret) {
+        const Layout *l = b->layout;
         Familyd__V1__Layout *pb = MSG_NEW(a, Familyd__V1__Layout, familyd__v1__layout__init);
         int r;
 
@@ -231,8 +231,8 @@ static int layout_encode(Arena *a, const BuildState *b, Familyd__V1__Layout **re
         return 0;
 }
 
-static int info_encode(Arena *a, const BuildState *b, Familyd__V1__FamilyBuildInfo **ret) {
-        const BuildPlan *plan = &b->plan;
+static int info_encode(Arena *a, const CodecBuild *b, Familyd__V1__FamilyBuildInfo **ret) {
+        const BuildPlan *plan = b->plan;
         Familyd__V1__FamilyBuildInfo *pb = MSG_NEW(a, Familyd__V1__FamilyBuildInfo,
                                                    familyd__v1__family_build_info__init);
         int r;
@@ -265,9 +265,9 @@ static int info_encode(Arena *a, const BuildState *b, Familyd__V1__FamilyBuildIn
         return 0;
 }
 
-static int rank_encode(Arena *a, const BuildState *b, size_t i, Familyd__V1__RankShard **ret) {
-        const RankLayout *rl = &b->layout.ranks[i];
-        const BuildRankState *rs = &b->ranks[i];
+static int rank_encode(Arena *a, const CodecBuild *b, size_t i, Familyd__V1__RankShard **ret) {
+        const RankLayout *rl = &b->layout->ranks[i];
+        const CodecBuildRank *rs = &b->ranks[i];
         Familyd__V1__RankShard *pb = MSG_NEW(a, Familyd__V1__RankShard,
                                              familyd__v1__rank_shard__init);
         int r;
@@ -277,12 +277,11 @@ static int rank_encode(Arena *a, const BuildState *b, size_t i, Familyd__V1__Ran
         pb->rank = rl->rank;
         pb->local_device = rs->local_device;
         pb->size_bytes = rl->size_bytes;
-        pb->device_kind = (char *) (rs->device_kind ? rs->device_kind
-                                                     : SHARD_SEGMENT_DEVICE_KIND_HOST);
-        if (rs->materialized)
+        pb->device_kind = (char *) (rs->device_kind ? rs->device_kind : CODEC_DEVICE_KIND_HOST);
+        if (rs->token)
                 pb->allocation_bytes = rs->allocation_bytes ? rs->allocation_bytes
                                                             : rl->size_bytes;
-        if (rs->materialized && !(pb->token = arena_strdup(a, rs->token.hex)))
+        if (rs->token && !(pb->token = arena_strdup(a, rs->token)))
                 return -ENOMEM;
 
         if (!ARRAY_NEW(a, pb->slices, rl->n_slices))
@@ -309,7 +308,7 @@ static int rank_encode(Arena *a, const BuildState *b, size_t i, Familyd__V1__Ran
         return 0;
 }
 
-int codec_build_encode(Arena *a, const char *build_id, const BuildState *b,
+int codec_build_encode(Arena *a, const char *build_id, const CodecBuild *b,
                        const char *shard_socket, Familyd__V1__Build **ret) {
         Familyd__V1__Build *pb = MSG_NEW(a, Familyd__V1__Build, familyd__v1__build__init);
         int r;
@@ -330,6 +329,29 @@ int codec_build_encode(Arena *a, const char *build_id, const BuildState *b,
         pb->n_shards = b->n_ranks;
         *ret = pb;
         return 0;
+}
+
+int codec_build_packed_size(const char *build_id, const CodecBuild *b, const char *shard_socket,
+                            size_t *ret) {
+        _cleanup_(arena_done) Arena a;
+        Familyd__V1__Build *pb = NULL;
+        int r;
+
+        arena_init(&a);
+        r = codec_build_encode(&a, build_id, b, shard_socket, &pb);
+        if (r < 0)
+                return r;
+        *ret = protobuf_c_message_get_packed_size(&pb->base);
+        return 0;
+}
+
+bool codec_token_is_valid(const char *s) {
+        if (!s)
+                return false;
+        for (size_t i = 0; i < CODEC_TOKEN_LENGTH; i++)
+                if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+                        return false; /* also stops at a NUL before the end */
+        return s[CODEC_TOKEN_LENGTH] == 0;
 }
 
 /* Applied layouts and model boundaries point into the arena: they live as long as the call. */

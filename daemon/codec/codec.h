@@ -21,6 +21,8 @@
 #include "core/topology.h"
 #include "core/value.h"
 
+#include "codec-build.h"
+
 /* Every map<string, Value> entry message has this layout (key = 1, value = 2). */
 typedef struct CodecValueEntry {
         ProtobufCMessage base;
@@ -58,9 +60,9 @@ struct ModelBoundary;
 int codec_model_decode(Arena *a, Familyd__V1__ModelBoundary *const *pb, size_t n,
                        struct ModelBoundary **ret, size_t *ret_n, FamilyError *ret_error);
 
-struct BuildState;
-/* A Build reply from the daemon's state; shard_socket is where tokens are redeemed. */
-int codec_build_encode(Arena *a, const char *build_id, const struct BuildState *b,
+/* A Build reply (GetBuild's, a Build record's) of b; shard_socket is where tokens are
+ * redeemed. */
+int codec_build_encode(Arena *a, const char *build_id, const CodecBuild *b,
                        const char *shard_socket, Familyd__V1__Build **ret);
 int codec_job_context_encode(Arena *a, const JobContext *c, Familyd__V1__JobContext **ret);
 

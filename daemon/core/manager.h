@@ -53,12 +53,6 @@ typedef struct Manager {
         BuildTable *builds;
         char *registry_path;
         char *node_name;
-        /* Where builds and meshes are kept across restarts (daemon/state/, opaque here; NULL:
-         * nowhere). Set by the daemon before calls are served; the core never touches it. */
-        struct State *state;
-        /* This node's shard memory by device, host and GPU (daemon/shm/accel.h, opaque here;
-         * NULL: host memory only). Set by the daemon before calls are served. */
-        struct Accel *accel;
         uint64_t shm_budget_bytes;
         unsigned max_builds;
         uint64_t started_usec; /* CLOCK_MONOTONIC */

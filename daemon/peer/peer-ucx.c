@@ -1,7 +1,9 @@
 /* peer-ucx.c: the UCX worker, the bootstrap listener and the endpoints of the peer thread. */
 
 /*
- * DESIGN: used by the peer thread only (UCS_THREAD_MODE_SINGLE).
+ * DESIGN: used by the peer thread only (UCS_THREAD_MODE_SINGLE), on that thread's sd-event
+ * loop: the listener and each handshake are sources of it, a handshake with a timer for its
+ * deadline; the worker's wakeup descriptor is the caller's to watch.
  *
  * Connections start with our own handshake on --listen, not UCX's sockaddr connection
  * manager: UCX 1.13's tcp_sockcm aborts the whole process on a malformed header from any
@@ -28,6 +30,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <systemd/sd-event.h>
 #include <time.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -44,16 +47,20 @@
 #define PEER_MAGIC_SIZE 8u
 #define PEER_MAX_WORKER_ADDRESS 16384u
 #define PEER_HANDSHAKE_MS 5000
+/* The handshake timer fires within this of its deadline (not sd-event's default 250 ms). */
+#define PEER_TIMER_ACCURACY_USEC 1000u
 /* Handshakes in progress on the listening side; more are closed at once. */
 #define PEER_MAX_HANDSHAKES 64u
 
 typedef struct PeerHandshake {
+        PeerUcx *ucx;
         int fd;
+        sd_event_source *io;
+        sd_event_source *timeout; /* PEER_HANDSHAKE_MS from the start */
         bool dialing;  /* ours: send the magic, read the answer */
         uint8_t *buf;  /* dialing: the answer so far; listening: the magic so far */
         size_t have;
         size_t sent;   /* bytes of our part written */
-        int64_t deadline_ms;
         struct PeerEndpoint *endpoint; /* dialing only */
         struct PeerHandshake *next;
 } PeerHandshake;
@@ -92,7 +99,8 @@ struct PeerUcx {
         ucp_address_t *address;
         size_t address_size;
         int listen_fd;
-        int epoll_fd; /* the worker's fd, the listener and every handshake */
+        sd_event *event;
+        sd_event_source *listener;
         PeerUcxCallbacks callbacks;
         PeerEndpoint *endpoints;
         PeerInbox *inbox, **inbox_tail;
@@ -185,13 +193,6 @@ static int resolve_address(const char *address, bool passive, struct sockaddr_st
         return 0;
 }
 
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* --- endpoints --- */
 
 static void endpoint_free_if_done(PeerEndpoint *e) {
@@ -278,40 +279,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 /* --- the bootstrap handshake --- */
 
-static int handshake_watch(PeerUcx *u, PeerHandshake *h, uint32_t events, int op) {
-        struct epoll_event ev = { .events = events, .data.ptr = h };
-        return epoll_ctl(u->epoll_fd, op, h->fd, &ev) < 0 ? -errno : 0;
-}
-
-static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e) {
-        PeerHandshake *h = calloc(1, sizeof *h);
-
-        if (!h) {
-                safe_close(fd);
-                return -ENOMEM;
-        }
-        h->fd = fd;
-        h->dialing = dialing;
-        h->endpoint = e;
-        h->deadline_ms = now_ms() + PEER_HANDSHAKE_MS;
-        h->buf = malloc(dialing ? PEER_MAGIC_SIZE + 4 + PEER_MAX_WORKER_ADDRESS : PEER_MAGIC_SIZE);
-        int r = h->buf ? handshake_watch(u, h, dialing ? EPOLLOUT : EPOLLIN, EPOLL_CTL_ADD)
-                       : -ENOMEM;
-        if (r < 0) {
-                free(h->buf);
-                safe_close(fd);
-                free(h);
-                return r;
-        }
-        h->next = u->handshakes;
-        u->handshakes = h;
-        if (dialing)
-                e->handshake = h;
-        else
-                u->n_accepted++;
-        return 0;
-}
-
 static void handshake_free(PeerUcx *u, PeerHandshake *h) {
         for (PeerHandshake **p = &u->handshakes; *p; p = &(*p)->next)
                 if (*p == h) {
@@ -322,7 +289,8 @@ static void handshake_free(PeerUcx *u, PeerHandshake *h) {
                 h->endpoint->handshake = NULL;
         else
                 u->n_accepted--;
-        (void) epoll_ctl(u->epoll_fd, EPOLL_CTL_DEL, h->fd, NULL);
+        sd_event_source_disable_unref(h->io);
+        sd_event_source_disable_unref(h->timeout);
         safe_close(h->fd);
         free(h->buf);
         free(h);
@@ -369,7 +337,7 @@ static bool io_would_block(ssize_t n) {
         return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
-static void handshake_dial_step(PeerUcx *u, PeerHandshake *h, uint32_t events) {
+static void handshake_dial_step(PeerUcx *u, PeerHandshake *h) {
         if (h->sent < PEER_MAGIC_SIZE) {
                 int err = 0;
                 socklen_t len = sizeof err;
@@ -389,7 +357,7 @@ static void handshake_dial_step(PeerUcx *u, PeerHandshake *h, uint32_t events) {
                 }
                 h->sent += (size_t) n;
                 if (h->sent == PEER_MAGIC_SIZE)
-                        (void) handshake_watch(u, h, EPOLLIN, EPOLL_CTL_MOD);
+                        (void) sd_event_source_set_io_events(h->io, EPOLLIN);
                 return;
         }
 
@@ -424,7 +392,7 @@ static void handshake_dial_step(PeerUcx *u, PeerHandshake *h, uint32_t events) {
 }
 
 /* The listening side: read the magic, answer with our worker address, close. */
-static void handshake_accept_step(PeerUcx *u, PeerHandshake *h, uint32_t events) {
+static void handshake_accept_step(PeerUcx *u, PeerHandshake *h) {
         if (h->have < PEER_MAGIC_SIZE) {
                 ssize_t n = recv(h->fd, h->buf + h->have, PEER_MAGIC_SIZE - h->have, 0);
                 if (io_would_block(n))
@@ -438,7 +406,7 @@ static void handshake_accept_step(PeerUcx *u, PeerHandshake *h, uint32_t events)
                 h->have += (size_t) n;
                 if (h->have < PEER_MAGIC_SIZE)
                         return;
-                (void) handshake_watch(u, h, EPOLLOUT, EPOLL_CTL_MOD);
+                (void) sd_event_source_set_io_events(h->io, EPOLLOUT);
         }
 
         size_t total = PEER_MAGIC_SIZE + 4 + u->address_size;
@@ -463,14 +431,65 @@ static void handshake_accept_step(PeerUcx *u, PeerHandshake *h, uint32_t events)
         handshake_free(u, h);
 }
 
-static void listener_accept(PeerUcx *u) {
+static int on_handshake_io(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        PeerHandshake *h = userdata;
+
+        if (h->dialing)
+                handshake_dial_step(h->ucx, h);
+        else
+                handshake_accept_step(h->ucx, h);
+        return 0;
+}
+
+static int on_handshake_timeout(sd_event_source *source, uint64_t usec, void *userdata) {
+        PeerHandshake *h = userdata;
+
+        handshake_fail(h->ucx, h, "no handshake answer in time");
+        return 0;
+}
+
+static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e) {
+        PeerHandshake *h = calloc(1, sizeof *h);
+        int r;
+
+        if (!h) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        h->ucx = u;
+        h->fd = fd;
+        h->dialing = dialing;
+        h->endpoint = e;
+        h->next = u->handshakes;
+        u->handshakes = h;
+        if (dialing)
+                e->handshake = h;
+        else
+                u->n_accepted++;
+        h->buf = malloc(dialing ? PEER_MAGIC_SIZE + 4 + PEER_MAX_WORKER_ADDRESS : PEER_MAGIC_SIZE);
+        r = h->buf ? sd_event_add_io(u->event, &h->io, fd, dialing ? EPOLLOUT : EPOLLIN,
+                                     on_handshake_io, h)
+                   : -ENOMEM;
+        if (r >= 0)
+                r = sd_event_add_time_relative(u->event, &h->timeout, CLOCK_MONOTONIC,
+                                               PEER_HANDSHAKE_MS * 1000u,
+                                               PEER_TIMER_ACCURACY_USEC, on_handshake_timeout, h);
+        if (r < 0)
+                handshake_free(u, h);
+        return r < 0 ? r : 0;
+}
+
+static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t revents,
+                          void *userdata) {
+        PeerUcx *u = userdata;
+
         for (;;) {
-                int fd = accept4(u->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (fd < 0) {
                         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
                             errno != ECONNABORTED)
                                 log_debug("Accepting on the peer port failed: %m");
-                        return;
+                        return 0;
                 }
                 if (u->n_accepted >= PEER_MAX_HANDSHAKES) {
                         safe_close(fd);
@@ -504,7 +523,8 @@ static int listener_open(const char *address, int *ret) {
 
 /* --- the worker --- */
 
-int peer_ucx_new(const char *listen_address, const PeerUcxCallbacks *callbacks, PeerUcx **ret) {
+int peer_ucx_new(sd_event *event, const char *listen_address, const PeerUcxCallbacks *callbacks,
+                 PeerUcx **ret) {
         _cleanup_(peer_ucx_freep) PeerUcx *u = calloc(1, sizeof(PeerUcx));
         ucp_config_t *config = NULL;
         ucs_status_t s;
@@ -512,7 +532,8 @@ int peer_ucx_new(const char *listen_address, const PeerUcxCallbacks *callbacks, 
 
         if (!u)
                 return -ENOMEM;
-        u->worker_fd = u->listen_fd = u->epoll_fd = -1;
+        u->worker_fd = u->listen_fd = -1;
+        u->event = sd_event_ref(event);
         u->callbacks = *callbacks;
         u->inbox_tail = &u->inbox;
 
@@ -568,15 +589,9 @@ int peer_ucx_new(const char *listen_address, const PeerUcxCallbacks *callbacks, 
                 return log_error_errno(errno_from_ucs(s), "Failed to set the UCX message handler: %s",
                                        ucs_status_string(s));
 
-        u->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        if (u->epoll_fd < 0)
-                return log_error_errno(-errno, "Failed to create the peer epoll: %m");
-        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &u->worker_fd };
-        if (epoll_ctl(u->epoll_fd, EPOLL_CTL_ADD, u->worker_fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch the UCX wakeup fd: %m");
-        ev.data.ptr = &u->listen_fd;
-        if (epoll_ctl(u->epoll_fd, EPOLL_CTL_ADD, u->listen_fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch the peer socket: %m");
+        r = sd_event_add_io(event, &u->listener, u->listen_fd, EPOLLIN, on_listener_io, u);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch the peer socket: %m");
 
         *ret = TAKE_PTR(u);
         return 0;
@@ -604,13 +619,14 @@ PeerUcx *peer_ucx_free(PeerUcx *u) {
         }
         if (u->context)
                 ucp_cleanup(u->context);
+        sd_event_source_disable_unref(u->listener);
         safe_close(u->listen_fd);
-        safe_close(u->epoll_fd);
+        sd_event_unref(u->event);
         return mfree(u);
 }
 
 int peer_ucx_fd(PeerUcx *u) {
-        return u->epoll_fd;
+        return u->worker_fd;
 }
 
 static void dispatch_messages(PeerUcx *u) {
@@ -638,46 +654,10 @@ static void dispatch_failures(PeerUcx *u) {
         }
 }
 
-static void dispatch_handshakes(PeerUcx *u) {
-        struct epoll_event events[16];
-        int64_t now = now_ms();
-        int n;
-
-        n = epoll_wait(u->epoll_fd, events, ELEMENTSOF(events), 0);
-        for (int i = 0; i < n; i++) {
-                void *ptr = events[i].data.ptr;
-
-                if (ptr == &u->worker_fd)
-                        continue;
-                if (ptr == &u->listen_fd) {
-                        listener_accept(u);
-                        continue;
-                }
-                /* Still listed? An earlier step in this batch may have freed it. */
-                PeerHandshake *h = u->handshakes;
-                while (h && h != ptr)
-                        h = h->next;
-                if (!h)
-                        continue;
-                if (h->dialing)
-                        handshake_dial_step(u, h, events[i].events);
-                else
-                        handshake_accept_step(u, h, events[i].events);
-        }
-        for (PeerHandshake *h = u->handshakes, *next; h; h = next) {
-                next = h->next;
-                if (now >= h->deadline_ms) {
-                        handshake_fail(u, h, "no handshake answer in time");
-                        next = u->handshakes;
-                }
-        }
-}
-
 void peer_ucx_dispatch(PeerUcx *u) {
         for (;;) {
                 while (ucp_worker_progress(u->worker) > 0)
                         ;
-                dispatch_handshakes(u);
                 dispatch_messages(u);
                 dispatch_failures(u);
                 if (u->dropped > 0) {

@@ -3,6 +3,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <systemd/sd-event.h>
 
 #include "common/macro.h"
 
@@ -18,14 +19,17 @@ typedef struct PeerUcxCallbacks {
         void *userdata;
 } PeerUcxCallbacks;
 
-/* Listens on listen_address ("host:port"). */
-int peer_ucx_new(const char *listen_address, const PeerUcxCallbacks *callbacks, PeerUcx **ret);
+/* Listens on listen_address ("host:port"); the listener and the handshakes are sources of
+ * event, the loop of the thread that uses this. */
+int peer_ucx_new(sd_event *event, const char *listen_address, const PeerUcxCallbacks *callbacks,
+                 PeerUcx **ret);
 PeerUcx *peer_ucx_free(PeerUcx *u);
 DEFINE_TRIVIAL_CLEANUP_FUNC(PeerUcx *, peer_ucx_free);
 
-/* The descriptor to poll; after it wakes, call peer_ucx_dispatch(). */
+/* The worker's wakeup descriptor, for the caller's loop to watch. */
 int peer_ucx_fd(PeerUcx *u);
-/* Progresses the worker, delivers the callbacks, and re-arms the wakeup. */
+/* Progresses the worker, delivers the callbacks, and re-arms the wakeup: the last thing before
+ * the loop sleeps, after anything that may have sent. */
 void peer_ucx_dispatch(PeerUcx *u);
 
 /* Dials a daemon at "host:port". The connection completes in the background. */

@@ -1,15 +1,17 @@
 /* peer.c: membership over UCX: links to every known daemon, heartbeats, hellos, forgetting. */
 
 /*
- * DESIGN: one thread owns the UCX worker, the links and the Membership; it sleeps in epoll
- * over the worker's wakeup fd, a heartbeat timerfd and an eventfd that other threads use to
- * hand it commands (forget, stop). Every daemon dials every member it knows (one outgoing
- * link per address) and sends only on its own links; what arrives on the links others dialed
- * is read, and a refusal is the one thing answered on them. A link's first message is a hello
- * with everything this daemon knows, so one seed teaches a joining node the whole cluster; a
- * join or restart heard directly is announced once to the other links. After that each
- * interval costs one small heartbeat per link: traffic per daemon grows linearly with N.
- * After each change a new Topology snapshot goes to the manager, which pushes it to watchers.
+ * DESIGN: one thread owns the UCX worker, the links and the Membership; it runs an sd-event
+ * loop over the worker's wakeup fd, the bootstrap handshakes (peer-ucx.c), a heartbeat timer
+ * and an eventfd that other threads use to hand it commands (forget, stop). Before each sleep
+ * the worker is progressed and re-armed, and a change is published. Every daemon dials every
+ * member it knows (one outgoing link per address) and sends only on its own links; what arrives
+ * on the links others dialed is read, and a refusal is the one thing answered on them. A link's
+ * first message is a hello with everything this daemon knows, so one seed teaches a joining
+ * node the whole cluster; a join or restart heard directly is announced once to the other
+ * links. After that each interval costs one small heartbeat per link: traffic per daemon grows
+ * linearly with N. After each change a new Topology snapshot goes to the manager, which pushes
+ * it to watchers.
  */
 
 #include <inttypes.h>
@@ -18,7 +20,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/timerfd.h>
+#include <systemd/sd-event.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -32,6 +34,8 @@
 
 #define PEER_BACKOFF_MIN_MS 200
 #define PEER_BACKOFF_MAX_MS 5000
+/* The heartbeat fires within this of its time (not sd-event's default 250 ms). */
+#define PEER_TIMER_ACCURACY_USEC 1000u
 
 typedef struct PeerLink {
         char *address;
@@ -67,7 +71,9 @@ struct Peer {
 
         pthread_t thread;
         bool thread_started;
-        int epoll_fd, timer_fd, event_fd;
+        sd_event *event;
+        sd_event_source *wakeup, *heartbeat, *command;
+        int event_fd;
 
         pthread_mutex_t lock; /* commands and stop */
         pthread_cond_t done;
@@ -515,40 +521,50 @@ static void peer_thread_exit(Peer *p) {
         (void) pthread_mutex_unlock(&p->lock);
 }
 
+/* Before each sleep: sends made by any handler need progress, the worker's wakeup must be
+ * re-armed, and what changed goes to the manager. */
+static int on_prepare(sd_event_source *source, void *userdata) {
+        Peer *p = userdata;
+
+        peer_ucx_dispatch(p->ucx);
+        peer_publish(p);
+        return 0;
+}
+
+/* The wakeup only ends the sleep: on_prepare() does the work before the next one. */
+static int on_wakeup(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        return 0;
+}
+
+static int on_heartbeat(sd_event_source *source, uint64_t usec, void *userdata) {
+        Peer *p = userdata;
+
+        (void) sd_event_source_set_time_relative(source, p->heartbeat_ms * 1000ull);
+        peer_tick(p);
+        return 0;
+}
+
+static int on_command(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        Peer *p = userdata;
+        uint64_t u;
+
+        (void) read(fd, &u, sizeof u);
+        peer_run_commands(p);
+        (void) pthread_mutex_lock(&p->lock);
+        bool stop = p->stop;
+        (void) pthread_mutex_unlock(&p->lock);
+        return stop ? sd_event_exit(p->event, 0) : 0;
+}
+
 static void *peer_thread(void *userdata) {
         Peer *p = userdata;
 
-        for (;;) {
-                struct epoll_event events[4];
-                uint64_t u;
-
-                peer_ucx_dispatch(p->ucx);
-                peer_publish(p);
-
-                int n = epoll_wait(p->epoll_fd, events, ELEMENTSOF(events), -1);
-                if (n < 0 && errno != EINTR) {
-                        log_error_errno(-errno, "Peer thread: epoll_wait failed, peers stop "
-                                                "being followed: %m");
-                        peer_thread_exit(p);
-                        return NULL;
-                }
-                for (int i = 0; i < n; i++) {
-                        if (events[i].data.fd == p->timer_fd) {
-                                (void) read(p->timer_fd, &u, sizeof u);
-                                peer_tick(p);
-                        } else if (events[i].data.fd == p->event_fd) {
-                                (void) read(p->event_fd, &u, sizeof u);
-                                peer_run_commands(p);
-                        }
-                }
-                (void) pthread_mutex_lock(&p->lock);
-                bool stop = p->stop;
-                (void) pthread_mutex_unlock(&p->lock);
-                if (stop) {
-                        peer_thread_exit(p);
-                        return NULL;
-                }
-        }
+        int r = sd_event_loop(p->event);
+        if (r < 0)
+                log_error_errno(r, "Peer thread: the event loop failed, peers stop being "
+                                   "followed: %m");
+        peer_thread_exit(p);
+        return NULL;
 }
 
 static int peer_add_seeds(Peer *p, const char *peers) {
@@ -607,7 +623,7 @@ int peer_new(const PeerParams *params, Peer **ret) {
 
         if (!p)
                 return -ENOMEM;
-        p->epoll_fd = p->timer_fd = p->event_fd = -1;
+        p->event_fd = -1;
         (void) pthread_mutex_init(&p->lock, NULL);
         (void) pthread_cond_init(&p->done, NULL);
         p->manager = params->manager;
@@ -630,29 +646,30 @@ int peer_new(const PeerParams *params, Peer **ret) {
         if (r < 0)
                 return r;
 
+        r = sd_event_new(&p->event);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the peer thread's loop: %m");
         PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure, .userdata = p };
-        r = peer_ucx_new(params->listen_address, &cb, &p->ucx);
+        r = peer_ucx_new(p->event, params->listen_address, &cb, &p->ucx);
         if (r < 0)
                 return r;
 
-        p->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        p->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
         p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (p->epoll_fd < 0 || p->timer_fd < 0 || p->event_fd < 0)
+        if (p->event_fd < 0)
                 return log_error_errno(-errno, "Failed to set up the peer thread's loop: %m");
-        struct itimerspec its = {
-                .it_interval = { .tv_sec = p->heartbeat_ms / 1000,
-                                 .tv_nsec = (long) (p->heartbeat_ms % 1000) * 1000000L },
-        };
-        its.it_value = its.it_interval;
-        if (timerfd_settime(p->timer_fd, 0, &its, NULL) < 0)
-                return log_error_errno(-errno, "Failed to arm the heartbeat timer: %m");
-        int fds[] = { peer_ucx_fd(p->ucx), p->timer_fd, p->event_fd };
-        for (size_t i = 0; i < ELEMENTSOF(fds); i++) {
-                struct epoll_event ev = { .events = EPOLLIN, .data.fd = fds[i] };
-                if (epoll_ctl(p->epoll_fd, EPOLL_CTL_ADD, fds[i], &ev) < 0)
-                        return log_error_errno(-errno, "Failed to watch a peer fd: %m");
-        }
+        r = sd_event_add_io(p->event, &p->wakeup, peer_ucx_fd(p->ucx), EPOLLIN, on_wakeup, p);
+        if (r >= 0)
+                r = sd_event_source_set_prepare(p->wakeup, on_prepare);
+        if (r >= 0)
+                r = sd_event_add_time_relative(p->event, &p->heartbeat, CLOCK_MONOTONIC,
+                                               p->heartbeat_ms * 1000ull,
+                                               PEER_TIMER_ACCURACY_USEC, on_heartbeat, p);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(p->heartbeat, SD_EVENT_ON);
+        if (r >= 0)
+                r = sd_event_add_io(p->event, &p->command, p->event_fd, EPOLLIN, on_command, p);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the peer thread's loop: %m");
 
         r = peer_add_seeds(p, params->peers);
         if (r < 0)
@@ -691,11 +708,14 @@ Peer *peer_free(Peer *p) {
                 p->links = l->next;
                 link_free(p, l);
         }
+        /* Before the worker and its wakeup fd go. */
+        sd_event_source_disable_unref(p->wakeup);
         peer_ucx_free(p->ucx);
+        sd_event_source_disable_unref(p->heartbeat);
+        sd_event_source_disable_unref(p->command);
+        sd_event_unref(p->event);
         membership_free(p->membership);
         member_info_done(&p->self);
-        safe_close(p->epoll_fd);
-        safe_close(p->timer_fd);
         safe_close(p->event_fd);
         (void) pthread_cond_destroy(&p->done);
         (void) pthread_mutex_destroy(&p->lock);

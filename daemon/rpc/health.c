@@ -1,6 +1,5 @@
 /* health.c: grpc.health.v1.Health: SERVING for the whole server and for each familyd service. */
 #include "codec/codec.h"
-#include "grpc-health-v1-health.pb-c.h"
 #include "core/resource-limits.h"
 #include "rpc.h"
 

@@ -1,7 +1,7 @@
 /* rpc.h: what a service file declares: its methods, their kinds and handlers. */
 #pragma once
 
-#include <protobuf-c/protobuf-c.h>
+#include "codec/codec-message.h"
 #include <stdint.h>
 
 #include "core/arena.h"
@@ -16,16 +16,21 @@ typedef enum RpcKind {
         _RPC_KIND_INVALID = -EINVAL,
 } RpcKind;
 
+struct Builder;
 struct ShardTable;
 struct Executor;
 
-/* What the daemon around the server wants to hear of (the service manager, through sd/),
- * without the rpc layer knowing who listens. Called on gRPC worker threads; NULL: nobody. */
+/* What the daemon around the server plugs in: whom to tell of what happens (the service
+ * manager, through sd/), without the rpc layer knowing who listens, and the use-cases it set
+ * up. Called on gRPC worker threads; NULL: nobody. */
 typedef struct RpcHooks {
         /* Around the Reload RPC: before the registry is read, and after (result < 0: failed). */
         void (*reload_begin)(void *userdata);
         void (*reload_end)(void *userdata, int result);
         void *userdata;
+        /* The Build use-case with the state store and the accelerators (daemon/build/build.h;
+         * must outlive the server). NULL: builds in host memory, kept nowhere. */
+        const struct Builder *builder;
 } RpcHooks;
 
 typedef struct RpcContext {

@@ -2,7 +2,7 @@
 #include <pthread.h>
 
 #include "common/log.h"
-#include "reflection.h"
+#include "codec/reflection.h"
 #include "rpc.h"
 
 extern unsigned char familyd_descriptors[];

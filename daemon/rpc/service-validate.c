@@ -1,5 +1,5 @@
 /* service-validate.c: Validate: a trainer's model checked against its job and its builds. */
-#include "build-state.h"
+#include "build/build-state.h"
 #include "codec/codec.h"
 #include "core/resource-limits.h"
 #include "rpc.h"

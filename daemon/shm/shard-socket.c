@@ -1,12 +1,14 @@
 /* shard-socket.c: the shard socket's thread: framed ShardFdRequests in, replies and fds out. */
 
 /*
- * DESIGN: the socket has its own thread and epoll, so neither the main loop nor the gRPC
- * workers ever wait on a shard client, and this thread waits on none either: every socket is
- * non-blocking, a connection reads at most one frame ahead of its replies, and a reply that
+ * DESIGN: the socket has its own thread and sd-event loop, so neither the main loop nor the
+ * gRPC workers ever wait on a shard client, and this thread waits on none either: every socket
+ * is non-blocking, a connection reads at most one frame ahead of its replies, and a reply that
  * does not fit in the socket buffer stays queued (with its descriptors, until its first byte
  * leaves) while the thread watches for EPOLLOUT. Descriptors for a reply are opened when the
  * request is handled and closed by us once the kernel has taken them with the first chunk.
+ * Each connection is an I/O source of the loop; one timer serves every connection's deadline,
+ * and is moved only when a deadline comes before it, so requests cost no timer changes.
  *
  * A connection ends on: a declared frame length over SHARD_SOCKET_MAX_FRAME_BYTES (closed at
  * once: the stream cannot be resynchronised); a frame that is not a ShardFdRequest (answered
@@ -46,8 +48,9 @@
  * sendmsg fail before any byte leaves: that reply becomes RESOURCE_EXHAUSTED without
  * descriptors, with a rate-limited warning, and the connection lives on.
  *
- * The thread owns the connections outright; other threads touch only the atomic settings and
- * the stop eventfd. All signals are blocked in the thread.
+ * The thread owns the loop and the connections outright; other threads touch only the atomic
+ * settings and the stop eventfd, whose source ends the loop. All signals are blocked in the
+ * thread.
  */
 
 #include <assert.h>
@@ -65,6 +68,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <systemd/sd-event.h>
 #include <time.h>
 
 #include "core/error.h"
@@ -74,7 +78,7 @@
 
 #define SHARD_SOCKET_FRAME_HEADER 4u
 /* Frames handled per connection per wakeup, so one busy client cannot starve the others
- * (epoll is level-triggered: the rest wakes us again). */
+ * (its watch is level-triggered: the rest wakes us again). */
 #define SHARD_SOCKET_FRAMES_PER_WAKEUP 16u
 /* After EMFILE and friends, accepting pauses this long instead of spinning. */
 #define SHARD_SOCKET_ACCEPT_PAUSE_MS 250u
@@ -82,16 +86,22 @@
 /* While a connection waits for its peer to read a reply with descriptors, SIOCOUTQ is checked
  * this often besides on EPOLLOUT (see DESIGN). */
 #define SHARD_SOCKET_UNREAD_RECHECK_MS 50u
+#define UNREAD_RECHECK_USEC (SHARD_SOCKET_UNREAD_RECHECK_MS * 1000u)
+/* Timers fire within this of their deadline (sd-event's default, 250 ms, would stretch them). */
+#define SHARD_SOCKET_TIMER_ACCURACY_USEC 1000u
 
 
 typedef struct Connection Connection;
 struct Connection {
         Connection *prev, *next;
+        ShardServer *server;
         int fd;
         uid_t uid;
-        uint32_t watched; /* the events epoll watches for now */
-        /* The idle deadline; while unread_fds, the unread timeout's; UINT64_MAX once shut down. */
-        uint64_t deadline_ms;
+        sd_event_source *io;
+        uint32_t watched; /* the events io watches for now */
+        /* The idle deadline; while unread_fds, the unread timeout's; UINT64_MAX once shut down
+         * (CLOCK_MONOTONIC, usec). */
+        uint64_t deadline;
         /* The frame being read: its header, then its body. */
         uint8_t header[SHARD_SOCKET_FRAME_HEADER];
         size_t n_header;
@@ -118,8 +128,12 @@ struct ShardServer {
         ShardTable *table;
         char *path;
         int listen_fd;
-        int epoll_fd;
         int stop_fd;
+        sd_event *event;
+        sd_event_source *listener, *stopper;
+        sd_event_source *expire;        /* at or before the earliest deadline */
+        sd_event_source *recheck;       /* on while a connection has unread_fds */
+        sd_event_source *accept_resume; /* on while accepting pauses */
         pthread_t thread;
         bool thread_started;
         atomic_uint idle_timeout_ms;
@@ -129,20 +143,39 @@ struct ShardServer {
         /* Owned by the thread from here on. */
         Connection *connections;
         unsigned n_connections;
-        uint64_t accept_resume_ms; /* 0: accepting */
-        uint64_t unread_check_ms;  /* 0: no check due */
         RateLimit cap_log, uid_cap_log, inflight_log;
 };
 
-static uint64_t now_ms(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+/* This loop iteration's time, CLOCK_MONOTONIC usec. */
+static uint64_t loop_now(ShardServer *s) {
+        uint64_t now = 0;
+
+        (void) sd_event_now(s->event, CLOCK_MONOTONIC, &now);
+        return now;
+}
+
+/* (Re)starts a one-shot timer at usec. */
+static void timer_set(sd_event_source *t, uint64_t usec) {
+        (void) sd_event_source_set_time(t, usec);
+        (void) sd_event_source_set_enabled(t, SD_EVENT_ONESHOT);
+}
+
+static bool timer_on(sd_event_source *t) {
+        int on = SD_EVENT_OFF;
+
+        (void) sd_event_source_get_enabled(t, &on);
+        return on != SD_EVENT_OFF;
+}
+
+static int timer_new(ShardServer *s, sd_event_source **ret, sd_event_time_handler_t handler) {
+        int r = sd_event_add_time(s->event, ret, CLOCK_MONOTONIC, 0,
+                                  SHARD_SOCKET_TIMER_ACCURACY_USEC, handler, s);
+        return r < 0 ? r : sd_event_source_set_enabled(*ret, SD_EVENT_OFF);
 }
 
 /* True once the interval since the last message passed; otherwise counts one suppressed. */
-static bool ratelimit_pass(RateLimit *rl, unsigned *ret_suppressed) {
-        uint64_t now = now_ms();
+static bool ratelimit_pass(ShardServer *s, RateLimit *rl, unsigned *ret_suppressed) {
+        uint64_t now = loop_now(s) / 1000u;
 
         if (rl->logged_ms != 0 && now - rl->logged_ms < SHARD_SOCKET_LOG_INTERVAL_MS) {
                 rl->suppressed++;
@@ -173,30 +206,39 @@ static void connection_free(ShardServer *s, Connection *c) {
 
         connection_drop_reply(c);
         free(c->body);
-        /* Closing removes it from the epoll set. */
+        sd_event_source_disable_unref(c->io);
         safe_close(c->fd);
         free(c);
 }
 
+/* The expiry timer only moves earlier here; a deadline that moved later is found when it
+ * fires (on_expire). */
+static void connection_set_deadline(ShardServer *s, Connection *c, unsigned msec) {
+        uint64_t at = UINT64_MAX;
+
+        c->deadline = loop_now(s) + (uint64_t) msec * 1000u;
+        if (timer_on(s->expire))
+                (void) sd_event_source_get_time(s->expire, &at);
+        if (c->deadline < at)
+                timer_set(s->expire, c->deadline);
+}
+
 static void connection_touch(ShardServer *s, Connection *c) {
-        c->deadline_ms = now_ms() + atomic_load(&s->idle_timeout_ms);
+        connection_set_deadline(s, c, atomic_load(&s->idle_timeout_ms));
 }
 
 /* Level-triggered EPOLLOUT while a reply waits for room, edge-triggered while the peer has
  * descriptors to read (the socket is writable then: only a new edge says anything), otherwise
  * level-triggered EPOLLIN. Changed only when it differs: re-arming an edge-triggered watch on
  * a writable socket reports it at once, which would spin. */
-static int connection_watch(ShardServer *s, Connection *c) {
+static int connection_watch(Connection *c) {
         uint32_t events = c->n_out > 0 ? EPOLLOUT : c->unread_fds ? EPOLLOUT | EPOLLET : EPOLLIN;
-        struct epoll_event ev = {
-                .events = events,
-                .data.ptr = c,
-        };
 
         if (events == c->watched)
                 return 0;
-        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev) < 0)
-                return -errno;
+        int r = sd_event_source_set_io_events(c->io, events);
+        if (r < 0)
+                return r;
         c->watched = events;
         return 0;
 }
@@ -393,7 +435,7 @@ static int connection_flush(ShardServer *s, Connection *c) {
                         /* Descriptors ride with the first byte only, so nothing has left. */
                         if (!errno_is_fd_limit(e) || c->n_fds == 0 || c->n_sent > 0)
                                 return -e;
-                        if (ratelimit_pass(&s->inflight_log, &suppressed))
+                        if (ratelimit_pass(s, &s->inflight_log, &suppressed))
                                 log_warning_errno(-e, "Shard socket: failed to send %zu shard "
                                                       "descriptors, answering "
                                                       "RESOURCE_EXHAUSTED (%u more since the "
@@ -416,7 +458,9 @@ static int connection_flush(ShardServer *s, Connection *c) {
                                 safe_close(c->fds[i]);
                         c->n_fds = 0;
                         c->unread_fds = true;
-                        c->deadline_ms = now_ms() + atomic_load(&s->unread_timeout_ms);
+                        connection_set_deadline(s, c, atomic_load(&s->unread_timeout_ms));
+                        if (!timer_on(s->recheck))
+                                timer_set(s->recheck, loop_now(s) + UNREAD_RECHECK_USEC);
                 }
                 c->n_sent += (size_t) k;
         }
@@ -494,8 +538,8 @@ static int connection_read(ShardServer *s, Connection *c) {
         return 0;
 }
 
-/* events: what epoll reported; 0 for a re-check of a connection with unread descriptors.
- * Returns false when the connection was closed (and freed). */
+/* events: what the I/O source reported; 0 for a re-check of a connection with unread
+ * descriptors. Returns false when the connection was closed (and freed). */
 static bool connection_dispatch(ShardServer *s, Connection *c, uint32_t events) {
         int r = 0;
 
@@ -512,7 +556,7 @@ static bool connection_dispatch(ShardServer *s, Connection *c, uint32_t events) 
         if (r == 0 && c->n_out == 0 && c->close_after_reply)
                 r = -ECONNRESET;
         if (r == 0)
-                r = connection_watch(s, c);
+                r = connection_watch(c);
         if (r < 0) {
                 if (r != -ECONNRESET && r != -EPIPE)
                         log_debug_errno(r, "Shard socket: closing a connection: %m");
@@ -520,6 +564,75 @@ static bool connection_dispatch(ShardServer *s, Connection *c, uint32_t events) 
                 return false;
         }
         return true;
+}
+
+static int on_connection_io(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        Connection *c = userdata;
+
+        (void) connection_dispatch(c->server, c, revents);
+        return 0;
+}
+
+/* At the unread timeout: no more requests or replies, but the slot stays (see DESIGN).
+ * Returns false when the connection was closed (and freed). */
+static bool connection_shut_down(ShardServer *s, Connection *c) {
+        log_debug("Shard socket: a reply with descriptors is unread after %u ms, shutting the "
+                  "connection down",
+                  atomic_load(&s->unread_timeout_ms));
+        connection_drop_reply(c);
+        free(c->body);
+        c->body = NULL;
+        c->n_header = c->n_body = c->body_size = 0;
+        (void) shutdown(c->fd, SHUT_RDWR);
+        c->shut_down = true;
+        c->deadline = UINT64_MAX;
+        /* Edge-triggered from here on: the hangup we just made would be reported forever. */
+        int r = connection_watch(c);
+        if (r < 0) {
+                log_debug_errno(r, "Shard socket: closing a connection: %m");
+                connection_free(s, c);
+                return false;
+        }
+        return true;
+}
+
+/* Closes the connections past their deadline (shuts down those with unread descriptors), then
+ * waits for the next deadline. */
+static int on_expire(sd_event_source *source, uint64_t usec, void *userdata) {
+        ShardServer *s = userdata;
+        uint64_t now = loop_now(s), next = UINT64_MAX;
+
+        for (Connection *c = s->connections, *n; c; c = n) {
+                n = c->next;
+                if (now >= c->deadline && !c->unread_fds) {
+                        log_debug("Shard socket: closing a connection idle for %u ms",
+                                  atomic_load(&s->idle_timeout_ms));
+                        connection_free(s, c);
+                        continue;
+                }
+                if (now >= c->deadline && !connection_shut_down(s, c))
+                        continue;
+                next = MIN(next, c->deadline);
+        }
+        if (next != UINT64_MAX)
+                timer_set(source, next);
+        return 0;
+}
+
+/* Every SHARD_SOCKET_UNREAD_RECHECK_MS while descriptors may be unread (see DESIGN). */
+static int on_recheck(sd_event_source *source, uint64_t usec, void *userdata) {
+        ShardServer *s = userdata;
+        bool waiting = false;
+
+        for (Connection *c = s->connections, *n; c; c = n) {
+                n = c->next;
+                /* Frees c when it was shut down and is read now. */
+                if (c->unread_fds && connection_dispatch(s, c, 0))
+                        waiting = waiting || c->unread_fds;
+        }
+        if (waiting)
+                timer_set(source, loop_now(s) + UNREAD_RECHECK_USEC);
+        return 0;
 }
 
 static unsigned server_count_uid(ShardServer *s, uid_t uid) {
@@ -531,32 +644,55 @@ static unsigned server_count_uid(ShardServer *s, uid_t uid) {
         return n;
 }
 
-static void server_set_accepting(ShardServer *s, bool on) {
-        struct epoll_event ev = {
-                .events = on ? EPOLLIN : 0,
-                .data.ptr = &s->listen_fd,
-        };
-        (void) epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, s->listen_fd, &ev);
-        s->accept_resume_ms = on ? 0 : now_ms() + SHARD_SOCKET_ACCEPT_PAUSE_MS;
+/* Watches a connection that passed the caps; closes fd on failure. */
+static int connection_new(ShardServer *s, int fd, uid_t uid) {
+        Connection *c = calloc(1, sizeof *c);
+        int r;
+
+        if (!c) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        c->server = s;
+        c->fd = fd;
+        c->uid = uid;
+        c->watched = EPOLLIN;
+        c->next = s->connections;
+        if (c->next)
+                c->next->prev = c;
+        s->connections = c;
+        s->n_connections++;
+        r = sd_event_add_io(s->event, &c->io, fd, EPOLLIN, on_connection_io, c);
+        if (r < 0) {
+                connection_free(s, c);
+                return r;
+        }
+        connection_touch(s, c);
+        return 0;
 }
 
-static void server_accept(ShardServer *s) {
+static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t revents,
+                          void *userdata) {
+        ShardServer *s = userdata;
+
         for (unsigned i = 0; i < 64; i++) {
-                int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (fd < 0) {
                         if (errno == EAGAIN)
-                                return;
+                                return 0;
                         if (errno == EINTR || errno == ECONNABORTED)
                                 continue;
                         log_warning_errno(-errno, "Shard socket: failed to accept a connection, "
                                                   "pausing: %m");
-                        server_set_accepting(s, false);
-                        return;
+                        (void) sd_event_source_set_enabled(s->listener, SD_EVENT_OFF);
+                        timer_set(s->accept_resume,
+                                  loop_now(s) + SHARD_SOCKET_ACCEPT_PAUSE_MS * 1000u);
+                        return 0;
                 }
 
                 unsigned max = atomic_load(&s->max_connections), suppressed;
                 if (s->n_connections >= max) {
-                        if (ratelimit_pass(&s->cap_log, &suppressed))
+                        if (ratelimit_pass(s, &s->cap_log, &suppressed))
                                 log_warning("Shard socket: %u connections open, the maximum; "
                                             "closing a new one (%u more closed since the last "
                                             "message)",
@@ -575,7 +711,7 @@ static void server_accept(ShardServer *s) {
                 }
                 unsigned max_uid = atomic_load(&s->max_connections_per_uid);
                 if (server_count_uid(s, cred.uid) >= max_uid) {
-                        if (ratelimit_pass(&s->uid_cap_log, &suppressed))
+                        if (ratelimit_pass(s, &s->uid_cap_log, &suppressed))
                                 log_warning("Shard socket: uid %u has %u connections "
                                             "open, the maximum per user; closing a new one "
                                             "(%u more closed since the last message)",
@@ -584,126 +720,39 @@ static void server_accept(ShardServer *s) {
                         continue;
                 }
 
-                Connection *c = calloc(1, sizeof *c);
-                if (!c) {
-                        safe_close(fd);
-                        continue;
-                }
-                c->fd = fd;
-                c->uid = cred.uid;
-                c->watched = EPOLLIN;
-                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
-                if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-                        log_warning_errno(-errno, "Shard socket: failed to watch a connection, "
-                                                  "closing it: %m");
-                        safe_close(fd);
-                        free(c);
-                        continue;
-                }
-                c->next = s->connections;
-                if (c->next)
-                        c->next->prev = c;
-                s->connections = c;
-                s->n_connections++;
-                connection_touch(s, c);
+                int r = connection_new(s, fd, cred.uid);
+                if (r < 0)
+                        log_warning_errno(r, "Shard socket: failed to watch a connection, "
+                                             "closing it: %m");
         }
+        return 0;
 }
 
-/* At the unread timeout: no more requests or replies, but the slot stays (see DESIGN).
- * Returns false when the connection was closed (and freed). */
-static bool connection_shut_down(ShardServer *s, Connection *c) {
-        log_debug("Shard socket: a reply with descriptors is unread after %u ms, shutting the "
-                  "connection down",
-                  atomic_load(&s->unread_timeout_ms));
-        connection_drop_reply(c);
-        free(c->body);
-        c->body = NULL;
-        c->n_header = c->n_body = c->body_size = 0;
-        (void) shutdown(c->fd, SHUT_RDWR);
-        c->shut_down = true;
-        c->deadline_ms = UINT64_MAX;
-        /* Edge-triggered from here on: the hangup we just made would be reported forever. */
-        int r = connection_watch(s, c);
-        if (r < 0) {
-                log_debug_errno(r, "Shard socket: closing a connection: %m");
-                connection_free(s, c);
-                return false;
-        }
-        return true;
+static int on_accept_resume(sd_event_source *source, uint64_t usec, void *userdata) {
+        ShardServer *s = userdata;
+
+        (void) sd_event_source_set_enabled(s->listener, SD_EVENT_ON);
+        return 0;
 }
 
-/* Closes the connections past their deadline, re-checks those waiting for their peer to read;
- * returns the ms until the next deadline or check, or -1. */
-static int server_expire(ShardServer *s) {
-        uint64_t now = now_ms(), next = UINT64_MAX;
-        bool check = s->unread_check_ms != 0 && now >= s->unread_check_ms, waiting = false;
-
-        if (s->accept_resume_ms != 0) {
-                if (now >= s->accept_resume_ms)
-                        server_set_accepting(s, true);
-                else
-                        next = s->accept_resume_ms;
-        }
-        for (Connection *c = s->connections, *n; c; c = n) {
-                n = c->next;
-                if (c->unread_fds && !c->shut_down && now >= c->deadline_ms) {
-                        if (!connection_shut_down(s, c))
-                                continue;
-                } else if (now >= c->deadline_ms) {
-                        log_debug("Shard socket: closing a connection idle for %u ms",
-                                  atomic_load(&s->idle_timeout_ms));
-                        connection_free(s, c);
-                        continue;
-                }
-                /* Frees c when it was shut down and is read now. */
-                if (c->unread_fds && check && !connection_dispatch(s, c, 0))
-                        continue;
-                waiting = waiting || c->unread_fds;
-                if (c->deadline_ms < next)
-                        next = c->deadline_ms;
-        }
-        if (!waiting)
-                s->unread_check_ms = 0;
-        else if (check || s->unread_check_ms == 0)
-                s->unread_check_ms = now + SHARD_SOCKET_UNREAD_RECHECK_MS;
-        if (s->unread_check_ms != 0 && s->unread_check_ms < next)
-                next = s->unread_check_ms;
-        if (next == UINT64_MAX)
-                return -1;
-        return next - now > INT32_MAX ? INT32_MAX : (int) (next - now);
+static int on_stop(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        return sd_event_exit(sd_event_source_get_event(source), 0);
 }
 
 static void *server_thread(void *userdata) {
         ShardServer *s = userdata;
 
-        for (;;) {
-                struct epoll_event events[64];
-                int timeout = server_expire(s);
-
-                int n = epoll_wait(s->epoll_fd, events, (int) ELEMENTSOF(events), timeout);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        log_error_errno(-errno, "Shard socket: epoll_wait failed, stopping: %m");
-                        return NULL;
-                }
-                for (int i = 0; i < n; i++) {
-                        void *p = events[i].data.ptr;
-                        if (p == &s->stop_fd)
-                                return NULL;
-                        if (p == &s->listen_fd)
-                                server_accept(s);
-                        else
-                                connection_dispatch(s, p, events[i].events);
-                }
-        }
+        int r = sd_event_loop(s->event);
+        if (r < 0)
+                log_error_errno(r, "Shard socket: the event loop failed, stopping: %m");
+        return NULL;
 }
 
 static ShardServer *shard_server_alloc(ShardTable *table) {
         ShardServer *s = calloc(1, sizeof *s);
         if (!s)
                 return NULL;
-        s->listen_fd = s->epoll_fd = s->stop_fd = -1;
+        s->listen_fd = s->stop_fd = -1;
         s->table = shard_table_ref(table);
         atomic_init(&s->idle_timeout_ms, SHARD_SOCKET_IDLE_TIMEOUT_MS);
         atomic_init(&s->max_connections, SHARD_SOCKET_MAX_CONNECTIONS);
@@ -766,24 +815,30 @@ int shard_server_new(const char *path, ShardTable *table, ShardServer **ret) {
         return 0;
 }
 
-/* The listening socket is in place: the epoll set, the stop eventfd and the thread. */
+/* The listening socket is in place: the loop, its sources and the thread that runs it. */
 static int shard_server_start(ShardServer *s) {
         sigset_t all, old;
         int r;
 
-        s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        if (s->epoll_fd < 0)
-                return log_error_errno(-errno, "Failed to create an epoll instance: %m");
         s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (s->stop_fd < 0)
                 return log_error_errno(-errno, "Failed to create an eventfd: %m");
-
-        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &s->listen_fd };
-        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch the shard socket: %m");
-        ev = (struct epoll_event) { .events = EPOLLIN, .data.ptr = &s->stop_fd };
-        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->stop_fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch an eventfd: %m");
+        r = sd_event_new(&s->event);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the shard socket's event loop: %m");
+        r = sd_event_add_io(s->event, &s->listener, s->listen_fd, EPOLLIN, on_listener_io, s);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch the shard socket: %m");
+        r = sd_event_add_io(s->event, &s->stopper, s->stop_fd, EPOLLIN, on_stop, s);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch an eventfd: %m");
+        r = timer_new(s, &s->expire, on_expire);
+        if (r >= 0)
+                r = timer_new(s, &s->recheck, on_recheck);
+        if (r >= 0)
+                r = timer_new(s, &s->accept_resume, on_accept_resume);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the shard socket's timers: %m");
 
         /* Signals belong to the main loop's signalfd: the thread starts with all blocked. */
         (void) sigfillset(&all);
@@ -808,12 +863,18 @@ ShardServer *shard_server_free(ShardServer *s) {
                 (void) write(s->stop_fd, &one, sizeof one);
                 (void) pthread_join(s->thread, NULL);
         }
+        /* The thread is gone: its loop and connections are ours to free. */
         while (s->connections)
                 connection_free(s, s->connections);
+        sd_event_source_disable_unref(s->listener);
+        sd_event_source_disable_unref(s->stopper);
+        sd_event_source_disable_unref(s->expire);
+        sd_event_source_disable_unref(s->recheck);
+        sd_event_source_disable_unref(s->accept_resume);
+        sd_event_unref(s->event);
         if (s->path)
                 (void) unlink(s->path);
         safe_close(s->listen_fd);
-        safe_close(s->epoll_fd);
         safe_close(s->stop_fd);
         shard_table_unref(s->table);
         free(s->path);

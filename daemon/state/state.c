@@ -1,4 +1,4 @@
-/* state.c: the state adapter's modes, names, fd store counts, and the save/forget of builds and meshes. */
+/* state.c: the store's modes, names and fd store counts; keeping and letting go of records. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <linux/magic.h>
@@ -7,11 +7,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
-#include <time.h>
 
 #include "common/log.h"
-#include "sd/notify.h"
-#include "record.h"
 #include "state-private.h"
 
 #ifndef MFD_NOEXEC_SEAL
@@ -28,48 +25,58 @@ const char *state_mode_to_string(StateMode m) {
         return m >= 0 && m < _STATE_MODE_MAX ? mode_table[m] : NULL;
 }
 
-uint64_t state_now_ns(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_REALTIME, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
-size_t state_build_segments(const BuildState *b) {
-        size_t n = 0;
-        for (size_t i = 0; i < b->n_ranks; i++)
-                n += b->ranks[i].materialized;
-        return n;
-}
-
-bool state_build_has_gpu_shards(const BuildState *b) {
-        for (size_t i = 0; i < b->n_ranks; i++)
-                if (b->ranks[i].materialized &&
-                    streq_ptr(b->ranks[i].device_kind, SHARD_SEGMENT_DEVICE_KIND_CUDA))
-                        return true;
-        return false;
-}
-
-int state_name_meta(const char *id, char ret[static STATE_NAME_MAX]) {
-        int k = snprintf(ret, STATE_NAME_MAX, STATE_PREFIX_META "%s", id);
+int state_name_record(const char *id, char ret[static STATE_NAME_MAX]) {
+        int k = snprintf(ret, STATE_NAME_MAX, STATE_PREFIX_RECORD "%s", id);
         return k < 0 || (size_t) k >= STATE_NAME_MAX ? -ENAMETOOLONG : 0;
 }
 
-int state_name_shard(const char *build_id, int64_t rank, char ret[static STATE_NAME_MAX]) {
-        int k = snprintf(ret, STATE_NAME_MAX, STATE_PREFIX_SHARD "%s-%" PRId64, build_id, rank);
+int state_name_segment(const char *id, int64_t n, char ret[static STATE_NAME_MAX]) {
+        int k = snprintf(ret, STATE_NAME_MAX, STATE_PREFIX_SEGMENT "%s-%" PRId64, id, n);
         return k < 0 || (size_t) k >= STATE_NAME_MAX ? -ENAMETOOLONG : 0;
+}
+
+/* ---- named descriptors ----------------------------------------------------------------- */
+
+void state_fds_done(StateFds *l) {
+        if (!l)
+                return;
+        for (size_t i = 0; i < l->n; i++) {
+                free(l->items[i].name);
+                safe_close(l->items[i].fd);
+        }
+        free(l->items);
+        *l = (StateFds) {};
+}
+
+int state_fds_add(StateFds *l, const char *name, int fd) {
+        char *copy = strdup(name);
+        if (!copy || !GREEDY_REALLOC(l->items, l->allocated, l->n + 1)) {
+                free(copy);
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        l->items[l->n++] = (StateFd) { .name = copy, .fd = fd };
+        return 0;
+}
+
+StateFd *state_fds_find(StateFds *l, const char *name) {
+        for (size_t i = 0; i < l->n; i++)
+                if (l->items[i].fd >= 0 && streq(l->items[i].name, name))
+                        return &l->items[i];
+        return NULL;
 }
 
 /* ---- the fd store ---------------------------------------------------------------------- */
 
-static int fdstore_push(const char *name, int fd) {
-        int r = notify_fdstore_add(name, &fd, 1);
+static int fdstore_push(State *s, const char *name, int fd) {
+        int r = s->fdstore_add ? s->fdstore_add(name, fd) : 0;
         if (r == 0)
                 return -ENOTCONN; /* NOTIFY_SOCKET went away */
         return r < 0 ? r : 0;
 }
 
-static void fdstore_remove(const char *name) {
-        int r = notify_fdstore_remove(name);
+static void fdstore_remove(State *s, const char *name) {
+        int r = s->fdstore_remove ? s->fdstore_remove(name) : 0;
         if (r < 0)
                 log_warning_errno(r, "Failed to remove %s from the fd store, ignoring: %m", name);
 }
@@ -129,14 +136,16 @@ static int dir_put(State *s, const char *name, const uint8_t *data, size_t size)
         return r;
 }
 
-int state_put_record(State *s, const char *name, const uint8_t *data, size_t size) {
+/* A record under name: a state dir file (temp file, then rename) or a sealed memfd in the fd
+ * store. */
+static int put_record(State *s, const char *name, const uint8_t *data, size_t size) {
         if (s->mode == STATE_MODE_DIR)
                 return dir_put(s, name, data, size);
 
         _cleanup_close_ int fd = memfd_sealed(name, data, size);
         if (fd < 0)
                 return fd;
-        return fdstore_push(name, fd);
+        return fdstore_push(s, name, fd);
 }
 
 void state_drop(State *s, const char *name) {
@@ -147,12 +156,12 @@ void state_drop(State *s, const char *name) {
                         log_warning_errno(-errno, "Failed to remove %s/%s, ignoring: %m", s->dir,
                                           name);
         } else if (s->mode == STATE_MODE_FDSTORE)
-                fdstore_remove(name);
+                fdstore_remove(s, name);
 }
 
 /* ---- counts ---------------------------------------------------------------------------- */
 
-int state_fd_reserve(State *s, size_t n, const char *what, FamilyError *ret_error) {
+int state_reserve(State *s, size_t n, const char *what, FamilyError *ret_error) {
         int r = 0;
 
         if (!s || s->mode != STATE_MODE_FDSTORE)
@@ -171,7 +180,7 @@ int state_fd_reserve(State *s, size_t n, const char *what, FamilyError *ret_erro
         return r;
 }
 
-void state_fd_unreserve(State *s, size_t n) {
+void state_unreserve(State *s, size_t n) {
         if (!s || s->mode != STATE_MODE_FDSTORE)
                 return;
         (void) pthread_mutex_lock(&s->lock);
@@ -179,7 +188,8 @@ void state_fd_unreserve(State *s, size_t n) {
         (void) pthread_mutex_unlock(&s->lock);
 }
 
-void state_fd_commit(State *s, size_t n) {
+/* A reservation (or, at start, nothing) becomes use. */
+static void fd_commit(State *s, size_t n) {
         if (!s || s->mode != STATE_MODE_FDSTORE)
                 return;
         (void) pthread_mutex_lock(&s->lock);
@@ -188,7 +198,11 @@ void state_fd_commit(State *s, size_t n) {
         (void) pthread_mutex_unlock(&s->lock);
 }
 
-void state_fd_release(State *s, size_t n) {
+void state_adopt(State *s, size_t n) {
+        fd_commit(s, n);
+}
+
+static void fd_release(State *s, size_t n) {
         if (!s || s->mode != STATE_MODE_FDSTORE)
                 return;
         (void) pthread_mutex_lock(&s->lock);
@@ -196,213 +210,67 @@ void state_fd_release(State *s, size_t n) {
         (void) pthread_mutex_unlock(&s->lock);
 }
 
-/* ---- builds ---------------------------------------------------------------------------- */
+void state_fd_counts(State *s, size_t *ret_used, size_t *ret_max) {
+        size_t used = 0, max = 0;
 
-/* GPU shards are never kept (state.h): such a build reserves, saves and forgets nothing. */
-int state_build_reserve(State *s, const BuildState *b, FamilyError *ret_error) {
-        if (state_build_has_gpu_shards(b))
-                return 0;
-        return state_fd_reserve(s, state_build_segments(b) + 1, "build", ret_error);
+        if (s && s->mode == STATE_MODE_FDSTORE) {
+                (void) pthread_mutex_lock(&s->lock);
+                used = s->fd_used;
+                max = s->fd_max;
+                (void) pthread_mutex_unlock(&s->lock);
+        }
+        *ret_used = used;
+        *ret_max = max;
 }
 
-void state_build_unreserve(State *s, const BuildState *b) {
-        if (!state_build_has_gpu_shards(b))
-                state_fd_unreserve(s, state_build_segments(b) + 1);
-}
+/* ---- keeping --------------------------------------------------------------------------- */
 
-int state_segment_new(State *s, const char *build_id, int64_t rank, uint64_t size, int device,
-                      ShardSegment **ret) {
-        char name[STATE_NAME_MAX], memfd_name[STATE_NAME_MAX + 8];
-        int r;
-
-        r = state_name_shard(build_id, rank, name);
-        if (r < 0)
-                return r;
-        if (s && s->mode == STATE_MODE_DIR)
-                return shard_segment_new_file(s->dir_fd, name, size, device, ret);
-        /* Shows in /proc/PID/fd and maps as memfd:familyd-shard-bld-...-RANK. */
-        (void) snprintf(memfd_name, sizeof memfd_name, "familyd-%s", name);
-        return shard_segment_new_host(memfd_name, size, device, ret);
-}
-
-int state_dir_full_error(State *s, uint64_t bytes, FamilyError *ret_error) {
-        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "STATE_DIR_FULL",
-                                NULL,
-                                "no space left in the state dir %s for the build's %" PRIu64
-                                " bytes of shards; nothing was kept",
-                                s && s->dir ? s->dir : "", bytes);
-}
-
-static int fdstore_save_build(State *s, const char *id, const BuildState *b, const char *meta,
-                              const uint8_t *data, size_t size) {
+int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
+               const StateFd *fds, size_t n_fds) {
+        char meta[STATE_NAME_MAX];
         size_t pushed = 0;
-        char name[STATE_NAME_MAX];
-        int r = 0;
-
-        for (size_t i = 0; r >= 0 && i < b->n_ranks; i++) {
-                if (!b->ranks[i].materialized)
-                        continue;
-                r = state_name_shard(id, b->layout.ranks[i].rank, name);
-                if (r >= 0)
-                        r = fdstore_push(name, shard_segment_fd(b->ranks[i].segment));
-                if (r >= 0)
-                        pushed = i + 1;
-        }
-        if (r >= 0)
-                r = state_put_record(s, meta, data, size);
-        if (r >= 0)
-                return 0;
-
-        for (size_t i = 0; i < pushed; i++)
-                if (b->ranks[i].materialized &&
-                    state_name_shard(id, b->layout.ranks[i].rank, name) >= 0)
-                        fdstore_remove(name);
-        return r;
-}
-
-int state_build_save(State *s, const char *id, const BuildState *b, FamilyError *ret_error) {
-        _cleanup_free_ uint8_t *data = NULL;
-        char meta[STATE_NAME_MAX];
-        size_t size;
         int r;
 
         if (!s || s->mode == STATE_MODE_NONE)
                 return 0;
-        if (state_build_has_gpu_shards(b)) {
-                log_struct(LOG_NOTICE, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, id)),
-                           "Build %s holds shards in GPU memory, which are not kept across "
-                           "restarts (%s mode keeps host shards only).",
-                           id, state_mode_to_string(s->mode));
-                return 0;
-        }
-
-        r = state_name_meta(id, meta);
-        if (r < 0)
-                return r;
-        r = state_record_encode_build(id, b, state_now_ns(), &data, &size);
+        r = state_name_record(id, meta);
         if (r < 0)
                 return r;
 
-        if (s->mode == STATE_MODE_DIR) {
-                r = state_put_record(s, meta, data, size);
-                if (r == -ENOSPC || r == -EDQUOT)
-                        return state_dir_full_error(s, b->layout.total_bytes, ret_error);
-                if (r < 0) {
-                        log_error_errno(r, "Failed to write %s/%s: %m", s->dir, meta);
-                        return family_error_set(ret_error, FAMILY_STATUS_INTERNAL, "STATE_DIR",
-                                                NULL,
-                                                "cannot write the build's record in the state "
-                                                "dir %s: %s; nothing was kept",
-                                                s->dir, strerror(-r));
-                }
-                return 0;
-        }
+        /* The state dir's descriptors are its files already. */
+        if (s->mode == STATE_MODE_DIR)
+                return put_record(s, meta, record, size);
 
-        r = fdstore_save_build(s, id, b, meta, data, size);
+        for (; r >= 0 && pushed < n_fds; pushed++) {
+                r = fdstore_push(s, fds[pushed].name, fds[pushed].fd);
+                if (r < 0)
+                        break;
+        }
+        if (r >= 0)
+                r = put_record(s, meta, record, size);
         if (r < 0) {
-                log_error_errno(r, "Failed to put build %s into the fd store: %m", id);
-                return family_error_set(ret_error, FAMILY_STATUS_UNAVAILABLE, "FDSTORE", NULL,
-                                        "the service manager's fd store cannot keep the build: "
-                                        "%s; nothing was kept",
-                                        strerror(-r));
+                for (size_t i = 0; i < pushed; i++)
+                        fdstore_remove(s, fds[i].name);
+                return r;
         }
-        state_fd_commit(s, state_build_segments(b) + 1);
+        fd_commit(s, n_fds + 1);
         return 0;
 }
 
-static void drop_segments(State *s, const char *id, const BuildState *b) {
-        char name[STATE_NAME_MAX];
-
-        for (size_t i = 0; i < b->n_ranks; i++)
-                if (b->ranks[i].materialized &&
-                    state_name_shard(id, b->layout.ranks[i].rank, name) >= 0)
-                        state_drop(s, name);
-}
-
-void state_build_discard(State *s, const char *id, const BuildState *b) {
-        /* Only files exist before the save (the fd store gets nothing until then). */
-        if (s && s->mode == STATE_MODE_DIR && !state_build_has_gpu_shards(b))
-                drop_segments(s, id, b);
-}
-
-void state_build_forget(State *s, const char *id, const BuildState *b) {
+void state_forget(State *s, const char *id, size_t n_fds) {
         char meta[STATE_NAME_MAX];
-
-        if (!s || s->mode == STATE_MODE_NONE || state_build_has_gpu_shards(b))
-                return;
-        /* The record first: a crash in between leaves only segments, dropped at the next
-         * start, never a record without its bytes. */
-        if (state_name_meta(id, meta) >= 0)
-                state_drop(s, meta);
-        drop_segments(s, id, b);
-        state_fd_release(s, state_build_segments(b) + 1);
-}
-
-/* ---- meshes ---------------------------------------------------------------------------- */
-
-int state_mesh_save(State *s, const Mesh *m, FamilyError *ret_error) {
-        _cleanup_free_ uint8_t *data = NULL;
-        char meta[STATE_NAME_MAX];
-        size_t size;
-        int r;
 
         if (!s || s->mode == STATE_MODE_NONE)
-                return 0;
-
-        r = state_fd_reserve(s, 1, "mesh", ret_error);
-        if (r < 0)
-                return r;
-        r = state_name_meta(m->id, meta);
-        if (r >= 0)
-                r = state_record_encode_mesh(m, state_now_ns(), &data, &size);
-        if (r >= 0)
-                r = state_put_record(s, meta, data, size);
-        if (r < 0) {
-                state_fd_unreserve(s, 1);
-                if (s->mode == STATE_MODE_DIR && (r == -ENOSPC || r == -EDQUOT))
-                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
-                                                "STATE_DIR_FULL", NULL,
-                                                "no space left in the state dir %s for the "
-                                                "mesh's record; nothing was kept",
-                                                s->dir);
-                log_error_errno(r, "Failed to keep mesh %s (%s): %m", m->id,
-                                state_mode_to_string(s->mode));
-                if (s->mode == STATE_MODE_DIR)
-                        return family_error_set(ret_error, FAMILY_STATUS_INTERNAL, "STATE_DIR",
-                                                NULL,
-                                                "cannot write the mesh's record in the state "
-                                                "dir %s: %s; nothing was kept",
-                                                s->dir, strerror(-r));
-                return family_error_set(ret_error, FAMILY_STATUS_UNAVAILABLE, "FDSTORE", NULL,
-                                        "the service manager's fd store cannot keep the mesh: "
-                                        "%s; nothing was kept",
-                                        strerror(-r));
-        }
-        state_fd_commit(s, 1);
-        return 0;
-}
-
-static int mesh_added(const Mesh *m, void *userdata, FamilyError *ret_error) {
-        return state_mesh_save(userdata, m, ret_error);
-}
-
-static void mesh_removed(const Mesh *m, void *userdata) {
-        State *s = userdata;
-        char meta[STATE_NAME_MAX];
-
-        if (state_name_meta(m->id, meta) >= 0)
-                state_drop(s, meta);
-        state_fd_release(s, 1);
-}
-
-void state_install_mesh_hooks(State *s, MeshTable *meshes) {
-        if (!s || s->mode == STATE_MODE_NONE)
                 return;
-        mesh_table_set_hooks(meshes, &(MeshTableHooks) {
-                                             .added = mesh_added,
-                                             .removed = mesh_removed,
-                                             .userdata = s,
-                                     });
+        if (state_name_record(id, meta) >= 0)
+                state_drop(s, meta);
+        fd_release(s, n_fds + 1);
+}
+
+void state_discard(State *s, const char *name) {
+        /* Only files exist before the record is kept (the fd store gets nothing until then). */
+        if (s && s->mode == STATE_MODE_DIR)
+                state_drop(s, name);
 }
 
 /* ---- start ----------------------------------------------------------------------------- */
@@ -444,8 +312,8 @@ static int dir_open(State *s, const char *path) {
                             path, fs_name((long) sf.f_type, buf, sizeof buf));
                 return 0;
         }
-        /* Re-adoption deletes what no record names: two daemons on one dir would delete each
-         * other's shards. */
+        /* Taking over the kept state drops what no record names: two daemons on one dir would
+         * delete each other's shards. */
         if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
                 if (errno == EWOULDBLOCK)
                         return log_error_errno(-EBUSY, "Another familyd uses the state dir %s, "
@@ -482,22 +350,23 @@ static size_t fdstore_max_of(unsigned configured) {
         return max;
 }
 
-int state_new(const StateParams *p, State **ret) {
+int state_new(StateParams *p, State **ret) {
         _cleanup_(state_freep) State *s = NULL;
         int r;
 
         s = calloc(1, sizeof *s);
         if (!s) {
-                listen_fd_array_free(p->metas, p->n_metas);
-                listen_fd_array_free(p->shards, p->n_shards);
+                state_fds_done(&p->records);
+                state_fds_done(&p->segments);
                 return log_error_errno(-ENOMEM, "Out of memory.");
         }
         (void) pthread_mutex_init(&s->lock, NULL);
         s->dir_fd = -1;
-        s->metas = p->metas;
-        s->n_metas = p->n_metas;
-        s->shards = p->shards;
-        s->n_shards = p->n_shards;
+        s->records = p->records;
+        s->segments = p->segments;
+        p->records = p->segments = (StateFds) {};
+        s->fdstore_add = p->fdstore_add;
+        s->fdstore_remove = p->fdstore_remove;
 
         if (p->under_manager) {
                 s->mode = STATE_MODE_FDSTORE;
@@ -528,8 +397,8 @@ int state_new(const StateParams *p, State **ret) {
 State *state_free(State *s) {
         if (!s)
                 return NULL;
-        listen_fd_array_free(s->metas, s->n_metas);
-        listen_fd_array_free(s->shards, s->n_shards);
+        state_fds_done(&s->records);
+        state_fds_done(&s->segments);
         free(s->dir);
         safe_close(s->dir_fd);
         (void) pthread_mutex_destroy(&s->lock);
@@ -538,4 +407,12 @@ State *state_free(State *s) {
 
 StateMode state_mode(const State *s) {
         return s ? s->mode : STATE_MODE_NONE;
+}
+
+const char *state_dir(const State *s) {
+        return s && s->mode == STATE_MODE_DIR ? s->dir : NULL;
+}
+
+int state_segment_dir(const State *s) {
+        return s && s->mode == STATE_MODE_DIR ? s->dir_fd : -1;
 }

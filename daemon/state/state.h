@@ -1,54 +1,51 @@
-/* state.h: builds and meshes kept across a daemon restart: systemd's fd store, or --state-dir. */
+/* state.h: a durable store of named records and descriptors: systemd's fd store, or --state-dir. */
 #pragma once
 
 /*
- * DESIGN: one adapter, three modes, chosen once at start.
+ * DESIGN: one store, three modes, chosen once at start.
  *
- *   fdstore  under a service manager (NOTIFY_SOCKET set): each shard segment (a sealed memfd)
- *            goes into the manager's fd store as "shard-<build id>-<rank>", each build's and
- *            each mesh's record (record.h) as a sealed memfd "meta-<id>". At most
- *            --fdstore-max of ours are stored (the unit's FileDescriptorStoreMax must match):
- *            a Build or CreateMesh that would need more is refused (FDSTORE_LIMIT) rather
- *            than left unprotected, since the manager drops what is over its limit silently.
- *   dir      without one, with --state-dir on a tmpfs or ramfs: segments are files there
- *            (unsealable, so handed out read-only), records are files beside them written
- *            as a temporary file and renamed.
+ *   fdstore  under a service manager (NOTIFY_SOCKET set): each descriptor (a shard segment,
+ *            a sealed memfd) goes into the manager's fd store under its name, each record as
+ *            a sealed memfd of its own. At most --fdstore-max of ours are stored (the unit's
+ *            FileDescriptorStoreMax must match): whoever would need more is refused
+ *            (FDSTORE_LIMIT, state_reserve()) rather than left unprotected, since the manager
+ *            drops what is over its limit silently.
+ *   dir      without one, with --state-dir on a tmpfs or ramfs: descriptors are files there
+ *            (made there by their owner, state_segment_dir()), records are files beside them
+ *            written as a temporary file and renamed.
  *   none     nothing persists.
  *
- * What is written first is segments, then the record; what is removed first is the record,
- * then the segments. So a crash leaves at worst segments without a record, which the next
- * start deletes (or drops from the store), never a record whose bytes are missing. A record
- * that cannot be read, or whose segments are missing or of the wrong size, is logged and
- * dropped with its segments; the daemon starts anyway. Nothing ever truncates or rewrites a
- * kept segment, so a trainer's mapping survives every crash and restart.
+ * Names: a record is "meta-<id>", a descriptor kept with it "shard-<id>-<n>". A record is
+ * kept after its descriptors and let go of before them (state_keep(), state_forget()), so a
+ * crash leaves at worst descriptors without a record, which the next start drops, never a
+ * record whose descriptors are missing. Nothing here interprets a record's bytes, or writes,
+ * truncates or rewrites a kept descriptor: what they hold is their owner's (daemon/build/,
+ * which also decides at start what to take back and what to drop).
  *
- * GPU shards (a build with a rank materialised in GPU memory) are never kept, in any mode:
- * the driver documents that an exported descriptor keeps its allocation alive while it is
- * open, but not that the allocation survives the process that made it (its context goes with
- * the process), nor that another process may re-export it; a descriptor re-adopted after a
- * restart could not be told from a live one until a trainer's import failed. So such a build
- * reserves no fd store room, writes no record and no segment (logged once, when it would have
- * been saved), and a record that names a GPU shard anyway is dropped at start (record.c):
- * re-adoption never takes a descriptor for a memfd it is not.
+ * The service manager is reached through the two functions the shell passes in
+ * (StateParams.fdstore_add and fdstore_remove), and what it gave back at this start comes in
+ * StateParams.records and .segments.
  *
- * Thread safety: state_build_* are called from the build threads and gRPC workers at once;
- * the mesh hooks under the mesh table's lock. Only the fd count is shared (own mutex); each
- * record or segment has its own name. The restore runs once, before any call is served.
+ * Thread safety: everything may be called from any thread at once. Only the fd counts are
+ * shared (own mutex); each record or descriptor has its own name. state_take_kept() runs
+ * once, before anything is kept.
  */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rpc/build-state.h"
+#include "common/macro.h"
 #include "core/error.h"
-#include "sd/listen.h"
-#include "core/manager.h"
-#include "shm/segment.h"
-#include "shm/shard-table.h"
 
 #define STATE_FDSTORE_MAX_DEFAULT 4096u
 /* The fd store's own rule (sd_notify(3), fdname_is_valid()): at most 255 characters. */
 #define STATE_FDNAME_MAX 255u
+/* "shard-" + an id + "-" + a number: far below STATE_FDNAME_MAX. */
+#define STATE_NAME_MAX 96u
+
+#define STATE_PREFIX_RECORD "meta-"
+#define STATE_PREFIX_SEGMENT "shard-"
 
 typedef enum StateMode {
         STATE_MODE_NONE,
@@ -60,16 +57,36 @@ typedef enum StateMode {
 
 const char *state_mode_to_string(StateMode m); /* "none" | "state-dir" | "fd-store" */
 
+/* A named descriptor: kept, or given back. */
+typedef struct StateFd {
+        char *name;
+        int fd;
+} StateFd;
+
+/* A list of them; an entry whose fd is -1 has been taken. */
+typedef struct StateFds {
+        StateFd *items;
+        size_t n, allocated;
+} StateFds;
+
+void state_fds_done(StateFds *l);
+/* Takes name (a copy) and fd (always: closed on failure). */
+int state_fds_add(StateFds *l, const char *name, int fd);
+/* The first untaken entry named name, or NULL. */
+StateFd *state_fds_find(StateFds *l, const char *name);
+
 typedef struct StateParams {
         const char *state_dir;  /* --state-dir, or NULL */
         unsigned fdstore_max;   /* --fdstore-max; 0: STATE_FDSTORE_MAX_DEFAULT */
         bool under_manager;     /* NOTIFY_SOCKET is set: the fd store mode */
-        /* The fd store's descriptors given back at this start (listen_fds_take() of "meta"
-         * and "shard-"): taken over by state_new(), on failure too. */
-        ListenFd *metas;
-        size_t n_metas;
-        ListenFd *shards;
-        size_t n_shards;
+        /* The fd store's descriptors given back at this start (named "meta*" and "shard-*"):
+         * taken over by state_new(), on failure too. */
+        StateFds records;
+        StateFds segments;
+        /* The fd store: FDSTORE=1 with FDNAME=name (1: sent; 0: no service manager; a
+         * negative errno), and FDSTOREREMOVE=1. Needed in the fd store mode only. */
+        int (*fdstore_add)(const char *name, int fd);
+        int (*fdstore_remove)(const char *name);
 } StateParams;
 
 typedef struct State State;
@@ -77,41 +94,57 @@ typedef struct State State;
 /* Chooses the mode and logs it; a --state-dir that is not a tmpfs or ramfs is said clearly
  * and means mode none. Fails (logged) when the state dir cannot be made or is locked by
  * another familyd. */
-int state_new(const StateParams *params, State **ret);
+int state_new(StateParams *params, State **ret);
 State *state_free(State *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(State *, state_free);
 
+/* s may be NULL (mode none) here and in everything below. */
 StateMode state_mode(const State *s);
+/* The state dir (mode dir), else NULL. */
+const char *state_dir(const State *s);
+/* Where descriptors are made as files (the state dir, mode dir), else -1: they are memfds. */
+int state_segment_dir(const State *s);
+
+int state_name_record(const char *id, char ret[static STATE_NAME_MAX]);
+int state_name_segment(const char *id, int64_t n, char ret[static STATE_NAME_MAX]);
 
 /*
- * Re-adopts what the previous run kept, before anything is served: meshes into m->meshes,
- * builds into m->builds (same ids, bytes counted in the budget), their tokens into shards;
- * then installs the mesh table hooks so new meshes are kept too. Logs what it adopts and
- * what it drops. Only -ENOMEM and the like fail it.
+ * The fd store's room: reserve n descriptors for something under way (RESOURCE_EXHAUSTED
+ * FDSTORE_LIMIT past --fdstore-max, naming what), give them back if it fails; state_keep()
+ * turns the reservation into use, state_forget() ends the use. No-ops but in the fd store mode.
  */
-int state_restore(State *s, Manager *m, ShardTable *shards);
+int state_reserve(State *s, size_t n, const char *what, FamilyError *ret_error);
+void state_unreserve(State *s, size_t n);
+/* Counts n descriptors kept by an earlier run as in use. */
+void state_adopt(State *s, size_t n);
+/* The fd store's descriptors of ours in use, and at most how many it keeps. */
+void state_fd_counts(State *s, size_t *ret_used, size_t *ret_max);
 
 /*
- * A Build's way through: reserve room for its materialised ranks (fd store: one descriptor
- * each plus its record; RESOURCE_EXHAUSTED FDSTORE_LIMIT past --fdstore-max), make each
- * segment, save once filled and published (the reservation becomes use), or, on any failure
- * before that, discard (its files go) and unreserve. ReleaseBuild forgets it. s may be NULL
- * (mode none) in all of them.
+ * Keeps the record id (its bytes) and the descriptors kept with it (fds, named
+ * state_name_segment(id, ...)): the descriptors first (into the fd store; in the state dir
+ * they are files there already), then the record. All or nothing: on failure nothing of it is
+ * kept (what went into the fd store is removed again; the state dir's files stay the
+ * caller's). On success the reservation of n_fds + 1 is in use. A negative errno: -ENOSPC
+ * or -EDQUOT when the state dir is full.
  */
-int state_build_reserve(State *s, const BuildState *b, FamilyError *ret_error);
-void state_build_unreserve(State *s, const BuildState *b);
-/* A mapped, zeroed segment of size bytes for rank of the build: a memfd, or a file in the
- * state dir (-ENOSPC: the state dir is full). */
-int state_segment_new(State *s, const char *build_id, int64_t rank, uint64_t size, int device,
-                      ShardSegment **ret);
-/* RESOURCE_EXHAUSTED STATE_DIR_FULL when the record does not fit; UNAVAILABLE FDSTORE when
- * the manager cannot be told. On failure nothing of it is kept (the segments stay the
- * caller's to discard). */
-int state_build_save(State *s, const char *build_id, const BuildState *b,
-                     FamilyError *ret_error);
-void state_build_discard(State *s, const char *build_id, const BuildState *b);
-void state_build_forget(State *s, const char *build_id, const BuildState *b);
+int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
+               const StateFd *fds, size_t n_fds);
+/* Lets go of the record id, kept by state_keep() with n_fds descriptors, and ends their use.
+ * Its descriptors go next, each with state_drop(): the record goes first, so a crash in
+ * between leaves only descriptors, which the next start drops. */
+void state_forget(State *s, const char *id, size_t n_fds);
+/* Lets go of a descriptor made for a record that was never kept: the state dir's file (the fd
+ * store holds nothing before state_keep()). */
+void state_discard(State *s, const char *name);
+/* Lets go of one name: unlinks the file, or FDSTOREREMOVE. Missing is fine. */
+void state_drop(State *s, const char *name);
 
-/* The text of a Build that failed with -ENOSPC in the state dir. */
-int state_dir_full_error(State *s, uint64_t bytes, FamilyError *ret_error);
-
+/*
+ * What the previous run kept, now the caller's: records ("meta-*") and descriptors
+ * ("shard-*"), the fd store's as it gave them back, the state dir's opened read-only (records
+ * a crash left half written are removed). Once, before anything is kept.
+ */
+int state_take_kept(State *s, StateFds *ret_records, StateFds *ret_segments);
+/* A kept record's bytes (a regular file or memfd of at most max bytes, else -EFBIG). */
+int state_read_record(int fd, size_t max, uint8_t **ret, size_t *ret_size);

@@ -624,7 +624,7 @@ def crc32c(data):
 
 
 def forge_gpu_record(data):
-    """A build record (daemon/state/record.h) whose ranks say device_kind "cuda", its
+    """A build record (daemon/codec/codec-record.h) whose ranks say device_kind "cuda", its
     checksum right."""
     body = bytes(data[32:])
     out = b""

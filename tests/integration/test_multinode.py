@@ -281,6 +281,25 @@ class TestHostilePeers(unittest.TestCase):
                 late.stop()
                 late.cleanup()
 
+    def test_silent_handshake_is_closed_after_its_timeout(self):
+        """A connection to the peer port that never speaks is closed 5 s after it opened (the
+        handshake timeout), not kept, and not closed early."""
+        c = Cluster(1, host_devices=1)
+        c.daemons[0] = c.make(0)
+        with c:
+            s = socket.create_connection(("127.0.0.1", c.ports[0]))
+            try:
+                t0 = time.monotonic()
+                s.settimeout(30)
+                data = s.recv(4096)
+                elapsed = time.monotonic() - t0
+            finally:
+                s.close()
+            self.assertEqual(data, b"", "the daemon sent %r to a silent connection" % data)
+            self.assertGreaterEqual(elapsed, 4.5, "closed after %.2f s" % elapsed)
+            self.assertLess(elapsed, 15.0, "closed after %.2f s" % elapsed)
+            self.assertTrue(c.daemons[0].client.health().ok)
+
     def test_bad_addresses_are_usage_errors(self):
         for args, text in (
                 (["--listen", "127.0.0.1:%d" % free_port(), "--peers", "no-port"],

@@ -37,7 +37,11 @@ SYSTEM = [
      "generated protobuf code and protobuf-c belong to codec/"),
     (re.compile(r"^grpc/"), {"rpc", "client"}, "gRPC belongs to rpc/"),
     (re.compile(r"^(ucp|uct|ucs)/"), {"peer"}, "UCX belongs to peer/"),
-    (re.compile(r"^systemd/"), {"sd", "shell"}, "libsystemd belongs to sd/ and the shell"),
+    (re.compile(r"^systemd/sd-event\.h$"),
+     {"codec", "hw", "shm", "state", "build", "rpc", "peer", "sd", "shell"},
+     "sd-event is every thread's event loop, in the daemon's layers above core/"),
+    (re.compile(r"^systemd/(?!sd-event\.h$)"), {"sd", "shell"},
+     "libsystemd belongs to sd/ and the shell"),
     (re.compile(r"^hwloc"), {"hw"}, "hwloc belongs to hw/"),
     (re.compile(r"^yaml\.h$"), {"core"}, "libyaml belongs to the registry loader in core/"),
 ]

@@ -21,10 +21,12 @@ CLEAN = {
     "daemon/core/mesh.c": '#include "mesh.h"\n#include "core/mesh.h"\n#include <yaml.h>\n',
     "daemon/codec/codec-mesh.c": '#include "core/mesh.h"\n#include "familyd-v1-mesh.pb-c.h"\n'
                                  '#include <protobuf-c/protobuf-c.h>\n',
-    "daemon/state/store.c": '#include "common/macro.h"\n',
+    "daemon/state/store.c": '#include "common/macro.h"\n#include <systemd/sd-event.h>\n',
+    "daemon/shm/server.c": '#include "codec/codec.h"\n#include <systemd/sd-event.h>\n',
     "daemon/build/build.c": '#include "state/store.h"\n#include "codec/codec.h"\n',
     "daemon/rpc/service.c": '#include "build/build.h"\n#include <grpc/grpc.h>\n',
-    "daemon/peer/peer.c": '#include "codec/codec.h"\n#include <ucp/api/ucp.h>\n',
+    "daemon/peer/peer.c": '#include "codec/codec.h"\n#include <ucp/api/ucp.h>\n'
+                          '#include <systemd/sd-event.h>\n',
     "daemon/daemon.c": '#include "rpc/service.h"\n#include "peer/peer.h"\n'
                        '#include <systemd/sd-daemon.h>\n#include "build-config.h"\n',
     "client/familyd.h": '#include "familyd-v1-family.pb-c.h"\n#include "common/macro.h"\n',
@@ -45,6 +47,9 @@ BAD = {
     "daemon/core/reg.c": ('#include <grpc/grpc.h>\n', "gRPC belongs to rpc/"),
     "daemon/build/uses-ucx.c": ('#include <ucp/api/ucp.h>\n', "UCX belongs to peer/"),
     "daemon/rpc/uses-sd.c": ('#include <systemd/sd-journal.h>\n', "libsystemd belongs to sd/"),
+    "daemon/shm/uses-sd.c": ('#include <systemd/sd-daemon.h>\n', "libsystemd belongs to sd/"),
+    "daemon/core/loop.c": ('#include <systemd/sd-event.h>\n', "sd-event is every thread's"),
+    "client/loop.c": ('#include <systemd/sd-event.h>\n', "layers above core/"),
 }
 
 
@@ -89,6 +94,28 @@ class TestCheckIncludes(unittest.TestCase):
             self.assertEqual(len(lines), 1, "%s not reported once:\n%s" % (rel, out))
             self.assertIn(why, lines[0])
             self.assertIn(text.strip().split(" ", 1)[1], lines[0])
+
+    def test_sd_event_in_every_daemon_layer_above_core(self):
+        # Every layer includes sd-event and sd-daemon: sd-event is refused to common/, core/
+        # and the client only; the rest of libsystemd stays in sd/ and the shell.
+        rels = {layer: {"common": "common/loop.c", "client": "client/loop.c",
+                        "shell": "daemon/loop.c"}.get(layer, "daemon/%s/loop.c" % layer)
+                for layer in checker.LAYERS}
+        rc, out = self.run_checker(make_tree({
+            rel: "#include <systemd/sd-event.h>\n#include <systemd/sd-daemon.h>\n"
+            for rel in rels.values()}))
+        self.assertEqual(rc, 1, out)
+        for layer, rel in rels.items():
+            event = [l for l in out.splitlines() if l.strip().startswith(rel + ":1:")]
+            daemon = [l for l in out.splitlines() if l.strip().startswith(rel + ":2:")]
+            self.assertEqual(len(event), int(layer in ("common", "core", "client")),
+                             "%s: sd-event\n%s" % (layer, out))
+            self.assertEqual(len(daemon), int(layer not in ("sd", "shell")),
+                             "%s: sd-daemon\n%s" % (layer, out))
+            for l in event:
+                self.assertIn("sd-event is every thread's event loop", l)
+            for l in daemon:
+                self.assertIn("libsystemd belongs to sd/ and the shell", l)
 
     def test_layers_only_point_down(self):
         order = list(checker.LAYERS)

@@ -12,7 +12,7 @@
 #include "grpc-reflection-v1-reflection.pb-c.h"
 #include "grpc-reflection-v1alpha-reflection.pb-c.h"
 #include "common/macro.h"
-#include "rpc/reflection.h"
+#include "codec/reflection.h"
 
 /* protoc-c's names for the oneof cases do not fit on a line. */
 #define REQUEST_CASE(c) GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_##c

@@ -1,7 +1,8 @@
-/* test-state.c: what restart without loss rests on: the tables' restore entry points and the
- * state records' container (daemon/state/record.c). End to end: tests/integration/
- * test_state_dir.py and test_durability_fdstore.py. */
+/* test-state.c: what restart without loss rests on: the tables' restore entry points, the
+ * state records (daemon/codec/codec-record.c) and the store in a state dir (daemon/state/). End
+ * to end: tests/integration/test_state_dir.py and test_durability_fdstore.py. */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+#include <linux/magic.h>
 #include <cmocka.h>
 
 #include "common/crc32c.h"
@@ -16,7 +21,8 @@
 #include "core/mesh.h"
 #include "shm/segment.h"
 #include "shm/shard-table.h"
-#include "state/record.h"
+#include "codec/codec-record.h"
+#include "state/state.h"
 
 static int freed;
 static void payload_free(void *p) {
@@ -201,22 +207,22 @@ static void test_mesh_record_round_trip(void **state) {
         char why[256];
         size_t size;
 
-        assert_int_equal(state_record_encode_mesh(m, 1234567, &data, &size), 0);
+        assert_int_equal(codec_record_encode_mesh(m, 1234567, &data, &size), 0);
         assert_memory_equal(data, "FAMILYDS", 8);
-        assert_int_equal(state_record_decode(data, size, &rec, why, sizeof why), 0);
+        assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), 0);
         assert_int_equal(rec.kind, STATE_RECORD_MESH);
         assert_int_equal(rec.created_ns, 1234567);
         assert_string_equal(rec.id, m->id);
         assert_true(mesh_spec_equal(&rec.mesh->spec, &m->spec));
         assert_null(rec.build);
-        state_record_done(&rec);
+        codec_record_done(&rec);
 }
 
 static void expect_refused(uint8_t *data, size_t size, int error, const char *why_prefix) {
         StateRecord rec = {};
         char why[256];
 
-        assert_int_equal(state_record_decode(data, size, &rec, why, sizeof why), error);
+        assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), error);
         if (strncmp(why, why_prefix, strlen(why_prefix)) != 0)
                 fail_msg("why: '%s', expected it to start with '%s'", why, why_prefix);
         assert_null(rec.id);
@@ -227,7 +233,7 @@ static void test_damaged_records_are_refused(void **state) {
         _cleanup_free_ uint8_t *data = NULL;
         size_t size;
 
-        assert_int_equal(state_record_encode_mesh(m, 1, &data, &size), 0);
+        assert_int_equal(codec_record_encode_mesh(m, 1, &data, &size), 0);
         _cleanup_free_ uint8_t *copy = malloc(size);
         assert_non_null(copy);
 
@@ -271,6 +277,188 @@ static void test_damaged_records_are_refused(void **state) {
         expect_refused(copy, size, -EBADMSG, "a build record without");
 }
 
+/* A build of one parameter over a 2x2 mesh, ranks 0 and 3 materialised here, as its record
+ * says it and as re-adoption reads it back. */
+static void test_build_record_round_trip(void **state) {
+        _cleanup_(mesh_unrefp) Mesh *m = mesh_of(2, 2);
+        const int64_t shape[] = { 4, 8 };
+        const Placement place[] = {
+                { .axis = (char *) "dp", .kind = PLACEMENT_SHARD, .dim = 0 },
+                { .axis = (char *) "tp", .kind = PLACEMENT_SHARD, .dim = 1 },
+        };
+        const LayoutParameter param = { "w", shape, 2, place, 2 };
+        const char *tok0 = "0123456789abcdef0123456789abcdef",
+                   *tok3 = "fedcba9876543210fedcba9876543210",
+                   *group = "00112233445566778899aabbccddeeff";
+        FamilyError e = FAMILY_ERROR_NULL;
+        Layout layout = {};
+        _cleanup_free_ uint8_t *data = NULL;
+        StateRecord rec = {};
+        char why[256];
+        size_t size;
+
+        assert_int_equal(layout_compute(m, &param, 1, 2, LAYOUT_MIN_ALIGN, &layout, &e), 0);
+        BuildPlan plan = {
+                .request = { .family = (char *) "attention" },
+                .resolved = { .family = (char *) "attention",
+                              .variant = (char *) "gqa",
+                              .constructor = (char *) "Attention" },
+                .origin = BUILD_ORIGIN_DIRECT,
+                .mesh = m,
+        };
+        CodecBuildRank ranks[] = {
+                { "n0", 0, CODEC_DEVICE_KIND_HOST, 0, tok0 },
+                { "n0", 1, CODEC_DEVICE_KIND_HOST, 0, NULL },
+                { "n1", 0, CODEC_DEVICE_KIND_HOST, 0, NULL },
+                { "n1", 1, NULL, 0, tok3 },
+        };
+        CodecBuild b = { &plan, &layout, DTYPE_BFLOAT16, 42, group, ranks, ELEMENTSOF(ranks) };
+
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), 0);
+        assert_int_equal(rec.kind, STATE_RECORD_BUILD);
+        assert_int_equal(rec.created_ns, 99);
+        assert_string_equal(rec.id, "bld-0000abcd-7");
+        assert_non_null(rec.mesh);
+        assert_string_equal(rec.mesh->id, m->id);
+
+        const RecordBuild *rb = rec.build;
+        assert_non_null(rb);
+        assert_int_equal(rb->dtype, DTYPE_BFLOAT16);
+        assert_int_equal(rb->seed, 42);
+        assert_string_equal(rb->group, group);
+        assert_string_equal(rb->plan.resolved.family, "attention");
+        assert_string_equal(rb->plan.resolved.variant, "gqa");
+        assert_null(rb->plan.mesh);
+        assert_int_equal(rb->layout.n_ranks, 4);
+        assert_int_equal(rb->layout.total_bytes, layout.total_bytes);
+        assert_int_equal(rb->n_ranks, 4);
+        assert_string_equal(rb->ranks[0].node, "n0");
+        assert_string_equal(rb->ranks[0].token, tok0);
+        assert_int_equal(rb->ranks[0].size_bytes, layout.ranks[0].size_bytes);
+        assert_string_equal(rb->ranks[1].token, "");
+        assert_int_equal(rb->ranks[1].size_bytes, 0);
+        assert_string_equal(rb->ranks[3].node, "n1");
+        assert_int_equal(rb->ranks[3].local_device, 1);
+        assert_string_equal(rb->ranks[3].device_kind, CODEC_DEVICE_KIND_HOST);
+        assert_string_equal(rb->ranks[3].token, tok3);
+        assert_int_equal(rb->bytes, layout.ranks[0].size_bytes + layout.ranks[3].size_bytes);
+        codec_record_done(&rec);
+        free(TAKE_PTR(data));
+
+        /* A rank in GPU memory is never kept: its record is refused. */
+        ranks[0].device_kind = CODEC_DEVICE_KIND_CUDA;
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size), 0);
+        expect_refused(data, size, -EBADMSG, "rank 0 is in GPU memory (cuda)");
+        free(TAKE_PTR(data));
+        ranks[0].device_kind = CODEC_DEVICE_KIND_HOST;
+
+        /* Ids name files: only the ones familyd gives. */
+        assert_int_equal(codec_record_encode_build("bld-../x", &b, 99, &data, &size), 0);
+        expect_refused(data, size, -EBADMSG, "the build's id is not one familyd gives");
+        free(TAKE_PTR(data));
+
+        /* A group that is not a token cannot be written. */
+        b.group = "0011";
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size),
+                         -EINVAL);
+        layout_done(&layout);
+}
+
+static bool dir_has(int dir_fd, const char *name) {
+        return faccessat(dir_fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+static void make_file(int dir_fd, const char *name, const char *text) {
+        int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, text, strlen(text)), (ssize_t) strlen(text));
+        assert_int_equal(close(fd), 0);
+}
+
+/* The store in a state dir: a record after its descriptor, both taken over at the next start
+ * (a half-written record removed, what is not the store's left alone), the record let go of
+ * first, one familyd per dir. */
+static void test_store_in_a_state_dir(void **state) {
+        char dir[] = "/dev/shm/test-state-XXXXXX";
+        State *s = NULL, *other = NULL;
+        StateFds records = {}, segments = {};
+        _cleanup_free_ uint8_t *data = NULL;
+        size_t size = 0;
+        struct statfs sf;
+
+        if (statfs("/dev/shm", &sf) < 0 || (unsigned long) sf.f_type != TMPFS_MAGIC ||
+            !mkdtemp(dir))
+                skip();
+
+        assert_int_equal(state_new(&(StateParams) { .state_dir = dir }, &s), 0);
+        assert_int_equal(state_mode(s), STATE_MODE_DIR);
+        assert_string_equal(state_dir(s), dir);
+        assert_int_equal(state_new(&(StateParams) { .state_dir = dir }, &other), -EBUSY);
+
+        int dir_fd = state_segment_dir(s);
+        assert_true(dir_fd >= 0);
+        make_file(dir_fd, "shard-bld-1-3", "shard bytes");
+        int fd = openat(dir_fd, "shard-bld-1-3", O_RDONLY | O_CLOEXEC);
+        assert_true(fd >= 0);
+        StateFd fds[] = { { (char *) "shard-bld-1-3", fd } };
+        assert_int_equal(state_keep(s, "bld-1", (const uint8_t *) "a record", 8, fds, 1), 0);
+        assert_int_equal(close(fd), 0);
+        assert_true(dir_has(dir_fd, "meta-bld-1"));
+        assert_false(dir_has(dir_fd, "meta-bld-1.tmp"));
+        make_file(dir_fd, "meta-bld-2.tmp", "cut off");
+        make_file(dir_fd, "not-ours", "left alone");
+        s = state_free(s);
+
+        assert_int_equal(state_new(&(StateParams) { .state_dir = dir }, &s), 0);
+        dir_fd = state_segment_dir(s);
+        assert_int_equal(state_take_kept(s, &records, &segments), 0);
+        assert_int_equal(records.n, 1);
+        assert_string_equal(records.items[0].name, "meta-bld-1");
+        assert_int_equal(segments.n, 1);
+        assert_string_equal(segments.items[0].name, "shard-bld-1-3");
+        assert_ptr_equal(state_fds_find(&segments, "shard-bld-1-3"), &segments.items[0]);
+        assert_null(state_fds_find(&segments, "shard-bld-1-4"));
+        assert_int_equal(state_read_record(records.items[0].fd, 64, &data, &size), 0);
+        assert_int_equal(size, 8);
+        assert_memory_equal(data, "a record", 8);
+        assert_int_equal(state_read_record(records.items[0].fd, 4, &data, &size), -EFBIG);
+        assert_false(dir_has(dir_fd, "meta-bld-2.tmp"));
+        assert_true(dir_has(dir_fd, "not-ours"));
+        state_fds_done(&records);
+        state_fds_done(&segments);
+
+        state_forget(s, "bld-1", 1);
+        assert_false(dir_has(dir_fd, "meta-bld-1"));
+        assert_true(dir_has(dir_fd, "shard-bld-1-3"));
+        state_drop(s, "shard-bld-1-3");
+        assert_false(dir_has(dir_fd, "shard-bld-1-3"));
+        make_file(dir_fd, "shard-bld-4-0", "never kept");
+        state_discard(s, "shard-bld-4-0");
+        assert_false(dir_has(dir_fd, "shard-bld-4-0"));
+
+        assert_int_equal(unlinkat(dir_fd, "not-ours", 0), 0);
+        state_free(s);
+        assert_int_equal(rmdir(dir), 0);
+}
+
+/* Without a state dir or a service manager nothing is kept, and nothing fails. */
+static void test_store_without_a_place(void **state) {
+        _cleanup_(state_freep) State *s = NULL;
+        StateFds records = {}, segments = {};
+        FamilyError e = FAMILY_ERROR_NULL;
+
+        assert_int_equal(state_new(&(StateParams) {}, &s), 0);
+        assert_int_equal(state_mode(s), STATE_MODE_NONE);
+        assert_int_equal(state_segment_dir(s), -1);
+        assert_null(state_dir(s));
+        assert_int_equal(state_reserve(s, 100000, "build", &e), 0);
+        assert_int_equal(state_keep(s, "bld-1", (const uint8_t *) "x", 1, NULL, 0), 0);
+        assert_int_equal(state_take_kept(s, &records, &segments), 0);
+        assert_int_equal(records.n + segments.n, 0);
+        assert_int_equal(state_mode(NULL), STATE_MODE_NONE);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_build_restore_keeps_ids_unique),
@@ -279,6 +467,9 @@ int main(void) {
                 cmocka_unit_test(test_crc32c),
                 cmocka_unit_test(test_mesh_record_round_trip),
                 cmocka_unit_test(test_damaged_records_are_refused),
+                cmocka_unit_test(test_build_record_round_trip),
+                cmocka_unit_test(test_store_in_a_state_dir),
+                cmocka_unit_test(test_store_without_a_place),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

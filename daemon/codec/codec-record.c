@@ -1,14 +1,12 @@
-/* record.c: state records: the container (header, CRC-32C, sections) and the build and mesh codecs. */
+/* codec-record.c: state records: the container (header, CRC-32C, sections), build and mesh. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "codec-record.h"
+#include "codec.h"
 #include "common/crc32c.h"
-#include "rpc/build-state.h"
 #include "core/build-table.h"
-#include "codec/codec.h"
-#include "record.h"
 #include "core/resource-limits.h"
 
 #define MAGIC "FAMILYDS"
@@ -103,7 +101,7 @@ static int pack(Arena *a, const ProtobufCMessage *m, Section *ret) {
         return 0;
 }
 
-int state_record_encode_build(const char *id, const BuildState *b, uint64_t created_ns,
+int codec_record_encode_build(const char *id, const CodecBuild *b, uint64_t created_ns,
                               uint8_t **ret, size_t *ret_size) {
         _cleanup_(arena_done) Arena a;
         Familyd__V1__Build *pb = NULL;
@@ -115,7 +113,7 @@ int state_record_encode_build(const char *id, const BuildState *b, uint64_t crea
         int r;
 
         arena_init(&a);
-        if (!dtype)
+        if (!dtype || !b->group || strlen(b->group) != CODEC_TOKEN_LENGTH)
                 return -EINVAL;
         r = codec_build_encode(&a, id, b, "", &pb);
         if (r < 0)
@@ -124,8 +122,8 @@ int state_record_encode_build(const char *id, const BuildState *b, uint64_t crea
         r = pack(&a, &pb->base, &s[n++]);
         if (r < 0)
                 return r;
-        if (b->plan.mesh) {
-                r = codec_mesh_encode(&a, b->plan.mesh, &pm);
+        if (b->plan->mesh) {
+                r = codec_mesh_encode(&a, b->plan->mesh, &pm);
                 if (r < 0)
                         return r;
                 s[n].tag = SECTION_MESH;
@@ -135,14 +133,14 @@ int state_record_encode_build(const char *id, const BuildState *b, uint64_t crea
         }
         put64(seed, b->seed);
         put64(created, created_ns);
-        s[n++] = (Section) { SECTION_GROUP, b->group.hex, SHARD_TOKEN_LENGTH };
+        s[n++] = (Section) { SECTION_GROUP, b->group, CODEC_TOKEN_LENGTH };
         s[n++] = (Section) { SECTION_DTYPE, dtype, strlen(dtype) };
         s[n++] = (Section) { SECTION_SEED, seed, sizeof seed };
         s[n++] = (Section) { SECTION_CREATED, created, sizeof created };
         return record_write(STATE_RECORD_BUILD, s, n, ret, ret_size);
 }
 
-int state_record_encode_mesh(const Mesh *m, uint64_t created_ns, uint8_t **ret,
+int codec_record_encode_mesh(const Mesh *m, uint64_t created_ns, uint8_t **ret,
                              size_t *ret_size) {
         _cleanup_(arena_done) Arena a;
         Familyd__V1__Mesh *pm = NULL;
@@ -188,12 +186,23 @@ static int bad(Why *w, int error, const char *format, ...) {
 
 #define CORRUPT(w, ...) bad((w), -EBADMSG, __VA_ARGS__)
 
-void state_record_done(StateRecord *r) {
+void codec_record_build_free(RecordBuild *b) {
+        if (!b)
+                return;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                free(b->ranks[i].node);
+        free(b->ranks);
+        layout_done(&b->layout);
+        build_plan_done(&b->plan);
+        free(b);
+}
+
+void codec_record_done(StateRecord *r) {
         if (!r)
                 return;
         free(r->id);
         mesh_unref(r->mesh);
-        build_state_free(r->build);
+        codec_record_build_free(r->build);
         *r = (StateRecord) {};
 }
 
@@ -463,43 +472,41 @@ static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype d
         return 0;
 }
 
-static int ranks_decode(const Familyd__V1__Build *pb, BuildState *b, uint64_t *ret_bytes,
-                        Why *w) {
+static int ranks_decode(const Familyd__V1__Build *pb, RecordBuild *b, Why *w) {
         uint64_t bytes = 0;
 
-        b->ranks = calloc(pb->n_shards + 1, sizeof(BuildRankState));
+        b->ranks = calloc(pb->n_shards + 1, sizeof(RecordBuildRank));
         if (!b->ranks)
                 return -ENOMEM;
         for (size_t i = 0; i < pb->n_shards; i++) {
                 const Familyd__V1__RankShard *s = pb->shards[i];
-                BuildRankState *rs = &b->ranks[i];
+                RecordBuildRank *rs = &b->ranks[i];
 
                 rs->node = strdup(s->node);
                 if (!rs->node)
                         return -ENOMEM;
                 b->n_ranks++;
                 rs->local_device = s->local_device;
-                rs->device_kind = streq_ptr(s->device_kind, SHARD_SEGMENT_DEVICE_KIND_CUDA)
-                                          ? SHARD_SEGMENT_DEVICE_KIND_CUDA
-                                          : SHARD_SEGMENT_DEVICE_KIND_HOST;
+                rs->device_kind = streq_ptr(s->device_kind, CODEC_DEVICE_KIND_CUDA)
+                                          ? CODEC_DEVICE_KIND_CUDA
+                                          : CODEC_DEVICE_KIND_HOST;
                 if (isempty(s->token))
                         continue;
-                if (!shard_token_is_valid(s->token) || s->size_bytes == 0)
+                if (!codec_token_is_valid(s->token) || s->size_bytes == 0)
                         return CORRUPT(w, "rank %" PRId64 " has a bad token", s->rank);
-                /* GPU shards are never kept (state.h): whatever descriptor comes with this
-                 * name, it is not a memfd to re-adopt. */
-                if (!streq(rs->device_kind, SHARD_SEGMENT_DEVICE_KIND_HOST))
+                /* GPU shards are never kept (daemon/build/build-keep.c): whatever descriptor
+                 * comes with this name, it is not a memfd to re-adopt. */
+                if (!streq(rs->device_kind, CODEC_DEVICE_KIND_HOST))
                         return CORRUPT(w,
                                        "rank %" PRId64 " is in GPU memory (%s), which is never "
                                        "kept across restarts",
                                        s->rank, rs->device_kind);
-                rs->allocation_bytes = s->size_bytes;
-                rs->materialized = true;
-                memcpy(rs->token.hex, s->token, SHARD_TOKEN_LENGTH + 1);
+                rs->size_bytes = s->size_bytes;
+                memcpy(rs->token, s->token, CODEC_TOKEN_LENGTH + 1);
                 if (__builtin_add_overflow(bytes, s->size_bytes, &bytes))
                         return CORRUPT(w, "the build's sizes overflow");
         }
-        *ret_bytes = bytes;
+        b->bytes = bytes;
         return 0;
 }
 
@@ -604,13 +611,13 @@ static int mesh_section_decode(const Sections *s, StateRecord *rec, Why *w) {
 static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
         _cleanup_free_ char *dtype_name = NULL;
         Familyd__V1__Build *pb;
-        BuildState *b;
+        RecordBuild *b;
         int r;
 
         if (!s->present[SECTION_BUILD] || !s->present[SECTION_GROUP] ||
             !s->present[SECTION_DTYPE] || !s->present[SECTION_SEED])
                 return CORRUPT(w, "a build record without its build, group, dtype or seed");
-        if (s->size[SECTION_GROUP] != SHARD_TOKEN_LENGTH || s->size[SECTION_SEED] != 8 ||
+        if (s->size[SECTION_GROUP] != CODEC_TOKEN_LENGTH || s->size[SECTION_SEED] != 8 ||
             s->size[SECTION_DTYPE] > 32)
                 return CORRUPT(w, "a build record with a bad group, dtype or seed");
 
@@ -618,9 +625,9 @@ static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
         if (!b)
                 return -ENOMEM;
         rec->build = b;
-        memcpy(b->group.hex, s->data[SECTION_GROUP], SHARD_TOKEN_LENGTH);
-        b->group.hex[SHARD_TOKEN_LENGTH] = 0;
-        if (!shard_token_is_valid(b->group.hex))
+        memcpy(b->group, s->data[SECTION_GROUP], CODEC_TOKEN_LENGTH);
+        b->group[CODEC_TOKEN_LENGTH] = 0;
+        if (!codec_token_is_valid(b->group))
                 return CORRUPT(w, "the build's group is not a token");
         dtype_name = strndup((const char *) s->data[SECTION_DTYPE], s->size[SECTION_DTYPE]);
         if (!dtype_name)
@@ -649,23 +656,14 @@ static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
         if (r >= 0)
                 r = layout_decode(pb, rec->mesh, b->dtype, &b->layout, w);
         if (r >= 0)
-                r = ranks_decode(pb, b, &rec->bytes, w);
-        if (r >= 0) {
-                MaterializeOptions *m = &b->plan.materialize;
-                m->enabled = rec->bytes > 0;
-                m->has_seed = true;
-                m->seed = b->seed;
-                m->dtype = strdup(dtype_to_string(b->dtype));
-                if (!m->dtype)
-                        r = -ENOMEM;
-        }
+                r = ranks_decode(pb, b, w);
         familyd__v1__build__free_unpacked(pb, NULL);
         return r;
 }
 
-int state_record_decode(const uint8_t *data, size_t size, StateRecord *ret, char *why,
+int codec_record_decode(const uint8_t *data, size_t size, StateRecord *ret, char *why,
                         size_t why_size) {
-        _cleanup_(state_record_done) StateRecord rec = {};
+        _cleanup_(codec_record_done) StateRecord rec = {};
         Why w = { why, why_size };
         Sections s = {};
         int r;

@@ -1,10 +1,12 @@
 /* build-state.h: what the daemon keeps for one live build (a BuildRecord's payload). */
 #pragma once
 
-#include "shm/accel.h"
+#include "core/arena.h"
 #include "core/build-plan.h"
 #include "core/fill.h"
 #include "core/layout.h"
+#include "codec/codec-build.h"
+#include "shm/accel.h"
 #include "shm/segment.h"
 #include "shm/token.h"
 
@@ -32,3 +34,14 @@ typedef struct BuildState {
 } BuildState;
 
 void build_state_free(void *state);
+DEFINE_TRIVIAL_CLEANUP_FUNC(BuildState *, build_state_free);
+
+/* What the Build messages and the build's record say of b (codec/codec-build.h), borrowing
+ * b's data; its rank list is allocated in a. */
+int build_state_describe(const BuildState *b, Arena *a, CodecBuild *ret);
+
+/* How many ranks b materialised here (each a segment, a token and a kept descriptor). */
+size_t build_state_segments(const BuildState *b);
+/* A rank materialised in GPU memory. */
+bool build_rank_on_gpu(const BuildRankState *rs);
+bool build_state_has_gpu_shards(const BuildState *b);

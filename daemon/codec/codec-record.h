@@ -1,4 +1,4 @@
-/* record.h: the records that keep a build or a mesh across restarts: their format and codec. */
+/* codec-record.h: the records that keep a build or a mesh across restarts: format and codec. */
 #pragma once
 
 /*
@@ -6,7 +6,8 @@
  * mesh, each its own sealed memfd in the fd store or its own file under --state-dir, so a
  * change writes one small record and a damaged record costs one object, never all of them.
  * Builds and meshes never change after they are made, so a record is written once and only
- * ever removed.
+ * ever removed. daemon/state/ keeps the bytes without reading them; daemon/build/ makes and
+ * re-adopts what they say.
  *
  * A record is a 32-byte header, then sections, all little-endian:
  *
@@ -27,15 +28,18 @@
  * readers refuse.
  *
  * Pure: no I/O, no logging. The decoder checks everything it reads (sizes, names, slices
- * within their rank's bytes), so a damaged record is an error, never a crash.
+ * within their rank's bytes), so a damaged record is an error, never a crash. A decoded build
+ * is plain data (RecordBuild): daemon/build/ turns it into a live build when it re-adopts it.
  */
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec-build.h"
+#include "core/build-plan.h"
+#include "core/fill.h"
+#include "core/layout.h"
 #include "core/mesh.h"
-
-struct BuildState; /* rpc/build-state.h */
 
 #define STATE_RECORD_VERSION 1u
 #define STATE_RECORD_HEADER_SIZE 32u
@@ -49,27 +53,51 @@ typedef enum StateRecordKind {
         _STATE_RECORD_KIND_INVALID = -EINVAL,
 } StateRecordKind;
 
+/* A rank of a kept build, in the layout's rank order. */
+typedef struct RecordBuildRank {
+        char *node;
+        int32_t local_device;
+        const char *device_kind; /* CODEC_DEVICE_KIND_HOST | _CUDA (static) */
+        uint64_t size_bytes;     /* materialised on this node: its shard's size; else 0 */
+        char token[CODEC_TOKEN_LENGTH + 1]; /* materialised on this node: its token; else "" */
+} RecordBuildRank;
+
+/* A kept build as its record says it: plain data, owned. */
+typedef struct RecordBuild {
+        BuildPlan plan; /* provenance: request, resolved family, config, origin; no mesh, no
+                         * materialize options */
+        Layout layout;  /* checked against the record's mesh */
+        Dtype dtype;
+        uint64_t seed;
+        char group[CODEC_TOKEN_LENGTH + 1]; /* the shard table's name of its tokens */
+        RecordBuildRank *ranks;
+        size_t n_ranks;
+        uint64_t bytes; /* of the ranks materialised on this node */
+} RecordBuild;
+
 typedef struct StateRecord {
         StateRecordKind kind;
         uint64_t created_ns;
-        char *id;        /* the build's or the mesh's id */
-        Mesh *mesh;      /* the mesh record's mesh, or the build's (NULL: none); checked as
-                          * CreateMesh checks, its id derived anew; in no table */
-        struct BuildState *build; /* BUILD: no segments yet; plan.mesh and counted_mesh NULL */
-        uint64_t bytes;  /* BUILD: bytes of the ranks materialised on this node */
+        char *id;           /* the build's or the mesh's id */
+        Mesh *mesh;         /* the mesh record's mesh, or the build's (NULL: none); checked as
+                             * CreateMesh checks, its id derived anew; in no table */
+        RecordBuild *build; /* BUILD only */
 } StateRecord;
 
-void state_record_done(StateRecord *r);
+void codec_record_done(StateRecord *r);
+void codec_record_build_free(RecordBuild *b);
+DEFINE_TRIVIAL_CLEANUP_FUNC(RecordBuild *, codec_record_build_free);
 
-/* A record in a malloc'd buffer. b's ranks must have their tokens. */
-int state_record_encode_build(const char *id, const struct BuildState *b, uint64_t created_ns,
+/* A record in a malloc'd buffer. b's materialised ranks must have their tokens, and b its seed
+ * and group. */
+int codec_record_encode_build(const char *id, const CodecBuild *b, uint64_t created_ns,
                               uint8_t **ret, size_t *ret_size);
-int state_record_encode_mesh(const Mesh *m, uint64_t created_ns, uint8_t **ret,
+int codec_record_encode_mesh(const Mesh *m, uint64_t created_ns, uint8_t **ret,
                              size_t *ret_size);
 
 /*
  * 0 and *ret; -EBADMSG for a damaged record, -EPROTONOSUPPORT for one of another version or
  * kind, why (a sentence, why_size bytes) saying what is wrong; -ENOMEM.
  */
-int state_record_decode(const uint8_t *data, size_t size, StateRecord *ret, char *why,
+int codec_record_decode(const uint8_t *data, size_t size, StateRecord *ret, char *why,
                         size_t why_size);

@@ -1,0 +1,277 @@
+/* build.c: Build and ReleaseBuild: plan, layout, reserve, materialise, publish, keep, commit. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "build-private.h"
+#include "codec/codec-build.h"
+#include "common/log.h"
+#include "core/resource-limits.h"
+
+struct BuildDraft {
+        Builder builder;
+        BuildState *state;
+        uint64_t bytes; /* host bytes reserved in the build table */
+};
+
+/* The reply is known in full before anything is materialised (tokens and ids have fixed
+ * lengths): a Build whose reply no client could receive is refused before it costs anything. */
+static int check_reply_size(BuildState *b, const char *shard_socket, FamilyError *ret_error) {
+        _cleanup_(arena_done) Arena a;
+        CodecBuild view;
+        size_t size = 0;
+        int r;
+
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized)
+                        memset(b->ranks[i].token.hex, '0', SHARD_TOKEN_LENGTH);
+        arena_init(&a);
+        r = build_state_describe(b, &a, &view);
+        if (r >= 0)
+                r = codec_build_packed_size("bld-00000000-00000000000000000000", &view,
+                                            shard_socket, &size);
+        /* The BuildResponse around it, and the message's framing. */
+        size += 16;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                b->ranks[i].token = (ShardToken) {};
+        if (r < 0)
+                return r;
+        if (size <= FAMILYD_MAX_REPLY_BYTES)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "REPLY_LIMIT", NULL,
+                                "the Build reply would be %zu bytes, more than the limit of %u "
+                                "bytes (%zu ranks)",
+                                size, FAMILYD_MAX_REPLY_BYTES, b->n_ranks);
+}
+
+int build_draft(const Builder *builder, const BuildRequest *req, const char *shard_socket,
+                BuildDraft **ret, FamilyError *ret_error) {
+        Manager *m = builder->manager;
+        _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
+        _cleanup_(topology_unrefp) Topology *topo = manager_topology(m);
+        _cleanup_(build_state_freep) BuildState *b = NULL;
+        _cleanup_free_ BuildDraft *d = NULL;
+        int r;
+
+        b = calloc(1, sizeof *b);
+        d = calloc(1, sizeof *d);
+        if (!b || !d)
+                return -ENOMEM;
+        r = build_plan(reg, m->meshes, req, &b->plan, ret_error);
+        if (r < 0)
+                return r;
+        r = build_dtype_of(&b->plan, &b->dtype, ret_error);
+        if (r < 0)
+                return r;
+        b->seed = b->plan.materialize.has_seed ? b->plan.materialize.seed : 0;
+        r = build_compute_layout(b, ret_error);
+        if (r < 0)
+                return r;
+        r = build_place_ranks(b, topo, builder->accel, ret_error);
+        if (r < 0)
+                return r;
+        r = check_reply_size(b, shard_socket, ret_error);
+        if (r < 0)
+                return r;
+        r = shard_token_new(&b->group);
+        if (r < 0)
+                return r;
+
+        /* Counted on its mesh now, so a DeleteMesh racing this Build is refused. */
+        if (b->plan.mesh) {
+                r = mesh_table_acquire(m->meshes, b->plan.mesh->id, &b->counted_mesh, ret_error);
+                if (r < 0)
+                        return r;
+        }
+
+        r = build_check_shard_room(b, builder->shards, ret_error);
+        if (r < 0)
+                return r;
+        r = build_reserve_devices(b, builder->accel, ret_error);
+        if (r < 0)
+                return r;
+        r = build_keep_reserve(builder->state, b, ret_error);
+        if (r < 0)
+                return r;
+
+        d->bytes = build_host_bytes(b);
+        r = build_table_reserve(m->builds, d->bytes, ret_error);
+        if (r < 0) {
+                build_keep_unreserve(builder->state, b);
+                return r;
+        }
+
+        d->builder = *builder;
+        d->state = TAKE_PTR(b);
+        *ret = TAKE_PTR(d);
+        return 0;
+}
+
+bool build_draft_fills(const BuildDraft *d) {
+        return build_state_segments(d->state) > 0;
+}
+
+void build_draft_abandon(BuildDraft *d) {
+        if (!d)
+                return;
+        build_keep_unreserve(d->builder.state, d->state);
+        build_table_cancel(d->builder.manager->builds, d->bytes);
+        build_state_free(d->state);
+        free(d);
+}
+
+static int materialize_all(const Builder *builder, BuildState *b, const char *id,
+                           bool (*expired)(void *userdata), void *userdata,
+                           FamilyError *ret_error) {
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                const RankLayout *rl = &b->layout.ranks[i];
+                BuildRankState *rs = &b->ranks[i];
+                int r;
+
+                if (!rs->materialized)
+                        continue;
+                /* Nobody would learn this build's id: stop, and keep nothing. */
+                if (expired(userdata))
+                        return -ETIMEDOUT;
+                if (build_rank_on_gpu(rs)) {
+                        char name[96];
+                        (void) snprintf(name, sizeof name, "shard-%s-%" PRId64, id, rl->rank);
+                        r = accel_segment_new(builder->accel, rs->local_device, name,
+                                              rl->size_bytes, &rs->segment, ret_error);
+                } else
+                        r = build_keep_segment_new(builder->state, id, rl->rank, rl->size_bytes,
+                                                   rs->local_device, &rs->segment);
+                if (r < 0)
+                        return r;
+                rs->allocation_bytes = shard_segment_size(rs->segment);
+                r = accel_fill(builder->accel, rs->segment, &b->plan, &b->layout, rl, b->dtype,
+                               b->seed, ret_error);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_error) {
+        for (size_t i = 0; i < b->n_ranks; i++) {
+                if (!b->ranks[i].materialized)
+                        continue;
+                int r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
+                                        &b->ranks[i].token);
+                if (r == SHARD_TABLE_FULL)
+                        return build_check_shard_room(b, shards, ret_error) < 0
+                                       ? -EINVAL
+                                       : family_error_set(ret_error,
+                                                          FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                          "SHARD_LIMIT", NULL,
+                                                          "shard limit reached");
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Gives back everything a Build took before its commit: tokens, the segments it made where
+ * they outlive the daemon, its fd store room, its reservation; then frees it. */
+static void draft_abandon_made(BuildDraft *d, const char *id) {
+        (void) shard_table_remove_group(d->builder.shards, d->state->group.hex);
+        build_keep_discard(d->builder.state, id, d->state);
+        build_draft_abandon(d);
+}
+
+int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *userdata,
+                       BuildRecord **ret, FamilyError *ret_error) {
+        const Builder *builder = &d->builder;
+        Manager *m = builder->manager;
+        BuildState *b = d->state;
+        uint64_t bytes = d->bytes;
+        BuildRecord *rec = NULL;
+        char id[BUILD_TABLE_ID_MAX];
+        int r;
+
+        build_table_next_id(m->builds, id);
+        r = materialize_all(builder, b, id, expired, userdata, ret_error);
+        if (r >= 0 && expired(userdata))
+                r = -ETIMEDOUT;
+        if (r < 0) {
+                State *state = builder->state;
+                draft_abandon_made(d, id);
+                if (family_error_is_set(ret_error))
+                        return r; /* a backend's own answer (GPU memory, the CUDA driver) */
+                if (r == -ETIMEDOUT)
+                        return family_error_set(ret_error, FAMILY_STATUS_DEADLINE_EXCEEDED,
+                                                "DEADLINE", NULL,
+                                                "the call ended (deadline or shutdown) while "
+                                                "materialising; nothing was kept");
+                if (r == -EMFILE || r == -ENFILE)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "FD_LIMIT", NULL,
+                                                "out of file descriptors for shard memory");
+                if ((r == -ENOSPC || r == -EDQUOT) && state_mode(state) == STATE_MODE_DIR)
+                        return build_keep_dir_full_error(state, bytes, ret_error);
+                if (r == -ENOMEM || r == -ENOSPC)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "SHM_EXHAUSTED", NULL,
+                                                "out of shared memory for %" PRIu64 " bytes",
+                                                bytes);
+                return r;
+        }
+        r = publish_tokens(b, builder->shards, ret_error);
+        if (r >= 0)
+                r = build_keep_save(builder->state, id, b, ret_error);
+        if (r < 0) {
+                draft_abandon_made(d, id);
+                return r;
+        }
+
+        r = build_table_commit_id(m->builds, id, bytes, b, build_state_free, &rec);
+        if (r < 0) {
+                /* Saved: its fd store room is in use now, and forgetting gives it back. */
+                (void) shard_table_remove_group(builder->shards, b->group.hex);
+                build_keep_forget(builder->state, id, b);
+                build_table_cancel(m->builds, bytes);
+                build_state_free(b);
+                free(d);
+                return r;
+        }
+        /* b lives on as rec's payload. */
+        free(d);
+        char gpu_bytes_text[64] = "";
+        if (b->device_memory)
+                (void) snprintf(gpu_bytes_text, sizeof gpu_bytes_text,
+                                "%" PRIu64 " bytes in GPU memory", build_gpu_bytes(b));
+        log_struct(LOG_INFO, 0,
+                   LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
+                              LOG_FIELD(LOG_FIELD_FAMILY, b->plan.resolved.family),
+                              LOG_FIELD(LOG_FIELD_MESH_ID, b->plan.mesh ? b->plan.mesh->id : NULL)),
+                   "Build %s created: %s as %s, %zu ranks, %" PRIu64 " bytes of shards held%s%s.",
+                   rec->id, b->plan.resolved.family, b->plan.resolved.variant, b->n_ranks, bytes,
+                   b->device_memory ? ", " : "", b->device_memory ? gpu_bytes_text : "");
+        *ret = rec;
+        return 0;
+}
+
+int build_release(const Builder *builder, const char *id, FamilyError *ret_error) {
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        BuildTable *builds = builder->manager->builds;
+        int r;
+
+        r = build_table_get(builds, id, &rec, ret_error);
+        if (r < 0)
+                return r;
+
+        /* Tokens first: from here on no new descriptor of this build is handed out. */
+        const BuildState *b = rec->payload;
+        (void) shard_table_remove_group(builder->shards, b->group.hex);
+        r = build_table_remove(builds, id, ret_error);
+        if (r < 0)
+                return r;
+        /* Only the caller whose remove succeeded gets here: forgotten once. */
+        build_keep_forget(builder->state, rec->id, b);
+        log_struct(LOG_INFO, 0,
+                   LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
+                              LOG_FIELD(LOG_FIELD_FAMILY, b->plan.resolved.family),
+                              LOG_FIELD(LOG_FIELD_MESH_ID, b->plan.mesh ? b->plan.mesh->id : NULL)),
+                   "Build %s released: %" PRIu64 " bytes of shards let go.", rec->id,
+                   rec->bytes);
+        return 0;
+}
