@@ -24,6 +24,8 @@ packages=(
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
     libjansson-dev libsmartcols-dev
+    # The unit's ExecReload= runs /bin/kill, which a minimal Debian lacks.
+    procps
 )
 if $tests; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)

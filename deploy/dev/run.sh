@@ -6,8 +6,12 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 
 bash deploy/dev/install-deps.sh
-[[ -d build-run ]] || meson setup build-run -Dtests=false >/dev/null
-ninja -C build-run >/dev/null
+if [[ ! -d build-run ]]; then
+    log=$(mktemp)
+    meson setup build-run -Dtests=false >"$log" 2>&1 || { cat "$log"; rm -rf build-run "$log"; exit 1; }
+    rm -f "$log"
+fi
+ninja -C build-run --quiet   # says nothing unless a step fails, then shows its output
 
 mkdir -p run
 sock="$root/run/familyd.sock"

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -88,6 +89,14 @@ class FdStoreTest(unittest.TestCase):
     def ours(self, m):
         return sorted(n for n in m.fdstore if n.startswith(("shard-", "meta")))
 
+    def wait_ours(self, m, n, timeout=10.0):
+        """Our names in the store once there are n of them: FDSTORE=1 datagrams may reach the
+        fake manager's thread after the Build's reply reached us."""
+        deadline = time.monotonic() + timeout
+        while len(self.ours(m)) != n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.ours(m)
+
     # -----------------------------------------------------------------------------------------
 
     def test_sigkill_and_restart_with_the_store(self):
@@ -104,7 +113,7 @@ class FdStoreTest(unittest.TestCase):
                       ["meta-" + b.build_id for b in (on_mesh, alone, plain)] +
                       ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)] +
                       ["shard-%s-0" % alone.build_id])
-        self.assertEqual(self.ours(m), want)
+        self.assertEqual(self.wait_ours(m, len(want)), want)
         self.assertEqual(m.fdstore_ignored, [])
 
         # A trainer maps rank 2 writable (sealed memfds may be) and keeps it across the crash.
@@ -151,7 +160,7 @@ class FdStoreTest(unittest.TestCase):
         d = self.start(m, extra_args=["--fdstore-max", "3"])
         first = U.build(self, d, materialize={})
         before = U.view(self, d)
-        stored = self.ours(m)
+        stored = self.wait_ours(m, 2)
         self.assertEqual(len(stored), 2)
 
         res = d.client.call("familyd.v1.FamilyService/Build",

@@ -15,7 +15,8 @@ the source and build trees:
   proto/familyd.binpb, built with --include_imports);
 - the pkg-config files of every dependency meson found, with the ones they require, and the
   libraries the link commands name with -l;
-- the Python modules the tests and the client package import, as /usr/bin/python3 finds them.
+- the Python modules the tests and the client package import, as /usr/bin/python3 finds them;
+- the programs the systemd units run (ExecReload=/bin/kill), which the unit tests verify.
 
 Each file is looked up with `dpkg -S`; the check fails naming the file and its package unless
 that package is listed by `install-deps.sh --list --tests`, is one every Debian system has
@@ -136,6 +137,17 @@ def pkg_config_files(build):
     return files
 
 
+def unit_programs():
+    """The absolute programs the systemd units run (ExecStart=, ExecReload=, ...)."""
+    files = set()
+    for path in glob.glob(os.path.join(SOURCE, "deploy", "systemd", "*.service*")):
+        for line in open(path):
+            m = re.match(r"\s*Exec\w*=\s*[-@:+!]*(\S+)", line)
+            if m and m.group(1).startswith("/") and "@" not in m.group(1):
+                files.add(m.group(1))
+    return files
+
+
 def python_modules(trees):
     """Files of the top-level modules that tests/ and client/python import."""
     names = set()
@@ -250,6 +262,7 @@ def main():
     files |= descriptor_protos(build, proto_paths)
     files |= pkg_config_files(build)
     files |= python_modules(trees)
+    files |= unit_programs()
     files = {f for f in files if outside(f, trees)}
     for prefix, why in OPTIONAL.items():
         n = len([f for f in files if f.startswith(prefix)])
