@@ -361,21 +361,12 @@ static int parameter_decode(const Familyd__V1__ParameterLayout *pb, const Mesh *
         return 0;
 }
 
-/* Row-major coordinates of position k in view (the layout's unravel). */
-static void unravel(const MeshView *v, size_t k, int64_t *coords) {
-        for (size_t i = v->n; i-- > 0;) {
-                coords[i] = (int64_t) (k % (size_t) v->dims[i].size);
-                k /= (size_t) v->dims[i].size;
-        }
-}
-
 static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype dtype,
                          Layout *l, Why *w) {
         const Familyd__V1__Layout *pl = pb->info->layout;
         const MeshSpec *spec = mesh ? &mesh->spec : NULL;
         const char *mesh_id = mesh ? mesh->id : NULL;
-        size_t n_device = spec ? spec->device.n : 0, n_expert = spec ? spec->expert.n : 0;
-        size_t n_ranks = spec ? spec->n_ranks : 1, cells_per_rank, n_cells;
+        size_t n_ranks = spec ? spec->n_ranks : 1;
         int r;
 
         if (!streq(strempty(pl->mesh_id), strempty(mesh_id)))
@@ -397,51 +388,28 @@ static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype d
         l->parameters = calloc(pl->n_parameters + 1, sizeof(ParameterLayout));
         if (!l->parameters)
                 return -ENOMEM;
-        cells_per_rank = n_device + n_expert;
         for (size_t i = 0; i < pl->n_parameters; i++) {
                 r = parameter_decode(pl->parameters[i], mesh, &l->parameters[i], w);
                 l->n_parameters++;
                 if (r < 0)
                         return r;
-                cells_per_rank += 2 * l->parameters[i].n_dims;
         }
-        if (__builtin_mul_overflow(cells_per_rank, n_ranks, &n_cells) ||
-            n_cells > LAYOUT_MAX_ENTRIES * 2u)
+        r = layout_ranks_new(l, spec);
+        if (r == -E2BIG)
                 return CORRUPT(w, "the layout is too large");
+        if (r < 0)
+                return r;
 
-        l->_cells = calloc(n_cells + 1, sizeof(int64_t));
-        l->ranks = calloc(n_ranks, sizeof(RankLayout));
-        if (!l->_cells || !l->ranks)
-                return -ENOMEM;
-
-        int64_t *cell = l->_cells;
         for (size_t k = 0; k < n_ranks; k++) {
                 const Familyd__V1__RankShard *s = pb->shards[k];
                 RankLayout *rl = &l->ranks[k];
                 uint64_t end = 0;
 
-                rl->slices = calloc(l->n_parameters + 1, sizeof(ShardSlice));
-                if (!rl->slices)
-                        return -ENOMEM;
-                l->n_ranks++;
-                rl->rank = s->rank;
-                if (rl->rank != (spec ? spec->ranks[k] : 0))
+                if (s->rank != rl->rank)
                         return CORRUPT(w, "rank %" PRId64 " is not the mesh's rank at %zu",
                                        s->rank, k);
-                rl->device_coords = cell;
-                rl->n_device_coords = n_device;
-                cell += n_device;
-                rl->expert_coords = cell;
-                rl->n_expert_coords = n_expert;
-                cell += n_expert;
-                if (n_device > 0)
-                        unravel(&spec->device, k, rl->device_coords);
-                if (n_expert > 0)
-                        unravel(&spec->expert, k, rl->expert_coords);
-
                 if (s->n_slices != l->n_parameters || s->size_bytes > (uint64_t) INT64_MAX)
                         return CORRUPT(w, "rank %" PRId64 " does not match the layout", s->rank);
-                rl->n_slices = s->n_slices;
                 rl->size_bytes = s->size_bytes;
                 for (size_t i = 0; i < s->n_slices; i++) {
                         const Familyd__V1__ShardSlice *e = s->slices[i];
@@ -454,15 +422,8 @@ static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype d
                             end > s->size_bytes)
                                 return CORRUPT(w, "rank %" PRId64 " has a bad slice of '%.64s'",
                                                s->rank, p->name);
-                        sl->parameter = i;
-                        sl->name = p->name;
-                        sl->n_dims = p->n_dims;
-                        sl->local_shape = cell;
-                        memcpy(cell, e->local_shape, p->n_dims * sizeof(int64_t));
-                        cell += p->n_dims;
-                        sl->global_offset = cell;
-                        memcpy(cell, e->global_offset, p->n_dims * sizeof(int64_t));
-                        cell += p->n_dims;
+                        memcpy(sl->local_shape, e->local_shape, p->n_dims * sizeof(int64_t));
+                        memcpy(sl->global_offset, e->global_offset, p->n_dims * sizeof(int64_t));
                         sl->byte_offset = e->byte_offset;
                         sl->byte_length = e->byte_length;
                 }

@@ -214,6 +214,58 @@ static void unravel(const MeshView *v, uint64_t index, int64_t *ret_coords) {
         }
 }
 
+int layout_ranks_new(Layout *l, const MeshSpec *spec) {
+        const MeshView *device = spec ? &spec->device : NULL;
+        const MeshView *expert = spec && spec->expert.n > 0 ? &spec->expert : NULL;
+        size_t n_device = device ? device->n : 0, n_expert = expert ? expert->n : 0;
+        size_t n_ranks = spec ? spec->n_ranks : 1, cells_per_rank = n_device + n_expert, n_cells;
+        int64_t *cell;
+
+        for (size_t i = 0; i < l->n_parameters; i++)
+                cells_per_rank += 2 * l->parameters[i].n_dims;
+        if (__builtin_mul_overflow(cells_per_rank, n_ranks, &n_cells) ||
+            n_cells > LAYOUT_MAX_ENTRIES * 2u)
+                return -E2BIG;
+        l->_cells = calloc(n_cells + 1, sizeof(int64_t));
+        l->ranks = calloc(n_ranks + 1, sizeof(RankLayout));
+        if (!l->_cells || !l->ranks)
+                return -ENOMEM;
+
+        cell = l->_cells;
+        for (size_t k = 0; k < n_ranks; k++) {
+                RankLayout *rl = &l->ranks[k];
+
+                rl->slices = calloc(l->n_parameters + 1, sizeof(ShardSlice));
+                if (!rl->slices)
+                        return -ENOMEM;
+                l->n_ranks++;
+                rl->rank = spec ? spec->ranks[k] : 0;
+                rl->n_slices = l->n_parameters;
+                rl->device_coords = cell;
+                rl->n_device_coords = n_device;
+                cell += n_device;
+                rl->expert_coords = cell;
+                rl->n_expert_coords = n_expert;
+                cell += n_expert;
+                if (device)
+                        unravel(device, k, rl->device_coords);
+                if (expert)
+                        unravel(expert, k, rl->expert_coords);
+                for (size_t i = 0; i < l->n_parameters; i++) {
+                        ShardSlice *s = &rl->slices[i];
+
+                        s->parameter = i;
+                        s->name = l->parameters[i].name;
+                        s->n_dims = l->parameters[i].n_dims;
+                        s->local_shape = cell;
+                        cell += s->n_dims;
+                        s->global_offset = cell;
+                        cell += s->n_dims;
+                }
+        }
+        return 0;
+}
+
 /* Fills one slice's box from the rank's coordinates in the parameter's view. */
 static void slice_box(const ParameterLayout *p, const MeshView *view, const int64_t *target,
                       const int64_t *coords, ShardSlice *s) {
@@ -239,8 +291,7 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
         const MeshView *device = mesh ? &mesh->spec.device : NULL;
         const MeshView *expert = mesh && mesh->spec.expert.n > 0 ? &mesh->spec.expert : NULL;
         size_t n_device = device ? device->n : 0, n_expert = expert ? expert->n : 0;
-        uint64_t entries = 0, per_rank = 0, n_cells = 0, cells_per_rank;
-        int64_t *cell;
+        uint64_t entries = 0, per_rank = 0;
         size_t n_ranks;
         int r;
 
@@ -281,14 +332,11 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                                         n_ranks, n_parameters, LAYOUT_MAX_ENTRIES);
 
         /* Every number below is bounded by entries, so no product here overflows. */
-        cells_per_rank = n_device + n_expert;
-        for (size_t i = 0; i < l.n_parameters; i++)
-                cells_per_rank += 2 * l.parameters[i].n_dims;
-        n_cells = cells_per_rank * n_ranks;
-        l._cells = calloc(n_cells + 1, sizeof(int64_t));
-        l.ranks = calloc(n_ranks, sizeof(RankLayout));
+        r = layout_ranks_new(&l, mesh ? &mesh->spec : NULL);
+        if (r < 0)
+                return r;
         plan = calloc(l.n_parameters * (n_device > n_expert ? n_device : n_expert) + 1, sizeof(int64_t));
-        if (!l._cells || !l.ranks || !plan)
+        if (!plan)
                 return -ENOMEM;
         for (size_t i = 0; i < l.n_parameters; i++) {
                 const ParameterLayout *p = &l.parameters[i];
@@ -297,28 +345,10 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                                plan + i * (n_device > n_expert ? n_device : n_expert));
         }
 
-        cell = l._cells;
         for (size_t k = 0; k < n_ranks; k++) {
                 RankLayout *rl = &l.ranks[k];
                 uint64_t cursor = 0;
                 bool any = false;
-
-                rl->slices = calloc(l.n_parameters + 1, sizeof(ShardSlice));
-                if (!rl->slices)
-                        return -ENOMEM;
-                l.n_ranks++;
-                rl->rank = mesh ? mesh->spec.ranks[k] : 0;
-                rl->n_slices = l.n_parameters;
-                rl->device_coords = cell;
-                rl->n_device_coords = n_device;
-                cell += n_device;
-                rl->expert_coords = cell;
-                rl->n_expert_coords = n_expert;
-                cell += n_expert;
-                if (device)
-                        unravel(device, k, rl->device_coords);
-                if (expert)
-                        unravel(expert, k, rl->expert_coords);
 
                 for (size_t i = 0; i < l.n_parameters; i++) {
                         const ParameterLayout *p = &l.parameters[i];
@@ -326,13 +356,6 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                         ShardSlice *s = &rl->slices[i];
                         uint64_t n = 1;
 
-                        s->parameter = i;
-                        s->name = p->name;
-                        s->n_dims = p->n_dims;
-                        s->local_shape = cell;
-                        cell += p->n_dims;
-                        s->global_offset = cell;
-                        cell += p->n_dims;
                         slice_box(p, on_expert ? expert : device,
                                   plan + i * (n_device > n_expert ? n_device : n_expert),
                                   on_expert ? rl->expert_coords : rl->device_coords, s);

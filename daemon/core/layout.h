@@ -95,6 +95,15 @@ typedef struct Layout {
 } Layout;
 
 /*
+ * Makes l's ranks for the parameters l already has: one RankLayout per rank of spec (NULL: one
+ * rank 0), its device and expert coordinates unravelled row-major over the views, one slice per
+ * parameter with its index, name and dimensions, and room for its local shape and global offset
+ * (zeros; byte offsets and sizes zero too). Used by layout_compute() and by the decoder of kept
+ * build records. -E2BIG past LAYOUT_MAX_ENTRIES * 2 cells; -ENOMEM.
+ */
+int layout_ranks_new(Layout *l, const MeshSpec *spec);
+
+/*
  * Step 5 of Build in docs/semantics.md. mesh NULL means no mesh: one rank 0 holding every tensor
  * whole (coordinates empty, every placement's axis of size 1). A parameter is laid out on the
  * expert view when one of its placement axes is a dimension of the expert view and not of the
