@@ -94,6 +94,9 @@ fi
 
 # --- phases, timings, cleanup ----------------------------------------------------------------
 root=$work/root
+# Where the clone lives inside the root: /src/ and the project's name (nothing else under /src).
+project=familyd
+src=/src/$project
 logs=$work/logs
 base_tar=$work/base/bookworm-minbase.tar
 base_stamp=$work/base/bookworm-minbase.source
@@ -175,7 +178,7 @@ cleanup() {
     unmount_root
     if [[ -d $root ]]; then
         if (( keep )); then
-            log "kept the root: $root (the clone is $root/src/familyd)"
+            log "kept the root: $root (the clone is $root$src)"
         else
             remove_root || true
         fi
@@ -212,7 +215,7 @@ root_env=(/usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 # reaches this script at once, and its EXIT trap stops whatever runs in the root.
 start_in_root() {
     : >"$1"
-    chroot "$root" "${root_env[@]}" /bin/bash -c "cd /src/familyd && $2" >"$1" 2>&1 </dev/null &
+    chroot "$root" "${root_env[@]}" /bin/bash -c "cd $src && $2" >"$1" 2>&1 </dev/null &
     bg_pid=$!
     tail -n +1 -f --pid="$bg_pid" "$1" &
     tail_pid=$!
@@ -407,21 +410,21 @@ if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
 fi
 
 mkdir -p "$root/src"
-git clone --quiet --no-hardlinks "$repo" "$root/src/familyd" >"$logs/clone.log" 2>&1 \
+git clone --quiet --no-hardlinks "$repo" "$root$src" >"$logs/clone.log" 2>&1 \
     || { cat "$logs/clone.log" >&2; fail 2 "git clone $repo failed"; }
-git -C "$root/src/familyd" -c advice.detachedHead=false checkout --quiet --detach "$sha" >>"$logs/clone.log" 2>&1 \
+git -C "$root$src" -c advice.detachedHead=false checkout --quiet --detach "$sha" >>"$logs/clone.log" 2>&1 \
     || { cat "$logs/clone.log" >&2; fail 2 "commit $sha is not reachable from any branch or tag of $repo"; }
 what="$(git -C "$repo" log -1 --format='%h %s' "$sha")"
 if (( working_tree )); then
     # Tracked files as they are now (modified or deleted) and untracked, not-ignored ones.
     git -C "$repo" ls-tree -r -z --name-only HEAD \
         | while IFS= read -r -d '' f; do if [[ ! -e $repo/$f && ! -L $repo/$f ]]; then printf '%s\0' "$f"; fi; done \
-        | (cd "$root/src/familyd" && xargs -0 -r rm -f --)
+        | (cd "$root$src" && xargs -0 -r rm -f --)
     git -C "$repo" ls-files -z --cached --others --exclude-standard \
         | while IFS= read -r -d '' f; do if [[ -e $repo/$f || -L $repo/$f ]]; then printf '%s\0' "$f"; fi; done \
-        | tar -C "$repo" --null -T - -cf - | tar -C "$root/src/familyd" -xf - \
+        | tar -C "$repo" --null -T - -cf - | tar -C "$root$src" -xf - \
         || fail 2 "cannot copy the working tree of $repo"
-    what="$what + the working tree of $repo ($(git -C "$root/src/familyd" status --porcelain | wc -l) paths differ)"
+    what="$what + the working tree of $repo ($(git -C "$root$src" status --porcelain | wc -l) paths differ)"
 fi
 log "checking: $what"
 log "the root's /src holds only: $(ls "$root/src")"
@@ -442,10 +445,10 @@ finish ok
 # --- command 1: bash deploy/dev/run.sh -------------------------------------------------------
 # run.sh sends ninja's output to /dev/null: after a failed build, build once more to show it.
 show_build_error() {
-    local dir=$root/src/familyd/build-run
+    local dir=$root$src/build-run
     if [[ -f $dir/build.ninja ]]; then
         echo "--- the build's error (ninja -C build-run, run again in the root):" >&2
-        timeout 600 chroot "$root" "${root_env[@]}" /bin/bash -c 'cd /src/familyd && ninja -C build-run' >"$logs/run-build-error.log" 2>&1 || true
+        timeout 600 chroot "$root" "${root_env[@]}" /bin/bash -c "cd $src && ninja -C build-run" >"$logs/run-build-error.log" 2>&1 || true
         grep -v '^\[[0-9]*/[0-9]*\] ' "$logs/run-build-error.log" | tail -n 30 >&2
     elif [[ -f $dir/meson-logs/meson-log.txt ]]; then
         echo "--- build-run/meson-logs/meson-log.txt (last lines):" >&2
@@ -454,7 +457,7 @@ show_build_error() {
 }
 begin "run: bash deploy/dev/run.sh until familyd serves"
 run_log=$logs/run.log
-sock=$root/src/familyd/$sock_rel
+sock=$root$src/$sock_rel
 start_in_root "$run_log" 'exec bash deploy/dev/run.sh'
 daemon_pid=$bg_pid
 deadline=$((SECONDS + run_timeout))
@@ -484,7 +487,7 @@ finish ok
 
 begin "run: familyctl --socket $sock_rel status"
 rc=0
-timeout 60 chroot "$root" "${root_env[@]}" /bin/bash -c "cd /src/familyd && build-run/client/familyctl --socket $sock_rel status" \
+timeout 60 chroot "$root" "${root_env[@]}" /bin/bash -c "cd $src && build-run/client/familyctl --socket $sock_rel status" \
     >"$logs/status.log" 2>&1 || rc=$?
 sed 's/^/  | /' "$logs/status.log"
 (( rc == 0 )) || fail 1 "'build-run/client/familyctl --socket $sock_rel status' exited with status $rc"
