@@ -1,7 +1,7 @@
 /* daemon.c: wires manager, gRPC server and listener, and runs the signal and accept loop. */
 
 /*
- * DESIGN: the main thread owns the loop (epoll over a signalfd, the API socket and the
+ * DESIGN: the main thread owns the loop (sd-event over the signals, the API socket and the
  * service manager's watchdog timer, sd/notify.c) and does nothing slow in it: accepting hands
  * a connection to gRPC, SIGHUP reloads the registry (the manager builds the new snapshot
  * without blocking calls), the timer pings the watchdog. gRPC's worker threads answer calls.
@@ -15,7 +15,7 @@
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
-#include <sys/signalfd.h>
+#include <systemd/sd-event.h>
 
 #include "build/build.h"
 #include "shm/accel.h"
@@ -44,10 +44,10 @@ struct Daemon {
         ShardServer *shard_server;
         Executor *executor;
         Listener *listener;
-        int signal_fd;
-        int epoll_fd;
-        bool accept_paused;  /* the API socket is out of the epoll set until the next timeout */
-        bool accept_failing; /* an accept failure episode is under way (logged once) */
+        sd_event *event;                /* the main loop */
+        sd_event_source *api_io;        /* the API socket: off while accepting pauses */
+        sd_event_source *accept_resume; /* on while accepting pauses */
+        bool accept_failing;            /* an accept failure episode is under way (logged once) */
         const Config *config;
         /* What the service manager passed (LISTEN_FDS): api and shard are taken at start; the
          * fd store's entries (shard-*, meta*) wait here for listen_fds_take(). */
@@ -62,7 +62,7 @@ struct Daemon {
 };
 
 /* Descriptors kept free of API connections: registry files on reload, gRPC's own (epoll,
- * wakeup fds, timers), the signalfd, log and lock files. */
+ * wakeup fds, timers), the main loop's (epoll, signalfd), log and lock files. */
 #define DAEMON_FD_RESERVE 64u
 /* Builds that materialise run here, off the gRPC workers (each fill uses all cores). */
 #define DAEMON_BUILD_THREADS 2u
@@ -347,6 +347,130 @@ static void daemon_hook_reload_end(void *userdata, int result) {
         notifier_reload_end(d->notifier, result);
 }
 
+static void daemon_reload(Daemon *d) {
+        _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
+        _cleanup_(registry_unrefp) Registry *reg = NULL;
+
+        notifier_reload_begin(d->notifier);
+        int r = manager_reload(d->manager, &reg, &diag);
+        notifier_reload_end(d->notifier, r);
+        if (r < 0) {
+                for (size_t i = 0; i < diag.n; i++)
+                        log_error("%s", diag.lines[i]);
+                log_error_errno(r, "Registry reload on SIGHUP failed, keeping generation "
+                                   "%" PRIu64 ", ignoring.",
+                                manager_registry_generation(d->manager));
+                return;
+        }
+        char generation[32];
+        (void) snprintf(generation, sizeof generation, "%" PRIu64, reg->generation);
+        log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD("REGISTRY_GENERATION", generation)),
+                   "Registry reloaded on SIGHUP: generation %" PRIu64 ", %zu families.",
+                   reg->generation, reg->n_families);
+}
+
+static int daemon_on_reload(sd_event_source *source, const struct signalfd_siginfo *si,
+                            void *userdata) {
+        daemon_reload(userdata);
+        return 0;
+}
+
+static int daemon_on_stop(sd_event_source *source, const struct signalfd_siginfo *si,
+                          void *userdata) {
+        Daemon *d = userdata;
+
+        log_info("Received %s, stopping.", si->ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+        notifier_stopping(d->notifier);
+        return sd_event_exit(d->event, 0);
+}
+
+/* Stops (or resumes) watching the API socket; resuming is the pause timer's job. */
+static void daemon_watch_listener(Daemon *d, bool watch) {
+        int r = sd_event_source_set_enabled(d->api_io, watch ? SD_EVENT_ON : SD_EVENT_OFF);
+        if (r >= 0 && !watch)
+                r = sd_event_source_set_time_relative(d->accept_resume,
+                                                      DAEMON_ACCEPT_PAUSE_MS * 1000ull);
+        if (r >= 0 && !watch)
+                r = sd_event_source_set_enabled(d->accept_resume, SD_EVENT_ONESHOT);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to %s watching the API socket, ignoring: %m",
+                                  watch ? "resume" : "pause");
+                (void) sd_event_source_set_enabled(d->api_io, SD_EVENT_ON);
+        }
+}
+
+static int daemon_on_accept_resume(sd_event_source *source, uint64_t usec, void *userdata) {
+        daemon_watch_listener(userdata, true);
+        return 0;
+}
+
+/* The loop and the signals it handles: they are blocked already (sd-event requires it). */
+static int daemon_setup_loop(Daemon *d) {
+        int r;
+
+        r = sd_event_new(&d->event);
+        if (r >= 0)
+                r = sd_event_add_signal(d->event, NULL, SIGHUP, daemon_on_reload, d);
+        if (r >= 0)
+                r = sd_event_add_signal(d->event, NULL, SIGTERM, daemon_on_stop, d);
+        if (r >= 0)
+                r = sd_event_add_signal(d->event, NULL, SIGINT, daemon_on_stop, d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the main loop: %m");
+        return 0;
+}
+
+static void daemon_accept(Daemon *d) {
+        for (;;) {
+                int fd, r;
+
+                r = listener_accept(d->listener, &fd);
+                if (r == -EAGAIN)
+                        return;
+                if (r == -EDQUOT)
+                        continue;
+                if (r < 0) {
+                        /* The connection is still queued and would wake the loop at once. */
+                        if (!d->accept_failing && r != -EMFILE && r != -ENFILE)
+                                log_warning_errno(r, "Failed to accept a connection, pausing "
+                                                     "for %d ms: %m",
+                                                  DAEMON_ACCEPT_PAUSE_MS);
+                        d->accept_failing = true;
+                        daemon_watch_listener(d, false);
+                        return;
+                }
+                d->accept_failing = false;
+                server_add_connection(d->server, fd);
+        }
+}
+
+static int daemon_on_api_io(sd_event_source *source, int fd, uint32_t revents,
+                            void *userdata) {
+        daemon_accept(userdata);
+        return 0;
+}
+
+/* The API socket and the watchdog's timer join the loop. */
+static int daemon_watch(Daemon *d) {
+        int r;
+
+        r = sd_event_add_io(d->event, &d->api_io, listener_fd(d->listener), EPOLLIN,
+                            daemon_on_api_io, d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch the API socket: %m");
+        r = sd_event_add_time_relative(d->event, &d->accept_resume, CLOCK_MONOTONIC,
+                                       DAEMON_ACCEPT_PAUSE_MS * 1000ull, 0,
+                                       daemon_on_accept_resume, d);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(d->accept_resume, SD_EVENT_OFF);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the accept pause timer: %m");
+        r = notifier_attach(d->notifier, d->event);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the watchdog timer: %m");
+        return 0;
+}
+
 int daemon_new(const Config *c, Daemon **ret) {
         _cleanup_(daemon_freep) Daemon *d = NULL;
         sigset_t mask;
@@ -355,7 +479,6 @@ int daemon_new(const Config *c, Daemon **ret) {
         d = calloc(1, sizeof *d);
         if (!d)
                 return -ENOMEM;
-        d->signal_fd = d->epoll_fd = -1;
         d->config = c;
         journal_log_install();
 
@@ -378,7 +501,7 @@ int daemon_new(const Config *c, Daemon **ret) {
                 return r;
 
         /* Block the signals before gRPC starts its threads, so they inherit the mask and the
-         * signals reach only the signalfd. */
+         * signals reach only the main loop. */
         sigemptyset(&mask);
         sigaddset(&mask, SIGTERM);
         sigaddset(&mask, SIGINT);
@@ -387,10 +510,9 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = -pthread_sigmask(SIG_BLOCK, &mask, NULL);
         if (r < 0)
                 return log_error_errno(r, "Failed to block signals: %m");
-        sigdelset(&mask, SIGPIPE);
-        d->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-        if (d->signal_fd < 0)
-                return log_error_errno(-errno, "Failed to create a signalfd: %m");
+        r = daemon_setup_loop(d);
+        if (r < 0)
+                return r;
 
         r = daemon_open_listener(d, c, &limits);
         if (r < 0)
@@ -428,18 +550,9 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to start the gRPC server: %m");
 
-        d->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        if (d->epoll_fd < 0)
-                return log_error_errno(-errno, "Failed to create an epoll instance: %m");
-        struct epoll_event ev = { .events = EPOLLIN, .data.fd = d->signal_fd };
-        if (epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, d->signal_fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch the signalfd: %m");
-        ev.data.fd = listener_fd(d->listener);
-        if (epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch the API socket: %m");
-        ev.data.fd = notifier_fd(d->notifier);
-        if (ev.data.fd >= 0 && epoll_ctl(d->epoll_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
-                return log_error_errno(-errno, "Failed to watch the watchdog timer: %m");
+        r = daemon_watch(d);
+        if (r < 0)
+                return r;
 
         r = daemon_start_peers(d, c);
         if (r < 0)
@@ -472,7 +585,7 @@ Daemon *daemon_free(Daemon *d) {
         shard_table_unref(d->shards);
         listener_free(d->listener);
         /* After the server: its workers call the reload hooks; before the manager it reads. */
-        notifier_free(d->notifier);
+        notifier_free(d->notifier); /* with its timer on d->event */
         manager_free(d->manager);
         /* After the manager: its mesh table calls into the state until it is freed. */
         state_free(d->state);
@@ -481,123 +594,23 @@ Daemon *daemon_free(Daemon *d) {
         listen_fds_free(d->listen_fds);
         free(d->socket_path);
         free(d->shard_socket_path);
-        safe_close(d->signal_fd);
-        safe_close(d->epoll_fd);
+        sd_event_source_disable_unref(d->api_io);
+        sd_event_source_disable_unref(d->accept_resume);
+        sd_event_unref(d->event);
         return mfree(d);
 }
 
-static void daemon_reload(Daemon *d) {
-        _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
-        _cleanup_(registry_unrefp) Registry *reg = NULL;
-
-        notifier_reload_begin(d->notifier);
-        int r = manager_reload(d->manager, &reg, &diag);
-        notifier_reload_end(d->notifier, r);
-        if (r < 0) {
-                for (size_t i = 0; i < diag.n; i++)
-                        log_error("%s", diag.lines[i]);
-                log_error_errno(r, "Registry reload on SIGHUP failed, keeping generation "
-                                   "%" PRIu64 ", ignoring.",
-                                manager_registry_generation(d->manager));
-                return;
-        }
-        char generation[32];
-        (void) snprintf(generation, sizeof generation, "%" PRIu64, reg->generation);
-        log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD("REGISTRY_GENERATION", generation)),
-                   "Registry reloaded on SIGHUP: generation %" PRIu64 ", %zu families.",
-                   reg->generation, reg->n_families);
-}
-
-/* Returns 1 to stop, 0 to go on. */
-static int daemon_handle_signal(Daemon *d) {
-        struct signalfd_siginfo si;
-
-        for (;;) {
-                ssize_t n = read(d->signal_fd, &si, sizeof si);
-                if (n != (ssize_t) sizeof si)
-                        return 0;
-                switch (si.ssi_signo) {
-                case SIGHUP:
-                        daemon_reload(d);
-                        break;
-                case SIGTERM:
-                case SIGINT:
-                        log_info("Received %s, stopping.", si.ssi_signo == SIGTERM ? "SIGTERM"
-                                                                                 : "SIGINT");
-                        return 1;
-                default:
-                        break;
-                }
-        }
-}
-
-/* Stops (or resumes) watching the API socket; on failure the loop goes on watching it. */
-static void daemon_watch_listener(Daemon *d, bool watch) {
-        struct epoll_event ev = {
-                .events = watch ? EPOLLIN : 0,
-                .data.fd = listener_fd(d->listener),
-        };
-
-        if (epoll_ctl(d->epoll_fd, EPOLL_CTL_MOD, ev.data.fd, &ev) < 0) {
-                log_warning_errno(-errno, "Failed to %s watching the API socket, ignoring: %m",
-                                  watch ? "resume" : "pause");
-                return;
-        }
-        d->accept_paused = !watch;
-}
-
-static void daemon_accept(Daemon *d) {
-        for (;;) {
-                int fd, r;
-
-                r = listener_accept(d->listener, &fd);
-                if (r == -EAGAIN)
-                        return;
-                if (r == -EDQUOT)
-                        continue;
-                if (r < 0) {
-                        /* The connection is still queued and would wake the loop at once. */
-                        if (!d->accept_failing && r != -EMFILE && r != -ENFILE)
-                                log_warning_errno(r, "Failed to accept a connection, pausing "
-                                                     "for %d ms: %m",
-                                                  DAEMON_ACCEPT_PAUSE_MS);
-                        d->accept_failing = true;
-                        daemon_watch_listener(d, false);
-                        return;
-                }
-                d->accept_failing = false;
-                server_add_connection(d->server, fd);
-        }
-}
-
 int daemon_run(Daemon *d) {
+        int r;
+
         log_info("familyd serving %s (node %s, registry %s).", d->socket_path,
                  d->config->node_name, d->config->registry_path);
         /* The registry is loaded, both sockets listen and the gRPC server runs: connections
          * made from now on are accepted by this loop. */
         notifier_ready(d->notifier);
 
-        for (;;) {
-                struct epoll_event events[8];
-                int n = epoll_wait(d->epoll_fd, events, ELEMENTSOF(events),
-                                   d->accept_paused ? DAEMON_ACCEPT_PAUSE_MS : -1);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return log_error_errno(-errno, "epoll_wait failed: %m");
-                }
-                if (n == 0 && d->accept_paused)
-                        daemon_watch_listener(d, true);
-                for (int i = 0; i < n; i++) {
-                        if (events[i].data.fd == d->signal_fd) {
-                                if (daemon_handle_signal(d) > 0) {
-                                        notifier_stopping(d->notifier);
-                                        return 0;
-                                }
-                        } else if (events[i].data.fd == notifier_fd(d->notifier))
-                                notifier_dispatch(d->notifier);
-                        else
-                                daemon_accept(d);
-                }
-        }
+        r = sd_event_loop(d->event);
+        if (r < 0)
+                return log_error_errno(r, "The main loop failed: %m");
+        return 0;
 }

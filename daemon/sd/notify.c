@@ -1,8 +1,8 @@
 /* notify.c: sd_notify() messages: READY, STATUS, RELOADING, STOPPING, WATCHDOG. */
 
 /*
- * DESIGN: the watchdog is pinged from the main loop, by a timerfd in its epoll set, not from a
- * thread of its own. The loop is what accepts every API connection and handles the signals;
+ * DESIGN: the watchdog is pinged from the main loop, by a time source on its sd-event loop,
+ * not from a thread of its own. The loop is what accepts every API connection and handles the signals;
  * if it hangs, familyd is useless even though gRPC's threads run, and a ping thread would hide
  * that from the service manager. A reload on SIGHUP runs on the loop too; it takes
  * milliseconds, far inside half an interval. The same timer keeps STATUS= current (builds come
@@ -17,20 +17,22 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <sys/timerfd.h>
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-event.h>
 #include <time.h>
 
 #include "common/log.h"
 #include "notify.h"
 
 #define NOTIFIER_STATUS_MAX 256
+#define NOTIFIER_TIMER_ACCURACY_USEC 1000u
 
 struct Notifier {
         Manager *manager;
         bool enabled;           /* NOTIFY_SOCKET is set */
         uint64_t watchdog_usec; /* 0: off */
-        int timer_fd;
+        uint64_t period_usec;   /* of the timer: half the watchdog's, or the status refresh */
+        sd_event_source *timer;
         pthread_mutex_t lock;
         unsigned reload_depth;
         bool reload_failed; /* the last reload failed: said in STATUS= until one succeeds */
@@ -73,7 +75,6 @@ int notifier_new(Manager *m, Notifier **ret) {
         if (!n)
                 return -ENOMEM;
         n->manager = m;
-        n->timer_fd = -1;
         (void) pthread_mutex_init(&n->lock, NULL);
         n->enabled = !isempty(getenv("NOTIFY_SOCKET"));
         if (!n->enabled) {
@@ -87,23 +88,13 @@ int notifier_new(Manager *m, Notifier **ret) {
                                      "the watchdog: %m");
         n->watchdog_usec = r > 0 ? usec : 0;
 
-        uint64_t period = n->watchdog_usec > 0 ? n->watchdog_usec / 2
-                                                : NOTIFIER_STATUS_REFRESH_USEC;
-        if (period == 0)
-                period = 1;
-        n->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-        if (n->timer_fd < 0)
-                return log_error_errno(-errno, "Failed to create the watchdog timer: %m");
-        struct itimerspec its = {
-                .it_interval = { .tv_sec = (time_t) (period / 1000000u),
-                                 .tv_nsec = (long) (period % 1000000u) * 1000 },
-        };
-        its.it_value = its.it_interval;
-        if (timerfd_settime(n->timer_fd, 0, &its, NULL) < 0)
-                return log_error_errno(-errno, "Failed to arm the watchdog timer: %m");
+        n->period_usec = n->watchdog_usec > 0 ? n->watchdog_usec / 2
+                                              : NOTIFIER_STATUS_REFRESH_USEC;
+        if (n->period_usec == 0)
+                n->period_usec = 1;
         if (n->watchdog_usec > 0)
                 log_debug("Watchdog on: %" PRIu64 " us, pinging every %" PRIu64 " us.",
-                          n->watchdog_usec, period);
+                          n->watchdog_usec, n->period_usec);
 
         *ret = TAKE_PTR(n);
         return 0;
@@ -112,26 +103,16 @@ int notifier_new(Manager *m, Notifier **ret) {
 Notifier *notifier_free(Notifier *n) {
         if (!n)
                 return NULL;
-        safe_close(n->timer_fd);
+        sd_event_source_disable_unref(n->timer);
         (void) pthread_mutex_destroy(&n->lock);
         return mfree(n);
 }
 
-int notifier_fd(const Notifier *n) {
-        return n ? n->timer_fd : -1;
-}
-
 void notifier_dispatch(Notifier *n) {
         char status[NOTIFIER_STATUS_MAX], text[NOTIFIER_STATUS_MAX + 32];
-        uint64_t expirations;
 
-        if (!n || n->timer_fd < 0)
+        if (!n || !n->enabled)
                 return;
-        /* Several expirations missed (the loop was busy) still make one ping; a failed read
-         * (EAGAIN: woken for nothing) pings anyway, which is harmless. */
-        ssize_t k = read(n->timer_fd, &expirations, sizeof expirations);
-        (void) k;
-
         (void) pthread_mutex_lock(&n->lock);
         bool status_changed = false;
         if (n->ready && n->reload_depth == 0) {
@@ -147,6 +128,37 @@ void notifier_dispatch(Notifier *n) {
                 notifier_send(text);
         }
         (void) pthread_mutex_unlock(&n->lock);
+}
+
+/* The next expiry keeps the cadence of the first; after a stall (the loop was busy for
+ * longer than a period) it counts from now, one ping for all the missed ones. */
+static int notifier_on_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        Notifier *n = userdata;
+        uint64_t now = 0, next = usec + n->period_usec;
+
+        notifier_dispatch(n);
+        (void) sd_event_now(sd_event_source_get_event(source), CLOCK_MONOTONIC, &now);
+        if (next <= now)
+                next = now + n->period_usec;
+        return sd_event_source_set_time(source, next);
+}
+
+int notifier_attach(Notifier *n, sd_event *event) {
+        uint64_t now = 0;
+        int r;
+
+        if (!n || !n->enabled)
+                return 0;
+        r = sd_event_now(event, CLOCK_MONOTONIC, &now);
+        if (r < 0)
+                return r;
+        /* An accuracy of 1 ms: sd-event would otherwise move the expiry by up to 250 ms to
+         * batch wakeups, which a 200 ms half-interval cannot afford. */
+        r = sd_event_add_time(event, &n->timer, CLOCK_MONOTONIC, now + n->period_usec,
+                              NOTIFIER_TIMER_ACCURACY_USEC, notifier_on_timer, n);
+        if (r < 0)
+                return r;
+        return sd_event_source_set_enabled(n->timer, SD_EVENT_ON);
 }
 
 /* READY=1 and the current STATUS=, with the lock held. */

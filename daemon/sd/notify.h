@@ -1,15 +1,17 @@
 /* notify.h: telling the service manager how familyd is doing: readiness, reload, stop, watchdog. */
 #pragma once
 
+#include <systemd/sd-event.h>
+
 #include "common/macro.h"
 #include "core/manager.h"
 
 typedef struct Notifier Notifier;
 
 /*
- * Without NOTIFY_SOCKET in the environment every call is a no-op and notifier_fd() is -1.
- * With it, and with the watchdog on (WATCHDOG_USEC, WATCHDOG_PID this process or unset), the
- * main loop gets a timer descriptor firing at half the watchdog interval; with the watchdog
+ * Without NOTIFY_SOCKET in the environment every call is a no-op and notifier_attach() adds
+ * nothing. With it, and with the watchdog on (WATCHDOG_USEC, WATCHDOG_PID this process or
+ * unset), the main loop gets a timer firing at half the watchdog interval; with the watchdog
  * off it fires every NOTIFIER_STATUS_REFRESH_USEC to keep STATUS= current. m must outlive n.
  */
 #define NOTIFIER_STATUS_REFRESH_USEC (10ull * 1000000ull)
@@ -18,9 +20,10 @@ int notifier_new(Manager *m, Notifier **ret);
 Notifier *notifier_free(Notifier *n);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Notifier *, notifier_free);
 
-/* The timer for the main loop's epoll (level-triggered, EPOLLIN), or -1. */
-int notifier_fd(const Notifier *n);
-/* The timer fired: WATCHDOG=1 when the watchdog is on, and STATUS= when it changed. */
+/* Adds the timer to the main loop's event loop (the thread that runs it pings); n owns the
+ * source and must be freed before event. */
+int notifier_attach(Notifier *n, sd_event *event);
+/* What the timer does: WATCHDOG=1 when the watchdog is on, and STATUS= when it changed. */
 void notifier_dispatch(Notifier *n);
 
 /* READY=1 with the first STATUS=: the registry is loaded and both sockets accept. */
