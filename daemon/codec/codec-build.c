@@ -150,6 +150,8 @@ int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, BuildRequest
         r = materialize_decode(pb->materialize, &req.materialize, ret_error);
         if (r < 0)
                 return r;
+        req.private_build = pb->private_build;
+        req.writable = pb->writable;
 
         *ret = req;
         req = (BuildRequest) {};

@@ -58,6 +58,8 @@ typedef struct BuildRequest {
         JobContext context;
         char *mesh_id; /* NULL or "": the context's mesh, if any */
         MaterializeOptions materialize;
+        bool private_build; /* never shared with another Build */
+        bool writable;      /* shards handed out writable, for shared mappings */
 } BuildRequest;
 
 void build_request_done(BuildRequest *r);
