@@ -23,7 +23,7 @@ packages=(
     meson ninja-build pkg-config gcc xxd
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
-    libjansson-dev libsmartcols-dev
+    libjansson-dev libsmartcols-dev libsodium-dev
     # The unit's ExecReload= runs /bin/kill, which a minimal Debian lacks.
     procps
 )
