@@ -142,6 +142,12 @@ static const ConfigOption config_options[] = {
         { .name = "max-builds", .metavar = "N", TYPE_UNSIGNED(max_builds, 1, 1u << 20),
           DEFAULT(1024),
           .help = "Live builds" },
+        { .name = "build-grace-ms", .metavar = "N", TYPE_UNSIGNED(build_grace_ms, 0, 604800000),
+          DEFAULT(60000),
+          .help = "Free a build that no process holds after N ms",
+          .note = "A trainer that asks again within it gets the same build back; 0 frees at "
+                  "once. Builds waiting out this period give way to new Builds that need their "
+                  "memory or slots, oldest first." },
         { .name = "heartbeat-ms", .metavar = "N", TYPE_UNSIGNED(heartbeat_ms, 10, 3600000),
           DEFAULT(1000),
           .help = "Peer heartbeat interval",

@@ -26,6 +26,7 @@ typedef struct Config {
         char *peers;
         uint64_t shm_budget_bytes;
         unsigned max_builds;
+        unsigned build_grace_ms; /* a build nothing holds is freed after this long */
         unsigned heartbeat_ms;
         unsigned suspect_ms;
         unsigned down_ms;

@@ -273,7 +273,11 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
                 .accel = d->accel,
                 .state = d->state,
         };
-        return build_restore(&d->builder);
+        r = build_restore(&d->builder);
+        if (r < 0)
+                return r;
+        /* After the restore: restored builds start their grace period now. */
+        return build_sharing_start(&d->builder, c->build_grace_ms);
 }
 
 /* The manager's hooks: a new topology (on the peer thread) reaches the open watches; a
@@ -581,6 +585,8 @@ Daemon *daemon_free(Daemon *d) {
                 manager_set_hooks(d->manager, NULL);
         peer_free(d->peer);
         executor_free(d->executor);
+        /* After the server and the executor: no Build is in flight; before the tables. */
+        build_sharing_stop(&d->builder);
         shard_server_free(d->shard_server);
         shard_table_unref(d->shards);
         listener_free(d->listener);

@@ -44,3 +44,60 @@ void mesh_keep_install(State *s, MeshTable *meshes);
 
 /* CLOCK_REALTIME ns: the order records keep across a restart. */
 uint64_t build_keep_now_ns(void);
+
+/* ---- build-share.c: shared builds, references, grace ------------------------------------- */
+
+typedef struct BuildFlight BuildFlight;
+typedef struct BuildWatch BuildWatch;
+
+/* CLOCK_REALTIME ms: what references and grace deadlines show. */
+int64_t build_now_ms(void);
+/* A fill of bytes starts (GetStatus's counters); builder->sharing may be NULL. */
+void build_count_fill(const Builder *builder, uint64_t bytes);
+/* Takes the build out of the table as mode allows, withdraws its tokens, forgets it where it
+ * was kept and lets its memory go. -EBUSY when mode refuses; NOT_FOUND as build_table_get(). */
+int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64_t now_ms,
+               const char *why, FamilyError *ret_error);
+/* Frees the build whose grace period ends first; -ENOENT when none is in grace. */
+int build_evict_one(const Builder *builder);
+/* Grace deadlines changed: frees what is due (grace 0) and re-arms the watcher's timer. */
+void build_sharing_grace_changed(const Builder *builder);
+uint64_t build_sharing_grace_ms(const Builder *builder);
+
+/* build.c, in two steps for build_draft_share(): steps 1-5 and the reply check (b complete,
+ * nothing reserved), then the reservations (b taken into *ret on success only; builds in their
+ * grace period give way to SHM_BUDGET, BUILD_LIMIT and FDSTORE_LIMIT). */
+int build_draft_prepare(const Builder *builder, const BuildRequest *req, const char *shard_socket,
+                        BuildState **ret, FamilyError *ret_error);
+int build_draft_reserve(const Builder *builder, BuildState *b, BuildDraft **ret,
+                        FamilyError *ret_error);
+
+/* The flight a shared draft leads (build.c keeps it, build-share.c lands it). */
+struct BuildDraftShare {
+        BuildFlight *flight;
+};
+void build_draft_set_flight(BuildDraft *d, BuildFlight *f);
+BuildFlight *build_draft_flight(const BuildDraft *d);
+const Builder *build_draft_builder(const BuildDraft *d);
+/* After the commit of rec (flight's draft), under the sharing lock: the record gets its key and
+ * flags, the flight leaves the list, and each waiter still there gets its reference; then every
+ * waiter is answered (error: rec NULL). Frees the flight. */
+void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
+                       const FamilyError *error);
+/* Whether every waiter of f gave up. */
+bool build_flight_abandoned(const Builder *builder, BuildFlight *f);
+
+/* ---- build-watch.c: the watcher thread -------------------------------------------------- */
+
+/* Its own sd-event loop: pidfds of processes holding builds, and the grace timer. */
+int build_watch_new(const Builder *builder, BuildWatch **ret);
+BuildWatch *build_watch_free(BuildWatch *w);
+/* Watches caller's process (pidfd taken; a process already watched keeps its first pidfd).
+ * -E2BIG past BUILD_TABLE_MAX_HOLDERS processes. */
+int build_watch_add(BuildWatch *w, const BuildCaller *caller, int pidfd);
+/* Re-arms the grace timer from the table (any thread). */
+void build_watch_kick(BuildWatch *w);
+/* On the watcher's thread: a watched process exited. */
+void build_sharing_process_gone(const Builder *builder, const BuildCaller *caller);
+/* On the watcher's thread: frees builds whose grace ended; the next deadline (0: none). */
+int64_t build_sharing_expire(const Builder *builder);

@@ -11,6 +11,7 @@ struct BuildDraft {
         Builder builder;
         BuildState *state;
         uint64_t bytes; /* host bytes reserved in the build table */
+        struct BuildDraftShare share; /* a materialising Build's flight, or none */
 };
 
 /* The reply is known in full before anything is materialised (tokens and ids have fixed
@@ -43,18 +44,17 @@ static int check_reply_size(BuildState *b, const char *shard_socket, FamilyError
                                 size, FAMILYD_MAX_REPLY_BYTES, b->n_ranks);
 }
 
-int build_draft(const Builder *builder, const BuildRequest *req, const char *shard_socket,
-                BuildDraft **ret, FamilyError *ret_error) {
+/* Steps 1-5 and the reply check: b is complete, nothing reserved yet. */
+int build_draft_prepare(const Builder *builder, const BuildRequest *req, const char *shard_socket,
+                         BuildState **ret, FamilyError *ret_error) {
         Manager *m = builder->manager;
         _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
         _cleanup_(topology_unrefp) Topology *topo = manager_topology(m);
         _cleanup_(build_state_freep) BuildState *b = NULL;
-        _cleanup_free_ BuildDraft *d = NULL;
         int r;
 
         b = calloc(1, sizeof *b);
-        d = calloc(1, sizeof *d);
-        if (!b || !d)
+        if (!b)
                 return -ENOMEM;
         r = build_plan(reg, m->meshes, req, &b->plan, ret_error);
         if (r < 0)
@@ -72,38 +72,104 @@ int build_draft(const Builder *builder, const BuildRequest *req, const char *sha
         r = check_reply_size(b, shard_socket, ret_error);
         if (r < 0)
                 return r;
+        *ret = TAKE_PTR(b);
+        return 0;
+}
+
+/* Refusals that builds in their grace period give way to. */
+static bool evictable(const FamilyError *e) {
+        return streq_ptr(e->reason, "SHM_BUDGET") || streq_ptr(e->reason, "BUILD_LIMIT") ||
+               streq_ptr(e->reason, "FDSTORE_LIMIT");
+}
+
+/* The fd store's room and the table's slot and bytes; builds in their grace period are freed,
+ * oldest first, while they stand in the way. */
+static int draft_reserve_room(const Builder *builder, BuildState *b, uint64_t bytes,
+                              FamilyError *ret_error) {
+        for (;;) {
+                FamilyError e = FAMILY_ERROR_NULL;
+                int r = build_keep_reserve(builder->state, b, &e);
+                if (r >= 0) {
+                        r = build_table_reserve(builder->manager->builds, bytes, &e);
+                        if (r < 0)
+                                build_keep_unreserve(builder->state, b);
+                }
+                if (r >= 0)
+                        return 0;
+                if (!family_error_is_set(&e) || !evictable(&e) || build_evict_one(builder) < 0) {
+                        if (ret_error) {
+                                family_error_done(ret_error);
+                                *ret_error = e;
+                        } else
+                                family_error_done(&e);
+                        return r;
+                }
+                family_error_done(&e);
+        }
+}
+
+/* Reserves what b takes: its mesh's count, shard room, GPU memory, fd store room, its bytes and
+ * slot in the build table. On failure b holds what b's destructor gives back. */
+int build_draft_reserve(const Builder *builder, BuildState *b, BuildDraft **ret,
+                         FamilyError *ret_error) {
+        Manager *m = builder->manager;
+        _cleanup_free_ BuildDraft *d = calloc(1, sizeof *d);
+        int r;
+
+        if (!d)
+                return -ENOMEM;
         r = shard_token_new(&b->group);
         if (r < 0)
                 return r;
-
         /* Counted on its mesh now, so a DeleteMesh racing this Build is refused. */
-        if (b->plan.mesh) {
+        if (b->plan.mesh && !b->counted_mesh) {
                 r = mesh_table_acquire(m->meshes, b->plan.mesh->id, &b->counted_mesh, ret_error);
                 if (r < 0)
                         return r;
         }
-
         r = build_check_shard_room(b, builder->shards, ret_error);
         if (r < 0)
                 return r;
-        r = build_reserve_devices(b, builder->accel, ret_error);
-        if (r < 0)
-                return r;
-        r = build_keep_reserve(builder->state, b, ret_error);
-        if (r < 0)
-                return r;
-
-        d->bytes = build_host_bytes(b);
-        r = build_table_reserve(m->builds, d->bytes, ret_error);
-        if (r < 0) {
-                build_keep_unreserve(builder->state, b);
-                return r;
+        if (!b->device_memory) {
+                r = build_reserve_devices(b, builder->accel, ret_error);
+                if (r < 0)
+                        return r;
         }
-
+        d->bytes = build_host_bytes(b);
+        r = draft_reserve_room(builder, b, d->bytes, ret_error);
+        if (r < 0)
+                return r;
         d->builder = *builder;
-        d->state = TAKE_PTR(b);
+        d->state = b;
         *ret = TAKE_PTR(d);
         return 0;
+}
+
+int build_draft(const Builder *builder, const BuildRequest *req, const char *shard_socket,
+                BuildDraft **ret, FamilyError *ret_error) {
+        _cleanup_(build_state_freep) BuildState *b = NULL;
+        int r;
+
+        r = build_draft_prepare(builder, req, shard_socket, &b, ret_error);
+        if (r < 0)
+                return r;
+        r = build_draft_reserve(builder, b, ret, ret_error);
+        if (r < 0)
+                return r;
+        TAKE_PTR(b); /* the draft's */
+        return 0;
+}
+
+void build_draft_set_flight(BuildDraft *d, BuildFlight *f) {
+        d->share.flight = f;
+}
+
+BuildFlight *build_draft_flight(const BuildDraft *d) {
+        return d->share.flight;
+}
+
+const Builder *build_draft_builder(const BuildDraft *d) {
+        return &d->builder;
 }
 
 bool build_draft_fills(const BuildDraft *d) {
@@ -143,6 +209,7 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
                 if (r < 0)
                         return r;
                 rs->allocation_bytes = shard_segment_size(rs->segment);
+                build_count_fill(builder, rl->size_bytes);
                 r = accel_fill(builder->accel, rs->segment, &b->plan, &b->layout, rl, b->dtype,
                                b->seed, ret_error);
                 if (r < 0)
@@ -233,7 +300,11 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
                 free(d);
                 return r;
         }
-        /* b lives on as rec's payload. */
+        /* b lives on as rec's payload. A shared draft's record gets its holding when its flight
+         * lands (build_draft_run()); any other is held as before references. */
+        if (!d->share.flight)
+                build_table_init_holding(m->builds, rec,
+                                         &(BuildRecordInit) { .created_ms = build_now_ms() });
         free(d);
         char gpu_bytes_text[64] = "";
         if (b->device_memory)
@@ -251,27 +322,26 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
 }
 
 int build_release(const Builder *builder, const char *id, FamilyError *ret_error) {
+        return build_free(builder, id, BUILD_TAKE_ANY, 0, "released", ret_error);
+}
+
+int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64_t now_ms,
+               const char *why, FamilyError *ret_error) {
         _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
-        BuildTable *builds = builder->manager->builds;
         int r;
 
-        r = build_table_get(builds, id, &rec, ret_error);
+        r = build_table_take(builder->manager->builds, id, mode, now_ms, &rec, ret_error);
         if (r < 0)
                 return r;
-
-        /* Tokens first: from here on no new descriptor of this build is handed out. */
+        /* Out of the table: nobody finds it any more; then no new descriptor is handed out. */
         const BuildState *b = rec->payload;
         (void) shard_table_remove_group(builder->shards, b->group.hex);
-        r = build_table_remove(builds, id, ret_error);
-        if (r < 0)
-                return r;
-        /* Only the caller whose remove succeeded gets here: forgotten once. */
+        /* Only the caller whose take succeeded gets here: forgotten once. */
         build_keep_forget(builder->state, rec->id, b);
         log_struct(LOG_INFO, 0,
                    LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
                               LOG_FIELD(LOG_FIELD_FAMILY, b->plan.resolved.family),
                               LOG_FIELD(LOG_FIELD_MESH_ID, b->plan.mesh ? b->plan.mesh->id : NULL)),
-                   "Build %s released: %" PRIu64 " bytes of shards let go.", rec->id,
-                   rec->bytes);
+                   "Build %s %s: %" PRIu64 " bytes of shards let go.", rec->id, why, rec->bytes);
         return 0;
 }

@@ -41,13 +41,65 @@
 #include "shm/shard-table.h"
 #include "state/state.h"
 
+typedef struct BuildSharing BuildSharing;
+
 /* What the Build use-case works with; the shell sets it up, adapters pass it by pointer. */
 typedef struct Builder {
         Manager *manager;   /* the registry, the topology, the mesh and build tables */
         ShardTable *shards; /* the tokens of materialised builds */
         Accel *accel;       /* shard memory by device; NULL: host devices only */
         State *state;       /* where builds and meshes are kept across restarts; NULL: nowhere */
+        /* Shared builds, references and grace (build-share.c, build-watch.c); NULL: every
+         * Build is its own and nothing watches processes (build_sharing_start()). */
+        BuildSharing *sharing;
 } Builder;
+
+/* ---- callers (build-caller.c) ----------------------------------------------------------- */
+
+/* The process a reference belongs to: pid, uid, and its start time (field 22 of
+ * /proc/PID/stat), so that a reused pid is another process. */
+typedef struct BuildCaller {
+        int32_t pid;
+        uint32_t uid;
+        uint64_t start_time;
+} BuildCaller;
+
+/*
+ * Names the peer process (pid, uid from SO_PEERCRED; peer_pidfd from SO_PEERPIDFD or -1, taken):
+ * a pidfd for it (*ret_pidfd, opened before its start time is read, so the start time is the
+ * process's that the pidfd watches) and its start time. UNAVAILABLE CALLER_UNKNOWN when the
+ * process cannot be named (pid 0: another pid namespace; gone already).
+ */
+int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller *ret,
+                          int *ret_pidfd, FamilyError *ret_error);
+
+/* ---- shared builds (build-share.c) --------------------------------------------------------- */
+
+/* Starts sharing on builder: references, grace periods (grace_ms; 0: freed at once) and the
+ * watcher thread; builds already in the table (restored) start their grace period now. */
+int build_sharing_start(Builder *builder, uint64_t grace_ms);
+/* Stops the watcher and frees the sharing state; accepts a builder without one. */
+void build_sharing_stop(Builder *builder);
+
+/* The counters GetStatus shows (0 without sharing). */
+typedef struct BuildCounters {
+        uint64_t fills_started;
+        uint64_t bytes_filled;
+        unsigned builds_in_grace;
+} BuildCounters;
+void build_counters(const Builder *builder, BuildCounters *ret);
+
+/* One caller waiting for a materialising Build's answer (the adapter's pending call). */
+typedef struct BuildWaiter {
+        BuildCaller caller;
+        int pidfd; /* taken by build_draft_share(), on failure too */
+        /* The caller gave up (deadline, cancel, gone): it gets no reference. */
+        bool (*expired)(void *userdata);
+        /* Called exactly once, on any thread: rec (borrowed for the call) and shared, or the
+         * error (rec NULL). */
+        void (*done)(void *userdata, BuildRecord *rec, bool shared, FamilyError *error);
+        void *userdata;
+} BuildWaiter;
 
 /* A Build checked and holding its reservations, not yet materialised. */
 typedef struct BuildDraft BuildDraft;
@@ -60,6 +112,27 @@ typedef struct BuildDraft BuildDraft;
  */
 int build_draft(const Builder *builder, const BuildRequest *req, const char *shard_socket,
                 BuildDraft **ret, FamilyError *ret_error);
+/*
+ * A materialising Build with a waiter: as build_draft(), but first the live builds and the
+ * Builds in flight are searched by the request's sharing key (unless private). Returns
+ * BUILD_SHARE_NEW with *ret a draft that the caller finishes with build_draft_run() (which
+ * answers the waiter and everyone who joined), BUILD_SHARE_ANSWERED when the waiter was already
+ * answered (a live build, now held by the waiter), BUILD_SHARE_JOINED when it waits for a Build
+ * in flight; or an error (the waiter not answered).
+ */
+enum {
+        BUILD_SHARE_NEW = 0,
+        BUILD_SHARE_ANSWERED = 1,
+        BUILD_SHARE_JOINED = 2,
+};
+int build_draft_share(const Builder *builder, const BuildRequest *req, const char *shard_socket,
+                      BuildWaiter *w, BuildDraft **ret, FamilyError *ret_error);
+/* Materialises a draft of build_draft_share() (taken) and answers every waiter; it stops,
+ * keeping nothing, once stopping(userdata) or every waiter gave up. */
+void build_draft_run(BuildDraft *d, bool (*stopping)(void *userdata), void *userdata);
+/* Gives a draft of build_draft_share() up (taken) and answers every waiter with error. */
+void build_draft_fail(BuildDraft *d, const FamilyError *error);
+
 /* True when the draft has shards to fill here: the slow part, which adapters may run off their
  * own threads. */
 bool build_draft_fills(const BuildDraft *d);
@@ -78,6 +151,18 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
 /* ReleaseBuild: tokens withdrawn, the build forgotten where it was kept, its bytes back in the
  * budget. NOT_FOUND as build_table_get(). */
 int build_release(const Builder *builder, const char *id, FamilyError *ret_error);
+
+/*
+ * ReleaseBuild with references: force frees the build whatever holds it; else the caller's
+ * reference goes (FAILED_PRECONDITION NOT_HELD when it holds none) and a build left unheld
+ * starts its grace period (0: freed now). A build without references (layout only) is freed as
+ * build_release(). *ret_freed: this call freed it.
+ */
+int build_release_held(const Builder *builder, const char *id, const BuildCaller *caller,
+                       bool force, bool *ret_freed, FamilyError *ret_error);
+/* PinBuild / UnpinBuild; *ret a new reference to the build. NOT_FOUND as build_table_get(). */
+int build_pin(const Builder *builder, const char *id, bool pin, BuildRecord **ret,
+              FamilyError *ret_error);
 
 /*
  * Re-adopts what the previous run kept (builder->state), before anything is served: meshes

@@ -1,6 +1,7 @@
 /* build-table.c: reservations, records and their lookup under one mutex. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "build-table.h"
 #include "repr.h"
@@ -26,6 +27,8 @@ BuildRecord *build_record_ref(BuildRecord *r) {
 
 BuildRecord *build_record_unref(BuildRecord *r) {
         if (r && atomic_fetch_sub(&r->n_ref, 1) == 1) {
+                free(r->holding.holders);
+                free(r->holding.key);
                 if (r->payload_free)
                         r->payload_free(r->payload);
                 free(r);
@@ -237,6 +240,7 @@ int build_table_remove(BuildTable *t, const char *id, FamilyError *ret_error) {
                                 (t->n_records - i - 1) * sizeof(BuildRecord *));
                         t->n_records--;
                         t->bytes_in_use -= found->bytes;
+                        found->removed = true;
                         break;
                 }
         (void) pthread_mutex_unlock(&t->lock);
@@ -292,4 +296,273 @@ uint64_t build_table_bytes_in_use(BuildTable *t) {
 
 uint64_t build_table_budget(BuildTable *t) {
         return t->budget;
+}
+
+/* ---- references, pins and grace -------------------------------------------------------- */
+
+static bool holding_idle(const BuildHolding *h) {
+        return h->referenced && h->n_holders == 0 && !h->pinned;
+}
+
+static void holding_maybe_grace(BuildHolding *h, int64_t now_ms, uint64_t grace_ms) {
+        if (holding_idle(h) && h->grace_deadline_ms == 0) {
+                int64_t d = now_ms + (int64_t) MIN(grace_ms, (uint64_t) INT32_MAX * 1000);
+                h->grace_deadline_ms = d > 0 ? d : 1;
+        }
+}
+
+static uint64_t key_hash(const uint8_t *key, size_t size) {
+        uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a: a filter before the full comparison */
+        for (size_t i = 0; i < size; i++)
+                h = (h ^ key[i]) * 0x100000001b3ull;
+        return h;
+}
+
+void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *init) {
+        (void) pthread_mutex_lock(&t->lock);
+        rec->holding.referenced = init->referenced;
+        rec->holding.writable = init->writable;
+        rec->holding.private_build = init->private_build;
+        rec->holding.created_ms = init->created_ms;
+        free(rec->holding.key);
+        rec->holding.key = TAKE_PTR(init->key);
+        rec->holding.key_size = init->key_size;
+        rec->holding.key_hash = rec->holding.key ? key_hash(rec->holding.key, init->key_size) : 0;
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
+int build_table_find_key(BuildTable *t, const uint8_t *key, size_t key_size, BuildRecord **ret) {
+        uint64_t h = key_hash(key, key_size);
+        BuildRecord *found = NULL;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records && !found; i++) {
+                const BuildHolding *x = &t->records[i]->holding;
+                if (x->key && x->key_hash == h && x->key_size == key_size &&
+                    memcmp(x->key, key, key_size) == 0)
+                        found = build_record_ref(t->records[i]);
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        if (!found)
+                return -ENOENT;
+        *ret = found;
+        return 0;
+}
+
+static ssize_t holder_index(const BuildHolding *h, int32_t pid, uint64_t start_time) {
+        for (size_t i = 0; i < h->n_holders; i++)
+                if (h->holders[i].pid == pid && h->holders[i].start_time == start_time)
+                        return (ssize_t) i;
+        return -1;
+}
+
+int build_table_hold(BuildTable *t, BuildRecord *rec, const BuildHolder *holder) {
+        BuildHolding *h = &rec->holding;
+        int r = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        if (rec->removed)
+                r = -ESTALE;
+        else if (holder_index(h, holder->pid, holder->start_time) < 0) {
+                BuildHolder *n;
+                if (h->n_holders >= BUILD_TABLE_MAX_HOLDERS)
+                        r = -E2BIG;
+                else if (!(n = reallocarray(h->holders, h->n_holders + 1, sizeof *n)))
+                        r = -ENOMEM;
+                else {
+                        h->holders = n;
+                        h->holders[h->n_holders++] = *holder;
+                }
+        }
+        if (r >= 0)
+                h->grace_deadline_ms = 0;
+        (void) pthread_mutex_unlock(&t->lock);
+        return r;
+}
+
+/* Under the lock: drops holder i; 1 when that left the build idle (grace started). */
+static int holder_remove_locked(BuildHolding *h, size_t i, int64_t now_ms, uint64_t grace_ms) {
+        memmove(h->holders + i, h->holders + i + 1, (h->n_holders - i - 1) * sizeof *h->holders);
+        h->n_holders--;
+        holding_maybe_grace(h, now_ms, grace_ms);
+        return holding_idle(h);
+}
+
+int build_table_unhold(BuildTable *t, BuildRecord *rec, int32_t pid, uint64_t start_time,
+                       int64_t now_ms, uint64_t grace_ms, FamilyError *ret_error) {
+        ssize_t i;
+        int r;
+
+        (void) pthread_mutex_lock(&t->lock);
+        i = rec->removed ? -1 : holder_index(&rec->holding, pid, start_time);
+        r = i < 0 ? -ENOENT : holder_remove_locked(&rec->holding, (size_t) i, now_ms, grace_ms);
+        (void) pthread_mutex_unlock(&t->lock);
+        if (r != -ENOENT)
+                return r;
+        return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION, "NOT_HELD",
+                                "build_id",
+                                "build '%s' is not held by the calling process (pid %" PRId32
+                                "); to free it whatever holds it, release it with force "
+                                "(familyctl release %s --force)",
+                                rec->id, pid, rec->id);
+}
+
+size_t build_table_drop_process(BuildTable *t, int32_t pid, uint64_t start_time, int64_t now_ms,
+                                uint64_t grace_ms) {
+        size_t n = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++) {
+                ssize_t j = holder_index(&t->records[i]->holding, pid, start_time);
+                if (j >= 0)
+                        n += holder_remove_locked(&t->records[i]->holding, (size_t) j, now_ms,
+                                                  grace_ms);
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        return n;
+}
+
+bool build_table_process_holds(BuildTable *t, int32_t pid, uint64_t start_time) {
+        bool found = false;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records && !found; i++)
+                found = holder_index(&t->records[i]->holding, pid, start_time) >= 0;
+        (void) pthread_mutex_unlock(&t->lock);
+        return found;
+}
+
+int build_table_pin(BuildTable *t, BuildRecord *rec, bool pin, int64_t now_ms,
+                    uint64_t grace_ms) {
+        BuildHolding *h = &rec->holding;
+        int r = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        h->pinned = pin;
+        if (pin)
+                h->grace_deadline_ms = 0;
+        else {
+                holding_maybe_grace(h, now_ms, grace_ms);
+                r = holding_idle(h) && !rec->removed;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        return r;
+}
+
+size_t build_table_start_grace(BuildTable *t, int64_t now_ms, uint64_t grace_ms) {
+        size_t n = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++) {
+                BuildHolding *h = &t->records[i]->holding;
+                if (holding_idle(h) && h->grace_deadline_ms == 0) {
+                        holding_maybe_grace(h, now_ms, grace_ms);
+                        n++;
+                }
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        return n;
+}
+
+int build_table_take(BuildTable *t, const char *id, BuildTakeMode mode, int64_t now_ms,
+                     BuildRecord **ret, FamilyError *ret_error) {
+        BuildRecord *found = NULL;
+        bool refused = false;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++) {
+                BuildRecord *rec = t->records[i];
+                const BuildHolding *h = &rec->holding;
+                if (!streq(rec->id, id))
+                        continue;
+                refused = mode != BUILD_TAKE_ANY &&
+                          (!holding_idle(h) || h->grace_deadline_ms == 0 ||
+                           (mode == BUILD_TAKE_EXPIRED && h->grace_deadline_ms > now_ms));
+                if (refused)
+                        break;
+                found = rec;
+                memmove(t->records + i, t->records + i + 1,
+                        (t->n_records - i - 1) * sizeof(BuildRecord *));
+                t->n_records--;
+                t->bytes_in_use -= rec->bytes;
+                rec->removed = true;
+                break;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+
+        if (refused)
+                return -EBUSY;
+        if (!found)
+                return not_found(id, ret_error);
+        *ret = found;
+        return 0;
+}
+
+int build_table_oldest_idle(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]) {
+        const BuildRecord *oldest = NULL;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++) {
+                const BuildHolding *h = &t->records[i]->holding;
+                if (holding_idle(h) && h->grace_deadline_ms != 0 &&
+                    (!oldest || h->grace_deadline_ms < oldest->holding.grace_deadline_ms))
+                        oldest = t->records[i];
+        }
+        if (oldest)
+                memcpy(ret_id, oldest->id, BUILD_TABLE_ID_MAX);
+        (void) pthread_mutex_unlock(&t->lock);
+        return oldest ? 0 : -ENOENT;
+}
+
+int64_t build_table_next_deadline(BuildTable *t) {
+        int64_t next = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++) {
+                const BuildHolding *h = &t->records[i]->holding;
+                if (holding_idle(h) && h->grace_deadline_ms != 0 &&
+                    (next == 0 || h->grace_deadline_ms < next))
+                        next = h->grace_deadline_ms;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        return next;
+}
+
+unsigned build_table_count_idle(BuildTable *t) {
+        unsigned n = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++)
+                n += holding_idle(&t->records[i]->holding) &&
+                     t->records[i]->holding.grace_deadline_ms != 0;
+        (void) pthread_mutex_unlock(&t->lock);
+        return n;
+}
+
+int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret) {
+        BuildHolding copy;
+        int r = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        copy = rec->holding;
+        copy.key = NULL;
+        copy.holders = NULL;
+        if (copy.n_holders > 0) {
+                copy.holders = calloc(copy.n_holders, sizeof(BuildHolder));
+                if (copy.holders)
+                        memcpy(copy.holders, rec->holding.holders,
+                               copy.n_holders * sizeof(BuildHolder));
+                else
+                        r = -ENOMEM;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        if (r < 0)
+                return r;
+        *ret = copy;
+        return 0;
+}
+
+void build_holding_done(BuildHolding *h) {
+        h->holders = mfree(h->holders);
+        h->n_holders = 0;
 }

@@ -18,12 +18,44 @@
 /* "bld-" 8 hex digits "-" a decimal serial, NUL included. */
 #define BUILD_TABLE_ID_MAX 40
 
+/* A process holding a build: pid and start time (field 22 of /proc/PID/stat, clock ticks
+ * since boot) name the process, so a reused pid is another holder; uid is whom it runs as. */
+typedef struct BuildHolder {
+        int32_t pid;
+        uint32_t uid;
+        uint64_t start_time;
+        int64_t since_ms; /* Unix ms */
+} BuildHolder;
+
+/*
+ * What holds a build (build-holders.c), under the table's lock: references of processes, a pin,
+ * and, when neither holds it, the deadline of its grace period. Only a build with `referenced`
+ * (a materialising Build, or one restored after a restart) is held this way; any other stays
+ * until ReleaseBuild, as before references existed.
+ */
+typedef struct BuildHolding {
+        bool referenced;
+        bool pinned;
+        bool writable;
+        bool private_build;
+        int64_t created_ms;        /* Unix ms */
+        int64_t grace_deadline_ms; /* Unix ms while in its grace period; 0 otherwise */
+        BuildHolder *holders;      /* oldest first */
+        size_t n_holders;
+        /* The sharing key (build/build-share.c): NULL for a build never shared. */
+        uint8_t *key;
+        size_t key_size;
+        uint64_t key_hash;
+} BuildHolding;
+
 typedef struct BuildRecord {
         atomic_uint n_ref;
         char id[BUILD_TABLE_ID_MAX];
         uint64_t bytes; /* shared memory held for this build */
         void *payload;
         void (*payload_free)(void *payload);
+        BuildHolding holding; /* under the table's lock: read it with build_table_holding() */
+        bool removed;         /* no longer in the table (under the lock) */
 } BuildRecord;
 
 BuildRecord *build_record_ref(BuildRecord *r);
@@ -79,3 +111,58 @@ void build_list_free(BuildRecord **list, size_t n);
 unsigned build_table_count(BuildTable *t);
 uint64_t build_table_bytes_in_use(BuildTable *t);
 uint64_t build_table_budget(BuildTable *t);
+
+/* ---- references, pins and grace (build-holders.c) -------------------------------------- */
+
+/* The most processes one build lists; a Build or share past it: RESOURCE_EXHAUSTED. */
+#define BUILD_TABLE_MAX_HOLDERS 4096u
+
+/* What a new record is (taken: key, which may be NULL). */
+typedef struct BuildRecordInit {
+        bool referenced, writable, private_build;
+        int64_t created_ms;
+        uint8_t *key;
+        size_t key_size;
+} BuildRecordInit;
+void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *init);
+
+/* A live record with this key (a new reference), or -ENOENT. */
+int build_table_find_key(BuildTable *t, const uint8_t *key, size_t key_size, BuildRecord **ret);
+/* Adds h (a process already listed changes nothing) and ends a grace period. -ESTALE: the
+ * record is gone; -E2BIG: BUILD_TABLE_MAX_HOLDERS. */
+int build_table_hold(BuildTable *t, BuildRecord *rec, const BuildHolder *h);
+/* Drops the reference of process (pid, start_time): FAILED_PRECONDITION NOT_HELD when it holds
+ * none. Returns 1 when nothing holds the build any more (its grace period starts now_ms +
+ * grace_ms), else 0. */
+int build_table_unhold(BuildTable *t, BuildRecord *rec, int32_t pid, uint64_t start_time,
+                       int64_t now_ms, uint64_t grace_ms, FamilyError *ret_error);
+/* A process is gone: its references go from every build; returns how many builds that left
+ * unheld (their grace periods start). */
+size_t build_table_drop_process(BuildTable *t, int32_t pid, uint64_t start_time, int64_t now_ms,
+                                uint64_t grace_ms);
+/* Whether process (pid, start_time) holds any build. */
+bool build_table_process_holds(BuildTable *t, int32_t pid, uint64_t start_time);
+/* Pins or unpins; returns 1 when an unpin left the build unheld (grace starts), else 0. */
+int build_table_pin(BuildTable *t, BuildRecord *rec, bool pin, int64_t now_ms, uint64_t grace_ms);
+/* Starts the grace period of every referenced build that nothing holds and that has none
+ * (builds restored after a restart); returns how many. */
+size_t build_table_start_grace(BuildTable *t, int64_t now_ms, uint64_t grace_ms);
+
+/* Takes the record out of the table and returns it (the table's reference, now the
+ * caller's). mode: */
+typedef enum BuildTakeMode {
+        BUILD_TAKE_ANY,     /* whatever holds it (ReleaseBuild without references, force) */
+        BUILD_TAKE_IDLE,    /* only in its grace period (eviction) */
+        BUILD_TAKE_EXPIRED, /* only when its grace period ended by now_ms */
+} BuildTakeMode;
+/* NOT_FOUND as build_table_get(); -EBUSY (no error set) when mode refuses. */
+int build_table_take(BuildTable *t, const char *id, BuildTakeMode mode, int64_t now_ms,
+                     BuildRecord **ret, FamilyError *ret_error);
+/* The id of the build whose grace period ends first; -ENOENT when none is in grace. */
+int build_table_oldest_idle(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]);
+/* The earliest grace deadline (Unix ms), 0 when no build is in grace. */
+int64_t build_table_next_deadline(BuildTable *t);
+unsigned build_table_count_idle(BuildTable *t);
+/* A copy of rec's holding (holders malloc'd, key left out); free with build_holding_done. */
+int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret);
+void build_holding_done(BuildHolding *h);

@@ -17,6 +17,8 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "call.h"
 #include "codec/codec-status.h"
@@ -254,6 +256,38 @@ bool rpc_call_expired(void) {
                 return false;
         gpr_timespec now = gpr_now(handler_deadline.clock_type);
         return gpr_time_cmp(now, handler_deadline) >= 0;
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* Linux 6.5; older headers lack it */
+#endif
+
+int rpc_call_peer(int32_t *ret_pid, uint32_t *ret_uid, int *ret_pidfd) {
+        Call *c = handler_call;
+        struct ucred cred = {};
+        socklen_t len = sizeof cred;
+        struct stat st;
+        char *peer;
+        int fd = -1, n = 0, pidfd = -1;
+
+        if (!c || !c->call)
+                return -ENOTCONN;
+        peer = grpc_call_get_peer(c->call);
+        if (!peer)
+                return -ENOTCONN;
+        if (sscanf(peer, "fd:%d%n", &fd, &n) != 1 || peer[n] != 0)
+                fd = -1;
+        gpr_free(peer);
+        if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
+            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0)
+                return -ENOTCONN;
+        len = sizeof pidfd;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
+                pidfd = -1;
+        *ret_pid = cred.pid;
+        *ret_uid = cred.uid;
+        *ret_pidfd = pidfd;
+        return 0;
 }
 
 static void *arena_pb_alloc(void *data, size_t size) {

@@ -94,6 +94,15 @@ bool rpc_pending_expired(RpcPending *p);
 /* reply (from the pending arena) or error; takes over the error's contents. */
 void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error);
 
+/*
+ * On a worker inside a handler: the process at the other end of the call's connection, pid and
+ * uid from SO_PEERCRED of the connection's socket (gRPC names a connection handed in by fd
+ * "fd:N", and N stays open while the call lives), and a pidfd for it (SO_PEERPIDFD: the process
+ * that connected, even if its pid was reused since; -1 where the kernel has none). -ENOTCONN:
+ * the peer cannot be told.
+ */
+int rpc_call_peer(int32_t *ret_pid, uint32_t *ret_uid, int *ret_pidfd);
+
 /* On a worker inside a handler: whether the call's deadline has passed (the client has given
  * up on the answer). Long handlers check it before keeping what they made. */
 bool rpc_call_expired(void);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "build-config.h"
+#include "build/build.h"
 #include "codec/codec.h"
 #include "common/log.h"
 #include "rpc.h"
@@ -31,6 +32,11 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
         reply->shm_bytes_in_use = build_table_bytes_in_use(m->builds);
         reply->builds = build_table_count(m->builds);
         reply->topology_version = t->version;
+        BuildCounters counters;
+        build_counters(ctx->hooks ? ctx->hooks->builder : NULL, &counters);
+        reply->fills_started = counters.fills_started;
+        reply->bytes_filled = counters.bytes_filled;
+        reply->builds_in_grace = counters.builds_in_grace;
         reply->peer_messages_sent = atomic_load_explicit(&m->peer_messages_sent,
                                                          memory_order_relaxed);
         reply->peer_bytes_sent = atomic_load_explicit(&m->peer_bytes_sent, memory_order_relaxed);

@@ -12,6 +12,7 @@
 
 #include "build/build.h"
 #include "codec/codec.h"
+#include "codec/codec-build-holders.h"
 #include "core/resource-limits.h"
 #include "executor.h"
 #include "rpc.h"
@@ -29,10 +30,23 @@ static int build_reply(RpcContext *ctx, Arena *arena, const BuildRecord *rec,
         CodecBuild view;
         int r;
 
+        _cleanup_(build_holding_done) BuildHolding h = {};
+        Familyd__V1__Build *pb;
+
         r = build_state_describe(rec->payload, arena, &view);
         if (r < 0)
                 return r;
-        return codec_build_encode(arena, rec->id, &view, ctx->shard_socket, ret);
+        r = codec_build_encode(arena, rec->id, &view, ctx->shard_socket, &pb);
+        if (r < 0)
+                return r;
+        r = build_table_holding(ctx->manager->builds, rec, &h);
+        if (r < 0)
+                return r;
+        r = codec_build_holding_encode(arena, &h, pb);
+        if (r < 0)
+                return r;
+        *ret = pb;
+        return 0;
 }
 
 static int build_finish(RpcContext *ctx, BuildDraft *draft, Arena *arena,
@@ -87,6 +101,138 @@ static void build_job(void *data, bool cancelled) {
         free(j);
 }
 
+/* ---- a materialising Build: shared, held by the calling process ------------------------- */
+
+typedef struct SharedCall {
+        RpcContext *ctx;
+        RpcPending *pending;
+} SharedCall;
+
+static bool shared_expired(void *userdata) {
+        SharedCall *c = userdata;
+        return rpc_pending_expired(c->pending);
+}
+
+static void shared_done(void *userdata, BuildRecord *rec, bool shared, FamilyError *error) {
+        SharedCall *c = userdata;
+        FamilyError e = FAMILY_ERROR_NULL;
+        Familyd__V1__BuildResponse *reply = NULL;
+        Arena *arena = rpc_pending_arena(c->pending);
+        int r = -EINVAL;
+
+        if (rec) {
+                reply = MSG_NEW(arena, Familyd__V1__BuildResponse,
+                                familyd__v1__build_response__init);
+                r = reply ? build_reply(c->ctx, arena, rec, &reply->build) : -ENOMEM;
+                if (r >= 0)
+                        reply->shared = shared;
+                else
+                        (void) family_error_set(&e, FAMILY_STATUS_INTERNAL, "INTERNAL", NULL,
+                                                "internal error: %s", strerror(-r));
+        } else if (error)
+                (void) family_error_set(&e, error->status, error->reason, error->field, "%s",
+                                        strempty(error->message));
+        rpc_pending_finish(c->pending, r < 0 ? NULL : &reply->base, &e);
+        free(c);
+}
+
+static bool never_stopping(void *userdata) {
+        return false;
+}
+
+typedef struct SharedJob {
+        BuildDraft *draft;
+        RpcContext *ctx;
+        bool cancelled;
+} SharedJob;
+
+static bool job_stopping(void *userdata) {
+        SharedJob *j = userdata;
+        return j->cancelled || executor_stopping(j->ctx->executor);
+}
+
+static void shared_job(void *data, bool cancelled) {
+        SharedJob *j = data;
+        j->cancelled = cancelled;
+        build_draft_run(j->draft, job_stopping, j);
+        free(j);
+}
+
+/* Who is calling: UNAVAILABLE CALLER_UNKNOWN when the connection does not say (DESIGN of
+ * build-caller.c); *ret_pidfd is then -1. */
+static int caller_of(BuildCaller *ret, int *ret_pidfd, FamilyError *ret_error) {
+        int32_t pid = 0;
+        uint32_t uid = 0;
+        int pidfd = -1;
+
+        *ret_pidfd = -1;
+        if (rpc_call_peer(&pid, &uid, &pidfd) < 0)
+                pid = 0;
+        return build_caller_identify(pid, uid, pidfd, ret, ret_pidfd, ret_error);
+}
+
+static int build_shared(RpcContext *ctx, const Builder *builder, const BuildRequest *req,
+                        FamilyError *ret_error) {
+        SharedCall *call;
+        BuildDraft *draft = NULL;
+        BuildWaiter w = {};
+        int r;
+
+        r = caller_of(&w.caller, &w.pidfd, ret_error);
+        if (r < 0)
+                return r;
+        call = calloc(1, sizeof *call);
+        if (!call) {
+                safe_close(w.pidfd);
+                return -ENOMEM;
+        }
+        call->ctx = ctx;
+        call->pending = rpc_call_defer();
+        w.expired = shared_expired;
+        w.done = shared_done;
+        w.userdata = call;
+
+        FamilyError e = FAMILY_ERROR_NULL;
+        r = build_draft_share(builder, req, ctx->shard_socket, &w, &draft, &e);
+        if (r < 0) {
+                if (!family_error_is_set(&e))
+                        (void) family_error_set(&e, r == -ENOMEM
+                                                            ? FAMILY_STATUS_RESOURCE_EXHAUSTED
+                                                            : FAMILY_STATUS_INTERNAL,
+                                                r == -ENOMEM ? "OUT_OF_MEMORY" : "INTERNAL",
+                                                NULL, "%s",
+                                                r == -ENOMEM ? "familyd is out of memory"
+                                                             : strerror(-r));
+                rpc_pending_finish(call->pending, NULL, &e);
+                free(call);
+                return RPC_PENDING;
+        }
+        if (r != BUILD_SHARE_NEW)
+                return RPC_PENDING; /* answered, or answered when its flight lands */
+
+        /* Nothing to fill here: finish on this worker. Else the fill runs on the executor. */
+        if (!build_draft_fills(draft) || !ctx->executor) {
+                build_draft_run(draft, never_stopping, NULL);
+                return RPC_PENDING;
+        }
+        SharedJob *job = calloc(1, sizeof *job);
+        if (job)
+                *job = (SharedJob) { .draft = draft, .ctx = ctx };
+        r = job ? executor_submit(ctx->executor, shared_job, job) : -ENOMEM;
+        if (r >= 0)
+                return RPC_PENDING;
+        free(job);
+        (void) family_error_set(&e, r == -EBUSY ? FAMILY_STATUS_RESOURCE_EXHAUSTED
+                                                : FAMILY_STATUS_UNAVAILABLE,
+                                r == -EBUSY ? "BUILD_QUEUE" : "SHUTTING_DOWN", NULL,
+                                r == -EBUSY ? "build queue full: too many Builds are "
+                                              "materialising; retry"
+                                            : "familyd is stopping");
+        build_draft_fail(draft, &e);
+        family_error_done(&e);
+        return RPC_PENDING;
+}
+
 static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                  ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         _cleanup_(build_request_done) BuildRequest req = {};
@@ -98,6 +244,9 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                                        ret_error);
         if (r < 0)
                 return r;
+        /* A materialising Build is shared and held by its caller; a layout is neither. */
+        if (req.materialize.enabled && builder.sharing)
+                return build_shared(ctx, &builder, &req, ret_error);
         r = build_draft(&builder, &req, ctx->shard_socket, &draft, ret_error);
         if (r < 0)
                 return r;
@@ -182,14 +331,27 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
                          ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const Familyd__V1__ReleaseBuildRequest *req =
                 (const Familyd__V1__ReleaseBuildRequest *) request;
+        _cleanup_(family_error_done) FamilyError unknown = FAMILY_ERROR_NULL;
         Builder builder = builder_of(ctx);
         Familyd__V1__ReleaseBuildResponse *reply;
-        int r;
+        BuildCaller caller;
+        bool known = false, freed = false;
+        int r, pidfd = -1;
 
         r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
         if (r < 0)
                 return r;
-        r = build_release(&builder, req->build_id, ret_error);
+        if (!req->force) {
+                known = caller_of(&caller, &pidfd, &unknown) >= 0;
+                safe_close(pidfd);
+        }
+        r = build_release_held(&builder, req->build_id, known ? &caller : NULL, req->force,
+                               &freed, ret_error);
+        if (r == -ENOTCONN) {
+                *ret_error = unknown;
+                unknown = FAMILY_ERROR_NULL;
+                return -EINVAL;
+        }
         if (r < 0)
                 return r;
 
@@ -197,8 +359,42 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
                         familyd__v1__release_build_response__init);
         if (!reply)
                 return -ENOMEM;
+        reply->freed = freed;
         *ret_reply = &reply->base;
         return 0;
+}
+
+static int pin_or_unpin(RpcContext *ctx, Arena *arena, const char *id, bool pin,
+                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        Builder builder = builder_of(ctx);
+        Familyd__V1__Build *reply;
+        int r;
+
+        r = codec_check_length(id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
+        if (r < 0)
+                return r;
+        r = build_pin(&builder, id, pin, &rec, ret_error);
+        if (r < 0)
+                return r;
+        r = build_reply(ctx, arena, rec, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
+static int pin_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                     ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__PinBuildRequest *req = (const Familyd__V1__PinBuildRequest *) request;
+        return pin_or_unpin(ctx, arena, req->build_id, true, ret_reply, ret_error);
+}
+
+static int unpin_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__UnpinBuildRequest *req =
+                (const Familyd__V1__UnpinBuildRequest *) request;
+        return pin_or_unpin(ctx, arena, req->build_id, false, ret_reply, ret_error);
 }
 
 static const RpcMethod methods[] = {
@@ -210,6 +406,10 @@ static const RpcMethod methods[] = {
           &familyd__v1__list_builds_request__descriptor, list_builds, NULL },
         { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
           &familyd__v1__release_build_request__descriptor, release_build, NULL },
+        { "/familyd.v1.FamilyService/PinBuild", RPC_UNARY,
+          &familyd__v1__pin_build_request__descriptor, pin_build, NULL },
+        { "/familyd.v1.FamilyService/UnpinBuild", RPC_UNARY,
+          &familyd__v1__unpin_build_request__descriptor, unpin_build, NULL },
 };
 
 /* The same gRPC service as service_family; a second table keeps Build apart. */

@@ -1,0 +1,92 @@
+/* build-caller.c: the process behind a call: pid, uid, start time and a pidfd that watches it. */
+
+/*
+ * DESIGN: a reference must name one process, not a pid: pids are reused. The kernel's pidfd
+ * names one process for good, so the pidfd comes first (SO_PEERPIDFD of the connection when the
+ * adapter has it, else pidfd_open() on the SO_PEERCRED pid); the start time read after it is
+ * then checked against the pidfd's process still being alive, so it is that process's start
+ * time and not a successor's. The start time is what a reference keeps (it can be saved across
+ * a restart; a pidfd cannot).
+ */
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "build.h"
+
+static int pidfd_open_(pid_t pid) {
+        return (int) syscall(SYS_pidfd_open, pid, 0);
+}
+
+static int pidfd_alive(int pidfd) {
+        /* Signal 0 checks the process is there without signalling it. */
+        if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0)
+                return 1;
+        return errno == EPERM ? 1 : 0;
+}
+
+/* Field 22 of /proc/PID/stat: the start time in clock ticks since boot. */
+static int process_start_time(pid_t pid, uint64_t *ret) {
+        char path[64], buf[1024];
+        unsigned long long start;
+        ssize_t n;
+        int fd;
+
+        (void) snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                return -errno;
+        n = read(fd, buf, sizeof buf - 1);
+        int r = n < 0 ? -errno : 0;
+        safe_close(fd);
+        if (r < 0)
+                return r;
+        buf[n] = 0;
+        /* The name (field 2) may hold spaces and parentheses: fields go on after its last ')'. */
+        char *p = strrchr(buf, ')');
+        if (!p)
+                return -EBADMSG;
+        p++;
+        /* Fields 3..21 are skipped, 22 read. */
+        for (int field = 3; field < 22; field++) {
+                p = strchr(p + 1, ' ');
+                if (!p)
+                        return -EBADMSG;
+        }
+        if (sscanf(p, " %llu", &start) != 1)
+                return -EBADMSG;
+        *ret = start;
+        return 0;
+}
+
+static int unknown(FamilyError *e, int32_t pid, const char *why) {
+        return family_error_set(e, FAMILY_STATUS_UNAVAILABLE, "CALLER_UNKNOWN", NULL,
+                                "cannot tell which process is calling (pid %d: %s); builds "
+                                "are held by processes, so a materialising Build, and a "
+                                "ReleaseBuild without force, must come over the Unix socket "
+                                "from a process in familyd's pid namespace",
+                                (int) pid, why);
+}
+
+int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller *ret,
+                          int *ret_pidfd, FamilyError *ret_error) {
+        _cleanup_close_ int pidfd = peer_pidfd;
+        uint64_t start;
+        int r;
+
+        if (pid <= 0)
+                return unknown(ret_error, pid, "outside familyd's pid namespace");
+        if (pidfd < 0)
+                pidfd = pidfd_open_(pid);
+        if (pidfd < 0)
+                return unknown(ret_error, pid, "it has exited");
+        r = process_start_time(pid, &start);
+        if (r < 0 || !pidfd_alive(pidfd))
+                return unknown(ret_error, pid, "it has exited");
+        *ret = (BuildCaller) { .pid = pid, .uid = uid, .start_time = start };
+        *ret_pidfd = TAKE_FD(pidfd);
+        return 0;
+}
