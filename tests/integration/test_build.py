@@ -124,9 +124,11 @@ def setUpModule():
     shutil.copy(os.path.join(REGISTRY, "families.yaml"), os.path.join(reg, "families.yaml"))
     with open(os.path.join(reg, "zz-extra.yaml"), "w") as f:
         f.write(EXTRA_YAML)
-    D = H.Daemon(registry=REGISTRY, host_devices=8, node_name=NODE, protos=P)
+    D = H.Daemon(registry=REGISTRY, host_devices=8, node_name=NODE, protos=P,
+                 extra_args=["--build-grace-ms", "0"])
     D.start()
-    X = H.Daemon(registry=reg, host_devices=8, node_name=NODE, protos=P)
+    X = H.Daemon(registry=reg, host_devices=8, node_name=NODE, protos=P,
+                 extra_args=["--build-grace-ms", "0"])
     try:
         X.start()
     except BaseException:
@@ -326,6 +328,9 @@ def build_request(family, config=None, module=None, args=None, mesh_id="", conte
         setattr(req.context, k, v)
     if materialize is not None:
         req.materialize.enabled = True
+        # Each materialising Build here is its own build (not shared with an identical one:
+        # test_build_sharing.py covers sharing), released at once (--build-grace-ms 0).
+        req.private_build = True
         for k, v in materialize.items():
             if k == "ranks":
                 req.materialize.ranks.extend(v)
@@ -688,7 +693,8 @@ class TestLimits(Base):
     @classmethod
     def setUpClass(cls):
         cls.daemon = H.Daemon(registry=REGISTRY, host_devices=8, node_name=NODE, protos=P,
-                              extra_args=["--shm-budget", str(cls.BUDGET), "--max-builds", "3"])
+                              extra_args=["--shm-budget", str(cls.BUDGET), "--max-builds", "3",
+                                          "--build-grace-ms", "0"])
         cls.daemon.start()
 
     @classmethod

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""A trainer-like process for the shared-builds tests: it holds builds as its own process.
+
+    build_holder.py SOCKET [--go FILE]
+Reads one JSON command per line on stdin and answers one JSON line on stdout:
+    {"op": "build", "request": {...proto3 JSON BuildRequest...}}
+        -> {"code", "message", "build_id", "shared", "tokens", "shard_socket", "pid"}
+           (with "go" set, it first waits until that file exists: several processes then
+           call at the same moment)
+    {"op": "fetch"}   -> {"digest": sha256 of the bytes of every token of the last build}
+    {"op": "release", "build_id": ID, "force": false} -> {"code", "message", "freed", "reason"}
+    {"op": "call", "rpc": "pkg.Service/Method", "request": {...}} -> {"code", "message"}
+    {"op": "exit"}    -> exits 0
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import familyd_harness as H  # noqa: E402
+import shard_client as SC  # noqa: E402
+
+
+def reason_of(client, res):
+    _, infos = client.error_details(res)
+    return infos[0].reason if infos else ""
+
+
+def main():
+    socket_path = sys.argv[1]
+    protos = H.Protos()
+    client = H.Client(socket_path, protos)
+    last = None
+    out = sys.stdout
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        ans = {"pid": os.getpid()}
+        if op == "build":
+            go = cmd.get("go")
+            while go and not os.path.exists(go):
+                time.sleep(0.001)
+            res = client.call("familyd.v1.FamilyService/Build", cmd["request"],
+                              timeout=cmd.get("timeout", 60))
+            ans.update(code=res.code, message=res.message, reason=reason_of(client, res))
+            if res.ok:
+                b = res.reply.build
+                last = b
+                ans.update(build_id=b.build_id, shared=res.reply.shared,
+                           tokens=[s.token for s in b.shards if s.token],
+                           shard_socket=b.shard_socket)
+        elif op == "fetch":
+            h = hashlib.sha256()
+            for s in last.shards:
+                if not s.token:
+                    continue
+                reply, fds = SC.fetch(last.shard_socket, protos, [s.token])
+                try:
+                    m = SC.map_readonly(fds[0], reply.sizes[0])
+                    h.update(m[:])
+                    m.close()
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+            ans.update(digest=h.hexdigest())
+        elif op == "release":
+            res = client.call("familyd.v1.FamilyService/ReleaseBuild",
+                              {"buildId": cmd["build_id"], "force": cmd.get("force", False)})
+            ans.update(code=res.code, message=res.message, reason=reason_of(client, res),
+                       freed=bool(res.reply and res.reply.freed))
+        elif op == "call":
+            res = client.call(cmd["rpc"], cmd.get("request", {}))
+            ans.update(code=res.code, message=res.message)
+        elif op == "exit":
+            return 0
+        out.write(json.dumps(ans) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
