@@ -29,6 +29,15 @@ def reason_of(client, res):
     return infos[0].reason if infos else ""
 
 
+def call(client, rpc, request, timeout=None):
+    """A call, made again once when grpcio answers UNAVAILABLE for a connection the daemon
+    closed while it was idle (--connection-idle-ms)."""
+    res = client.call(rpc, request, timeout=timeout)
+    if res.code == "UNAVAILABLE":
+        res = client.call(rpc, request, timeout=timeout)
+    return res
+
+
 def main():
     socket_path = sys.argv[1]
     protos = H.Protos()
@@ -67,12 +76,12 @@ def main():
                         os.close(fd)
             ans.update(digest=h.hexdigest())
         elif op == "release":
-            res = client.call("familyd.v1.FamilyService/ReleaseBuild",
-                              {"buildId": cmd["build_id"], "force": cmd.get("force", False)})
+            res = call(client, "familyd.v1.FamilyService/ReleaseBuild",
+                       {"buildId": cmd["build_id"], "force": cmd.get("force", False)})
             ans.update(code=res.code, message=res.message, reason=reason_of(client, res),
                        freed=bool(res.reply and res.reply.freed))
         elif op == "call":
-            res = client.call(cmd["rpc"], cmd.get("request", {}))
+            res = call(client, cmd["rpc"], cmd.get("request", {}))
             ans.update(code=res.code, message=res.message)
         elif op == "exit":
             return 0

@@ -143,7 +143,7 @@ class FdStoreTest(unittest.TestCase):
         # Released: its descriptors leave the store; a restart does not bring it back.
         mark = m.mark()
         U.ok(self, d2.client.call("familyd.v1.FamilyService/ReleaseBuild",
-                                  build_id=on_mesh.build_id))
+                                  build_id=on_mesh.build_id, force=True))
         for name in ["meta-" + on_mesh.build_id] + \
                 ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)]:
             m.wait_for("FDNAME", name, after=mark)
@@ -184,7 +184,7 @@ class FdStoreTest(unittest.TestCase):
 
         # Releasing gives the room back.
         U.ok(self, d.client.call("familyd.v1.FamilyService/ReleaseBuild",
-                                 build_id=first.build_id))
+                                 build_id=first.build_id, force=True))
         again = U.build(self, d, materialize={"seed": 2})
         self.assertEqual(U.view(self, d)["ids"], [plain.build_id, again.build_id])
 

@@ -149,10 +149,10 @@ class StateDirTest(unittest.TestCase):
         d1 = self.start()
         mesh_id, on_mesh, alone, plain = self.build_some(d1)
         U.ok(self, d1.client.call("familyd.v1.FamilyService/ReleaseBuild",
-                                  build_id=on_mesh.build_id))
+                                  build_id=on_mesh.build_id, force=True))
         self.assertEqual([n for n in self.files() if on_mesh.build_id in n], [])
         U.ok(self, d1.client.call("familyd.v1.FamilyService/ReleaseBuild",
-                                  build_id=plain.build_id))
+                                  build_id=plain.build_id, force=True))
         self.assertNotIn("meta-" + plain.build_id, self.files())
         # A deleted mesh's record goes too.
         other = U.create_mesh(self, d1.client, {"deviceMesh": [{"name": "tp", "size": "8"}]})
@@ -275,7 +275,7 @@ class StateDirTest(unittest.TestCase):
                          ("RESOURCE_EXHAUSTED", "build limit reached: 2 builds"))
         for b in (on_mesh, alone):
             U.ok(self, d2.client.call("familyd.v1.FamilyService/ReleaseBuild",
-                                      build_id=b.build_id))
+                                      build_id=b.build_id, force=True))
         st = U.ok(self, d2.client.call("familyd.v1.AdminService/GetStatus"))
         self.assertEqual((st.builds, st.shm_bytes_in_use), (1, 0))
         U.build(self, d2, materialize={})

@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""References to builds belong to processes (docs/sharing.md): release, exit, grace, pins.
+
+Trainer-like processes (build_holder.py, each its own pid) hold builds of the real daemon. A
+build is freed only when no process and no pin holds it, after --build-grace-ms; a process's
+references go when it exits (SIGKILL included), not when its connection closes; a new process
+that gets the old pid inherits nothing; builds in their grace period give way to new Builds.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import familyd_harness as H  # noqa: E402
+from test_build_sharing import Holder  # noqa: E402
+import test_build_sharing as S  # noqa: E402
+
+REGISTRY = os.path.join(H.CONFORMANCE, "registry")
+GE = "grouped_experts"
+CFG = {"num_experts": {"intValue": 4}, "hidden_size": {"intValue": 8},
+       "moe_intermediate_size": {"intValue": 4}, "initializer_range": {"doubleValue": 0.02}}
+SIZE = 1536  # bytes of one such build (one rank)
+GRACE_MS = 1500
+
+P = None
+daemons = {}
+
+
+def start(name, *args):
+    d = H.Daemon(registry=REGISTRY, host_devices=1, protos=P, extra_args=list(args))
+    d.start()
+    daemons[name] = d
+    return d
+
+
+def setUpModule():
+    global P
+    P = H.Protos()
+    try:
+        start("grace", "--build-grace-ms", str(GRACE_MS), "--connection-idle-ms", "300")
+        start("zero", "--build-grace-ms", "0")
+        start("room", "--build-grace-ms", "60000", "--shm-budget", str(2 * SIZE + 100),
+              "--max-builds", "3")
+    except BaseException:
+        tearDownModule()
+        raise
+
+
+def tearDownModule():
+    for d in daemons.values():
+        try:
+            d.stop()
+            err = d.stderr()
+            if "runtime error:" in err or "Sanitizer" in err:
+                raise AssertionError("sanitizer report:\n" + err[-4000:])
+        finally:
+            d.cleanup()
+
+
+def request(seed=1):
+    return {"family": GE, "config": {"fields": CFG},
+            "materialize": {"enabled": True, "seed": str(seed)}}
+
+
+class Retrying:
+    """The test's own client: --connection-idle-ms closes its connection between calls, and
+    grpcio may answer the first call after that UNAVAILABLE: it is called again."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def call(self, *a, **kw):
+        res = self.client.call(*a, **kw)
+        if res.code == "UNAVAILABLE":
+            res = self.client.call(*a, **kw)
+        return res
+
+    def error_details(self, res):
+        return self.client.error_details(res)
+
+
+class Base(unittest.TestCase):
+    name = "grace"
+
+    def setUp(self):
+        self.d = daemons[self.name]
+        S.D = self.d  # Holder connects to S.D.socket
+        self.c = Retrying(self.d.client)
+
+    def holder(self):
+        h = Holder()
+        self.addCleanup(h.close)
+        return h
+
+    def status(self):
+        return self.c.call("familyd.v1.AdminService/GetStatus", {}).reply
+
+    def get(self, build_id):
+        return self.c.call("familyd.v1.FamilyService/GetBuild", build_id=build_id)
+
+    def built(self, h, seed=1):
+        a = h.ask(op="build", request=request(seed))
+        self.assertEqual(a["code"], "OK", a)
+        return a
+
+    def force(self, build_id):
+        self.c.call("familyd.v1.FamilyService/ReleaseBuild", build_id=build_id, force=True)
+
+
+class TestReferences(Base):
+    def test_release_keeps_it_for_others_and_sigkill_starts_grace(self):
+        before = self.status().shm_bytes_in_use
+        a, b = self.holder(), self.holder()
+        x = self.built(a, seed=11)
+        y = self.built(b, seed=11)
+        self.assertEqual(x["build_id"], y["build_id"])
+        r = a.ask(op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["freed"]), ("OK", False), r)
+        got = self.get(x["build_id"]).reply
+        self.assertEqual([ref.pid for ref in got.references], [b.proc.pid])
+        self.assertEqual(got.grace_deadline_unix_ms, 0)
+        # Releasing again: not held any more.
+        r = a.ask(op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["reason"]), ("FAILED_PRECONDITION", "NOT_HELD"), r)
+        self.assertEqual(r["message"],
+                         "build '%s' is not held by the calling process (pid %d); to free it "
+                         "whatever holds it, release it with force (familyctl release %s "
+                         "--force)" % (x["build_id"], a.proc.pid, x["build_id"]))
+        # SIGKILL the last holder: the build waits out its grace period, then goes.
+        t0 = time.time()
+        b.proc.kill()
+        b.proc.wait()
+        time.sleep(GRACE_MS / 2000)
+        got = self.get(x["build_id"])
+        self.assertEqual(got.code, "OK", got)
+        self.assertEqual(len(got.reply.references), 0)
+        self.assertGreater(got.reply.grace_deadline_unix_ms, int(t0 * 1000))
+        self.assertEqual(self.status().builds_in_grace, 1)
+        time.sleep(GRACE_MS / 1000 + 0.5)
+        self.assertEqual(self.get(x["build_id"]).code, "NOT_FOUND")
+        st = self.status()
+        self.assertEqual((st.shm_bytes_in_use, st.builds_in_grace), (before, 0))
+
+    def test_asking_again_within_the_grace_gets_the_same_build(self):
+        a = self.holder()
+        x = self.built(a, seed=12)
+        a.close()
+        time.sleep(0.3)
+        got = self.get(x["build_id"]).reply
+        self.assertNotEqual(got.grace_deadline_unix_ms, 0)
+        b = self.holder()
+        y = self.built(b, seed=12)
+        self.assertEqual((y["build_id"], y["shared"]), (x["build_id"], True))
+        self.assertEqual(self.get(x["build_id"]).reply.grace_deadline_unix_ms, 0)
+        self.force(x["build_id"])
+
+    def test_idle_connection_closed_keeps_the_build(self):
+        a = self.holder()
+        x = self.built(a, seed=13)
+        time.sleep(1.0 + GRACE_MS / 1000)  # the daemon closed the idle connection long ago
+        got = self.get(x["build_id"]).reply
+        self.assertEqual([ref.pid for ref in got.references], [a.proc.pid])
+        r = a.ask(op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["freed"]), ("OK", False), r)
+        self.force(x["build_id"])
+
+    def test_a_reused_pid_inherits_nothing(self):
+        if os.geteuid() != 0 or not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+            self.skipTest("needs root and a writable /proc/sys/kernel/ns_last_pid")
+        keeper, a = self.holder(), self.holder()
+        x = self.built(keeper, seed=14)
+        self.built(a, seed=14)
+        old = a.proc.pid
+        a.proc.kill()
+        a.proc.wait()
+        time.sleep(0.2)
+        b = None
+        for _ in range(20):
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(old - 1))
+            b = Holder()
+            self.addCleanup(b.close)
+            if b.proc.pid == old:
+                break
+        if b.proc.pid != old:
+            self.skipTest("the kernel gave pid %d, not %d" % (b.proc.pid, old))
+        r = b.ask(op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["reason"]), ("FAILED_PRECONDITION", "NOT_HELD"), r)
+        got = self.get(x["build_id"]).reply
+        self.assertEqual([ref.pid for ref in got.references], [keeper.proc.pid])
+        self.force(x["build_id"])
+
+    def test_pinned_outlives_its_holders_and_force_frees_it(self):
+        a = self.holder()
+        x = self.built(a, seed=15)
+        pin = self.c.call("familyd.v1.FamilyService/PinBuild", build_id=x["build_id"])
+        self.assertTrue(pin.ok and pin.reply.pinned, pin)
+        a.proc.kill()
+        a.proc.wait()
+        time.sleep(GRACE_MS / 1000 + 0.5)
+        got = self.get(x["build_id"]).reply
+        self.assertTrue(got.pinned)
+        self.assertEqual((len(got.references), got.grace_deadline_unix_ms), (0, 0))
+        # Unpinned, nothing holds it: its grace period starts.
+        un = self.c.call("familyd.v1.FamilyService/UnpinBuild", build_id=x["build_id"])
+        self.assertTrue(un.ok and not un.reply.pinned, un)
+        self.assertNotEqual(self.get(x["build_id"]).reply.grace_deadline_unix_ms, 0)
+        # Held and pinned: force frees it all the same.
+        b = self.holder()
+        self.built(b, seed=15)
+        self.c.call("familyd.v1.FamilyService/PinBuild", build_id=x["build_id"])
+        r = self.c.call("familyd.v1.FamilyService/ReleaseBuild", build_id=x["build_id"],
+                        force=True)
+        self.assertTrue(r.ok and r.reply.freed, r)
+        self.assertEqual(self.get(x["build_id"]).code, "NOT_FOUND")
+        for rpc in ("PinBuild", "UnpinBuild"):
+            res = self.c.call("familyd.v1.FamilyService/" + rpc, build_id=x["build_id"])
+            self.assertEqual(res.code, "NOT_FOUND")
+
+    def test_release_of_a_build_not_held(self):
+        a = self.holder()
+        x = self.built(a, seed=16)
+        # The test process never asked for it.
+        r = self.c.call("familyd.v1.FamilyService/ReleaseBuild", build_id=x["build_id"])
+        self.assertEqual(r.code, "FAILED_PRECONDITION")
+        _, infos = self.c.error_details(r)
+        self.assertEqual(infos[0].reason, "NOT_HELD")
+        self.assertIn("--force", r.message)
+        self.force(x["build_id"])
+
+
+class TestGraceZero(Base):
+    name = "zero"
+
+    def test_last_release_frees_at_once(self):
+        before = self.status().shm_bytes_in_use
+        a = self.holder()
+        x = self.built(a)
+        r = a.ask(op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["freed"]), ("OK", True), r)
+        self.assertEqual(self.get(x["build_id"]).code, "NOT_FOUND")
+        y = self.built(a, seed=2)
+        a.proc.kill()
+        a.proc.wait()
+        deadline = time.monotonic() + 5
+        while self.get(y["build_id"]).code == "OK" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.get(y["build_id"]).code, "NOT_FOUND")
+        self.assertEqual(self.status().shm_bytes_in_use, before)
+
+
+class TestGiveWay(Base):
+    name = "room"
+
+    def test_grace_builds_give_way_oldest_first(self):
+        a = self.holder()
+        first = self.built(a, seed=21)
+        second = self.built(a, seed=22)
+        a.ask(op="release", build_id=first["build_id"])
+        time.sleep(0.05)
+        a.ask(op="release", build_id=second["build_id"])
+        self.assertEqual(self.status().builds_in_grace, 2)
+        # Budget: a third build needs the oldest one's bytes.
+        third = self.built(a, seed=23)
+        self.assertEqual(self.get(first["build_id"]).code, "NOT_FOUND")
+        self.assertEqual(self.get(second["build_id"]).code, "OK")
+        # --max-builds 3: layout-only builds take slots; the grace build gives its slot.
+        lay = self.c.call("familyd.v1.FamilyService/Build", {"family": GE,
+                                                              "config": {"fields": CFG}})
+        self.assertTrue(lay.ok, lay)
+        lay2 = self.c.call("familyd.v1.FamilyService/Build", {"family": GE,
+                                                               "config": {"fields": CFG}})
+        self.assertTrue(lay2.ok, lay2)
+        self.assertEqual(self.get(second["build_id"]).code, "NOT_FOUND")
+        # Held builds never give way.
+        res = self.c.call("familyd.v1.FamilyService/Build", {"family": GE,
+                                                              "config": {"fields": CFG}})
+        self.assertEqual(res.code, "RESOURCE_EXHAUSTED", res)
+        self.assertEqual(self.get(third["build_id"]).code, "OK")
+        for b in (third["build_id"], lay.reply.build.build_id, lay2.reply.build.build_id):
+            self.force(b)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
