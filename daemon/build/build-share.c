@@ -322,9 +322,18 @@ static void flight_unlist(BuildSharing *s, BuildFlight *f) {
                 }
 }
 
-static int error_copy(const FamilyError *from, FamilyError *to) {
-        return family_error_set(to, from->status, from->reason, from->field, "%s",
-                                strempty(from->message));
+int build_error_copy(const FamilyError *from, FamilyError *to) {
+        FamilyError e = { .status = from->status, .reason = from->reason };
+
+        e.field = from->field ? strdup(from->field) : NULL;
+        e.message = strdup(strempty(from->message));
+        if ((from->field && !e.field) || !e.message) {
+                family_error_done(&e);
+                return -ENOMEM;
+        }
+        family_error_done(to);
+        *to = e;
+        return -EINVAL;
 }
 
 void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
@@ -362,7 +371,7 @@ void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
                         continue;
                 }
                 if (!rec)
-                        (void) error_copy(error, &e);
+                        (void) build_error_copy(error, &e);
                 else
                         (void) family_error_set(&e, FAMILY_STATUS_DEADLINE_EXCEEDED, "DEADLINE",
                                                 NULL,

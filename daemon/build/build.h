@@ -130,6 +130,8 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
 /* Materialises a draft of build_draft_share() (taken) and answers every waiter; it stops,
  * keeping nothing, once stopping(userdata) or every waiter gave up. */
 void build_draft_run(BuildDraft *d, bool (*stopping)(void *userdata), void *userdata);
+/* A copy of an error (a flight's failure, for each waiter); -EINVAL, or -ENOMEM. */
+int build_error_copy(const FamilyError *from, FamilyError *to);
 /* Gives a draft of build_draft_share() up (taken) and answers every waiter with error. */
 void build_draft_fail(BuildDraft *d, const FamilyError *error);
 

@@ -130,8 +130,7 @@ static void shared_done(void *userdata, BuildRecord *rec, bool shared, FamilyErr
                         (void) family_error_set(&e, FAMILY_STATUS_INTERNAL, "INTERNAL", NULL,
                                                 "internal error: %s", strerror(-r));
         } else if (error)
-                (void) family_error_set(&e, error->status, error->reason, error->field, "%s",
-                                        strempty(error->message));
+                (void) build_error_copy(error, &e);
         rpc_pending_finish(c->pending, r < 0 ? NULL : &reply->base, &e);
         free(c);
 }
