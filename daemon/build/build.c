@@ -334,8 +334,14 @@ int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64
         if (r < 0)
                 return r;
         /* Out of the table: nobody finds it any more; then no new descriptor is handed out. */
-        const BuildState *b = rec->payload;
+        BuildState *b = rec->payload;
         (void) shard_table_remove_group(builder->shards, b->group.hex);
+        /* Its mesh is free now, not when the last reference to the record goes (a Build's
+         * thread may still hold one after its caller was answered and released it). */
+        if (b->counted_mesh) {
+                mesh_build_release(b->counted_mesh);
+                b->counted_mesh = mesh_unref(b->counted_mesh);
+        }
         /* Only the caller whose take succeeded gets here: forgotten once. */
         build_keep_forget(builder->state, rec->id, b);
         log_struct(LOG_INFO, 0,

@@ -361,9 +361,12 @@ int build_table_hold(BuildTable *t, BuildRecord *rec, const BuildHolder *holder)
         int r = 0;
 
         (void) pthread_mutex_lock(&t->lock);
+        ssize_t i = holder_index(h, holder->pid, holder->start_time);
         if (rec->removed)
                 r = -ESTALE;
-        else if (holder_index(h, holder->pid, holder->start_time) < 0) {
+        else if (i >= 0)
+                h->holders[i].count++;
+        else {
                 BuildHolder *n;
                 if (h->n_holders >= BUILD_TABLE_MAX_HOLDERS)
                         r = -E2BIG;
@@ -371,7 +374,8 @@ int build_table_hold(BuildTable *t, BuildRecord *rec, const BuildHolder *holder)
                         r = -ENOMEM;
                 else {
                         h->holders = n;
-                        h->holders[h->n_holders++] = *holder;
+                        h->holders[h->n_holders] = *holder;
+                        h->holders[h->n_holders++].count = 1;
                 }
         }
         if (r >= 0)
@@ -380,7 +384,8 @@ int build_table_hold(BuildTable *t, BuildRecord *rec, const BuildHolder *holder)
         return r;
 }
 
-/* Under the lock: drops holder i; 1 when that left the build idle (grace started). */
+/* Under the lock: drops holder i (all its references); 1 when that left the build idle (grace
+ * started). */
 static int holder_remove_locked(BuildHolding *h, size_t i, int64_t now_ms, uint64_t grace_ms) {
         memmove(h->holders + i, h->holders + i + 1, (h->n_holders - i - 1) * sizeof *h->holders);
         h->n_holders--;
@@ -395,7 +400,12 @@ int build_table_unhold(BuildTable *t, BuildRecord *rec, int32_t pid, uint64_t st
 
         (void) pthread_mutex_lock(&t->lock);
         i = rec->removed ? -1 : holder_index(&rec->holding, pid, start_time);
-        r = i < 0 ? -ENOENT : holder_remove_locked(&rec->holding, (size_t) i, now_ms, grace_ms);
+        if (i >= 0 && rec->holding.holders[i].count > 1) {
+                rec->holding.holders[i].count--;
+                r = 0;
+        } else
+                r = i < 0 ? -ENOENT
+                          : holder_remove_locked(&rec->holding, (size_t) i, now_ms, grace_ms);
         (void) pthread_mutex_unlock(&t->lock);
         if (r != -ENOENT)
                 return r;

@@ -25,6 +25,7 @@ typedef struct BuildHolder {
         uint32_t uid;
         uint64_t start_time;
         int64_t since_ms; /* Unix ms */
+        uint32_t count;   /* Builds it was answered this build by, less its releases */
 } BuildHolder;
 
 /*
@@ -128,11 +129,11 @@ void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *
 
 /* A live record with this key (a new reference), or -ENOENT. */
 int build_table_find_key(BuildTable *t, const uint8_t *key, size_t key_size, BuildRecord **ret);
-/* Adds h (a process already listed changes nothing) and ends a grace period. -ESTALE: the
+/* Adds a reference of h (a process already listed counts one more) and ends a grace period. -ESTALE: the
  * record is gone; -E2BIG: BUILD_TABLE_MAX_HOLDERS. */
 int build_table_hold(BuildTable *t, BuildRecord *rec, const BuildHolder *h);
-/* Drops the reference of process (pid, start_time): FAILED_PRECONDITION NOT_HELD when it holds
- * none. Returns 1 when nothing holds the build any more (its grace period starts now_ms +
+/* Drops one reference of process (pid, start_time), which stays listed while it holds more:
+ * FAILED_PRECONDITION NOT_HELD when it holds none. Returns 1 when nothing holds the build any more (its grace period starts now_ms +
  * grace_ms), else 0. */
 int build_table_unhold(BuildTable *t, BuildRecord *rec, int32_t pid, uint64_t start_time,
                        int64_t now_ms, uint64_t grace_ms, FamilyError *ret_error);

@@ -43,6 +43,8 @@ def build_request(P, family=GE, config=None, mesh_id="", materialize=None, args=
         req.config.fields[k].CopyFrom(P.value(v))
     if materialize is not None:
         req.materialize.enabled = True
+        # Each build its own, as a restart must keep them apart (not shared: docs/sharing.md).
+        req.private_build = True
         for k, v in materialize.items():
             if k == "ranks":
                 req.materialize.ranks.extend(v)

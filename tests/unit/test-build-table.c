@@ -105,10 +105,79 @@ static void test_concurrent_reservations_never_overshoot(void **state) {
         shared = build_table_free(shared);
 }
 
+/* References, pins and grace: who holds a build, and which build a new one may push out. */
+static void test_holders_pins_and_grace(void **state) {
+        _cleanup_(build_table_freep) BuildTable *t = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+        BuildRecord *a = NULL, *b = NULL, *got = NULL;
+        char id[BUILD_TABLE_ID_MAX];
+        static const uint8_t key_a[] = "key-a", key_b[] = "key-b";
+
+        assert_int_equal(build_table_new(8, 1 << 20, 0x1, &t), 0);
+        assert_int_equal(build_table_reserve(t, 100, &e), 0);
+        assert_int_equal(build_table_commit(t, 100, NULL, NULL, &a), 0);
+        assert_int_equal(build_table_reserve(t, 100, &e), 0);
+        assert_int_equal(build_table_commit(t, 100, NULL, NULL, &b), 0);
+        build_table_init_holding(t, a, &(BuildRecordInit) { .referenced = true,
+                                                              .key = (uint8_t *) strdup("key-a"),
+                                                              .key_size = sizeof key_a });
+        build_table_init_holding(t, b, &(BuildRecordInit) { .referenced = true });
+
+        /* Found by its key only. */
+        assert_int_equal(build_table_find_key(t, key_a, sizeof key_a, &got), 0);
+        assert_ptr_equal(got, a);
+        got = build_record_unref(got);
+        assert_int_equal(build_table_find_key(t, key_b, sizeof key_b, &got), -ENOENT);
+
+        /* Two processes hold a; the same pid with another start time is another process. */
+        BuildHolder p1 = { .pid = 10, .uid = 1, .start_time = 100 };
+        BuildHolder p2 = { .pid = 11, .uid = 1, .start_time = 100 };
+        assert_int_equal(build_table_hold(t, a, &p1), 0);
+        assert_int_equal(build_table_hold(t, a, &p1), 0); /* listed once, counted twice */
+        assert_int_equal(build_table_hold(t, a, &p2), 0);
+        assert_int_equal(build_table_unhold(t, a, 10, 100, 1000, 50, &e), 0);
+        assert_true(build_table_process_holds(t, 10, 100));
+        assert_int_equal(build_table_unhold(t, a, 10, 999, 1000, 50, &e), -EINVAL);
+        assert_string_equal(e.reason, "NOT_HELD");
+        assert_int_equal(e.status, FAMILY_STATUS_FAILED_PRECONDITION);
+        family_error_done(&e);
+        assert_int_equal(build_table_unhold(t, a, 10, 100, 1000, 50, &e), 0);
+        assert_true(build_table_process_holds(t, 11, 100));
+        /* The last one exits: grace starts. */
+        assert_int_equal(build_table_drop_process(t, 11, 100, 2000, 50), 1);
+        assert_int_equal(build_table_next_deadline(t), 2050);
+        assert_int_equal(build_table_count_idle(t), 1);
+
+        /* Only builds in grace may be taken by eviction or expiry, and expiry only when due. */
+        assert_int_equal(build_table_take(t, b->id, BUILD_TAKE_IDLE, 0, &got, &e), -EBUSY);
+        assert_int_equal(build_table_take(t, a->id, BUILD_TAKE_EXPIRED, 2049, &got, &e), -EBUSY);
+        /* A pin stops the grace period; unpinned it starts again. */
+        assert_int_equal(build_table_pin(t, a, true, 2010, 50), 0);
+        assert_int_equal(build_table_count_idle(t), 0);
+        assert_int_equal(build_table_oldest_idle(t, id), -ENOENT);
+        assert_int_equal(build_table_pin(t, a, false, 2020, 50), 1);
+        assert_int_equal(build_table_oldest_idle(t, id), 0);
+        assert_string_equal(id, a->id);
+        assert_int_equal(build_table_take(t, a->id, BUILD_TAKE_EXPIRED, 2070, &got, &e), 0);
+        assert_ptr_equal(got, a);
+        got = build_record_unref(got);
+        /* Gone: a new holder cannot take it back. */
+        assert_int_equal(build_table_hold(t, a, &p1), -ESTALE);
+        build_record_unref(a);
+
+        /* A build with no holder and no grace yet (restored) starts its grace on request. */
+        assert_int_equal(build_table_start_grace(t, 3000, 0), 1);
+        assert_int_equal(build_table_take(t, b->id, BUILD_TAKE_EXPIRED, 3000, &got, &e), 0);
+        got = build_record_unref(got);
+        build_record_unref(b);
+        assert_int_equal(build_table_count(t), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_limits_and_texts),
                 cmocka_unit_test(test_concurrent_reservations_never_overshoot),
+                cmocka_unit_test(test_holders_pins_and_grace),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
