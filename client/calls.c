@@ -139,6 +139,10 @@ int familyd_list_builds(FamilydClient *client, Familyd__V1__ListBuildsResponse *
 }
 
 int familyd_release_build(FamilydClient *client, const char *build_id, FamilydError *ret_error) {
+        return familyd_release_build_full(client, build_id, false, NULL, ret_error);
+}
+
+int familyd_release_build_full(FamilydClient *client, const char *build_id, bool force, bool *ret_freed, FamilydError *ret_error) {
         Familyd__V1__ReleaseBuildRequest req = FAMILYD__V1__RELEASE_BUILD_REQUEST__INIT;
         Familyd__V1__ReleaseBuildResponse *resp = NULL;
         int r;
@@ -148,11 +152,51 @@ int familyd_release_build(FamilydClient *client, const char *build_id, FamilydEr
                 return -EINVAL;
         }
         req.build_id = (char *) build_id;
+        req.force = force;
         r = CALL(client, FAMILY_SERVICE "ReleaseBuild", &req, familyd__v1__release_build_response__descriptor, &resp, ret_error);
         if (r < 0)
                 return r;
+        if (ret_freed)
+                *ret_freed = resp->freed;
         familyd__v1__release_build_response__free_unpacked(resp, NULL);
         return 0;
+}
+
+/* PinBuild and UnpinBuild: a build id in, the build out. */
+static int pin_call(FamilydClient *client, const char *method, ProtobufCMessage *req, Familyd__V1__Build **ret_build, FamilydError *ret_error) {
+        Familyd__V1__Build *build = NULL;
+        int r;
+
+        r = familyd_client_call(client, method, req, &familyd__v1__build__descriptor, (ProtobufCMessage **) &build, ret_error);
+        if (r < 0)
+                return r;
+        if (ret_build)
+                *ret_build = build;
+        else
+                familyd__v1__build__free_unpacked(build, NULL);
+        return 0;
+}
+
+int familyd_pin_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error) {
+        Familyd__V1__PinBuildRequest req = FAMILYD__V1__PIN_BUILD_REQUEST__INIT;
+
+        if (!build_id) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        req.build_id = (char *) build_id;
+        return pin_call(client, FAMILY_SERVICE "PinBuild", &req.base, ret_build, ret_error);
+}
+
+int familyd_unpin_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error) {
+        Familyd__V1__UnpinBuildRequest req = FAMILYD__V1__UNPIN_BUILD_REQUEST__INIT;
+
+        if (!build_id) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        req.build_id = (char *) build_id;
+        return pin_call(client, FAMILY_SERVICE "UnpinBuild", &req.base, ret_build, ret_error);
 }
 
 int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *request, Familyd__V1__ValidateResponse **ret_response, FamilydError *ret_error) {

@@ -195,7 +195,16 @@ int familyd_resolve(FamilydClient *client, const Familyd__V1__ResolveRequest *re
 int familyd_build(FamilydClient *client, const Familyd__V1__BuildRequest *request, Familyd__V1__BuildResponse **ret_response, FamilydError *ret_error);
 int familyd_get_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
 int familyd_list_builds(FamilydClient *client, Familyd__V1__ListBuildsResponse **ret_response, FamilydError *ret_error);
+/* ReleaseBuild drops this process's reference to the build (FAILED_PRECONDITION NOT_HELD when
+ * it holds none); the daemon frees a build that nothing holds after its grace period.
+ * familyd_release_build_full(): with force, the build is freed at once whatever holds it;
+ * *ret_freed (may be NULL) says whether this call freed it. */
 int familyd_release_build(FamilydClient *client, const char *build_id, FamilydError *ret_error);
+int familyd_release_build_full(FamilydClient *client, const char *build_id, bool force, bool *ret_freed, FamilydError *ret_error);
+/* PinBuild / UnpinBuild: a pinned build outlives every process holding it. *ret_build (may be
+ * NULL: not returned) is the build after the call; free it with familyd__v1__build__free_unpacked. */
+int familyd_pin_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
+int familyd_unpin_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
 
 /* Validate: the trainer's model (its boundaries: every fqn of one built instance, the build id,
  * optionally the layout applied afterwards) against the job context. A model with violations
@@ -238,10 +247,38 @@ int familyd_shard_fetch(
                 uint64_t *ret_sizes,
                 FamilydError *ret_error);
 
-/* mmap()s size bytes of a shard descriptor, MAP_SHARED, PROT_READ (| PROT_WRITE when
- * writable; the descriptor must have been fetched writable). *ret_ptr belongs to the caller:
+/*
+ * How a trainer maps a shard (README, "Mapping modes"):
+ *
+ *   FAMILYD_MAP_READ_ONLY  MAP_SHARED, PROT_READ: the daemon's bytes, zero-copy; writes fault.
+ *   FAMILYD_MAP_PRIVATE    MAP_PRIVATE, PROT_READ | PROT_WRITE of a read-only descriptor:
+ *                          zero-copy until the first write to a page, which copies that page
+ *                          into this process (copy-on-write); the daemon's bytes and every
+ *                          other process's view never change. For training on a shared build.
+ *   FAMILYD_MAP_SHARED     MAP_SHARED, PROT_READ | PROT_WRITE of a writable descriptor: writes
+ *                          reach every process mapping the shard. Only for builds made writable
+ *                          (BuildRequest.writable); fetching a writable descriptor of any other
+ *                          build is refused (PERMISSION_DENIED).
+ *
+ * familyd_map_mode_from_string() takes the names "read-only", "private", "shared" (-EINVAL
+ * otherwise); familyd_map_mode_to_string() gives them back (NULL for no mode).
+ * familyd_map_mode_fetch_writable(): whether the mode needs a writable descriptor (shared). */
+typedef enum FamilydMapMode {
+        FAMILYD_MAP_READ_ONLY,
+        FAMILYD_MAP_PRIVATE,
+        FAMILYD_MAP_SHARED,
+} FamilydMapMode;
+
+int familyd_map_mode_from_string(const char *s, FamilydMapMode *ret_mode);
+const char *familyd_map_mode_to_string(FamilydMapMode mode);
+bool familyd_map_mode_fetch_writable(FamilydMapMode mode);
+
+/* mmap()s size bytes of a shard descriptor in mode (above). *ret_ptr belongs to the caller:
  * familyd_shard_unmap(ptr, size) or munmap(). The mapping stays valid after close(fd), and
- * after ReleaseBuild (the memory lives while any descriptor or mapping holds it). */
+ * after ReleaseBuild (the memory lives while any descriptor or mapping holds it). -EACCES:
+ * FAMILYD_MAP_SHARED of a read-only descriptor. */
+int familyd_shard_map_mode(int fd, uint64_t size, FamilydMapMode mode, void **ret_ptr);
+/* familyd_shard_map_mode() with FAMILYD_MAP_SHARED when writable, else FAMILYD_MAP_READ_ONLY. */
 int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr);
 int familyd_shard_unmap(void *ptr, uint64_t size);
 

@@ -355,16 +355,52 @@ int familyd_shard_fetch_info(
                            ret_info, ret_error);
 }
 
-int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr) {
+static const char *const map_mode_names[] = {
+        [FAMILYD_MAP_READ_ONLY] = "read-only",
+        [FAMILYD_MAP_PRIVATE] = "private",
+        [FAMILYD_MAP_SHARED] = "shared",
+};
+
+int familyd_map_mode_from_string(const char *s, FamilydMapMode *ret_mode) {
+        if (!s || !ret_mode)
+                return -EINVAL;
+        for (size_t i = 0; i < sizeof map_mode_names / sizeof map_mode_names[0]; i++)
+                if (strcmp(s, map_mode_names[i]) == 0) {
+                        *ret_mode = (FamilydMapMode) i;
+                        return 0;
+                }
+        return -EINVAL;
+}
+
+const char *familyd_map_mode_to_string(FamilydMapMode mode) {
+        if ((unsigned) mode >= sizeof map_mode_names / sizeof map_mode_names[0])
+                return NULL;
+        return map_mode_names[mode];
+}
+
+bool familyd_map_mode_fetch_writable(FamilydMapMode mode) {
+        return mode == FAMILYD_MAP_SHARED;
+}
+
+int familyd_shard_map_mode(int fd, uint64_t size, FamilydMapMode mode, void **ret_ptr) {
+        int prot = PROT_READ, flags = MAP_SHARED;
         void *p;
 
-        if (fd < 0 || size == 0 || size > SIZE_MAX || !ret_ptr)
+        if (fd < 0 || size == 0 || size > SIZE_MAX || !ret_ptr || !familyd_map_mode_to_string(mode))
                 return -EINVAL;
-        p = mmap(NULL, (size_t) size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+        if (mode != FAMILYD_MAP_READ_ONLY)
+                prot |= PROT_WRITE;
+        if (mode == FAMILYD_MAP_PRIVATE)
+                flags = MAP_PRIVATE;
+        p = mmap(NULL, (size_t) size, prot, flags, fd, 0);
         if (p == MAP_FAILED)
                 return -errno;
         *ret_ptr = p;
         return 0;
+}
+
+int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr) {
+        return familyd_shard_map_mode(fd, size, writable ? FAMILYD_MAP_SHARED : FAMILYD_MAP_READ_ONLY, ret_ptr);
 }
 
 int familyd_shard_unmap(void *ptr, uint64_t size) {

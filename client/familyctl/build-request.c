@@ -186,6 +186,54 @@ int build_request_argument(Familyd__V1__BuildRequest *req, const char *kv) {
         return EXIT_OK;
 }
 
+/* One parameter_dtypes entry (a later one for the same name replaces it). */
+static int parameter_dtype_set(Familyd__V1__BuildRequest *req, const char *name, const char *dtype) {
+        Familyd__V1__BuildRequest__ParameterDtypesEntry *e, **grown;
+        char *value = strdup(dtype);
+
+        if (!value)
+                return -ENOMEM;
+        for (size_t i = 0; i < req->n_parameter_dtypes; i++)
+                if (streq_ptr(req->parameter_dtypes[i]->key, name)) {
+                        free(req->parameter_dtypes[i]->value);
+                        req->parameter_dtypes[i]->value = value;
+                        return 0;
+                }
+        grown = realloc(req->parameter_dtypes, (req->n_parameter_dtypes + 1) * sizeof(*grown));
+        if (grown)
+                req->parameter_dtypes = grown;
+        e = grown ? malloc(sizeof(*e)) : NULL;
+        if (e) {
+                familyd__v1__build_request__parameter_dtypes_entry__init(e);
+                e->key = strdup(name);
+                e->value = value;
+        }
+        if (!e || !e->key) {
+                free(e);
+                free(value);
+                return -ENOMEM;
+        }
+        req->parameter_dtypes[req->n_parameter_dtypes++] = e;
+        return 0;
+}
+
+int build_request_parameter_dtype(Familyd__V1__BuildRequest *req, const char *kv) {
+        _cleanup_free_ char *name = strdup(kv);
+        char *eq;
+        int r;
+
+        if (!name)
+                return ctl_fail("parse --dtype-of", -ENOMEM, NULL);
+        eq = strchr(name, '=');
+        if (!eq || eq == name || isempty(eq + 1))
+                return ctl_usage_error("build", "--dtype-of needs NAME=DTYPE, not '%s'", kv);
+        *eq = 0;
+        r = parameter_dtype_set(req, name, eq + 1);
+        if (r < 0)
+                return ctl_fail("parse --dtype-of", r, NULL);
+        return EXIT_OK;
+}
+
 int build_request_config_field(Familyd__V1__BuildRequest *req, const char *kv) {
         const char *eq = strchr(kv, '=');
         _cleanup_free_ char *key = NULL;

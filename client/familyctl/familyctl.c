@@ -32,7 +32,9 @@ static const Verb verbs[] = {
         { "build",    verb_build,    "build FAMILY [KEY=VALUE...]    build a family (--config, --mesh, --materialize)" },
         { "builds",   verb_builds,   "builds                         list builds" },
         { "build-info", verb_build_info, "build-info ID                  show one build" },
-        { "release",  verb_release,  "release ID                     release a build's shared memory" },
+        { "release",  verb_release,  "release ID [--force]           drop this process's hold on a build (--force: free it)" },
+        { "pin",      verb_pin,      "pin ID                         keep a build whatever processes hold it" },
+        { "unpin",    verb_unpin,    "unpin ID                       undo pin: the build goes when nothing holds it" },
         { "shard",    verb_shard,    "shard ID RANK                  map a rank's shard and print its slices" },
         { "validate", verb_validate, "validate MODEL.json            check a model's builds against the job (--mesh, --tp...)" },
 };

@@ -163,6 +163,9 @@ void ctl_mesh_dims_free(Familyd__V1__MeshDim **dims, size_t n);
 char *ctl_value_to_string(const Familyd__V1__Value *v);
 char *ctl_mesh_dims_to_string(Familyd__V1__MeshDim *const *dims, size_t n);
 char *ctl_ranks_to_string(const int64_t *ranks, size_t n);
+/* Now, and a time in ms since the Unix epoch as local ISO 8601 ("2026-12-01T13:05:09+0000"). */
+int64_t ctl_now_unix_ms(void);
+char *ctl_time_to_string(int64_t unix_ms);
 /* "[8,64,64]" */
 char *ctl_shape_to_string(const int64_t *dims, size_t n);
 /* s as a JSON string literal, quotes included. */
@@ -218,6 +221,8 @@ int verb_build(Context *ctx, int argc, char **argv);
 int verb_builds(Context *ctx, int argc, char **argv);
 int verb_build_info(Context *ctx, int argc, char **argv);
 int verb_release(Context *ctx, int argc, char **argv);
+int verb_pin(Context *ctx, int argc, char **argv);
+int verb_unpin(Context *ctx, int argc, char **argv);
 int verb_shard(Context *ctx, int argc, char **argv);
 int verb_validate(Context *ctx, int argc, char **argv);
 
@@ -234,6 +239,8 @@ int topology_watch(Context *ctx, bool devices, uint64_t count);
  * message when not EXIT_OK. */
 /* --arg KEY=VALUE: a selector or argument (a later one replaces an earlier of the same key). */
 int build_request_argument(Familyd__V1__BuildRequest *req, const char *kv);
+/* --dtype-of NAME=DTYPE: one parameter's dtype (BuildRequest.parameter_dtypes). */
+int build_request_parameter_dtype(Familyd__V1__BuildRequest *req, const char *kv);
 /* KEY=VALUE: a config field, over --config's. */
 int build_request_config_field(Familyd__V1__BuildRequest *req, const char *kv);
 /* --config FILE.json: a JSON object of field names to numbers, strings, bools, lists of them. */

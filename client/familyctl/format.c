@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "familyctl.h"
 #include "common/macro.h"
@@ -253,6 +254,23 @@ char *ctl_mesh_dims_to_string(Familyd__V1__MeshDim *const *dims, size_t n) {
         if (fclose(f) != 0)
                 return mfree(buf);
         return buf;
+}
+
+int64_t ctl_now_unix_ms(void) {
+        struct timespec ts;
+
+        (void) clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+char *ctl_time_to_string(int64_t unix_ms) {
+        time_t t = (time_t) (unix_ms / 1000);
+        char text[64];
+        struct tm tm;
+
+        if (!localtime_r(&t, &tm) || strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S%z", &tm) == 0)
+                return strdup("-");
+        return strdup(text);
 }
 
 /* 0,1,2,3,5 prints as 0-3,5: meshes usually hold long runs of consecutive ranks. */

@@ -19,9 +19,10 @@ static int status_print(VerbRun *v) {
         ctl_print_field("registry", "%s", isempty(st->registry_path) ? "-" : st->registry_path);
         ctl_print_field("registry generation", "%" PRIu64, st->registry_generation);
         ctl_print_field("families", "%" PRIu32, st->families);
-        ctl_print_field("builds", "%" PRIu32, st->builds);
+        ctl_print_field("builds", "%" PRIu32 " (%" PRIu32 " in their grace period)", st->builds, st->builds_in_grace);
         ctl_print_field("meshes", "%" PRIu32, st->meshes);
         ctl_print_field("shm in use", "%" PRIu64 " of %" PRIu64 " bytes", st->shm_bytes_in_use, st->shm_budget_bytes);
+        ctl_print_field("fills", "%" PRIu64 " started, %" PRIu64 " bytes", st->fills_started, st->bytes_filled);
         ctl_print_field("peers", "%" PRIu32 " up, %" PRIu32 " suspect, %" PRIu32 " down",
                         st->peers_up, st->peers_suspect, st->peers_down);
         ctl_print_field("peer traffic", "%" PRIu64 " messages, %" PRIu64 " bytes sent",

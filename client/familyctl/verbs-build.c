@@ -76,6 +76,24 @@ static const char *const shard_columns[] = {
 };
 static const char *const *const build_tables[] = { parameter_columns, shard_columns, NULL };
 
+/* Who holds the build: pinned, the processes, the grace deadline; and how it was made. */
+static void print_build_holders(const Familyd__V1__Build *b) {
+        ctl_print_field("pinned", "%s", b->pinned ? "yes" : "no");
+        if (b->n_references == 0)
+                ctl_print_field("references", "none");
+        for (size_t i = 0; i < b->n_references; i++) {
+                _cleanup_free_ char *since = ctl_time_to_string(b->references[i]->since_unix_ms);
+                ctl_print_field(i == 0 ? "references" : "", "pid %" PRId32 " (uid %" PRIu32 ") since %s",
+                                b->references[i]->pid, b->references[i]->uid, strempty(since));
+        }
+        if (b->grace_deadline_unix_ms > 0) {
+                _cleanup_free_ char *at = ctl_time_to_string(b->grace_deadline_unix_ms);
+                ctl_print_field("freed at", "%s, unless a process takes it again", strempty(at));
+        }
+        ctl_print_field("writable", "%s", b->writable ? "yes (shared mappings)" : "no");
+        ctl_print_field("private", "%s", b->private_build ? "yes (never shared)" : "no");
+}
+
 static void print_build_fields(const Familyd__V1__Build *b) {
         const Familyd__V1__FamilyBuildInfo *info = b->info;
         const Familyd__V1__ResolvedFamily *rf = info ? info->resolved : NULL;
@@ -94,6 +112,7 @@ static void print_build_fields(const Familyd__V1__Build *b) {
         ctl_print_field("reset after init", "%s", info && info->reset_after_materialization ? "yes" : "no");
         ctl_print_field("shard socket", "%s", isempty(b->shard_socket) ? "-" : b->shard_socket);
         ctl_print_field("materialized", "%zu of %zu ranks, %" PRIu64 " bytes", n_mat, b->n_shards, bytes);
+        print_build_holders(b);
 }
 
 static int add_parameter_row(Table *t, const Familyd__V1__ParameterLayout *p) {
@@ -151,6 +170,7 @@ typedef struct BuildState {
         Familyd__V1__BuildRequest *req;
         const char *config_path, *module_path, *module_fqn, *mesh, *dtype;
         bool materialize, seed_set;
+        bool transient; /* not pinned: held by this process only, freed after the grace */
         uint64_t seed;
         int64_t *ranks;
         size_t n_ranks;
@@ -158,7 +178,7 @@ typedef struct BuildState {
 
 enum {
         ARG_CONFIG = 0x100, ARG_ARG, ARG_MODULE, ARG_MODULE_FQN, ARG_MESH, ARG_MATERIALIZE,
-        ARG_DTYPE, ARG_SEED, ARG_RANKS,
+        ARG_DTYPE, ARG_SEED, ARG_RANKS, ARG_TRANSIENT, ARG_PRIVATE, ARG_WRITABLE, ARG_DTYPE_OF,
 };
 
 static const struct option build_options[] = {
@@ -171,6 +191,10 @@ static const struct option build_options[] = {
         { "dtype",       required_argument, NULL, ARG_DTYPE },
         { "seed",        required_argument, NULL, ARG_SEED },
         { "ranks",       required_argument, NULL, ARG_RANKS },
+        { "transient",   no_argument,       NULL, ARG_TRANSIENT },
+        { "private",     no_argument,       NULL, ARG_PRIVATE },
+        { "writable",    no_argument,       NULL, ARG_WRITABLE },
+        { "dtype-of",    required_argument, NULL, ARG_DTYPE_OF },
         {}
 };
 
@@ -231,6 +255,22 @@ static int build_option(VerbRun *v, int c, const char *arg) {
                 return EXIT_OK;
         case ARG_SEED:
                 return build_seed(s, arg);
+        case ARG_TRANSIENT:
+                s->transient = true;
+                return EXIT_OK;
+        case ARG_PRIVATE:
+        case ARG_WRITABLE:
+                r = build_request(s);
+                if (r != EXIT_OK)
+                        return r;
+                if (c == ARG_PRIVATE)
+                        s->req->private_build = true;
+                else
+                        s->req->writable = true;
+                return EXIT_OK;
+        case ARG_DTYPE_OF:
+                r = build_request(s);
+                return r != EXIT_OK ? r : build_request_parameter_dtype(s->req, arg);
         case ARG_RANKS:
                 s->ranks = mfree(s->ranks);
                 r = ctl_parse_ranks(arg, &s->ranks, &s->n_ranks);
@@ -269,6 +309,8 @@ static int build_prepare(VerbRun *v) {
 
         if (!s->materialize && (s->dtype || s->seed_set || s->ranks))
                 return ctl_usage_error("build", "--dtype, --seed and --ranks need --materialize");
+        if (!s->materialize && s->transient)
+                return ctl_usage_error("build", "--transient needs --materialize: only materialised builds are held");
         r = build_request(s);
         if (r != EXIT_OK)
                 return r;
@@ -293,10 +335,26 @@ static int build_prepare(VerbRun *v) {
         return s->materialize ? build_materialize(s) : EXIT_OK;
 }
 
+/* A materialised build is pinned unless --transient: familyctl exits at once, and its
+ * reference with it, so without the pin the build would be freed after the grace period. */
 static int build_call(VerbRun *v) {
         BuildState *s = v->state;
+        Familyd__V1__BuildResponse *resp;
+        Familyd__V1__Build *pinned = NULL;
+        int r;
 
-        return familyd_build(v->ctx->client, s->req, (Familyd__V1__BuildResponse **) &v->response, &v->error);
+        r = familyd_build(v->ctx->client, s->req, (Familyd__V1__BuildResponse **) &v->response, &v->error);
+        if (r < 0 || !s->materialize || s->transient)
+                return r;
+        resp = (Familyd__V1__BuildResponse *) v->response;
+        if (!resp->build)
+                return -EBADMSG;
+        r = familyd_pin_build(v->ctx->client, resp->build->build_id, &pinned, &v->error);
+        if (r < 0)
+                return r;
+        familyd__v1__build__free_unpacked(resp->build, NULL);
+        resp->build = pinned;
+        return 0;
 }
 
 static int build_print(VerbRun *v) {
@@ -339,12 +397,22 @@ static const VerbDef build_verb = {
                 "        --dtype DTYPE       float32 (default), bfloat16, float16 (or f32, bf16, f16...)\n"
                 "        --seed N            the seed of the initial values (default 0)\n"
                 "        --ranks LIST        only these local ranks, e.g. 0,1 or 0-3\n"
+                "        --dtype-of NAME=DTYPE\n"
+                "                            this parameter's dtype (repeatable; over the registry's\n"
+                "                            dtype and --dtype)\n"
+                "        --transient         do not pin the build: it is freed after the daemon's\n"
+                "                            grace period (--build-grace-ms), since familyctl exits\n"
+                "        --private           a build of its own, never shared with another Build\n"
+                "        --writable          writable shards, for shared mappings (`shard --mode shared`)\n"
                 "\n"
                 "A JSON file with a duplicate object key, or that is not JSON, is refused with its\n"
                 "line and column.\n"
                 "\n"
-                "`familyctl shard BUILD_ID RANK` shows a materialised shard; `familyctl release BUILD_ID`\n"
-                "drops the daemon's hold on the build's memory.\n"
+                "A materialised build is pinned (`familyctl unpin BUILD_ID` lets it go when no process\n"
+                "holds it); a live build with the same request, mesh, seed, dtypes, ranks and\n"
+                "writability, made by the same user, is answered instead of a new one.\n"
+                "`familyctl shard BUILD_ID RANK` shows a materialised shard; `familyctl release\n"
+                "BUILD_ID --force` frees a build whatever holds it.\n"
                 "\n",
         .options = build_options,
         .option = build_option,
@@ -365,7 +433,7 @@ int verb_build(Context *ctx, int argc, char **argv) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* build-info ID, release ID */
+/* build-info ID */
 
 static int build_info_call(VerbRun *v) {
         return familyd_get_build(v->ctx->client, v->args[0], (Familyd__V1__Build **) &v->response, &v->error);
@@ -397,36 +465,23 @@ int verb_build_info(Context *ctx, int argc, char **argv) {
         return verb_run(ctx, &build_info_verb, argc, argv);
 }
 
-static int release_call(VerbRun *v) {
-        return familyd_release_build(v->ctx->client, v->args[0], &v->error);
-}
-
-static const VerbDef release_verb = {
-        .name = "release",
-        .help = "Usage: familyctl release [OPTIONS] BUILD_ID\n"
-                "\n"
-                "Releases a build: the daemon drops its hold on the build's shared memory\n"
-                "(mappings and descriptors that trainers hold stay valid). Prints nothing.\n"
-                "\n",
-        .min_args = 1,
-        .max_args = 1,
-        .args_missing = "expected exactly one build id",
-        .args_extra = "expected exactly one build id",
-        .call = release_call,
-        .what = "release build",
-};
-
-int verb_release(Context *ctx, int argc, char **argv) {
-        return verb_run(ctx, &release_verb, argc, argv);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* builds */
 
 static const char *const builds_columns[] = {
-        "BUILD_ID", "FAMILY", "VARIANT", "ORIGIN", "MESH", "RANKS", "MATERIALIZED", "BYTES", NULL,
+        "BUILD_ID", "FAMILY", "VARIANT", "ORIGIN", "MESH", "RANKS", "MATERIALIZED", "BYTES",
+        "PINNED", "REFS", "GRACE", NULL,
 };
 static const char *const *const builds_tables[] = { builds_columns, NULL };
+
+/* The seconds left of a build's grace period, or "-" while something holds it. */
+static int add_grace_cell(Table *t, const Familyd__V1__Build *b) {
+        int64_t left = b->grace_deadline_unix_ms - ctl_now_unix_ms();
+
+        if (b->grace_deadline_unix_ms <= 0)
+                return table_add_cell(t, NULL);
+        return table_add_cellf(t, "%" PRId64 "s", left > 0 ? (left + 999) / 1000 : 0);
+}
 
 static int add_builds_row(Table *t, const Familyd__V1__Build *b) {
         const Familyd__V1__FamilyBuildInfo *info = b->info;
@@ -442,7 +497,10 @@ static int add_builds_row(Table *t, const Familyd__V1__Build *b) {
             table_add_cell(t, l ? l->mesh_id : NULL) < 0 ||
             table_add_cellf(t, "%zu", b->n_shards) < 0 ||
             table_add_cellf(t, "%zu", n_mat) < 0 ||
-            table_add_cellf(t, "%" PRIu64, bytes) < 0)
+            table_add_cellf(t, "%" PRIu64, bytes) < 0 ||
+            table_add_cell(t, b->pinned ? "yes" : "no") < 0 ||
+            table_add_cellf(t, "%zu", b->n_references) < 0 ||
+            add_grace_cell(t, b) < 0)
                 return -ENOMEM;
         return 0;
 }
@@ -468,7 +526,9 @@ static const VerbDef builds_verb = {
         .help = "Usage: familyctl builds [OPTIONS]\n"
                 "\n"
                 "Lists the daemon's builds: BUILD_ID FAMILY VARIANT ORIGIN MESH RANKS\n"
-                "MATERIALIZED (ranks materialised on this node) BYTES (their shared memory).\n"
+                "MATERIALIZED (ranks materialised on this node) BYTES (their shared memory)\n"
+                "PINNED REFS (processes holding it) GRACE (time left before a build nothing\n"
+                "holds is freed).\n"
                 "\n",
         .tables = builds_tables,
         .call = builds_call,

@@ -92,7 +92,7 @@ static const Familyd__V1__ParameterLayout *layout_parameter(const Familyd__V1__B
 
 typedef struct ShardState {
         int64_t rank;
-        bool writable;
+        FamilydMapMode mode;
         const Familyd__V1__RankShard *shard;    /* in the response */
         int fd;
         bool fd_open;
@@ -155,7 +155,7 @@ static int shard_open(VerbRun *v) {
         }
 
         token = s->shard->token;
-        r = familyd_shard_fetch(v->ctx->client, b->shard_socket, &token, 1, s->writable, &s->fd, &s->size, &v->error);
+        r = familyd_shard_fetch(v->ctx->client, b->shard_socket, &token, 1, familyd_map_mode_fetch_writable(s->mode), &s->fd, &s->size, &v->error);
         if (r == -EPROTO)
                 return ctl_fail("fetch the shard", r, &v->error);
         if (r == -ENOENT || r == -ECONNREFUSED || r == -ETIMEDOUT) {
@@ -168,7 +168,7 @@ static int shard_open(VerbRun *v) {
         s->fd_open = true;
         if (s->size == 0)
                 return EXIT_OK;
-        r = familyd_shard_map(s->fd, s->size, s->writable, &p);
+        r = familyd_shard_map_mode(s->fd, s->size, s->mode, &p);
         if (r < 0)
                 return ctl_fail("map the shard", r, NULL);
         s->mem = p;
@@ -196,7 +196,8 @@ static void slice_print_json(const ShardState *s, const Slice *x, bool first) {
         printf("]}");
 }
 
-/* {"buildId", "rank", "node", "deviceKind", "localDevice", "sizeBytes", "writable", "slices"} */
+/* {"buildId", "rank", "node", "deviceKind", "localDevice", "sizeBytes", "mode", "writable",
+ *  "slices"} */
 static int shard_print_json(VerbRun *v) {
         const Familyd__V1__Build *b = (const Familyd__V1__Build *) v->response;
         ShardState *s = v->state;
@@ -211,8 +212,10 @@ static int shard_print_json(VerbRun *v) {
         ctl_json_string(stdout, s->shard->node);
         printf(",\n  \"deviceKind\": ");
         ctl_json_string(stdout, s->shard->device_kind);
-        printf(",\n  \"localDevice\": %d,\n  \"sizeBytes\": %" PRIu64 ",\n  \"writable\": %s,\n  \"slices\": [",
-               s->shard->local_device, s->size, s->writable ? "true" : "false");
+        printf(",\n  \"localDevice\": %d,\n  \"sizeBytes\": %" PRIu64 ",\n  \"mode\": \"%s\",\n"
+               "  \"writable\": %s,\n  \"slices\": [",
+               s->shard->local_device, s->size, familyd_map_mode_to_string(s->mode),
+               s->mode == FAMILYD_MAP_SHARED ? "true" : "false");
         for (size_t i = 0; i < s->shard->n_slices; i++) {
                 Slice x;
 
@@ -276,7 +279,8 @@ static int shard_print(VerbRun *v) {
         ctl_print_field("device", "%s:%d", isempty(s->shard->device_kind) ? "-" : s->shard->device_kind,
                         s->shard->local_device);
         ctl_print_field("size", "%" PRIu64 " bytes", s->size);
-        ctl_print_field("writable", "%s", s->writable ? "yes" : "no");
+        ctl_print_field("mode", "%s", familyd_map_mode_to_string(s->mode));
+        ctl_print_field("writable", "%s", s->mode == FAMILYD_MAP_SHARED ? "yes" : "no");
         for (size_t i = 0; i < s->shard->n_slices; i++) {
                 Slice x;
 
@@ -290,20 +294,28 @@ static int shard_print(VerbRun *v) {
 
 enum {
         ARG_WRITABLE = 0x100,
+        ARG_MODE,
 };
 
 static const struct option shard_options[] = {
-        { "writable", no_argument, NULL, ARG_WRITABLE },
+        { "writable", no_argument,       NULL, ARG_WRITABLE },
+        { "mode",     required_argument, NULL, ARG_MODE },
         {}
 };
 
 static int shard_option(VerbRun *v, int c, const char *arg) {
         ShardState *s = v->state;
 
-        if (c != ARG_WRITABLE)
-                return -1;
-        s->writable = true;
-        return EXIT_OK;
+        switch (c) {
+        case ARG_WRITABLE:
+                s->mode = FAMILYD_MAP_SHARED;
+                return EXIT_OK;
+        case ARG_MODE:
+                if (familyd_map_mode_from_string(arg, &s->mode) < 0)
+                        return ctl_usage_error("shard", "--mode needs read-only, private or shared, not '%s'", arg);
+                return EXIT_OK;
+        }
+        return -1;
 }
 
 static int shard_prepare(VerbRun *v) {
@@ -337,7 +349,11 @@ static const VerbDef shard_verb = {
                 "FIRST (its first values, decoded per the layout's dtype: float32, bfloat16, float16).\n"
                 "--json prints the same as an object with a \"slices\" list.\n"
                 "\n"
-                "      --writable      ask for (and map) a writable descriptor; nothing is written\n"
+                "      --mode MODE     how to map it: read-only (the default), private (copy-on-write:\n"
+                "                      writes would stay in this process) or shared (a writable\n"
+                "                      descriptor, refused unless the build was made --writable);\n"
+                "                      nothing is written either way\n"
+                "      --writable      the same as --mode shared\n"
                 "\n"
                 "A rank that is not in the build, or not materialised on this node, exits 1.\n"
                 "\n",

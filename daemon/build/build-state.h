@@ -25,6 +25,7 @@ typedef struct BuildState {
         BuildPlan plan;
         Layout layout;
         Dtype dtype;
+        bool writable; /* BuildRequest.writable: its segments are handed out writable */
         uint64_t seed;
         BuildRankState *ranks;
         size_t n_ranks;

@@ -63,6 +63,7 @@ int build_draft_prepare(const Builder *builder, const BuildRequest *req, const c
         if (r < 0)
                 return r;
         b->seed = b->plan.materialize.has_seed ? b->plan.materialize.seed : 0;
+        b->writable = req->writable;
         r = build_compute_layout(b, ret_error);
         if (r < 0)
                 return r;
@@ -222,6 +223,9 @@ static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_er
         for (size_t i = 0; i < b->n_ranks; i++) {
                 if (!b->ranks[i].materialized)
                         continue;
+                /* Before anyone can fetch it: only a writable build's bytes are everyone's. */
+                if (b->writable)
+                        shard_segment_allow_writes(b->ranks[i].segment);
                 int r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
                                         &b->ranks[i].token);
                 if (r == SHARD_TABLE_FULL)

@@ -21,6 +21,7 @@ struct ShardSegment {
         void *mapping; /* the daemon's, until shard_segment_unmap() */
         int device;
         bool sealed;
+        bool writes_allowed; /* writable handouts: a writable build's segment */
         /* Device segments: how to let go of memory, the backend's handle. */
         const ShardSegmentDeviceOps *ops;
         void *memory;
@@ -218,9 +219,19 @@ bool shard_segment_is_sealed(const ShardSegment *s) {
         return s->sealed;
 }
 
+void shard_segment_allow_writes(ShardSegment *s) {
+        s->writes_allowed = true;
+}
+
+bool shard_segment_writes_allowed(const ShardSegment *s) {
+        return s->writes_allowed;
+}
+
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd) {
         int fd;
 
+        if (writable && !s->writes_allowed)
+                return -EACCES;
         if (s->ops) {
                 /* Nothing to seal, no access mode to give: see DESIGN in segment.h. */
                 fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);

@@ -24,9 +24,15 @@
  * one may map it read-write, so for them "read-only" is advisory (README, "Accelerators"):
  * every handout is a dup of the exported descriptor.
  *
+ * Writable handouts are for builds made writable (BuildRequest.writable): their bytes are
+ * every user's. A segment refuses them unless its creator allowed them before sharing it
+ * (shard_segment_allow_writes()); a trainer that wants to write its own copy maps a read-only
+ * descriptor MAP_PRIVATE (copy-on-write), which needs nothing from the daemon.
+ *
  * Segments are reference-counted with an atomic count: the shard table, a Build record and the
  * shard socket's thread each hold references. A segment never changes after creation except
- * for the mapping, which only its creator touches (fill, then unmap) before it is shared.
+ * for the mapping and the write permission, which only its creator touches (fill, then unmap,
+ * allow) before it is shared.
  */
 
 #define SHARD_SEGMENT_DEVICE_KIND_HOST "host"
@@ -97,9 +103,14 @@ int shard_segment_fd(const ShardSegment *s);
  * for a device segment). */
 bool shard_segment_is_sealed(const ShardSegment *s);
 
+/* Allows writable handouts (a writable build's segment); before the segment is shared. */
+void shard_segment_allow_writes(ShardSegment *s);
+bool shard_segment_writes_allowed(const ShardSegment *s);
+
 /*
  * A new O_CLOEXEC descriptor for a client: writable, a dup of the memfd; else read-only (see
- * DESIGN); a device segment's is a dup of its exported descriptor either way. -EPERM:
- * writable asked of a host segment that is not sealed. -EMFILE, -ENFILE: out of descriptors.
+ * DESIGN); a device segment's is a dup of its exported descriptor either way. -EACCES:
+ * writable asked of a segment that does not allow writes. -EPERM: writable asked of a host
+ * segment that is not sealed. -EMFILE, -ENFILE: out of descriptors.
  */
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd);

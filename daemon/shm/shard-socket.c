@@ -301,7 +301,7 @@ static int connection_answer(ShardServer *s, Connection *c, const ShardRequest *
         uint64_t sizes[SHARD_SOCKET_MAX_TOKENS];
         const char *kinds[SHARD_SOCKET_MAX_TOKENS];
         int32_t devices[SHARD_SOCKET_MAX_TOKENS];
-        char message[192];
+        char message[320];
         size_t n = req->n_tokens, bad, n_fds = 0;
         int r;
 
@@ -340,6 +340,16 @@ static int connection_answer(ShardServer *s, Connection *c, const ShardRequest *
         if (r < 0) {
                 for (size_t i = 0; i < n_fds; i++)
                         safe_close(fds[i]);
+                if (r == -EACCES) {
+                        (void) snprintf(message, sizeof message,
+                                        "shard %zu of %zu is read-only: its build was not made "
+                                        "writable, and a shared writable mapping of it would "
+                                        "change every user's bytes; map it private "
+                                        "(copy-on-write), or build with writable set",
+                                        bad + 1, n);
+                        return connection_queue_error(c, FAMILY_STATUS_PERMISSION_DENIED,
+                                                      message);
+                }
                 if (r == -EPERM) {
                         /* Only unsealed segments refuse it: files kept under --state-dir. */
                         (void) snprintf(message, sizeof message,

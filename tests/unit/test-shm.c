@@ -170,6 +170,12 @@ static void test_segment_sealing(void **state) {
         assert_int_equal(mprotect(view, size, PROT_READ | PROT_WRITE), -1);
         assert_int_equal(errno, EACCES);
 
+        /* Writable: refused until the creator allows writes (a writable build). */
+        assert_false(shard_segment_writes_allowed(s));
+        assert_int_equal(shard_segment_open(s, true, &rw), -EACCES);
+        shard_segment_allow_writes(s);
+        assert_true(shard_segment_writes_allowed(s));
+
         /* Writable: writes land in the daemon's mapping; the size is still final. */
         assert_int_equal(shard_segment_open(s, true, &rw), 0);
         assert_int_equal(fcntl(rw, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
@@ -211,6 +217,8 @@ static void test_segment_adopt(void **state) {
         assert_int_equal(shard_segment_device(a), 5);
         assert_true(shard_segment_is_sealed(a));
         assert_null(shard_segment_data(a));
+        assert_int_equal(shard_segment_open(a, true, &rw), -EACCES);
+        shard_segment_allow_writes(a);
         assert_int_equal(shard_segment_open(a, true, &rw), 0);
 
         /* An unsealed file (the --state-dir mode) is handed out read-only only. */
@@ -221,6 +229,7 @@ static void test_segment_adopt(void **state) {
         assert_int_equal(ftruncate(ufd, 100), 0);
         assert_int_equal(shard_segment_adopt(ufd, 0, &u), 0);
         assert_false(shard_segment_is_sealed(u));
+        shard_segment_allow_writes(u);
         assert_int_equal(shard_segment_open(u, true, &ro), -EPERM);
         assert_int_equal(shard_segment_open(u, false, &ro), 0);
         assert_int_equal(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
@@ -404,6 +413,7 @@ static int fixture_setup(void **state) {
         assert_int_equal(shard_table_new(0, &f->table), 0);
         for (unsigned i = 0; i < 3; i++) {
                 f->segments[i] = segment_new(fixture_sizes[i], (int) i + 1, (uint8_t) (0x10 + i));
+                shard_segment_allow_writes(f->segments[i]); /* a writable build's */
                 assert_int_equal(shard_table_add(f->table, "bld-test", f->segments[i],
                                                  &f->tokens[i]), 0);
         }
@@ -629,11 +639,35 @@ static void test_socket_three_in_order(void **state) {
         send_request(fd, tokens, 3, false);
         expect_ok(f, fd, idx, 3, false);
 
-        /* Writable, and the same token twice. */
+        /* Writable, and the same token twice (the fixture's segments allow writes). */
         const char *twice[] = { f->tokens[1].hex, f->tokens[1].hex };
         const unsigned idx2[] = { 1, 1 };
         send_request(fd, twice, 2, true);
         expect_ok(f, fd, idx2, 2, true);
+
+        /* Writable of a segment that does not allow writes (a build not made writable):
+         * PERMISSION_DENIED and no descriptor, even for the tokens that would allow it. */
+        ShardToken ro;
+        ShardSegment *s = segment_new(64, 0, 0x10);
+        assert_int_equal(shard_table_add(f->table, "bld-read-only", s, &ro), 0);
+        const char *mixed[] = { f->tokens[1].hex, ro.hex };
+        send_request(fd, mixed, 2, true);
+        _cleanup_free_ char *m = expect_error(fd, 7);
+        assert_non_null(strstr(m, "shard 2 of 2 is read-only"));
+        assert_non_null(strstr(m, "private"));
+        const char *one[] = { ro.hex };
+        send_request(fd, one, 1, false);
+        int fds[4];
+        size_t n_fds = 0;
+        Reply *reply = NULL;
+        assert_int_equal(recv_reply(fd, &reply, fds, &n_fds), 0);
+        assert_int_equal(reply->code, 0);
+        assert_int_equal(n_fds, 1);
+        assert_int_equal(fcntl(fds[0], F_GETFL) & O_ACCMODE, O_RDONLY);
+        close_fds(fds, n_fds);
+        familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+        assert_int_equal(shard_table_remove_group(f->table, "bld-read-only"), 1);
+        shard_segment_unref(s);
 
         /* No tokens: OK and nothing. */
         send_request(fd, NULL, 0, false);

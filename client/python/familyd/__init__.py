@@ -18,8 +18,8 @@ needs a CUDA build of torch (Debian's has none: it says so).
 from ._protos import Protos, default_protos, descriptor_path
 from .client import Build, Client, DeviceRankTensors, FamilydError, RankTensors, ValidateResult
 from .cuda import DeviceArray, DeviceMemoryError, DeviceShard
-from .shard import ShardError, ShardHandle, fetch as fetch_shards
+from .shard import MODES, ShardError, ShardHandle, fetch as fetch_shards
 
 __all__ = ["Build", "Client", "DeviceArray", "DeviceMemoryError", "DeviceRankTensors",
-           "DeviceShard", "FamilydError", "Protos", "RankTensors", "ShardError", "ShardHandle",
+           "DeviceShard", "FamilydError", "MODES", "Protos", "RankTensors", "ShardError", "ShardHandle",
            "ValidateResult", "default_protos", "descriptor_path", "fetch_shards"]

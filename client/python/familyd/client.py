@@ -38,14 +38,16 @@ class FamilydError(Exception):
 
 
 class RankTensors(dict):
-    """One rank's parameters: name -> numpy array viewing the shard's shared memory (no copy).
+    """One rank's parameters: name -> numpy array viewing the shard's memory (no copy).
 
     bfloat16 parameters are numpy uint16 arrays of the raw bits; .torch() gives real
     torch.bfloat16 tensors. .mmap is the mapping, .size its length, .slices the RankShard's
-    ShardSlice messages, .dtypes name -> layout dtype, .writable whether it may be written.
+    ShardSlice messages, .dtypes name -> layout dtype, .mode the mapping mode ("read-only":
+    the arrays are not writeable; "private": writes stay in this process; "shared": writes
+    reach every process), .writable whether the arrays may be written.
     """
 
-    def __init__(self, rank, mm, size, slices, dtypes, device_kind, device, writable):
+    def __init__(self, rank, mm, size, slices, dtypes, device_kind, device, mode):
         super().__init__()
         self.rank = rank
         self.mmap = mm
@@ -54,11 +56,19 @@ class RankTensors(dict):
         self.dtypes = dtypes
         self.device_kind = device_kind
         self.device = device
-        self.writable = writable
+        self.mode = mode
+        self.writable = mode != "read-only"
 
     def torch(self):
         """name -> torch tensor over the same memory (torch.frombuffer; no copy). bfloat16 is
-        torch.bfloat16. Raises ImportError without torch."""
+        torch.bfloat16. Only for "private" and "shared" mappings: torch 1.13 cannot mark a
+        tensor read-only, and an in-place op on one over a read-only mapping kills the process
+        (SIGSEGV), so a read-only rank raises ValueError. Raises ImportError without torch."""
+        if self.mode == "read-only":
+            raise ValueError("rank %d is mapped read-only, and torch cannot mark a tensor "
+                             "read-only (an in-place op would crash the process): open the "
+                             "build with mode='private' (copy-on-write, writes stay in this "
+                             "process) or mode='shared' (a writable build)" % self.rank)
         import torch
 
         tdtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -88,7 +98,7 @@ class DeviceRankTensors(dict):
     up to the GPU's granularity), .slices, .dtypes, .device_kind ("cuda"), .device (the CUDA
     ordinal), .writable (read-only is advisory for GPU shards)."""
 
-    def __init__(self, rank, shard, slices, dtypes):
+    def __init__(self, rank, shard, slices, dtypes, mode):
         super().__init__()
         self.rank = rank
         self.shard = shard
@@ -97,11 +107,17 @@ class DeviceRankTensors(dict):
         self.dtypes = dtypes
         self.device_kind = "cuda"
         self.device = shard.device
+        self.mode = mode
         self.writable = shard.writable
 
     def torch(self):
-        """name -> torch tensor on cuda:DEVICE over the shard (no copy)."""
-        return _cuda.torch_tensors(self.shard, self)
+        """name -> torch tensor on cuda:DEVICE: over the shard (no copy) for "read-only" and
+        "shared"; for "private", copies in this process's own GPU memory (a device mapping has
+        no copy-on-write)."""
+        tensors = _cuda.torch_tensors(self.shard, self)
+        if self.mode == "private":
+            return {name: t.clone() for name, t in tensors.items()}
+        return tensors
 
     def numpy(self):
         """name -> numpy array copied from the GPU (bfloat16 as uint16 bits)."""
@@ -115,17 +131,22 @@ class Build:
     nodes and empty ranks are absent). A GPU shard this client cannot map (no CUDA driver)
     raises cuda.DeviceMemoryError, which says so.
 
-    release() drops the daemon's hold on the memory; the arrays stay valid while they are
-    referenced (the mappings keep the memory). close() drops this object's mappings. As a
-    context manager it releases and closes on exit.
+    .mode is the mapping mode of .ranks (shard.MODES: "read-only", "private", "shared").
+
+    release() drops this process's reference to the build (the daemon frees a build nothing
+    holds after its grace period); the arrays stay valid while they are referenced (the
+    mappings keep the memory). close() drops this object's mappings. As a context manager it
+    releases and closes on exit.
     """
 
-    def __init__(self, client, message, writable=False, map_shards=True):
+    def __init__(self, client, message, mode="read-only", map_shards=True):
         self.client = client
         self.message = message
         self.id = message.build_id
         self.shard_socket = message.shard_socket or client.default_shard_socket()
-        self.writable = writable
+        self.mode = _shard.check_mode(mode)
+        self.writable = mode == "shared"
+        self.shared = False   # Build answered a live build (BuildResponse.shared)
         self.layout = {}
         if message.info and message.info.layout:
             for p in message.info.layout.parameters:
@@ -143,8 +164,9 @@ class Build:
         local = [s for s in self.message.shards if s.token]
         for start in range(0, len(local), _shard.MAX_TOKENS):
             chunk = local[start:start + _shard.MAX_TOKENS]
-            handles = _shard.fetch(self.shard_socket, [s.token for s in chunk], self.writable,
-                                   timeout=self.client.timeout, protos=self.client.protos)
+            handles = _shard.fetch(self.shard_socket, [s.token for s in chunk],
+                                   self.mode == "shared", timeout=self.client.timeout,
+                                   protos=self.client.protos)
             try:
                 for s, h in zip(chunk, handles):
                     if h.size == 0:
@@ -156,10 +178,10 @@ class Build:
                         continue
                     import numpy as np   # host ranks only: GPU ranks need no numpy
 
-                    mm = h.map()
+                    mm = h.map(self.mode)
                     dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
                     rt = RankTensors(s.rank, mm, h.size, list(s.slices), dtypes, h.device_kind,
-                                     h.device, self.writable)
+                                     h.device, self.mode)
                     for sl in s.slices:
                         dtype = dtypes[sl.parameter]
                         if dtype not in _NUMPY_DTYPES:
@@ -173,6 +195,7 @@ class Build:
                         else:
                             arr = np.frombuffer(mm, dtype=_NUMPY_DTYPES[dtype], count=count,
                                                 offset=sl.byte_offset).reshape(shape)
+                        arr.flags.writeable = self.mode != "read-only"
                         rt[sl.parameter] = arr
                     self.ranks[s.rank] = rt
             finally:
@@ -180,9 +203,9 @@ class Build:
                     h.close()   # the mappings keep the memory
 
     def _map_device(self, s, h):
-        shard = _cuda.DeviceShard(h.fd, h.size, h.device, self.writable)
+        shard = _cuda.DeviceShard(h.fd, h.size, h.device, self.mode == "shared")
         dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
-        rt = DeviceRankTensors(s.rank, shard, list(s.slices), dtypes)
+        rt = DeviceRankTensors(s.rank, shard, list(s.slices), dtypes, self.mode)
         for sl in s.slices:
             dtype = dtypes[sl.parameter]
             if dtype not in _cuda.TYPESTRS:
@@ -197,11 +220,22 @@ class Build:
         """self.ranks[rank].torch()."""
         return self.ranks[rank].torch()
 
-    def release(self):
-        """ReleaseBuild: the daemon drops its hold (the mappings here stay valid)."""
+    def release(self, force=False):
+        """ReleaseBuild: drops this process's reference (force: frees the build whatever
+        holds it); the mappings here stay valid. Returns whether the daemon freed the build."""
+        freed = False
         if not self.released:
-            self.client.release_build(self.id)
+            freed = self.client.release_build(self.id, force=force)
             self.released = True
+        return freed
+
+    def pin(self):
+        """PinBuild: the build outlives every process holding it."""
+        self.message = self.client.pin_build(self.id)
+
+    def unpin(self):
+        """UnpinBuild."""
+        self.message = self.client.unpin_build(self.id)
 
     def close(self):
         """Drops the arrays and closes the mappings that nothing else references."""
@@ -395,9 +429,14 @@ class Client:
 
     def build_request(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
                       seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
-                      context=None):
+                      context=None, parameter_dtypes=None, private_build=False,
+                      writable=False):
         """The familyd.v1.BuildRequest that build() sends (see there)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
+        for k, v in (parameter_dtypes or {}).items():
+            req.parameter_dtypes[k] = v
+        req.private_build = bool(private_build)
+        req.writable = bool(writable)
         for k, v in (arguments or {}).items():
             req.arguments[k].CopyFrom(self.protos.value(v))
         if config is not None:
@@ -432,22 +471,33 @@ class Client:
 
     def build(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
               seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
-              context=None, writable=False, map_shards=True):
+              context=None, mode=None, writable=False, map_shards=True, parameter_dtypes=None,
+              private_build=False):
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
         familyd.v1.SourceModule or {"fqn": ..., "parameters": [{"name", "shape", "dtype"}]}
         instead of config; arguments: selectors and arguments of the family; context: keyword
         arguments of the job context (tp_size=..., active=("ep",), ...). dtype: float32,
-        bfloat16, float16 (or the daemon's aliases). writable: map the shards read-write.
+        bfloat16, float16 (or the daemon's aliases); parameter_dtypes: {name: dtype} over the
+        registry's dtype and dtype. mode: how the shards are mapped (shard.MODES):
+        "read-only" (default; numpy arrays not writeable, no .torch()), "private"
+        (copy-on-write: train on it, writes stay in this process) or "shared" (the build is
+        made writable, BuildRequest.writable, and writes reach every process mapping it);
+        writable=True is the old spelling of mode="shared". A live build with the same request
+        (and mode's writability) is shared: this process then holds a reference to it;
+        private_build=True asks for a build of its own.
         map_shards=False: the Build without mappings (.message, .layout; fetch_shards() later).
         GPU shards are imported through the CUDA driver (familyd.cuda); a client that cannot
         map device memory gets cuda.DeviceMemoryError and the build is released.
         """
+        mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
-                                 arguments, module, module_fqn, context)
+                                 arguments, module, module_fqn, context, parameter_dtypes,
+                                 private_build, writable=mode == "shared")
         resp = self.call("familyd.v1.FamilyService/Build", req)
-        b = Build(self, resp.build, writable=writable, map_shards=False)
+        b = Build(self, resp.build, mode=mode, map_shards=False)
+        b.shared = resp.shared
         if not map_shards:
             return b
         try:
@@ -461,9 +511,12 @@ class Client:
             raise
         return b
 
-    def open_build(self, build_id, writable=False):
-        """An existing build (GetBuild), its local shards mapped like build()'s."""
-        return Build(self, self.get_build(build_id), writable=writable)
+    def open_build(self, build_id, mode=None, writable=False):
+        """An existing build (GetBuild), its local shards mapped like build()'s in mode
+        (default "read-only"; writable=True: "shared"). It takes no reference: the process
+        that built it, or a pin, keeps it."""
+        mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
+        return Build(self, self.get_build(build_id), mode=mode)
 
     def get_build(self, build_id):
         return self.call("familyd.v1.FamilyService/GetBuild",
@@ -473,9 +526,23 @@ class Client:
         return list(self.call("familyd.v1.FamilyService/ListBuilds",
                               self.protos.cls("familyd.v1.ListBuildsRequest")()).builds)
 
-    def release_build(self, build_id):
-        self.call("familyd.v1.FamilyService/ReleaseBuild",
-                  self.protos.cls("familyd.v1.ReleaseBuildRequest")(build_id=build_id))
+    def release_build(self, build_id, force=False):
+        """ReleaseBuild: drops this process's reference (FamilydError FAILED_PRECONDITION
+        NOT_HELD when it holds none); force=True frees the build whatever holds it. Returns
+        whether the build was freed by this call."""
+        req = self.protos.cls("familyd.v1.ReleaseBuildRequest")(build_id=build_id,
+                                                                 force=bool(force))
+        return bool(self.call("familyd.v1.FamilyService/ReleaseBuild", req).freed)
+
+    def pin_build(self, build_id):
+        """PinBuild: the familyd.v1.Build, now pinned (it outlives every process holding it)."""
+        return self.call("familyd.v1.FamilyService/PinBuild",
+                         self.protos.cls("familyd.v1.PinBuildRequest")(build_id=build_id))
+
+    def unpin_build(self, build_id):
+        """UnpinBuild: the familyd.v1.Build, no longer pinned."""
+        return self.call("familyd.v1.FamilyService/UnpinBuild",
+                         self.protos.cls("familyd.v1.UnpinBuildRequest")(build_id=build_id))
 
     # -- Validate ------------------------------------------------------------------------
 

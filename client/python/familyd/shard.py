@@ -38,6 +38,18 @@ class ShardError(Exception):
         self.message = message
 
 
+# How a trainer maps a shard: the daemon's bytes read-only; a private copy-on-write view it may
+# train on; or the writable bytes of a build made writable, shared by every process mapping it.
+MODES = ("read-only", "private", "shared")
+
+
+def check_mode(mode):
+    """mode if it is one of MODES, else ValueError naming them."""
+    if mode not in MODES:
+        raise ValueError("unknown mapping mode %r: use one of %s" % (mode, ", ".join(MODES)))
+    return mode
+
+
 class ShardHandle:
     """One descriptor from the shard socket: fd (owned; close() it), size, device kind/index.
 
@@ -52,16 +64,24 @@ class ShardHandle:
         self.device = device
         self.writable = writable
 
-    def map(self):
-        """An mmap.mmap of the whole shard, MAP_SHARED (writable when fetched writable). The
-        mapping keeps the memory alive after close() and after ReleaseBuild."""
+    def map(self, mode=None):
+        """An mmap.mmap of the whole shard in a mapping mode (MODES): "read-only" (MAP_SHARED,
+        PROT_READ), "private" (MAP_PRIVATE, PROT_READ | PROT_WRITE: copy-on-write, writes stay
+        in this process) or "shared" (MAP_SHARED, PROT_READ | PROT_WRITE: needs a descriptor
+        fetched writable, of a build made writable). Default: "shared" when fetched writable,
+        else "read-only". The mapping keeps the memory alive after close() and after
+        ReleaseBuild."""
+        mode = check_mode(mode or ("shared" if self.writable else "read-only"))
+        if mode == "shared" and not self.writable:
+            raise ValueError("a shared mapping needs a descriptor fetched writable")
         if self.size == 0:
             raise ValueError("an empty shard cannot be mapped")
         if self.device_kind != "host":
             raise ValueError("a %s shard is not host memory: import it with "
                              "familyd.cuda.DeviceShard" % self.device_kind)
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
-        return mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED, prot=prot)
+        prot = mmap.PROT_READ | (0 if mode == "read-only" else mmap.PROT_WRITE)
+        flags = mmap.MAP_PRIVATE if mode == "private" else mmap.MAP_SHARED
+        return mmap.mmap(self.fd, self.size, flags=flags, prot=prot)
 
     def close(self):
         if self.fd >= 0:
