@@ -189,7 +189,8 @@ static size_t hello_chunk(Peer *p, const PeerKnown *known, size_t n) {
         size_t biggest = 64;
 
         for (size_t i = 0; i < n; i++) {
-                size_t r = 128 + strlen(known[i].info.name) + strlen(known[i].info.address);
+                size_t r = 128 + REGISTRY_DIGEST_LENGTH + strlen(known[i].info.name) +
+                           strlen(known[i].info.address);
                 for (size_t d = 0; d < known[i].info.n_devices; d++) {
                         const Device *dev = &known[i].info.devices[d];
                         r += 64 + strlen(dev->kind) + strlen(dev->name) + strlen(dev->uuid) +
