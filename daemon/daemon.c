@@ -18,6 +18,7 @@
 #include <systemd/sd-event.h>
 
 #include "build/build.h"
+#include "codec/codec-registry-digest.h"
 #include "shm/accel.h"
 #include "daemon.h"
 #include "rpc/executor.h"
@@ -147,6 +148,7 @@ static int daemon_load(Daemon *d, const Config *c) {
                 .host_devices = c->host_devices,
                 .shm_budget_bytes = c->shm_budget_bytes,
                 .max_builds = c->max_builds,
+                .registry_digest = codec_registry_digest,
         };
 
         r = random_bytes(&params.boot_tag, sizeof params.boot_tag);

@@ -70,6 +70,11 @@ int build_draft_prepare(const Builder *builder, const BuildRequest *req, const c
         r = build_place_ranks(b, topo, builder->accel, ret_error);
         if (r < 0)
                 return r;
+        if (b->plan.mesh) {
+                r = manager_check_registry_agreement(m, reg, topo, b->plan.mesh, ret_error);
+                if (r < 0)
+                        return r;
+        }
         r = check_reply_size(b, shard_socket, ret_error);
         if (r < 0)
                 return r;

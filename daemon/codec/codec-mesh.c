@@ -171,7 +171,8 @@ static int node_encode(Arena *a, const Node *n, Familyd__V1__Node **ret) {
         pb->name = arena_strdup(a, n->name);
         pb->address = arena_strdup(a, n->address);
         pb->state = arena_strdup(a, node_state_to_string(n->state));
-        if (!pb->name || !pb->address || !pb->state)
+        pb->registry_digest = arena_strdup(a, n->registry_digest);
+        if (!pb->name || !pb->address || !pb->state || !pb->registry_digest)
                 return -ENOMEM;
         pb->first_rank = n->first_rank;
         pb->last_seen_unix_ms = n->last_seen_unix_ms;

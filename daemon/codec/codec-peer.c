@@ -61,7 +61,8 @@ static int member_decode(const Familyd__V1__PeerMember *pb, MemberInfo *ret) {
 
         if (!pb || !peer_string_ok(pb->name, FAMILYD_MAX_NAME_LENGTH, false) ||
             !peer_string_ok(pb->address, FAMILYD_MAX_NAME_LENGTH, false) || pb->node_rank < -1 ||
-            pb->n_devices > FAMILYD_MAX_NODE_DEVICES)
+            pb->n_devices > FAMILYD_MAX_NODE_DEVICES ||
+            !node_registry_digest_valid(strempty(pb->registry_digest)))
                 return -EBADMSG;
         /* Devices are numbered 0..n-1 in order: ranks are counted from them. */
         for (size_t i = 0; i < pb->n_devices; i++)
@@ -74,6 +75,7 @@ static int member_decode(const Familyd__V1__PeerMember *pb, MemberInfo *ret) {
                 return -ENOMEM;
         m.node_rank = pb->node_rank;
         m.partial = pb->partial;
+        strcpy(m.registry_digest, strempty(pb->registry_digest)); /* length checked above */
         m.boot_id = pb->boot_id;
         m.started_unix_ms = pb->started_unix_ms;
         if (pb->n_devices > 0) {
@@ -186,7 +188,8 @@ static int member_encode(Arena *a, const MemberInfo *m, Familyd__V1__PeerMember 
                 return -ENOMEM;
         pb->name = arena_strdup(a, m->name);
         pb->address = arena_strdup(a, m->address);
-        if (!pb->name || !pb->address)
+        pb->registry_digest = arena_strdup(a, m->registry_digest);
+        if (!pb->name || !pb->address || !pb->registry_digest)
                 return -ENOMEM;
         pb->node_rank = m->node_rank;
         pb->boot_id = m->boot_id;

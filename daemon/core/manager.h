@@ -6,7 +6,9 @@
  * topology are immutable reference-counted snapshots; `lock` guards only the pointer swap, so a
  * Resolve holds it for a reference increment and never waits on a reload, which builds its new
  * snapshot outside the lock (reload_lock serialises reloads among themselves). The mesh table
- * has its own lock.
+ * has its own lock. The registry's digest is computed with each load, outside the lock, and
+ * swapped in with its registry; the topology's local node always shows the digest in force
+ * (manager_set_topology() stamps a copy when the peer thread's is behind a reload).
  */
 
 #include <pthread.h>
@@ -31,6 +33,9 @@ typedef struct ManagerParams {
         uint64_t shm_budget_bytes;
         unsigned max_builds;
         uint32_t boot_tag; /* random per start: build ids differ across restarts */
+        /* The registry's digest into ret (REGISTRY_DIGEST_LENGTH + 1 bytes): 0 or -ENOMEM. The
+         * shell sets codec_registry_digest (core does not include codec/); NULL: "" (unknown). */
+        int (*registry_digest)(const Registry *r, char *ret);
 } ManagerParams;
 
 /* What the adapters plug in: the server pushes topology changes to watchers; the peer thread
@@ -48,6 +53,8 @@ typedef struct Manager {
         pthread_mutex_t reload_lock;
         pthread_mutex_t hooks_lock; /* held while a hook runs, so clearing waits for it */
         Registry *registry;
+        char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* of registry; under lock */
+        int (*digest_fn)(const Registry *r, char *ret);
         Topology *topology;
         MeshTable *meshes;
         BuildTable *builds;
@@ -92,3 +99,19 @@ int manager_create_mesh(Manager *m, const MeshSpec *spec, Mesh **ret, FamilyErro
 uint64_t manager_uptime_ms(const Manager *m);
 
 uint64_t manager_registry_generation(Manager *m);
+
+/* The digest of the registry in force (REGISTRY_DIGEST_LENGTH + 1 bytes; "" without a digest
+ * function). */
+void manager_registry_digest(Manager *m, char ret[REGISTRY_DIGEST_LENGTH + 1]);
+/* The digest of reg, a snapshot this manager served (computed anew if a reload replaced it). */
+int manager_registry_digest_of(Manager *m, const Registry *reg,
+                               char ret[REGISTRY_DIGEST_LENGTH + 1]);
+
+/*
+ * Build's check that the nodes holding ranks of mesh in topology t loaded the same registry as
+ * reg, the snapshot the Build uses here: a node whose digest differs, or is not known yet,
+ * fails it with FAILED_PRECONDITION REGISTRY_MISMATCH naming this node and the nodes that
+ * differ with their digests.
+ */
+int manager_check_registry_agreement(Manager *m, const Registry *reg, const Topology *t,
+                                     const Mesh *mesh, FamilyError *ret_error);

@@ -23,6 +23,7 @@ struct Membership {
         MembershipTimeouts timeouts;
         uint64_t version;
         uint64_t changes;
+        uint64_t revision;
         Tombstone tombstones[MEMBERSHIP_TOMBSTONES];
         size_t next_tombstone;
 };
@@ -46,6 +47,9 @@ int member_info_copy(const MemberInfo *from, MemberInfo *ret) {
                 .name = strdup(strempty(from->name)),
                 .address = strdup(strempty(from->address)),
         };
+
+        memcpy(c.registry_digest, from->registry_digest, sizeof c.registry_digest);
+        c.registry_digest[REGISTRY_DIGEST_LENGTH] = 0;
 
         if (!c.name || !c.address)
                 return -ENOMEM;
@@ -117,6 +121,20 @@ static void membership_changed(Membership *m) {
         if (m->version < FAMILYD_MAX_TOPOLOGY_VERSION)
                 m->version++;
         m->changes++;
+        m->revision++;
+}
+
+/* A member's digest as `digest` says; true when that changed it. */
+static bool member_set_digest(Membership *m, Member *e, const char *digest) {
+        if (strncmp(e->info.registry_digest, digest, sizeof e->info.registry_digest) == 0)
+                return false;
+        (void) snprintf(e->info.registry_digest, sizeof e->info.registry_digest, "%s", digest);
+        m->revision++;
+        return true;
+}
+
+bool membership_set_local_digest(Membership *m, const char *digest) {
+        return member_set_digest(m, &m->members[0], strempty(digest));
 }
 
 static void membership_see_version(Membership *m, uint64_t version) {
@@ -237,6 +255,7 @@ int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, 
 
         e = membership_lookup(m, sender->name);
         if (e && e->info.boot_id == sender->boot_id) {
+                (void) member_set_digest(m, e, sender->registry_digest);
                 e->last_heard_ms = MAX(e->last_heard_ms, now_ms);
                 if (e->state != NODE_UP) {
                         e->state = NODE_UP;
@@ -299,7 +318,10 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
 
         e = membership_lookup(m, info->name);
         if (e && e->info.boot_id == info->boot_id) {
-                /* Fresher news moves last_heard; the next tick turns it into a state. */
+                /* Fresher news moves last_heard (the next tick turns it into a state) and
+                 * brings the digest the member had then. */
+                if (heard > e->last_heard_ms && !isempty(info->registry_digest))
+                        (void) member_set_digest(m, e, info->registry_digest);
                 e->last_heard_ms = MAX(e->last_heard_ms, heard);
                 *ret = MEMBER_KNOWN;
                 return 0;
@@ -416,6 +438,10 @@ uint64_t membership_version(const Membership *m) {
         return m->version;
 }
 
+uint64_t membership_revision(const Membership *m) {
+        return m->revision;
+}
+
 uint64_t membership_changes(const Membership *m) {
         return m->changes;
 }
@@ -442,6 +468,8 @@ int membership_topology(const Membership *m, int64_t now_ms, int64_t now_unix_ms
                 node->node_rank = e->info.node_rank;
                 node->state = e->local ? NODE_UP : e->state;
                 node->last_seen_unix_ms = now_unix_ms - (now_ms - e->last_heard_ms);
+                memcpy(node->registry_digest, e->info.registry_digest,
+                       sizeof node->registry_digest);
                 node->name = strdup(e->info.name);
                 node->address = strdup(e->info.address);
                 if (!node->name || !node->address) {

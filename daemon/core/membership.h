@@ -7,6 +7,10 @@
  * up while heard within suspect_ms, suspect until down_ms, then down; a down member keeps its
  * ranks until forgotten. Every change to the member set or a state takes the version to
  * max(every version seen) + 1; messages carry the version, so quiet daemons agree on it.
+ * A member's registry digest is an attribute, like its last-heard time: a change to it moves
+ * the revision (what the topology shows) but not the version (who is in, in which state). The
+ * member's own messages are authoritative for it; another member's report only when it heard
+ * the member more recently than we did.
  */
 
 #include <stdint.h>
@@ -23,6 +27,7 @@ typedef struct MemberInfo {
         Device *devices;
         size_t n_devices;
         bool partial; /* devices left out (a heartbeat): identifies a known start only */
+        char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* "": not known yet */
 } MemberInfo;
 
 void member_info_done(MemberInfo *m);
@@ -79,6 +84,11 @@ size_t membership_count(const Membership *m);
 const Member *membership_get(const Membership *m, size_t i); /* 0: this node */
 const Member *membership_find(const Membership *m, const char *name);
 uint64_t membership_version(const Membership *m);
+/* Moves with every change membership_topology() would show but times: the version's changes
+ * and the members' registry digests. */
+uint64_t membership_revision(const Membership *m);
+/* This node's registry digest (a reload here); true when it changed. */
+bool membership_set_local_digest(Membership *m, const char *digest);
 /* How many changes this daemon made itself (not versions taken from peers). */
 uint64_t membership_changes(const Membership *m);
 /* Counts the other members by state. */

@@ -35,6 +35,19 @@ void node_done(Node *n) {
         *n = (Node) {};
 }
 
+bool node_registry_digest_valid(const char *digest) {
+        size_t n = 0;
+
+        if (!digest)
+                return false;
+        for (; digest[n]; n++)
+                if (n >= REGISTRY_DIGEST_LENGTH ||
+                    !((digest[n] >= '0' && digest[n] <= '9') ||
+                      (digest[n] >= 'a' && digest[n] <= 'f')))
+                        return false;
+        return n == 0 || n == REGISTRY_DIGEST_LENGTH;
+}
+
 int device_copy(const Device *from, Device *ret) {
         Device d = {
                 .local_index = from->local_index,
@@ -51,6 +64,26 @@ int device_copy(const Device *from, Device *ret) {
                 return -ENOMEM;
         }
         *ret = d;
+        return 0;
+}
+
+int node_copy(const Node *from, Node *ret) {
+        _cleanup_(node_done) Node n = *from;
+
+        n.name = strdup(strempty(from->name));
+        n.address = strdup(strempty(from->address));
+        n.devices = calloc(from->n_devices ? from->n_devices : 1, sizeof(Device));
+        n.n_devices = 0;
+        if (!n.name || !n.address || !n.devices)
+                return -ENOMEM;
+        for (size_t i = 0; i < from->n_devices; i++) {
+                int r = device_copy(&from->devices[i], &n.devices[i]);
+                if (r < 0)
+                        return r;
+                n.n_devices++;
+        }
+        *ret = n;
+        n = (Node) {};
         return 0;
 }
 
@@ -226,6 +259,31 @@ int topology_new_single(const char *node_name, int64_t node_rank, const char *ad
                 return r;
         }
         return topology_new(node, 1, node_name, 1, ret);
+}
+
+int topology_with_local_digest(const Topology *t, const char *digest, Topology **ret) {
+        const Node *local = topology_local_node(t);
+        Node *nodes = calloc(t->n_nodes ? t->n_nodes : 1, sizeof(Node));
+        size_t n = 0;
+        int r = 0;
+
+        if (!nodes)
+                return -ENOMEM;
+        for (; n < t->n_nodes; n++) {
+                r = node_copy(&t->nodes[n], &nodes[n]);
+                if (r < 0)
+                        break;
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        node_done(&nodes[i]);
+                free(nodes);
+                return r;
+        }
+        if (local)
+                (void) snprintf(nodes[t->local].registry_digest,
+                                sizeof nodes[t->local].registry_digest, "%s", strempty(digest));
+        return topology_new(nodes, n, local ? local->name : NULL, t->version, ret);
 }
 
 const Node *topology_local_node(const Topology *t) {

@@ -6,6 +6,10 @@
 
 #include "common/macro.h"
 
+/* A node's registry digest: lower-case hex SHA-256 of its registry's canonical form
+ * (codec/codec-registry-digest.h); "" while not known. */
+#define REGISTRY_DIGEST_LENGTH 64
+
 typedef struct Device {
         int32_t local_index;
         char *kind; /* "host" | "cuda" */
@@ -34,6 +38,7 @@ typedef struct Node {
         NodeState state;
         int64_t last_seen_unix_ms;
         bool local;
+        char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* "": not announced yet */
 } Node;
 
 /* Immutable once built; replaced as a whole on change. */
@@ -51,6 +56,9 @@ const char *node_state_to_string(NodeState s); /* "up" | "suspect" | "down" */
 void device_done(Device *d);
 int device_copy(const Device *from, Device *ret);
 void node_done(Node *n);
+int node_copy(const Node *from, Node *ret);
+/* True for "" and for exactly REGISTRY_DIGEST_LENGTH lower-case hex digits. */
+bool node_registry_digest_valid(const char *digest);
 
 /*
  * Orders nodes[0..n) (configured node ranks first, ascending; then the others by name), numbers
@@ -66,6 +74,8 @@ int topology_new_local(const char *node_name, int64_t node_rank, const char *add
 /* This node alone, with copies of the devices an inventory found. */
 int topology_new_single(const char *node_name, int64_t node_rank, const char *address,
                         const Device *devices, size_t n_devices, Topology **ret);
+/* A copy of t (same version) whose local node has the given registry digest. */
+int topology_with_local_digest(const Topology *t, const char *digest, Topology **ret);
 Topology *topology_ref(Topology *t);
 Topology *topology_unref(Topology *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Topology *, topology_unref);

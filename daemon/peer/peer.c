@@ -11,7 +11,8 @@
  * node the whole cluster; a join or restart heard directly is announced once to the other
  * links. After that each interval costs one small heartbeat per link: traffic per daemon grows
  * linearly with N. After each change a new Topology snapshot goes to the manager, which pushes
- * it to watchers.
+ * it to watchers. Every message names the sender's registry digest: each heartbeat first reads
+ * the manager's, so a reload reaches every peer within one interval.
  */
 
 #include <inttypes.h>
@@ -65,6 +66,7 @@ struct Peer {
         unsigned heartbeat_ms;
         PeerLink *links;
         uint64_t published_version;
+        uint64_t published_revision; /* membership_revision(): digests change it, not versions */
         uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
@@ -98,6 +100,7 @@ static void peer_send_heartbeats(Peer *p);
 static void peer_publish(Peer *p) {
         _cleanup_(topology_unrefp) Topology *t = NULL;
         uint64_t v = membership_version(p->membership);
+        uint64_t revision = membership_revision(p->membership);
         uint64_t changes = membership_changes(p->membership);
 
         /* A change made here goes out at once (at most every quarter interval), so the
@@ -111,7 +114,7 @@ static void peer_publish(Peer *p) {
                         peer_send_heartbeats(p);
                 }
         }
-        if (v == p->published_version && !p->dirty)
+        if (v == p->published_version && revision == p->published_revision && !p->dirty)
                 return;
         int r = membership_topology(p->membership, now_ms(), now_unix_ms(), &t);
         if (r < 0) {
@@ -120,6 +123,7 @@ static void peer_publish(Peer *p) {
         }
         manager_set_topology(p->manager, t);
         p->published_version = v;
+        p->published_revision = revision;
         p->dirty = false;
 }
 
@@ -185,7 +189,8 @@ static size_t hello_chunk(Peer *p, const PeerKnown *known, size_t n) {
         size_t biggest = 64;
 
         for (size_t i = 0; i < n; i++) {
-                size_t r = 128 + strlen(known[i].info.name) + strlen(known[i].info.address);
+                size_t r = 128 + REGISTRY_DIGEST_LENGTH + strlen(known[i].info.name) +
+                           strlen(known[i].info.address);
                 for (size_t d = 0; d < known[i].info.n_devices; d++) {
                         const Device *dev = &known[i].info.devices[d];
                         r += 64 + strlen(dev->kind) + strlen(dev->name) + strlen(dev->uuid) +
@@ -470,9 +475,22 @@ static void peer_send_heartbeats(Peer *p) {
                         link_send(p, l, &heartbeat);
 }
 
+/* This node's digest as the manager has it now (a reload since the last heartbeat). */
+static void peer_sync_digest(Peer *p) {
+        char digest[REGISTRY_DIGEST_LENGTH + 1];
+
+        manager_registry_digest(p->manager, digest);
+        if (!membership_set_local_digest(p->membership, digest))
+                return;
+        memcpy(p->self.registry_digest, digest, sizeof digest);
+        log_info("Registry digest now %s; telling the peers.",
+                 isempty(digest) ? "unknown" : digest);
+}
+
 static void peer_tick(Peer *p) {
         int64_t now = now_ms();
 
+        peer_sync_digest(p);
         if (membership_tick(p->membership, now))
                 links_prune(p);
         for (PeerLink *l = p->links; l; l = l->next)
@@ -641,6 +659,7 @@ int peer_new(const PeerParams *params, Peer **ret) {
         if (r < 0)
                 return r;
         p->self.started_unix_ms = now_unix_ms();
+        manager_registry_digest(p->manager, p->self.registry_digest);
 
         r = membership_new(&p->self, &params->timeouts, now_ms(), &p->membership);
         if (r < 0)

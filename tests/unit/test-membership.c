@@ -275,6 +275,76 @@ static void test_version_never_wraps(void **state) {
         assert_int_equal(membership_version(m), FAMILYD_MAX_TOPOLOGY_VERSION);
 }
 
+#define DIGEST_A "aaaa456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+#define DIGEST_B "bbbb456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+static const char *digest_in(const Membership *m, const char *name) {
+        return membership_find(m, name)->info.registry_digest;
+}
+
+/* A member's digest comes with its records, follows its heartbeats, reaches the topology and
+ * moves the revision, not the version. */
+static void test_registry_digests(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        _cleanup_(topology_unrefp) Topology *t = NULL, *t2 = NULL;
+        MemberInfo b = info("node-b", -1, "h:2", 2, 100);
+        MemberVerdict v;
+
+        memcpy(b.registry_digest, DIGEST_A, sizeof b.registry_digest);
+        assert_int_equal(heard(m, b, 1, 0), MEMBER_JOINED);
+        assert_string_equal(digest_in(m, "node-b"), DIGEST_A);
+        assert_string_equal(digest_in(m, "node-a"), "");
+
+        /* This node's own, after a reload. */
+        uint64_t version = membership_version(m), revision = membership_revision(m);
+        assert_true(membership_set_local_digest(m, DIGEST_B));
+        assert_false(membership_set_local_digest(m, DIGEST_B));
+        assert_int_equal(membership_revision(m), revision + 1);
+        assert_int_equal(membership_version(m), version);
+
+        assert_int_equal(membership_topology(m, 0, 5000, &t), 0);
+        assert_string_equal(t->nodes[0].name, "node-a");
+        assert_string_equal(t->nodes[0].registry_digest, DIGEST_B);
+        assert_string_equal(t->nodes[1].registry_digest, DIGEST_A);
+
+        /* A heartbeat (a partial record) with the peer's new digest. */
+        MemberInfo slim = b;
+        slim.partial = true;
+        slim.n_devices = 0;
+        memcpy(slim.registry_digest, DIGEST_B, sizeof slim.registry_digest);
+        revision = membership_revision(m);
+        assert_int_equal(heard(m, slim, version, 10), MEMBER_KNOWN);
+        assert_string_equal(digest_in(m, "node-b"), DIGEST_B);
+        assert_int_equal(membership_revision(m), revision + 1);
+        assert_int_equal(membership_version(m), version);
+        assert_int_equal(membership_topology(m, 10, 5010, &t2), 0);
+        assert_string_equal(t2->nodes[1].registry_digest, DIGEST_B);
+        /* The same again changes nothing. */
+        assert_int_equal(heard(m, slim, version, 20), MEMBER_KNOWN);
+        assert_int_equal(membership_revision(m), revision + 1);
+
+        /* Another member's report: only news fresher than our own hearing counts, and an
+         * empty digest never erases one. */
+        MemberInfo told = b;
+        memcpy(told.registry_digest, DIGEST_A, sizeof told.registry_digest);
+        assert_int_equal(membership_learn(m, &told, 50, 40, &v), 0); /* heard at -10 */
+        assert_int_equal(v, MEMBER_KNOWN);
+        assert_string_equal(digest_in(m, "node-b"), DIGEST_B);
+        told.registry_digest[0] = 0;
+        assert_int_equal(membership_learn(m, &told, 0, 100, &v), 0);
+        assert_string_equal(digest_in(m, "node-b"), DIGEST_B);
+        memcpy(told.registry_digest, DIGEST_A, sizeof told.registry_digest);
+        assert_int_equal(membership_learn(m, &told, 0, 200, &v), 0);
+        assert_string_equal(digest_in(m, "node-b"), DIGEST_A);
+
+        /* A node learnt of through another brings its digest along. */
+        MemberInfo c = info("node-c", -1, "h:3", 3, 100);
+        memcpy(c.registry_digest, DIGEST_B, sizeof c.registry_digest);
+        assert_int_equal(membership_learn(m, &c, 0, 300, &v), 0);
+        assert_int_equal(v, MEMBER_JOINED);
+        assert_string_equal(digest_in(m, "node-c"), DIGEST_B);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_join_and_order),
@@ -287,6 +357,7 @@ int main(void) {
                 cmocka_unit_test(test_forget_after),
                 cmocka_unit_test(test_partial_records),
                 cmocka_unit_test(test_version_never_wraps),
+                cmocka_unit_test(test_registry_digests),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,9 @@ static Device devices[2] = {
           .memory_bytes = 1u << 30, .numa_node = 1 },
 };
 
+#define DIGEST_A "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+#define DIGEST_B "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+
 static MemberInfo member(const char *name) {
         return (MemberInfo) {
                 .name = (char *) name,
@@ -26,6 +29,7 @@ static MemberInfo member(const char *name) {
                 .started_unix_ms = 1700000000000,
                 .devices = devices,
                 .n_devices = 2,
+                .registry_digest = DIGEST_A,
         };
 }
 
@@ -49,6 +53,29 @@ static void test_round_trip(void **state) {
         assert_int_equal(back.n_members, 2);
         assert_string_equal(back.members[1].info.name, "c");
         assert_int_equal(back.members[1].age_ms, 9);
+        assert_string_equal(back.sender.registry_digest, DIGEST_A);
+        assert_string_equal(back.members[0].info.registry_digest, DIGEST_A);
+}
+
+/* Heartbeats carry the digest too (a reload reaches the peers with the next one); an empty
+ * digest (not known yet) passes as empty. */
+static void test_digest_in_heartbeats(void **state) {
+        PeerMessage hb = { .body = PEER_HEARTBEAT, .sender = member("a"), .version = 3 };
+        _cleanup_(peer_message_done) PeerMessage back = {}, back2 = {};
+        _cleanup_free_ uint8_t *b1 = NULL, *b2 = NULL;
+        size_t s1, s2;
+
+        hb.sender.partial = true;
+        memcpy(hb.sender.registry_digest, DIGEST_B, sizeof hb.sender.registry_digest);
+        assert_int_equal(codec_peer_encode(&hb, &b1, &s1), 0);
+        assert_int_equal(codec_peer_decode(b1, s1, &back), 0);
+        assert_true(back.sender.partial);
+        assert_string_equal(back.sender.registry_digest, DIGEST_B);
+
+        hb.sender.registry_digest[0] = 0;
+        assert_int_equal(codec_peer_encode(&hb, &b2, &s2), 0);
+        assert_int_equal(codec_peer_decode(b2, s2, &back2), 0);
+        assert_string_equal(back2.sender.registry_digest, "");
 }
 
 static void test_partial_and_who(void **state) {
@@ -144,6 +171,40 @@ static void test_hostile(void **state) {
         expect_refused(&pb);
         dev.kind = "host";
 
+        /* A registry digest is 64 lower-case hex digits or nothing. */
+        static const char *const bad_digests[] = {
+                DIGEST_A "0",
+                "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde",
+                "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef",
+                "0123456789abcdeg0123456789abcdef0123456789abcdef0123456789abcdef",
+                "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd\n",
+                "unknown",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(bad_digests); i++) {
+                sender.registry_digest = (char *) bad_digests[i];
+                expect_refused(&pb);
+        }
+        /* Also in a member another daemon reports. */
+        {
+                Familyd__V1__PeerMember other = sender;
+                Familyd__V1__PeerKnown known = FAMILYD__V1__PEER_KNOWN__INIT;
+                Familyd__V1__PeerKnown *list[1] = { &known };
+                Familyd__V1__PeerHello hello = FAMILYD__V1__PEER_HELLO__INIT;
+
+                sender.registry_digest = DIGEST_A;
+                other.name = "b";
+                other.registry_digest = "ABC";
+                known.member = &other;
+                hello.members = list;
+                hello.n_members = 1;
+                pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HELLO;
+                pb.hello = &hello;
+                expect_refused(&pb);
+                pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT;
+                pb.heartbeat = &hb;
+        }
+        sender.registry_digest = DIGEST_B;
+
         /* A version no daemon can reach (2^64-1 wrapped the version: fuzz-peer). */
         pb.sender = &sender;
         pb.version = UINT64_MAX;
@@ -162,6 +223,7 @@ static void test_hostile(void **state) {
         familyd__v1__peer_message__pack(&pb, buf);
         assert_int_equal(codec_peer_decode(buf, size, &m), 0);
         assert_int_equal(m.body, PEER_HEARTBEAT);
+        assert_string_equal(m.sender.registry_digest, DIGEST_B);
 }
 
 static void test_garbage(void **state) {
@@ -185,6 +247,7 @@ int main(void) {
                 cmocka_unit_test(test_round_trip),
                 cmocka_unit_test(test_forget_and_refuse),
                 cmocka_unit_test(test_partial_and_who),
+                cmocka_unit_test(test_digest_in_heartbeats),
                 cmocka_unit_test(test_hostile),
                 cmocka_unit_test(test_garbage),
         };

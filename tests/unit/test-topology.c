@@ -109,6 +109,37 @@ static void test_refcount(void **state) {
         assert_null(topology_ref(NULL));
 }
 
+/* Digests: 64 lower-case hex digits or empty; a copy with another local digest changes only
+ * that. */
+static void test_registry_digest(void **state) {
+        static const char *const d = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        _cleanup_(topology_unrefp) Topology *t = NULL, *copy = NULL;
+
+        assert_true(node_registry_digest_valid(""));
+        assert_true(node_registry_digest_valid(d));
+        assert_false(node_registry_digest_valid(NULL));
+        assert_false(node_registry_digest_valid("0123"));
+        assert_false(node_registry_digest_valid("0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef"));
+        assert_false(node_registry_digest_valid("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0"));
+        assert_false(node_registry_digest_valid("x123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"));
+
+        assert_int_equal(topology_new_local("node-a", 3, "h:1", 2, 1024, &t), 0);
+        assert_string_equal(t->nodes[0].registry_digest, "");
+        assert_int_equal(topology_with_local_digest(t, d, &copy), 0);
+        assert_ptr_not_equal(copy, t);
+        assert_string_equal(t->nodes[0].registry_digest, "");
+        assert_string_equal(copy->nodes[0].registry_digest, d);
+        assert_int_equal(copy->version, t->version);
+        assert_int_equal(copy->world_size, 2);
+        assert_int_equal(copy->local, 0);
+        assert_string_equal(copy->nodes[0].name, "node-a");
+        assert_string_equal(copy->nodes[0].address, "h:1");
+        assert_int_equal(copy->nodes[0].node_rank, 3);
+        assert_int_equal(copy->nodes[0].n_devices, 2);
+        assert_string_equal(copy->nodes[0].devices[1].name, "host1");
+        assert_ptr_not_equal(copy->nodes[0].devices, t->nodes[0].devices);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_node_state_names),
@@ -117,6 +148,7 @@ int main(void) {
                 cmocka_unit_test(test_no_devices),
                 cmocka_unit_test(test_bad_arguments),
                 cmocka_unit_test(test_refcount),
+                cmocka_unit_test(test_registry_digest),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
