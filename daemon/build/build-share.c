@@ -189,9 +189,8 @@ static int share_key(const BuildState *b, const BuildRequest *req, uint32_t uid,
         (void) snprintf(owner, sizeof owner, "uid=%" PRIu32, uid);
         (void) snprintf(writable, sizeof writable, "writable=%d", req->writable);
         (void) snprintf(module, sizeof module, "module=%s", strempty(b->plan.module_fqn));
-        /* REGISTRY DIGEST: the registry the build is made from belongs in the key; wire
-         * manager_registry_digest() in here ("registry=<hex>") once the manager has it. */
-        (void) snprintf(registry, sizeof registry, "registry=");
+        /* The registry the build is made from: a reload that changes it changes the key. */
+        (void) snprintf(registry, sizeof registry, "registry=%s", b->registry_digest);
         const char *extra[] = { mesh, seed, dtype, ranks, writable, owner, module, registry };
         return codec_build_key(&view, extra, ELEMENTSOF(extra), ret, ret_size);
 }

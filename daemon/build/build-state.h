@@ -5,6 +5,7 @@
 #include "core/build-plan.h"
 #include "core/fill.h"
 #include "core/layout.h"
+#include "core/topology.h"
 #include "codec/codec-build.h"
 #include "shm/accel.h"
 #include "shm/segment.h"
@@ -26,6 +27,7 @@ typedef struct BuildState {
         Layout layout;
         Dtype dtype;
         bool writable; /* BuildRequest.writable: its segments are handed out writable */
+        char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* of the registry it was made from */
         uint64_t seed;
         BuildRankState *ranks;
         size_t n_ranks;

@@ -75,6 +75,9 @@ int build_draft_prepare(const Builder *builder, const BuildRequest *req, const c
                 if (r < 0)
                         return r;
         }
+        r = manager_registry_digest_of(m, reg, b->registry_digest);
+        if (r < 0)
+                return r;
         r = check_reply_size(b, shard_socket, ret_error);
         if (r < 0)
                 return r;
