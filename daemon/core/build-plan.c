@@ -724,19 +724,42 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         return 0;
 }
 
-static const PlanParameter *plan_find_parameter(const BuildPlan *plan, const char *name) {
-        for (size_t i = 0; i < plan->n_parameters; i++)
-                if (streq_ptr(plan->parameters[i].name, name))
-                        return &plan->parameters[i];
-        return NULL;
+static int parameter_dtype_cmp(const void *x, const void *y) {
+        const ParameterDtype *a = *(const ParameterDtype *const *) x, *b = *(const ParameterDtype *const *) y;
+        int c = strcmp(strempty(a->name), strempty(b->name));
+
+        /* Equal names keep the order sent: the array's addresses are that order. */
+        return c != 0 ? c : (a > b) - (a < b);
+}
+
+static int plan_name_cmp(const void *x, const void *y) {
+        return strcmp(*(const char *const *) x, *(const char *const *) y);
 }
 
 int build_plan_check_dtypes(const BuildPlan *plan, FamilyError *ret_error) {
-        for (size_t i = 0; i < plan->n_parameter_dtypes; i++) {
-                const ParameterDtype *e = &plan->parameter_dtypes[i];
-                const char *name = strempty(e->name), *dtype = strempty(e->dtype);
+        _cleanup_free_ const ParameterDtype **sorted = NULL;
+        _cleanup_free_ const char **names = NULL;
+        size_t n = plan->n_parameter_dtypes;
 
-                if (!plan_find_parameter(plan, name))
+        if (n == 0)
+                return 0;
+        /* A map has no order on the wire: entries are checked by name, parameters found by
+         * binary search, so a hostile request costs n log n. */
+        sorted = calloc(n, sizeof(ParameterDtype *));
+        names = calloc(plan->n_parameters + 1, sizeof(char *));
+        if (!sorted || !names)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++)
+                sorted[i] = &plan->parameter_dtypes[i];
+        qsort(sorted, n, sizeof(ParameterDtype *), parameter_dtype_cmp);
+        for (size_t i = 0; i < plan->n_parameters; i++)
+                names[i] = strempty(plan->parameters[i].name);
+        qsort(names, plan->n_parameters, sizeof(char *), plan_name_cmp);
+
+        for (size_t i = 0; i < n; i++) {
+                const char *name = strempty(sorted[i]->name), *dtype = strempty(sorted[i]->dtype);
+
+                if (!bsearch(&name, names, plan->n_parameters, sizeof(char *), plan_name_cmp))
                         return fail_qq(ret_error, "DTYPE", "parameter_dtypes",
                                        "parameter_dtypes names %s, which is not a parameter of "
                                        "member %s",

@@ -145,9 +145,10 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
 
 /*
  * Build step 7, for BuildRequest.parameter_dtypes (materialize.dtype is the builder's): each
- * entry in the order sent must name a parameter of the plan (else INVALID_ARGUMENT DTYPE) with a
- * supported dtype (dtype_from_string(), not empty; else INVALID_ARGUMENT DTYPE), field
- * "parameter_dtypes". -EINVAL with ret_error filled, or -ENOMEM.
+ * entry, in the byte order of the names (a map has no order on the wire), must name a parameter
+ * of the plan (else INVALID_ARGUMENT DTYPE) with a supported dtype (dtype_from_string(), not
+ * empty; else INVALID_ARGUMENT DTYPE), field "parameter_dtypes". -EINVAL with ret_error
+ * filled, or -ENOMEM.
  */
 int build_plan_check_dtypes(const BuildPlan *plan, FamilyError *ret_error);
 
