@@ -100,7 +100,8 @@ static int parameter_dtypes_decode(Familyd__V1__BuildRequest__ParameterDtypesEnt
 
         if (n > BUILD_PLAN_MAX_PARAMETER_DTYPES)
                 return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
-                                        "parameter_dtypes", "parameter_dtypes has more than %u entries",
+                                        "parameter_dtypes",
+                                        "parameter_dtypes has more than %u entries",
                                         BUILD_PLAN_MAX_PARAMETER_DTYPES);
         for (size_t i = 0; i < n; i++) {
                 if (strlen(pb[i]->key) > FAMILYD_MAX_NAME_LENGTH)

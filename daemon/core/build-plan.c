@@ -725,7 +725,8 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
 }
 
 static int parameter_dtype_cmp(const void *x, const void *y) {
-        const ParameterDtype *a = *(const ParameterDtype *const *) x, *b = *(const ParameterDtype *const *) y;
+        const ParameterDtype *a = *(const ParameterDtype *const *) x;
+        const ParameterDtype *b = *(const ParameterDtype *const *) y;
         int c = strcmp(strempty(a->name), strempty(b->name));
 
         /* Equal names keep the order sent: the array's addresses are that order. */

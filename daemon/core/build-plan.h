@@ -48,7 +48,7 @@ typedef struct MaterializeOptions {
 void materialize_options_done(MaterializeOptions *o);
 int materialize_options_copy(const MaterializeOptions *src, MaterializeOptions *ret);
 
-/* One entry of BuildRequest.parameter_dtypes, as sent: checked at step 7 (build_plan_check_dtypes). */
+/* One entry of BuildRequest.parameter_dtypes, as sent; checked at step 7. */
 typedef struct ParameterDtype {
         char *name;
         char *dtype;
@@ -129,7 +129,7 @@ typedef struct BuildPlan {
         ValueMap config; /* snapshot (direct); empty for replacement */
         ValueMap bound_fields; /* replacement: config fields bound by the source's shapes (ints), in binding order */
         MaterializeOptions materialize;
-        ParameterDtype *parameter_dtypes; /* the request's, unchecked until build_plan_check_dtypes() */
+        ParameterDtype *parameter_dtypes; /* the request's; build_plan_check_dtypes() checks them */
         size_t n_parameter_dtypes;
 } BuildPlan;
 

@@ -85,7 +85,7 @@ typedef struct ParameterSpec {
         size_t n_placements;
         InitSpec init;
         char *init_text; /* canonical text: "zeros", "constant(value=1)", "normal(mean=0, std=x)" */
-        char *dtype;     /* the element type the registry names, canonical ("float32"); NULL: none */
+        char *dtype;     /* its element type, canonical ("float32"); NULL: none named */
 } ParameterSpec;
 
 typedef struct Variant {
