@@ -16,6 +16,10 @@ int build_dtype_of(const BuildPlan *plan, Dtype *ret, FamilyError *ret_error) {
                                         "float16",
                                         strempty(q));
         }
+        /* Step 7 goes on with each parameter's own dtype. */
+        int r = build_plan_check_dtypes(plan, ret_error);
+        if (r < 0)
+                return r;
         *ret = d;
         return 0;
 }
@@ -34,8 +38,10 @@ int build_compute_layout(BuildState *b, FamilyError *ret_error) {
                         .n_dims = plan->parameters[i].n_dims,
                         .placements = plan->parameters[i].placements,
                         .n_placements = plan->parameters[i].n_placements,
+                        .has_dtype = true,
+                        .dtype = build_plan_parameter_dtype(plan, i, b->dtype),
                 };
-        return layout_compute(plan->mesh, params, plan->n_parameters, dtype_size(b->dtype),
+        return layout_compute(plan->mesh, params, plan->n_parameters, b->dtype,
                               LAYOUT_MIN_ALIGN, &b->layout, ret_error);
 }
 

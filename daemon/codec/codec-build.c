@@ -92,6 +92,43 @@ static int materialize_decode(const Familyd__V1__MaterializeOptions *pb, Materia
         return 0;
 }
 
+/* BuildRequest.parameter_dtypes: bounded here, checked against the build at step 7. */
+static int parameter_dtypes_decode(Familyd__V1__BuildRequest__ParameterDtypesEntry *const *pb,
+                                   size_t n, ParameterDtype **ret, size_t *ret_n,
+                                   FamilyError *ret_error) {
+        ParameterDtype *d = NULL;
+
+        if (n > BUILD_PLAN_MAX_PARAMETER_DTYPES)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
+                                        "parameter_dtypes",
+                                        "parameter_dtypes has more than %u entries",
+                                        BUILD_PLAN_MAX_PARAMETER_DTYPES);
+        for (size_t i = 0; i < n; i++) {
+                if (strlen(pb[i]->key) > FAMILYD_MAX_NAME_LENGTH)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
+                                                "parameter_dtypes",
+                                                "parameter_dtypes: a key is longer than %u bytes",
+                                                FAMILYD_MAX_NAME_LENGTH);
+                if (codec_check_length(pb[i]->value, 32, "parameter_dtypes", ret_error) < 0)
+                        return -EINVAL;
+        }
+        if (n == 0)
+                return 0;
+
+        /* The message's strings, borrowed for the copy. */
+        _cleanup_free_ ParameterDtype *view = calloc(n, sizeof(ParameterDtype));
+        if (!view)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++)
+                view[i] = (ParameterDtype) { .name = pb[i]->key, .dtype = pb[i]->value };
+        int r = parameter_dtypes_copy(view, n, &d);
+        if (r < 0)
+                return r;
+        *ret = d;
+        *ret_n = n;
+        return 0;
+}
+
 int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, BuildRequest *ret,
                                FamilyError *ret_error) {
         _cleanup_(build_request_done) BuildRequest req = {};
@@ -152,6 +189,10 @@ int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, BuildRequest
                 return r;
         req.private_build = pb->private_build;
         req.writable = pb->writable;
+        r = parameter_dtypes_decode(pb->parameter_dtypes, pb->n_parameter_dtypes,
+                                    &req.parameter_dtypes, &req.n_parameter_dtypes, ret_error);
+        if (r < 0)
+                return r;
 
         *ret = req;
         req = (BuildRequest) {};
@@ -220,7 +261,7 @@ static int layout_encode(Arena *a, const CodecBuild *b, Familyd__V1__Layout **re
                 r = int64_array(a, p->shape, p->n_dims, &e->shape, &e->n_shape);
                 if (r < 0)
                         return r;
-                e->dtype = (char *) dtype_to_string(b->dtype);
+                e->dtype = (char *) dtype_to_string(p->dtype);
                 r = placements_encode(a, p->placements, p->n_placements, &e->placements,
                                       &e->n_placements);
                 if (r < 0)
@@ -370,6 +411,7 @@ static int validate_parameter_decode(Arena *a, const Familyd__V1__ParameterLayou
         ret->name = pb->name;
         ret->shape = pb->shape;
         ret->n_dims = pb->n_shape;
+        ret->dtype = pb->dtype;
         if (!ARRAY_NEW(a, ret->placements, pb->n_placements))
                 return -ENOMEM;
         for (size_t i = 0; i < pb->n_placements; i++) {

@@ -3,7 +3,8 @@
 
 /*
  * What the Build messages carry of a live build, borrowed from whoever holds it (daemon/build/
- * keeps the build itself, with its memory): the plan (provenance), the layout, the dtype and,
+ * keeps the build itself, with its memory): the plan (provenance), the layout (each parameter
+ * with its own dtype), the build's default dtype (materialize.dtype) and,
  * per rank of the layout, where the rank lives and, when this node materialised it, its token.
  * Nothing here is owned: the pointers live as long as the build they describe.
  */
@@ -31,7 +32,7 @@ typedef struct CodecBuildRank {
 typedef struct CodecBuild {
         const BuildPlan *plan;
         const Layout *layout;
-        Dtype dtype;
+        Dtype dtype; /* the build's default; each parameter's own is in the layout */
         uint64_t seed;               /* records only */
         const char *group;           /* records only: the name its tokens are filed under */
         const CodecBuildRank *ranks; /* one per rank of the layout, in its order */

@@ -36,7 +36,8 @@ static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__Param
 
         pb->name = arena_strdup(a, p->name);
         pb->init = arena_strdup(a, p->init_text);
-        if (!pb->name || !pb->init)
+        pb->dtype = arena_strdup(a, strempty(p->dtype));
+        if (!pb->name || !pb->init || !pb->dtype)
                 return -ENOMEM;
 
         if (!ARRAY_NEW(a, pb->shape, p->n_dims))

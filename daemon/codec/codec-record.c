@@ -308,7 +308,7 @@ static const MeshView *view_of(const Mesh *mesh, LayoutView v) {
 }
 
 static int parameter_decode(const Familyd__V1__ParameterLayout *pb, const Mesh *mesh,
-                            ParameterLayout *p, Why *w) {
+                            Dtype dtype, ParameterLayout *p, Why *w) {
         uint64_t n = 1;
         int r;
 
@@ -326,6 +326,12 @@ static int parameter_decode(const Familyd__V1__ParameterLayout *pb, const Mesh *
                 if (p->shape[d] < 0 || __builtin_mul_overflow(n, (uint64_t) p->shape[d], &n))
                         return CORRUPT(w, "parameter '%.64s' has a bad shape", pb->name);
         p->n_elements = n;
+
+        /* Each parameter's own dtype; the build's where a record names none. */
+        p->dtype = isempty(pb->dtype) ? dtype : dtype_from_string(pb->dtype);
+        if (p->dtype < 0)
+                return CORRUPT(w, "parameter '%.64s' has the unknown dtype '%.32s'", pb->name,
+                               pb->dtype);
 
         p->view = layout_view_from_string(pb->mesh_view);
         if (p->view < 0 || (p->view == LAYOUT_VIEW_EXPERT && (!mesh || mesh->spec.expert.n == 0)))
@@ -361,6 +367,17 @@ static int parameter_decode(const Familyd__V1__ParameterLayout *pb, const Mesh *
         return 0;
 }
 
+/* A slice's byte_length is its element count times its parameter's element size. */
+static bool slice_length_matches(const Familyd__V1__ShardSlice *e, const ParameterLayout *p) {
+        uint64_t n = dtype_size(p->dtype);
+
+        for (size_t d = 0; d < p->n_dims; d++)
+                if (e->local_shape[d] < 0 ||
+                    __builtin_mul_overflow(n, (uint64_t) e->local_shape[d], &n))
+                        return false;
+        return n == e->byte_length;
+}
+
 static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype dtype,
                          Layout *l, Why *w) {
         const Familyd__V1__Layout *pl = pb->info->layout;
@@ -378,7 +395,6 @@ static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype d
                 return CORRUPT(w, "the build has %zu ranks, its mesh %zu", pb->n_shards,
                                n_ranks);
 
-        l->elem_size = dtype_size(dtype);
         l->align = LAYOUT_MIN_ALIGN;
         if (mesh) {
                 l->mesh_id = strdup(mesh_id);
@@ -389,7 +405,7 @@ static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype d
         if (!l->parameters)
                 return -ENOMEM;
         for (size_t i = 0; i < pl->n_parameters; i++) {
-                r = parameter_decode(pl->parameters[i], mesh, &l->parameters[i], w);
+                r = parameter_decode(pl->parameters[i], mesh, dtype, &l->parameters[i], w);
                 l->n_parameters++;
                 if (r < 0)
                         return r;
@@ -421,6 +437,10 @@ static int layout_decode(const Familyd__V1__Build *pb, const Mesh *mesh, Dtype d
                             __builtin_add_overflow(e->byte_offset, e->byte_length, &end) ||
                             end > s->size_bytes)
                                 return CORRUPT(w, "rank %" PRId64 " has a bad slice of '%.64s'",
+                                               s->rank, p->name);
+                        if (!slice_length_matches(e, p))
+                                return CORRUPT(w, "rank %" PRId64 " has a slice of '%.64s' whose "
+                                               "bytes do not match its shape and dtype",
                                                s->rank, p->name);
                         memcpy(sl->local_shape, e->local_shape, p->n_dims * sizeof(int64_t));
                         memcpy(sl->global_offset, e->global_offset, p->n_dims * sizeof(int64_t));

@@ -48,6 +48,32 @@ int materialize_options_copy(const MaterializeOptions *src, MaterializeOptions *
         return 0;
 }
 
+void parameter_dtypes_free(ParameterDtype *d, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                free(d[i].name);
+                free(d[i].dtype);
+        }
+        free(d);
+}
+
+int parameter_dtypes_copy(const ParameterDtype *src, size_t n, ParameterDtype **ret) {
+        ParameterDtype *d;
+
+        d = calloc(n ? n : 1, sizeof(ParameterDtype));
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                d[i].name = strdup(strempty(src[i].name));
+                d[i].dtype = strdup(strempty(src[i].dtype));
+                if (!d[i].name || !d[i].dtype) {
+                        parameter_dtypes_free(d, i + 1);
+                        return -ENOMEM;
+                }
+        }
+        *ret = d;
+        return 0;
+}
+
 void build_request_done(BuildRequest *r) {
         if (!r)
                 return;
@@ -59,6 +85,7 @@ void build_request_done(BuildRequest *r) {
         job_context_done(&r->context);
         free(r->mesh_id);
         materialize_options_done(&r->materialize);
+        parameter_dtypes_free(r->parameter_dtypes, r->n_parameter_dtypes);
         *r = (BuildRequest) {};
 }
 
@@ -82,6 +109,7 @@ static void plan_parameter_done(PlanParameter *p) {
                 free(p->placements[i].axis);
         free(p->placements);
         free(p->init_text);
+        free(p->dtype);
         *p = (PlanParameter) {};
 }
 
@@ -98,6 +126,7 @@ void build_plan_done(BuildPlan *p) {
         value_map_done(&p->config);
         value_map_done(&p->bound_fields);
         materialize_options_done(&p->materialize);
+        parameter_dtypes_free(p->parameter_dtypes, p->n_parameter_dtypes);
         *p = (BuildPlan) {};
 }
 
@@ -361,6 +390,11 @@ static int plan_parameter_start(const ParameterSpec *p, PlanParameter *out) {
         out->init_text = strdup(strempty(p->init_text));
         if (!out->name || !out->init_text)
                 return -ENOMEM;
+        if (p->dtype) {
+                out->dtype = strdup(p->dtype);
+                if (!out->dtype)
+                        return -ENOMEM;
+        }
         if (p->n_dims > 0) {
                 out->shape = calloc(p->n_dims, sizeof(int64_t));
                 if (!out->shape)
@@ -677,8 +711,82 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         r = materialize_options_copy(&req->materialize, &plan.materialize);
         if (r < 0)
                 return r;
+        if (req->n_parameter_dtypes > 0) {
+                r = parameter_dtypes_copy(req->parameter_dtypes, req->n_parameter_dtypes,
+                                          &plan.parameter_dtypes);
+                if (r < 0)
+                        return r;
+                plan.n_parameter_dtypes = req->n_parameter_dtypes;
+        }
 
         *ret = plan;
         plan = (BuildPlan) {};
         return 0;
+}
+
+static int parameter_dtype_cmp(const void *x, const void *y) {
+        const ParameterDtype *a = *(const ParameterDtype *const *) x;
+        const ParameterDtype *b = *(const ParameterDtype *const *) y;
+        int c = strcmp(strempty(a->name), strempty(b->name));
+
+        /* Equal names keep the order sent: the array's addresses are that order. */
+        return c != 0 ? c : (a > b) - (a < b);
+}
+
+static int plan_name_cmp(const void *x, const void *y) {
+        return strcmp(*(const char *const *) x, *(const char *const *) y);
+}
+
+int build_plan_check_dtypes(const BuildPlan *plan, FamilyError *ret_error) {
+        _cleanup_free_ const ParameterDtype **sorted = NULL;
+        _cleanup_free_ const char **names = NULL;
+        size_t n = plan->n_parameter_dtypes;
+
+        if (n == 0)
+                return 0;
+        /* A map has no order on the wire: entries are checked by name, parameters found by
+         * binary search, so a hostile request costs n log n. */
+        sorted = calloc(n, sizeof(ParameterDtype *));
+        names = calloc(plan->n_parameters + 1, sizeof(char *));
+        if (!sorted || !names)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++)
+                sorted[i] = &plan->parameter_dtypes[i];
+        qsort(sorted, n, sizeof(ParameterDtype *), parameter_dtype_cmp);
+        for (size_t i = 0; i < plan->n_parameters; i++)
+                names[i] = strempty(plan->parameters[i].name);
+        qsort(names, plan->n_parameters, sizeof(char *), plan_name_cmp);
+
+        for (size_t i = 0; i < n; i++) {
+                const char *name = strempty(sorted[i]->name), *dtype = strempty(sorted[i]->dtype);
+
+                if (!bsearch(&name, names, plan->n_parameters, sizeof(char *), plan_name_cmp))
+                        return fail_qq(ret_error, "DTYPE", "parameter_dtypes",
+                                       "parameter_dtypes names %s, which is not a parameter of "
+                                       "member %s",
+                                       name, strempty(plan->resolved.variant));
+                if (isempty(dtype) || dtype_from_string(dtype) < 0)
+                        return fail_qq(ret_error, "DTYPE", "parameter_dtypes",
+                                       "dtype %s of parameter %s is not supported; use float32, "
+                                       "bfloat16 or float16",
+                                       dtype, name);
+        }
+        return 0;
+}
+
+Dtype build_plan_parameter_dtype(const BuildPlan *plan, size_t i, Dtype build_dtype) {
+        const PlanParameter *p = &plan->parameters[i];
+        Dtype d;
+
+        for (size_t k = plan->n_parameter_dtypes; k > 0; k--)
+                if (streq_ptr(plan->parameter_dtypes[k - 1].name, p->name)) {
+                        d = dtype_from_string(plan->parameter_dtypes[k - 1].dtype);
+                        return d >= 0 ? d : build_dtype;
+                }
+        if (p->dtype) {
+                d = dtype_from_string(p->dtype);
+                if (d >= 0)
+                        return d;
+        }
+        return build_dtype;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "fill.h"
 #include "mesh.h"
 #include "registry.h"
 #include "resolve.h"
@@ -47,6 +48,18 @@ typedef struct MaterializeOptions {
 void materialize_options_done(MaterializeOptions *o);
 int materialize_options_copy(const MaterializeOptions *src, MaterializeOptions *ret);
 
+/* One entry of BuildRequest.parameter_dtypes, as sent; checked at step 7. */
+typedef struct ParameterDtype {
+        char *name;
+        char *dtype;
+} ParameterDtype;
+
+/* BuildRequest.parameter_dtypes holds at most this many entries (INVALID_ARGUMENT LIMIT). */
+#define BUILD_PLAN_MAX_PARAMETER_DTYPES 4096u
+
+void parameter_dtypes_free(ParameterDtype *d, size_t n);
+int parameter_dtypes_copy(const ParameterDtype *src, size_t n, ParameterDtype **ret);
+
 typedef struct BuildRequest {
         char *family; /* name or baseline */
         ValueMap arguments;
@@ -60,6 +73,8 @@ typedef struct BuildRequest {
         MaterializeOptions materialize;
         bool private_build; /* never shared with another Build */
         bool writable;      /* shards handed out writable, for shared mappings */
+        ParameterDtype *parameter_dtypes; /* in the order sent; a name given twice: the last wins */
+        size_t n_parameter_dtypes;
 } BuildRequest;
 
 void build_request_done(BuildRequest *r);
@@ -98,6 +113,7 @@ typedef struct PlanParameter {
          * shapes do not bind: init is then zeros (the trainer copies the source's values). */
         bool init_resolved;
         char *init_text; /* the declared init, canonical text ("normal(mean=0, std=initializer_range)") */
+        char *dtype;     /* the registry's dtype for it, canonical; NULL: none */
 } PlanParameter;
 
 typedef struct BuildPlan {
@@ -113,6 +129,8 @@ typedef struct BuildPlan {
         ValueMap config; /* snapshot (direct); empty for replacement */
         ValueMap bound_fields; /* replacement: config fields bound by the source's shapes (ints), in binding order */
         MaterializeOptions materialize;
+        ParameterDtype *parameter_dtypes; /* the request's; build_plan_check_dtypes() checks them */
+        size_t n_parameter_dtypes;
 } BuildPlan;
 
 void build_plan_done(BuildPlan *p);
@@ -124,3 +142,18 @@ void build_plan_done(BuildPlan *p);
  */
 int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, BuildPlan *ret,
                FamilyError *ret_error);
+
+/*
+ * Build step 7, for BuildRequest.parameter_dtypes (materialize.dtype is the builder's): each
+ * entry, in the byte order of the names (a map has no order on the wire), must name a parameter
+ * of the plan (else INVALID_ARGUMENT DTYPE) with a supported dtype (dtype_from_string(), not
+ * empty; else INVALID_ARGUMENT DTYPE), field "parameter_dtypes". -EINVAL with ret_error
+ * filled, or -ENOMEM.
+ */
+int build_plan_check_dtypes(const BuildPlan *plan, FamilyError *ret_error);
+
+/*
+ * The dtype of parameter i of a checked plan. Precedence: the last parameter_dtypes entry of its
+ * name, then the registry's dtype, then build_dtype (materialize.dtype, float32 by default).
+ */
+Dtype build_plan_parameter_dtype(const BuildPlan *plan, size_t i, Dtype build_dtype);

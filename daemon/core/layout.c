@@ -100,7 +100,7 @@ static void chunk_piece(int64_t len, int64_t n, int64_t c, int64_t *ret_start, i
 }
 
 /* Copies and checks one parameter, choosing its view. */
-static int parameter_prepare(const Mesh *mesh, const LayoutParameter *in, size_t elem_size,
+static int parameter_prepare(const Mesh *mesh, const LayoutParameter *in, Dtype dtype,
                              ParameterLayout *ret, FamilyError *ret_error) {
         _cleanup_(parameter_layout_done) ParameterLayout p = {};
         const char *name = strempty(in->name);
@@ -110,6 +110,12 @@ static int parameter_prepare(const Mesh *mesh, const LayoutParameter *in, size_t
         bool zero = false;
         uint64_t n = 1;
         int64_t bytes;
+
+        if (in->has_dtype)
+                dtype = in->dtype;
+        size_t elem_size = dtype_size(dtype);
+        if (elem_size == 0)
+                return -EINVAL;
 
         if (in->n_dims > FAMILYD_MAX_SHAPE_RANK)
                 return SHAPE_ERROR(ret_error, name, "parameter '%s' has %zu dimensions, at most %u are supported",
@@ -150,6 +156,7 @@ static int parameter_prepare(const Mesh *mesh, const LayoutParameter *in, size_t
                                                    name, strempty(pl->axis));
         }
 
+        p.dtype = dtype;
         p.view = LAYOUT_VIEW_DEVICE;
         for (size_t i = 0; expert && i < in->n_placements; i++) {
                 const char *axis = strempty(in->placements[i].axis);
@@ -285,7 +292,7 @@ static void slice_box(const ParameterLayout *p, const MeshView *view, const int6
 }
 
 int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n_parameters,
-                   size_t elem_size, size_t align, Layout *ret, FamilyError *ret_error) {
+                   Dtype dtype, size_t align, Layout *ret, FamilyError *ret_error) {
         _cleanup_(layout_done) Layout l = {};
         _cleanup_free_ int64_t *plan = NULL;
         const MeshView *device = mesh ? &mesh->spec.device : NULL;
@@ -295,7 +302,7 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
         size_t n_ranks;
         int r;
 
-        if (elem_size == 0 || align < LAYOUT_MIN_ALIGN || (align & (align - 1)) != 0 ||
+        if (dtype_size(dtype) == 0 || align < LAYOUT_MIN_ALIGN || (align & (align - 1)) != 0 ||
             align > (uint64_t) INT64_MAX || (n_parameters > 0 && !parameters))
                 return -EINVAL;
         n_ranks = mesh ? mesh->spec.n_ranks : 1;
@@ -307,7 +314,6 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                                         "layout limit reached: %zu parameters, at most %u", n_parameters,
                                         LAYOUT_MAX_PARAMETERS);
 
-        l.elem_size = elem_size;
         l.align = align;
         if (mesh) {
                 l.mesh_id = strdup(strempty(mesh->id));
@@ -320,7 +326,7 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                 return -ENOMEM;
         per_rank = n_device + n_expert;
         for (size_t i = 0; i < n_parameters; i++) {
-                r = parameter_prepare(mesh, &parameters[i], elem_size, &l.parameters[i], ret_error);
+                r = parameter_prepare(mesh, &parameters[i], dtype, &l.parameters[i], ret_error);
                 if (r < 0)
                         return r;
                 l.n_parameters++;
@@ -365,7 +371,7 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                                 n *= (uint64_t) s->local_shape[d];
                         if (n == 0)
                                 continue;
-                        s->byte_length = n * elem_size;
+                        s->byte_length = n * dtype_size(p->dtype);
                         if (!align_up(cursor, align, &s->byte_offset) ||
                             __builtin_add_overflow(s->byte_offset, s->byte_length, &cursor) ||
                             cursor > (uint64_t) INT64_MAX)

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "fill.h"
 #include "mesh.h"
 #include "registry.h"
 
@@ -36,6 +37,8 @@ typedef struct LayoutParameter {
         size_t n_dims;        /* at most FAMILYD_MAX_SHAPE_RANK */
         const Placement *placements; /* axis names unique; shard dims in [-n_dims, n_dims) */
         size_t n_placements;
+        bool has_dtype; /* false: the layout's default dtype */
+        Dtype dtype;
 } LayoutParameter;
 
 /* A parameter as laid out. */
@@ -48,6 +51,7 @@ typedef struct ParameterLayout {
         int64_t *axis_size;    /* per placement: its axis's size in the chosen view, 1 if absent */
         size_t n_placements;
         LayoutView view;
+        Dtype dtype; /* its own element type: its slices hold dtype_size(dtype) bytes per element */
 } ParameterLayout;
 
 /*
@@ -62,7 +66,7 @@ typedef struct ShardSlice {
         int64_t *global_offset;
         size_t n_dims;
         uint64_t byte_offset;  /* multiple of the layout's align */
-        uint64_t byte_length;  /* product(local_shape) * elem_size */
+        uint64_t byte_length;  /* product(local_shape) * dtype_size(the parameter's dtype) */
 } ShardSlice;
 
 /*
@@ -83,7 +87,6 @@ typedef struct RankLayout {
 
 typedef struct Layout {
         char *mesh_id; /* NULL without a mesh */
-        size_t elem_size;
         size_t align;
         ParameterLayout *parameters;
         size_t n_parameters;
@@ -112,7 +115,10 @@ int layout_ranks_new(Layout *l, const MeshSpec *spec);
  * coordinate c is [min(L, c * chunk), min(L, (c + 1) * chunk)); axes sharding the same dim nest
  * in the view's dimension order.
  *
- * elem_size > 0; align a power of two >= LAYOUT_MIN_ALIGN (else -EINVAL, ret_error untouched).
+ * Each parameter has its own dtype: its LayoutParameter's when has_dtype, else dtype (the build's);
+ * its slices' byte lengths count that dtype's element size, and every slice of any size starts at
+ * a multiple of align. Every dtype valid; align a power of two >= LAYOUT_MIN_ALIGN (else -EINVAL,
+ * ret_error untouched).
  * User-facing failures fill ret_error and return -EINVAL: INVALID_ARGUMENT "SHAPE" (field: the
  * parameter) for a negative dimension, more than FAMILYD_MAX_SHAPE_RANK dimensions or
  * LAYOUT_MAX_PLACEMENTS placements, a shard dim out of range, an axis placed twice, or a size
@@ -120,7 +126,7 @@ int layout_ranks_new(Layout *l, const MeshSpec *spec);
  * On success *ret (previously uninitialised) holds the layout; release it with layout_done().
  */
 int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n_parameters,
-                   size_t elem_size, size_t align, Layout *ret, FamilyError *ret_error);
+                   Dtype dtype, size_t align, Layout *ret, FamilyError *ret_error);
 
 void layout_done(Layout *l);
 

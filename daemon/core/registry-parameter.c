@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "fill.h"
 #include "resource-limits.h"
 #include "registry-load.h"
 
@@ -295,9 +296,28 @@ static int load_placements(Loader *l, const YNode *n, const char *ctx, Parameter
         return acc;
 }
 
+/* The element type a parameter names, stored canonical: the names materialize.dtype takes. */
+static int load_dtype(Loader *l, const YNode *n, const char *ctx, ParameterSpec *p) {
+        _cleanup_free_ char *s = NULL;
+        Dtype d;
+        int r;
+
+        r = loader_string(l, n, ctx, "'dtype'", FAMILYD_MAX_NAME_LENGTH, &s);
+        if (r < 0)
+                return r;
+        d = isempty(s) ? _DTYPE_INVALID : dtype_from_string(s);
+        if (d < 0)
+                return loader_diag_q(l, n, ctx,
+                                     "'dtype' must be float32, bfloat16 or float16 (or f32, "
+                                     "fp32, bf16, f16, fp16), not %s",
+                                     s);
+        p->dtype = strdup(dtype_to_string(d));
+        return p->dtype ? 0 : -ENOMEM;
+}
+
 int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec **ret,
                     size_t *ret_n) {
-        static const char *const keys[] = { "shape", "placements", "init" };
+        static const char *const keys[] = { "shape", "placements", "init", "dtype" };
         _cleanup_free_ Entry *e = NULL;
         size_t n_e = 0;
         int acc, r;
@@ -357,6 +377,11 @@ int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec 
                 r = init_make_text(p);
                 if (r < 0)
                         return r;
+                if (values[3]) {
+                        r = loader_fold(&pacc, load_dtype(l, values[3], pctx, p));
+                        if (r < 0)
+                                return r;
+                }
                 if (pacc < 0)
                         acc = pacc;
         }

@@ -31,6 +31,7 @@ void parameter_spec_done(ParameterSpec *p) {
         free(p->init.a.field);
         free(p->init.b.field);
         free(p->init_text);
+        free(p->dtype);
         *p = (ParameterSpec) {};
 }
 

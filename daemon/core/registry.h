@@ -85,6 +85,7 @@ typedef struct ParameterSpec {
         size_t n_placements;
         InitSpec init;
         char *init_text; /* canonical text: "zeros", "constant(value=1)", "normal(mean=0, std=x)" */
+        char *dtype;     /* its element type, canonical ("float32"); NULL: none named */
 } ParameterSpec;
 
 typedef struct Variant {

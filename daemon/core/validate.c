@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "fill.h"
 #include "repr.h"
 #include "validate.h"
 
@@ -21,6 +22,7 @@ void model_boundary_done(ModelBoundary *b) {
                 for (size_t j = 0; j < p->n_placements; j++)
                         free(p->placements[j].axis);
                 free(p->placements);
+                free(p->dtype);
         }
         free(b->layout.parameters);
         *b = (ModelBoundary) {};
@@ -127,12 +129,20 @@ static bool placements_equal(const ValidateParameter *applied, const ValidatePar
         return true;
 }
 
+/* A parameter's applied dtype against that parameter's own dtype in the build (a build's
+ * parameters need not share one), compared by canonical name when both state one. */
+static bool dtypes_equal(const ValidateParameter *applied, const ValidateParameter *built) {
+        if (isempty(applied->dtype) || isempty(built->dtype))
+                return true;
+        return dtype_from_string(applied->dtype) == dtype_from_string(built->dtype);
+}
+
 static bool layout_conflicts(const AppliedLayout *applied, const BuiltFamily *built) {
         for (size_t i = 0; i < applied->n_parameters; i++) {
                 const ValidateParameter *a = &applied->parameters[i];
                 const ValidateParameter *b = find_parameter(built->parameters,
                                                             built->n_parameters, a->name);
-                if (!b || !placements_equal(a, b))
+                if (!b || !placements_equal(a, b) || !dtypes_equal(a, b))
                         return true;
         }
         return false;

@@ -7,13 +7,14 @@
 #include "error.h"
 #include "registry.h"
 
-/* A parameter as a layout states it: logical shape and placements. */
+/* A parameter as a layout states it: logical shape, placements and its own dtype. */
 typedef struct ValidateParameter {
         char *name;
         int64_t *shape;
         size_t n_dims;
         Placement *placements;
         size_t n_placements;
+        char *dtype; /* a dtype name or alias; NULL or "": not stated, not compared */
 } ValidateParameter;
 
 typedef struct AppliedLayout {

@@ -224,9 +224,11 @@ int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout 
         size_t n = 0;
         int r;
 
+        /* dtype is the build's default: each parameter's own is in the layout. */
+        (void) dtype;
         if (shard_segment_size(seg) < rank->size_bytes)
                 return -EINVAL;
-        r = materialize_slices(plan, layout, rank, dtype, seed, &slices, &n);
+        r = materialize_slices(plan, layout, rank, seed, &slices, &n);
         if (r < 0)
                 return r;
         return accel_fill_slices(a, seg, slices, n, ret_error);

@@ -63,8 +63,9 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(AccelReservation *, accel_reservation_free);
 int accel_segment_new(Accel *a, int32_t device, const char *name, uint64_t size,
                       ShardSegment **ret, FamilyError *ret_error);
 
-/* Fills seg (host or device, by its kind) with the rank's slices; a host segment's mapping is
- * dropped afterwards. */
+/* Fills seg (host or device, by its kind) with the rank's slices, each parameter in its own
+ * dtype (the layout's); dtype is the build's default, kept for the callers. A host segment's
+ * mapping is dropped afterwards. */
 int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout *layout,
                const RankLayout *rank, Dtype dtype, uint64_t seed, FamilyError *ret_error);
 /* The same for slices made already (materialize_slices()). */

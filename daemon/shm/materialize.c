@@ -2,7 +2,7 @@
 #include "materialize.h"
 
 int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLayout *rank,
-                       Dtype dtype, uint64_t seed, MaterializeSlice **ret, size_t *ret_n) {
+                       uint64_t seed, MaterializeSlice **ret, size_t *ret_n) {
         _cleanup_free_ MaterializeSlice *slices = NULL;
         size_t n = 0;
         int r;
@@ -19,8 +19,9 @@ int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLa
 
                 if (s->byte_length == 0)
                         continue;
+                /* Each parameter in its own dtype: its slice's bytes were laid out for it. */
                 r = fill_spec_init(&m->spec, p->init.kind, p->init.a, p->init.b, seed, p->name,
-                                   dtype);
+                                   layout->parameters[s->parameter].dtype);
                 if (r < 0)
                         return r;
                 m->fill = (FillSlice) {

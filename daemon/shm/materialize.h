@@ -18,9 +18,10 @@ typedef struct MaterializeSlice {
         uint64_t byte_length;
 } MaterializeSlice;
 
-/* The rank's non-empty slices in layout order: *ret (free() it) and *ret_n. */
+/* The rank's non-empty slices in layout order, each parameter's values in its own dtype (the
+ * layout's ParameterLayout.dtype): *ret (free() it) and *ret_n. */
 int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLayout *rank,
-                       Dtype dtype, uint64_t seed, MaterializeSlice **ret, size_t *ret_n);
+                       uint64_t seed, MaterializeSlice **ret, size_t *ret_n);
 
 /*
  * Fills a host segment (mapped, at least the rank's size: a memfd, or a file under

@@ -41,6 +41,13 @@ static const char extra_yaml[] =
         "        parameters:\n"
         "          w: {shape: [n, n + 1], init: {uniform: {low: 0, high: n}}}\n"
         "          v: {shape: [2 * n], init: {uniform: {low: 0, high: m}}}\n"
+        "      mixed:\n"
+        "        constructor: pkg.Mixed\n"
+        "        accepts: [config, module]\n"
+        "        parameters:\n"
+        "          norm: {shape: [4], dtype: float32}\n"
+        "          w: {shape: [4, 4], dtype: bf16}\n"
+        "          v: {shape: [2]}\n"
         "      square:\n"
         "        constructor: pkg.Square\n"
         "        accepts: [module]\n"
@@ -57,6 +64,8 @@ static const char extra_yaml[] =
         "        variant: scalar\n"
         "      - when: {pick: bound_init}\n"
         "        variant: bound_init\n"
+        "      - when: {pick: mixed}\n"
+        "        variant: mixed\n"
         "      - when: {pick: square}\n"
         "        variant: square\n"
         "    parameters:\n"
@@ -1086,6 +1095,91 @@ static void test_replacement_failures(void **state) {
         }
 }
 
+static void dtype_entry(BuildRequest *r, const char *name, const char *dtype) {
+        r->parameter_dtypes = realloc(r->parameter_dtypes, (r->n_parameter_dtypes + 1) * sizeof(ParameterDtype));
+        assert_non_null(r->parameter_dtypes);
+        r->parameter_dtypes[r->n_parameter_dtypes++] = (ParameterDtype) { strdup(name), strdup(dtype) };
+}
+
+static BuildRequest mixed_request(void) {
+        BuildRequest r = req("attn");
+        arg(&r, "pick", STRING("mixed"));
+        r.has_config = true;
+        return r;
+}
+
+/* Build step 7's parameter_dtypes check, on a planned request. */
+static void expect_dtype_fail(BuildRequest r, const char *message) {
+        _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+        FamilyError e = FAMILY_ERROR_NULL;
+
+        assert_int_equal(build_plan_check_dtypes(&p, &e), -EINVAL);
+        assert_int_equal(e.status, FAMILY_STATUS_INVALID_ARGUMENT);
+        assert_string_equal(e.reason, "DTYPE");
+        assert_string_equal(e.field, "parameter_dtypes");
+        assert_string_equal(e.message, message);
+        family_error_done(&e);
+}
+
+/* Per-parameter dtypes: the registry's (canonical), the request's map; precedence and checks. */
+static void test_parameter_dtypes(void **state) {
+        FamilyError e = FAMILY_ERROR_NULL;
+
+        {
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(mixed_request());
+                assert_int_equal(p.n_parameters, 3);
+                assert_string_equal(p.parameters[0].dtype, "float32");
+                assert_string_equal(p.parameters[1].dtype, "bfloat16");
+                assert_null(p.parameters[2].dtype);
+                assert_int_equal(build_plan_check_dtypes(&p, &e), 0);
+                /* the registry's over the build's; the build's where it names none */
+                assert_int_equal(build_plan_parameter_dtype(&p, 0, DTYPE_FLOAT16), DTYPE_FLOAT32);
+                assert_int_equal(build_plan_parameter_dtype(&p, 1, DTYPE_FLOAT16), DTYPE_BFLOAT16);
+                assert_int_equal(build_plan_parameter_dtype(&p, 2, DTYPE_FLOAT16), DTYPE_FLOAT16);
+                assert_int_equal(build_plan_parameter_dtype(&p, 2, DTYPE_FLOAT32), DTYPE_FLOAT32);
+        }
+        {
+                /* the map over the registry; a name given twice: the last wins */
+                BuildRequest r = mixed_request();
+                dtype_entry(&r, "v", "f32");
+                dtype_entry(&r, "norm", "fp16");
+                dtype_entry(&r, "w", "float16");
+                dtype_entry(&r, "norm", "bf16");
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                assert_int_equal(p.n_parameter_dtypes, 4);
+                assert_string_equal(p.parameter_dtypes[3].name, "norm");
+                assert_string_equal(p.parameter_dtypes[3].dtype, "bf16");
+                assert_int_equal(build_plan_check_dtypes(&p, &e), 0);
+                assert_int_equal(build_plan_parameter_dtype(&p, 0, DTYPE_FLOAT32), DTYPE_BFLOAT16);
+                assert_int_equal(build_plan_parameter_dtype(&p, 1, DTYPE_FLOAT32), DTYPE_FLOAT16);
+                assert_int_equal(build_plan_parameter_dtype(&p, 2, DTYPE_BFLOAT16), DTYPE_FLOAT32);
+        }
+        assert_false(family_error_is_set(&e));
+
+        /* a name that is no parameter of the member; checked in name order */
+        BuildRequest r = mixed_request();
+        dtype_entry(&r, "zz", "bf16");
+        dtype_entry(&r, "w", "bf16");
+        dtype_entry(&r, "a", "bf16");
+        expect_dtype_fail(r, "parameter_dtypes names 'a', which is not a parameter of member 'mixed'");
+        /* wq is the family's, but the member has its own parameters */
+        r = mixed_request();
+        dtype_entry(&r, "wq", "bf16");
+        expect_dtype_fail(r, "parameter_dtypes names 'wq', which is not a parameter of member 'mixed'");
+        /* bad values, the empty one too */
+        r = mixed_request();
+        dtype_entry(&r, "w", "int8");
+        expect_dtype_fail(r, "dtype 'int8' of parameter 'w' is not supported; use float32, bfloat16 or float16");
+        r = mixed_request();
+        dtype_entry(&r, "v", "");
+        expect_dtype_fail(r, "dtype '' of parameter 'v' is not supported; use float32, bfloat16 or float16");
+        r = mixed_request();
+        dtype_entry(&r, "w", "Float32");
+        dtype_entry(&r, "v", "bf16");
+        dtype_entry(&r, "norm", "x");
+        expect_dtype_fail(r, "dtype 'x' of parameter 'norm' is not supported; use float32, bfloat16 or float16");
+}
+
 static void test_helpers(void **state) {
         BuildRequest r = req("x");
         arg(&r, "a", STRING("b"));
@@ -1142,6 +1236,7 @@ int main(void) {
                 cmocka_unit_test(test_direct_failures),
                 cmocka_unit_test(test_replacement_success),
                 cmocka_unit_test(test_replacement_failures),
+                cmocka_unit_test(test_parameter_dtypes),
                 cmocka_unit_test(test_helpers),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

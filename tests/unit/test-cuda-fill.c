@@ -15,6 +15,7 @@
 #include "common/macro.h"
 #include "shm/cuda-fill-kernel.h"
 #include "shm/cuda-fill-params.h"
+#include "shm/materialize.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
 
@@ -222,11 +223,55 @@ static void test_ptx_is_current(void **state) {
         free(ptx);
 }
 
+/* A rank's slices take each parameter's own dtype from the layout (the build's dtype is only
+ * the default): a float32 norm next to bfloat16 matrices, on the host and in the kernel. */
+static void test_materialize_per_parameter_dtype(void **state) {
+        const int64_t shape_w[] = { 3, 4 }, shape_n[] = { 4 };
+        const LayoutParameter params[] = {
+                { "wq", shape_w, 2, NULL, 0 },
+                { "norm", shape_n, 1, NULL, 0, true, DTYPE_FLOAT32 },
+                { "bias", shape_n, 1, NULL, 0, true, DTYPE_FLOAT16 },
+        };
+        PlanParameter plan_params[] = {
+                { .name = (char *) "wq", .init = { INIT_UNIFORM, -1, 1 } },
+                { .name = (char *) "norm", .init = { INIT_ONES } },
+                { .name = (char *) "bias", .init = { INIT_CONSTANT, 0.1 } },
+        };
+        BuildPlan plan = { .parameters = plan_params, .n_parameters = 3 };
+        _cleanup_(layout_done) Layout l = {};
+        _cleanup_free_ MaterializeSlice *m = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+        size_t n = 0;
+
+        assert_int_equal(layout_compute(NULL, params, 3, DTYPE_BFLOAT16, 64, &l, &e), 0);
+        assert_int_equal(materialize_slices(&plan, &l, &l.ranks[0], 5, &m, &n), 0);
+        assert_int_equal(n, 3);
+        assert_int_equal(m[0].spec.dtype, DTYPE_BFLOAT16);
+        assert_int_equal(m[1].spec.dtype, DTYPE_FLOAT32);
+        assert_int_equal(m[2].spec.dtype, DTYPE_FLOAT16);
+        for (size_t i = 0; i < n; i++) {
+                FillKernelParams p;
+                uint8_t want[64] = {}, got[64] = {};
+
+                assert_int_equal(m[i].byte_length, (uint64_t) l.ranks[0].slices[i].byte_length);
+                assert_int_equal(m[i].spec.seed, 5);
+                assert_true(cuda_fill_kernel_params(&m[i], 0, &p));
+                assert_int_equal(p.dtype, (FkU32) l.parameters[i].dtype);
+                FillSlice f = m[i].fill;
+                f.dst = want;
+                assert_int_equal(fill_slice(&f), 0);
+                for (uint64_t j = 0; j < p.n; j++)
+                        fk_store(&p, got, j);
+                assert_memory_equal(want, got, m[i].byte_length);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_conversions_match),
                 cmocka_unit_test(test_philox_matches),
                 cmocka_unit_test(test_elements_match_fill),
+                cmocka_unit_test(test_materialize_per_parameter_dtype),
                 cmocka_unit_test(test_params_refuse),
                 cmocka_unit_test(test_ptx_is_current),
         };

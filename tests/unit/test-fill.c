@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "core/fill.h"
+#include "core/layout.h"
 
 static uint32_t bits_of(float f) {
         uint32_t u;
@@ -514,6 +515,73 @@ static void test_uniform_statistics(void **state) {
         free(v);
 }
 
+/*
+ * A rank's segment as a Build lays it out: a float32 norm between bfloat16 matrices, each slice
+ * filled in its own parameter's dtype at its own byte offset. The float32 slice holds the
+ * float32 values, each bfloat16 slice those values rounded; no slice touches another's bytes.
+ */
+static void test_mixed_dtype_segment(void **state) {
+        static const char *const names[] = { "wq", "norm", "wo" };
+        const int64_t shape_w[] = { 5, 7 }, shape_n[] = { 7 };
+        const LayoutParameter params[] = {
+                { "wq", shape_w, 2, NULL, 0 },
+                { "norm", shape_n, 1, NULL, 0, true, DTYPE_FLOAT32 },
+                { "wo", shape_w, 2, NULL, 0 },
+        };
+        _cleanup_(layout_done) Layout l = {};
+        FamilyError e = FAMILY_ERROR_NULL;
+        FillSpec spec[3];
+        FillSlice fills[3];
+
+        assert_int_equal(layout_compute(NULL, params, 3, DTYPE_BFLOAT16, 64, &l, &e), 0);
+        const RankLayout *rl = &l.ranks[0];
+        assert_int_equal(rl->slices[0].byte_length, 35 * 2);
+        assert_int_equal(rl->slices[1].byte_offset, 128);
+        assert_int_equal(rl->slices[1].byte_length, 7 * 4);
+        assert_int_equal(rl->slices[2].byte_offset, 192);
+        assert_int_equal(rl->slices[2].byte_length, 35 * 2);
+
+        _cleanup_free_ uint8_t *seg = malloc(rl->size_bytes);
+        assert_non_null(seg);
+        memset(seg, 0xa5, rl->size_bytes);
+        for (size_t i = 0; i < 3; i++) {
+                const ShardSlice *sl = &rl->slices[i];
+                assert_int_equal(fill_spec_init(&spec[i], INIT_UNIFORM, -1, 1, 99, names[i],
+                                                l.parameters[i].dtype), 0);
+                fills[i] = (FillSlice) {
+                        .spec = &spec[i], .rank = sl->n_dims, .shape = l.parameters[i].shape,
+                        .local_shape = sl->local_shape, .global_offset = sl->global_offset,
+                        .dst = seg + sl->byte_offset,
+                };
+        }
+        assert_int_equal(fill_run(fills, 3, 2), 0);
+
+        for (size_t i = 0; i < 3; i++) {
+                const ShardSlice *sl = &rl->slices[i];
+                FillSpec f32;
+                uint64_t n = sl->byte_length / dtype_size(l.parameters[i].dtype);
+
+                assert_int_equal(fill_spec_init(&f32, INIT_UNIFORM, -1, 1, 99, names[i], DTYPE_FLOAT32), 0);
+                for (uint64_t k = 0; k < n; k++) {
+                        float v = fill_value(&f32, k);
+                        const uint8_t *at = seg + sl->byte_offset;
+                        if (l.parameters[i].dtype == DTYPE_FLOAT32) {
+                                uint32_t got;
+                                memcpy(&got, at + 4 * k, 4);
+                                assert_int_equal(got, bits_of(v));
+                        } else {
+                                uint16_t got;
+                                memcpy(&got, at + 2 * k, 2);
+                                assert_int_equal(got, float_to_bfloat16(v));
+                        }
+                }
+                /* the padding up to the next slice is untouched */
+                uint64_t end = i + 1 < 3 ? rl->slices[i + 1].byte_offset : rl->size_bytes;
+                for (uint64_t b = sl->byte_offset + sl->byte_length; b < end; b++)
+                        assert_int_equal(seg[b], 0xa5);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_philox_known_answers),
@@ -524,6 +592,7 @@ int main(void) {
                 cmocka_unit_test(test_bfloat16),
                 cmocka_unit_test(test_float16),
                 cmocka_unit_test(test_invariance),
+                cmocka_unit_test(test_mixed_dtype_segment),
                 cmocka_unit_test(test_slice_errors),
                 cmocka_unit_test(test_normal_statistics),
                 cmocka_unit_test(test_uniform_statistics),

@@ -830,6 +830,54 @@ static void test_schema_errors_parameters(void **state) {
 #undef PAR
 }
 
+/* A parameter's `dtype`: the names and aliases materialize.dtype takes, kept canonical;
+ * anything else is a load error at the value, with its line. */
+static void test_parameter_dtype(void **state) {
+        static const struct {
+                const char *given, *canonical;
+        } ok[] = {
+                { "float32", "float32" }, { "f32", "float32" },   { "fp32", "float32" },
+                { "bfloat16", "bfloat16" }, { "bf16", "bfloat16" }, { "float16", "float16" },
+                { "f16", "float16" },     { "fp16", "float16" },
+        };
+#define PAR BASE "parameters:\n  w:\n    shape: [4]\n"
+
+        for (size_t i = 0; i < ELEMENTSOF(ok); i++) {
+                _cleanup_free_ char *yaml = NULL;
+                assert_true(asprintf(&yaml, PAR "    dtype: %s\n  n:\n    shape: [4]\n",
+                                     ok[i].given) > 0);
+                _cleanup_(registry_unrefp) Registry *reg = load_text(yaml);
+                const Family *f = &reg->families[0];
+                assert_int_equal(f->n_parameters, 2);
+                assert_string_equal(f->parameters[0].dtype, ok[i].canonical);
+                /* none named: NULL, the Build's */
+                assert_null(f->parameters[1].dtype);
+        }
+
+        /* variant parameters too */
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                "name: x\nbaseline: a.B\nvariants:\n  v:\n    constructor: a.V\n    accepts: []\n"
+                "    parameters:\n      norm: {shape: [8], dtype: fp32}\n");
+        assert_string_equal(reg->families[0].variants[0].parameters[0].dtype, "float32");
+
+        expect_error(PAR "    dtype: int8\n",
+                     "f.yaml:10:12: family 'x': parameter 'w': 'dtype' must be float32, bfloat16 or "
+                     "float16 (or f32, fp32, bf16, f16, fp16), not 'int8'");
+        expect_error(PAR "    dtype: BF16\n",
+                     "f.yaml:10:12: family 'x': parameter 'w': 'dtype' must be float32, bfloat16 or "
+                     "float16 (or f32, fp32, bf16, f16, fp16), not 'BF16'");
+        expect_error(PAR "    dtype: ''\n",
+                     "f.yaml:10:12: family 'x': parameter 'w': 'dtype' must be float32, bfloat16 or "
+                     "float16 (or f32, fp32, bf16, f16, fp16), not ''");
+        expect_error(PAR "    dtype: 16\n",
+                     "f.yaml:10:12: family 'x': parameter 'w': 'dtype' must be a string, not an int");
+        expect_error(PAR "    dtype: [bf16]\n",
+                     "f.yaml:10:12: family 'x': parameter 'w': 'dtype' must be a string, not a collection");
+        expect_error(PAR "    dtype: bf16\n    dtype: f32\n",
+                     "f.yaml:11:5: family 'x': parameter 'w': duplicate key 'dtype'");
+#undef PAR
+}
+
 static void test_all_diagnostics_collected(void **state) {
         char *dir = make_dir();
 
@@ -1040,6 +1088,7 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_variants),
                 cmocka_unit_test(test_schema_errors_rules),
                 cmocka_unit_test(test_schema_errors_parameters),
+                cmocka_unit_test(test_parameter_dtype),
                 cmocka_unit_test(test_all_diagnostics_collected),
                 cmocka_unit_test(test_values_and_texts),
                 cmocka_unit_test(test_mangled_inputs),

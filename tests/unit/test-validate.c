@@ -129,11 +129,69 @@ static void test_shared_against_the_first(void **state) {
         assert_int_equal(shared, 1);
 }
 
+/* A build whose parameters have their own dtypes: a float32 norm beside a bfloat16 matrix. */
+static ValidateParameter mixed_params[] = {
+        { .name = (char *) "w", .shape = shape, .n_dims = 3, .placements = shard0,
+          .n_placements = 1, .dtype = (char *) "bfloat16" },
+        { .name = (char *) "norm", .shape = shape, .n_dims = 1, .dtype = (char *) "float32" },
+};
+
+static int lookup_mixed(const char *id, BuiltFamily *ret, void *userdata) {
+        *ret = (BuiltFamily) { .mesh_id = "m1", .mesh_axis_size = mesh_sizes,
+                               .axis_size = resolved_sizes, .parameters = mixed_params,
+                               .n_parameters = 2 };
+        return 0;
+}
+
+/* Each applied dtype against that parameter's own dtype: aliases match, another dtype is a
+ * LAYOUT_CONFLICT, an unstated one (applied or built) is not compared. */
+static void test_dtype_per_parameter(void **state) {
+        static const struct {
+                const char *w, *norm;
+                bool conflict;
+        } cases[] = {
+                { "bfloat16", "float32", false }, { "bf16", "fp32", false },
+                { "", "", false },                { NULL, "f32", false },
+                { "float32", "float32", true },   { "bfloat16", "bfloat16", true },
+                { "bf16", "float16", true },      { "int8", "float32", true },
+        };
+        char *fqns[] = { (char *) "l0" };
+        ValidateJob j = job_on_mesh();
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                ValidateParameter applied[2] = { mixed_params[0], mixed_params[1] };
+                _cleanup_(violation_list_done) ViolationList v = {};
+                applied[0].dtype = (char *) cases[i].w;
+                applied[1].dtype = (char *) cases[i].norm;
+                ModelBoundary b = { .fqns = fqns, .n_fqns = 1, .build_id = (char *) "b1",
+                                    .has_layout = true,
+                                    .layout = { .parameters = applied, .n_parameters = 2 } };
+
+                assert_int_equal(validate_model(&b, 1, &j, lookup_mixed, NULL, &v), 0);
+                assert_int_equal(v.n, cases[i].conflict ? 1 : 0);
+                if (cases[i].conflict) {
+                        assert_string_equal(v.items[0].reason, "LAYOUT_CONFLICT");
+                        assert_string_equal(v.items[0].message,
+                                            "layout at 'l0' conflicts with its constructed family layout");
+                }
+        }
+
+        /* a build that states no dtype (one described without them) compares none */
+        ValidateParameter applied = built_params[0];
+        applied.dtype = (char *) "float16";
+        ModelBoundary b = { .fqns = fqns, .n_fqns = 1, .build_id = (char *) "b1", .has_layout = true,
+                            .layout = { .parameters = &applied, .n_parameters = 1 } };
+        _cleanup_(violation_list_done) ViolationList v = {};
+        assert_int_equal(validate_model(&b, 1, &j, lookup, NULL, &v), 0);
+        assert_int_equal(v.n, 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clean_and_placements_as_sets),
                 cmocka_unit_test(test_all_kinds_in_order),
                 cmocka_unit_test(test_shared_against_the_first),
+                cmocka_unit_test(test_dtype_per_parameter),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
