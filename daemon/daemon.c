@@ -305,6 +305,12 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                 if (c->peers)
                         return log_error_errno(-EINVAL, "--peers needs --listen: a node that "
                                                         "joins must be reachable itself.");
+                /* Alone, the topology still changes: a reload changes this node's registry
+                 * digest, which open watches must see. */
+                manager_set_hooks(d->manager, &(ManagerHooks) {
+                                                      .topology_changed = daemon_hook_topology_changed,
+                                                      .topology_userdata = d,
+                                              });
                 return 0;
         }
 
@@ -578,6 +584,8 @@ Daemon *daemon_free(Daemon *d) {
                                                       .forget_node = daemon_hook_forget,
                                                       .forget_userdata = d,
                                               });
+        else if (d->manager)
+                manager_set_hooks(d->manager, NULL);
         /* Stop gRPC first: its workers may still be inside the manager. Pending Builds are
          * calls too: the executor, told to stop, answers them at once so the server drains;
          * then the shard server, before the builds whose segments it hands out go. */

@@ -5,7 +5,8 @@
 
 /* ---- build-place.c: where ranks live, what memory they take ---------------------------- */
 
-/* materialize.dtype, float32 by default: INVALID_ARGUMENT DTYPE otherwise. */
+/* materialize.dtype, float32 by default, then BuildRequest.parameter_dtypes
+ * (build_plan_check_dtypes()): INVALID_ARGUMENT DTYPE otherwise. */
 int build_dtype_of(const BuildPlan *plan, Dtype *ret, FamilyError *ret_error);
 int build_compute_layout(BuildState *b, FamilyError *ret_error);
 /* Where each rank lives, and which ranks this Build materialises here. */

@@ -185,6 +185,8 @@ static int build_state_of_record(RecordBuild *rb, BuildState **ret) {
         rb->layout = (Layout) {};
         b->dtype = rb->dtype;
         b->seed = rb->seed;
+        b->writable = rb->writable;
+        memcpy(b->registry_digest, rb->registry_digest, sizeof b->registry_digest);
         memcpy(b->group.hex, rb->group, SHARD_TOKEN_LENGTH + 1);
 
         m = &b->plan.materialize;
@@ -249,6 +251,8 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
                                         strerror(-r));
                         return r;
                 }
+                if (b->writable)
+                        shard_segment_allow_writes(b->ranks[i].segment);
                 if (shard_segment_size(b->ranks[i].segment) != rl->size_bytes) {
                         (void) snprintf(why, why_size,
                                         "its shard %s has %" PRIu64 " bytes, not %" PRIu64, name,

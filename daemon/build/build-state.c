@@ -47,6 +47,8 @@ int build_state_describe(const BuildState *b, Arena *a, CodecBuild *ret) {
                 .group = b->group.hex,
                 .ranks = ranks,
                 .n_ranks = b->n_ranks,
+                .writable = b->writable,
+                .registry_digest = b->registry_digest,
         };
         return 0;
 }

@@ -357,8 +357,10 @@ int codec_build_encode(Arena *a, const char *build_id, const CodecBuild *b,
         int r;
 
         if (!pb || !(pb->build_id = arena_strdup(a, build_id)) ||
-            !(pb->shard_socket = arena_strdup(a, shard_socket)))
+            !(pb->shard_socket = arena_strdup(a, shard_socket)) ||
+            !(pb->registry_digest = arena_strdup(a, strempty(b->registry_digest))))
                 return -ENOMEM;
+        pb->writable = b->writable;
         r = info_encode(a, b, &pb->info);
         if (r < 0)
                 return r;

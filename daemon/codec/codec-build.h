@@ -37,6 +37,8 @@ typedef struct CodecBuild {
         const char *group;           /* records only: the name its tokens are filed under */
         const CodecBuildRank *ranks; /* one per rank of the layout, in its order */
         size_t n_ranks;
+        bool writable;               /* made writable (BuildRequest.writable) */
+        const char *registry_digest; /* of the registry it was made from; NULL or "": unknown */
 } CodecBuild;
 
 /* The packed size of the Build message codec_build_encode() makes of b. */

@@ -589,6 +589,20 @@ static int mesh_section_decode(const Sections *s, StateRecord *rec, Why *w) {
         return r;
 }
 
+/* The registry digest ("" in records older than digests) and writability. */
+static int digest_decode(const Familyd__V1__Build *pb, RecordBuild *b, Why *w) {
+        size_t n = strlen(strempty(pb->registry_digest));
+
+        if (n != 0 && n != REGISTRY_DIGEST_LENGTH)
+                return CORRUPT(w, "the build's registry digest has %zu characters", n);
+        for (size_t i = 0; i < n; i++)
+                if (!strchr("0123456789abcdef", pb->registry_digest[i]))
+                        return CORRUPT(w, "the build's registry digest is not lower-case hex");
+        memcpy(b->registry_digest, strempty(pb->registry_digest), n + 1);
+        b->writable = pb->writable;
+        return 0;
+}
+
 static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
         _cleanup_free_ char *dtype_name = NULL;
         Familyd__V1__Build *pb;
@@ -634,6 +648,8 @@ static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
                 r = -ENOMEM;
         if (r >= 0)
                 r = plan_decode(pb, &b->plan, w);
+        if (r >= 0)
+                r = digest_decode(pb, b, w);
         if (r >= 0)
                 r = layout_decode(pb, rec->mesh, b->dtype, &b->layout, w);
         if (r >= 0)

@@ -40,6 +40,7 @@
 #include "core/fill.h"
 #include "core/layout.h"
 #include "core/mesh.h"
+#include "core/topology.h"
 
 #define STATE_RECORD_VERSION 1u
 #define STATE_RECORD_HEADER_SIZE 32u
@@ -73,6 +74,8 @@ typedef struct RecordBuild {
         RecordBuildRank *ranks;
         size_t n_ranks;
         uint64_t bytes; /* of the ranks materialised on this node */
+        bool writable;  /* handed out writable */
+        char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* "" in older records */
 } RecordBuild;
 
 typedef struct StateRecord {

@@ -48,6 +48,7 @@ static int lookup_build(const char *build_id, BuiltFamily *ret, void *userdata) 
                         .n_dims = p->n_dims,
                         .placements = p->placements,
                         .n_placements = p->n_placements,
+                        .dtype = (char *) dtype_to_string(p->dtype),
                 };
         }
         *ret = (BuiltFamily) {

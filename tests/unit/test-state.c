@@ -297,7 +297,7 @@ static void test_build_record_round_trip(void **state) {
         char why[256];
         size_t size;
 
-        assert_int_equal(layout_compute(m, &param, 1, 2, LAYOUT_MIN_ALIGN, &layout, &e), 0);
+        assert_int_equal(layout_compute(m, &param, 1, DTYPE_BFLOAT16, LAYOUT_MIN_ALIGN, &layout, &e), 0);
         BuildPlan plan = {
                 .request = { .family = (char *) "attention" },
                 .resolved = { .family = (char *) "attention",
