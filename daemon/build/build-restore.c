@@ -275,8 +275,9 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
                 }
         }
 
+        _cleanup_(build_record_unrefp) BuildRecord *restored = NULL;
         r = build_table_restore(builder->manager->builds, rec->id, rec->build->bytes, b,
-                                build_state_free, NULL);
+                                build_state_free, &restored);
         if (r < 0) {
                 (void) shard_table_remove_group(builder->shards, b->group.hex);
                 (void) snprintf(why, why_size, "%s",
@@ -284,6 +285,14 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
                 return r;
         }
         BuildState *adopted = TAKE_PTR(b); /* the table's now */
+        /* A materialised build is held by processes as a new one is; none holds it yet, so it
+         * starts its grace period with the sharing (build_sharing_start()). The processes that
+         * held it, and its sharing key, are not in the record (yet). */
+        build_table_init_holding(builder->manager->builds, restored, &(BuildRecordInit) {
+                                         .referenced = build_state_segments(adopted) > 0,
+                                         .writable = adopted->writable,
+                                         .created_ms = build_now_ms(),
+                                 });
 
         for (size_t i = 0; i < adopted->n_ranks; i++) {
                 StateFd *it;

@@ -84,6 +84,9 @@ static void setup(void) {
                 if (shard_segment_new_host("fuzz", segment_sizes[i], (int) i, &segments[i]) < 0)
                         abort();
                 shard_segment_unmap(segments[i]);
+                /* A writable build's segments: writable handouts are part of what is fuzzed
+                 * (test-shm.c has the refusal of the others). */
+                shard_segment_allow_writes(segments[i]);
                 if (shard_table_add(table, i < 2 ? "bld-live" : "bld-gone", segments[i],
                                     &tokens[i]) != 0)
                         abort();

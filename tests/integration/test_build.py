@@ -307,8 +307,9 @@ def expected_layout(shape, placements, device_dims, expert_dims, ranks):
 # Requests
 
 def build_request(family, config=None, module=None, args=None, mesh_id="", context=None,
-                  materialize=None, module_fqn=""):
-    req = P.cls("familyd.v1.BuildRequest")(family=family, mesh_id=mesh_id, module_fqn=module_fqn)
+                  materialize=None, module_fqn="", writable=False):
+    req = P.cls("familyd.v1.BuildRequest")(family=family, mesh_id=mesh_id, module_fqn=module_fqn,
+                                           writable=writable)
     for k, v in (args or {}).items():
         req.arguments[k].CopyFrom(P.value(v))
     if config is not None:
@@ -1073,8 +1074,8 @@ class TestValues(Base):
 # 5. Handout
 
 class TestHandout(Base):
-    def one(self, **mat):
-        b = self.built(GE, GE_SMALL, materialize=mat)
+    def one(self, writable=False, **mat):
+        b = self.built(GE, GE_SMALL, materialize=mat, writable=writable)
         s = b.shards[0]
         self.assertTrue(s.token)
         return b, s
@@ -1118,7 +1119,10 @@ class TestHandout(Base):
                         "memfd not sealed against resizing: seals=%#x" % seals)
 
     def test_writable_descriptor(self):
-        b, s = self.one()
+        # Only a build made writable hands out writable descriptors (test_mappings.py has the
+        # refusal); its bytes are every user's.
+        b, s = self.one(writable=True)
+        self.assertTrue(b.writable)
         (_, fd_ro), = self.fetch(b).values()
         view = SC.map_readonly(fd_ro, s.size_bytes)
         self.addCleanup(view.close)

@@ -103,7 +103,8 @@ class FdStoreTest(unittest.TestCase):
         m = self.manager()
         d1 = self.start(m)
         mesh_id = U.create_mesh(self, d1.client, MESH)
-        on_mesh = U.build(self, d1, mesh_id=mesh_id, materialize={"dtype": "bf16", "seed": 5})
+        on_mesh = U.build(self, d1, mesh_id=mesh_id, materialize={"dtype": "bf16", "seed": 5},
+                          writable=True)
         alone = U.build(self, d1, materialize={"seed": 9})
         plain = U.build(self, d1)
         before = U.view(self, d1)

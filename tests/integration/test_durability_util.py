@@ -34,8 +34,9 @@ def tmpfs_dir(prefix):
     return None
 
 
-def build_request(P, family=GE, config=None, mesh_id="", materialize=None, args=None):
-    req = P.cls("familyd.v1.BuildRequest")(family=family, mesh_id=mesh_id)
+def build_request(P, family=GE, config=None, mesh_id="", materialize=None, args=None,
+                  writable=False):
+    req = P.cls("familyd.v1.BuildRequest")(family=family, mesh_id=mesh_id, writable=writable)
     for k, v in (args or {}).items():
         req.arguments[k].CopyFrom(P.value(v))
     req.config.SetInParent()
@@ -101,11 +102,12 @@ def view(tc, d):
     meshes = ok(tc, c.call("familyd.v1.MeshService/ListMeshes")).meshes
     st = ok(tc, c.call("familyd.v1.AdminService/GetStatus"))
     # What holds a build (references, pin, grace, creation time) is not kept across a restart
-    # yet (docs/sharing.md): a restart keeps the build itself.
+    # yet (docs/sharing.md): a restart keeps the build itself, its writability and registry
+    # digest included.
     builds = [type(b).FromString(b.SerializeToString()) for b in builds]
     for b in builds:
         for f in ("references", "pinned", "grace_deadline_unix_ms", "created_unix_ms",
-                  "private_build", "writable"):
+                  "private_build"):
             b.ClearField(f)
     return {
         "builds": [b.SerializeToString(deterministic=True) for b in builds],

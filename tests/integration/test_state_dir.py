@@ -16,6 +16,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -126,9 +127,17 @@ class StateDirTest(unittest.TestCase):
         fresh = U.build(self, d2, materialize={})
         self.assertNotIn(fresh.build_id, before["ids"])
 
+        # Nothing holds a re-adopted materialised build yet: it waits out its grace period
+        # (60 s by default) for its trainers; a layout-only build is held as before.
+        for b, in_grace in ((on_mesh, True), (alone, True), (plain, False)):
+            got = U.ok(self, d2.client.call("familyd.v1.FamilyService/GetBuild",
+                                            build_id=b.build_id))
+            self.assertEqual(len(got.references), 0)
+            self.assertEqual(got.grace_deadline_unix_ms > time.time() * 1000, in_grace, got)
+
     def test_shards_are_read_only_in_this_mode(self):
         d = self.start()
-        b = U.build(self, d, materialize={})
+        b = U.build(self, d, materialize={}, writable=True)
         reply, fds = U.fetch(d, b, writable=True)
         self.assertEqual(fds, {})
         self.assertEqual(reply.code, U.STATUS_FAILED_PRECONDITION, reply)
@@ -270,6 +279,10 @@ class StateDirTest(unittest.TestCase):
         self.assertEqual(len(U.view(self, d2)["ids"]), 3)
         st = U.ok(self, d2.client.call("familyd.v1.AdminService/GetStatus"))
         self.assertEqual((st.builds, st.shm_bytes_in_use), (3, used))
+        # Re-adopted materialised builds wait out a grace period, and such builds give way to
+        # new ones (test_build_references.py); pinned, they hold their slots.
+        for b in (on_mesh, alone):
+            U.ok(self, d2.client.call("familyd.v1.FamilyService/PinBuild", build_id=b.build_id))
         res = d2.client.call("familyd.v1.FamilyService/Build", U.build_request(P))
         self.assertEqual((res.code, res.message),
                          ("RESOURCE_EXHAUSTED", "build limit reached: 2 builds"))
@@ -340,7 +353,7 @@ class NotTmpfsTest(unittest.TestCase):
                           "would be written to disk. Nothing is kept across restarts"
                           % (state, U.fs_type(state).replace("ext2/ext3", "ext2/ext3/ext4")),
                           d.stderr())
-            b = U.build(self, d, materialize={})
+            b = U.build(self, d, materialize={}, writable=True)
             # Nothing persists: plain sealed memfds, writable handouts as without --state-dir.
             reply, fds = U.fetch(d, b, writable=True)
             for fd in fds.values():

@@ -94,8 +94,10 @@ def main():
             mesh = client.create_mesh({"ep": args.ep}, ranks=range(args.ep))
             mesh_id = mesh.mesh_id
             print("mesh           %s (ep=%d)" % (mesh_id, args.ep))
+        # mode="private": copy-on-write mappings, which torch may use (and a trainer may
+        # train on) without ever touching the bytes the node's other trainers share.
         with client.build("grouped_experts", config=config, mesh_id=mesh_id, dtype=args.dtype,
-                          seed=args.seed) as b:
+                          seed=args.seed, mode="private") as b:
             print("build          %s (%s, %s)" % (b.id, b.message.info.resolved.variant,
                                                   b.dtype_of("gate_up_proj")))
             for rank in sorted(b.ranks):
