@@ -5,8 +5,8 @@
  *
  * GetBuild, then one familyd_shard_fetch_info() for every rank with a token; host shards are
  * mapped (familyd_shard_map), cuda shards imported (familyd_cuda_shard_import) and the fetched
- * descriptors closed at once (the mappings keep the memory). With --release, ReleaseBuild
- * before anything is read (mappings outlive it). Then each shard's whole memory (its size,
+ * descriptors closed at once (the mappings keep the memory). With --release, a forced
+ * ReleaseBuild before anything is read (mappings outlive it). Then each shard's whole memory (its size,
  * allocation padding included) goes to OUTDIR/rank-R.bin, read with familyd_cuda_shard_read
  * for cuda. One line per rank:
  *   rank R kind K device D size S allocation A pointer 0xP writable W import-ms T
@@ -136,7 +136,8 @@ int main(int argc, char **argv) {
         }
 
         if (status == 0 && release) {
-                r = familyd_release_build(client, argv[2], &e);
+                /* Forced: this process did not build it, so it holds no reference. */
+                r = familyd_release_build_full(client, argv[2], true, NULL, &e);
                 if (r < 0)
                         status = fail(1, "ReleaseBuild", r, &e);
         }

@@ -17,13 +17,15 @@ CONFIG = {"fields": {"num_experts": {"intValue": 4}, "hidden_size": {"intValue":
 
 class TestShardLimit(unittest.TestCase):
     def test_max_shards_refuses_whole_builds_and_frees_on_release(self):
-        with H.Daemon(registry=REGISTRY, extra_args=["--max-shards", "2"]) as d:
+        # Private builds (identical requests would share one), freed by their release.
+        with H.Daemon(registry=REGISTRY, extra_args=["--max-shards", "2",
+                                                     "--build-grace-ms", "0"]) as d:
             c = d.client
             mesh = c.call("familyd.v1.MeshService/CreateMesh",
                           {"mesh": {"deviceMesh": [{"name": "ep", "size": 4}],
                                     "ranks": [0, 1, 2, 3]}})
             self.assertTrue(mesh.ok, mesh)
-            req = {"family": "grouped_experts", "config": CONFIG, "materialize": {"enabled": True}}
+            req = {"family": "grouped_experts", "config": CONFIG, "materialize": {"enabled": True}, "privateBuild": True}
 
             r = c.call("familyd.v1.FamilyService/Build", dict(req, meshId=mesh.reply.mesh_id))
             self.assertEqual(r.code, "RESOURCE_EXHAUSTED", r)
@@ -60,7 +62,7 @@ class TestDeadline(unittest.TestCase):
             c = d.client
             r = c.call("familyd.v1.FamilyService/Build",
                        {"family": "grouped_experts", "config": big,
-                        "materialize": {"enabled": True}}, timeout=0.05)
+                        "materialize": {"enabled": True}, "privateBuild": True}, timeout=0.05)
             self.assertEqual(r.code, "DEADLINE_EXCEEDED", r)
             # The daemon finishes (or stops) the fill on its own time; then nothing is held.
             deadline = time.monotonic() + 60
@@ -91,7 +93,7 @@ class TestBuildOffTheWorkers(unittest.TestCase):
                 try:
                     results.append(c.call("familyd.v1.FamilyService/Build",
                                           {"family": "grouped_experts", "config": self.BIG,
-                                           "materialize": {"enabled": True}}, timeout=120))
+                                           "materialize": {"enabled": True}, "privateBuild": True}, timeout=120))
                 finally:
                     c.close()
 
@@ -127,7 +129,7 @@ class TestBuildOffTheWorkers(unittest.TestCase):
             try:
                 done.append(c.call("familyd.v1.FamilyService/Build",
                                    {"family": "grouped_experts", "config": self.BIG,
-                                    "materialize": {"enabled": True}}, timeout=120))
+                                    "materialize": {"enabled": True}, "privateBuild": True}, timeout=120))
             finally:
                 c.close()
 

@@ -173,8 +173,9 @@ def setUpModule():
     # This process imports GPU shards too (the Python module): the same fake driver.
     os.environ["FAMILYD_CUDA_DRIVER"] = FAKE
     os.environ["FAKE_CUDA_DEVICES"] = "2"
-    G = EnvDaemon(gpu_env(), host_devices=None)
-    R = EnvDaemon({}, host_devices=2)
+    # --build-grace-ms 0: a build the tests release is gone at once, and its GPU memory with it.
+    G = EnvDaemon(gpu_env(), host_devices=None, extra_args=["--build-grace-ms", "0"])
+    R = EnvDaemon({}, host_devices=2, extra_args=["--build-grace-ms", "0"])
     G.start()
     try:
         R.start()
@@ -223,12 +224,12 @@ class Base(unittest.TestCase):
         return self.ok(d.client.call("familyd.v1.MeshService/CreateMesh", mesh=mesh)).mesh_id
 
     def build(self, d, family="gpucheck", config=None, dtype="float32", seed=7, mesh=TP2,
-              materialize=True):
+              materialize=True, writable=False):
         mesh_id = self.mesh(d, mesh) if mesh else ""
         mat = {"dtype": dtype, "seed": seed} if materialize else None
         req = U.build_request(d.protos, family=family,
                               config=CHECK_CONFIG if config is None else config,
-                              mesh_id=mesh_id, materialize=mat)
+                              mesh_id=mesh_id, materialize=mat, writable=writable)
         return d.client.call("familyd.v1.FamilyService/Build", req)
 
     def built(self, d, **kw):
@@ -300,7 +301,7 @@ class BuildAndHandout(Base):
         self.release(R, h)
 
     def test_socket_hands_out_the_drivers_descriptors(self):
-        b = self.built(G)
+        b = self.built(G, writable=True)   # writable descriptors: a writable build's only
         try:
             for writable in (False, True):
                 with SC.ShardClient(b.shard_socket, P) as sc:
@@ -428,7 +429,8 @@ class BuildAndHandout(Base):
             "    c.build('gpucheck', config=%r, mesh_id=%r)\n"
             "except familyd.DeviceMemoryError as e:\n"
             "    print('refused:', e)\n"
-            "print('builds:', len(c.list_builds()))\n"
+            "print('held by me:', sum(os.getpid() in [r.pid for r in b.references]\n"
+            "                         for b in c.list_builds()))\n"
         ) % (PYDIR, G.socket, CHECK_CONFIG, mesh_id)
         env = dict(os.environ, FAMILYD_CUDA_DRIVER="/nonexistent/libcuda.so.1")
         p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -436,7 +438,9 @@ class BuildAndHandout(Base):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("refused: this client cannot map device memory: the CUDA driver "
                       "(/nonexistent/libcuda.so.1) is not installed", p.stdout)
-        self.assertIn("builds: 0", p.stdout)
+        # The build it made is released: this process holds no reference to any build (the
+        # daemon frees it after its grace period, as nothing else holds it).
+        self.assertIn("held by me: 0", p.stdout)
 
 
 class FillPaths(Base):
@@ -506,7 +510,7 @@ class Failures(Base):
     def test_gpu_budget_is_separate(self):
         # 16 MiB GPUs: a budget of 14 MiB each. --shm-budget 4096 would refuse any host shard.
         d = EnvDaemon(gpu_env(FAKE_CUDA_MEMORY=16 * MiB), host_devices=None,
-                      extra_args=["--shm-budget", "4096"])
+                      extra_args=["--shm-budget", "4096", "--build-grace-ms", "0"])
         with d:
             big = {"n": 2560}     # 5 MiB per rank: a 6 MiB allocation on each GPU
             b1 = self.built(d, family="gpubig", config=big)

@@ -617,7 +617,8 @@ class TestLiveErrors(unittest.TestCase):
         cls.registry = os.path.join(cls.tmp, "registry")
         shutil.copytree(REGISTRY, cls.registry)
         cls.d = H.Daemon(registry=cls.registry, host_devices=8,
-                         extra_args=["--shm-budget", str(BUDGET), "--max-builds", str(MAX_BUILDS)])
+                         extra_args=["--shm-budget", str(BUDGET), "--max-builds", str(MAX_BUILDS),
+                                     "--build-grace-ms", "0"])
         try:
             cls.d.start()
             cls.P = cls.d.protos
@@ -679,6 +680,9 @@ class TestLiveErrors(unittest.TestCase):
             setattr(req.context, k, v)
         if materialize is not None:
             req.materialize.enabled = True
+            # Each its own build (identical requests would share one), freed by its release
+            # (--build-grace-ms 0).
+            req.private_build = True
             for k, v in materialize.items():
                 if k == "ranks":
                     req.materialize.ranks.extend(v)
@@ -762,6 +766,13 @@ class TestLiveErrors(unittest.TestCase):
         err("Build", cls.build(GE, GE_CFG), {"max": MAX_BUILDS})
         for b in held:
             cls.ok(cls.call("FamilyService/ReleaseBuild", build_id=b))
+        # References: a pinned build this process no longer holds.
+        pinned = cls.ok(cls.build(GE, GE_CFG, materialize={})).build.build_id
+        cls.ok(cls.call("FamilyService/PinBuild", build_id=pinned))
+        cls.ok(cls.call("FamilyService/ReleaseBuild", build_id=pinned))
+        err("ReleaseBuild", cls.call("FamilyService/ReleaseBuild", build_id=pinned),
+            {"build_id": pinned, "pid": os.getpid()})
+        cls.ok(cls.call("FamilyService/ReleaseBuild", build_id=pinned, force=True))
         # Validate: violations, with their own reasons and no status
         plain = cls.ok(cls.build(GE, GE_CFG)).build.build_id
         reply = cls.ok(cls.call("FamilyService/Validate", {

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -167,15 +168,19 @@ class TestFamilyctlBuild(unittest.TestCase):
 
     def test_builds_table(self):
         b1 = build_id_of(self.ok("build", "grouped_experts", *KV))
-        b2 = build_id_of(self.ok("build", "grouped_experts", *KV, "--materialize"))
+        b2 = build_id_of(self.ok("build", "grouped_experts", *KV, "--materialize", "--private"))
         out = self.ok("builds")
         lines = out.splitlines()
         self.assertEqual(lines[0].split(), ["BUILD_ID", "FAMILY", "VARIANT", "ORIGIN", "MESH",
-                                            "RANKS", "MATERIALIZED", "BYTES"])
+                                            "RANKS", "MATERIALIZED", "BYTES", "PINNED", "REFS",
+                                            "GRACE"])
         rows = {ln.split()[0]: ln.split() for ln in lines[1:]}
-        self.assertEqual(rows[b1][1:], ["grouped_experts", "grouped", "direct", "-", "1", "0", "0"])
+        self.assertEqual(rows[b1][1:], ["grouped_experts", "grouped", "direct", "-", "1", "0", "0",
+                                        "no", "0", "-"])
         self.assertEqual(rows[b2][1:7], ["grouped_experts", "grouped", "direct", "-", "1", "1"])
         self.assertEqual(int(rows[b2][7]), 4 * (4 * 64 * 64 + 4 * 32 * 64))
+        # familyctl build pins what it materialises; familyctl itself has exited.
+        self.assertEqual(rows[b2][8:], ["yes", "0", "-"])
         doc = json.loads(self.ok("--json", "builds"))
         self.assertIn(b2, [b["buildId"] for b in doc["builds"]])
 
@@ -238,7 +243,7 @@ class TestFamilyctlBuild(unittest.TestCase):
     def test_shard_on_mesh_bf16(self):
         mesh = json.loads(self.ok("--json", "mesh", "create", "ep=2", "--ranks", "0,1"))["meshId"]
         out = self.ok("build", "grouped_experts", *KV, "--mesh", mesh, "--materialize",
-                      "--dtype", "bfloat16", "--ranks", "1", "--seed", "9")
+                      "--dtype", "bfloat16", "--ranks", "1", "--seed", "9", "--writable")
         bid = build_id_of(out)
         self.assertRegex(out, r"mesh\s+%s" % mesh)
         self.check_shard(bid, 1, "bfloat16")
@@ -252,10 +257,17 @@ class TestFamilyctlBuild(unittest.TestCase):
         self.assertIn("not a rank", err)
         out = self.ok("shard", bid, "1", "--writable")
         self.assertRegex(out, r"writable\s+yes")
+        self.assertRegex(out, r"mode\s+shared")
 
     def test_release_then_build_info(self):
-        bid = build_id_of(self.ok("build", "grouped_experts", *KV, "--materialize"))
-        self.assertEqual(self.ok("release", bid), "")
+        bid = build_id_of(self.ok("build", "grouped_experts", *KV, "--materialize", "--private"))
+        # familyctl holds no reference of its own: without --force the daemon says so.
+        rc, out, err = ctl("release", bid)
+        self.assertEqual(rc, 1, (out, err))
+        self.assertIn("FAILED_PRECONDITION", err)
+        self.assertIn("is not held by the calling process", err)
+        self.assertIn("familyctl release %s --force" % bid, err)
+        self.assertRegex(self.ok("release", bid, "--force"), r"freed\s+yes")
         rc, out, err = ctl("build-info", bid)
         self.assertEqual(rc, 1, (out, err))
         self.assertIn("NOT_FOUND", err)
@@ -265,6 +277,38 @@ class TestFamilyctlBuild(unittest.TestCase):
         rc, out, err = ctl("shard", bid, "0")
         self.assertEqual(rc, 1, (out, err))
         self.assertNotIn(bid, self.ok("builds"))
+
+    def test_pin_unpin_transient(self):
+        bid = build_id_of(self.ok("build", "grouped_experts", *KV, "--materialize", "--private",
+                                  "--transient"))
+        # Not pinned, and familyctl's reference went with it: the grace period runs.
+        info = self.ok("build-info", bid)
+        self.assertRegex(info, r"pinned\s+no")
+        deadline = time.monotonic() + 10
+        while "freed at" not in info and time.monotonic() < deadline:
+            time.sleep(0.1)
+            info = self.ok("build-info", bid)
+        self.assertRegex(info, r"references\s+none")
+        self.assertIn("unless a process takes it again", info)
+        out = self.ok("pin", bid)
+        self.assertRegex(out, r"pinned\s+yes")
+        self.assertNotIn("freed at", out)
+        doc = json.loads(self.ok("--json", "build-info", bid))
+        self.assertTrue(doc["pinned"])
+        self.assertNotIn("graceDeadlineUnixMs", doc)
+        out = self.ok("unpin", bid)
+        self.assertRegex(out, r"pinned\s+no")
+        self.assertIn("freed at", out)
+        row = [ln.split() for ln in self.ok("builds").splitlines() if ln.startswith(bid)][0]
+        self.assertEqual(row[8:10], ["no", "0"])
+        self.assertRegex(row[10], r"^\d+s$")
+        self.assertRegex(self.ok("release", bid, "--force"), r"freed\s+yes")
+        rc, _, err = ctl("pin", bid)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("BUILD_NOT_FOUND", err)
+        rc, _, err = ctl("build", "grouped_experts", *KV, "--transient")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--transient needs --materialize", err)
 
     def test_daemon_errors_exit_1(self):
         rc, _, err = ctl("build", "grouped_experts", "hidden_size=64")

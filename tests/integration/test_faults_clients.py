@@ -34,7 +34,7 @@ def child_main(argv):
                       {"mesh": {"deviceMesh": [{"name": "ep", "size": 4}], "ranks": [0, 1, 2, 3]}})
         b = c.call("familyd.v1.FamilyService/Build",
                    {"family": "grouped_experts", "config": SMALL, "meshId": mesh.reply.mesh_id,
-                    "materialize": {"enabled": True, "seed": "9"}})
+                    "materialize": {"enabled": True, "seed": "9"}, "privateBuild": True})
         build = b.reply.build
         tokens = [s.token for s in build.shards if s.token]
         # Two connections: one with every shard mapped, one left open with a reply unread.
@@ -47,7 +47,7 @@ def child_main(argv):
     else:
         print(json.dumps({"started": True}), flush=True)
         c.call("familyd.v1.FamilyService/Build",
-               {"family": "grouped_experts", "config": BIG, "materialize": {"enabled": True}},
+               {"family": "grouped_experts", "config": BIG, "materialize": {"enabled": True}, "privateBuild": True},
                timeout=300)
     time.sleep(3600)
 
@@ -78,7 +78,8 @@ def status(c):
 
 class TestKilledClients(unittest.TestCase):
     def setUp(self):
-        self.d = H.Daemon(registry=REGISTRY)
+        # --build-grace-ms 0: a build goes as soon as nothing holds it, killed holders too.
+        self.d = H.Daemon(registry=REGISTRY, extra_args=["--build-grace-ms", "0"])
         self.d.start()
         self.addCleanup(self.d.cleanup)
         self.pid = self.d.proc.pid
@@ -105,26 +106,17 @@ class TestKilledClients(unittest.TestCase):
         self.assertEqual(hc.problems, [])
         self.assertGreater(hc.calls, 0)
         # Its connections (one API, two shard socket, one with a reply unread) and the healthy
-        # client's go away; the daemon's descriptors come back to where they were, plus the
-        # four shard segments the build keeps.
-        back = wait_for(lambda: fd_count(self.pid) <= fds_before + 4, 15)
-        self.assertTrue(back, "daemon descriptors: %d before, %d after"
-                        % (fds_before, fd_count(self.pid)))
-        # The build is the daemon's, not the client's: still there, still served, and
-        # released on request like any other.
-        st = status(c)
-        self.assertEqual((st.builds, st.shm_bytes_in_use), (1, SMALL_BYTES))
-        reply, fds = SC.fetch(self.d.shard_socket, self.d.protos, info["tokens"])
-        maps = [SC.map_readonly(fd, size) for fd, size in zip(fds, reply.sizes)]
-        self.assertEqual(sum(sum(m[:64]) for m in maps), info["sum"])
-        for m in maps:
-            m.close()
-        for fd in fds:
-            os.close(fd)
-        self.assertTrue(c.call("familyd.v1.FamilyService/ReleaseBuild",
-                               {"buildId": info["build"]}).ok)
+        # client's go away, and so does its reference to the build it made: nothing else holds
+        # it, and with --build-grace-ms 0 it is freed at once (tokens, segments, bytes), so the
+        # daemon's descriptors come back to where they were.
+        self.assertTrue(wait_for(lambda: status(c).builds == 0, 15), "the build outlived its "
+                        "only holder: %s" % status(c))
         st = status(c)
         self.assertEqual((st.builds, st.shm_bytes_in_use), (0, 0))
+        reply, fds = SC.fetch(self.d.shard_socket, self.d.protos, info["tokens"])
+        self.assertEqual((reply.code, fds), (5, []))     # NOT_FOUND: the tokens went with it
+        res = c.call("familyd.v1.FamilyService/GetBuild", {"buildId": info["build"]})
+        self.assertEqual(res.code, "NOT_FOUND", res)
         self.assertTrue(wait_for(lambda: fd_count(self.pid) <= fds_before, 15),
                         "daemon descriptors: %d before, %d at the end"
                         % (fds_before, fd_count(self.pid)))
@@ -158,12 +150,13 @@ class TestBudgetExhausted(unittest.TestCase):
 
     def test_budget_exhausted_by_one_client(self):
         budget = 4 * SMALL_BYTES
-        with H.Daemon(registry=REGISTRY, extra_args=["--shm-budget", str(budget)]) as d:
+        with H.Daemon(registry=REGISTRY, extra_args=["--shm-budget", str(budget),
+                                                     "--build-grace-ms", "0"]) as d:
             greedy = H.Client(d.socket, d.protos)
             other = H.Client(d.socket, d.protos)
             self.addCleanup(greedy.close)
             self.addCleanup(other.close)
-            req = {"family": "grouped_experts", "config": SMALL, "materialize": {"enabled": True}}
+            req = {"family": "grouped_experts", "config": SMALL, "materialize": {"enabled": True}, "privateBuild": True}
             with HealthyClient(d, build=False) as hc:
                 held = []
                 for _ in range(4):

@@ -123,8 +123,9 @@ class Base(unittest.TestCase):
             env["JOURNAL_STREAM"] = "%d:%d" % (st.st_dev, st.st_ino)
             if journal_stream == "other":
                 os.close(target)
+        # --build-grace-ms 0: the last release frees a build, and logs it, at once.
         argv = [H.familyd_bin(), "--socket", self.socket, "--registry", REGISTRY,
-                "--host-devices", "2"]
+                "--host-devices", "2", "--build-grace-ms", "0"]
         if namespace:
             argv = [UNSHARE, "--mount", "--propagation", "private", "sh", "-c",
                     NAMESPACE_SCRIPT, self.jdir, *argv]

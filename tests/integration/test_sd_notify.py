@@ -229,7 +229,7 @@ class TestWatchdog(Base):
 
     def test_status_follows_builds(self):
         # The watchdog's timer also refreshes STATUS= when it changed.
-        ready = self.start(watchdog_usec=300000)
+        ready = self.start(watchdog_usec=300000, extra=["--build-grace-ms", "0"])
         req = P.cls("familyd.v1.BuildRequest")(family="grouped_experts")
         req.config.SetInParent()
         for k, v in GE_SMALL.items():

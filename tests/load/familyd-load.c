@@ -561,6 +561,9 @@ static int do_build_cycle(Client *cl) {
         req.config = &config;
         req.mesh_id = (char *) (mesh_id ? mesh_id : "");
         req.materialize = &mat;
+        /* Each cycle its own build, freed by its ReleaseBuild (the daemon runs with
+         * --build-grace-ms 0): identical requests of other clients would otherwise share it. */
+        req.private_build = true;
 
         uint64_t t0 = now_us();
         int r = familyd_build(cl->c, &req, &reply, &e);

@@ -71,7 +71,7 @@ bench_tmp load
 # Clients of other uids (group 0 kept) reach the 0660 sockets through this folder.
 chmod 0755 "$tmp"
 
-bench_daemon_start "$registry" --host-devices 8 --node-name load
+bench_daemon_start "$registry" --host-devices 8 --node-name load --build-grace-ms 0
 
 echo "run-load.sh: familyd $familyd, registry $registry"
 status=0
