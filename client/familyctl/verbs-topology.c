@@ -29,7 +29,10 @@ static int add_node_row(Table *t, const Familyd__V1__Node *node) {
             table_add_cell(t, node->state) < 0 ||
             table_add_cell(t, node->address) < 0 ||
             table_add_cellf(t, "%zu %s", node->n_devices, mixed ? "mixed" : strempty(kind)) < 0 ||
-            table_add_cell(t, node->local ? "yes" : "no") < 0)
+            table_add_cell(t, node->local ? "yes" : "no") < 0 ||
+            /* The registry digest's first 12 hex digits: enough to tell registries apart at a
+             * glance (--json has it whole); empty: not announced yet. */
+            table_add_cellf(t, "%.12s", isempty(node->registry_digest) ? "-" : node->registry_digest) < 0)
                 return -ENOMEM;
         return 0;
 }
@@ -52,7 +55,7 @@ static int add_device_row(Table *t, const Familyd__V1__Node *node, size_t j) {
 }
 
 static const char *const node_columns[] = {
-        "NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL", NULL,
+        "NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL", "REGISTRY", NULL,
 };
 static const char *const device_columns[] = {
         "NODE", "RANK", "INDEX", "KIND", "NAME", "UUID", "MEMORY_BYTES", "NUMA", "PCI_BUS_ID", NULL,
@@ -155,7 +158,8 @@ static const VerbDef topology_verb = {
         .help = "Usage: familyctl topology [OPTIONS]\n"
                 "\n"
                 "Shows the topology this daemon sees: version, world size, local node, then\n"
-                "NODE NODE_RANK RANKS STATE ADDRESS DEVICES LOCAL per node.\n"
+                "NODE NODE_RANK RANKS STATE ADDRESS DEVICES LOCAL REGISTRY (its registry digest,\n"
+                "abridged) per node.\n"
                 "\n"
                 "      --devices       also list every device: NODE RANK INDEX KIND NAME UUID\n"
                 "                      MEMORY_BYTES NUMA PCI_BUS_ID\n"

@@ -205,7 +205,8 @@ def node_table(out):
     lines = out.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("NODE "))
     self_cols = lines[start].split()
-    assert self_cols == ["NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL"], self_cols
+    assert self_cols == ["NODE", "NODE_RANK", "RANKS", "STATE", "ADDRESS", "DEVICES", "LOCAL",
+                         "REGISTRY"], self_cols
     rows = {}
     for ln in lines[start + 1:]:
         if not ln.strip():
@@ -270,8 +271,13 @@ class TestCluster(unittest.TestCase):
         self.assertRegex(out, r"(?m)^local node +n1$")
         rows = node_table(out)
         self.assertEqual(sorted(rows), ["n1", "n2", "n3"], out)
+        digests = {n["name"]: n["registryDigest"]
+                   for n in json.loads(self.ok(self.n1, "--json", "topology"))["nodes"]}
         for i, name in enumerate(("n1", "n2", "n3")):
-            node, node_rank, ranks, state, address, ndev, kind, local = rows[name]
+            node, node_rank, ranks, state, address, ndev, kind, local, registry = rows[name]
+            # The same registry everywhere: the first 12 hex digits of one digest.
+            self.assertRegex(digests[name], r"^[0-9a-f]{64}$")
+            self.assertEqual(registry, digests["n1"][:12], out)
             self.assertEqual((node_rank, ranks, state, ndev, kind), (str(i), "%d-%d" % (2 * i, 2 * i + 1),
                                                                      "up", "2", "host"), out)
             self.assertRegex(address, r"^127\.0\.0\.1:\d+$")
@@ -328,7 +334,7 @@ class TestCluster(unittest.TestCase):
         rc, out, err = ctl(self.n1, "forget", "n2", "-o", "uuid")
         self.assertEqual(rc, 2, err)
         self.assertIn("unknown column 'uuid' (columns: NODE, NODE_RANK, RANKS, STATE, ADDRESS, "
-                      "DEVICES, LOCAL)", err)
+                      "DEVICES, LOCAL, REGISTRY)", err)
 
     def test_status_peer_traffic_and_topology_version(self):
         out = self.ok(self.n1, "status")
