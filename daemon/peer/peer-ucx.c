@@ -604,18 +604,19 @@ PeerUcx *peer_ucx_free(PeerUcx *u) {
                 endpoint_close(u, u->endpoints);
         while (u->handshakes)
                 handshake_free(u, u->handshakes);
+        if (u->worker) {
+                if (u->address)
+                        ucp_worker_release_address(u->worker, u->address);
+                /* Lets the close requests finish and their callbacks free them. Progress may
+                 * still deliver messages (on_am): the inbox is freed after it, not before. */
+                for (unsigned i = 0; i < 100 && ucp_worker_progress(u->worker); i++)
+                        ;
+                ucp_worker_destroy(u->worker);
+        }
         for (PeerInbox *m = u->inbox, *n; m; m = n) {
                 n = m->next;
                 free(m->data);
                 free(m);
-        }
-        if (u->worker) {
-                if (u->address)
-                        ucp_worker_release_address(u->worker, u->address);
-                /* Lets the close requests finish and their callbacks free them. */
-                for (unsigned i = 0; i < 100 && ucp_worker_progress(u->worker); i++)
-                        ;
-                ucp_worker_destroy(u->worker);
         }
         if (u->context)
                 ucp_cleanup(u->context);

@@ -93,6 +93,14 @@ class TestKilledClients(unittest.TestCase):
     def test_killed_while_holding_mapped_shards(self):
         c = self.d.client
         self.assertTrue(c.health().ok)
+        # This process builds too (the healthy client): the daemon then watches it (a pidfd)
+        # until it exits, as it watches every process that held a build. Count from there.
+        b = c.call("familyd.v1.FamilyService/Build",
+                   {"family": "grouped_experts", "config": SMALL,
+                    "materialize": {"enabled": True}, "privateBuild": True})
+        self.assertTrue(b.ok, b)
+        self.assertTrue(c.call("familyd.v1.FamilyService/ReleaseBuild",
+                               {"buildId": b.reply.build.build_id}).ok)
         fds_before = fd_count(self.pid)
         with HealthyClient(self.d) as hc:
             p, info = spawn_child("hold", self.d)

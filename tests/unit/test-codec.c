@@ -97,7 +97,7 @@ static void request_with(Familyd__V1__BuildRequest *pb, DtypeEntry *e, DtypeEntr
         pb->family = (char *) "f";
         for (size_t i = 0; i < n; i++) {
                 familyd__v1__build_request__parameter_dtypes_entry__init(&e[i]);
-                snprintf(keys[i], sizeof keys[i], "p%zu", i);
+                snprintf(keys[i], sizeof keys[i], "p%u", (unsigned) i);
                 e[i].key = keys[i];
                 e[i].value = (char *) "bf16";
                 ptrs[i] = &e[i];
