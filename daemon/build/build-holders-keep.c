@@ -55,26 +55,24 @@ void build_holders_save_list(const Builder *builder, BuildRecord **list, size_t 
                 build_holders_save(builder, list[i]);
 }
 
-/* The holders of k whose processes still live, watched again; the others dropped. Returns how
- * many were dropped. */
-static size_t holders_rewatch(const Builder *builder, const char *id, BuildHoldingKept *k) {
-        BuildWatch *watch = build_sharing_watch(builder);
+static void log_dropped(const char *id, int32_t pid, const char *why) {
+        log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, id)),
+                   "Build %s: process %" PRId32 " held it before the restart and %s; its "
+                   "reference is dropped.",
+                   id, pid, why);
+}
+
+/* Keeps the holders of k whose processes still live, with a pidfd each in pidfds (as many);
+ * returns how many were dropped. */
+static size_t holders_alive(const char *id, BuildHoldingKept *k, int *pidfds) {
         size_t kept = 0, dropped = 0;
 
         for (size_t i = 0; i < k->n_holders; i++) {
                 const BuildHolder *h = &k->holders[i];
                 BuildCaller c = { .pid = h->pid, .uid = h->uid, .start_time = h->start_time };
-                int pidfd = -1, r;
 
-                r = build_caller_reopen(&c, &pidfd);
-                if (r >= 0)
-                        r = build_watch_add(watch, &c, pidfd);
-                if (r < 0) {
-                        log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, id)),
-                                   "Build %s: process %" PRId32 " held it before the restart "
-                                   "and %s; its reference is dropped.",
-                                   id, h->pid,
-                                   r == -ESRCH ? "is gone" : "cannot be watched again");
+                if (build_caller_reopen(&c, &pidfds[kept]) < 0) {
+                        log_dropped(id, h->pid, "is gone");
                         dropped++;
                         continue;
                 }
@@ -88,8 +86,10 @@ static size_t holders_rewatch(const Builder *builder, const char *id, BuildHoldi
 static int put_back_one(const Builder *builder, BuildRecord *rec) {
         _cleanup_(codec_holders_record_done) HoldersRecord k = {};
         _cleanup_free_ uint8_t *data = NULL;
+        _cleanup_free_ int *pidfds = NULL;
+        _cleanup_free_ BuildHolder *watched = NULL;
         char why[128];
-        size_t size = 0, dropped;
+        size_t size = 0, dropped, n;
         int r;
 
         r = state_take_replaced(builder->state, rec->id, HOLDERS_RECORD_MAX_BYTES, &data, &size);
@@ -110,12 +110,35 @@ static int put_back_one(const Builder *builder, BuildRecord *rec) {
                            rec->id, why);
                 return 0;
         }
-        dropped = holders_rewatch(builder, rec->id, &k);
+        pidfds = calloc(k.n_holders + 1, sizeof *pidfds);
+        if (!pidfds)
+                return -ENOMEM;
+        dropped = holders_alive(rec->id, &k, pidfds);
+        n = k.n_holders;
+        watched = n > 0 ? malloc(n * sizeof *watched) : NULL;
+        if (n > 0 && !watched) {
+                for (size_t i = 0; i < n; i++)
+                        safe_close(pidfds[i]);
+                return -ENOMEM;
+        }
+        if (n > 0)
+                memcpy(watched, k.holders, n * sizeof *watched);
         log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id)),
-                   "Build %s: %zu process%s still hold%s it%s.", rec->id, k.n_holders,
-                   k.n_holders == 1 ? "" : "es", k.n_holders == 1 ? "s" : "",
-                   k.pinned ? "; pinned" : "");
+                   "Build %s: %zu process%s still hold%s it%s.", rec->id, n,
+                   n == 1 ? "" : "es", n == 1 ? "s" : "", k.pinned ? "; pinned" : "");
         build_table_holding_put_back(builder->manager->builds, rec, &k);
+
+        /* Watched once they are listed: one that exits from now on is seen leaving. */
+        for (size_t i = 0; i < n; i++) {
+                BuildCaller c = { .pid = watched[i].pid, .uid = watched[i].uid,
+                                  .start_time = watched[i].start_time };
+                if (build_watch_add(build_sharing_watch(builder), &c, pidfds[i]) >= 0)
+                        continue;
+                log_dropped(rec->id, c.pid, "cannot be watched again");
+                (void) build_table_drop_process(builder->manager->builds, c.pid, c.start_time,
+                                                build_now_ms(), build_sharing_grace_ms(builder));
+                dropped++;
+        }
         return dropped > 0;
 }
 

@@ -12,7 +12,10 @@
  *
  * References belong to processes (build-caller.c); the watcher thread (build-watch.c) drops a
  * process's references when its pidfd says it exited, and frees builds whose grace period
- * ended. Lock order: the sharing lock, then the build table's; nothing here calls into gRPC.
+ * ended. Every change of a build's holders is saved after it, outside both locks
+ * (build-holders-keep.c), before the call that made it is answered. Lock order: the sharing
+ * lock, then the build table's; the keep lock is taken under neither; nothing here calls into
+ * gRPC.
  */
 
 #include <inttypes.h>

@@ -138,13 +138,13 @@ void state_fd_counts(State *s, size_t *ret_used, size_t *ret_max);
  * state_name_segment(id, ...)): the descriptors first (into the fd store; in the state dir
  * they are files there already), then the record. All or nothing: on failure nothing of it is
  * kept (what went into the fd store is removed again; the state dir's files stay the
- * caller's). On success the reservation of n_fds + 1 is in use. A negative errno: -ENOSPC
- * or -EDQUOT when the state dir is full.
+ * caller's). On success the reservation of n_fds + 1 is in use, and a record may be replaced
+ * beside it (state_replace()). A negative errno: -ENOSPC or -EDQUOT when the state dir is full.
  */
 int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
                const StateFd *fds, size_t n_fds);
-/* Lets go of the record id, kept by state_keep() with n_fds descriptors, and ends their use.
- * Its descriptors go next, each with state_drop(): the record goes first, so a crash in
+/* Lets go of the record id, kept by state_keep() with n_fds descriptors, and ends their use;
+ * the record replaced beside it goes first, and is not replaced again. Its descriptors go next, each with state_drop(): the record goes first, so a crash in
  * between leaves only descriptors, which the next start drops. */
 void state_forget(State *s, const char *id, size_t n_fds);
 /* Lets go of a descriptor made for a record that was never kept: the state dir's file (the fd

@@ -101,6 +101,16 @@ class FdStoreTest(unittest.TestCase):
             time.sleep(0.02)
         return self.ours(m)
 
+    def wait_holders_records(self, m, build_id, want, timeout=10.0):
+        """The build's records of holders in the store once they are want (the datagrams of the
+        last swap may still be on their way)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = [n for n in self.ours(m) if n.startswith("metarep-%s." % build_id)]
+            if got == want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.02)
+
     # -----------------------------------------------------------------------------------------
 
     def test_sigkill_and_restart_with_the_store(self):
@@ -263,9 +273,9 @@ class FdStoreTest(unittest.TestCase):
         # Six changes of x's holders and pins: one record of them in the store, the newest.
         for pin in ("PinBuild", "UnpinBuild"):
             U.ok(self, d1.client.call("familyd.v1.FamilyService/" + pin, build_id=build_id))
-        ours = self.wait_ours(m, 6)
-        self.assertEqual([n for n in ours if n.startswith("metarep-" + build_id)],
-                         ["metarep-%s.5" % build_id])
+        want = ["metarep-%s.5" % build_id]
+        self.assertEqual(self.wait_holders_records(m, build_id, want), want)
+        self.assertEqual(len(self.wait_ours(m, 6)), 6)
         self.assertEqual(m.fdstore_ignored, [])
 
         self.kill(d1)
@@ -281,9 +291,9 @@ class FdStoreTest(unittest.TestCase):
         self.assertTrue(got.pinned)
         # The dead holder was dropped at the restore, and the record saved again: the next
         # generation replaced the one given back.
-        ours = self.wait_ours(m, 6)
-        self.assertEqual([n for n in ours if n.startswith("metarep-" + build_id)],
-                         ["metarep-%s.6" % build_id])
+        want = ["metarep-%s.6" % build_id]
+        self.assertEqual(self.wait_holders_records(m, build_id, want), want)
+        self.assertEqual(len(self.wait_ours(m, 6)), 6)
         # The key was kept: the same request from a holder gets the same build.
         again = a.ask(op="build", request=req)
         deadline = time.monotonic() + 10
