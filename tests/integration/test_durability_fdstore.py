@@ -229,6 +229,9 @@ class FdStoreTest(unittest.TestCase):
         d1 = self.start(m)
         kept = U.build(self, d1, materialize={})
         lost = U.build(self, d1, materialize={})
+        # Each: its record, its shard, the record of its holders (the datagrams may still be
+        # on their way to the manager).
+        self.assertEqual(len(self.wait_ours(m, 6)), 6)
         self.kill(d1)
 
         # The manager hands back a record that is not one, and loses a shard of a build.
