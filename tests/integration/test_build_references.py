@@ -13,6 +13,7 @@ creation time and its sharing key (TestRestart; the fd store's in test_durabilit
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -290,6 +291,15 @@ class TestGiveWay(Base):
             self.force(b)
 
 
+def crc32c(data):
+    crc = 0xffffffff
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82f63b78 if crc & 1 else crc >> 1
+    return crc ^ 0xffffffff
+
+
 def ask_again(h, **cmd):
     """A command of a holder whose channel may still point at a daemon that was killed:
     grpcio answers UNAVAILABLE until it reconnects."""
@@ -463,6 +473,35 @@ class TestRestart(RestartBase):
         self.assertRegex(err, r"Dropping metarep-bld-00000000-9: no kept record names it\.")
         self.assertNotIn("metarep-bld-00000000-9", os.listdir(self.state))
 
+
+    def test_a_holder_with_another_start_time_is_another_process(self):
+        """The saved start time of a live pid differs (the pid was reused while the daemon was
+        down): that reference is dropped, the other kept."""
+        d1 = self.start()
+        a, b = self.holder(), self.holder()
+        x = self.built(a, 44)
+        self.built(b, 44)
+        self.kill(d1)
+        path = os.path.join(self.state, "metarep-" + x["build_id"])
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        n, key_size = struct.unpack_from("<I", data, 12)[0], struct.unpack_from("<Q", data, 24)[0]
+        self.assertEqual(n, 2)
+        at = 32 + key_size
+        self.assertEqual(struct.unpack_from("<i", data, at)[0], a.proc.pid)
+        start = struct.unpack_from("<Q", data, at + 8)[0]
+        struct.pack_into("<Q", data, at + 8, start + 1)
+        struct.pack_into("<I", data, len(data) - 4, crc32c(bytes(data[:-4])))
+        with open(path, "wb") as f:
+            f.write(data)
+        d2 = self.start()
+        self.assertEqual(self.pids(x["build_id"]), [b.proc.pid])
+        self.assertRegex(d2.stderr(), r"Build %s: process %d held it before the restart and is "
+                                      r"gone; its reference is dropped\." % (x["build_id"],
+                                                                             a.proc.pid))
+        # a is not a holder: its release is refused.
+        r = ask_again(a, op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["reason"]), ("FAILED_PRECONDITION", "NOT_HELD"), r)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -341,6 +341,61 @@ static void test_holders_record_corrupt_is_refused(void **unused) {
         free(data);
 }
 
+/* ---- the build table's side: what is kept of a holding, and put back --------------------- */
+
+static void test_build_table_holding_kept_and_put_back(void **unused) {
+        BuildTable *t = NULL;
+        BuildRecord *a = NULL, *b = NULL, **list = NULL;
+        BuildHoldingKept k = {};
+        BuildHolding h = {};
+        size_t n = 0;
+        uint8_t *key = malloc(3);
+
+        assert_int_equal(build_table_new(4, 1000, 1, &t), 0);
+        assert_int_equal(build_table_restore(t, "bld-00000001-1", 10, NULL, NULL, &a), 0);
+        assert_int_equal(build_table_restore(t, "bld-00000001-2", 10, NULL, NULL, &b), 0);
+        memcpy(key, "key", 3);
+        build_table_init_holding(t, a, &(BuildRecordInit) { .referenced = true, .created_ms = 7,
+                                                             .key = key, .key_size = 3 });
+        build_table_init_holding(t, b, &(BuildRecordInit) { .referenced = true });
+        assert_int_equal(build_table_hold(t, a, &(BuildHolder) { .pid = 10, .start_time = 1 }),
+                         0);
+        assert_int_equal(build_table_hold(t, a, &(BuildHolder) { .pid = 11, .start_time = 2 }),
+                         0);
+        assert_int_equal(build_table_pin(t, a, true, 0, 0), 0);
+
+        assert_int_equal(build_table_holding_kept(t, a, &k), 0);
+        assert_true(k.pinned);
+        assert_int_equal(k.created_ms, 7);
+        assert_int_equal(k.key_size, 3);
+        assert_memory_equal(k.key, "key", 3);
+        assert_int_equal(k.n_holders, 2);
+        assert_int_equal(k.holders[1].pid, 11);
+
+        /* b gets a's: found by its key, held, not in grace. */
+        build_table_holding_put_back(t, b, &k);
+        assert_null(k.key);
+        assert_int_equal(build_table_start_grace(t, 100, 1000), 0);
+        assert_int_equal(build_table_holding(t, b, &h), 0);
+        assert_int_equal(h.n_holders, 2);
+        assert_true(h.pinned);
+        assert_int_equal(h.created_ms, 7);
+        build_holding_done(&h);
+
+        /* A process gone: every build it held is listed (its holders record saved again). */
+        assert_int_equal(build_table_drop_process_list(t, 10, 1, 0, 0, &list, &n), 0);
+        assert_int_equal(n, 2);
+        build_list_free(list, n);
+
+        /* Gone from the table: nothing to keep. */
+        FamilyError e = FAMILY_ERROR_NULL;
+        assert_int_equal(build_table_remove(t, "bld-00000001-1", &e), 0);
+        assert_int_equal(build_table_holding_kept(t, a, &k), -ESTALE);
+        build_record_unref(a);
+        build_record_unref(b);
+        build_table_free(t);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_replace_in_the_state_dir),
@@ -348,6 +403,7 @@ int main(void) {
                 cmocka_unit_test(test_replace_needs_room_in_the_fd_store),
                 cmocka_unit_test(test_holders_record_round_trip),
                 cmocka_unit_test(test_holders_record_corrupt_is_refused),
+                cmocka_unit_test(test_build_table_holding_kept_and_put_back),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
