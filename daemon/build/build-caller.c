@@ -15,7 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "build.h"
+#include "build-holders-keep.h"
 
 static int pidfd_open_(pid_t pid) {
         return (int) syscall(SYS_pidfd_open, pid, 0);
@@ -87,6 +87,24 @@ int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller
         if (r < 0 || !pidfd_alive(pidfd))
                 return unknown(ret_error, pid, "it has exited");
         *ret = (BuildCaller) { .pid = pid, .uid = uid, .start_time = start };
+        *ret_pidfd = TAKE_FD(pidfd);
+        return 0;
+}
+
+int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd) {
+        _cleanup_close_ int pidfd = -1;
+        uint64_t start;
+
+        if (saved->pid <= 0)
+                return -ESRCH;
+        pidfd = pidfd_open_(saved->pid);
+        if (pidfd < 0)
+                return -ESRCH;
+        /* As build_caller_identify(): the start time read after the pidfd, then the pidfd's
+         * process still there, so both name the same process. */
+        if (process_start_time(saved->pid, &start) < 0 || start != saved->start_time ||
+            !pidfd_alive(pidfd))
+                return -ESRCH;
         *ret_pidfd = TAKE_FD(pidfd);
         return 0;
 }

@@ -12,7 +12,10 @@
  *
  * References belong to processes (build-caller.c); the watcher thread (build-watch.c) drops a
  * process's references when its pidfd says it exited, and frees builds whose grace period
- * ended. Lock order: the sharing lock, then the build table's; nothing here calls into gRPC.
+ * ended. Every change of a build's holders is saved after it, outside both locks
+ * (build-holders-keep.c), before the call that made it is answered. Lock order: the sharing
+ * lock, then the build table's; the keep lock is taken under neither; nothing here calls into
+ * gRPC.
  */
 
 #include <inttypes.h>
@@ -21,7 +24,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "build-private.h"
+#include "build-holders-keep.h"
 #include "codec/codec-build-holders.h"
 #include "common/log.h"
 
@@ -42,6 +45,7 @@ struct BuildSharing {
         atomic_uint_fast64_t bytes_filled;
         Builder builder; /* a copy, sharing included, for the watcher */
         BuildWatch *watch;
+        pthread_mutex_t keep_lock; /* one save of holders at a time (build-holders-keep.c) */
 };
 
 int64_t build_now_ms(void) {
@@ -70,6 +74,14 @@ uint64_t build_sharing_grace_ms(const Builder *builder) {
         return builder->sharing ? builder->sharing->grace_ms : 0;
 }
 
+pthread_mutex_t *build_sharing_keep_lock(const Builder *builder) {
+        return builder->sharing ? &builder->sharing->keep_lock : NULL;
+}
+
+BuildWatch *build_sharing_watch(const Builder *builder) {
+        return builder->sharing ? builder->sharing->watch : NULL;
+}
+
 int build_sharing_start(Builder *builder, uint64_t grace_ms) {
         BuildSharing *s = calloc(1, sizeof *s);
         int r;
@@ -77,18 +89,22 @@ int build_sharing_start(Builder *builder, uint64_t grace_ms) {
         if (!s)
                 return -ENOMEM;
         (void) pthread_mutex_init(&s->lock, NULL);
+        (void) pthread_mutex_init(&s->keep_lock, NULL);
         s->grace_ms = grace_ms;
         builder->sharing = s;
         s->builder = *builder;
-        /* Restored builds have no holder yet: they wait a grace period for their trainers. */
-        (void) build_table_start_grace(builder->manager->builds, build_now_ms(), grace_ms);
         r = build_watch_new(&s->builder, &s->watch);
         if (r < 0) {
                 builder->sharing = NULL;
+                (void) pthread_mutex_destroy(&s->keep_lock);
                 (void) pthread_mutex_destroy(&s->lock);
                 free(s);
                 return log_error_errno(r, "Failed to start the build watcher: %m");
         }
+        /* Restored builds get back the processes that held them and still live; those left
+         * with no holder (and no pin) wait a grace period for their trainers. */
+        build_holders_put_back(&s->builder);
+        (void) build_table_start_grace(builder->manager->builds, build_now_ms(), grace_ms);
         build_watch_kick(s->watch);
         return 0;
 }
@@ -101,6 +117,7 @@ void build_sharing_stop(Builder *builder) {
         /* The server has drained: no flight is left. */
         build_watch_free(s->watch);
         builder->sharing = NULL;
+        (void) pthread_mutex_destroy(&s->keep_lock);
         (void) pthread_mutex_destroy(&s->lock);
         free(s);
 }
@@ -143,9 +160,13 @@ void build_sharing_grace_changed(const Builder *builder) {
 }
 
 void build_sharing_process_gone(const Builder *builder, const BuildCaller *caller) {
-        size_t n = build_table_drop_process(builder->manager->builds, caller->pid,
-                                            caller->start_time, build_now_ms(),
-                                            build_sharing_grace_ms(builder));
+        BuildRecord **list = NULL;
+        size_t n_list = 0;
+        size_t n = build_table_drop_process_list(builder->manager->builds, caller->pid,
+                                                 caller->start_time, build_now_ms(),
+                                                 build_sharing_grace_ms(builder), &list, &n_list);
+        build_holders_save_list(builder, list, n_list);
+        build_list_free(list, n_list);
         if (n > 0)
                 log_debug("Process %d exited: %zu build%s it held now nothing holds.",
                           (int) caller->pid, n, n == 1 ? "" : "s");
@@ -297,6 +318,8 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
 unlock:
         (void) pthread_mutex_unlock(&s->lock);
         if (live) {
+                /* Kept before the answer: a trainer answered is a holder a restart knows. */
+                build_holders_save(builder, live);
                 w->done(w->userdata, live, true, NULL);
                 return BUILD_SHARE_ANSWERED;
         }
@@ -360,6 +383,8 @@ void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
         }
         flight_unlist(s, f);
         (void) pthread_mutex_unlock(&s->lock);
+        if (rec)
+                build_holders_save(builder, rec);
 
         for (size_t i = 0; i < f->n_waiters; i++) {
                 BuildWaiter *w = &f->waiters[i];
@@ -442,6 +467,7 @@ int build_release_held(const Builder *builder, const char *id, const BuildCaller
         if (r < 0)
                 return r;
         *ret_freed = false;
+        build_holders_save(builder, rec);
         if (r > 0 && build_sharing_grace_ms(builder) == 0)
                 *ret_freed = build_free(builder, id, BUILD_TAKE_EXPIRED, build_now_ms(),
                                         "released by its last holder", NULL) >= 0;
@@ -460,6 +486,7 @@ int build_pin(const Builder *builder, const char *id, bool pin, BuildRecord **re
         if (r < 0)
                 return r;
         r = build_table_pin(t, rec, pin, build_now_ms(), build_sharing_grace_ms(builder));
+        build_holders_save(builder, rec);
         if (r > 0)
                 build_sharing_grace_changed(builder);
         *ret = TAKE_PTR(rec);

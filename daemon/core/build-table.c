@@ -417,19 +417,34 @@ int build_table_unhold(BuildTable *t, BuildRecord *rec, int32_t pid, uint64_t st
                                 rec->id, pid, rec->id);
 }
 
-size_t build_table_drop_process(BuildTable *t, int32_t pid, uint64_t start_time, int64_t now_ms,
-                                uint64_t grace_ms) {
-        size_t n = 0;
+size_t build_table_drop_process_list(BuildTable *t, int32_t pid, uint64_t start_time,
+                                     int64_t now_ms, uint64_t grace_ms, BuildRecord ***ret,
+                                     size_t *ret_n) {
+        BuildRecord **list = NULL;
+        size_t n = 0, n_list = 0;
 
         (void) pthread_mutex_lock(&t->lock);
+        if (ret && t->n_records > 0)
+                list = calloc(t->n_records, sizeof(BuildRecord *));
         for (size_t i = 0; i < t->n_records; i++) {
                 ssize_t j = holder_index(&t->records[i]->holding, pid, start_time);
-                if (j >= 0)
-                        n += holder_remove_locked(&t->records[i]->holding, (size_t) j, now_ms,
-                                                  grace_ms);
+                if (j < 0)
+                        continue;
+                n += holder_remove_locked(&t->records[i]->holding, (size_t) j, now_ms, grace_ms);
+                if (list)
+                        list[n_list++] = build_record_ref(t->records[i]);
         }
         (void) pthread_mutex_unlock(&t->lock);
+        if (ret) {
+                *ret = list;
+                *ret_n = n_list;
+        }
         return n;
+}
+
+size_t build_table_drop_process(BuildTable *t, int32_t pid, uint64_t start_time, int64_t now_ms,
+                                uint64_t grace_ms) {
+        return build_table_drop_process_list(t, pid, start_time, now_ms, grace_ms, NULL, NULL);
 }
 
 bool build_table_process_holds(BuildTable *t, int32_t pid, uint64_t start_time) {
@@ -575,4 +590,66 @@ int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret
 void build_holding_done(BuildHolding *h) {
         h->holders = mfree(h->holders);
         h->n_holders = 0;
+}
+
+void build_holding_kept_done(BuildHoldingKept *k) {
+        if (!k)
+                return;
+        k->key = mfree(k->key);
+        k->holders = mfree(k->holders);
+        k->key_size = k->n_holders = 0;
+}
+
+int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHoldingKept *ret) {
+        BuildHoldingKept k = {};
+        int r = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        const BuildHolding *h = &rec->holding;
+        k.pinned = h->pinned;
+        k.private_build = h->private_build;
+        k.created_ms = h->created_ms;
+        k.key_size = h->key ? h->key_size : 0;
+        k.n_holders = h->n_holders;
+        if (rec->removed)
+                r = -ESTALE;
+        else if (k.key_size > 0 && !(k.key = malloc(k.key_size)))
+                r = -ENOMEM;
+        else if (k.n_holders > 0 && !(k.holders = calloc(k.n_holders, sizeof(BuildHolder))))
+                r = -ENOMEM;
+        else {
+                if (k.key_size > 0)
+                        memcpy(k.key, h->key, k.key_size);
+                if (k.n_holders > 0)
+                        memcpy(k.holders, h->holders, k.n_holders * sizeof(BuildHolder));
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        if (r < 0) {
+                build_holding_kept_done(&k);
+                return r;
+        }
+        *ret = k;
+        return 0;
+}
+
+void build_table_holding_put_back(BuildTable *t, BuildRecord *rec, BuildHoldingKept *k) {
+        (void) pthread_mutex_lock(&t->lock);
+        BuildHolding *h = &rec->holding;
+        h->pinned = k->pinned;
+        h->private_build = k->private_build;
+        if (k->created_ms > 0)
+                h->created_ms = k->created_ms;
+        if (k->key) {
+                free(h->key);
+                h->key = TAKE_PTR(k->key);
+                h->key_size = k->key_size;
+                h->key_hash = key_hash(h->key, h->key_size);
+        }
+        free(h->holders);
+        h->holders = TAKE_PTR(k->holders);
+        h->n_holders = k->n_holders;
+        if (h->n_holders > 0 || h->pinned)
+                h->grace_deadline_ms = 0;
+        (void) pthread_mutex_unlock(&t->lock);
+        build_holding_kept_done(k);
 }

@@ -167,3 +167,28 @@ unsigned build_table_count_idle(BuildTable *t);
 /* A copy of rec's holding (holders malloc'd, key left out); free with build_holding_done. */
 int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret);
 void build_holding_done(BuildHolding *h);
+
+/* ---- holders kept across a restart (build/build-holders-keep.c) ------------------------- */
+
+/* What of a holding outlives the daemon: plain data, malloc'd. */
+typedef struct BuildHoldingKept {
+        bool pinned;
+        bool private_build;
+        int64_t created_ms;
+        uint8_t *key; /* NULL: never shared */
+        size_t key_size;
+        BuildHolder *holders; /* oldest first */
+        size_t n_holders;
+} BuildHoldingKept;
+void build_holding_kept_done(BuildHoldingKept *k);
+
+/* A copy of what rec's holding keeps; -ESTALE once rec left the table. */
+int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHoldingKept *ret);
+/* After a restart: rec's holding gets k back (key and holders taken, k emptied); a build with
+ * holders or a pin is not in its grace period. */
+void build_table_holding_put_back(BuildTable *t, BuildRecord *rec, BuildHoldingKept *k);
+/* As build_table_drop_process(), and *ret (new references, build_list_free()) lists every
+ * build the process held, its holders changed. */
+size_t build_table_drop_process_list(BuildTable *t, int32_t pid, uint64_t start_time,
+                                     int64_t now_ms, uint64_t grace_ms, BuildRecord ***ret,
+                                     size_t *ret_n);

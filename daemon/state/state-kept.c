@@ -2,7 +2,8 @@
 
 /*
  * DESIGN: both modes come down to two lists of named descriptors, records ("meta-*") and
- * descriptors ("shard-*"): the fd store hands them over as LISTEN_FDS (the shell passes them
+ * descriptors ("shard-*"), and the records replaced beside them ("metarep-*", kept here until
+ * their record's owner takes them, state-replace.c): the fd store hands them over as LISTEN_FDS (the shell passes them
  * in), the state dir is read into the same shape (opened read-only: nothing here ever writes,
  * truncates or rewrites a kept file). What they mean, and which of them are put back, is
  * their owner's to say (daemon/build/build-restore.c); what it does not take, it drops with
@@ -26,18 +27,20 @@ static bool endswith(const char *s, const char *suffix) {
         return n >= k && streq(s + n - k, suffix);
 }
 
-/* Takes every descriptor of from; inherited ones come without close-on-exec. */
-static int take_fdstore(StateFds *from, StateFds *into) {
+/* Takes every descriptor of from, replaced records (may be NULL: none) apart; inherited ones
+ * come without close-on-exec. */
+static int take_fdstore(StateFds *from, StateFds *into, StateFds *replaced) {
         int r = 0;
 
         for (size_t i = 0; i < from->n; i++) {
                 int fd = TAKE_FD(from->items[i].fd);
+                bool rep = replaced && startswith(from->items[i].name, STATE_PREFIX_REPLACED);
 
                 (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
                 if (r < 0)
                         safe_close(fd);
                 else
-                        r = state_fds_add(into, from->items[i].name, fd);
+                        r = state_fds_add(rep ? replaced : into, from->items[i].name, fd);
         }
         state_fds_done(from);
         return r;
@@ -58,9 +61,10 @@ static int take_dir(State *s, StateFds *records, StateFds *segments) {
 
         for (struct dirent *de; r >= 0 && (errno = 0, de = readdir(d));) {
                 bool meta = startswith(de->d_name, STATE_PREFIX_RECORD),
-                     shard = startswith(de->d_name, STATE_PREFIX_SEGMENT);
+                     shard = startswith(de->d_name, STATE_PREFIX_SEGMENT),
+                     rep = startswith(de->d_name, STATE_PREFIX_REPLACED);
 
-                if (!meta && !shard)
+                if (!meta && !shard && !rep)
                         continue; /* not ours: left alone */
                 if (endswith(de->d_name, STATE_TMP_SUFFIX)) {
                         /* A record being written when the daemon stopped. */
@@ -75,7 +79,8 @@ static int take_dir(State *s, StateFds *records, StateFds *segments) {
                                           de->d_name);
                         continue;
                 }
-                r = state_fds_add(meta ? records : segments, de->d_name, f);
+                r = state_fds_add(meta ? records : rep ? &s->replaced_kept : segments, de->d_name,
+                                  f);
         }
         if (r >= 0 && errno != 0)
                 r = log_error_errno(-errno, "Failed to read the state dir %s: %m", s->dir);
@@ -90,13 +95,14 @@ int state_take_kept(State *s, StateFds *ret_records, StateFds *ret_segments) {
         if (s && s->mode == STATE_MODE_DIR)
                 r = take_dir(s, &records, &segments);
         else if (s && s->mode == STATE_MODE_FDSTORE) {
-                r = take_fdstore(&s->records, &records);
+                r = take_fdstore(&s->records, &records, &s->replaced_kept);
                 if (r >= 0)
-                        r = take_fdstore(&s->segments, &segments);
+                        r = take_fdstore(&s->segments, &segments, NULL);
         }
         if (r < 0) {
                 state_fds_done(&records);
                 state_fds_done(&segments);
+                state_fds_done(&s->replaced_kept);
                 return r;
         }
         *ret_records = records;

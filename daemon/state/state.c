@@ -138,7 +138,7 @@ static int dir_put(State *s, const char *name, const uint8_t *data, size_t size)
 
 /* A record under name: a state dir file (temp file, then rename) or a sealed memfd in the fd
  * store. */
-static int put_record(State *s, const char *name, const uint8_t *data, size_t size) {
+int state_put_record(State *s, const char *name, const uint8_t *data, size_t size) {
         if (s->mode == STATE_MODE_DIR)
                 return dir_put(s, name, data, size);
 
@@ -189,7 +189,7 @@ void state_unreserve(State *s, size_t n) {
 }
 
 /* A reservation (or, at start, nothing) becomes use. */
-static void fd_commit(State *s, size_t n) {
+void state_fd_commit(State *s, size_t n) {
         if (!s || s->mode != STATE_MODE_FDSTORE)
                 return;
         (void) pthread_mutex_lock(&s->lock);
@@ -199,10 +199,10 @@ static void fd_commit(State *s, size_t n) {
 }
 
 void state_adopt(State *s, size_t n) {
-        fd_commit(s, n);
+        state_fd_commit(s, n);
 }
 
-static void fd_release(State *s, size_t n) {
+void state_fd_release(State *s, size_t n) {
         if (!s || s->mode != STATE_MODE_FDSTORE)
                 return;
         (void) pthread_mutex_lock(&s->lock);
@@ -225,6 +225,34 @@ void state_fd_counts(State *s, size_t *ret_used, size_t *ret_max) {
 
 /* ---- keeping --------------------------------------------------------------------------- */
 
+/* From now on a record may be replaced beside id; without memory it may not (its replaces are
+ * refused, and logged by their owner). */
+static void replaced_register(State *s, const char *id) {
+        (void) pthread_mutex_lock(&s->replace_lock);
+        if (!state_replaced_find(s, id))
+                (void) state_replaced_add(s, id);
+        (void) pthread_mutex_unlock(&s->replace_lock);
+}
+
+/* The record replaced beside id goes with it, and no replace may bring it back. */
+static void replaced_forget(State *s, const char *id) {
+        char name[STATE_NAME_MAX];
+
+        (void) pthread_mutex_lock(&s->replace_lock);
+        StateReplaced *e = state_replaced_find(s, id);
+        if (e) {
+                if (e->stored && state_name_replaced(id, s->mode == STATE_MODE_FDSTORE ?
+                                                                 e->generation : 0,
+                                                     name) >= 0) {
+                        state_drop(s, name);
+                        state_fd_release(s, 1);
+                }
+                free(e->id);
+                *e = s->replaced[--s->n_replaced];
+        }
+        (void) pthread_mutex_unlock(&s->replace_lock);
+}
+
 int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
                const StateFd *fds, size_t n_fds) {
         char meta[STATE_NAME_MAX];
@@ -238,8 +266,12 @@ int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
                 return r;
 
         /* The state dir's descriptors are its files already. */
-        if (s->mode == STATE_MODE_DIR)
-                return put_record(s, meta, record, size);
+        if (s->mode == STATE_MODE_DIR) {
+                r = state_put_record(s, meta, record, size);
+                if (r >= 0)
+                        replaced_register(s, id);
+                return r;
+        }
 
         for (; r >= 0 && pushed < n_fds; pushed++) {
                 r = fdstore_push(s, fds[pushed].name, fds[pushed].fd);
@@ -247,13 +279,14 @@ int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
                         break;
         }
         if (r >= 0)
-                r = put_record(s, meta, record, size);
+                r = state_put_record(s, meta, record, size);
         if (r < 0) {
                 for (size_t i = 0; i < pushed; i++)
                         fdstore_remove(s, fds[i].name);
                 return r;
         }
-        fd_commit(s, n_fds + 1);
+        state_fd_commit(s, n_fds + 1);
+        replaced_register(s, id);
         return 0;
 }
 
@@ -262,9 +295,10 @@ void state_forget(State *s, const char *id, size_t n_fds) {
 
         if (!s || s->mode == STATE_MODE_NONE)
                 return;
+        replaced_forget(s, id);
         if (state_name_record(id, meta) >= 0)
                 state_drop(s, meta);
-        fd_release(s, n_fds + 1);
+        state_fd_release(s, n_fds + 1);
 }
 
 void state_discard(State *s, const char *name) {
@@ -361,6 +395,7 @@ int state_new(StateParams *p, State **ret) {
                 return log_error_errno(-ENOMEM, "Out of memory.");
         }
         (void) pthread_mutex_init(&s->lock, NULL);
+        (void) pthread_mutex_init(&s->replace_lock, NULL);
         s->dir_fd = -1;
         s->records = p->records;
         s->segments = p->segments;
@@ -399,6 +434,9 @@ State *state_free(State *s) {
                 return NULL;
         state_fds_done(&s->records);
         state_fds_done(&s->segments);
+        state_fds_done(&s->replaced_kept);
+        state_replaced_free_all(s);
+        (void) pthread_mutex_destroy(&s->replace_lock);
         free(s->dir);
         safe_close(s->dir_fd);
         (void) pthread_mutex_destroy(&s->lock);

@@ -15,7 +15,8 @@
  *            written as a temporary file and renamed.
  *   none     nothing persists.
  *
- * Names: a record is "meta-<id>", a descriptor kept with it "shard-<id>-<n>". A record is
+ * Names: a record is "meta-<id>", a descriptor kept with it "shard-<id>-<n>", the record
+ * replaced beside it "metarep-<id>" (dir) or "metarep-<id>.<generation>" (fd store). A record is
  * kept after its descriptors and let go of before them (state_keep(), state_forget()), so a
  * crash leaves at worst descriptors without a record, which the next start drops, never a
  * record whose descriptors are missing. Nothing here interprets a record's bytes, or writes,
@@ -26,9 +27,19 @@
  * (StateParams.fdstore_add and fdstore_remove), and what it gave back at this start comes in
  * StateParams.records and .segments.
  *
- * Thread safety: everything may be called from any thread at once. Only the fd counts are
- * shared (own mutex); each record or descriptor has its own name. state_take_kept() runs
- * once, before anything is kept.
+ * Replaced records: beside a kept record, its owner may keep one more record that changes all
+ * the time (a build's holders), replaced whole by each state_replace(), atomically: in the
+ * state dir a temporary file renamed over the old one; in the fd store a new sealed memfd under
+ * the next generation's name, pushed before the old generation is removed, so a crash leaves
+ * the old one, the new one, or both (the newest wins at the next start, the others are
+ * dropped). It counts one descriptor of the fd store's room (two for the moment of the swap).
+ * It lives as long as its kept record: state_forget() drops it, and a replace after that is
+ * refused, so a save racing a release cannot leave one behind.
+ *
+ * Thread safety: everything may be called from any thread at once. The fd counts are shared
+ * (own mutex); replaced records are written one at a time (their own mutex, held through the
+ * write); each record or descriptor has its own name. state_take_kept() runs once, before
+ * anything is kept.
  */
 
 #include <stdbool.h>
@@ -46,6 +57,8 @@
 
 #define STATE_PREFIX_RECORD "meta-"
 #define STATE_PREFIX_SEGMENT "shard-"
+/* Under the fd store prefix the shell takes back ("meta"), but not "meta-": no kept record. */
+#define STATE_PREFIX_REPLACED "metarep-"
 
 typedef enum StateMode {
         STATE_MODE_NONE,
@@ -125,13 +138,13 @@ void state_fd_counts(State *s, size_t *ret_used, size_t *ret_max);
  * state_name_segment(id, ...)): the descriptors first (into the fd store; in the state dir
  * they are files there already), then the record. All or nothing: on failure nothing of it is
  * kept (what went into the fd store is removed again; the state dir's files stay the
- * caller's). On success the reservation of n_fds + 1 is in use. A negative errno: -ENOSPC
- * or -EDQUOT when the state dir is full.
+ * caller's). On success the reservation of n_fds + 1 is in use, and a record may be replaced
+ * beside it (state_replace()). A negative errno: -ENOSPC or -EDQUOT when the state dir is full.
  */
 int state_keep(State *s, const char *id, const uint8_t *record, size_t size,
                const StateFd *fds, size_t n_fds);
-/* Lets go of the record id, kept by state_keep() with n_fds descriptors, and ends their use.
- * Its descriptors go next, each with state_drop(): the record goes first, so a crash in
+/* Lets go of the record id, kept by state_keep() with n_fds descriptors, and ends their use;
+ * the record replaced beside it goes first, and is not replaced again. Its descriptors go next, each with state_drop(): the record goes first, so a crash in
  * between leaves only descriptors, which the next start drops. */
 void state_forget(State *s, const char *id, size_t n_fds);
 /* Lets go of a descriptor made for a record that was never kept: the state dir's file (the fd
@@ -148,3 +161,23 @@ void state_drop(State *s, const char *name);
 int state_take_kept(State *s, StateFds *ret_records, StateFds *ret_segments);
 /* A kept record's bytes (a regular file or memfd of at most max bytes, else -EFBIG). */
 int state_read_record(int fd, size_t max, uint8_t **ret, size_t *ret_size);
+
+/* ---- replaced records (DESIGN) ---------------------------------------------------------- */
+
+/*
+ * Replaces the record replaced beside the kept record id with size bytes of data. -ESTALE
+ * when id is not kept (never kept, forgotten, or restored without state_take_replaced()):
+ * nothing written. -ENOSPC when the fd store has no room for it (the old one stays), or the
+ * state dir is full. 0 in mode none.
+ */
+int state_replace(State *s, const char *id, const uint8_t *data, size_t size);
+/*
+ * At start, for a record id the previous run kept and its owner put back: from now on id is
+ * kept (state_replace() works on it), and *ret (malloc'd) holds the newest record replaced
+ * beside it, which now counts in the fd store's room; older generations are dropped. -ENOENT:
+ * none was kept; -EFBIG past max bytes, or an unreadable one (dropped).
+ */
+int state_take_replaced(State *s, const char *id, size_t max, uint8_t **ret, size_t *ret_size);
+/* At start, once every kept record was put back: replaced records none of them took are
+ * dropped. */
+void state_drop_untaken_replaced(State *s);

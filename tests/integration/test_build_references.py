@@ -5,9 +5,15 @@ Trainer-like processes (build_holder.py, each its own pid) hold builds of the re
 build is freed only when no process and no pin holds it, after --build-grace-ms; a process's
 references go when it exits (SIGKILL included), not when its connection closes; a new process
 that gets the old pid inherits nothing; builds in their grace period give way to new Builds.
+A daemon killed and started again from its state (--state-dir) gives each build back what
+held it: the processes that still live (same pid and start time), its pin, its privacy, its
+creation time and its sharing key (TestRestart; the fd store's in test_durability_fdstore.py).
 """
 
 import os
+import shutil
+import signal
+import struct
 import subprocess
 import sys
 import time
@@ -17,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 from test_build_sharing import Holder  # noqa: E402
 import test_build_sharing as S  # noqa: E402
+import test_durability_util as U  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 GE = "grouped_experts"
@@ -283,6 +290,218 @@ class TestGiveWay(Base):
         for b in (third["build_id"], lay.reply.build.build_id, lay2.reply.build.build_id):
             self.force(b)
 
+
+def crc32c(data):
+    crc = 0xffffffff
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82f63b78 if crc & 1 else crc >> 1
+    return crc ^ 0xffffffff
+
+
+def ask_again(h, **cmd):
+    """A command of a holder whose channel may still point at a daemon that was killed:
+    grpcio answers UNAVAILABLE until it reconnects."""
+    deadline = time.monotonic() + 10
+    while True:
+        a = h.ask(**cmd)
+        if a["code"] != "UNAVAILABLE" or time.monotonic() > deadline:
+            return a
+        time.sleep(0.1)
+
+
+class RestartBase(unittest.TestCase):
+    """A daemon on a state dir, killed and started again on it; holders are build_holder.py
+    processes connected to its socket, which stays the same across the restart."""
+
+    def setUp(self):
+        self.state = U.tmpfs_dir("fd-refs-")
+        if self.state is None:
+            self.skipTest("no tmpfs to put a state dir on (/dev/shm, /run)")
+        self.addCleanup(shutil.rmtree, self.state, True)
+        self.tmp = H.short_tmpdir()
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.daemons = []
+
+    def tearDown(self):
+        for d in self.daemons:
+            if d.alive():
+                d.stop()
+                err = d.stderr()
+                self.assertNotIn("runtime error:", err)
+                self.assertNotIn("Sanitizer", err)
+
+    def start(self):
+        d = H.Daemon(registry=REGISTRY, host_devices=1, protos=P, tmpdir=self.tmp,
+                     extra_args=["--state-dir", self.state, "--build-grace-ms", str(GRACE_MS)])
+        self.daemons.append(d)
+        d.start()
+        S.D = d  # Holder connects to S.D.socket
+        self.c = Retrying(d.client)
+        return d
+
+    def kill(self, d):
+        d.client.close()
+        d.client = None
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+
+    def holder(self):
+        h = Holder()
+        self.addCleanup(h.close)
+        return h
+
+    def get(self, build_id):
+        return self.c.call("familyd.v1.FamilyService/GetBuild", build_id=build_id)
+
+    def built(self, h, seed, private=False):
+        req = request(seed)
+        if private:
+            req["privateBuild"] = True
+        a = ask_again(h, op="build", request=req)
+        self.assertEqual(a["code"], "OK", a)
+        return a
+
+    def pids(self, build_id):
+        return [ref.pid for ref in self.get(build_id).reply.references]
+
+
+class TestRestart(RestartBase):
+    def test_holders_pin_privacy_and_key_survive_a_sigkill(self):
+        d1 = self.start()
+        a, b, gone = self.holder(), self.holder(), self.holder()
+        x = self.built(a, 31)
+        self.assertEqual(self.built(b, 31)["build_id"], x["build_id"])
+        self.assertEqual(self.built(gone, 31)["build_id"], x["build_id"])
+        alone = self.built(gone, 32)         # held only by a process that dies meanwhile
+        pinned = self.built(gone, 33)        # ... and pinned
+        pin = self.c.call("familyd.v1.FamilyService/PinBuild", build_id=pinned["build_id"])
+        self.assertTrue(pin.ok and pin.reply.pinned, pin)
+        private = self.built(a, 34, private=True)
+        # The same process twice: two references, released one at a time.
+        self.assertEqual(self.built(a, 31)["build_id"], x["build_id"])
+        before = {i: self.get(i).reply for i in
+                  (x["build_id"], alone["build_id"], pinned["build_id"], private["build_id"])}
+        self.assertEqual(self.pids(x["build_id"]), [a.proc.pid, b.proc.pid, gone.proc.pid])
+
+        # The daemon is killed; one holder dies while it is down.
+        self.kill(d1)
+        gone.proc.kill()
+        gone.proc.wait()
+        t0 = time.time()
+        self.start()
+
+        # The living holders hold it with no call, since the same time; no grace period.
+        got = self.get(x["build_id"]).reply
+        self.assertEqual([r.pid for r in got.references], [a.proc.pid, b.proc.pid])
+        self.assertEqual([(r.uid, r.since_unix_ms) for r in got.references],
+                         [(r.uid, r.since_unix_ms) for r in before[x["build_id"]].references[:2]])
+        self.assertEqual(got.grace_deadline_unix_ms, 0)
+        self.assertEqual(got.created_unix_ms, before[x["build_id"]].created_unix_ms)
+        self.assertFalse(got.pinned or got.private_build)
+        # Pinned: still pinned, no holder, no grace period.
+        got = self.get(pinned["build_id"]).reply
+        self.assertEqual((got.pinned, len(got.references), got.grace_deadline_unix_ms),
+                         (True, 0, 0))
+        # Private: still private, still held.
+        got = self.get(private["build_id"]).reply
+        self.assertTrue(got.private_build)
+        self.assertEqual([r.pid for r in got.references], [a.proc.pid])
+        # Held by nobody alive: its grace period started at the restart.
+        got = self.get(alone["build_id"]).reply
+        self.assertEqual(len(got.references), 0)
+        self.assertGreaterEqual(got.grace_deadline_unix_ms, int(t0 * 1000) + GRACE_MS)
+
+        # The sharing key was kept: asking again, from a new process, gets the same build.
+        e = self.holder()
+        again = self.built(e, 32)
+        self.assertEqual((again["build_id"], again["shared"]), (alone["build_id"], True))
+        self.assertEqual(self.pids(alone["build_id"]), [e.proc.pid])
+        # A private build is still found by nobody.
+        other = self.built(e, 34, private=True)
+        self.assertNotEqual(other["build_id"], private["build_id"])
+
+        # a held x twice: its first release leaves it listed.
+        r = ask_again(a, op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["freed"]), ("OK", False), r)
+        self.assertEqual(self.pids(x["build_id"]), [a.proc.pid, b.proc.pid])
+        # Once its holders exit, the watcher sees it: the grace period, then freed.
+        a.close()
+        b.close()
+        deadline = time.monotonic() + 5
+        while self.get(x["build_id"]).reply.grace_deadline_unix_ms == 0 and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = self.get(x["build_id"]).reply
+        self.assertEqual(len(got.references), 0)
+        self.assertNotEqual(got.grace_deadline_unix_ms, 0)
+        time.sleep(GRACE_MS / 1000 + 0.7)
+        self.assertEqual(self.get(x["build_id"]).code, "NOT_FOUND")
+        self.assertEqual(self.get(private["build_id"]).code, "NOT_FOUND")
+        self.assertEqual(self.get(pinned["build_id"]).code, "OK")
+        self.assertFalse([n for n in os.listdir(self.state) if x["build_id"] in n])
+
+    def test_holders_kept_across_two_restarts_and_a_damaged_record(self):
+        d1 = self.start()
+        a = self.holder()
+        x = self.built(a, 41)
+        y = self.built(a, 42)
+        self.assertIn("metarep-" + x["build_id"], os.listdir(self.state))
+        self.kill(d1)
+        d2 = self.start()
+        self.assertEqual(self.pids(x["build_id"]), [a.proc.pid])
+        self.assertRegex(d2.stderr(), r"Build %s: 1 process still holds it\." % x["build_id"])
+        self.kill(d2)
+        # A record of holders damaged while the daemon was down: no holders, never a lost build.
+        with open(os.path.join(self.state, "metarep-" + y["build_id"]), "r+b") as f:
+            f.seek(40)
+            f.write(b"\xff\xff")
+        # And one whose build's record is gone: dropped.
+        with open(os.path.join(self.state, "metarep-bld-00000000-9"), "wb") as f:
+            f.write(b"orphan")
+        d3 = self.start()
+        err = d3.stderr()
+        self.assertEqual(self.pids(x["build_id"]), [a.proc.pid])
+        got = self.get(y["build_id"])
+        self.assertEqual(got.code, "OK", got)
+        self.assertEqual(len(got.reply.references), 0)
+        self.assertNotEqual(got.reply.grace_deadline_unix_ms, 0)
+        self.assertRegex(err, r"Build %s: the record of its holders is dropped \(its checksum "
+                              r"does not match \(damaged\)\); it waits out its grace period, "
+                              r"ignoring\." % y["build_id"])
+        self.assertRegex(err, r"Dropping metarep-bld-00000000-9: no kept record names it\.")
+        self.assertNotIn("metarep-bld-00000000-9", os.listdir(self.state))
+
+
+    def test_a_holder_with_another_start_time_is_another_process(self):
+        """The saved start time of a live pid differs (the pid was reused while the daemon was
+        down): that reference is dropped, the other kept."""
+        d1 = self.start()
+        a, b = self.holder(), self.holder()
+        x = self.built(a, 44)
+        self.built(b, 44)
+        self.kill(d1)
+        path = os.path.join(self.state, "metarep-" + x["build_id"])
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        n, key_size = struct.unpack_from("<I", data, 12)[0], struct.unpack_from("<Q", data, 24)[0]
+        self.assertEqual(n, 2)
+        at = 32 + key_size
+        self.assertEqual(struct.unpack_from("<i", data, at)[0], a.proc.pid)
+        start = struct.unpack_from("<Q", data, at + 8)[0]
+        struct.pack_into("<Q", data, at + 8, start + 1)
+        struct.pack_into("<I", data, len(data) - 4, crc32c(bytes(data[:-4])))
+        with open(path, "wb") as f:
+            f.write(data)
+        d2 = self.start()
+        self.assertEqual(self.pids(x["build_id"]), [b.proc.pid])
+        self.assertRegex(d2.stderr(), r"Build %s: process %d held it before the restart and is "
+                                      r"gone; its reference is dropped\." % (x["build_id"],
+                                                                             a.proc.pid))
+        # a is not a holder: its release is refused.
+        r = ask_again(a, op="release", build_id=x["build_id"])
+        self.assertEqual((r["code"], r["reason"]), ("FAILED_PRECONDITION", "NOT_HELD"), r)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -5,7 +5,9 @@ Under a service manager every shard segment and the record of every live build a
 the manager's fd store (FDSTORE=1, FDNAME=shard-<build>-<rank> and meta-<id>); a daemon started
 again with those descriptors (LISTEN_FDS, LISTEN_FDNAMES) serves the same builds, tokens and
 bytes. Released builds leave the store. --fdstore-max bounds what familyd stores: a Build past
-it is refused with RESOURCE_EXHAUSTED, never left unprotected.
+it is refused with RESOURCE_EXHAUSTED, never left unprotected. What holds a build (processes,
+pin, key) is a record of its own, metarep-<id>.<generation>, replaced by the next generation
+at each change: only the newest stays in the store, and a restart gives it back.
 
 No systemd as PID 1 here: fake_manager.py plays the manager (its notify socket, its fd store,
 and the restart that passes the store back).
@@ -21,6 +23,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 import shard_client as SC  # noqa: E402
+import test_build_sharing as S  # noqa: E402
+from test_build_sharing import Holder  # noqa: E402
 import test_durability_util as U  # noqa: E402
 from fake_manager import FakeManager  # noqa: E402
 
@@ -97,6 +101,16 @@ class FdStoreTest(unittest.TestCase):
             time.sleep(0.02)
         return self.ours(m)
 
+    def wait_holders_records(self, m, build_id, want, timeout=10.0):
+        """The build's records of holders in the store once they are want (the datagrams of the
+        last swap may still be on their way)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = [n for n in self.ours(m) if n.startswith("metarep-%s." % build_id)]
+            if got == want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.02)
+
     # -----------------------------------------------------------------------------------------
 
     def test_sigkill_and_restart_with_the_store(self):
@@ -110,8 +124,10 @@ class FdStoreTest(unittest.TestCase):
         before = U.view(self, d1)
         bytes_before = U.read_shards(self, d1, on_mesh)
 
+        # The test process holds its materialising builds: one record of holders each.
         want = sorted(["meta-" + mesh_id] +
                       ["meta-" + b.build_id for b in (on_mesh, alone, plain)] +
+                      ["metarep-%s.1" % b.build_id for b in (on_mesh, alone)] +
                       ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)] +
                       ["shard-%s-0" % alone.build_id])
         self.assertEqual(self.wait_ours(m, len(want)), want)
@@ -145,7 +161,7 @@ class FdStoreTest(unittest.TestCase):
         mark = m.mark()
         U.ok(self, d2.client.call("familyd.v1.FamilyService/ReleaseBuild",
                                   build_id=on_mesh.build_id, force=True))
-        for name in ["meta-" + on_mesh.build_id] + \
+        for name in ["meta-" + on_mesh.build_id, "metarep-%s.1" % on_mesh.build_id] + \
                 ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)]:
             m.wait_for("FDNAME", name, after=mark)
         self.assertEqual([n for n in self.ours(m) if on_mesh.build_id in n], [])
@@ -157,18 +173,19 @@ class FdStoreTest(unittest.TestCase):
 
     def test_fdstore_max_refuses_a_build_that_would_not_be_kept(self):
         m = self.manager()
-        # One build of one shard needs two descriptors (its segment and its record).
-        d = self.start(m, extra_args=["--fdstore-max", "3"])
+        # One build of one shard needs two descriptors (its segment and its record); held, the
+        # record of its holders takes a third.
+        d = self.start(m, extra_args=["--fdstore-max", "4"])
         first = U.build(self, d, materialize={})
         before = U.view(self, d)
-        stored = self.wait_ours(m, 2)
-        self.assertEqual(len(stored), 2)
+        stored = self.wait_ours(m, 3)
+        self.assertEqual(len(stored), 3)
 
         res = d.client.call("familyd.v1.FamilyService/Build",
                             U.build_request(P, materialize={"seed": 2}))
         self.assertEqual(res.code, "RESOURCE_EXHAUSTED", res)
-        self.assertEqual(res.message, "fd store limit reached: build needs 2 descriptors, 2 of "
-                                      "3 kept (--fdstore-max)")
+        self.assertEqual(res.message, "fd store limit reached: build needs 2 descriptors, 3 of "
+                                      "4 kept (--fdstore-max)")
         _, infos = d.client.error_details(res)
         self.assertEqual([i.reason for i in infos], ["FDSTORE_LIMIT"])
         self.assertEqual(U.view(self, d), before)
@@ -178,7 +195,7 @@ class FdStoreTest(unittest.TestCase):
         plain = U.build(self, d)
         res = d.client.call("familyd.v1.MeshService/CreateMesh", {"mesh": MESH})
         self.assertEqual(res.code, "RESOURCE_EXHAUSTED", res)
-        self.assertEqual(res.message, "fd store limit reached: mesh needs 1 descriptor, 3 of 3 "
+        self.assertEqual(res.message, "fd store limit reached: mesh needs 1 descriptor, 4 of 4 "
                                       "kept (--fdstore-max)")
         self.assertEqual(
             len(U.ok(self, d.client.call("familyd.v1.MeshService/ListMeshes")).meshes), 0)
@@ -188,12 +205,33 @@ class FdStoreTest(unittest.TestCase):
                                  build_id=first.build_id, force=True))
         again = U.build(self, d, materialize={"seed": 2})
         self.assertEqual(U.view(self, d)["ids"], [plain.build_id, again.build_id])
+        self.assertEqual(self.wait_ours(m, 4), sorted(
+            ["meta-" + plain.build_id, "meta-" + again.build_id, "metarep-%s.1" % again.build_id,
+             "shard-%s-0" % again.build_id]))
+        self.assertEqual(m.fdstore_ignored, [])
+
+    def test_no_room_for_the_holders_record_is_logged_not_refused(self):
+        m = self.manager()
+        d = self.start(m, extra_args=["--fdstore-max", "2"])
+        first = U.build(self, d, materialize={})
+        self.assertEqual(self.wait_ours(m, 2), sorted(["meta-" + first.build_id,
+                                                      "shard-%s-0" % first.build_id]))
+        got = U.ok(self, d.client.call("familyd.v1.FamilyService/GetBuild",
+                                       build_id=first.build_id))
+        self.assertEqual([r.pid for r in got.references], [os.getpid()])
+        self.assertIn("Failed to keep the holders of build %s (they are lost if the daemon "
+                      "restarts), ignoring: no room in the fd store (--fdstore-max) or the "
+                      "state dir" % first.build_id, d.stderr())
+        self.assertEqual(m.fdstore_ignored, [])
 
     def test_damaged_and_orphaned_descriptors_are_dropped(self):
         m = self.manager()
         d1 = self.start(m)
         kept = U.build(self, d1, materialize={})
         lost = U.build(self, d1, materialize={})
+        # Each: its record, its shard, the record of its holders (the datagrams may still be
+        # on their way to the manager).
+        self.assertEqual(len(self.wait_ours(m, 6)), 6)
         self.kill(d1)
 
         # The manager hands back a record that is not one, and loses a shard of a build.
@@ -213,8 +251,71 @@ class FdStoreTest(unittest.TestCase):
         for name in ("meta-bld-00000000-1", "meta-" + lost.build_id):
             m.wait_for("FDSTOREREMOVE", "1", after=mark)
             self.assertIsNotNone(m.find("FDNAME", name, after=mark), name)
+        # The lost build's record of holders went with it.
         self.assertEqual(self.ours(m), sorted(["meta-" + kept.build_id,
+                                               "metarep-%s.1" % kept.build_id,
                                                "shard-%s-0" % kept.build_id]))
+
+    def test_holders_survive_a_sigkill_and_generations_do_not_pile_up(self):
+        m = self.manager()
+        d1 = self.start(m, extra_args=["--build-grace-ms", "1500"])
+        S.D = d1  # Holder connects to S.D.socket
+        a, b, gone = Holder(), Holder(), Holder()
+        for h in (a, b, gone):
+            self.addCleanup(h.close)
+        req = {"family": U.GE, "config": {"fields": {
+            k: ({"intValue": v} if isinstance(v, int) else {"doubleValue": v})
+            for k, v in U.GE_CONFIG.items()}}, "materialize": {"enabled": True, "seed": "51"}}
+        x = [h.ask(op="build", request=req) for h in (a, b, gone)]
+        self.assertEqual([r["code"] for r in x], ["OK"] * 3, x)
+        build_id = x[0]["build_id"]
+        self.assertEqual({r["build_id"] for r in x}, {build_id})
+        pinned = U.build(self, d1, materialize={"seed": 52})
+        U.ok(self, d1.client.call("familyd.v1.FamilyService/PinBuild",
+                                  build_id=pinned.build_id))
+        # Six changes of x's holders and pins: one record of them in the store, the newest.
+        for pin in ("PinBuild", "UnpinBuild"):
+            U.ok(self, d1.client.call("familyd.v1.FamilyService/" + pin, build_id=build_id))
+        want = ["metarep-%s.5" % build_id]
+        self.assertEqual(self.wait_holders_records(m, build_id, want), want)
+        self.assertEqual(len(self.wait_ours(m, 6)), 6)
+        self.assertEqual(m.fdstore_ignored, [])
+
+        self.kill(d1)
+        gone.proc.kill()
+        gone.proc.wait()
+        d2 = self.start(m, extra_args=["--build-grace-ms", "1500"])
+        S.D = d2
+        got = U.ok(self, d2.client.call("familyd.v1.FamilyService/GetBuild", build_id=build_id))
+        self.assertEqual([r.pid for r in got.references], [a.proc.pid, b.proc.pid])
+        self.assertEqual((got.pinned, got.grace_deadline_unix_ms), (False, 0))
+        got = U.ok(self, d2.client.call("familyd.v1.FamilyService/GetBuild",
+                                        build_id=pinned.build_id))
+        self.assertTrue(got.pinned)
+        # The dead holder was dropped at the restore, and the record saved again: the next
+        # generation replaced the one given back.
+        want = ["metarep-%s.6" % build_id]
+        self.assertEqual(self.wait_holders_records(m, build_id, want), want)
+        self.assertEqual(len(self.wait_ours(m, 6)), 6)
+        # The key was kept: the same request from a holder gets the same build.
+        again = a.ask(op="build", request=req)
+        deadline = time.monotonic() + 10
+        while again["code"] == "UNAVAILABLE" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            again = a.ask(op="build", request=req)
+        self.assertEqual((again["code"], again["build_id"], again["shared"]),
+                         ("OK", build_id, True), again)
+        # Its holders exit: the grace period, then it is freed, its records out of the store.
+        a.close()
+        b.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and d2.client.call(
+                "familyd.v1.FamilyService/GetBuild", build_id=build_id).code == "OK":
+            time.sleep(0.1)
+        self.assertEqual(d2.client.call("familyd.v1.FamilyService/GetBuild",
+                                        build_id=build_id).code, "NOT_FOUND")
+        self.assertEqual([n for n in self.wait_ours(m, 3) if build_id in n], [])
+        self.assertEqual(m.fdstore_ignored, [])
 
     def test_without_the_store_nothing_is_adopted(self):
         """systemctl stop, then start: the manager passes nothing back; familyd starts empty."""

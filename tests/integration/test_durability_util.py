@@ -101,14 +101,15 @@ def view(tc, d):
                    [g.SerializeToString() for g in got])
     meshes = ok(tc, c.call("familyd.v1.MeshService/ListMeshes")).meshes
     st = ok(tc, c.call("familyd.v1.AdminService/GetStatus"))
-    # What holds a build (references, pin, grace, creation time) is not kept across a restart
-    # yet (docs/sharing.md): a restart keeps the build itself, its writability and registry
-    # digest included.
+    # What holds a build (references, pin, privacy, creation time) is kept across a restart
+    # (docs/sharing.md) with the build itself. A grace period starts again at the restart: that
+    # a build is in one is kept, not when it ends. A layout-only build has no record of its
+    # holders: its creation time is its re-adoption's.
     builds = [type(b).FromString(b.SerializeToString()) for b in builds]
     for b in builds:
-        for f in ("references", "pinned", "grace_deadline_unix_ms", "created_unix_ms",
-                  "private_build"):
-            b.ClearField(f)
+        b.grace_deadline_unix_ms = 1 if b.grace_deadline_unix_ms else 0
+        if not any(s.token for s in b.shards):
+            b.ClearField("created_unix_ms")
     return {
         "builds": [b.SerializeToString(deterministic=True) for b in builds],
         "ids": [b.build_id for b in builds],

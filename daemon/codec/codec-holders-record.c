@@ -1,0 +1,145 @@
+/* codec-holders-record.c: what holds a build (references, pin, key), as a record of its own. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec-holders-record.h"
+#include "common/crc32c.h"
+#include "common/macro.h"
+
+#define MAGIC "FDHL"
+#define HEADER_SIZE 32u
+#define HOLDER_SIZE 32u
+#define FLAG_PINNED 1u
+#define FLAG_PRIVATE 2u
+
+static void put_u32(uint8_t *p, uint32_t v) {
+        for (unsigned i = 0; i < 4; i++)
+                p[i] = (uint8_t) (v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+        for (unsigned i = 0; i < 8; i++)
+                p[i] = (uint8_t) (v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+        uint32_t v = 0;
+        for (unsigned i = 0; i < 4; i++)
+                v |= (uint32_t) p[i] << (8 * i);
+        return v;
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+        uint64_t v = 0;
+        for (unsigned i = 0; i < 8; i++)
+                v |= (uint64_t) p[i] << (8 * i);
+        return v;
+}
+
+int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *ret_size) {
+        if (h->key_size > HOLDERS_RECORD_MAX_KEY_BYTES || h->n_holders > BUILD_TABLE_MAX_HOLDERS)
+                return -E2BIG;
+        size_t size = HEADER_SIZE + h->key_size + HOLDER_SIZE * h->n_holders + 4;
+        uint8_t *out = calloc(1, size), *p;
+        if (!out)
+                return -ENOMEM;
+
+        memcpy(out, MAGIC, 4);
+        put_u32(out + 4, HOLDERS_RECORD_VERSION);
+        put_u32(out + 8, (h->pinned ? FLAG_PINNED : 0) | (h->private_build ? FLAG_PRIVATE : 0));
+        put_u32(out + 12, (uint32_t) h->n_holders);
+        put_u64(out + 16, (uint64_t) h->created_ms);
+        put_u64(out + 24, h->key_size);
+        if (h->key_size > 0)
+                memcpy(out + HEADER_SIZE, h->key, h->key_size);
+        p = out + HEADER_SIZE + h->key_size;
+        for (size_t i = 0; i < h->n_holders; i++, p += HOLDER_SIZE) {
+                const BuildHolder *x = &h->holders[i];
+                put_u32(p, (uint32_t) x->pid);
+                put_u32(p + 4, x->uid);
+                put_u64(p + 8, x->start_time);
+                put_u64(p + 16, (uint64_t) x->since_ms);
+                put_u32(p + 24, x->count);
+        }
+        put_u32(p, crc32c(0, out, size - 4));
+        *ret = out;
+        *ret_size = size;
+        return 0;
+}
+
+static int bad(char *why, size_t why_size, const char *text) {
+        (void) snprintf(why, why_size, "%s", text);
+        return -EBADMSG;
+}
+
+/* The header's claims checked against the size; then each holder. */
+static int check(const uint8_t *data, size_t size, char *why, size_t why_size) {
+        if (size < HEADER_SIZE + 4 || memcmp(data, MAGIC, 4) != 0)
+                return bad(why, why_size, "not a holders record");
+        if (get_u32(data + size - 4) != crc32c(0, data, size - 4))
+                return bad(why, why_size, "its checksum does not match (damaged)");
+        if (get_u32(data + 4) != HOLDERS_RECORD_VERSION)
+                return bad(why, why_size, "written in another version");
+        if (get_u32(data + 8) & ~(FLAG_PINNED | FLAG_PRIVATE))
+                return bad(why, why_size, "unknown flags");
+
+        uint64_t n = get_u32(data + 12), key_size = get_u64(data + 24);
+        if (n > BUILD_TABLE_MAX_HOLDERS || key_size > HOLDERS_RECORD_MAX_KEY_BYTES ||
+            size != HEADER_SIZE + key_size + HOLDER_SIZE * n + 4)
+                return bad(why, why_size, "its sizes do not add up");
+
+        const uint8_t *p = data + HEADER_SIZE + key_size;
+        for (uint64_t i = 0; i < n; i++, p += HOLDER_SIZE)
+                if ((int32_t) get_u32(p) <= 0 || get_u32(p + 24) == 0 || get_u32(p + 28) != 0)
+                        return bad(why, why_size, "a holder without a pid or a count");
+        return 0;
+}
+
+int codec_holders_record_decode(const uint8_t *data, size_t size, HoldersRecord *ret, char *why,
+                                size_t why_size) {
+        HoldersRecord h = {};
+        int r;
+
+        r = check(data, size, why, why_size);
+        if (r < 0)
+                return r;
+        uint32_t flags = get_u32(data + 8);
+        h.pinned = flags & FLAG_PINNED;
+        h.private_build = flags & FLAG_PRIVATE;
+        h.n_holders = get_u32(data + 12);
+        h.created_ms = (int64_t) get_u64(data + 16);
+        h.key_size = get_u64(data + 24);
+        if (h.key_size > 0) {
+                h.key = malloc(h.key_size);
+                if (!h.key)
+                        return -ENOMEM;
+                memcpy(h.key, data + HEADER_SIZE, h.key_size);
+        }
+        if (h.n_holders > 0) {
+                h.holders = calloc(h.n_holders, sizeof *h.holders);
+                if (!h.holders) {
+                        codec_holders_record_done(&h);
+                        return -ENOMEM;
+                }
+        }
+        const uint8_t *p = data + HEADER_SIZE + h.key_size;
+        for (size_t i = 0; i < h.n_holders; i++, p += HOLDER_SIZE)
+                h.holders[i] = (BuildHolder) {
+                        .pid = (int32_t) get_u32(p),
+                        .uid = get_u32(p + 4),
+                        .start_time = get_u64(p + 8),
+                        .since_ms = (int64_t) get_u64(p + 16),
+                        .count = get_u32(p + 24),
+                };
+        *ret = h;
+        return 0;
+}
+
+void codec_holders_record_done(HoldersRecord *h) {
+        if (!h)
+                return;
+        h->key = mfree(h->key);
+        h->holders = mfree(h->holders);
+        h->key_size = h->n_holders = 0;
+}
