@@ -285,9 +285,9 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
                 return r;
         }
         BuildState *adopted = TAKE_PTR(b); /* the table's now */
-        /* A materialised build is held by processes as a new one is; none holds it yet, so it
-         * starts its grace period with the sharing (build_sharing_start()). The processes that
-         * held it, and its sharing key, are not in the record (yet). */
+        /* A materialised build is held by processes as a new one is. Its holders, pin and
+         * sharing key come back from their own record with the sharing (build_sharing_start(),
+         * build-holders-keep.c); without them it starts its grace period there. */
         build_table_init_holding(builder->manager->builds, restored, &(BuildRecordInit) {
                                          .referenced = build_state_segments(adopted) > 0,
                                          .writable = adopted->writable,

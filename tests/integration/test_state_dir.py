@@ -16,7 +16,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -127,13 +126,14 @@ class StateDirTest(unittest.TestCase):
         fresh = U.build(self, d2, materialize={})
         self.assertNotIn(fresh.build_id, before["ids"])
 
-        # Nothing holds a re-adopted materialised build yet: it waits out its grace period
-        # (60 s by default) for its trainers; a layout-only build is held as before.
-        for b, in_grace in ((on_mesh, True), (alone, True), (plain, False)):
+        # The test process held its materialised builds before the kill and lives on: it holds
+        # them after the restart with no call, so none waits out a grace period; a layout-only
+        # build is held as before references.
+        for b, holders in ((on_mesh, [os.getpid()]), (alone, [os.getpid()]), (plain, [])):
             got = U.ok(self, d2.client.call("familyd.v1.FamilyService/GetBuild",
                                             build_id=b.build_id))
-            self.assertEqual(len(got.references), 0)
-            self.assertEqual(got.grace_deadline_unix_ms > time.time() * 1000, in_grace, got)
+            self.assertEqual([r.pid for r in got.references], holders)
+            self.assertEqual(got.grace_deadline_unix_ms, 0, got)
 
     def test_shards_are_read_only_in_this_mode(self):
         d = self.start()
@@ -221,7 +221,8 @@ class StateDirTest(unittest.TestCase):
         ids = U.view(self, d2)["ids"]
         self.assertEqual(ids, [on_mesh.build_id, plain.build_id])
         self.assertEqual(self.files(), sorted(
-            ["README", "meta-" + mesh_id, "meta-" + on_mesh.build_id, "meta-" + plain.build_id] +
+            ["README", "meta-" + mesh_id, "meta-" + on_mesh.build_id, "meta-" + plain.build_id,
+             "metarep-" + on_mesh.build_id] +
             ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)]))
 
     def test_mutated_records_never_crash_the_daemon(self):
