@@ -314,7 +314,7 @@ static void test_build_record_round_trip(void **state) {
         };
         CodecBuild b = { &plan, &layout, DTYPE_BFLOAT16, 42, group, ranks, ELEMENTSOF(ranks) };
 
-        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 0, 99, &data, &size), 0);
         assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), 0);
         assert_int_equal(rec.kind, STATE_RECORD_BUILD);
         assert_int_equal(rec.created_ns, 99);
@@ -348,19 +348,19 @@ static void test_build_record_round_trip(void **state) {
 
         /* A rank in GPU memory is never kept: its record is refused. */
         ranks[0].device_kind = CODEC_DEVICE_KIND_CUDA;
-        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 0, 99, &data, &size), 0);
         expect_refused(data, size, -EBADMSG, "rank 0 is in GPU memory (cuda)");
         free(TAKE_PTR(data));
         ranks[0].device_kind = CODEC_DEVICE_KIND_HOST;
 
         /* Ids name files: only the ones familyd gives. */
-        assert_int_equal(codec_record_encode_build("bld-../x", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_encode_build("bld-../x", &b, NULL, 0, 99, &data, &size), 0);
         expect_refused(data, size, -EBADMSG, "the build's id is not one familyd gives");
         free(TAKE_PTR(data));
 
         /* A group that is not a token cannot be written. */
         b.group = "0011";
-        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size),
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 0, 99, &data, &size),
                          -EINVAL);
         layout_done(&layout);
 }
