@@ -220,6 +220,15 @@ class TestReplicas(Base):
             self.assertEqual(got[r], ref[r % 2], "rank %d" % r)
         self.assertNotEqual(got[0], got[1])
 
+        # Each handout names its own rank's device and size, replicas' too.
+        reply, extra = U.fetch(D, b)
+        for fd in extra.values():
+            os.close(fd)
+        self.assertEqual(reply.code, U.STATUS_OK, reply.message)
+        self.assertEqual(list(reply.devices), [s.local_device for s in b.shards])
+        self.assertEqual(list(reply.devices), [0, 1, 2, 3])
+        self.assertEqual(list(reply.sizes), [s.size_bytes for s in b.shards])
+
         # Replicas' descriptors are of the same memory; the distinct shards are not.
         fds = self.fetch(b)
         ids = {r: identity(fd) for r, fd in fds.items()}
@@ -397,6 +406,10 @@ class TestRestart(Base):
     def check_after_restart(self, d2, before, b, w, bytes_b):
         self.assertEqual(U.view(self, d2), before)
         self.assertEqual(U.read_shards(self, d2, b), bytes_b)
+        reply, extra = U.fetch(d2, b)
+        for fd in extra.values():
+            os.close(fd)
+        self.assertEqual(list(reply.devices), [0, 1, 2, 3])
         fds = self.fetch(b)
         self.assertEqual(identity(fds[0]), identity(fds[2]))
         self.assertEqual(identity(fds[1]), identity(fds[3]))
