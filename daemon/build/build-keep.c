@@ -5,6 +5,11 @@
  * ("meta-<build id>", codec/codec-record.h), a mesh as its record alone ("meta-<mesh id>"). The
  * store (state.h) keeps the descriptors before the record and lets go of the record first.
  *
+ * A replica (build_group_replicas()) has no descriptor of its own there: its memory is its
+ * primary's, kept once under the primary's name (the fd store would ignore the same
+ * descriptor under a second name anyway), and the record lists which rank each replica
+ * shares. Fd store room, the descriptors kept and those let go of count segments, not ranks.
+ *
  * GPU shards (a build with a rank materialised in GPU memory) are never kept, in any mode:
  * the driver documents that an exported descriptor keeps its allocation alive while it is
  * open, but not that the allocation survives the process that made it (its context goes with
@@ -35,12 +40,12 @@ uint64_t build_keep_now_ns(void) {
 int build_keep_reserve(State *s, const BuildState *b, FamilyError *ret_error) {
         if (build_state_has_gpu_shards(b))
                 return 0;
-        return state_reserve(s, build_state_segments(b) + 1, "build", ret_error);
+        return state_reserve(s, build_state_own_segments(b) + 1, "build", ret_error);
 }
 
 void build_keep_unreserve(State *s, const BuildState *b) {
         if (!build_state_has_gpu_shards(b))
-                state_unreserve(s, build_state_segments(b) + 1);
+                state_unreserve(s, build_state_own_segments(b) + 1);
 }
 
 int build_keep_segment_new(State *s, const char *id, int64_t rank, uint64_t size, int device,
@@ -68,14 +73,27 @@ int build_keep_dir_full_error(State *s, uint64_t bytes, FamilyError *ret_error) 
 
 static int build_record(const char *id, const BuildState *b, uint8_t **ret, size_t *ret_size) {
         _cleanup_(arena_done) Arena a;
+        RecordReplica *replicas;
         CodecBuild view;
+        size_t n = 0;
         int r;
 
         arena_init(&a);
         r = build_state_describe(b, &a, &view);
         if (r < 0)
                 return r;
-        return codec_record_encode_build(id, &view, build_keep_now_ns(), ret, ret_size);
+        replicas = arena_alloc_array(&a, b->n_ranks ? b->n_ranks : 1, sizeof(RecordReplica));
+        if (!replicas)
+                return -ENOMEM;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && b->ranks[i].replica) {
+                        if (i > UINT32_MAX)
+                                return -E2BIG;
+                        replicas[n++] = (RecordReplica) { (uint32_t) i,
+                                                          (uint32_t) b->ranks[i].primary };
+                }
+        return codec_record_encode_build(id, &view, replicas, n, build_keep_now_ns(), ret,
+                                         ret_size);
 }
 
 /* b's shards' descriptors under their names (names: a slot per segment). */
@@ -85,7 +103,7 @@ static int build_segments(const char *id, const BuildState *b, char (*names)[STA
         int r;
 
         for (size_t i = 0; i < b->n_ranks; i++) {
-                if (!b->ranks[i].materialized)
+                if (!b->ranks[i].materialized || b->ranks[i].replica)
                         continue;
                 r = state_name_segment(id, b->layout.ranks[i].rank, names[n]);
                 if (r < 0)
@@ -102,7 +120,7 @@ int build_keep_save(State *s, const char *id, const BuildState *b, FamilyError *
         _cleanup_free_ uint8_t *data = NULL;
         _cleanup_free_ char(*names)[STATE_NAME_MAX] = NULL;
         _cleanup_free_ StateFd *fds = NULL;
-        size_t n_segments = build_state_segments(b), n = 0, size = 0;
+        size_t n_segments = build_state_own_segments(b), n = 0, size = 0;
         StateMode mode = state_mode(s);
         char meta[STATE_NAME_MAX];
         int r;
@@ -128,7 +146,7 @@ int build_keep_save(State *s, const char *id, const BuildState *b, FamilyError *
                 /* The segments are files there already. */
                 r = state_keep(s, id, data, size, NULL, 0);
                 if (r == -ENOSPC || r == -EDQUOT)
-                        return build_keep_dir_full_error(s, b->layout.total_bytes, ret_error);
+                        return build_keep_dir_full_error(s, build_host_bytes(b), ret_error);
                 if (r < 0) {
                         log_error_errno(r, "Failed to write %s/%s: %m", state_dir(s), meta);
                         return family_error_set(ret_error, FAMILY_STATUS_INTERNAL, "STATE_DIR",
@@ -163,7 +181,7 @@ void build_keep_discard(State *s, const char *id, const BuildState *b) {
         if (build_state_has_gpu_shards(b))
                 return;
         for (size_t i = 0; i < b->n_ranks; i++)
-                if (b->ranks[i].materialized &&
+                if (b->ranks[i].materialized && !b->ranks[i].replica &&
                     state_name_segment(id, b->layout.ranks[i].rank, name) >= 0)
                         state_discard(s, name);
 }
@@ -174,9 +192,9 @@ void build_keep_forget(State *s, const char *id, const BuildState *b) {
         if (state_mode(s) == STATE_MODE_NONE || build_state_has_gpu_shards(b))
                 return;
         /* The record first (state.h), then the segments. */
-        state_forget(s, id, build_state_segments(b));
+        state_forget(s, id, build_state_own_segments(b));
         for (size_t i = 0; i < b->n_ranks; i++)
-                if (b->ranks[i].materialized &&
+                if (b->ranks[i].materialized && !b->ranks[i].replica &&
                     state_name_segment(id, b->layout.ranks[i].rank, name) >= 0)
                         state_drop(s, name);
 }

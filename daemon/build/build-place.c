@@ -1,4 +1,5 @@
 /* build-place.c: where a build's ranks live and what memory they take. */
+#include <fcntl.h>
 #include <inttypes.h>
 
 #include "build-private.h"
@@ -144,10 +145,128 @@ int build_reserve_devices(BuildState *b, Accel *accel, FamilyError *ret_error) {
         return accel_reserve(accel, devices, bytes, n, &b->device_memory, ret_error);
 }
 
+/* ---- replicas ------------------------------------------------------------------------- */
+
+bool build_ranks_same_bytes(const Layout *l, size_t i, size_t j) {
+        const RankLayout *a = &l->ranks[i], *b = &l->ranks[j];
+
+        if (a->size_bytes != b->size_bytes || a->n_slices != b->n_slices)
+                return false;
+        for (size_t s = 0; s < a->n_slices; s++) {
+                const ShardSlice *x = &a->slices[s], *y = &b->slices[s];
+                if (x->parameter != y->parameter || x->n_dims != y->n_dims ||
+                    x->byte_offset != y->byte_offset || x->byte_length != y->byte_length)
+                        return false;
+                if (x->n_dims > 0 &&
+                    (memcmp(x->local_shape, y->local_shape, x->n_dims * sizeof(int64_t)) != 0 ||
+                     memcmp(x->global_offset, y->global_offset, x->n_dims * sizeof(int64_t)) != 0))
+                        return false;
+        }
+        return true;
+}
+
+/* 64-bit FNV-1a, eight bytes at a time. */
+static uint64_t hash_mix(uint64_t h, uint64_t v) {
+        for (unsigned i = 0; i < 8; i++) {
+                h ^= (uint8_t) (v >> (8 * i));
+                h *= UINT64_C(0x100000001b3);
+        }
+        return h;
+}
+
+/* What build_ranks_same_bytes() compares, hashed: ranks with the same bytes hash alike. */
+static uint64_t rank_hash(const RankLayout *rl) {
+        uint64_t h = hash_mix(UINT64_C(0xcbf29ce484222325), rl->size_bytes);
+
+        for (size_t s = 0; s < rl->n_slices; s++) {
+                const ShardSlice *sl = &rl->slices[s];
+                h = hash_mix(h, sl->byte_offset);
+                h = hash_mix(h, sl->byte_length);
+                for (size_t d = 0; d < sl->n_dims; d++) {
+                        h = hash_mix(h, (uint64_t) sl->local_shape[d]);
+                        h = hash_mix(h, (uint64_t) sl->global_offset[d]);
+                }
+        }
+        return h;
+}
+
+typedef struct RankKey {
+        uint64_t hash;
+        size_t index;
+} RankKey;
+
+/* By hash, then in layout order: a run of equal hashes starts with its earliest rank. */
+static int rank_key_cmp(const void *a, const void *b) {
+        const RankKey *x = a, *y = b;
+
+        if (x->hash != y->hash)
+                return x->hash < y->hash ? -1 : 1;
+        return x->index < y->index ? -1 : x->index > y->index;
+}
+
+int build_group_replicas(BuildState *b) {
+        _cleanup_free_ RankKey *keys = NULL;
+        size_t n = 0;
+
+        /* Every process mapping a writable build's bytes shares them: a replica's writes would
+         * show in its primary's shard. */
+        if (b->writable)
+                return 0;
+        keys = calloc(b->n_ranks ? b->n_ranks : 1, sizeof *keys);
+        if (!keys)
+                return -ENOMEM;
+        /* A GPU allocation belongs to one GPU: only host ranks share. */
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && !build_rank_on_gpu(&b->ranks[i]))
+                        keys[n++] = (RankKey) { rank_hash(&b->layout.ranks[i]), i };
+        if (n > 1)
+                qsort(keys, n, sizeof *keys, rank_key_cmp);
+
+        for (size_t start = 0, end; start < n; start = end) {
+                for (end = start + 1; end < n && keys[end].hash == keys[start].hash; end++)
+                        ;
+                /* Each rank of the run shares the first earlier one it equals that has bytes of
+                 * its own (the run's first, unless hashes collide). */
+                for (size_t k = start + 1; k < end; k++) {
+                        BuildRankState *rs = &b->ranks[keys[k].index];
+                        for (size_t j = start; j < k && !rs->replica; j++) {
+                                size_t p = keys[j].index;
+                                if (b->ranks[p].replica ||
+                                    !build_ranks_same_bytes(&b->layout, p, keys[k].index))
+                                        continue;
+                                rs->replica = true;
+                                rs->primary = p;
+                        }
+                }
+        }
+        return 0;
+}
+
+int build_replica_segment(BuildState *b, size_t i) {
+        BuildRankState *rs = &b->ranks[i];
+        const ShardSegment *primary = b->ranks[rs->primary].segment;
+        int fd, r;
+
+        if (!primary)
+                return -EINVAL;
+        fd = fcntl(shard_segment_fd(primary), F_DUPFD_CLOEXEC, 3);
+        if (fd < 0)
+                return -errno;
+        r = shard_segment_adopt(fd, rs->local_device, &rs->segment);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        return 0;
+}
+
+/* ---- bytes ----------------------------------------------------------------------------- */
+
 uint64_t build_host_bytes(const BuildState *b) {
         uint64_t total = 0;
         for (size_t i = 0; i < b->n_ranks; i++)
-                if (b->ranks[i].materialized && !build_rank_on_gpu(&b->ranks[i]))
+                if (b->ranks[i].materialized && !b->ranks[i].replica &&
+                    !build_rank_on_gpu(&b->ranks[i]))
                         total += b->layout.ranks[i].size_bytes;
         return total;
 }
@@ -160,8 +279,8 @@ uint64_t build_gpu_bytes(const BuildState *b) {
         return total;
 }
 
-/* Each materialised rank keeps one descriptor open in the daemon until ReleaseBuild: the shard
- * table's size is the descriptor budget (--max-shards, fitted to RLIMIT_NOFILE). */
+/* Each materialised rank keeps one descriptor open in the daemon until ReleaseBuild (a
+ * replica its own, of its primary's memory): the shard table's size is the descriptor budget (--max-shards, fitted to RLIMIT_NOFILE). */
 int build_check_shard_room(const BuildState *b, ShardTable *shards, FamilyError *ret_error) {
         size_t need = build_state_segments(b), held = shard_table_size(shards),
                max = shard_table_max(shards);

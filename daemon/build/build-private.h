@@ -13,7 +13,24 @@ int build_compute_layout(BuildState *b, FamilyError *ret_error);
 int build_place_ranks(BuildState *b, const Topology *t, Accel *accel, FamilyError *ret_error);
 /* Every GPU this Build materialises on can hold shards; then their bytes, all at once. */
 int build_reserve_devices(BuildState *b, Accel *accel, FamilyError *ret_error);
-/* Host bytes, the ones --shm-budget counts (GPU ranks count in their GPU's budget). */
+/*
+ * Replicas: among b's ranks materialised in host memory, each whose bytes equal an earlier
+ * one's (build_ranks_same_bytes()) becomes a replica of the first such rank, its primary: one
+ * segment, filled once, for the whole group. None in a writable build (its bytes are shared
+ * by every process mapping them: a replica's writes would show in another rank's shard), none
+ * in GPU memory (an allocation belongs to one GPU).
+ */
+int build_group_replicas(BuildState *b);
+/* Layout ranks i and j hold the same bytes: the same segment size and, slice by slice, the
+ * same parameter, global offset, local shape, byte offset and byte length (values are a
+ * function of the parameter, the logical index, the seed and the dtype, all equal within a
+ * build). */
+bool build_ranks_same_bytes(const Layout *l, size_t i, size_t j);
+/* Replica rank i's segment: its own descriptor (a dup) of its primary's memory, its own
+ * device index, no mapping; the primary's segment must be there. */
+int build_replica_segment(BuildState *b, size_t i);
+/* Host bytes, the ones --shm-budget counts: each segment once, replicas share theirs (GPU
+ * ranks count in their GPU's budget). */
 uint64_t build_host_bytes(const BuildState *b);
 uint64_t build_gpu_bytes(const BuildState *b);
 /* RESOURCE_EXHAUSTED SHARD_LIMIT when the shard table cannot take b's tokens. */

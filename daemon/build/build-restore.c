@@ -178,6 +178,8 @@ static int build_state_of_record(RecordBuild *rb, BuildState **ret) {
                 rs->materialized = true;
                 rs->allocation_bytes = k->size_bytes;
                 memcpy(rs->token.hex, k->token, SHARD_TOKEN_LENGTH + 1);
+                rs->replica = k->replica;
+                rs->primary = k->primary;
         }
         b->plan = rb->plan;
         rb->plan = (BuildPlan) {};
@@ -198,6 +200,65 @@ static int build_state_of_record(RecordBuild *rb, BuildState **ret) {
                 return -ENOMEM;
 
         *ret = TAKE_PTR(b);
+        return 0;
+}
+
+/* Rank i's segment: its own, found by name in the list (a duplicate of it), or a replica's
+ * (its primary's, adopted before it: primaries come first in layout order). */
+static int adopt_segment(Restore *x, const char *id, BuildState *b, size_t i, char *why,
+                         size_t why_size) {
+        const RankLayout *rl = &b->layout.ranks[i];
+        BuildRankState *rs = &b->ranks[i];
+        char name[STATE_NAME_MAX];
+        StateFd *it;
+        int fd, r;
+
+        if (rs->replica) {
+                /* The record says which rank it shares; the layout must agree, or it would be
+                 * served another rank's bytes. */
+                if (!build_ranks_same_bytes(&b->layout, rs->primary, i)) {
+                        (void) snprintf(why, why_size,
+                                        "its rank %" PRId64 " is kept as a replica of rank %" PRId64
+                                        ", whose slices differ",
+                                        rl->rank, b->layout.ranks[rs->primary].rank);
+                        return -EBADMSG;
+                }
+                r = build_replica_segment(b, i);
+                if (r < 0)
+                        (void) snprintf(why, why_size, "its rank %" PRId64 " cannot share rank %"
+                                        PRId64 "'s shard: %s",
+                                        rl->rank, b->layout.ranks[rs->primary].rank,
+                                        strerror(-r));
+                return r;
+        }
+
+        r = state_name_segment(id, rl->rank, name);
+        it = r >= 0 ? state_fds_find(&x->segments, name) : NULL;
+        if (!it) {
+                (void) snprintf(why, why_size, "its shard %s is missing", name);
+                return -ENOENT;
+        }
+        fd = fcntl(it->fd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0) {
+                r = -errno;
+                (void) snprintf(why, why_size, "its shard %s cannot be used: %s", name,
+                                strerror(-r));
+                return r;
+        }
+        r = shard_segment_adopt(fd, rs->local_device, &rs->segment);
+        if (r < 0) {
+                safe_close(fd);
+                (void) snprintf(why, why_size, "its shard %s cannot be used: %s", name,
+                                strerror(-r));
+                return r;
+        }
+        if (b->writable)
+                shard_segment_allow_writes(rs->segment);
+        if (shard_segment_size(rs->segment) != rl->size_bytes) {
+                (void) snprintf(why, why_size, "its shard %s has %" PRIu64 " bytes, not %" PRIu64,
+                                name, shard_segment_size(rs->segment), rl->size_bytes);
+                return -EBADMSG;
+        }
         return 0;
 }
 
@@ -225,40 +286,11 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
         /* Adopted as duplicates: the list keeps its descriptors until the build is in, so
          * that a build given up on leaves its segments there, to be dropped with the orphans. */
         for (size_t i = 0; i < b->n_ranks; i++) {
-                const RankLayout *rl = &b->layout.ranks[i];
-                StateFd *it;
-                int fd;
-
                 if (!b->ranks[i].materialized)
                         continue;
-                r = state_name_segment(rec->id, rl->rank, name);
-                it = r >= 0 ? state_fds_find(&x->segments, name) : NULL;
-                if (!it) {
-                        (void) snprintf(why, why_size, "its shard %s is missing", name);
-                        return -ENOENT;
-                }
-                fd = fcntl(it->fd, F_DUPFD_CLOEXEC, 3);
-                if (fd < 0) {
-                        r = -errno;
-                        (void) snprintf(why, why_size, "its shard %s cannot be used: %s", name,
-                                        strerror(-r));
+                r = adopt_segment(x, rec->id, b, i, why, why_size);
+                if (r < 0)
                         return r;
-                }
-                r = shard_segment_adopt(fd, b->ranks[i].local_device, &b->ranks[i].segment);
-                if (r < 0) {
-                        safe_close(fd);
-                        (void) snprintf(why, why_size, "its shard %s cannot be used: %s", name,
-                                        strerror(-r));
-                        return r;
-                }
-                if (b->writable)
-                        shard_segment_allow_writes(b->ranks[i].segment);
-                if (shard_segment_size(b->ranks[i].segment) != rl->size_bytes) {
-                        (void) snprintf(why, why_size,
-                                        "its shard %s has %" PRIu64 " bytes, not %" PRIu64, name,
-                                        shard_segment_size(b->ranks[i].segment), rl->size_bytes);
-                        return -EBADMSG;
-                }
         }
 
         for (size_t i = 0; i < b->n_ranks; i++) {
@@ -296,7 +328,7 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
 
         for (size_t i = 0; i < adopted->n_ranks; i++) {
                 StateFd *it;
-                if (adopted->ranks[i].materialized &&
+                if (adopted->ranks[i].materialized && !adopted->ranks[i].replica &&
                     state_name_segment(rec->id, adopted->layout.ranks[i].rank, name) >= 0 &&
                     (it = state_fds_find(&x->segments, name)))
                         it->fd = safe_close(it->fd);
@@ -304,10 +336,11 @@ static int restore_build_one(Restore *x, StateRecord *rec, char *why, size_t why
         return 0;
 }
 
+/* The segments kept for rb: one per materialised rank that is no replica. */
 static size_t record_segments(const RecordBuild *rb) {
         size_t n = 0;
         for (size_t i = 0; i < rb->n_ranks; i++)
-                n += !isempty(rb->ranks[i].token);
+                n += !isempty(rb->ranks[i].token) && !rb->ranks[i].replica;
         return n;
 }
 

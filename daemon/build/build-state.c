@@ -60,6 +60,20 @@ size_t build_state_segments(const BuildState *b) {
         return n;
 }
 
+size_t build_state_own_segments(const BuildState *b) {
+        size_t n = 0;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                n += b->ranks[i].materialized && !b->ranks[i].replica;
+        return n;
+}
+
+size_t build_state_replicas(const BuildState *b) {
+        size_t n = 0;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                n += b->ranks[i].materialized && b->ranks[i].replica;
+        return n;
+}
+
 bool build_rank_on_gpu(const BuildRankState *rs) {
         return streq_ptr(rs->device_kind, SHARD_SEGMENT_DEVICE_KIND_CUDA);
 }

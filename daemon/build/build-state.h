@@ -20,6 +20,11 @@ typedef struct BuildRankState {
         uint64_t allocation_bytes; /* materialised: the segment's size (granularity-rounded) */
         ShardToken token;
         ShardSegment *segment;
+        /* A replica (build-place.c, build_group_replicas()): its bytes are those of rank
+         * primary (an index into BuildState.ranks, an earlier rank with a segment of its
+         * own), whose memory its segment shares; nothing of its own is filled or kept. */
+        bool replica;
+        size_t primary;
 } BuildRankState;
 
 typedef struct BuildState {
@@ -43,8 +48,12 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(BuildState *, build_state_free);
  * b's data; its rank list is allocated in a. */
 int build_state_describe(const BuildState *b, Arena *a, CodecBuild *ret);
 
-/* How many ranks b materialised here (each a segment, a token and a kept descriptor). */
+/* How many ranks b materialised here (each a token and a descriptor the daemon holds). */
 size_t build_state_segments(const BuildState *b);
+/* How many of them have memory of their own (not replicas): what is filled, counted in the
+ * budget and kept across restarts. */
+size_t build_state_own_segments(const BuildState *b);
+size_t build_state_replicas(const BuildState *b);
 /* A rank materialised in GPU memory. */
 bool build_rank_on_gpu(const BuildRankState *rs);
 bool build_state_has_gpu_shards(const BuildState *b);

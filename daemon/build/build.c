@@ -70,6 +70,9 @@ int build_draft_prepare(const Builder *builder, const BuildRequest *req, const c
         r = build_place_ranks(b, topo, builder->accel, ret_error);
         if (r < 0)
                 return r;
+        r = build_group_replicas(b);
+        if (r < 0)
+                return r;
         if (b->plan.mesh) {
                 r = manager_check_registry_agreement(m, reg, topo, b->plan.mesh, ret_error);
                 if (r < 0)
@@ -207,6 +210,14 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
                 /* Nobody would learn this build's id: stop, and keep nothing. */
                 if (expired(userdata))
                         return -ETIMEDOUT;
+                if (rs->replica) {
+                        /* Its primary, earlier in layout order, is filled: nothing to fill. */
+                        r = build_replica_segment(b, i);
+                        if (r < 0)
+                                return r;
+                        rs->allocation_bytes = shard_segment_size(rs->segment);
+                        continue;
+                }
                 if (build_rank_on_gpu(rs)) {
                         char name[96];
                         (void) snprintf(name, sizeof name, "shard-%s-%" PRId64, id, rl->rank);
@@ -318,17 +329,22 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
                 build_table_init_holding(m->builds, rec,
                                          &(BuildRecordInit) { .created_ms = build_now_ms() });
         free(d);
-        char gpu_bytes_text[64] = "";
+        char gpu_bytes_text[64] = "", replicas_text[96] = "";
         if (b->device_memory)
                 (void) snprintf(gpu_bytes_text, sizeof gpu_bytes_text,
-                                "%" PRIu64 " bytes in GPU memory", build_gpu_bytes(b));
+                                ", %" PRIu64 " bytes in GPU memory", build_gpu_bytes(b));
+        if (build_state_replicas(b) > 0)
+                (void) snprintf(replicas_text, sizeof replicas_text,
+                                " (%zu ranks in %zu segments: replicas share)",
+                                build_state_segments(b), build_state_own_segments(b));
         log_struct(LOG_INFO, 0,
                    LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
                               LOG_FIELD(LOG_FIELD_FAMILY, b->plan.resolved.family),
                               LOG_FIELD(LOG_FIELD_MESH_ID, b->plan.mesh ? b->plan.mesh->id : NULL)),
-                   "Build %s created: %s as %s, %zu ranks, %" PRIu64 " bytes of shards held%s%s.",
+                   "Build %s created: %s as %s, %zu ranks, %" PRIu64
+                   " bytes of shards held%s%s.",
                    rec->id, b->plan.resolved.family, b->plan.resolved.variant, b->n_ranks, bytes,
-                   b->device_memory ? ", " : "", b->device_memory ? gpu_bytes_text : "");
+                   replicas_text, gpu_bytes_text);
         *ret = rec;
         return 0;
 }

@@ -18,6 +18,7 @@ enum {
         SECTION_DTYPE = 4,
         SECTION_SEED = 5,
         SECTION_CREATED = 6,
+        SECTION_REPLICAS = 7,
         _SECTION_MAX,
 };
 
@@ -101,8 +102,28 @@ static int pack(Arena *a, const ProtobufCMessage *m, Section *ret) {
         return 0;
 }
 
-int codec_record_encode_build(const char *id, const CodecBuild *b, uint64_t created_ns,
-                              uint8_t **ret, size_t *ret_size) {
+/* The REPLICAS section: (rank, primary) pairs, by increasing rank, each primary earlier. */
+static int replicas_encode(Arena *a, const CodecBuild *b, const RecordReplica *replicas,
+                           size_t n, Section *ret) {
+        uint8_t *p = arena_alloc(a, n * 8 + 1);
+
+        if (!p)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const RecordReplica *x = &replicas[i];
+                if (x->rank >= b->n_ranks || x->primary >= x->rank ||
+                    (i > 0 && x->rank <= replicas[i - 1].rank))
+                        return -EINVAL;
+                put32(p + 8 * i, x->rank);
+                put32(p + 8 * i + 4, x->primary);
+        }
+        *ret = (Section) { SECTION_REPLICAS, p, n * 8 };
+        return 0;
+}
+
+int codec_record_encode_build(const char *id, const CodecBuild *b, const RecordReplica *replicas,
+                              size_t n_replicas, uint64_t created_ns, uint8_t **ret,
+                              size_t *ret_size) {
         _cleanup_(arena_done) Arena a;
         Familyd__V1__Build *pb = NULL;
         Familyd__V1__Mesh *pm = NULL;
@@ -113,7 +134,8 @@ int codec_record_encode_build(const char *id, const CodecBuild *b, uint64_t crea
         int r;
 
         arena_init(&a);
-        if (!dtype || !b->group || strlen(b->group) != CODEC_TOKEN_LENGTH)
+        if (!dtype || !b->group || strlen(b->group) != CODEC_TOKEN_LENGTH ||
+            (n_replicas > 0 && (!replicas || n_replicas >= b->n_ranks)))
                 return -EINVAL;
         r = codec_build_encode(&a, id, b, "", &pb);
         if (r < 0)
@@ -137,6 +159,12 @@ int codec_record_encode_build(const char *id, const CodecBuild *b, uint64_t crea
         s[n++] = (Section) { SECTION_DTYPE, dtype, strlen(dtype) };
         s[n++] = (Section) { SECTION_SEED, seed, sizeof seed };
         s[n++] = (Section) { SECTION_CREATED, created, sizeof created };
+        /* None: the record is as records were before replicas. */
+        if (n_replicas > 0) {
+                r = replicas_encode(&a, b, replicas, n_replicas, &s[n++]);
+                if (r < 0)
+                        return r;
+        }
         return record_write(STATE_RECORD_BUILD, s, n, ret, ret_size);
 }
 
@@ -603,6 +631,40 @@ static int digest_decode(const Familyd__V1__Build *pb, RecordBuild *b, Why *w) {
         return 0;
 }
 
+/* Which ranks share another's segment; the build's bytes count each segment once. */
+static int replicas_decode(const Sections *s, RecordBuild *b, Why *w) {
+        const uint8_t *p = s->data[SECTION_REPLICAS];
+        size_t n = s->size[SECTION_REPLICAS] / 8;
+
+        if (!s->present[SECTION_REPLICAS])
+                return 0;
+        if (s->size[SECTION_REPLICAS] % 8 != 0 || n == 0 || n >= b->n_ranks)
+                return CORRUPT(w, "the build's replicas section has %zu bytes",
+                               s->size[SECTION_REPLICAS]);
+        if (b->writable)
+                return CORRUPT(w, "a writable build has replicas");
+        for (size_t i = 0; i < n; i++) {
+                uint32_t rank = get32(p + 8 * i), primary = get32(p + 8 * i + 4);
+                RecordBuildRank *rs;
+
+                if (rank >= b->n_ranks || primary >= rank ||
+                    (i > 0 && rank <= get32(p + 8 * (i - 1))))
+                        return CORRUPT(w, "the build's replica %" PRIu32 " of %" PRIu32
+                                          " is out of order",
+                                       rank, primary);
+                rs = &b->ranks[rank];
+                if (isempty(rs->token) || isempty(b->ranks[primary].token) ||
+                    b->ranks[primary].replica || rs->size_bytes != b->ranks[primary].size_bytes)
+                        return CORRUPT(w, "the build's rank at %" PRIu32 " cannot share the "
+                                          "segment of the rank at %" PRIu32,
+                                       rank, primary);
+                rs->replica = true;
+                rs->primary = primary;
+                b->bytes -= rs->size_bytes;
+        }
+        return 0;
+}
+
 static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
         _cleanup_free_ char *dtype_name = NULL;
         Familyd__V1__Build *pb;
@@ -654,6 +716,8 @@ static int build_sections_decode(const Sections *s, StateRecord *rec, Why *w) {
                 r = layout_decode(pb, rec->mesh, b->dtype, &b->layout, w);
         if (r >= 0)
                 r = ranks_decode(pb, b, w);
+        if (r >= 0)
+                r = replicas_decode(s, b, w);
         familyd__v1__build__free_unpacked(pb, NULL);
         return r;
 }

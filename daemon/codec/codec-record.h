@@ -23,7 +23,14 @@
  * layout, every rank's node, device, size, slices and token); MESH, its mesh (familyd.v1.Mesh,
  * ranks filled in; for a mesh record, the mesh itself); GROUP, the shard table's group name;
  * DTYPE; SEED; CREATED (CLOCK_REALTIME ns, the order ListBuilds and ListMeshes keep across a
- * restart). A section of an unknown tag is skipped (later additions that older readers may
+ * restart); REPLICAS, the ranks whose bytes are another rank's (docs/sharing.md, "Replicas"):
+ * pairs of u32 (the replica's index in the layout's rank order, its primary's index), by
+ * increasing replica, each primary an earlier rank with a segment of its own. A replica's
+ * segment is its primary's, kept once under the primary's name; a build without replicas has
+ * no such section, and records written before replicas existed, where every materialised rank
+ * has its own segment, read as before. (An older familyd skips the section, looks for a
+ * replica's own segment, does not find it and drops the build: nothing wrong is served.)
+ * A section of an unknown tag is skipped (later additions that older readers may
  * ignore); one that a reader needs and cannot ignore comes with a new version, which older
  * readers refuse.
  *
@@ -61,7 +68,15 @@ typedef struct RecordBuildRank {
         const char *device_kind; /* CODEC_DEVICE_KIND_HOST | _CUDA (static) */
         uint64_t size_bytes;     /* materialised on this node: its shard's size; else 0 */
         char token[CODEC_TOKEN_LENGTH + 1]; /* materialised on this node: its token; else "" */
+        bool replica;   /* its segment is rank primary's (an earlier index), kept once */
+        size_t primary;
 } RecordBuildRank;
+
+/* A replica as a record lists it: indices in the layout's rank order. */
+typedef struct RecordReplica {
+        uint32_t rank;
+        uint32_t primary;
+} RecordReplica;
 
 /* A kept build as its record says it: plain data, owned. */
 typedef struct RecordBuild {
@@ -73,7 +88,7 @@ typedef struct RecordBuild {
         char group[CODEC_TOKEN_LENGTH + 1]; /* the shard table's name of its tokens */
         RecordBuildRank *ranks;
         size_t n_ranks;
-        uint64_t bytes; /* of the ranks materialised on this node */
+        uint64_t bytes; /* of the segments kept on this node: each once, replicas share */
         bool writable;  /* handed out writable */
         char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* "" in older records */
 } RecordBuild;
@@ -92,9 +107,11 @@ void codec_record_build_free(RecordBuild *b);
 DEFINE_TRIVIAL_CLEANUP_FUNC(RecordBuild *, codec_record_build_free);
 
 /* A record in a malloc'd buffer. b's materialised ranks must have their tokens, and b its seed
- * and group. */
-int codec_record_encode_build(const char *id, const CodecBuild *b, uint64_t created_ns,
-                              uint8_t **ret, size_t *ret_size);
+ * and group; replicas (n_replicas of them, by increasing rank, each primary earlier; may be
+ * NULL when none) list the ranks that share another's segment (-EINVAL otherwise). */
+int codec_record_encode_build(const char *id, const CodecBuild *b, const RecordReplica *replicas,
+                              size_t n_replicas, uint64_t created_ns, uint8_t **ret,
+                              size_t *ret_size);
 int codec_record_encode_mesh(const Mesh *m, uint64_t created_ns, uint8_t **ret,
                              size_t *ret_size);
 

@@ -196,6 +196,11 @@ static void put32(uint8_t *p, uint32_t v) {
                 p[i] = (uint8_t) (v >> (8 * i));
 }
 
+static uint32_t get32(const uint8_t *p) {
+        return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 |
+               (uint32_t) p[3] << 24;
+}
+
 static void reseal(uint8_t *data, size_t size) {
         put32(data + 24, crc32c(crc32c(0, data, 24), data + 32, size - 32));
 }
@@ -314,7 +319,7 @@ static void test_build_record_round_trip(void **state) {
         };
         CodecBuild b = { &plan, &layout, DTYPE_BFLOAT16, 42, group, ranks, ELEMENTSOF(ranks) };
 
-        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 0, 99, &data, &size), 0);
         assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), 0);
         assert_int_equal(rec.kind, STATE_RECORD_BUILD);
         assert_int_equal(rec.created_ns, 99);
@@ -343,25 +348,143 @@ static void test_build_record_round_trip(void **state) {
         assert_string_equal(rb->ranks[3].device_kind, CODEC_DEVICE_KIND_HOST);
         assert_string_equal(rb->ranks[3].token, tok3);
         assert_int_equal(rb->bytes, layout.ranks[0].size_bytes + layout.ranks[3].size_bytes);
+        /* Without a replicas section (records written before replicas), every rank has its
+         * own segment. */
+        for (size_t i = 0; i < rb->n_ranks; i++)
+                assert_false(rb->ranks[i].replica);
         codec_record_done(&rec);
         free(TAKE_PTR(data));
 
         /* A rank in GPU memory is never kept: its record is refused. */
         ranks[0].device_kind = CODEC_DEVICE_KIND_CUDA;
-        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 0, 99, &data, &size), 0);
         expect_refused(data, size, -EBADMSG, "rank 0 is in GPU memory (cuda)");
         free(TAKE_PTR(data));
         ranks[0].device_kind = CODEC_DEVICE_KIND_HOST;
 
         /* Ids name files: only the ones familyd gives. */
-        assert_int_equal(codec_record_encode_build("bld-../x", &b, 99, &data, &size), 0);
+        assert_int_equal(codec_record_encode_build("bld-../x", &b, NULL, 0, 99, &data, &size), 0);
         expect_refused(data, size, -EBADMSG, "the build's id is not one familyd gives");
         free(TAKE_PTR(data));
 
         /* A group that is not a token cannot be written. */
         b.group = "0011";
-        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, 99, &data, &size),
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 0, 99, &data, &size),
                          -EINVAL);
+        layout_done(&layout);
+}
+
+/* A (dp 2, tp 2) build of a tp-sharded parameter: the dp=1 ranks (indices 2 and 3) hold the
+ * bytes of the dp=0 ones (0 and 1). The record's replicas section says so; the build's bytes
+ * count each segment once; a section that does not hold together is refused. */
+static void test_build_record_replicas(void **state) {
+        _cleanup_(mesh_unrefp) Mesh *m = mesh_of(2, 2);
+        const int64_t shape[] = { 4, 8 };
+        const Placement place[] = {
+                { .axis = (char *) "tp", .kind = PLACEMENT_SHARD, .dim = 1 },
+        };
+        const LayoutParameter param = { "w", shape, 2, place, 1 };
+        const char *group = "00112233445566778899aabbccddeeff";
+        FamilyError e = FAMILY_ERROR_NULL;
+        Layout layout = {};
+        _cleanup_free_ uint8_t *data = NULL;
+        StateRecord rec = {};
+        char why[256];
+        size_t size;
+
+        assert_int_equal(layout_compute(m, &param, 1, DTYPE_FLOAT32, LAYOUT_MIN_ALIGN, &layout, &e), 0);
+        BuildPlan plan = {
+                .request = { .family = (char *) "attention" },
+                .resolved = { .family = (char *) "attention",
+                              .variant = (char *) "gqa",
+                              .constructor = (char *) "Attention" },
+                .origin = BUILD_ORIGIN_DIRECT,
+                .mesh = m,
+        };
+        CodecBuildRank ranks[] = {
+                { "n0", 0, CODEC_DEVICE_KIND_HOST, 0, "00000000000000000000000000000000" },
+                { "n0", 1, CODEC_DEVICE_KIND_HOST, 0, "11111111111111111111111111111111" },
+                { "n0", 2, CODEC_DEVICE_KIND_HOST, 0, "22222222222222222222222222222222" },
+                { "n0", 3, CODEC_DEVICE_KIND_HOST, 0, "33333333333333333333333333333333" },
+        };
+        CodecBuild b = { &plan, &layout, DTYPE_FLOAT32, 42, group, ranks, ELEMENTSOF(ranks) };
+        RecordReplica replicas[] = { { 2, 0 }, { 3, 1 } };
+        uint64_t one = layout.ranks[0].size_bytes;
+
+        assert_true(one > 0);
+        assert_int_equal(layout.ranks[1].size_bytes, one);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, replicas, 2, 99, &data,
+                                                   &size), 0);
+        assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), 0);
+        const RecordBuild *rb = rec.build;
+        assert_false(rb->ranks[0].replica);
+        assert_false(rb->ranks[1].replica);
+        assert_true(rb->ranks[2].replica);
+        assert_int_equal(rb->ranks[2].primary, 0);
+        assert_true(rb->ranks[3].replica);
+        assert_int_equal(rb->ranks[3].primary, 1);
+        /* Each rank keeps its token and size; the bytes held are two segments'. */
+        assert_string_equal(rb->ranks[3].token, "33333333333333333333333333333333");
+        assert_int_equal(rb->ranks[3].size_bytes, one);
+        assert_int_equal(rb->bytes, 2 * one);
+        codec_record_done(&rec);
+
+        /* The section is the record's last: tag, length, then (rank, primary) pairs. */
+        _cleanup_free_ uint8_t *copy = malloc(size);
+        const uint8_t *sec = data + size - 24;
+        assert_non_null(copy);
+        assert_int_equal(get32(sec), 7);
+        assert_int_equal(get32(sec + 4), 16);
+
+        /* A replica of itself, of a later rank, out of order, of a replica, of a rank not
+         * materialised here, of another size; a cut pair; a writable build. */
+        static const uint32_t bad[][4] = {
+                { 2, 2, 3, 1 }, { 2, 3, 3, 1 }, { 3, 1, 2, 0 }, { 2, 0, 3, 2 }, { 2, 0, 9, 1 },
+        };
+        for (size_t k = 0; k < ELEMENTSOF(bad); k++) {
+                memcpy(copy, data, size);
+                for (unsigned j = 0; j < 4; j++)
+                        put32(copy + size - 16 + 4 * j, bad[k][j]);
+                reseal(copy, size);
+                expect_refused(copy, size, -EBADMSG, k == 3 ? "the build's rank at 3 cannot share"
+                                                            : "the build's replica");
+        }
+        memcpy(copy, data, size);
+        put32(copy + size - 20, 12);
+        put32(copy + 16, (uint32_t) (size - 32 - 4));
+        reseal(copy, size - 4);
+        expect_refused(copy, size - 4, -EBADMSG, "the build's replicas section has 12 bytes");
+        free(TAKE_PTR(data));
+
+        ranks[1].token = NULL;
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, replicas, 2, 99, &data,
+                                                   &size), 0);
+        expect_refused(data, size, -EBADMSG, "the build's rank at 3 cannot share the segment "
+                                             "of the rank at 1");
+        free(TAKE_PTR(data));
+        ranks[1].token = "11111111111111111111111111111111";
+
+        b.writable = true;
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, replicas, 2, 99, &data,
+                                                   &size), 0);
+        expect_refused(data, size, -EBADMSG, "a writable build has replicas");
+        free(TAKE_PTR(data));
+        b.writable = false;
+
+        /* The encoder writes only what holds together. */
+        RecordReplica later[] = { { 2, 3 } }, order[] = { { 3, 1 }, { 2, 0 } },
+                      outside[] = { { 4, 0 } };
+        RecordReplica all[] = { { 1, 0 }, { 2, 0 }, { 3, 0 }, { 3, 0 } };
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, later, 1, 99, &data,
+                                                   &size), -EINVAL);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, order, 2, 99, &data,
+                                                   &size), -EINVAL);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, outside, 1, 99, &data,
+                                                   &size), -EINVAL);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, all, 4, 99, &data,
+                                                   &size), -EINVAL);
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &b, NULL, 1, 99, &data,
+                                                   &size), -EINVAL);
         layout_done(&layout);
 }
 
@@ -468,6 +591,7 @@ int main(void) {
                 cmocka_unit_test(test_mesh_record_round_trip),
                 cmocka_unit_test(test_damaged_records_are_refused),
                 cmocka_unit_test(test_build_record_round_trip),
+                cmocka_unit_test(test_build_record_replicas),
                 cmocka_unit_test(test_store_in_a_state_dir),
                 cmocka_unit_test(test_store_without_a_place),
         };
