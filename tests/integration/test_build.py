@@ -719,12 +719,13 @@ class TestLimits(Base):
         self.assertBuildFails((GE, cfg), "RESOURCE_EXHAUSTED",
                               "shm budget exceeded: build needs %d bytes, %d of %d in use"
                               % (need, need, self.BUDGET), "SHM_BUDGET", materialize={})
-        # Larger than the whole budget, on a mesh: the mesh is not held afterwards.
+        # Larger than the whole budget, on a mesh: the mesh is not held afterwards. Its eight
+        # dp ranks are replicas of one shard, counted once (docs/sharing.md, "Replicas").
         m = self.mesh([("dp", 8)])
         big = dict(cfg, num_experts=16)
         self.assertBuildFails((GE, big), "RESOURCE_EXHAUSTED",
                               "shm budget exceeded: build needs %d bytes, %d of %d in use"
-                              % (8 * 4 * need, need, self.BUDGET), "SHM_BUDGET",
+                              % (4 * need, need, self.BUDGET), "SHM_BUDGET",
                               mesh_id=m.mesh_id, materialize={})
         self.assertOk(self.call("familyd.v1.MeshService/DeleteMesh", mesh_id=m.mesh_id))
         # Builds that materialise nothing still count against --max-builds.
@@ -852,7 +853,10 @@ class TestLayout(Base):
                         self.assertTrue(s.token, "rank %d holds bytes: needs a token" % s.rank)
                     self.assertEqual(s.device_kind, "host")
                 self.assertEqual(empties, 2)   # ep coordinate 3, two replicas
-                self.assertEqual(self.state()[1] - in_use, sum(s.size_bytes for s in b.shards))
+                # Replicas (the same slices) share one segment, counted once (docs/sharing.md).
+                distinct = {tuple(x.SerializeToString(deterministic=True) for x in s.slices):
+                            s.size_bytes for s in b.shards}
+                self.assertEqual(self.state()[1] - in_use, sum(distinct.values()))
                 self.release(b.build_id)
 
     def test_nested_shards_and_missing_axes(self):

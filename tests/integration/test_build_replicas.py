@@ -496,6 +496,7 @@ class TestRestart(Base):
         self.assertEqual(U.view(self, d2)["ids"], [kept.build_id])
         self.assertEqual(sorted(os.listdir(state)),
                          sorted(["meta-" + mesh_id, "meta-" + kept.build_id,
+                                 "metarep-" + kept.build_id,   # what holds it (this process)
                                  "shard-%s-0" % kept.build_id, "shard-%s-1" % kept.build_id]))
         self.assertEqual(len(U.read_shards(self, d2, kept)), 4)
 
@@ -520,7 +521,9 @@ class TestRestart(Base):
         def ours(n=None):
             deadline = time.monotonic() + 10
             while True:
-                names = sorted(k for k in m.fdstore if k.startswith(("shard-", "meta")))
+                # Builds' and meshes' records and segments; the holders records (metarep-*)
+                # are test_durability_fdstore.py's.
+                names = sorted(k for k in m.fdstore if k.startswith(("shard-", "meta-")))
                 if n is None or len(names) == n or time.monotonic() > deadline:
                     return names
                 time.sleep(0.02)

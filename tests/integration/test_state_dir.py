@@ -94,10 +94,15 @@ class StateDirTest(unittest.TestCase):
         for fd in fds.values():
             os.close(fd)
 
-        # Segments and records are files in the state dir.
+        # Segments and records are files in the state dir: a segment per distinct shard, ranks
+        # 4-7 (dp=1) being replicas of ranks 0-3 (docs/sharing.md, "Replicas").
         names = self.files()
         for s in on_mesh.shards:
-            self.assertIn("shard-%s-%d" % (on_mesh.build_id, s.rank), names)
+            name = "shard-%s-%d" % (on_mesh.build_id, s.rank)
+            if s.rank < 4:
+                self.assertIn(name, names)
+            else:
+                self.assertNotIn(name, names)
         for b in (on_mesh, alone, plain):
             self.assertIn("meta-" + b.build_id, names)
         self.assertIn("meta-" + mesh_id, names)
@@ -223,7 +228,7 @@ class StateDirTest(unittest.TestCase):
         self.assertEqual(self.files(), sorted(
             ["README", "meta-" + mesh_id, "meta-" + on_mesh.build_id, "meta-" + plain.build_id,
              "metarep-" + on_mesh.build_id] +
-            ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(8)]))
+            ["shard-%s-%d" % (on_mesh.build_id, r) for r in range(4)]))
 
     def test_mutated_records_never_crash_the_daemon(self):
         """Records damaged behind their checksum (recomputed): every one is refused by the
