@@ -76,8 +76,9 @@ void build_count_fill(const Builder *builder, uint64_t bytes);
  * was kept and lets its memory go. -EBUSY when mode refuses; NOT_FOUND as build_table_get(). */
 int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64_t now_ms,
                const char *why, FamilyError *ret_error);
-/* Frees the build whose grace period ends first; -ENOENT when none is in grace. */
-int build_evict_one(const Builder *builder);
+/* Frees the build whose grace period ends first among those match (NULL: any) accepts (a
+ * BuildState); -ENOENT when none is in grace. */
+int build_evict_one(const Builder *builder, bool (*match)(const void *payload));
 /* Grace deadlines changed: frees what is due (grace 0) and re-arms the watcher's timer. */
 void build_sharing_grace_changed(const Builder *builder);
 uint64_t build_sharing_grace_ms(const Builder *builder);

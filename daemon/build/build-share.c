@@ -122,11 +122,11 @@ void build_sharing_stop(Builder *builder) {
         free(s);
 }
 
-int build_evict_one(const Builder *builder) {
+int build_evict_one(const Builder *builder, bool (*match)(const void *payload)) {
         char id[BUILD_TABLE_ID_MAX];
 
         for (;;) {
-                int r = build_table_oldest_idle(builder->manager->builds, id);
+                int r = build_table_oldest_idle_where(builder->manager->builds, match, id);
                 if (r < 0)
                         return r;
                 r = build_free(builder, id, BUILD_TAKE_IDLE, 0,

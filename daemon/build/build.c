@@ -88,27 +88,46 @@ int build_draft_prepare(const Builder *builder, const BuildRequest *req, const c
         return 0;
 }
 
-/* Refusals that builds in their grace period give way to. */
-static bool evictable(const FamilyError *e) {
-        return streq_ptr(e->reason, "SHM_BUDGET") || streq_ptr(e->reason, "BUILD_LIMIT") ||
-               streq_ptr(e->reason, "FDSTORE_LIMIT");
+/* Builds in their grace period that would help a Build refused for lack of shard room (their
+ * tokens), of GPU memory (their device allocations), or of anything else (any build: host
+ * bytes, a slot, fd store room). */
+static bool holds_shards(const void *payload) {
+        return build_state_segments(payload) > 0;
 }
 
-/* The fd store's room and the table's slot and bytes; builds in their grace period are freed,
- * oldest first, while they stand in the way. */
-static int draft_reserve_room(const Builder *builder, BuildState *b, uint64_t bytes,
-                              FamilyError *ret_error) {
+static bool holds_gpu_memory(const void *payload) {
+        return build_state_has_gpu_shards(payload);
+}
+
+typedef int (*ReserveStep)(const Builder *builder, BuildState *b, uint64_t bytes,
+                           FamilyError *ret_error);
+
+/* Which builds in their grace period give way to a refusal of reason; NULL: none does. */
+static bool evictable(const FamilyError *e, bool (**ret_match)(const void *payload)) {
+        *ret_match = NULL;
+        if (streq_ptr(e->reason, "SHARD_LIMIT"))
+                *ret_match = holds_shards;
+        else if (streq_ptr(e->reason, "DEVICE_BUDGET"))
+                *ret_match = holds_gpu_memory;
+        else if (!streq_ptr(e->reason, "SHM_BUDGET") && !streq_ptr(e->reason, "BUILD_LIMIT") &&
+                 !streq_ptr(e->reason, "FDSTORE_LIMIT"))
+                return false;
+        return true;
+}
+
+/* step, and while it is refused for what builds in their grace period hold, frees the oldest
+ * such build and tries again. */
+static int reserve_evicting(const Builder *builder, BuildState *b, uint64_t bytes,
+                            ReserveStep step, FamilyError *ret_error) {
         for (;;) {
                 FamilyError e = FAMILY_ERROR_NULL;
-                int r = build_keep_reserve(builder->state, b, &e);
-                if (r >= 0) {
-                        r = build_table_reserve(builder->manager->builds, bytes, &e);
-                        if (r < 0)
-                                build_keep_unreserve(builder->state, b);
-                }
+                bool (*match)(const void *payload);
+                int r = step(builder, b, bytes, &e);
+
                 if (r >= 0)
                         return 0;
-                if (!family_error_is_set(&e) || !evictable(&e) || build_evict_one(builder) < 0) {
+                if (!family_error_is_set(&e) || !evictable(&e, &match) ||
+                    build_evict_one(builder, match) < 0) {
                         if (ret_error) {
                                 family_error_done(ret_error);
                                 *ret_error = e;
@@ -118,6 +137,28 @@ static int draft_reserve_room(const Builder *builder, BuildState *b, uint64_t by
                 }
                 family_error_done(&e);
         }
+}
+
+static int step_shard_room(const Builder *builder, BuildState *b, uint64_t bytes,
+                           FamilyError *ret_error) {
+        return build_check_shard_room(b, builder->shards, ret_error);
+}
+
+static int step_devices(const Builder *builder, BuildState *b, uint64_t bytes,
+                        FamilyError *ret_error) {
+        return b->device_memory ? 0 : build_reserve_devices(b, builder->accel, ret_error);
+}
+
+/* The fd store's room and the table's slot and bytes. */
+static int step_room(const Builder *builder, BuildState *b, uint64_t bytes,
+                     FamilyError *ret_error) {
+        int r = build_keep_reserve(builder->state, b, ret_error);
+        if (r < 0)
+                return r;
+        r = build_table_reserve(builder->manager->builds, bytes, ret_error);
+        if (r < 0)
+                build_keep_unreserve(builder->state, b);
+        return r;
 }
 
 /* Reserves what b takes: its mesh's count, shard room, GPU memory, fd store room, its bytes and
@@ -139,16 +180,12 @@ int build_draft_reserve(const Builder *builder, BuildState *b, BuildDraft **ret,
                 if (r < 0)
                         return r;
         }
-        r = build_check_shard_room(b, builder->shards, ret_error);
-        if (r < 0)
-                return r;
-        if (!b->device_memory) {
-                r = build_reserve_devices(b, builder->accel, ret_error);
-                if (r < 0)
-                        return r;
-        }
         d->bytes = build_host_bytes(b);
-        r = draft_reserve_room(builder, b, d->bytes, ret_error);
+        r = reserve_evicting(builder, b, d->bytes, step_shard_room, ret_error);
+        if (r >= 0)
+                r = reserve_evicting(builder, b, d->bytes, step_devices, ret_error);
+        if (r >= 0)
+                r = reserve_evicting(builder, b, d->bytes, step_room, ret_error);
         if (r < 0)
                 return r;
         d->builder = *builder;

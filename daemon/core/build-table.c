@@ -524,13 +524,19 @@ int build_table_take(BuildTable *t, const char *id, BuildTakeMode mode, int64_t 
 }
 
 int build_table_oldest_idle(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]) {
+        return build_table_oldest_idle_where(t, NULL, ret_id);
+}
+
+int build_table_oldest_idle_where(BuildTable *t, bool (*match)(const void *payload),
+                                  char ret_id[static BUILD_TABLE_ID_MAX]) {
         const BuildRecord *oldest = NULL;
 
         (void) pthread_mutex_lock(&t->lock);
         for (size_t i = 0; i < t->n_records; i++) {
                 const BuildHolding *h = &t->records[i]->holding;
                 if (holding_idle(h) && h->grace_deadline_ms != 0 &&
-                    (!oldest || h->grace_deadline_ms < oldest->holding.grace_deadline_ms))
+                    (!oldest || h->grace_deadline_ms < oldest->holding.grace_deadline_ms) &&
+                    (!match || match(t->records[i]->payload)))
                         oldest = t->records[i];
         }
         if (oldest)

@@ -161,6 +161,10 @@ int build_table_take(BuildTable *t, const char *id, BuildTakeMode mode, int64_t 
                      BuildRecord **ret, FamilyError *ret_error);
 /* The id of the build whose grace period ends first; -ENOENT when none is in grace. */
 int build_table_oldest_idle(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]);
+/* The same among the builds whose payload match() accepts (called under the table's lock; the
+ * payload of a committed record does not change). */
+int build_table_oldest_idle_where(BuildTable *t, bool (*match)(const void *payload),
+                                  char ret_id[static BUILD_TABLE_ID_MAX]);
 /* The earliest grace deadline (Unix ms), 0 when no build is in grace. */
 int64_t build_table_next_deadline(BuildTable *t);
 unsigned build_table_count_idle(BuildTable *t);

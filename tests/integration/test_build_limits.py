@@ -53,6 +53,28 @@ class TestShardLimit(unittest.TestCase):
             self.assertTrue(again.ok, again)
 
 
+class TestShardLimitGiveWay(unittest.TestCase):
+    def test_builds_in_their_grace_period_give_their_shards_way(self):
+        # The default grace period: a released build keeps its shard descriptors until a
+        # Build needs them, then goes (docs/sharing.md).
+        with H.Daemon(registry=REGISTRY, extra_args=["--max-shards", "2"]) as d:
+            c = d.client
+            req = {"family": "grouped_experts", "config": CONFIG,
+                   "materialize": {"enabled": True}, "privateBuild": True}
+            ids = [c.call("familyd.v1.FamilyService/Build", req).reply.build.build_id
+                   for _ in range(2)]
+            self.assertTrue(all(ids), ids)
+            third = c.call("familyd.v1.FamilyService/Build", req)
+            self.assertEqual(third.code, "RESOURCE_EXHAUSTED", third)
+            self.assertTrue(c.call("familyd.v1.FamilyService/ReleaseBuild",
+                                   {"buildId": ids[0]}).ok)
+            self.assertTrue(c.call("familyd.v1.FamilyService/GetBuild", {"buildId": ids[0]}).ok)
+            again = c.call("familyd.v1.FamilyService/Build", req)
+            self.assertTrue(again.ok, again)
+            gone = c.call("familyd.v1.FamilyService/GetBuild", {"buildId": ids[0]})
+            self.assertEqual(gone.code, "NOT_FOUND", gone)
+
+
 class TestDeadline(unittest.TestCase):
     def test_a_build_whose_client_gave_up_is_not_kept(self):
         big = {"fields": {"num_experts": {"intValue": 64}, "hidden_size": {"intValue": 1024},

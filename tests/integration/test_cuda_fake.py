@@ -527,6 +527,31 @@ class Failures(Base):
             self.release(d, b3)
             self.assertEqual(d.fake("allocations"), 0)
 
+    def test_builds_in_their_grace_period_give_gpu_memory_way(self):
+        # The default grace period: a released GPU build holds its memory until a Build
+        # needs it, then goes (oldest first), as host builds do for --shm-budget.
+        d = EnvDaemon(gpu_env(FAKE_CUDA_MEMORY=16 * MiB), host_devices=None)
+        with d:
+            big = {"n": 2560}     # a 6 MiB allocation on each GPU: two builds fit, not three
+            b1 = self.built(d, family="gpubig", config=big)
+            b2 = self.built(d, family="gpubig", config=big)
+            self.release(d, b1)                  # this process's reference: b1 in its grace
+            got = self.ok(d.client.call("familyd.v1.FamilyService/GetBuild",
+                                        build_id=b1.build_id))
+            self.assertGreater(got.grace_deadline_unix_ms, 0)
+            self.assertEqual(d.fake("allocations"), 4)
+            b3 = self.built(d, family="gpubig", config=big)
+            res = d.client.call("familyd.v1.FamilyService/GetBuild", build_id=b1.build_id)
+            self.assertEqual(res.code, "NOT_FOUND", res)
+            self.assertEqual(d.fake("allocations"), 4)
+            # Held builds do not give way: the fourth is refused.
+            res = self.build(d, family="gpubig", config=big)
+            self.assertEqual(res.code, "RESOURCE_EXHAUSTED", res)
+            for b in (b2, b3):
+                self.ok(d.client.call("familyd.v1.FamilyService/ReleaseBuild",
+                                      build_id=b.build_id, force=True))
+            self.assertEqual(d.fake("allocations"), 0)
+
 
 class Restarts(Base):
     def test_gpu_builds_are_not_kept(self):
