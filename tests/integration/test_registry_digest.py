@@ -203,6 +203,43 @@ class TestRegistryAgreement(unittest.TestCase):
             self.assertRegex(t.reply.nodes[0].registry_digest, DIGEST)
             self.assertNotEqual(t.reply.nodes[0].registry_digest, before)
 
+    def test_build_reply_and_sharing_key_carry_the_digest(self):
+        """A Build answers the digest of the registry it was made from, and the digest is
+        part of the sharing key: the same request after a reload that changed the registry
+        makes a new build, after one that changed nothing it shares the old one."""
+        with H.Daemon(self.dirs[0], host_devices=2, node_name="solo") as d:
+            def build():
+                req = {"family": GE, "config": {"fields": {
+                    k: ({"doubleValue": v} if isinstance(v, float) else {"intValue": v})
+                    for k, v in GE_CFG.items()}}, "materialize": {"enabled": True}}
+                res = d.client.call("familyd.v1.FamilyService/Build", req)
+                self.assertTrue(res.ok, res)
+                return res.reply
+
+            def digest():
+                t = d.client.call("familyd.v1.MeshService/GetTopology")
+                return t.reply.nodes[0].registry_digest
+
+            first = build()
+            self.assertEqual(first.build.registry_digest, digest())
+            self.assertFalse(first.shared)
+            with open(SOURCE) as f:
+                write(self.dirs[0], "families.yaml", commented(f.read()))
+            self.assertTrue(d.client.call("familyd.v1.AdminService/Reload").ok)
+            same = build()
+            self.assertTrue(same.shared)
+            self.assertEqual(same.build.build_id, first.build.build_id)
+            write(self.dirs[0], "extra.yaml", EXTRA)
+            self.assertTrue(d.client.call("familyd.v1.AdminService/Reload").ok)
+            other = build()
+            self.assertFalse(other.shared)
+            self.assertNotEqual(other.build.build_id, first.build.build_id)
+            self.assertEqual(other.build.registry_digest, digest())
+            self.assertNotEqual(other.build.registry_digest, first.build.registry_digest)
+            got = d.client.call("familyd.v1.FamilyService/GetBuild",
+                                {"buildId": first.build.build_id})
+            self.assertEqual(got.reply.registry_digest, first.build.registry_digest)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
