@@ -7,6 +7,11 @@
  * then checked against the pidfd's process still being alive, so it is that process's start
  * time and not a successor's. The start time is what a reference keeps (it can be saved across
  * a restart; a pidfd cannot).
+ *
+ * Without pidfds (kernels before 5.3; valgrind 3.19, which does not know the calls: ENOSYS) a
+ * caller is named by its pid and start time alone, and the watcher polls it
+ * (build_caller_alive()): a pid reused between SO_PEERCRED and the read of its start time
+ * would go unnoticed there, a window of microseconds.
  */
 
 #include <fcntl.h>
@@ -21,9 +26,11 @@ static int pidfd_open_(pid_t pid) {
         return (int) syscall(SYS_pidfd_open, pid, 0);
 }
 
-static int pidfd_alive(int pidfd) {
+static int pidfd_alive(int pidfd, pid_t pid) {
         /* Signal 0 checks the process is there without signalling it. */
         if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0)
+                return 1;
+        if (errno == ENOSYS && kill(pid, 0) == 0)
                 return 1;
         return errno == EPERM ? 1 : 0;
 }
@@ -81,10 +88,10 @@ int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller
                 return unknown(ret_error, pid, "outside familyd's pid namespace");
         if (pidfd < 0)
                 pidfd = pidfd_open_(pid);
-        if (pidfd < 0)
+        if (pidfd < 0 && errno != ENOSYS)
                 return unknown(ret_error, pid, "it has exited");
         r = process_start_time(pid, &start);
-        if (r < 0 || !pidfd_alive(pidfd))
+        if (r < 0 || (pidfd >= 0 && !pidfd_alive(pidfd, pid)))
                 return unknown(ret_error, pid, "it has exited");
         *ret = (BuildCaller) { .pid = pid, .uid = uid, .start_time = start };
         *ret_pidfd = TAKE_FD(pidfd);
@@ -98,13 +105,19 @@ int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd) {
         if (saved->pid <= 0)
                 return -ESRCH;
         pidfd = pidfd_open_(saved->pid);
-        if (pidfd < 0)
+        if (pidfd < 0 && errno != ENOSYS)
                 return -ESRCH;
         /* As build_caller_identify(): the start time read after the pidfd, then the pidfd's
-         * process still there, so both name the same process. */
+         * process still there, so both name the same process (no pidfd: polled). */
         if (process_start_time(saved->pid, &start) < 0 || start != saved->start_time ||
-            !pidfd_alive(pidfd))
+            (pidfd >= 0 && !pidfd_alive(pidfd, saved->pid)))
                 return -ESRCH;
         *ret_pidfd = TAKE_FD(pidfd);
         return 0;
+}
+
+bool build_caller_alive(const BuildCaller *c) {
+        uint64_t start;
+
+        return process_start_time(c->pid, &start) >= 0 && start == c->start_time;
 }

@@ -36,3 +36,6 @@ BuildWatch *build_sharing_watch(const Builder *builder);
  * -ESRCH otherwise (exited, or its pid reused).
  */
 int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd);
+/* Whether c's process still lives (its pid has c's start time): for callers watched without a
+ * pidfd (*ret_pidfd -1 above and in build_caller_identify(): no pidfds on this system). */
+bool build_caller_alive(const BuildCaller *c);

@@ -8,6 +8,7 @@
  * process's references go then (build-share.c). One timer, on CLOCK_REALTIME (grace deadlines
  * are Unix ms, as GetBuild shows them), fires at the earliest deadline of the build table.
  * A process stays watched until it exits, so a trainer idle for hours keeps its builds.
+ * Where there are no pidfds (build-caller.c), a process is polled instead, once a second.
  */
 
 #include <pthread.h>
@@ -16,14 +17,18 @@
 #include <systemd/sd-event.h>
 #include <unistd.h>
 
+#include "build-holders-keep.h"
 #include "build-private.h"
 #include "common/log.h"
+
+/* How often processes watched without a pidfd are checked. */
+#define WATCH_POLL_USEC (1000u * 1000u)
 
 typedef struct Watched {
         struct Watched *next;
         BuildWatch *w;
         BuildCaller caller;
-        int pidfd;
+        int pidfd;           /* -1: no pidfds here, polled */
         sd_event_source *io; /* NULL until the loop takes it up */
 } Watched;
 
@@ -37,6 +42,7 @@ struct BuildWatch {
         sd_event *event;
         sd_event_source *command;
         sd_event_source *timer;
+        sd_event_source *poll; /* on while a process is watched without a pidfd */
         pthread_t thread;
         bool started;
 };
@@ -61,22 +67,63 @@ static void watch_rearm(BuildWatch *w) {
                 log_warning_errno(r, "Failed to arm the grace timer, ignoring: %m");
 }
 
+/* x's process exited: unlisted (the lock held), then its references go. */
+static void watched_gone(BuildWatch *w, Watched *x) {
+        build_sharing_process_gone(w->builder, &x->caller);
+        watched_free(x);
+}
+
+static void watched_unlist(BuildWatch *w, Watched *x) {
+        for (Watched **p = &w->list; *p; p = &(*p)->next)
+                if (*p == x) {
+                        *p = x->next;
+                        w->n--;
+                        return;
+                }
+}
+
 static int on_exit_io(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
         Watched *x = userdata;
         BuildWatch *w = x->w;
 
         (void) pthread_mutex_lock(&w->lock);
-        for (Watched **p = &w->list; *p; p = &(*p)->next)
-                if (*p == x) {
-                        *p = x->next;
-                        w->n--;
-                        break;
-                }
+        watched_unlist(w, x);
         (void) pthread_mutex_unlock(&w->lock);
-        build_sharing_process_gone(w->builder, &x->caller);
-        watched_free(x);
+        watched_gone(w, x);
         watch_rearm(w);
         return 0;
+}
+
+/* The processes watched without a pidfd: those that exited go; the poll goes on while any is
+ * left. */
+static int on_poll(sd_event_source *source, uint64_t usec, void *userdata) {
+        BuildWatch *w = userdata;
+        Watched *gone = NULL;
+        bool polled = false;
+
+        (void) pthread_mutex_lock(&w->lock);
+        for (Watched *x = w->list, *next; x; x = next) {
+                next = x->next;
+                if (x->pidfd >= 0)
+                        continue;
+                if (build_caller_alive(&x->caller)) {
+                        polled = true;
+                        continue;
+                }
+                watched_unlist(w, x);
+                x->next = gone;
+                gone = x;
+        }
+        (void) pthread_mutex_unlock(&w->lock);
+        for (Watched *x = gone, *next; x; x = next) {
+                next = x->next;
+                watched_gone(w, x);
+        }
+        if (gone)
+                watch_rearm(w);
+        if (polled)
+                (void) sd_event_source_set_time(source, usec + WATCH_POLL_USEC);
+        return sd_event_source_set_enabled(source, polled ? SD_EVENT_ONESHOT : SD_EVENT_OFF);
 }
 
 static int on_command(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
@@ -88,7 +135,13 @@ static int on_command(sd_event_source *source, int fd, uint32_t revents, void *u
         (void) pthread_mutex_lock(&w->lock);
         stop = w->stop;
         for (Watched *x = w->list; x && !stop; x = x->next) {
-                if (x->io)
+                if (x->pidfd < 0 && !sd_event_source_get_enabled(w->poll, NULL)) {
+                        uint64_t now = 0;
+                        (void) sd_event_now(w->event, CLOCK_MONOTONIC, &now);
+                        (void) sd_event_source_set_time(w->poll, now + WATCH_POLL_USEC);
+                        (void) sd_event_source_set_enabled(w->poll, SD_EVENT_ONESHOT);
+                }
+                if (x->io || x->pidfd < 0)
                         continue;
                 int r = sd_event_add_io(w->event, &x->io, x->pidfd, EPOLLIN, on_exit_io, x);
                 if (r < 0)
@@ -141,6 +194,10 @@ int build_watch_new(const Builder *builder, BuildWatch **ret) {
         if (r >= 0)
                 r = sd_event_source_set_enabled(w->timer, SD_EVENT_OFF);
         if (r >= 0)
+                r = sd_event_add_time(w->event, &w->poll, CLOCK_MONOTONIC, 0, 0, on_poll, w);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(w->poll, SD_EVENT_OFF);
+        if (r >= 0)
                 r = -pthread_create(&w->thread, NULL, watch_thread, w);
         if (r < 0) {
                 build_watch_free(w);
@@ -168,6 +225,7 @@ BuildWatch *build_watch_free(BuildWatch *w) {
         }
         sd_event_source_disable_unref(w->command);
         sd_event_source_disable_unref(w->timer);
+        sd_event_source_disable_unref(w->poll);
         sd_event_unref(w->event);
         safe_close(w->event_fd);
         (void) pthread_mutex_destroy(&w->lock);

@@ -15,6 +15,7 @@ valgrind is missing. tests/run-all.sh runs it in build-valgrind:
 It wraps the daemon itself, so it runs without `--setup valgrind` (which would wrap Python).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ import familyd_harness as H  # noqa: E402
 import shard_client as SC  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
+HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_holder.py")
 CONFIG = {"fields": {"num_experts": {"intValue": 8}, "hidden_size": {"intValue": 16},
                      "moe_intermediate_size": {"intValue": 8},
                      "initializer_range": {"doubleValue": 0.02}}}
@@ -109,9 +111,43 @@ class TestValgrindSession(unittest.TestCase):
         self.assertTrue(v.ok, v)
         self.assertEqual([x.reason for x in v.reply.violations], ["UNKNOWN_BUILD"])
         self.assertEqual(call("familyd.v1.AdminService/GetStatus").reply.builds, 1)
+        # Held by this process (watched without a pidfd under valgrind 3.19, which does not
+        # know pidfd_open: polled), pinned, released, then freed by force.
+        self.assertTrue(call("familyd.v1.FamilyService/PinBuild",
+                             {"buildId": build.build_id}).ok)
         self.assertTrue(call("familyd.v1.FamilyService/ReleaseBuild",
                              {"buildId": build.build_id}).ok)
+        rel = call("familyd.v1.FamilyService/ReleaseBuild",
+                   {"buildId": build.build_id, "force": True})
+        self.assertTrue(rel.ok and rel.reply.freed, rel)
         self.assertTrue(call("familyd.v1.MeshService/DeleteMesh", {"meshId": mesh_id}).ok)
+
+        # A holder process that exits: seen by the poll (no pidfds under valgrind), its build
+        # starts its grace period, then is freed by force.
+        holder = subprocess.Popen([sys.executable, HOLDER, d.socket], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        holder.stdin.write(json.dumps({"op": "build", "request": {
+            "family": "grouped_experts", "config": CONFIG, "privateBuild": True,
+            "materialize": {"enabled": True}}}) + "\n")
+        holder.stdin.flush()
+        held = json.loads(holder.stdout.readline())
+        self.assertEqual(held["code"], "OK", held)
+        got = call("familyd.v1.FamilyService/GetBuild", {"buildId": held["build_id"]})
+        self.assertEqual([r.pid for r in got.reply.references], [holder.pid])
+        holder.stdin.write(json.dumps({"op": "exit"}) + "\n")
+        holder.stdin.close()
+        self.assertEqual(holder.wait(timeout=60), 0)
+        holder.stdout.close()
+        deadline = time.monotonic() + 30
+        while True:
+            got = call("familyd.v1.FamilyService/GetBuild", {"buildId": held["build_id"]})
+            if not got.reply.references:
+                break
+            self.assertLess(time.monotonic(), deadline, "the exited holder still holds: %s" % got)
+            time.sleep(0.2)
+        self.assertGreater(got.reply.grace_deadline_unix_ms, 0)
+        self.assertTrue(call("familyd.v1.FamilyService/ReleaseBuild",
+                             {"buildId": held["build_id"], "force": True}).ok)
         self.assertTrue(call("familyd.v1.AdminService/Reload").ok)
 
         rc = d.stop(timeout=120, expect_status=None)
