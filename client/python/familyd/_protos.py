@@ -124,8 +124,8 @@ class Protos:
         KeyError for a name the API does not have."""
         c = self._classes.get(full_name)
         if c is None:
-            if self.generated and not full_name.startswith("google.rpc."):
-                raise KeyError("Couldn't find message %s" % full_name)
+            # Generated: the familyd.v1 classes are all in _classes; the rest (google.rpc, and
+            # google.protobuf.Any that it imports) come from the private pool.
             c = self._classes[full_name] = self._build(self._rpc_pool, full_name)
         return c
 
