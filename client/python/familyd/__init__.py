@@ -7,8 +7,10 @@
         t = b.ranks[0].torch()["gate_up_proj"]  # torch.bfloat16, same memory
         ok, violations = c.validate([{"fqns": ["layers.0.moe"], "build": b}], {"ep_size": 1})
 
-Message classes come from the descriptor set, not from protoc output: see familyd._protos
-(FAMILYD_DESCRIPTORS, then next to the package, then /usr/share/familyd/familyd.binpb).
+Message classes: an installed package (pip install, meson install) has protoc's, generated at
+build time with typed stubs (familyd.v1.family_pb2, ...); a source tree builds them at run time
+from the descriptor set (FAMILYD_DESCRIPTORS, then next to the package, then
+/usr/share/familyd/familyd.binpb). See familyd._protos.
 Needs python3-grpcio, python3-protobuf, python3-numpy; torch is optional. Shards in GPU memory
 (device_kind "cuda") are imported through the CUDA driver, loaded at run time (familyd.cuda):
 .ranks[r] is then a DeviceRankTensors whose arrays carry __cuda_array_interface__, and .torch()

@@ -1,15 +1,25 @@
 """familyd.Client: the familyd.v1 gRPC API over the daemon's Unix socket, and Build, whose
 materialised shards are numpy arrays (and torch tensors) viewing the daemon's shared memory."""
 
-import collections
+import mmap
 import os
 import warnings
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import grpc
+from google.protobuf.message import Message
 
 from . import cuda as _cuda
 from . import shard as _shard
-from ._protos import default_protos
+from ._protos import Protos, default_protos
+
+# A family's arguments or config values: int, float, str, bool, or lists of them.
+Values = Mapping[str, Any]
+# A boundary of validate(): see Client.validate.
+BoundaryLike = Union[Mapping[str, Any], Tuple[Any, ...], List[Any], "Build", Message]
+# A mesh's dimensions: {"dp": 2, "tp": 4} or [("dp", 2), ("tp", 4)], in row-major order.
+MeshSpec = Union[Mapping[str, int], Iterable[Tuple[str, int]]]
 
 DEFAULT_SOCKET = "/run/familyd/familyd.sock"
 
@@ -25,7 +35,8 @@ class FamilydError(Exception):
     .reason and .metadata: from the google.rpc.ErrorInfo of the status details (None / {}).
     """
 
-    def __init__(self, code, message, reason=None, metadata=None):
+    def __init__(self, code: Any, message: str, reason: Optional[str] = None,
+                 metadata: Optional[Mapping[str, str]] = None) -> None:
         self.code = code
         self.code_name = code.name if hasattr(code, "name") else str(code)
         self.message = message
@@ -37,7 +48,7 @@ class FamilydError(Exception):
         super().__init__(text)
 
 
-class RankTensors(dict):
+class RankTensors(Dict[str, Any]):
     """One rank's parameters: name -> numpy array viewing the shard's memory (no copy).
 
     bfloat16 parameters are numpy uint16 arrays of the raw bits; .torch() gives real
@@ -47,7 +58,8 @@ class RankTensors(dict):
     reach every process), .writable whether the arrays may be written.
     """
 
-    def __init__(self, rank, mm, size, slices, dtypes, device_kind, device, mode):
+    def __init__(self, rank: int, mm: mmap.mmap, size: int, slices: List[Message],
+                 dtypes: Dict[str, str], device_kind: str, device: int, mode: str) -> None:
         super().__init__()
         self.rank = rank
         self.mmap = mm
@@ -59,7 +71,7 @@ class RankTensors(dict):
         self.mode = mode
         self.writable = mode != "read-only"
 
-    def torch(self):
+    def torch(self) -> Dict[str, Any]:
         """name -> torch tensor over the same memory (torch.frombuffer; no copy). bfloat16 is
         torch.bfloat16. Only for "private" and "shared" mappings: torch 1.13 cannot mark a
         tensor read-only, and an in-place op on one over a read-only mapping kills the process
@@ -90,7 +102,7 @@ class RankTensors(dict):
         return out
 
 
-class DeviceRankTensors(dict):
+class DeviceRankTensors(Dict[str, Any]):
     """One rank's parameters in GPU memory: name -> cuda.DeviceArray (no copy; each has a
     __cuda_array_interface__). .torch() gives torch tensors on the GPU over the same memory
     (a CUDA build of torch needed: cuda.DeviceMemoryError otherwise); .numpy() copies to host
@@ -98,7 +110,8 @@ class DeviceRankTensors(dict):
     up to the GPU's granularity), .slices, .dtypes, .device_kind ("cuda"), .device (the CUDA
     ordinal), .writable (read-only is advisory for GPU shards)."""
 
-    def __init__(self, rank, shard, slices, dtypes, mode):
+    def __init__(self, rank: int, shard: "_cuda.DeviceShard", slices: List[Message],
+                 dtypes: Dict[str, str], mode: str) -> None:
         super().__init__()
         self.rank = rank
         self.shard = shard
@@ -110,7 +123,7 @@ class DeviceRankTensors(dict):
         self.mode = mode
         self.writable = shard.writable
 
-    def torch(self):
+    def torch(self) -> Dict[str, Any]:
         """name -> torch tensor on cuda:DEVICE: over the shard (no copy) for "read-only" and
         "shared"; for "private", copies in this process's own GPU memory (a device mapping has
         no copy-on-write)."""
@@ -119,7 +132,7 @@ class DeviceRankTensors(dict):
             return {name: t.clone() for name, t in tensors.items()}
         return tensors
 
-    def numpy(self):
+    def numpy(self) -> Dict[str, Any]:
         """name -> numpy array copied from the GPU (bfloat16 as uint16 bits)."""
         return {name: a.numpy() for name, a in self.items()}
 
@@ -139,7 +152,8 @@ class Build:
     releases and closes on exit.
     """
 
-    def __init__(self, client, message, mode="read-only", map_shards=True):
+    def __init__(self, client: "Client", message: Message, mode: str = "read-only",
+                 map_shards: bool = True) -> None:
         self.client = client
         self.message = message
         self.id = message.build_id
@@ -147,20 +161,21 @@ class Build:
         self.mode = _shard.check_mode(mode)
         self.writable = mode == "shared"
         self.shared = False   # Build answered a live build (BuildResponse.shared)
-        self.layout = {}
+        self.layout: Dict[str, Message] = {}
         if message.info and message.info.layout:
             for p in message.info.layout.parameters:
                 self.layout[p.name] = p
-        self.ranks = {}
+        self.ranks: Dict[int, Union[RankTensors, DeviceRankTensors]] = {}
         self.released = False
         if map_shards:
             self._map()
 
-    def dtype_of(self, name):
+    def dtype_of(self, name: str) -> str:
+        """The layout dtype of parameter name ("float32" when the layout names none)."""
         p = self.layout.get(name)
-        return (p.dtype if p is not None and p.dtype else "float32")
+        return str(p.dtype) if p is not None and p.dtype else "float32"
 
-    def _map(self):
+    def _map(self) -> None:
         local = [s for s in self.message.shards if s.token]
         for start in range(0, len(local), _shard.MAX_TOKENS):
             chunk = local[start:start + _shard.MAX_TOKENS]
@@ -202,7 +217,7 @@ class Build:
                 for h in handles:
                     h.close()   # the mappings keep the memory
 
-    def _map_device(self, s, h):
+    def _map_device(self, s: Message, h: _shard.ShardHandle) -> None:
         shard = _cuda.DeviceShard(h.fd, h.size, h.device, self.mode == "shared")
         dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
         rt = DeviceRankTensors(s.rank, shard, list(s.slices), dtypes, self.mode)
@@ -216,11 +231,11 @@ class Build:
                                                  sl.local_shape, dtype)
         self.ranks[s.rank] = rt
 
-    def torch(self, rank):
+    def torch(self, rank: int) -> Dict[str, Any]:
         """self.ranks[rank].torch()."""
         return self.ranks[rank].torch()
 
-    def release(self, force=False):
+    def release(self, force: bool = False) -> bool:
         """ReleaseBuild: drops this process's reference (force: frees the build whatever
         holds it); the mappings here stay valid. Returns whether the daemon freed the build."""
         freed = False
@@ -229,15 +244,15 @@ class Build:
             self.released = True
         return freed
 
-    def pin(self):
+    def pin(self) -> None:
         """PinBuild: the build outlives every process holding it."""
         self.message = self.client.pin_build(self.id)
 
-    def unpin(self):
+    def unpin(self) -> None:
         """UnpinBuild."""
         self.message = self.client.unpin_build(self.id)
 
-    def close(self):
+    def close(self) -> None:
         """Drops the arrays and closes the mappings that nothing else references."""
         ranks, self.ranks = self.ranks, {}
         for rt in ranks.values():
@@ -252,27 +267,28 @@ class Build:
             except BufferError:
                 pass   # an array still views it: it closes when the last view goes
 
-    def __enter__(self):
+    def __enter__(self) -> "Build":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         try:
             self.release()
         finally:
             self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Build(%r, ranks=%s)" % (self.id, sorted(self.ranks))
 
 
-class ValidateResult(collections.namedtuple("ValidateResult", "ok violations")):
+class ValidateResult(NamedTuple):
     """What Client.validate() returns: .ok (bool) and .violations (a list of familyd.v1.Violation:
     .fqns, .reason such as "AXIS_SIZE_MISMATCH", .message). Unpacks as (ok, violations); true
     exactly when ok."""
 
-    __slots__ = ()
+    ok: bool
+    violations: List[Message]
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.ok)
 
 
@@ -283,27 +299,30 @@ class Client:
     timeout: seconds per call (None: no deadline), also for the shard socket.
     """
 
-    def __init__(self, socket=None, timeout=30.0, protos=None):
+    def __init__(self, socket: Optional[str] = None, timeout: Optional[float] = 30.0,
+                 protos: Optional[Protos] = None) -> None:
         self.socket = socket or os.environ.get("FAMILYD_SOCKET") or DEFAULT_SOCKET
         self.timeout = timeout
         self.protos = protos or default_protos()
         self.channel = grpc.insecure_channel("unix:" + self.socket)
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the channel."""
         self.channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def default_shard_socket(self):
+    def default_shard_socket(self) -> str:
+        """shard.sock beside the API socket."""
         return os.path.join(os.path.dirname(self.socket) or ".", "shard.sock")
 
     # -- calls ---------------------------------------------------------------------------
 
-    def call(self, rpc, request):
+    def call(self, rpc: str, request: Message) -> Any:
         """A unary call: rpc 'familyd.v1.FamilyService/Build', request a message of its type."""
         path, _, resp_cls = self.protos.method(rpc)
         fn = self.channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
@@ -313,7 +332,7 @@ class Client:
         except grpc.RpcError as e:
             raise self._error(e) from None
 
-    def _error(self, e):
+    def _error(self, e: Any) -> FamilydError:
         reason, metadata = None, {}
         for k, v in (e.trailing_metadata() or ()):
             if k != "grpc-status-details-bin":
@@ -329,8 +348,10 @@ class Client:
                 pass
         return FamilydError(e.code(), e.details() or "", reason, metadata)
 
-    def _context(self, mesh_id=None, tp_size=None, cp_size=None, ep_size=None, pp_size=None,
-                 active=(), sequence_parallel=False, loss_parallel=False):
+    def _context(self, mesh_id: Optional[str] = None, tp_size: Optional[int] = None,
+                 cp_size: Optional[int] = None, ep_size: Optional[int] = None,
+                 pp_size: Optional[int] = None, active: Iterable[str] = (),
+                 sequence_parallel: bool = False, loss_parallel: bool = False) -> Message:
         jc = self.protos.cls("familyd.v1.JobContext")()
         for name, v in (("tp_size", tp_size), ("cp_size", cp_size), ("ep_size", ep_size),
                         ("pp_size", pp_size)):
@@ -346,13 +367,16 @@ class Client:
         jc.loss_parallel = bool(loss_parallel)
         return jc
 
-    def list_families(self):
+    def list_families(self) -> List[Message]:
+        """ListFamilies: the familyd.v1.FamilySummary of every family in the registry."""
         return list(self.call("familyd.v1.FamilyService/ListFamilies",
                               self.protos.cls("familyd.v1.ListFamiliesRequest")()).families)
 
-    def resolve(self, family, arguments=None, mesh_id=None, tp_size=None, cp_size=None,
-                ep_size=None, pp_size=None, active=(), sequence_parallel=False,
-                loss_parallel=False):
+    def resolve(self, family: str, arguments: Optional[Values] = None,
+                mesh_id: Optional[str] = None, tp_size: Optional[int] = None,
+                cp_size: Optional[int] = None, ep_size: Optional[int] = None,
+                pp_size: Optional[int] = None, active: Iterable[str] = (),
+                sequence_parallel: bool = False, loss_parallel: bool = False) -> Message:
         """Resolve: the familyd.v1.ResolvedFamily (family, variant, constructor, ...)."""
         req = self.protos.cls("familyd.v1.ResolveRequest")(family=family)
         for k, v in (arguments or {}).items():
@@ -361,15 +385,17 @@ class Client:
                                            sequence_parallel, loss_parallel))
         return self.call("familyd.v1.FamilyService/Resolve", req).resolved
 
-    def create_mesh(self, device_mesh, expert_mesh=None, ranks=None, tp_size=None,
-                    cp_size=None, ep_size=None, pp_size=None, sequence_parallel=False,
-                    loss_parallel=False):
+    def create_mesh(self, device_mesh: MeshSpec, expert_mesh: Optional[MeshSpec] = None,
+                    ranks: Optional[Iterable[int]] = None, tp_size: Optional[int] = None,
+                    cp_size: Optional[int] = None, ep_size: Optional[int] = None,
+                    pp_size: Optional[int] = None, sequence_parallel: bool = False,
+                    loss_parallel: bool = False) -> Message:
         """CreateMesh: device_mesh / expert_mesh as {"dp": 2, "tp": 4} (row-major order) or a
         list of (name, size); returns the familyd.v1.Mesh as stored (.mesh_id, .ranks)."""
         Mesh = self.protos.cls("familyd.v1.Mesh")
         m = Mesh()
 
-        def dims(spec):
+        def dims(spec: MeshSpec) -> List[Message]:
             items = spec.items() if hasattr(spec, "items") else spec
             return [self.protos.cls("familyd.v1.MeshDim")(name=n, size=int(s)) for n, s in items]
 
@@ -387,20 +413,21 @@ class Client:
         req = self.protos.cls("familyd.v1.CreateMeshRequest")(mesh=m)
         return self.call("familyd.v1.MeshService/CreateMesh", req)
 
-    def delete_mesh(self, mesh_id):
+    def delete_mesh(self, mesh_id: str) -> None:
+        """DeleteMesh."""
         self.call("familyd.v1.MeshService/DeleteMesh",
                   self.protos.cls("familyd.v1.DeleteMeshRequest")(mesh_id=mesh_id))
 
     # -- Topology ------------------------------------------------------------------------
 
-    def topology(self):
+    def topology(self) -> Message:
         """GetTopology: the familyd.v1.Topology this daemon sees (.version, .world_size,
         .local_node, .nodes with .name, .state "up" | "suspect" | "down", .first_rank,
         .devices)."""
         return self.call("familyd.v1.MeshService/GetTopology",
                          self.protos.cls("familyd.v1.GetTopologyRequest")())
 
-    def watch_topology(self, timeout=None):
+    def watch_topology(self, timeout: Optional[float] = None) -> Iterator[Message]:
         """WatchTopology as a generator: the current familyd.v1.Topology, then the whole
         topology again after each change, for as long as the caller iterates.
 
@@ -420,17 +447,22 @@ class Client:
         finally:
             call.cancel()
 
-    def forget_node(self, node):
+    def forget_node(self, node: str) -> Message:
         """ForgetNode: drops a down node and its ranks from the topology of every daemon;
         returns the new familyd.v1.Topology. FamilydError FAILED_PRECONDITION for a node that
         is up or suspect or is this daemon's own, NOT_FOUND for an unknown one."""
         req = self.protos.cls("familyd.v1.ForgetNodeRequest")(node=node)
         return self.call("familyd.v1.MeshService/ForgetNode", req).topology
 
-    def build_request(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
-                      seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
-                      context=None, parameter_dtypes=None, private_build=False,
-                      writable=False):
+    def build_request(self, family: str, config: Optional[Values] = None,
+                      mesh_id: Optional[str] = None, materialize: bool = True,
+                      dtype: Optional[str] = "float32", seed: Optional[int] = None,
+                      ranks: Optional[Iterable[int]] = None, arguments: Optional[Values] = None,
+                      module: Union[Message, Mapping[str, Any], None] = None,
+                      module_fqn: Optional[str] = None,
+                      context: Optional[Mapping[str, Any]] = None,
+                      parameter_dtypes: Optional[Mapping[str, str]] = None,
+                      private_build: bool = False, writable: bool = False) -> Message:
         """The familyd.v1.BuildRequest that build() sends (see there)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
         for k, v in (parameter_dtypes or {}).items():
@@ -469,10 +501,15 @@ class Client:
                 req.materialize.ranks.extend(int(r) for r in ranks)
         return req
 
-    def build(self, family, config=None, mesh_id=None, materialize=True, dtype="float32",
-              seed=None, ranks=None, arguments=None, module=None, module_fqn=None,
-              context=None, mode=None, writable=False, map_shards=True, parameter_dtypes=None,
-              private_build=False):
+    def build(self, family: str, config: Optional[Values] = None, mesh_id: Optional[str] = None,
+              materialize: bool = True, dtype: Optional[str] = "float32",
+              seed: Optional[int] = None, ranks: Optional[Iterable[int]] = None,
+              arguments: Optional[Values] = None,
+              module: Union[Message, Mapping[str, Any], None] = None,
+              module_fqn: Optional[str] = None, context: Optional[Mapping[str, Any]] = None,
+              mode: Optional[str] = None, writable: bool = False, map_shards: bool = True,
+              parameter_dtypes: Optional[Mapping[str, str]] = None,
+              private_build: bool = False) -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -511,22 +548,25 @@ class Client:
             raise
         return b
 
-    def open_build(self, build_id, mode=None, writable=False):
+    def open_build(self, build_id: str, mode: Optional[str] = None,
+                   writable: bool = False) -> Build:
         """An existing build (GetBuild), its local shards mapped like build()'s in mode
         (default "read-only"; writable=True: "shared"). It takes no reference: the process
         that built it, or a pin, keeps it."""
         mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
         return Build(self, self.get_build(build_id), mode=mode)
 
-    def get_build(self, build_id):
+    def get_build(self, build_id: str) -> Message:
+        """GetBuild: the familyd.v1.Build."""
         return self.call("familyd.v1.FamilyService/GetBuild",
                          self.protos.cls("familyd.v1.GetBuildRequest")(build_id=build_id))
 
-    def list_builds(self):
+    def list_builds(self) -> List[Message]:
+        """ListBuilds: the familyd.v1.Build of every live build."""
         return list(self.call("familyd.v1.FamilyService/ListBuilds",
                               self.protos.cls("familyd.v1.ListBuildsRequest")()).builds)
 
-    def release_build(self, build_id, force=False):
+    def release_build(self, build_id: str, force: bool = False) -> bool:
         """ReleaseBuild: drops this process's reference (FamilydError FAILED_PRECONDITION
         NOT_HELD when it holds none); force=True frees the build whatever holds it. Returns
         whether the build was freed by this call."""
@@ -534,12 +574,12 @@ class Client:
                                                                  force=bool(force))
         return bool(self.call("familyd.v1.FamilyService/ReleaseBuild", req).freed)
 
-    def pin_build(self, build_id):
+    def pin_build(self, build_id: str) -> Message:
         """PinBuild: the familyd.v1.Build, now pinned (it outlives every process holding it)."""
         return self.call("familyd.v1.FamilyService/PinBuild",
                          self.protos.cls("familyd.v1.PinBuildRequest")(build_id=build_id))
 
-    def unpin_build(self, build_id):
+    def unpin_build(self, build_id: str) -> Message:
         """UnpinBuild: the familyd.v1.Build, no longer pinned."""
         return self.call("familyd.v1.FamilyService/UnpinBuild",
                          self.protos.cls("familyd.v1.UnpinBuildRequest")(build_id=build_id))
@@ -549,7 +589,7 @@ class Client:
     _CONTEXT_KWARGS = ("mesh_id", "tp_size", "cp_size", "ep_size", "pp_size", "active",
                        "sequence_parallel", "loss_parallel")
 
-    def _message(self, full_name, value):
+    def _message(self, full_name: str, value: Any) -> Message:
         """value as a message of full_name: the message itself, or a dict in proto3 JSON form
         (lowerCamelCase or proto field names)."""
         cls = self.protos.cls(full_name)
@@ -563,14 +603,16 @@ class Client:
             return json_format.ParseDict(value, cls())
         raise TypeError("expected a %s or a dict, not %r" % (full_name, type(value).__name__))
 
-    def _boundary(self, b):
+    def _boundary(self, b: BoundaryLike) -> Message:
         """One ModelBoundary from a message, a Build, a (fqns, build[, applied_layout]) tuple or
         a dict {"fqns", "build_id" or "build", "applied_layout"}."""
         Boundary = self.protos.cls("familyd.v1.ModelBoundary")
         if isinstance(b, Boundary) or (hasattr(b, "DESCRIPTOR")
                                        and b.DESCRIPTOR.full_name == "familyd.v1.ModelBoundary"):
             return self._message("familyd.v1.ModelBoundary", b)
-        fqns, build, layout = (), None, None
+        fqns: Any = ()
+        build: Any = None
+        layout: Any = None
         if isinstance(b, Build) or hasattr(b, "build_id"):
             build = b
         elif isinstance(b, (tuple, list)):
@@ -603,7 +645,8 @@ class Client:
             m.applied_layout.CopyFrom(self._message("familyd.v1.Layout", layout))
         return m
 
-    def validate_request(self, boundaries, context=None):
+    def validate_request(self, boundaries: Iterable[BoundaryLike],
+                         context: Union[Mapping[str, Any], Message, None] = None) -> Message:
         """The familyd.v1.ValidateRequest that validate() sends (see there)."""
         req = self.protos.cls("familyd.v1.ValidateRequest")()
         for b in boundaries:
@@ -615,7 +658,8 @@ class Client:
                 req.context.CopyFrom(self._message("familyd.v1.JobContext", context))
         return req
 
-    def validate(self, boundaries, context=None):
+    def validate(self, boundaries: Iterable[BoundaryLike],
+                 context: Union[Mapping[str, Any], Message, None] = None) -> ValidateResult:
         """Validate: the trainer's model against its job; a ValidateResult (ok, violations).
 
         boundaries: one per built instance, in model order, each a dict {"fqns": [...],
@@ -630,14 +674,16 @@ class Client:
                          self.validate_request(boundaries, context))
         return ValidateResult(bool(resp.ok), list(resp.violations))
 
-    def fetch_shards(self, build, writable=False, ranks=None):
+    def fetch_shards(self, build: Message, writable: bool = False,
+                     ranks: Optional[Sequence[int]] = None) -> Dict[int, _shard.ShardHandle]:
         """Raw descriptors: rank -> shard.ShardHandle for a familyd.v1.Build's local shards
         (optionally only ranks). The caller closes them."""
         local = [s for s in build.shards if s.token and (ranks is None or s.rank in ranks)]
-        out = {}
+        out: Dict[int, _shard.ShardHandle] = {}
         for start in range(0, len(local), _shard.MAX_TOKENS):
             chunk = local[start:start + _shard.MAX_TOKENS]
             handles = _shard.fetch(build.shard_socket or self.default_shard_socket(),
+
                                    [s.token for s in chunk], writable, timeout=self.timeout,
                                    protos=self.protos)
             for s, h in zip(chunk, handles):

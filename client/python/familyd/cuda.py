@@ -15,6 +15,7 @@ cannot map device memory, and why.
 import ctypes
 import os
 import threading
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 _HANDLE_TYPE_POSIX_FD = 1
 _LOCATION_DEVICE = 1
@@ -40,7 +41,7 @@ class _MemAccessDesc(ctypes.Structure):
 
 
 class _Driver:
-    def __init__(self):
+    def __init__(self) -> None:
         path = os.environ.get("FAMILYD_CUDA_DRIVER") or "libcuda.so.1"
         try:
             lib = ctypes.CDLL(path)
@@ -65,7 +66,7 @@ class _Driver:
             "cuMemSetAccess": [u64, c_size, p(_MemAccessDesc), c_size],
             "cuMemcpyDtoH_v2": [ctypes.c_void_p, u64, c_size],
         }
-        self.fn = {}
+        self.fn: Dict[str, Any] = {}
         for name, args in sigs.items():
             try:
                 f = getattr(lib, name)
@@ -81,25 +82,25 @@ class _Driver:
             raise DeviceMemoryError("this client cannot map device memory: cuInit failed: %s "
                                     "(CUresult %d)" % (self.text(r), r))
 
-    def text(self, r):
+    def text(self, r: int) -> str:
         s = ctypes.c_char_p()
         if self.fn["cuGetErrorString"](r, ctypes.byref(s)) != 0 or not s.value:
             return "unknown CUDA error"
         return s.value.decode("utf-8", "replace")
 
-    def call(self, name, device, *args):
+    def call(self, name: str, device: int, *args: Any) -> None:
         r = self.fn[name](*args)
         if r != 0:
             raise DeviceMemoryError("%s on cuda:%d failed: %s (CUresult %d)"
                                     % (name, device, self.text(r), r))
 
 
-_driver = None
-_driver_error = None
+_driver: Optional[_Driver] = None
+_driver_error: Optional[DeviceMemoryError] = None
 _driver_lock = threading.Lock()
 
 
-def driver():
+def driver() -> _Driver:
     """The loaded driver; DeviceMemoryError (the same one every time) when there is none."""
     global _driver, _driver_error
     with _driver_lock:
@@ -108,12 +109,12 @@ def driver():
                 _driver = _Driver()
             except DeviceMemoryError as e:
                 _driver_error = e
-        if _driver_error is not None:
+        if _driver_error is not None or _driver is None:
             raise DeviceMemoryError(str(_driver_error))
         return _driver
 
 
-def available():
+def available() -> Tuple[bool, str]:
     """(True, "") when this process can import GPU shards, else (False, why)."""
     try:
         driver()
@@ -129,15 +130,15 @@ class DeviceShard:
     The caller's descriptor is not kept (close it at once). close() unmaps and releases; the
     memory itself lives while any process maps it."""
 
-    def __init__(self, fd, size, device, writable=False):
+    def __init__(self, fd: int, size: int, device: int, writable: bool = False) -> None:
         d = driver()
         self.device = int(device)
         self.size = int(size)
         self.pointer = 0
         self.writable = bool(writable)
-        self._ctx = None
+        self._ctx: Optional[ctypes.c_void_p] = None
         self._dev = ctypes.c_int()
-        self._handle = None
+        self._handle: Optional[ctypes.c_ulonglong] = None
         self._reserved = False
         self._mapped = False
         try:
@@ -171,7 +172,7 @@ class DeviceShard:
             self.close()
             raise
 
-    def read(self, offset=0, n=None):
+    def read(self, offset: int = 0, n: Optional[int] = None) -> bytes:
         """n bytes at offset, copied to host memory (cuMemcpyDtoH), as bytes."""
         n = self.size - offset if n is None else int(n)
         if offset < 0 or n < 0 or offset + n > self.size:
@@ -183,7 +184,8 @@ class DeviceShard:
         d.call("cuMemcpyDtoH_v2", self.device, buf, self.pointer + offset, n)
         return buf.raw
 
-    def close(self):
+    def close(self) -> None:
+        """Unmaps the shard and releases the import and the context (once)."""
         d = _driver
         if d is None:
             return
@@ -202,14 +204,14 @@ class DeviceShard:
             d.fn["cuDevicePrimaryCtxRelease_v2"](self._dev)
             self._ctx = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         """The whole shard as bytes (version 3): torch.as_tensor(shard, device="cuda:N")."""
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.pointer, not self.writable),
                 "version": 3, "strides": None}
@@ -220,7 +222,8 @@ class DeviceArray:
     CuPy, Numba or torch.as_tensor. bfloat16 is exposed as its uint16 bits ('<u2').
     .numpy() copies it to host memory (bfloat16 as uint16), for checks and CPU-only code."""
 
-    def __init__(self, shard, offset, nbytes, shape, dtype):
+    def __init__(self, shard: DeviceShard, offset: int, nbytes: int, shape: Sequence[int],
+                 dtype: str) -> None:
         self.shard = shard      # keeps the mapping alive
         self.offset = offset
         self.nbytes = nbytes
@@ -228,26 +231,28 @@ class DeviceArray:
         self.dtype = dtype
 
     @property
-    def pointer(self):
+    def pointer(self) -> int:
+        """The CUdeviceptr of the parameter's first byte."""
         return self.shard.pointer + self.offset
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         return {"shape": self.shape, "typestr": TYPESTRS[self.dtype],
                 "data": (self.pointer, not self.shard.writable), "version": 3, "strides": None}
 
-    def numpy(self):
+    def numpy(self) -> Any:
+        """A numpy array copied from the GPU (bfloat16 as its uint16 bits)."""
         import numpy as np
 
         raw = self.shard.read(self.offset, self.nbytes)
         host = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}[self.dtype]
         return np.frombuffer(raw, dtype=host).reshape(self.shape)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "DeviceArray(cuda:%d, %s, %s)" % (self.shard.device, self.dtype, self.shape)
 
 
-def torch_tensors(shard, arrays):
+def torch_tensors(shard: DeviceShard, arrays: Mapping[str, "DeviceArray"]) -> Dict[str, Any]:
     """name -> torch tensor on the shard's GPU, over the same memory (no copy): one uint8
     tensor over the shard through __cuda_array_interface__, then a view per parameter.
     DeviceMemoryError when this torch has no CUDA."""
@@ -259,8 +264,9 @@ def torch_tensors(shard, arrays):
                                 "copies to host memory)" % torch.__version__)
     tdtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     whole = torch.as_tensor(shard, device="cuda:%d" % shard.device)
-    out = {}
+    out: Dict[str, Any] = {}
     for name, a in arrays.items():
+
         if a.nbytes == 0:
             out[name] = torch.empty(a.shape, dtype=tdtypes[a.dtype],
                                     device="cuda:%d" % shard.device)

@@ -12,8 +12,9 @@ import os
 import socket
 import struct
 import time
+from typing import Iterable, List, Optional
 
-from ._protos import default_protos
+from ._protos import Protos, default_protos
 
 MAX_TOKENS = 253
 MAX_FRAME = 65536
@@ -24,14 +25,15 @@ _STATUS_NAMES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXC
                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"]
 
 
-def status_name(code):
+def status_name(code: int) -> str:
+    """The gRPC status name of a status number ("UNKNOWN_STATUS" when there is none)."""
     return _STATUS_NAMES[code] if 0 <= code < len(_STATUS_NAMES) else "UNKNOWN_STATUS"
 
 
 class ShardError(Exception):
     """The daemon refused the request: .code (gRPC status number), .code_name, .message."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: int, message: str) -> None:
         super().__init__("%s: %s" % (status_name(code), message))
         self.code = code
         self.code_name = status_name(code)
@@ -43,7 +45,7 @@ class ShardError(Exception):
 MODES = ("read-only", "private", "shared")
 
 
-def check_mode(mode):
+def check_mode(mode: str) -> str:
     """mode if it is one of MODES, else ValueError naming them."""
     if mode not in MODES:
         raise ValueError("unknown mapping mode %r: use one of %s" % (mode, ", ".join(MODES)))
@@ -57,14 +59,15 @@ class ShardHandle:
     GPU allocation (size: the allocation's, rounded to its granularity): import it with
     familyd.cuda.DeviceShard(h.fd, h.size, h.device)."""
 
-    def __init__(self, fd, size, device_kind, device, writable):
+    def __init__(self, fd: int, size: int, device_kind: str, device: int,
+                 writable: bool) -> None:
         self.fd = fd
         self.size = size
         self.device_kind = device_kind
         self.device = device
         self.writable = writable
 
-    def map(self, mode=None):
+    def map(self, mode: Optional[str] = None) -> mmap.mmap:
         """An mmap.mmap of the whole shard in a mapping mode (MODES): "read-only" (MAP_SHARED,
         PROT_READ), "private" (MAP_PRIVATE, PROT_READ | PROT_WRITE: copy-on-write, writes stay
         in this process) or "shared" (MAP_SHARED, PROT_READ | PROT_WRITE: needs a descriptor
@@ -83,25 +86,26 @@ class ShardHandle:
         flags = mmap.MAP_PRIVATE if mode == "private" else mmap.MAP_SHARED
         return mmap.mmap(self.fd, self.size, flags=flags, prot=prot)
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the descriptor (a mapping made from it stays valid)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self):
+    def __enter__(self) -> "ShardHandle":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
 
-def _recv_exact(sock, n, fds, deadline):
+def _recv_exact(sock: socket.socket, n: int, fds: List[int], deadline: Optional[float]) -> bytes:
     """n bytes; SCM_RIGHTS descriptors of any chunk go to fds."""
     buf = bytearray()
     cmsg_space = socket.CMSG_SPACE(MAX_TOKENS * array.array("i").itemsize)
@@ -126,7 +130,8 @@ def _recv_exact(sock, n, fds, deadline):
     return bytes(buf)
 
 
-def fetch(socket_path, tokens, writable=False, timeout=30.0, protos=None):
+def fetch(socket_path: str, tokens: Iterable[str], writable: bool = False,
+          timeout: Optional[float] = 30.0, protos: Optional[Protos] = None) -> List[ShardHandle]:
     """Trade tokens for descriptors: a list of ShardHandle in token order.
 
     Raises ShardError when the daemon answers a status other than OK (all or nothing: no
@@ -143,7 +148,7 @@ def fetch(socket_path, tokens, writable=False, timeout=30.0, protos=None):
         raise ValueError("request of %d bytes exceeds the %d-byte frame limit" % (len(payload), MAX_FRAME))
 
     deadline = None if timeout is None else time.monotonic() + timeout
-    fds = []
+    fds: List[int] = []
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
@@ -158,8 +163,9 @@ def fetch(socket_path, tokens, writable=False, timeout=30.0, protos=None):
         if len(fds) != len(tokens) or len(reply.sizes) != len(tokens):
             raise ValueError("shard socket: %d descriptors and %d sizes for %d tokens"
                              % (len(fds), len(reply.sizes), len(tokens)))
-        handles = []
+        handles: List[ShardHandle] = []
         for i, fd in enumerate(fds):
+
             kind = reply.device_kinds[i] if i < len(reply.device_kinds) else "host"
             dev = reply.devices[i] if i < len(reply.devices) else 0
             handles.append(ShardHandle(fd, reply.sizes[i], kind, dev, bool(writable)))
