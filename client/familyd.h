@@ -339,6 +339,14 @@ typedef struct FamilydCudaShard FamilydCudaShard;
 int familyd_cuda_available(FamilydError *ret_error);
 int familyd_cuda_shard_import(int fd, uint64_t size, int device, bool writable,
                               FamilydCudaShard **ret_shard, FamilydError *ret_error);
+/*
+ * The `private` mapping mode of a CUDA shard: GPU memory has no copy-on-write, so the shard is
+ * imported read-only, copied (through host memory) into an allocation of this process's own
+ * on the same device, and let go; the copy is read-write and its writes stay in this process.
+ * The same arguments and errors as familyd_cuda_shard_import(); familyd_cuda_shard_free() it.
+ */
+int familyd_cuda_shard_import_private(int fd, uint64_t size, int device,
+                                      FamilydCudaShard **ret_shard, FamilydError *ret_error);
 uint64_t familyd_cuda_shard_pointer(const FamilydCudaShard *shard);
 uint64_t familyd_cuda_shard_size(const FamilydCudaShard *shard);
 int familyd_cuda_shard_device(const FamilydCudaShard *shard);

@@ -608,6 +608,99 @@ int familyd_cuda_shard_import(int fd, uint64_t size, int device, bool writable,
         return 0;
 }
 
+/* Host memory a private copy goes through, at most this much at a time: the driver table
+ * has no device-to-device copy, and a shard is copied once, when it is imported. */
+#define PRIVATE_COPY_CHUNK ((size_t) 64 << 20)
+
+/* A new allocation of s->size bytes on s's device (s->ctx current), mapped read-write. */
+static int private_allocate(FamilydCudaShard *s, FamilydError *ret_error) {
+        const CudaDriver *c = &client_cuda;
+        CudaMemAllocationProp prop = {
+                .type = CUDA_DRIVER_MEM_ALLOCATION_TYPE_PINNED,
+                .location = { .type = CUDA_DRIVER_MEM_LOCATION_TYPE_DEVICE, .id = s->device },
+        };
+        CudaMemAccessDesc access = {
+                .location = { .type = CUDA_DRIVER_MEM_LOCATION_TYPE_DEVICE, .id = s->device },
+                .flags = CUDA_DRIVER_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        CudaResult r;
+
+        r = c->mem_create(&s->handle, (size_t) s->size, &prop, 0);
+        s->imported = r == 0;
+        if (r != 0)
+                return cuda_call_failed(ret_error, "cuMemCreate", s->device, r);
+        r = c->mem_address_reserve(&s->ptr, (size_t) s->size, 0, 0, 0);
+        s->reserved = r == 0;
+        if (r != 0)
+                return cuda_call_failed(ret_error, "cuMemAddressReserve", s->device, r);
+        r = c->mem_map(s->ptr, (size_t) s->size, 0, s->handle, 0);
+        s->mapped = r == 0;
+        if (r != 0)
+                return cuda_call_failed(ret_error, "cuMemMap", s->device, r);
+        r = c->mem_set_access(s->ptr, (size_t) s->size, &access, 1);
+        if (r != 0)
+                return cuda_call_failed(ret_error, "cuMemSetAccess", s->device, r);
+        s->writable = true;
+        return 0;
+}
+
+/* The shard's bytes from src into dst, through host memory. */
+static int private_copy(const FamilydCudaShard *src, FamilydCudaShard *dst,
+                        FamilydError *ret_error) {
+        const CudaDriver *c = &client_cuda;
+        size_t chunk = (size_t) MIN((uint64_t) PRIVATE_COPY_CHUNK, src->size);
+        uint8_t *buf = malloc(chunk);
+        int k = 0;
+
+        if (!buf)
+                return -ENOMEM;
+        for (uint64_t off = 0; off < src->size && k == 0; off += chunk) {
+                size_t n = (size_t) MIN((uint64_t) chunk, src->size - off);
+                CudaResult r = c->memcpy_dtoh(buf, src->ptr + off, n);
+                if (r != 0)
+                        k = cuda_call_failed(ret_error, "cuMemcpyDtoH", src->device, r);
+                else if ((r = c->memcpy_htod(dst->ptr + off, buf, n)) != 0)
+                        k = cuda_call_failed(ret_error, "cuMemcpyHtoD", dst->device, r);
+        }
+        free(buf);
+        return k;
+}
+
+int familyd_cuda_shard_import_private(int fd, uint64_t size, int device,
+                                      FamilydCudaShard **ret_shard, FamilydError *ret_error) {
+        const CudaDriver *c = &client_cuda;
+        FamilydCudaShard *src = NULL, *s;
+        CudaResult r;
+        int k;
+
+        k = familyd_cuda_shard_import(fd, size, device, false, &src, ret_error);
+        if (k < 0)
+                return k;
+        s = calloc(1, sizeof *s);
+        if (!s) {
+                familyd_cuda_shard_free(src);
+                return -ENOMEM;
+        }
+        *s = (FamilydCudaShard) { .device = device, .dev = src->dev, .size = size };
+        r = c->primary_ctx_retain(&s->ctx, s->dev);
+        if (r != 0) {
+                s->ctx = NULL;
+                k = cuda_call_failed(ret_error, "cuDevicePrimaryCtxRetain", device, r);
+        } else if ((r = c->ctx_set_current(s->ctx)) != 0)
+                k = cuda_call_failed(ret_error, "cuCtxSetCurrent", device, r);
+        else
+                k = private_allocate(s, ret_error);
+        if (k == 0)
+                k = private_copy(src, s, ret_error);
+        familyd_cuda_shard_free(src);
+        if (k < 0) {
+                familyd_cuda_shard_free(s);
+                return k;
+        }
+        *ret_shard = s;
+        return 0;
+}
+
 uint64_t familyd_cuda_shard_pointer(const FamilydCudaShard *s) {
         return s ? s->ptr : 0;
 }

@@ -1,7 +1,10 @@
 /* shard-import-probe.c: a trainer's second process, in C: fetches a build's shards through
  * libfamilyd and reads them back, importing GPU shards through the CUDA driver. Not installed.
  *
- *   shard-import-probe SOCKET BUILD_ID OUTDIR [--writable] [--release]
+ *   shard-import-probe SOCKET BUILD_ID OUTDIR [--writable] [--private] [--release]
+ *
+ * --private: the `private` mapping mode (familyd_cuda_shard_import_private(): a copy in an
+ * allocation of the probe's own; host shards MAP_PRIVATE).
  *
  * GetBuild, then one familyd_shard_fetch_info() for every rank with a token; host shards are
  * mapped (familyd_shard_map), cuda shards imported (familyd_cuda_shard_import) and the fetched
@@ -79,12 +82,13 @@ int main(int argc, char **argv) {
         FamilydCudaShard *cuda[MAX_RANKS] = {};
         void *host[MAX_RANKS] = {};
         double import_ms[MAX_RANKS] = {};
-        bool writable = false, release = false;
+        bool writable = false, release = false, private_ = false;
         size_t n = 0;
         int r, status = 0;
 
         if (argc < 4) {
-                fprintf(stderr, "usage: %s SOCKET BUILD_ID OUTDIR [--writable] [--release]\n",
+                fprintf(stderr, "usage: %s SOCKET BUILD_ID OUTDIR [--writable] [--private] "
+                                "[--release]\n",
                         argv[0]);
                 return 1;
         }
@@ -93,6 +97,8 @@ int main(int argc, char **argv) {
                         writable = true;
                 else if (strcmp(argv[i], "--release") == 0)
                         release = true;
+                else if (strcmp(argv[i], "--private") == 0)
+                        private_ = true;
                 else {
                         fprintf(stderr, "unknown option %s\n", argv[i]);
                         return 1;
@@ -122,11 +128,18 @@ int main(int argc, char **argv) {
 
         for (size_t i = 0; i < n; i++) {
                 double t0 = now_ms();
-                if (strcmp(info[i].device_kind, "cuda") == 0)
+                if (strcmp(info[i].device_kind, "cuda") == 0 && private_)
+                        r = familyd_cuda_shard_import_private(fds[i], info[i].size,
+                                                              info[i].device, &cuda[i], &e);
+                else if (strcmp(info[i].device_kind, "cuda") == 0)
                         r = familyd_cuda_shard_import(fds[i], info[i].size, info[i].device,
                                                       writable, &cuda[i], &e);
                 else
-                        r = familyd_shard_map(fds[i], info[i].size, writable, &host[i]);
+                        r = familyd_shard_map_mode(fds[i], info[i].size,
+                                                   private_ ? FAMILYD_MAP_PRIVATE
+                                                   : writable ? FAMILYD_MAP_SHARED
+                                                              : FAMILYD_MAP_READ_ONLY,
+                                                   &host[i]);
                 import_ms[i] = now_ms() - t0;
                 (void) close(fds[i]); /* the mappings keep the memory */
                 if (r < 0) {
@@ -173,7 +186,8 @@ int main(int argc, char **argv) {
                        " allocation %" PRIu64 " pointer 0x%" PRIx64 " writable %d import-ms %.3f\n",
                        ranks[i], info[i].device_kind, info[i].device,
                        size_bytes[i], info[i].size,
-                       pointer, cuda[i] ? familyd_cuda_shard_writable(cuda[i]) : writable,
+                       pointer,
+                       cuda[i] ? familyd_cuda_shard_writable(cuda[i]) : writable || private_,
                        import_ms[i]);
         }
         if (status == 0)

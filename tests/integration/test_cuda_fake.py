@@ -323,6 +323,20 @@ class BuildAndHandout(Base):
         finally:
             self.release(G, b)
 
+    def test_c_client_private_copies_into_its_own_allocation(self):
+        b = self.built(G, dtype="bfloat16", seed=13)
+        want = {rank: data for rank, (_, data) in self.probe(G, b).items()}
+        before = G.fake("allocations")
+        got = self.probe(G, b, "--private")
+        self.assertEqual(sorted(got), [0, 1])
+        for rank, (fields, data) in got.items():
+            # Its own allocation (read-write, at another address), the same bytes.
+            self.assertEqual(fields["writable"], "1")
+            self.assertEqual(data, want[rank], "rank %d: the private copy differs" % rank)
+        # The copies went with the probe; the daemon's allocations stayed.
+        self.assertEqual(G.fake("allocations"), before)
+        self.release(G, b)
+
     def test_c_client_imports_bit_exact(self):
         for dtype in ("float32", "bfloat16", "float16"):
             with self.subTest(dtype=dtype):
