@@ -68,22 +68,35 @@ def _routing(rank, tokens, num_experts, top_k, hidden):
     return (x, idx, w)
 
 
-def _dense(rank, shape):
-    return (torch.randn(*shape, generator=_gen(2000)),)
+def _dense(seed, shape):
+    return (torch.randn(*shape, generator=_gen(2000 + seed)),)
 
 
-def _tokens(rank, shape, vocab):
-    ids = torch.randint(0, vocab, shape, generator=_gen(3000))
+def _tokens(seed, shape, vocab):
+    ids = torch.randint(0, vocab, shape, generator=_gen(3000 + seed))
     ids.view(-1)[:2] = torch.tensor([0, vocab - 1])      # both ends of the vocabulary
     return (ids,)
 
 
 EXPERT_TOKENS = {2: [6, 9], 4: [5, 0, 7, 3]}       # rank 1 of 4 routes nothing
+PAIRS = {"experts_pairs": "experts", "mlp_pairs": "mlp"}   # over groups {0, 1} and {2, 3}
+BF16 = {"experts_bf16": "experts", "mlp_bf16": "mlp", "embedding_bf16": "embedding"}
+BF16_RTOL = 2e-2           # bfloat16 keeps 8 bits: partial sums round differently
+
+
+def dtype_of(name):
+    return torch.bfloat16 if name in BF16 else torch.float32
+
+
+def group_size(name, world):
+    return 2 if name in PAIRS else world
 
 
 def case(name, world):
-    """(axis, part class, full class, config, kwargs, {param: shard dim}, inputs(rank),
-    replicated inputs?)"""
+    """(axis, part class, full class, config, kwargs, {param: shard dim}, inputs(seed),
+    replicated inputs?). Replicated inputs (tp) are the same on the ranks of a group (seed: the
+    group's index), the others (ep) are each rank's own (seed: the rank)."""
+    name = PAIRS.get(name, BF16.get(name, name))
     if name == "experts":                       # 8 experts over 2 or 4: even
         c = cfg()
         return ("ep", M.EPGroupedExperts, M.GroupedExpertsLocal, c, {},
@@ -118,7 +131,8 @@ def shard_range(length, parts, index):
 
 def full_weights(module):
     g = _gen(4000)
-    return {n: torch.randn(p.shape, generator=g) * 0.5 for n, p in module.named_parameters()}
+    return {n: (torch.randn(p.shape, generator=g) * 0.5).to(p.dtype)
+            for n, p in module.named_parameters()}
 
 
 def load(module, weights):
@@ -128,11 +142,12 @@ def load(module, weights):
             p.copy_(weights[n])
 
 
-def run_once(module, inputs, seed):
+def run_once(module, inputs, seed, dtype=torch.float32):
     """Forward and backward of sum(out * probe): (out, input grads, parameter grads)."""
-    inputs = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    inputs = [t.to(dtype).requires_grad_() if t.is_floating_point() else t.clone()
+              for t in inputs]
     out = module(*inputs)
-    probe = torch.randn(out.shape, generator=_gen(5000 + seed))
+    probe = torch.randn(out.shape, generator=_gen(5000 + seed)).to(out.dtype)
     (out * probe).sum().backward()
     return (out.detach(), [t.grad for t in inputs if t.is_floating_point()],
             {n: p.grad.clone() for n, p in module.named_parameters()})
@@ -146,16 +161,28 @@ def worker(outdir, names):
     results = {}
     for name in names:
         axis, part_cls, full_cls, c, kw, shards, inputs, replicated = case(name, world)
-        weights = full_weights(full_cls(config=c, **kw))
-        context = M.ParallelContext(groups={axis: dist.group.WORLD}, **{axis + "_size": world})
-        part = part_cls(config=c, context=context, module_fqn="layers.0." + name, **kw)
+        size = group_size(name, world)
+        group = dist.group.WORLD
+        if size < world:                          # every rank makes every group, in order
+            groups = [dist.new_group(list(range(b, b + size))) for b in range(0, world, size)]
+            group = groups[rank // size]
+        dtype = dtype_of(name)
+        weights = full_weights(full_cls(config=c, dtype=dtype, **kw))
+        context = M.ParallelContext(groups={axis: group}, **{axis + "_size": size})
+        part = part_cls(config=c, context=context, module_fqn="layers.0." + name, dtype=dtype,
+                        **kw)
         local = {}
         for n, t in weights.items():
-            start, stop = shard_range(t.shape[shards[n]], world, rank)
+            start, stop = shard_range(t.shape[shards[n]], size, rank % size)
             local[n] = t.narrow(shards[n], start, stop - start)
         load(part, local)
-        seed = 0 if replicated else rank          # the same loss on every rank of a tp group
-        results[name] = run_once(part, inputs(seed), seed)
+        seed = rank // size if replicated else rank   # the same loss on a tp group's ranks
+        results[name] = run_once(part, inputs(seed), seed, dtype)
+    try:
+        M.TPSwiGLUMLP(config=cfg(), context=M.ParallelContext(
+            tp_size=world + 1, groups={"tp": dist.group.WORLD}))
+    except ValueError as e:
+        results["mismatch"] = str(e)
     torch.save(results, os.path.join(outdir, "rank%d.pt" % rank))
     dist.barrier()
     dist.destroy_process_group()
@@ -203,11 +230,12 @@ def launch(world, names):
 
 
 class Close:
-    def assertClose(self, got, want, what):
+    def assertClose(self, got, want, what, rtol=RTOL):
         self.assertEqual(tuple(got.shape), tuple(want.shape), what)
+        self.assertEqual(got.dtype, want.dtype, what)
         scale = float(want.abs().max()) if want.numel() else 0.0
         err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
-        self.assertLessEqual(err, RTOL * max(scale, 1e-30), "%s: max error %g, scale %g"
+        self.assertLessEqual(err, rtol * max(scale, 1e-30), "%s: max error %g, scale %g"
                              % (what, err, scale))
 
 
@@ -222,32 +250,35 @@ class ParallelWorld(Close):
 
     def check(self, name):
         world = self.WORLD
+        size = group_size(name, world)
         axis, _, full_cls, c, kw, shards, inputs, replicated = case(name, world)
-        full = full_cls(config=c, **kw)
-        weights = full_weights(full)
-        load(full, weights)
-        ref_ranks = [0] if replicated else range(world)
-        full.zero_grad()
-        ref_out, ref_in = {}, {}
-        for r in ref_ranks:               # one backward over every rank's tokens: the sum
-            out, in_grads, grads = run_once(full, inputs(r), r)
-            ref_out[r], ref_in[r] = out, in_grads
-        for r in range(world):
-            got_out, got_in, _ = self.results[r][name]
-            rr = 0 if replicated else r
-            self.assertClose(got_out, ref_out[rr], "%s rank %d output" % (name, r))
-            for i, (g, w) in enumerate(zip(got_in, ref_in[rr])):
-                self.assertClose(g, w, "%s rank %d grad of input %d" % (name, r, i))
-        for n, p in full.named_parameters():
-            gathered = torch.cat([self.results[r][name][2][n] for r in range(world)], shards[n])
-            self.assertClose(gathered, p.grad, "%s grad of %s (gathered)" % (name, n))
+        dtype = dtype_of(name)
+        rtol = BF16_RTOL if dtype == torch.bfloat16 else RTOL
+        for b in range(world // size):
+            members = range(b * size, (b + 1) * size)
+            full = full_cls(config=c, dtype=dtype, **kw)
+            load(full, full_weights(full))
+            ref = {}
+            for s in ([b] if replicated else members):  # one backward over the group's tokens
+                ref[s] = run_once(full, inputs(s), s, dtype)
+            for r in members:
+                got_out, got_in, _ = self.results[r][name]
+                want_out, want_in, _ = ref[b if replicated else r]
+                self.assertClose(got_out, want_out, "%s rank %d output" % (name, r), rtol)
+                for i, (g, w) in enumerate(zip(got_in, want_in)):
+                    self.assertClose(g, w, "%s rank %d grad of input %d" % (name, r, i), rtol)
+            for n, p in full.named_parameters():
+                gathered = torch.cat([self.results[r][name][2][n] for r in members], shards[n])
+                self.assertClose(gathered, p.grad, "%s grad of %s (gathered over ranks %s)"
+                                 % (name, n, list(members)), rtol)
 
 
 class TestParallelTwo(ParallelWorld, unittest.TestCase):
     """Two ranks: every parallel member, attention with and without a sliding window."""
 
     WORLD = 2
-    CASES = ("experts", "mlp", "attention", "attention_window", "embedding")
+    CASES = ("experts", "mlp", "attention", "attention_window", "embedding", "experts_bf16",
+             "mlp_bf16", "embedding_bf16")
 
     def test_ep_grouped_experts(self):
         self.check("experts")
@@ -264,13 +295,25 @@ class TestParallelTwo(ParallelWorld, unittest.TestCase):
     def test_vocab_parallel_embedding(self):
         self.check("embedding")
 
+    def test_bfloat16_over_gloo(self):
+        """gloo has no bfloat16 on torch 1.13: the members carry it over as float32."""
+        self.check("experts_bf16")
+        self.check("mlp_bf16")
+        self.check("embedding_bf16")
+        self.assertEqual(self.results[0]["experts_bf16"][0].dtype, torch.bfloat16)
+
+    def test_group_size_must_match(self):
+        self.assertEqual(self.results[0]["mismatch"],
+                         "TPSwiGLUMLP: tp_size=3 but the tp group has 2 ranks")
+
 
 class TestParallelFour(ParallelWorld, unittest.TestCase):
     """Four ranks: uneven shards (6 experts: 2, 2, 2, 0; vocab 37; intermediate 22), a rank
     routing no tokens, one kv head per rank."""
 
     WORLD = 4
-    CASES = ("experts", "experts_uneven", "mlp", "attention", "embedding")
+    CASES = ("experts", "experts_uneven", "mlp", "attention", "embedding", "experts_pairs",
+             "mlp_pairs")
 
     def test_ep_grouped_experts(self):
         self.check("experts")
@@ -288,6 +331,11 @@ class TestParallelFour(ParallelWorld, unittest.TestCase):
 
     def test_vocab_parallel_embedding_uneven(self):
         self.check("embedding")
+
+    def test_members_use_their_group(self):
+        """Two groups of two: each pair is its own ep (or tp) world, with its own tokens."""
+        self.check("experts_pairs")
+        self.check("mlp_pairs")
 
 
 # --- the plain members against formulas written here -------------------------------------------

@@ -10,11 +10,30 @@ holds the full gradient there). Megatron's pair is written out instead:
   layer, or of a vocab-parallel embedding);
 - all_to_all: all_to_all_single forward, the reverse exchange backward (expert parallelism).
 
-With group None (axis size 1) each is the identity.
+With group None (axis size 1) each is the identity. gloo on torch 1.13 has no bfloat16
+("Invalid scalar type"): bfloat16 tensors cross a gloo group as float32 (exact for the
+all-to-all; an all-reduce then sums in float32) and come back as bfloat16.
 """
 
 import torch
 import torch.distributed as dist
+
+
+def _wire_dtype(x, group):
+    """The dtype x travels in over group: float32 for bfloat16 on gloo, else its own."""
+    if x.dtype == torch.bfloat16 and dist.get_backend(group) == "gloo":
+        return torch.float32
+    return x.dtype
+
+
+def _all_reduce(x, group):
+    """The sum over group of x, as a new tensor (x is left alone)."""
+    wire = _wire_dtype(x, group)
+    y = x.to(wire).contiguous()
+    if y.data_ptr() == x.data_ptr():
+        y = y.clone()
+    dist.all_reduce(y, group=group)
+    return y.to(x.dtype)
 
 
 class _CopyToParallel(torch.autograd.Function):
@@ -25,17 +44,13 @@ class _CopyToParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return _all_reduce(grad, ctx.group), None
 
 
 class _ReduceFromParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)
-        return x
+        return _all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -54,11 +69,11 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _exchange(x, send_splits, recv_splits, group):
-    x = x.contiguous()
-    out = x.new_empty((sum(recv_splits),) + tuple(x.shape[1:]))
-    dist.all_to_all_single(out, x, output_split_sizes=list(recv_splits),
+    wire = x.to(_wire_dtype(x, group)).contiguous()
+    out = wire.new_empty((sum(recv_splits),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, wire, output_split_sizes=list(recv_splits),
                            input_split_sizes=list(send_splits), group=group)
-    return out
+    return out.to(x.dtype)
 
 
 def copy_to_parallel(x, group):
