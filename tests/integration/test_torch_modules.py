@@ -13,6 +13,7 @@ against deploy/registry; the unimplemented members and the refusals raise what t
 """
 
 import faulthandler
+import inspect
 import math
 import os
 import socket
@@ -202,6 +203,7 @@ def launch(world, names):
     for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")     # not whatever the host name resolves to
         procs.append(subprocess.Popen(
             [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--worker", outdir, ",".join(names)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
@@ -465,6 +467,9 @@ class TestRegistryAgreement(unittest.TestCase):
                 cls_name = variant["constructor"].rsplit(".", 1)[1]
                 cls = getattr(M, cls_name)
                 seen.add(cls_name)
+                accepted = [n for n in inspect.signature(cls).parameters
+                            if n not in ("device", "dtype")]
+                self.assertEqual(accepted, variant["accepts"], cls_name)
                 if cls_name not in IMPLEMENTED:
                     with self.assertRaises(NotImplementedError) as cm:
                         cls(config=cfg(), context=M.ParallelContext())
