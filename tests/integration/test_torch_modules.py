@@ -205,7 +205,8 @@ def launch(world, names):
                    WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")     # not whatever the host name resolves to
         procs.append(subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--worker", outdir, ",".join(names)],
+            [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--worker", outdir,
+             ",".join(names)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     logs = []
     try:
