@@ -197,7 +197,11 @@ def free_port():
 
 def launch(world, names):
     """Run the cases on `world` worker processes; {rank: {case: (out, in_grads, grads)}}."""
-    outdir = tempfile.mkdtemp(prefix="fd-torch-")
+    with tempfile.TemporaryDirectory(prefix="fd-torch-") as outdir:
+        return _launch(world, names, outdir)
+
+
+def _launch(world, names, outdir):
     port = free_port()
     procs = []
     for rank in range(world):
