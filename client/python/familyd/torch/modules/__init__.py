@@ -1,0 +1,28 @@
+"""Reference PyTorch implementations of the example registry's members (deploy/registry).
+
+Each class is named as the last component of its variant's constructor path and takes the
+variant's `accepts` as keywords (config, module, module_fqn, context, and the family's
+arguments), plus device= and dtype= for where its parameters live. Parameters have the
+registry's names and the LOCAL shard shapes of this process's coordinate on the member's axis
+(context: a ParallelContext or a dict with its keys). They are initialised as the registry says,
+except on `meta`, where they stay empty for binding to familyd's shards.
+
+    grouped_experts  GroupedExpertsLocal, EPGroupedExperts        (MXFP8GroupedSwiGLU: raises)
+    mlp              PlainSwiGLUMLP, TPSwiGLUMLP                  (FusedSwiGLUMLP: raises)
+    attention        EagerGQAAttention                            (Flash/RingGQAAttention: raise)
+    embedding        PlainEmbedding, VocabParallelEmbedding
+    norm             PlainRMSNorm
+"""
+
+from ._common import ParallelContext, chunk_range
+from .attention import EagerGQAAttention
+from .embedding import PlainEmbedding, VocabParallelEmbedding
+from .grouped_experts import EPGroupedExperts, GroupedExpertsLocal
+from .mlp import PlainSwiGLUMLP, TPSwiGLUMLP
+from .norm import PlainRMSNorm
+from .unimplemented import FlashGQAAttention, FusedSwiGLUMLP, MXFP8GroupedSwiGLU, RingGQAAttention
+
+__all__ = ["EPGroupedExperts", "EagerGQAAttention", "FlashGQAAttention", "FusedSwiGLUMLP",
+           "GroupedExpertsLocal", "MXFP8GroupedSwiGLU", "ParallelContext", "PlainEmbedding",
+           "PlainRMSNorm", "PlainSwiGLUMLP", "RingGQAAttention", "TPSwiGLUMLP",
+           "VocabParallelEmbedding", "chunk_range"]

@@ -1,0 +1,142 @@
+"""What every member shares: reading the model config, the parallel context, shard ranges.
+
+A member's constructor takes the registry's runtime names (config, module, module_fqn,
+context) as keywords. `config` is a dict or any object with attributes (a transformers
+config); `context` is a ParallelContext, a dict with the same keys, or None (every axis 1).
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+AXES = ("tp", "ep", "cp", "pp")
+_MISSING = object()
+
+
+@dataclass
+class ParallelContext:
+    """The job's axis sizes and, for the axes a member communicates over, their groups.
+
+    groups: axis name ("tp", "ep", ...) -> torch.distributed ProcessGroup of that axis (the
+    ranks that hold the other shards of this member). ranks: optional axis -> this process's
+    coordinate on that axis, for building shapes without a group (on `meta`); with a group the
+    coordinate is the group rank.
+    """
+
+    tp_size: int = 1
+    ep_size: int = 1
+    cp_size: int = 1
+    pp_size: int = 1
+    groups: dict = field(default_factory=dict)
+    ranks: dict = field(default_factory=dict)
+
+
+def config_value(config, name, default=_MISSING, owner="module"):
+    """config[name] or config.name; a missing field without a default is a ValueError."""
+    if config is None:
+        value = _MISSING
+    elif isinstance(config, dict):
+        value = config.get(name, _MISSING)
+    else:
+        value = getattr(config, name, _MISSING)
+    if value is _MISSING or value is None:
+        if default is _MISSING:
+            raise ValueError("%s: config has no field '%s'" % (owner, name))
+        return default
+    return value
+
+
+def config_int(config, name, owner, default=_MISSING):
+    value = config_value(config, name, default, owner)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("%s: config field '%s' must be a positive integer, not %r"
+                         % (owner, name, value))
+    return value
+
+
+def resolve_config(config, module, owner):
+    """The config a member is built from: config, else the source module's .config."""
+    if config is None and module is not None:
+        config = getattr(module, "config", None)
+    if config is None:
+        raise TypeError("%s needs config (or a module with a .config attribute)" % owner)
+    return config
+
+
+def _context_get(context, name, default):
+    if context is None:
+        return default
+    if isinstance(context, dict):
+        return context.get(name, default)
+    return getattr(context, name, default)
+
+
+@dataclass
+class Axis:
+    """One axis as a member sees it: size, this process's coordinate, the group (or None)."""
+
+    name: str
+    size: int
+    rank: int
+    group: object
+
+    def require_group(self, owner):
+        if self.size > 1 and self.group is None:
+            raise RuntimeError("%s: %s_size=%d needs the %s process group in context.groups['%s']"
+                               % (owner, self.name, self.size, self.name, self.name))
+        return self.group
+
+
+def context_axis(context, axis, owner):
+    """Read one axis from the context: its size, coordinate and group, checked."""
+    size = _context_get(context, axis + "_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError("%s: %s_size must be a positive integer, not %r" % (owner, axis, size))
+    groups = _context_get(context, "groups", None) or {}
+    ranks = _context_get(context, "ranks", None) or {}
+    group = groups.get(axis)
+    if group is not None:
+        actual = dist.get_world_size(group)
+        if actual != size:
+            raise ValueError("%s: %s_size=%d but the %s group has %d ranks"
+                             % (owner, axis, size, axis, actual))
+        rank = dist.get_rank(group)
+    elif size == 1:
+        rank = 0
+    elif axis in ranks:
+        rank = ranks[axis]
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+            raise ValueError("%s: context.ranks['%s']=%r is not in [0, %d)"
+                             % (owner, axis, rank, size))
+    else:
+        raise ValueError("%s: %s_size=%d needs context.groups['%s'] (or context.ranks['%s'])"
+                         % (owner, axis, size, axis, axis))
+    return Axis(axis, size, rank, group)
+
+
+def reject_axis(context, axis, owner, instead):
+    """A member that does not parallelise over `axis` refuses a job where it is > 1."""
+    size = _context_get(context, axis + "_size", 1)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+        raise ValueError("%s does not support %s_size=%d; use %s" % (owner, axis, size, instead))
+
+
+def chunk_range(length, parts, index):
+    """[start, stop) of piece `index` when `length` is split as torch.chunk does (familyd's
+    shard(d), docs/semantics.md): ceil(length / parts) each, the last ones short or empty."""
+    chunk = -(-length // parts)
+    return min(length, index * chunk), min(length, (index + 1) * chunk)
+
+
+def new_parameter(shape, device, dtype):
+    """An uninitialised parameter of the local shape (reset_parameters fills it)."""
+    return torch.nn.Parameter(torch.empty(tuple(shape), device=device, dtype=dtype))
+
+
+def init_normal(parameters, std, mean=0.0):
+    """The registry's init {normal: {mean, std}}; parameters on `meta` are left alone."""
+    with torch.no_grad():
+        for p in parameters:
+            if p.device.type != "meta":
+                p.normal_(mean=mean, std=std)

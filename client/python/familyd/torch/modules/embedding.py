@@ -1,0 +1,84 @@
+"""Token embedding (registry family embedding): plain and vocab parallel.
+
+Parameter (deploy/registry/embedding.yaml): weight [vocab_size, hidden_size], tp shard(0).
+forward(token ids, any shape) -> [..., hidden_size]. VocabParallelEmbedding holds the tp
+coordinate's rows of the vocabulary (a torch.chunk range, familyd's shard(0)): tokens outside
+it give zeros there, and the all-reduce over tp adds the one rank that holds each token. Every
+tp rank must be given the same token ids. A token id outside [0, vocab_size) is an error.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from ._common import (chunk_range, config_int, config_value, context_axis, init_normal,
+                      new_parameter, resolve_config)
+from ._comm import reduce_from_parallel
+
+
+class _EmbeddingBase(torch.nn.Module):
+    def _setup(self, config, module, module_fqn, rows, device, dtype):
+        owner = type(self).__name__
+        config = resolve_config(config, module, owner)
+        self.vocab_size = config_int(config, "vocab_size", owner)
+        self.hidden_size = config_int(config, "hidden_size", owner)
+        self.initializer_range = float(config_value(config, "initializer_range", 0.02, owner))
+        self.module_fqn = module_fqn
+        self.vocab_start, self.vocab_stop = rows(self.vocab_size)
+        self.weight = new_parameter((self.vocab_stop - self.vocab_start, self.hidden_size),
+                                    device, dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The registry's init: normal(0, initializer_range)."""
+        init_normal([self.weight], self.initializer_range)
+
+    def _check(self, ids):
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError("%s: token ids must be int64 or int32, not %s"
+                             % (type(self).__name__, ids.dtype))
+        if ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError("%s: token id %d is not in [0, %d)" % (
+                    type(self).__name__, low if low < 0 else high, self.vocab_size))
+
+    def extra_repr(self):
+        return "vocab=[%d, %d) of %d, hidden_size=%d" % (
+            self.vocab_start, self.vocab_stop, self.vocab_size, self.hidden_size)
+
+
+class PlainEmbedding(_EmbeddingBase):
+    """The whole vocabulary on this rank (variant plain)."""
+
+    def __init__(self, config=None, module=None, module_fqn="", *, device=None, dtype=None):
+        super().__init__()
+        self._setup(config, module, module_fqn, lambda n: (0, n), device, dtype)
+
+    def forward(self, ids):
+        self._check(ids)
+        return F.embedding(ids.long(), self.weight)
+
+
+class VocabParallelEmbedding(_EmbeddingBase):
+    """The vocabulary sharded over tp, masked lookups all-reduced (variant vocab_parallel)."""
+
+    def __init__(self, config=None, module=None, module_fqn="", context=None, *, device=None,
+                 dtype=None):
+        super().__init__()
+        self._tp = context_axis(context, "tp", type(self).__name__)
+        self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self._setup(config, module, module_fqn,
+                    lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
+
+    def forward(self, ids):
+        group = self._tp.require_group(type(self).__name__)
+        self._check(ids)
+        ids = ids.long()
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_stop)
+        local = torch.where(outside, torch.zeros_like(ids), ids - self.vocab_start)
+        if self.weight.shape[0] == 0:
+            out = self.weight.new_zeros(tuple(ids.shape) + (self.hidden_size,))
+            out = out + self.weight.sum()          # keeps the (empty) weight in the graph
+        else:
+            out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_parallel(out, group)

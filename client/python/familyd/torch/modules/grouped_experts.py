@@ -1,0 +1,145 @@
+"""Grouped MoE experts (registry family grouped_experts): local and expert-parallel.
+
+Parameters (deploy/registry/grouped_experts.yaml):
+  gate_up_proj [num_experts, hidden_size, 2 * moe_intermediate_size], ep shard(0)
+  down_proj    [num_experts, moe_intermediate_size, hidden_size],     ep shard(0)
+
+Each expert computes act(x @ gate_up[:, :I]) * (x @ gate_up[:, I:]) @ down (SwiGLU with the
+default activation "silu"). The router is the caller's: forward takes the hidden states
+[T, H], the chosen experts [T, k] (global expert ids) and their weights [T, k], and returns
+sum_k weight * expert(x) as [T, H].
+
+EPGroupedExperts holds the experts of its ep coordinate only (torch.chunk ranges of the expert
+dim, familyd's shard(0)); each (token, slot) pair goes to the rank of its expert with
+all_to_all_single over the ep group and its result comes back the same way. Every rank of the
+group must call forward together (with its own tokens; any count, zero included).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from ._common import (chunk_range, config_int, config_value, context_axis, init_normal,
+                      new_parameter, resolve_config)
+from ._comm import all_to_all, exchange_counts, exchange_ints
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+def _activation(activation, owner):
+    if activation not in ACTIVATIONS:
+        raise ValueError("%s: activation '%s' is not supported; use one of %s"
+                         % (owner, activation, ", ".join(sorted(ACTIVATIONS))))
+    return ACTIVATIONS[activation]
+
+
+def _check_routing(x, indices, weights, hidden, num_experts, owner):
+    if x.dim() != 2 or x.shape[1] != hidden:
+        raise ValueError("%s: hidden_states must be [tokens, %d], not %s"
+                         % (owner, hidden, list(x.shape)))
+    if indices.dim() != 2 or indices.shape[0] != x.shape[0] or weights.shape != indices.shape:
+        raise ValueError("%s: expert_indices and expert_weights must both be [%d, top_k], not %s "
+                         "and %s" % (owner, x.shape[0], list(indices.shape), list(weights.shape)))
+    if indices.numel():
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= num_experts:
+            bad = low if low < 0 else high
+            raise ValueError("%s: expert index %d is not in [0, %d)" % (owner, bad, num_experts))
+
+
+def _run_experts(rows, local_ids, gate_up, down, act):
+    """rows [N, H], each for local expert local_ids[n]: the expert outputs [N, H], same order."""
+    order = torch.argsort(local_ids, stable=True)
+    counts = torch.bincount(local_ids, minlength=gate_up.shape[0]).tolist()
+    inter = down.shape[1]
+    outs = []
+    for e, piece in enumerate(rows[order].split(counts)):
+        h = piece @ gate_up[e]
+        outs.append((act(h[:, :inter]) * h[:, inter:]) @ down[e])
+    if not outs:
+        # No expert here (an empty shard), so no rows either: zeros that keep the rows and the
+        # empty weights in the graph, so that backward still takes part in the exchanges.
+        return rows.new_zeros((rows.shape[0], down.shape[2])) + (
+            rows.sum() + gate_up.sum() + down.sum())
+    return torch.cat(outs)[torch.argsort(order)]
+
+
+class _GroupedExpertsBase(torch.nn.Module):
+    def _setup(self, config, module, module_fqn, activation, experts, device, dtype):
+        owner = type(self).__name__
+        config = resolve_config(config, module, owner)
+        self.hidden_size = config_int(config, "hidden_size", owner)
+        self.moe_intermediate_size = config_int(config, "moe_intermediate_size", owner)
+        self.num_experts = config_int(config, "num_experts", owner)
+        self.initializer_range = float(config_value(config, "initializer_range", 0.02, owner))
+        self.module_fqn = module_fqn
+        self.activation = activation
+        self._act = _activation(activation, owner)
+        self.expert_start, self.expert_stop = experts(self.num_experts)
+        local = self.expert_stop - self.expert_start
+        h, i = self.hidden_size, self.moe_intermediate_size
+        self.gate_up_proj = new_parameter((local, h, 2 * i), device, dtype)
+        self.down_proj = new_parameter((local, i, h), device, dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The registry's init: normal(0, initializer_range) for both."""
+        init_normal([self.gate_up_proj, self.down_proj], self.initializer_range)
+
+    def extra_repr(self):
+        return "experts=[%d, %d) of %d, hidden_size=%d, moe_intermediate_size=%d, activation=%s" % (
+            self.expert_start, self.expert_stop, self.num_experts, self.hidden_size,
+            self.moe_intermediate_size, self.activation)
+
+
+class GroupedExpertsLocal(_GroupedExpertsBase):
+    """Every expert on this rank (variant grouped: ep = 1)."""
+
+    def __init__(self, config=None, module=None, module_fqn="", context=None, activation="silu",
+                 *, device=None, dtype=None):
+        super().__init__()
+        self._setup(config, module, module_fqn, activation, lambda n: (0, n), device, dtype)
+
+    def forward(self, hidden_states, expert_indices, expert_weights):
+        _check_routing(hidden_states, expert_indices, expert_weights, self.hidden_size,
+                       self.num_experts, type(self).__name__)
+        tokens, top_k = expert_indices.shape
+        ids = expert_indices.reshape(-1).long()
+        token_of = torch.arange(tokens, device=ids.device).repeat_interleave(top_k)
+        y = _run_experts(hidden_states[token_of], ids, self.gate_up_proj, self.down_proj,
+                         self._act)
+        y = y * expert_weights.reshape(-1, 1).to(y.dtype)
+        return hidden_states.new_zeros(hidden_states.shape).index_add(0, token_of, y)
+
+
+class EPGroupedExperts(_GroupedExpertsBase):
+    """The experts sharded over the ep group (variant grouped_ep), tokens moved all-to-all."""
+
+    def __init__(self, config=None, module=None, module_fqn="", context=None, activation="silu",
+                 *, device=None, dtype=None):
+        super().__init__()
+        owner = type(self).__name__
+        self._ep = context_axis(context, "ep", owner)
+        self._setup(config, module, module_fqn, activation,
+                    lambda n: chunk_range(n, self._ep.size, self._ep.rank), device, dtype)
+        self.ep_size, self.ep_rank = self._ep.size, self._ep.rank
+
+    def forward(self, hidden_states, expert_indices, expert_weights):
+        owner = type(self).__name__
+        group = self._ep.require_group(owner)
+        _check_routing(hidden_states, expert_indices, expert_weights, self.hidden_size,
+                       self.num_experts, owner)
+        tokens, top_k = expert_indices.shape
+        ids = expert_indices.reshape(-1).long()
+        order = torch.argsort(ids, stable=True)        # grouped by expert, hence by rank
+        sorted_ids = ids[order]
+        token_of = torch.arange(tokens, device=ids.device).repeat_interleave(top_k)[order]
+        chunk = -(-self.num_experts // self.ep_size)
+        send = torch.bincount(sorted_ids // chunk, minlength=self.ep_size).tolist()
+        recv = exchange_counts(send, group).tolist() if group is not None else send
+        rows = all_to_all(hidden_states[token_of], send, recv, group)
+        got_ids = exchange_ints(sorted_ids, send, recv, group) if group is not None else sorted_ids
+        y = _run_experts(rows, got_ids - self.expert_start, self.gate_up_proj, self.down_proj,
+                         self._act)
+        y = all_to_all(y, recv, send, group)
+        y = y * expert_weights.reshape(-1)[order].reshape(-1, 1).to(y.dtype)
+        return hidden_states.new_zeros(hidden_states.shape).index_add(0, token_of, y)

@@ -1,0 +1,73 @@
+"""SwiGLU feed-forward (registry family mlp): plain and tensor parallel.
+
+Parameters (deploy/registry/mlp.yaml), [out_features, in_features] as torch.nn.Linear keeps them:
+  gate_proj [intermediate_size, hidden_size], tp shard(0)   (column-parallel)
+  up_proj   [intermediate_size, hidden_size], tp shard(0)   (column-parallel)
+  down_proj [hidden_size, intermediate_size], tp shard(1)   (row-parallel)
+
+forward(x [..., H]) = (silu(x @ gate_proj.T) * (x @ up_proj.T)) @ down_proj.T. TPSwiGLUMLP holds
+the tp coordinate's rows of gate_proj/up_proj and the same columns of down_proj (torch.chunk
+ranges of intermediate_size), and all-reduces its partial output over the tp group; the input is
+the whole x on every tp rank.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from ._common import (chunk_range, config_int, config_value, context_axis, init_normal,
+                      new_parameter, resolve_config)
+from ._comm import copy_to_parallel, reduce_from_parallel
+
+
+class _SwiGLUMLPBase(torch.nn.Module):
+    def _setup(self, config, module, module_fqn, rows, device, dtype):
+        owner = type(self).__name__
+        config = resolve_config(config, module, owner)
+        self.hidden_size = config_int(config, "hidden_size", owner)
+        self.intermediate_size = config_int(config, "intermediate_size", owner)
+        self.initializer_range = float(config_value(config, "initializer_range", 0.02, owner))
+        self.module_fqn = module_fqn
+        self.inter_start, self.inter_stop = rows(self.intermediate_size)
+        local = self.inter_stop - self.inter_start
+        self.gate_proj = new_parameter((local, self.hidden_size), device, dtype)
+        self.up_proj = new_parameter((local, self.hidden_size), device, dtype)
+        self.down_proj = new_parameter((self.hidden_size, local), device, dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The registry's init: normal(0, initializer_range) for all three."""
+        init_normal([self.gate_proj, self.up_proj, self.down_proj], self.initializer_range)
+
+    def _local(self, x):
+        return (F.silu(x @ self.gate_proj.t()) * (x @ self.up_proj.t())) @ self.down_proj.t()
+
+    def extra_repr(self):
+        return "hidden_size=%d, intermediate=[%d, %d) of %d" % (
+            self.hidden_size, self.inter_start, self.inter_stop, self.intermediate_size)
+
+
+class PlainSwiGLUMLP(_SwiGLUMLPBase):
+    """The whole MLP on this rank (variant plain)."""
+
+    def __init__(self, config=None, module=None, module_fqn="", *, device=None, dtype=None):
+        super().__init__()
+        self._setup(config, module, module_fqn, lambda n: (0, n), device, dtype)
+
+    def forward(self, x):
+        return self._local(x)
+
+
+class TPSwiGLUMLP(_SwiGLUMLPBase):
+    """Column-parallel gate/up, row-parallel down, all-reduce over tp (variant tensor_parallel)."""
+
+    def __init__(self, config=None, module=None, module_fqn="", context=None, *, device=None,
+                 dtype=None):
+        super().__init__()
+        self._tp = context_axis(context, "tp", type(self).__name__)
+        self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self._setup(config, module, module_fqn,
+                    lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
+
+    def forward(self, x):
+        group = self._tp.require_group(type(self).__name__)
+        return reduce_from_parallel(self._local(copy_to_parallel(x, group)), group)
