@@ -15,18 +15,20 @@ With group None (axis size 1) each is the identity. gloo on torch 1.13 has no bf
 all-to-all; an all-reduce then sums in float32) and come back as bfloat16.
 """
 
+from typing import Any, Sequence, Tuple
+
 import torch
 import torch.distributed as dist
 
 
-def _wire_dtype(x, group):
+def _wire_dtype(x: torch.Tensor, group: Any) -> torch.dtype:
     """The dtype x travels in over group: float32 for bfloat16 on gloo, else its own."""
     if x.dtype == torch.bfloat16 and dist.get_backend(group) == "gloo":
         return torch.float32
     return x.dtype
 
 
-def _all_reduce(x, group):
+def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
     """The sum over group of x, as a new tensor (x is left alone)."""
     wire = _wire_dtype(x, group)
     y = x.to(wire).contiguous()
@@ -38,37 +40,39 @@ def _all_reduce(x, group):
 
 class _CopyToParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
         return _all_reduce(grad, ctx.group), None
 
 
 class _ReduceFromParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         return _all_reduce(x, group)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
         return grad, None
 
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, send_splits, recv_splits, group):
+    def forward(ctx: Any, x: torch.Tensor, send_splits: Sequence[int],
+                recv_splits: Sequence[int], group: Any) -> torch.Tensor:
         ctx.send_splits, ctx.recv_splits, ctx.group = send_splits, recv_splits, group
         return _exchange(x, send_splits, recv_splits, group)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None, None, None]:
         return _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group), None, None, None
 
 
-def _exchange(x, send_splits, recv_splits, group):
+def _exchange(x: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+              group: Any) -> torch.Tensor:
     wire = x.to(_wire_dtype(x, group)).contiguous()
     out = wire.new_empty((sum(recv_splits),) + tuple(x.shape[1:]))
     dist.all_to_all_single(out, wire, output_split_sizes=list(recv_splits),
@@ -76,15 +80,16 @@ def _exchange(x, send_splits, recv_splits, group):
     return out.to(x.dtype)
 
 
-def copy_to_parallel(x, group):
+def copy_to_parallel(x: torch.Tensor, group: Any) -> torch.Tensor:
     return x if group is None else _CopyToParallel.apply(x, group)
 
 
-def reduce_from_parallel(x, group):
+def reduce_from_parallel(x: torch.Tensor, group: Any) -> torch.Tensor:
     return x if group is None else _ReduceFromParallel.apply(x, group)
 
 
-def all_to_all(x, send_splits, recv_splits, group):
+def all_to_all(x: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+               group: Any) -> torch.Tensor:
     """Rows of x, split by send_splits (one count per rank of group), go to their ranks; the
     result holds the rows received, recv_splits from each rank, in rank order."""
     if group is None:
@@ -92,7 +97,7 @@ def all_to_all(x, send_splits, recv_splits, group):
     return _AllToAll.apply(x, list(send_splits), list(recv_splits), group)
 
 
-def exchange_counts(send_counts, group):
+def exchange_counts(send_counts: Sequence[int], group: Any) -> torch.Tensor:
     """all_to_all of one int64 per rank: how many rows each rank will send this rank."""
     send = torch.as_tensor(send_counts, dtype=torch.int64)
     recv = torch.empty_like(send)
@@ -100,6 +105,7 @@ def exchange_counts(send_counts, group):
     return recv
 
 
-def exchange_ints(values, send_splits, recv_splits, group):
+def exchange_ints(values: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+                  group: Any) -> torch.Tensor:
     """all_to_all of an int64 vector (no gradient): the expert ids travelling with the rows."""
     return _exchange(values, send_splits, recv_splits, group)

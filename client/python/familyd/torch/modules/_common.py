@@ -6,6 +6,7 @@ config); `context` is a ParallelContext, a dict with the same keys, or None (eve
 """
 
 from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ class ParallelContext:
     ranks: dict = field(default_factory=dict)
 
 
-def config_value(config, name, default=_MISSING, owner="module"):
+def config_value(config: Any, name: str, default: Any = _MISSING, owner: str = "module") -> Any:
     """config[name] or config.name; a missing field without a default is a ValueError."""
     if config is None:
         value = _MISSING
@@ -47,7 +48,7 @@ def config_value(config, name, default=_MISSING, owner="module"):
     return value
 
 
-def config_int(config, name, owner, default=_MISSING):
+def config_int(config: Any, name: str, owner: str, default: Any = _MISSING) -> int:
     value = config_value(config, name, default, owner)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError("%s: config field '%s' must be a positive integer, not %r"
@@ -55,7 +56,7 @@ def config_int(config, name, owner, default=_MISSING):
     return value
 
 
-def resolve_config(config, module, owner):
+def resolve_config(config: Any, module: Any, owner: str) -> Any:
     """The config a member is built from: config, else the source module's .config."""
     if config is None and module is not None:
         config = getattr(module, "config", None)
@@ -64,7 +65,7 @@ def resolve_config(config, module, owner):
     return config
 
 
-def _context_get(context, name, default):
+def _context_get(context: Any, name: str, default: Any) -> Any:
     if context is None:
         return default
     if isinstance(context, dict):
@@ -81,14 +82,14 @@ class Axis:
     rank: int
     group: object
 
-    def require_group(self, owner):
+    def require_group(self, owner: str) -> Any:
         if self.size > 1 and self.group is None:
             raise RuntimeError("%s: %s_size=%d needs the %s process group in context.groups['%s']"
                                % (owner, self.name, self.size, self.name, self.name))
         return self.group
 
 
-def context_axis(context, axis, owner):
+def context_axis(context: Any, axis: str, owner: str) -> Axis:
     """Read one axis from the context: its size, coordinate and group, checked."""
     size = _context_get(context, axis + "_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -115,26 +116,26 @@ def context_axis(context, axis, owner):
     return Axis(axis, size, rank, group)
 
 
-def reject_axis(context, axis, owner, instead):
+def reject_axis(context: Any, axis: str, owner: str, instead: str) -> None:
     """A member that does not parallelise over `axis` refuses a job where it is > 1."""
     size = _context_get(context, axis + "_size", 1)
     if isinstance(size, int) and not isinstance(size, bool) and size > 1:
         raise ValueError("%s does not support %s_size=%d; use %s" % (owner, axis, size, instead))
 
 
-def chunk_range(length, parts, index):
+def chunk_range(length: int, parts: int, index: int) -> Tuple[int, int]:
     """[start, stop) of piece `index` when `length` is split as torch.chunk does (familyd's
     shard(d), docs/semantics.md): ceil(length / parts) each, the last ones short or empty."""
     chunk = -(-length // parts)
     return min(length, index * chunk), min(length, (index + 1) * chunk)
 
 
-def new_parameter(shape, device, dtype):
+def new_parameter(shape: Sequence[int], device: Any, dtype: Any) -> torch.nn.Parameter:
     """An uninitialised parameter of the local shape (reset_parameters fills it)."""
     return torch.nn.Parameter(torch.empty(tuple(shape), device=device, dtype=dtype))
 
 
-def init_normal(parameters, std, mean=0.0):
+def init_normal(parameters: Iterable[torch.Tensor], std: float, mean: float = 0.0) -> None:
     """The registry's init {normal: {mean, std}}; parameters on `meta` are left alone."""
     with torch.no_grad():
         for p in parameters:

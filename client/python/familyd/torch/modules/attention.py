@@ -16,6 +16,7 @@ Context parallelism is not done here (cp_size > 1 is refused: that is RingGQAAtt
 """
 
 import math
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -24,7 +25,8 @@ from ._common import (config_int, config_value, context_axis, init_normal, new_p
 from ._comm import copy_to_parallel, reduce_from_parallel
 
 
-def rope_tables(positions, head_dim, theta, dtype):
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
+                dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [..., S, head_dim] for the given positions (Llama's layout: halves)."""
     work = torch.float64 if dtype == torch.float64 else torch.float32
     exponent = torch.arange(0, head_dim, 2, dtype=work, device=positions.device) / head_dim
@@ -34,13 +36,13 @@ def rope_tables(positions, head_dim, theta, dtype):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x, cos, sin):
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
-def attention_mask(seq, window, device):
+def attention_mask(seq: int, window: int, device: Any) -> torch.Tensor:
     """True where query i may see key j: j <= i, and i - j < window when window > 0."""
     i = torch.arange(seq, device=device).unsqueeze(1)
     j = torch.arange(seq, device=device).unsqueeze(0)
@@ -51,8 +53,9 @@ def attention_mask(seq, window, device):
 
 
 class EagerGQAAttention(torch.nn.Module):
-    def __init__(self, config=None, module=None, module_fqn="", context=None,
-                 rope_theta=500000.0, window=0, *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, rope_theta: float = 500000.0, window: int = 0, *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         owner = type(self).__name__
         config = resolve_config(config, module, owner)
@@ -80,7 +83,7 @@ class EagerGQAAttention(torch.nn.Module):
         self.wo = new_parameter((h, q), device, dtype)
         self.reset_parameters()
 
-    def _check(self, owner, rope_theta, window):
+    def _check(self, owner: str, rope_theta: object, window: object) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError("%s: num_attention_heads %d is not a multiple of num_key_value_heads "
                              "%d" % (owner, self.num_heads, self.num_kv_heads))
@@ -97,11 +100,12 @@ class EagerGQAAttention(torch.nn.Module):
             raise ValueError("%s: window must be an integer >= 0 (0: no window), not %r"
                              % (owner, window))
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """The registry's init: normal(0, initializer_range) for all four."""
         init_normal([self.wq, self.wk, self.wv, self.wo], self.initializer_range)
 
-    def forward(self, hidden_states, position_ids=None):
+    def forward(self, hidden_states: torch.Tensor,
+                position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """hidden_states [B, S, H] (or [S, H]); position_ids [S] or [B, S], default 0..S-1."""
         group = self._tp.require_group(type(self).__name__)
         unbatched = hidden_states.dim() == 2
@@ -132,7 +136,7 @@ class EagerGQAAttention(torch.nn.Module):
         out = reduce_from_parallel(out @ self.wo.t(), group)
         return out.squeeze(0) if unbatched else out
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return ("hidden_size=%d, heads=%d of %d, kv_heads=%d of %d, head_dim=%d, "
                 "rope_theta=%g, window=%d" % (
                     self.hidden_size, self.local_heads, self.num_heads,

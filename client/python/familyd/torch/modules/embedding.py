@@ -7,6 +7,8 @@ it give zeros there, and the all-reduce over tp adds the one rank that holds eac
 tp rank must be given the same token ids. A token id outside [0, vocab_size) is an error.
 """
 
+from typing import Any, Callable, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -16,7 +18,8 @@ from ._comm import reduce_from_parallel
 
 
 class _EmbeddingBase(torch.nn.Module):
-    def _setup(self, config, module, module_fqn, rows, device, dtype):
+    def _setup(self, config: Any, module: Any, module_fqn: str,
+               rows: Callable[[int], Tuple[int, int]], device: Any, dtype: Any) -> None:
         owner = type(self).__name__
         config = resolve_config(config, module, owner)
         self.vocab_size = config_int(config, "vocab_size", owner)
@@ -28,11 +31,11 @@ class _EmbeddingBase(torch.nn.Module):
                                     device, dtype)
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """The registry's init: normal(0, initializer_range)."""
         init_normal([self.weight], self.initializer_range)
 
-    def _check(self, ids):
+    def _check(self, ids: torch.Tensor) -> None:
         if ids.dtype not in (torch.int64, torch.int32):
             raise ValueError("%s: token ids must be int64 or int32, not %s"
                              % (type(self).__name__, ids.dtype))
@@ -42,7 +45,7 @@ class _EmbeddingBase(torch.nn.Module):
                 raise ValueError("%s: token id %d is not in [0, %d)" % (
                     type(self).__name__, low if low < 0 else high, self.vocab_size))
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "vocab=[%d, %d) of %d, hidden_size=%d" % (
             self.vocab_start, self.vocab_stop, self.vocab_size, self.hidden_size)
 
@@ -50,11 +53,12 @@ class _EmbeddingBase(torch.nn.Module):
 class PlainEmbedding(_EmbeddingBase):
     """The whole vocabulary on this rank (variant plain)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "", *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self._setup(config, module, module_fqn, lambda n: (0, n), device, dtype)
 
-    def forward(self, ids):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
         self._check(ids)
         return F.embedding(ids.long(), self.weight)
 
@@ -62,15 +66,15 @@ class PlainEmbedding(_EmbeddingBase):
 class VocabParallelEmbedding(_EmbeddingBase):
     """The vocabulary sharded over tp, masked lookups all-reduced (variant vocab_parallel)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None, *, device=None,
-                 dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, *, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self._tp = context_axis(context, "tp", type(self).__name__)
         self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
         self._setup(config, module, module_fqn,
                     lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
 
-    def forward(self, ids):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
         group = self._tp.require_group(type(self).__name__)
         self._check(ids)
         ids = ids.long()

@@ -15,6 +15,8 @@ all_to_all_single over the ep group and its result comes back the same way. Ever
 group must call forward together (with its own tokens; any count, zero included).
 """
 
+from typing import Any, Callable, Dict, List, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -22,17 +24,20 @@ from ._common import (chunk_range, config_int, config_value, context_axis, init_
                       new_parameter, resolve_config)
 from ._comm import all_to_all, exchange_counts, exchange_ints
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+ACTIVATIONS: Dict[str, Activation] = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
-def _activation(activation, owner):
+def _activation(activation: str, owner: str) -> Activation:
     if activation not in ACTIVATIONS:
         raise ValueError("%s: activation '%s' is not supported; use one of %s"
                          % (owner, activation, ", ".join(sorted(ACTIVATIONS))))
     return ACTIVATIONS[activation]
 
 
-def _check_routing(x, indices, weights, hidden, num_experts, owner):
+def _check_routing(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, hidden: int,
+                   num_experts: int, owner: str) -> None:
     if x.dim() != 2 or x.shape[1] != hidden:
         raise ValueError("%s: hidden_states must be [tokens, %d], not %s"
                          % (owner, hidden, list(x.shape)))
@@ -46,12 +51,13 @@ def _check_routing(x, indices, weights, hidden, num_experts, owner):
             raise ValueError("%s: expert index %d is not in [0, %d)" % (owner, bad, num_experts))
 
 
-def _run_experts(rows, local_ids, gate_up, down, act):
+def _run_experts(rows: torch.Tensor, local_ids: torch.Tensor, gate_up: torch.Tensor,
+                 down: torch.Tensor, act: Activation) -> torch.Tensor:
     """rows [N, H], each for local expert local_ids[n]: the expert outputs [N, H], same order."""
     order = torch.argsort(local_ids, stable=True)
     counts = torch.bincount(local_ids, minlength=gate_up.shape[0]).tolist()
     inter = down.shape[1]
-    outs = []
+    outs: List[torch.Tensor] = []
     for e, piece in enumerate(rows[order].split(counts)):
         h = piece @ gate_up[e]
         outs.append((act(h[:, :inter]) * h[:, inter:]) @ down[e])
@@ -64,7 +70,8 @@ def _run_experts(rows, local_ids, gate_up, down, act):
 
 
 class _GroupedExpertsBase(torch.nn.Module):
-    def _setup(self, config, module, module_fqn, activation, experts, device, dtype):
+    def _setup(self, config: Any, module: Any, module_fqn: str, activation: str,
+               experts: Callable[[int], Tuple[int, int]], device: Any, dtype: Any) -> None:
         owner = type(self).__name__
         config = resolve_config(config, module, owner)
         self.hidden_size = config_int(config, "hidden_size", owner)
@@ -81,11 +88,11 @@ class _GroupedExpertsBase(torch.nn.Module):
         self.down_proj = new_parameter((local, i, h), device, dtype)
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """The registry's init: normal(0, initializer_range) for both."""
         init_normal([self.gate_up_proj, self.down_proj], self.initializer_range)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "experts=[%d, %d) of %d, hidden_size=%d, moe_intermediate_size=%d, activation=%s" % (
             self.expert_start, self.expert_stop, self.num_experts, self.hidden_size,
             self.moe_intermediate_size, self.activation)
@@ -94,12 +101,14 @@ class _GroupedExpertsBase(torch.nn.Module):
 class GroupedExpertsLocal(_GroupedExpertsBase):
     """Every expert on this rank (variant grouped: ep = 1)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None, activation="silu",
-                 *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, activation: str = "silu", *, device: Any = None,
+                 dtype: Any = None) -> None:
         super().__init__()
         self._setup(config, module, module_fqn, activation, lambda n: (0, n), device, dtype)
 
-    def forward(self, hidden_states, expert_indices, expert_weights):
+    def forward(self, hidden_states: torch.Tensor, expert_indices: torch.Tensor,
+                expert_weights: torch.Tensor) -> torch.Tensor:
         _check_routing(hidden_states, expert_indices, expert_weights, self.hidden_size,
                        self.num_experts, type(self).__name__)
         tokens, top_k = expert_indices.shape
@@ -114,8 +123,9 @@ class GroupedExpertsLocal(_GroupedExpertsBase):
 class EPGroupedExperts(_GroupedExpertsBase):
     """The experts sharded over the ep group (variant grouped_ep), tokens moved all-to-all."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None, activation="silu",
-                 *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, activation: str = "silu", *, device: Any = None,
+                 dtype: Any = None) -> None:
         super().__init__()
         owner = type(self).__name__
         self._ep = context_axis(context, "ep", owner)
@@ -123,7 +133,8 @@ class EPGroupedExperts(_GroupedExpertsBase):
                     lambda n: chunk_range(n, self._ep.size, self._ep.rank), device, dtype)
         self.ep_size, self.ep_rank = self._ep.size, self._ep.rank
 
-    def forward(self, hidden_states, expert_indices, expert_weights):
+    def forward(self, hidden_states: torch.Tensor, expert_indices: torch.Tensor,
+                expert_weights: torch.Tensor) -> torch.Tensor:
         owner = type(self).__name__
         group = self._ep.require_group(owner)
         _check_routing(hidden_states, expert_indices, expert_weights, self.hidden_size,

@@ -11,6 +11,8 @@ ranges of intermediate_size), and all-reduces its partial output over the tp gro
 the whole x on every tp rank.
 """
 
+from typing import Any, Callable, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +22,8 @@ from ._comm import copy_to_parallel, reduce_from_parallel
 
 
 class _SwiGLUMLPBase(torch.nn.Module):
-    def _setup(self, config, module, module_fqn, rows, device, dtype):
+    def _setup(self, config: Any, module: Any, module_fqn: str,
+               rows: Callable[[int], Tuple[int, int]], device: Any, dtype: Any) -> None:
         owner = type(self).__name__
         config = resolve_config(config, module, owner)
         self.hidden_size = config_int(config, "hidden_size", owner)
@@ -34,14 +37,14 @@ class _SwiGLUMLPBase(torch.nn.Module):
         self.down_proj = new_parameter((self.hidden_size, local), device, dtype)
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """The registry's init: normal(0, initializer_range) for all three."""
         init_normal([self.gate_proj, self.up_proj, self.down_proj], self.initializer_range)
 
-    def _local(self, x):
+    def _local(self, x: torch.Tensor) -> torch.Tensor:
         return (F.silu(x @ self.gate_proj.t()) * (x @ self.up_proj.t())) @ self.down_proj.t()
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "hidden_size=%d, intermediate=[%d, %d) of %d" % (
             self.hidden_size, self.inter_start, self.inter_stop, self.intermediate_size)
 
@@ -49,25 +52,26 @@ class _SwiGLUMLPBase(torch.nn.Module):
 class PlainSwiGLUMLP(_SwiGLUMLPBase):
     """The whole MLP on this rank (variant plain)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "", *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self._setup(config, module, module_fqn, lambda n: (0, n), device, dtype)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._local(x)
 
 
 class TPSwiGLUMLP(_SwiGLUMLPBase):
     """Column-parallel gate/up, row-parallel down, all-reduce over tp (variant tensor_parallel)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None, *, device=None,
-                 dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, *, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self._tp = context_axis(context, "tp", type(self).__name__)
         self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
         self._setup(config, module, module_fqn,
                     lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self._tp.require_group(type(self).__name__)
         return reduce_from_parallel(self._local(copy_to_parallel(x, group)), group)

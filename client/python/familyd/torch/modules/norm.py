@@ -5,13 +5,16 @@ least (float16/bfloat16 inputs are upcast, as Llama does) and returned in x's dt
 config's rms_norm_eps, else 1e-6.
 """
 
+from typing import Any
+
 import torch
 
 from ._common import config_int, config_value, new_parameter, resolve_config
 
 
 class PlainRMSNorm(torch.nn.Module):
-    def __init__(self, config=None, module=None, module_fqn="", *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "", *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         owner = type(self).__name__
         config = resolve_config(config, module, owner)
@@ -21,16 +24,16 @@ class PlainRMSNorm(torch.nn.Module):
         self.weight = new_parameter((self.hidden_size,), device, dtype)
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """The registry's init: ones."""
         if self.weight.device.type != "meta":
             with torch.no_grad():
                 self.weight.fill_(1.0)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return (wide * self.weight.to(wide.dtype)).to(x.dtype)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "hidden_size=%d, eps=%g" % (self.hidden_size, self.eps)

@@ -4,10 +4,12 @@ with its variant's `accepts` as keywords, so the registry's constructor path res
 caller that binds arguments to the signature gets as far as constructing it; constructing it
 raises NotImplementedError naming the member and what to use instead."""
 
+from typing import Any, NoReturn
+
 import torch
 
 
-def _refuse(member, family, instead):
+def _refuse(member: str, family: str, instead: str) -> NoReturn:
     raise NotImplementedError(
         "familyd.torch.modules.%s (family %s) is not implemented by familyd.torch.modules; %s"
         % (member, family, instead))
@@ -16,8 +18,9 @@ def _refuse(member, family, instead):
 class FlashGQAAttention(torch.nn.Module):
     """attention, variant flash: not implemented (raises NotImplementedError)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None,
-                 rope_theta=500000.0, window=0, *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, rope_theta: float = 500000.0, window: int = 0, *,
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         _refuse("FlashGQAAttention", "attention", "use EagerGQAAttention (use_flash=False)")
 
@@ -25,8 +28,9 @@ class FlashGQAAttention(torch.nn.Module):
 class RingGQAAttention(torch.nn.Module):
     """attention, variant ring (cp > 1): not implemented (raises NotImplementedError)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None,
-                 rope_theta=500000.0, *, device=None, dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, rope_theta: float = 500000.0, *, device: Any = None,
+                 dtype: Any = None) -> None:
         super().__init__()
         _refuse("RingGQAAttention", "attention",
                 "context parallelism (cp_size > 1) has no member here")
@@ -35,8 +39,8 @@ class RingGQAAttention(torch.nn.Module):
 class FusedSwiGLUMLP(torch.nn.Module):
     """mlp, variant fused: not implemented (raises NotImplementedError)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None, *, device=None,
-                 dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, *, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         _refuse("FusedSwiGLUMLP", "mlp",
                 "use PlainSwiGLUMLP or TPSwiGLUMLP (use_fused_swiglu=False)")
@@ -45,8 +49,8 @@ class FusedSwiGLUMLP(torch.nn.Module):
 class MXFP8GroupedSwiGLU(torch.nn.Module):
     """grouped_experts, variant mxfp8: not implemented (raises NotImplementedError)."""
 
-    def __init__(self, config=None, module=None, module_fqn="", context=None, *, device=None,
-                 dtype=None):
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, *, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         _refuse("MXFP8GroupedSwiGLU", "grouped_experts",
                 "use GroupedExpertsLocal or EPGroupedExperts (use_mxfp8=False)")
