@@ -362,12 +362,16 @@ void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
                        const FamilyError *error) {
         BuildSharing *s = builder->sharing;
         BuildTable *t = builder->manager->builds;
-        bool *held = calloc(f->n_waiters ? f->n_waiters : 1, sizeof(bool));
+        bool *held;
 
         (void) pthread_mutex_lock(&s->lock);
+        /* Under the lock: waiters join until the flight is unlisted. */
+        held = calloc(f->n_waiters ? f->n_waiters : 1, sizeof(bool));
         if (rec) {
+                /* Held by processes only once its waiters hold it: until then nothing may
+                 * take it for idle (a grace of 0 would free it at once). */
                 BuildRecordInit init = {
-                        .referenced = true,
+                        .referenced = false,
                         .writable = f->writable,
                         .private_build = f->private_build,
                         .created_ms = build_now_ms(),
@@ -380,6 +384,7 @@ void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
                         BuildHolder h = holder_of(&w->caller);
                         held[i] = !w->expired(w->userdata) && build_table_hold(t, rec, &h) >= 0;
                 }
+                build_table_set_referenced(t, rec);
         }
         flight_unlist(s, f);
         (void) pthread_mutex_unlock(&s->lock);

@@ -331,6 +331,12 @@ void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *
         (void) pthread_mutex_unlock(&t->lock);
 }
 
+void build_table_set_referenced(BuildTable *t, BuildRecord *rec) {
+        (void) pthread_mutex_lock(&t->lock);
+        rec->holding.referenced = true;
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
 int build_table_find_key(BuildTable *t, const uint8_t *key, size_t key_size, BuildRecord **ret) {
         uint64_t h = key_hash(key, key_size);
         BuildRecord *found = NULL;

@@ -126,6 +126,9 @@ typedef struct BuildRecordInit {
         size_t key_size;
 } BuildRecordInit;
 void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *init);
+/* From now on rec is held by processes: with none (and no pin) it is idle, and its grace
+ * period can start. Set after its first references, so it is never idle before them. */
+void build_table_set_referenced(BuildTable *t, BuildRecord *rec);
 
 /* A live record with this key (a new reference), or -ENOENT. */
 int build_table_find_key(BuildTable *t, const uint8_t *key, size_t key_size, BuildRecord **ret);
