@@ -13,6 +13,7 @@ against deploy/registry; the unimplemented members and the refusals raise what t
 """
 
 import faulthandler
+import importlib
 import inspect
 import math
 import os
@@ -469,8 +470,10 @@ class TestRegistryAgreement(unittest.TestCase):
         seen = set()
         for fam in registry().values():
             for vname, variant in fam["variants"].items():
-                cls_name = variant["constructor"].rsplit(".", 1)[1]
-                cls = getattr(M, cls_name)
+                path, cls_name = variant["constructor"].rsplit(".", 1)
+                self.assertEqual(path, "familyd.torch.modules", variant["constructor"])
+                cls = getattr(importlib.import_module(path), cls_name)
+                self.assertIs(cls, getattr(M, cls_name))
                 seen.add(cls_name)
                 accepted = [n for n in inspect.signature(cls).parameters
                             if n not in ("device", "dtype")]

@@ -372,6 +372,11 @@ class Client:
         return list(self.call("familyd.v1.FamilyService/ListFamilies",
                               self.protos.cls("familyd.v1.ListFamiliesRequest")()).families)
 
+    def get_family(self, family: str) -> Message:
+        """GetFamily: the familyd.v1.Family (variants with their constructor and accepts)."""
+        return self.call("familyd.v1.FamilyService/GetFamily",
+                         self.protos.cls("familyd.v1.GetFamilyRequest")(family=family))
+
     def resolve(self, family: str, arguments: Optional[Values] = None,
                 mesh_id: Optional[str] = None, tp_size: Optional[int] = None,
                 cp_size: Optional[int] = None, ep_size: Optional[int] = None,

@@ -2,8 +2,11 @@
 
 familyd.torch.modules holds the reference torch implementations of the example registry's
 members (deploy/registry): import it explicitly. familyd.torch.distributed joins a torchrun
-job to a familyd mesh; its names (init, create_mesh, process_groups, parallel_context,
-device_mesh, Job, JobError) are also reachable here, imported on first use. This package
+job to a familyd mesh (init, create_mesh, process_groups, parallel_context, job_mesh,
+device_mesh, Job, JobMesh, JobError); familyd.torch.build makes sharded modules through familyd
+(build_module, build_info, register, release, derive_seed); familyd.torch.validate checks a
+live model (validate_model, model_boundaries). Their names are reachable here, imported on
+first use. This package
 imports nothing at import time, so `import familyd.torch` stays cheap and works without torch
 installed.
 """
@@ -11,17 +14,27 @@ installed.
 import importlib
 from typing import Any
 
-__all__ = ["modules", "distributed", "init", "create_mesh", "process_groups",
-           "parallel_context", "device_mesh", "mesh_groups", "Job", "JobError"]
+__all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
+           "process_groups", "parallel_context", "device_mesh", "mesh_groups", "job_mesh", "Job",
+           "JobError", "JobMesh", "build_module", "build_info", "register", "release",
+           "derive_seed", "BuildInfo", "ModuleBuildError", "validate_model", "model_boundaries",
+           "ModelValidationError"]
 
 _DISTRIBUTED = ("init", "create_mesh", "process_groups", "parallel_context", "device_mesh",
-                "mesh_groups", "Job", "JobError")
+                "mesh_groups", "job_mesh", "Job", "JobError", "JobMesh")
+_BUILD = ("build_module", "build_info", "register", "release", "derive_seed", "BuildInfo",
+          "ModuleBuildError")
+_VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")
 
 
 def __getattr__(name: str) -> Any:
     """Imports familyd.torch.distributed (and so torch) only when one of its names is used."""
     if name in _DISTRIBUTED:
         return getattr(importlib.import_module("familyd.torch.distributed"), name)
-    if name in ("modules", "distributed"):
+    if name in _BUILD:
+        return getattr(importlib.import_module("familyd.torch.build"), name)
+    if name in _VALIDATE:
+        return getattr(importlib.import_module("familyd.torch.validate"), name)
+    if name in ("modules", "distributed", "build", "validate"):
         return importlib.import_module("familyd.torch." + name)
     raise AttributeError("module 'familyd.torch' has no attribute %r" % name)

@@ -53,6 +53,14 @@ class Job:
     familyd_ranks: List[int] = field(default_factory=list)
     node: str = ""
     backend: str = ""
+    nodes: List[str] = field(default_factory=list)
+
+    def local_familyd_ranks(self) -> List[int]:
+        """The familyd ranks of this node's processes, ascending: what one shared build per
+        node materialises (every local process asks for the same list, so they share it)."""
+        if not self.nodes:
+            return [self.familyd_rank]
+        return sorted(r for r, n in zip(self.familyd_ranks, self.nodes) if n == self.node)
 
 
 def _env_int(name: str, env: Mapping[str, str]) -> int:
@@ -166,7 +174,8 @@ def init(client: Optional[Client] = None, backend: Optional[str] = None,
         raise
     return Job(rank=rank, world_size=world_size, local_rank=local_rank,
                local_world_size=local_world, familyd_rank=familyd_rank,
-               familyd_ranks=[int(c[0]) for c in claims], node=str(node.name), backend=used)
+               familyd_ranks=[int(c[0]) for c in claims], node=str(node.name), backend=used,
+               nodes=[str(c[3]) for c in claims])
 
 
 def create_mesh(client: Client, job: Job, device_mesh: MeshSpec,
@@ -265,6 +274,31 @@ def parallel_context(mesh: Any, groups: Mapping[str, Any]) -> ParallelContext:
             picked[axis] = group
     return ParallelContext(tp_size=_size(device, "tp"), ep_size=ep, cp_size=_size(device, "cp"),
                            pp_size=pp, groups=picked)
+
+
+@dataclass
+class JobMesh:
+    """A familyd mesh laid over a torchrun job, with this rank's process groups: what
+    familyd.torch.build_module takes as mesh=. .job, .mesh (the familyd.v1.Mesh), .groups (axis
+    name -> ProcessGroup, process_groups()), .context (the modules' ParallelContext)."""
+
+    job: Job
+    mesh: Any
+    groups: Dict[str, Any]
+    context: ParallelContext
+
+    @property
+    def mesh_id(self) -> str:
+        return str(self.mesh.mesh_id)
+
+
+def job_mesh(client: Client, job: Job, device_mesh: MeshSpec,
+             expert_mesh: Optional[MeshSpec] = None, **options: Any) -> JobMesh:
+    """create_mesh, process_groups and parallel_context in one: the JobMesh that build_module
+    takes. Collective: every rank of the job calls it with the same arguments."""
+    mesh = create_mesh(client, job, device_mesh, expert_mesh, **options)
+    groups = process_groups(job, mesh)
+    return JobMesh(job=job, mesh=mesh, groups=groups, context=parallel_context(mesh, groups))
 
 
 def device_mesh(job: Job, mesh: Any, view: str = "device_mesh",

@@ -1,0 +1,337 @@
+"""build_module(): a family member built through familyd as a sharded torch nn.Module.
+
+DESIGN. One Build per module and node: every process of the node asks for the same request
+(family, config, mesh, the module's fqn, its derived seed, and ALL of the node's ranks of the
+mesh), so the daemon answers them with one shared build, filled once. Each process then:
+
+1. learns the member's `accepts` (GetFamily) and imports its constructor (registered classes
+   first, familyd.torch.register), binding arguments as the original framework did: the
+   member must accept `config` (direct) or `module` (replacement); the request's arguments
+   must be in the constructor's signature; the runtime names (config, module, module_fqn,
+   context) are passed when `accepts` lists them and the signature has them;
+2. constructs it on the `meta` device (device="meta" when the signature takes `device`), so
+   nothing is allocated or initialised;
+3. maps its own rank's shard copy-on-write ("private": training writes stay in this process)
+   and binds every parameter to its slice, zero-copy, after checking the local shape and dtype
+   against the layout. reset_parameters is never called: familyd's fill is the
+   initialisation (it is layout-invariant: the same values on every mesh).
+
+The module carries its provenance (build_info). Each module's seed is derive_seed(seed, fqn):
+two identical blocks get different weights and different builds.
+"""
+
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import torch
+
+from familyd.client import Build, Client
+from familyd.torch.distributed import JobMesh
+from familyd.torch.modules._common import ParallelContext
+
+_ATTR = "_familyd_build_info"
+_RUNTIME = ("config", "module", "module_fqn", "context")
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"": "float32", "f32": "float32", "fp32": "float32", "bf16": "bfloat16",
+                  "f16": "float16", "fp16": "float16"}
+_registered: Dict[str, Any] = {}
+
+
+class ModuleBuildError(RuntimeError):
+    """build_module could not make the module (the message names it and, where one is at
+    fault, the parameter). The build, if one was made, is released."""
+
+
+@dataclass
+class BuildInfo:
+    """A module's familyd provenance: what build_info() returns.
+
+    request: the familyd.v1.BuildRequest sent; member: the familyd.v1.ResolvedFamily (variant,
+    constructor, arguments, axis_sizes); config: the config the module was constructed from
+    (None for a replacement); origin: "direct" or "replacement"; layout: the familyd.v1.Layout
+    (logical shapes, placements, dtypes); build_id; fqn; seed: the derived seed; mesh_id;
+    rank: the familyd rank whose shard the parameters view; build: the familyd.client.Build
+    (its mappings back the parameters)."""
+
+    request: Any
+    member: Any
+    config: Any
+    origin: str
+    layout: Any
+    build_id: str
+    fqn: str
+    seed: int
+    mesh_id: str
+    rank: int
+    build: Build
+    local_shapes: Dict[str, Tuple[int, ...]]
+
+
+def register(path: str, cls: Any) -> None:
+    """Makes `path` (a registry constructor's dotted path) construct with `cls` instead of
+    importing it. cls=None removes the registration."""
+    if not isinstance(path, str) or not path:
+        raise ValueError("familyd.torch.register: path must be a non-empty dotted path")
+    if cls is None:
+        _registered.pop(path, None)
+        return
+    if not callable(cls):
+        raise TypeError("familyd.torch.register: %r is not callable" % (cls,))
+    _registered[path] = cls
+
+
+def build_info(module: Any) -> Optional[BuildInfo]:
+    """The BuildInfo of a module that build_module made; None for any other module."""
+    info = getattr(module, _ATTR, None)
+    return info if isinstance(info, BuildInfo) else None
+
+
+def derive_seed(seed: int, fqn: str) -> int:
+    """The seed of the module at `fqn` in a job seeded `seed`: the first 8 bytes of
+    BLAKE2b(decimal seed, NUL, fqn), little-endian, an unsigned 64-bit integer."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise ValueError("familyd.torch: seed must be an integer in [0, 2**64), not %r" % (seed,))
+    digest = hashlib.blake2b(b"%d\0%s" % (seed, fqn.encode()), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _where(fqn: str, family: str) -> str:
+    return "familyd.torch.build_module(%r, fqn=%r)" % (family, fqn)
+
+
+def _config_values(config: Any) -> Dict[str, Any]:
+    """The config's fields that Build can carry (int, float, str, bool and lists of them)."""
+    if isinstance(config, Mapping):
+        items: Iterable[Tuple[Any, Any]] = config.items()
+    elif hasattr(config, "to_dict"):
+        items = config.to_dict().items()
+    else:
+        items = vars(config).items()
+
+    def sendable(v: Any) -> bool:
+        if isinstance(v, (list, tuple)):
+            return all(sendable(x) for x in v)
+        return isinstance(v, (bool, int, float, str))
+
+    return {str(k): v for k, v in items if sendable(v)}
+
+
+def _source_module(module: Any, fqn: str) -> Dict[str, Any]:
+    """The SourceModule of a replacement: the existing module's parameters, logical shapes
+    (a familyd-built module's from its layout)."""
+    info = build_info(module)
+    logical = {p.name: list(p.shape) for p in info.layout.parameters} if info else {}
+    params = [{"name": name, "shape": logical.get(name, list(p.shape))}
+              for name, p in module.named_parameters()]
+    return {"fqn": fqn, "parameters": params}
+
+
+def _taken_config(module: Any) -> Any:
+    """The config of an existing module, as a replacement takes it: its .config, else the
+    config familyd built it from; None when it has neither."""
+    config = getattr(module, "config", None)
+    if config is None:
+        info = build_info(module)
+        config = info.config if info is not None else None
+    return config
+
+
+def _constructor(path: str, where: str) -> Any:
+    if path in _registered:
+        return _registered[path]
+    module_path, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_path), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ModuleBuildError("%s: cannot import the member's constructor %r: %s (register a "
+                               "class with familyd.torch.register(%r, cls))"
+                               % (where, path, e, path)) from None
+
+
+def _accepts(client: Client, member: Any, where: str) -> List[str]:
+    family = client.get_family(member.family)
+    for v in family.variants:
+        if v.name == member.variant:
+            if v.constructor != member.constructor:
+                break
+            return list(v.accepts)
+    raise ModuleBuildError("%s: member %r changed in the registry while building (reloaded?); "
+                           "build again" % (where, member.variant))
+
+
+def bind_arguments(member: Any, constructor: Any, accepts: Iterable[str], arguments: Mapping[str, Any],
+                   runtime: Mapping[str, Any], replacement: bool) -> Dict[str, Any]:
+    """The keyword arguments of the constructor, as the original framework bound them (texts of
+    docs/semantics.md, Build step 5): TypeError for a member that does not accept its origin
+    or the request's arguments, or whose signature the arguments do not fit."""
+    signature = inspect.signature(constructor)
+    params = signature.parameters
+    required = "module" if replacement else "config"
+    if required not in params:
+        raise TypeError("member %r must explicitly accept %s" % (member.variant, required))
+    kwargs = dict(arguments)
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise TypeError("member %r does not accept %s" % (member.variant, unknown))
+    accepted = set(accepts)
+    kwargs.update({name: value for name, value in runtime.items()
+                   if name in params and name in accepted})
+    if "device" in params:
+        kwargs["device"] = torch.device("meta")
+    signature.bind(**kwargs)
+    return kwargs
+
+
+def _construct(member: Any, constructor: Any, kwargs: Dict[str, Any], where: str) -> Any:
+    result = constructor(**kwargs)
+    if not isinstance(result, torch.nn.Module):
+        raise TypeError("%s: a family constructor must return nn.Module (member %r returned %s)"
+                        % (where, member.variant, type(result).__name__))
+    return result
+
+
+def _rank_tensors(build: Build, rank: int) -> Dict[str, Any]:
+    """name -> this rank's tensor over its private mapping (empty slices: empty tensors)."""
+    if rank in build.ranks:
+        return build.ranks[rank].torch()
+    for s in build.message.shards:     # a rank whose slices are all empty has no mapping
+        if s.rank == rank:
+            return {sl.parameter: torch.empty(tuple(sl.local_shape),
+                                              dtype=_TORCH_DTYPES[build.dtype_of(sl.parameter)])
+                    for sl in s.slices}
+    raise ModuleBuildError("build %s has no shard of rank %d" % (build.id, rank))
+
+
+def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build: Build,
+                     overridden: Iterable[str], where: str) -> Dict[str, Tuple[int, ...]]:
+    """Replaces every parameter of the module by its shard tensor; checks names, local shapes
+    and dtypes first (all of them, before changing anything)."""
+    own = dict(module.named_parameters())
+    extra = sorted(set(own) - set(tensors))
+    if extra:
+        raise ModuleBuildError("%s: parameter %r of the constructed module is not in the build's "
+                               "layout (%s)" % (where, extra[0], ", ".join(sorted(tensors))))
+    overridden = set(overridden)
+    for name, tensor in tensors.items():
+        if name not in own:
+            raise ModuleBuildError("%s: the build's parameter %r is not a parameter of the "
+                                   "constructed %s" % (where, name, type(module).__name__))
+        p = own[name]
+        if tuple(p.shape) != tuple(tensor.shape):
+            raise ModuleBuildError("%s: parameter %r: the module's shape %s is not the shard's "
+                                   "local shape %s" % (where, name, list(p.shape),
+                                                       list(tensor.shape)))
+        if p.dtype != tensor.dtype and name not in overridden:
+            raise ModuleBuildError("%s: parameter %r: the module's dtype %s is not the layout's "
+                                   "%s" % (where, name, p.dtype, build.dtype_of(name)))
+    for name, tensor in tensors.items():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        setattr(owner, leaf, torch.nn.Parameter(tensor, requires_grad=own[name].requires_grad))
+    return {name: tuple(t.shape) for name, t in tensors.items()}
+
+
+def _placement(mesh: Optional[JobMesh], fqn: str) -> Tuple[str, int, List[int], Any]:
+    """(mesh_id, this process's familyd rank, the node's ranks to materialise, context)."""
+    if mesh is None:
+        return "", 0, [0], ParallelContext()
+    if not isinstance(mesh, JobMesh):
+        raise TypeError("familyd.torch.build_module(fqn=%r): mesh must be a familyd.torch.JobMesh "
+                        "(familyd.torch.job_mesh), not %s" % (fqn, type(mesh).__name__))
+    return mesh.mesh_id, mesh.job.familyd_rank, mesh.job.local_familyd_ranks(), mesh.context
+
+
+def build_module(client: Client, family: str, config: Any = None,
+                 mesh: Optional[JobMesh] = None, module: Optional[torch.nn.Module] = None,
+                 fqn: str = "", seed: int = 0, dtype: str = "float32",
+                 parameter_dtypes: Optional[Mapping[str, str]] = None,
+                 copy_weights: bool = False, **arguments: Any) -> torch.nn.Module:
+    """The member of `family` for this job, as an nn.Module over this rank's shards.
+
+    config: the model config (a dict, or an object with attributes: a transformers config);
+    module: instead of config, an existing module to replace (config taken from it; the
+    replacement's weights are the registry's init: copy_weights=True, converting the existing
+    weights, is not supported yet). mesh: a JobMesh (job_mesh()); None builds the whole module
+    in this process (rank 0, every axis 1). fqn: the module's path in the model (its seed, its
+    build, and the names in errors). seed: the job's seed (each module gets derive_seed(seed,
+    fqn)). dtype, parameter_dtypes: as Client.build. arguments: the family's selectors and
+    arguments. Raises FamilydError for a refused Build, ModuleBuildError / TypeError /
+    NotImplementedError (a member this package does not implement) otherwise; on any failure
+    this process's reference to the build is released."""
+    where = _where(fqn, family)
+    if copy_weights:
+        raise NotImplementedError("%s: converting an existing module's weights is not supported "
+                                  "yet; the replacement starts from the registry's init (copy "
+                                  "the weights into it yourself)" % where)
+    if (config is None) == (module is None):
+        raise ValueError("%s: provide exactly one of config or module" % where)
+    if "config" in arguments:
+        raise ValueError("%s: config was supplied twice" % where)
+    taken = _taken_config(module) if module is not None else None
+    mesh_id, rank, ranks, context = _placement(mesh, fqn)
+    derived = derive_seed(seed, fqn)
+    request_kw: Dict[str, Any] = dict(
+        config=_config_values(config) if config is not None else None,
+        mesh_id=mesh_id or None, dtype=dtype, seed=derived, ranks=ranks, arguments=arguments,
+        module=_source_module(module, fqn) if module is not None else None,
+        module_fqn=fqn or None, parameter_dtypes=parameter_dtypes)
+    request = client.build_request(family, **request_kw)
+    build = client.build(family, mode="private", **request_kw)
+    try:
+        result, shapes = _make(client, build, config if module is None else taken, module, fqn,
+                               context, rank, where,
+                               parameter_dtypes or {}, dtype)
+    except BaseException:
+        build.close()
+        try:
+            build.release()
+        except Exception:
+            pass
+        raise
+    info = build.message.info
+    setattr(result, _ATTR, BuildInfo(
+        request=request, member=info.resolved, config=config if module is None else taken,
+        origin=info.origin or ("replacement" if module is not None else "direct"),
+        layout=info.layout, build_id=build.id, fqn=fqn, seed=derived, mesh_id=mesh_id, rank=rank,
+        build=build, local_shapes=shapes))
+    return result
+
+
+def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, context: Any,
+          rank: int, where: str, parameter_dtypes: Mapping[str, str],
+          dtype: str) -> Tuple[torch.nn.Module, Dict[str, Tuple[int, ...]]]:
+    member = build.message.info.resolved
+    where = "%s: member %r (%s)" % (where, member.variant, member.constructor)
+    constructor = _constructor(member.constructor, where)
+    accepts = _accepts(client, member, where)
+    arguments = {k: client.protos.py(v) for k, v in member.arguments.items()}
+    runtime = {"config": config, "module": module, "module_fqn": fqn, "context": context}
+    try:
+        kwargs = bind_arguments(member, constructor, accepts, arguments, runtime,
+                                replacement=module is not None)
+    except TypeError as e:
+        raise TypeError("%s: %s" % (where, e)) from None
+    if "dtype" in inspect.signature(constructor).parameters:
+        kwargs["dtype"] = _TORCH_DTYPES[_DTYPE_ALIASES.get(dtype, dtype)]
+    result = _construct(member, constructor, kwargs, where)
+    tensors = _rank_tensors(build, rank)
+    return result, _bind_parameters(result, tensors, build, parameter_dtypes, where)
+
+
+def release(model: torch.nn.Module, force: bool = False) -> List[str]:
+    """Releases this process's reference to the build of every module of `model` that
+    build_module made (each once); returns their build ids. The parameters stay valid."""
+    done: List[str] = []
+    for m in model.modules():
+        info = build_info(m)
+        if info is not None and info.build_id not in done:
+            info.build.release(force=force)
+            done.append(info.build_id)
+    return done
+
+
+__all__ = ["BuildInfo", "ModuleBuildError", "bind_arguments", "build_info", "build_module",
+           "derive_seed", "register", "release"]

@@ -1,0 +1,132 @@
+"""validate_model(): a live torch model checked against its job by familyd's Validate.
+
+DESIGN. The walk is by module identity, as the original framework's was: a module reached
+under several names (aliases) is one boundary with all its fqns. Each module that
+build_module made is a boundary: its build id and the layout it has now (logical shapes from
+its build's layout, placements, and each parameter's current dtype: a module cast after it was
+built shows as a layout conflict). A parameter tensor reached from modules of different builds
+(tied weights) is declared to Validate as shared, with each build's parameter name; the daemon
+compares their shapes, placements and dtypes. The daemon needs no parameter identity: the
+client sends what it found.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from familyd.client import Client
+from familyd.torch.build import build_info
+from familyd.torch.distributed import JobMesh
+
+_TORCH_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class ModelValidationError(ValueError):
+    """validate_model(raise_errors=True) found violations: .violations lists every one."""
+
+    def __init__(self, violations: List[Any]) -> None:
+        self.violations = violations
+        lines = ["%s %s: %s" % (v.reason, list(v.fqns), v.message) for v in violations]
+        super().__init__("the model does not fit its job (%d violations):\n  %s"
+                         % (len(violations), "\n  ".join(lines)))
+
+
+@dataclass
+class Boundary:
+    """One built module in the model: every fqn it is reached under, the module, its build."""
+
+    fqns: Tuple[str, ...]
+    module: torch.nn.Module
+    build_id: str
+
+
+def _aliases(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, Tuple[str, ...]]]:
+    """Every module of the model once, in first-reached order, with all its paths."""
+    found: Dict[int, Tuple[torch.nn.Module, List[str]]] = {}
+    for fqn, module in model.named_modules(remove_duplicate=False):
+        found.setdefault(id(module), (module, []))[1].append(fqn)
+    return [(module, tuple(paths)) for module, paths in found.values()]
+
+
+def model_boundaries(model: torch.nn.Module) -> List[Boundary]:
+    """The boundaries of the model: every module build_module made, by identity, with its
+    aliases (the root's fqn is "")."""
+    out = []
+    for module, paths in _aliases(model):
+        info = build_info(module)
+        if info is not None:
+            out.append(Boundary(paths, module, info.build_id))
+    return out
+
+
+def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
+    """The layout the module has now, as a proto3 JSON dict of familyd.v1.Layout: the build's
+    mesh and, per parameter of its layout, the logical shape (the layout's while the local
+    shape is the one bound, else the current shape), the placements and the current dtype."""
+    info = build_info(module)
+    if info is None:
+        raise ValueError("module %s was not built by familyd" % type(module).__name__)
+    own = dict(module.named_parameters())
+    params = []
+    for p in info.layout.parameters:
+        entry: Dict[str, Any] = {"name": p.name,
+                                 "placements": [{"axis": x.axis, "kind": x.kind, "dim": str(x.dim)}
+                                                for x in p.placements]}
+        tensor = own.get(p.name)
+        shape = list(p.shape)
+        if tensor is not None and tuple(tensor.shape) != info.local_shapes.get(p.name):
+            shape = list(tensor.shape)
+        entry["shape"] = [str(d) for d in shape]
+        if tensor is not None and tensor.dtype in _TORCH_NAMES:
+            entry["dtype"] = _TORCH_NAMES[tensor.dtype]
+        params.append(entry)
+    return {"meshId": info.mesh_id, "parameters": params}
+
+
+def shared_parameters(boundaries: List[Boundary]) -> List[List[Dict[str, str]]]:
+    """Parameters reached from boundaries of different builds: for each, its uses (fqn,
+    build_id, parameter), in walk order."""
+    uses: Dict[int, List[Dict[str, str]]] = {}
+    for b in boundaries:
+        prefix = b.fqns[0] + "." if b.fqns and b.fqns[0] else ""
+        for name, p in b.module.named_parameters(remove_duplicate=False):
+            uses.setdefault(id(p), []).append({"fqn": prefix + name, "build_id": b.build_id,
+                                               "parameter": name})
+    out = []
+    for found in uses.values():
+        if len({u["build_id"] for u in found}) > 1:
+            first_per_build: Dict[str, Dict[str, str]] = {}
+            for u in found:
+                first_per_build.setdefault(u["build_id"], u)
+            out.append(list(first_per_build.values()))
+    return out
+
+
+def _context(context: Union[JobMesh, Mapping[str, Any], None]) -> Optional[Mapping[str, Any]]:
+    if isinstance(context, JobMesh):
+        return {"mesh_id": context.mesh_id}
+    return context
+
+
+def validate_model(client: Client, model: torch.nn.Module,
+                   context: Union[JobMesh, Mapping[str, Any], None] = None,
+                   raise_errors: bool = False) -> List[Any]:
+    """Validate on the live model: the familyd.v1.Violation list (empty: the model fits).
+
+    context: the job, a JobMesh (its mesh) or Client.validate's context keywords (mesh_id=,
+    ep_size=, ...). raise_errors=True raises ModelValidationError with every violation
+    instead of returning a non-empty list."""
+    boundaries = model_boundaries(model)
+    request = [{"fqns": list(b.fqns), "build_id": b.build_id,
+                "applied_layout": applied_layout(b.module)} for b in boundaries]
+    result = client.validate(request, _context(context),
+                             shared_parameters=shared_parameters(boundaries))  # type: ignore[call-arg]
+    violations = list(result.violations)
+    if violations and raise_errors:
+        raise ModelValidationError(violations)
+    return violations
+
+
+__all__ = ["Boundary", "ModelValidationError", "applied_layout", "model_boundaries",
+           "shared_parameters", "validate_model"]
