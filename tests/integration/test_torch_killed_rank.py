@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+"""A rank of a familyd.torch job SIGKILLed mid-step: the others fail as torch fails, and the
+job's builds go after the grace period.
+
+One daemon (--host-devices 4, --build-grace-ms GRACE_MS) with the example registry. Four worker
+processes of this file, started with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; torch.distributed.run does not work on
+this torch with Python 3.11), join the job with familyd.torch.init (a process-group timeout of
+PG_TIMEOUT seconds), lay a dp=2,tp=2 mesh over it, build an RMSNorm and a tensor-parallel SwiGLU
+MLP through build_module (one shared build per module on the node) and train with AdamW,
+all-reducing the gradients over dp. Torch rank KILLED kills itself with SIGKILL at step
+KILL_STEP, after its forward and before its backward. Every other rank must get a RuntimeError
+from gloo and exit non-zero within EXIT_BOUND seconds; once all have exited, the job's builds
+must be gone after the grace period (ListBuilds empty, shm in use back to where it was, none in
+grace), and the daemon still serves a new build.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+SOURCE_ROOT = os.environ.get("FAMILYD_SOURCE_ROOT") or os.path.dirname(os.path.dirname(HERE))
+PACKAGE = os.path.join(SOURCE_ROOT, "client", "python")
+sys.path.insert(0, PACKAGE)
+SKIP = 77
+
+GRACE_MS = 1000
+PG_TIMEOUT = 5           # seconds: torch.distributed's collective timeout
+EXIT_BOUND = 45          # seconds from the kill to the last survivor's exit (PG_TIMEOUT + slack)
+WORKER_TIMEOUT = 180
+STEPS, KILL_STEP, KILLED = 5, 2, 3
+CFG = {"hidden_size": 16, "intermediate_size": 32, "initializer_range": 0.02}
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def _write(outdir, rank, what, **fields):
+    path = os.path.join(outdir, "%d.%s.json" % (rank, what))
+    with open(path + ".tmp", "w") as f:
+        json.dump(fields, f)
+    os.rename(path + ".tmp", path)
+
+
+def worker(outdir, socket_path):
+    """One rank of the job. Writes RANK.ready.json once built, RANK.killing.json just before
+    killing itself (rank KILLED), RANK.error.json with the exception that ends it."""
+    import torch
+    import torch.distributed as dist
+    import familyd
+    import familyd.torch as FT
+
+    rank = int(os.environ["RANK"])
+    client = familyd.Client(socket_path)
+    job = FT.init(client, timeout=PG_TIMEOUT)
+    jm = FT.job_mesh(client, job, {"dp": 2, "tp": 2})
+    norm = FT.build_module(client, "norm", CFG, mesh=jm, fqn="layers.0.norm", seed=1)
+    mlp = FT.build_module(client, "mlp", CFG, mesh=jm, fqn="layers.0.mlp", seed=1)
+    model = torch.nn.Sequential(norm, mlp)
+    _write(outdir, rank, "ready", pid=os.getpid(),
+           builds=[FT.build_info(m).build_id for m in (norm, mlp)],
+           variant=FT.build_info(mlp).member.variant)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    dp = jm.groups["dp"]
+    gen = torch.Generator()
+    step = -1
+    try:
+        for step in range(STEPS):
+            gen.manual_seed(100 * step + dist.get_rank(dp))
+            x = torch.randn(4, CFG["hidden_size"], generator=gen)
+            loss = model(x).pow(2).mean()
+            if rank == KILLED and step == KILL_STEP:
+                _write(outdir, rank, "killing", at=time.time(), step=step)
+                os.kill(os.getpid(), signal.SIGKILL)
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad, group=dp)
+                p.grad /= 2
+            opt.step()
+            opt.zero_grad()
+    except BaseException as e:
+        _write(outdir, rank, "error", type=type(e).__name__, message=str(e)[:2000], step=step,
+               at=time.time())
+        raise
+    _write(outdir, rank, "error", type=None, message="finished every step", step=step,
+           at=time.time())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class KilledRank(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import familyd
+        import familyd_harness as H
+        cls.H = H
+        cls.daemon = H.Daemon(registry=os.path.join(SOURCE_ROOT, "deploy", "registry"),
+                              host_devices=4, node_name="itest-torch-killed",
+                              extra_args=["--build-grace-ms", str(GRACE_MS)])
+        cls.daemon.start()
+        cls.client = familyd.Client(cls.daemon.socket,
+                                    protos=familyd.Protos(H.descriptor_set_path()))
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.client.close()
+            cls.daemon.stop()
+            err = cls.daemon.stderr()
+            if "runtime error:" in err or "Sanitizer" in err:
+                raise AssertionError("sanitizer report:\n" + err[-4000:])
+        finally:
+            cls.daemon.cleanup()
+
+    def status(self):
+        return self.client.call("familyd.v1.AdminService/GetStatus",
+                                self.client.protos.cls("familyd.v1.GetStatusRequest")())
+
+    def launch(self, outdir, world=4):
+        """The workers, each with torchrun's environment for one node of `world` processes."""
+        port = free_port()
+        base = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+        base.update(FAMILYD_DESCRIPTORS=self.H.descriptor_set_path(), OMP_NUM_THREADS="1",
+                    GLOO_SOCKET_IFNAME="lo", PYTHONPATH=PACKAGE)
+        procs = []
+        for rank in range(world):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            log = open(os.path.join(outdir, "%d.log" % rank), "wb")
+            procs.append(subprocess.Popen(
+                ["/usr/bin/python3", "-X", "faulthandler", os.path.abspath(__file__), "--worker",
+                 outdir, self.daemon.socket], env=env, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        return procs
+
+    def read(self, outdir, rank, what):
+        path = os.path.join(outdir, "%d.%s.json" % (rank, what))
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def log(self, outdir, rank):
+        with open(os.path.join(outdir, "%d.log" % rank), "rb") as f:
+            return f.read().decode(errors="replace")[-3000:]
+
+    def test_killed_rank(self):
+        import tempfile
+        outdir = tempfile.mkdtemp(prefix="fd-killed-", dir=self.daemon.tmpdir)
+        shm_before = self.status().shm_bytes_in_use
+        procs = self.launch(outdir)
+        exited = {}
+        deadline = time.monotonic() + WORKER_TIMEOUT
+        try:
+            while len(exited) < len(procs) and time.monotonic() < deadline:
+                for rank, p in enumerate(procs):
+                    if rank not in exited and p.poll() is not None:
+                        exited[rank] = time.time()
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        all_exited = time.monotonic()
+        logs = "\n".join("--- rank %d (status %s):\n%s" % (r, p.returncode, self.log(outdir, r))
+                         for r, p in enumerate(procs))
+        self.assertEqual(len(exited), len(procs), "workers still running:\n" + logs)
+
+        ready = [self.read(outdir, r, "ready") for r in range(len(procs))]
+        self.assertNotIn(None, ready, logs)
+        builds = ready[0]["builds"]
+        self.assertEqual(len(set(builds)), 2)
+        for r in ready:                  # one build per module, shared by the node's ranks
+            self.assertEqual(r["builds"], builds, logs)
+            self.assertEqual(r["variant"], "tensor_parallel")
+
+        killing = self.read(outdir, KILLED, "killing")
+        self.assertIsNotNone(killing, logs)
+        self.assertEqual(procs[KILLED].returncode, -signal.SIGKILL, logs)
+        for rank, p in enumerate(procs):
+            if rank == KILLED:
+                continue
+            self.assertNotEqual(p.returncode, 0, "rank %d:\n%s" % (rank, logs))
+            err = self.read(outdir, rank, "error")
+            self.assertIsNotNone(err, "rank %d wrote no error:\n%s" % (rank, logs))
+            self.assertEqual(err["type"], "RuntimeError", "rank %d: %s\n%s" % (rank, err, logs))
+            self.assertLessEqual(err["step"], KILL_STEP + 1, err)
+            sys.stderr.write("rank %d: exit status %d %.2f s after the kill, at step %d: %s: "
+                             "%s\n" % (rank, p.returncode, exited[rank] - killing["at"],
+                                        err["step"], err["type"], err["message"][:200]))
+            self.assertLess(exited[rank] - killing["at"], EXIT_BOUND,
+                            "rank %d exited %.1f s after the kill" % (rank,
+                                                                    exited[rank] - killing["at"]))
+
+        # Every holder is gone: after the grace period nothing of the job remains.
+        while time.monotonic() < all_exited + GRACE_MS / 1000 + 10:
+            if not self.client.list_builds():
+                break
+            time.sleep(0.1)
+        gone_after = time.monotonic() - all_exited
+        sys.stderr.write("builds gone %.2f s after the last process exited (grace %d ms)\n"
+                         % (gone_after, GRACE_MS))
+        self.assertEqual([b.build_id for b in self.client.list_builds()], [],
+                         "builds of the job remain %.1f s after its processes exited" % gone_after)
+        st = self.status()
+        self.assertEqual((st.builds, st.builds_in_grace, st.shm_bytes_in_use),
+                         (0, 0, shm_before))
+        for build_id in builds:
+            import familyd
+            with self.assertRaises(familyd.FamilydError) as cm:
+                self.client.get_build(build_id)
+            self.assertEqual(cm.exception.code.name, "NOT_FOUND")
+        # the daemon serves the next job
+        with self.client.build("norm", config=CFG, seed=1) as b:
+            self.assertEqual(list(b.ranks), [0])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3])
+        sys.exit(0)
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # pragma: no cover - depends on the machine
+        sys.stderr.write("test_torch_killed_rank: torch missing (apt-get install python3-torch)\n")
+        sys.exit(1 if os.environ.get("CI") else SKIP)
+    unittest.main()
