@@ -67,9 +67,15 @@ def worker(outdir, socket_path):
     norm = FT.build_module(client, "norm", CFG, mesh=jm, fqn="layers.0.norm", seed=1)
     mlp = FT.build_module(client, "mlp", CFG, mesh=jm, fqn="layers.0.mlp", seed=1)
     model = torch.nn.Sequential(norm, mlp)
+    peers = {}
+    for axis in ("dp", "tp"):           # who is in this rank's group of each axis
+        got = [None] * dist.get_world_size(jm.groups[axis])
+        dist.all_gather_object(got, rank, group=jm.groups[axis])
+        peers[axis] = got
     _write(outdir, rank, "ready", pid=os.getpid(),
            builds=[FT.build_info(m).build_id for m in (norm, mlp)],
-           variant=FT.build_info(mlp).member.variant)
+           variant=FT.build_info(mlp).member.variant, peers=peers,
+           order=[name for name, _ in FT.mesh_groups(jm.mesh)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     dp = jm.groups["dp"]
     gen = torch.Generator()
@@ -179,9 +185,13 @@ class KilledRank(unittest.TestCase):
         self.assertNotIn(None, ready, logs)
         builds = ready[0]["builds"]
         self.assertEqual(len(set(builds)), 2)
-        for r in ready:                  # one build per module, shared by the node's ranks
+        for rank, r in enumerate(ready):   # one build per module, shared by the node's ranks
             self.assertEqual(r["builds"], builds, logs)
             self.assertEqual(r["variant"], "tensor_parallel")
+            # the process groups: row-major over torch ranks, created in the same order
+            self.assertEqual(r["order"], ["dp", "tp"])
+            self.assertEqual(r["peers"], {"dp": [rank % 2, rank % 2 + 2],
+                                          "tp": [rank // 2 * 2, rank // 2 * 2 + 1]})
 
         killing = self.read(outdir, KILLED, "killing")
         self.assertIsNotNone(killing, logs)
