@@ -187,6 +187,25 @@ class TestBadInput(Base):
                    "member 'no_parameter' (torch_members.NoParameters): the build's parameter "
                    "'weight' is not a parameter of the constructed NoParameters")
 
+    def test_daemon_refuses_the_binding(self):
+        """The registry's accepts refused by the daemon (docs/semantics.md, Build step 5): a
+        FamilydError with the documented text, and no build made."""
+        fills = status().fills_started
+        for kw, text, field in (({"scale": 2.0}, "member 'narrow' does not accept ['scale']",
+                                 "arguments"),
+                                ({"module": TM.Source(dict(CFG))},
+                                 "member 'narrow' must explicitly accept module", "module")):
+            with self.subTest(text=text):
+                config = None if "module" in kw else CFG
+                with self.assertRaises(familyd.FamilydError) as cm:
+                    FT.build_module(client, "tb_binding", config, fqn="layers.0.narrow", **kw)
+                e = cm.exception
+                self.assertEqual((e.code.name, e.reason, e.message),
+                                 ("INVALID_ARGUMENT", "BINDING", text))
+                self.assertEqual(e.metadata.get("field"), field)
+        self.assertEqual(builds_of("tb_binding"), [])
+        self.assertEqual(status().fills_started, fills)
+
     def test_untouched_after_all(self):
         # After a failure the same process builds a good module on the same daemon.
         with self.assertRaises(FT.ModuleBuildError):
