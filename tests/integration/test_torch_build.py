@@ -282,6 +282,19 @@ class TestProvenance(Base):
         self.assertIsNone(FT.build_info(TM.Block(m, torch.nn.Identity())))
         self.assertIsNone(FT.build_info(object()))
 
+    def test_release(self):
+        a = FT.build_module(client, "tb_linear", CFG, fqn="rel.a", seed=1)
+        b = FT.build_module(client, "tb_linear", CFG, fqn="rel.b", seed=1)
+        model = torch.nn.Module()
+        model.a, model.b, model.alias = a, b, a
+        before = a.weight.detach().clone()
+        ids = [FT.build_info(m).build_id for m in (a, b)]
+        self.assertEqual(FT.release(model), ids)           # each build once
+        for build_id in ids:
+            self.assertEqual([r.pid for r in client.get_build(build_id).references], [])
+        self.assertTrue(torch.equal(a.weight, before))      # the parameters stay valid
+        self.assertEqual(FT.release(model), ids)            # again: nothing more to drop
+
     def test_replacement(self):
         fqn = "layers.1.proj"
         source = TM.Source(dict(CFG))
