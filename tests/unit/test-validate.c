@@ -49,7 +49,7 @@ static void test_clean_and_placements_as_sets(void **state) {
         ValidateJob j = job_on_mesh();
         _cleanup_(violation_list_done) ViolationList v = {};
 
-        assert_int_equal(validate_model(b, 2, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(b, 2, NULL, 0, &j, lookup, NULL, &v), 0);
         assert_int_equal(v.n, 0);
 }
 
@@ -74,7 +74,7 @@ static void test_all_kinds_in_order(void **state) {
         j.size[AXIS_CP] = 2;
         _cleanup_(violation_list_done) ViolationList v = {};
 
-        assert_int_equal(validate_model(b, 3, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(b, 3, NULL, 0, &j, lookup, NULL, &v), 0);
         const char *want[][2] = {
                 { "UNKNOWN_BUILD", "build 'gone' not found" },
                 { "MESH_MISMATCH", "context and mesh belong to different jobs" },
@@ -122,7 +122,7 @@ static void test_shared_against_the_first(void **state) {
         ValidateJob j = job_on_mesh();
         _cleanup_(violation_list_done) ViolationList v = {};
 
-        assert_int_equal(validate_model(b, 3, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(b, 3, NULL, 0, &j, lookup, NULL, &v), 0);
         size_t shared = 0;
         for (size_t i = 0; i < v.n; i++)
                 shared += streq(v.items[i].reason, "SHARED_PARAMETER_SHAPE");
@@ -167,7 +167,7 @@ static void test_dtype_per_parameter(void **state) {
                                     .has_layout = true,
                                     .layout = { .parameters = applied, .n_parameters = 2 } };
 
-                assert_int_equal(validate_model(&b, 1, &j, lookup_mixed, NULL, &v), 0);
+                assert_int_equal(validate_model(&b, 1, NULL, 0, &j, lookup_mixed, NULL, &v), 0);
                 assert_int_equal(v.n, cases[i].conflict ? 1 : 0);
                 if (cases[i].conflict) {
                         assert_string_equal(v.items[0].reason, "LAYOUT_CONFLICT");
@@ -182,7 +182,7 @@ static void test_dtype_per_parameter(void **state) {
         ModelBoundary b = { .fqns = fqns, .n_fqns = 1, .build_id = (char *) "b1", .has_layout = true,
                             .layout = { .parameters = &applied, .n_parameters = 1 } };
         _cleanup_(violation_list_done) ViolationList v = {};
-        assert_int_equal(validate_model(&b, 1, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(&b, 1, NULL, 0, &j, lookup, NULL, &v), 0);
         assert_int_equal(v.n, 0);
 }
 
