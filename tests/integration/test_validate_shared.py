@@ -6,11 +6,15 @@ an output head's `weight`): the real daemon, layout-only builds of two families 
 and the Python client's validate(shared_parameters=...). Equal shape, placements and dtype are
 ok; a different shape (another config), placements (another family's layout), dtype
 (parameter_dtypes), an unknown build and an unknown parameter name are SHARED_PARAMETER_CONFLICT
-violations with the documented texts; malformed lists are INVALID_ARGUMENT errors.
+violations with the documented texts; malformed lists are INVALID_ARGUMENT errors. Then
+`familyctl validate` with a model file's sharedParameters: the table and --json, the loader's
+usage errors (exit 2) and the daemon's refusal (exit 1).
 """
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -205,6 +209,67 @@ class TestValidateShared(unittest.TestCase):
                      "shared_parameters.uses.parameter is longer than 256 bytes")
         # the daemon still answers
         self.assertEqual(self.validate(self.tie(self.head)), (True, []))
+
+
+@unittest.skipUnless(H.familyctl_bin(), "familyctl is not built")
+class TestFamilyctlShared(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.mesh = C.create_mesh([("dp", 2), ("tp", 4)]).mesh_id
+        build = lambda family: C.build(family, config=CONFIG, mesh_id=cls.mesh,
+                                       materialize=False, map_shards=False,
+                                       private_build=True).id
+        cls.embed, cls.columns = build("tied_embedding"), build("tied_columns")
+
+    def ctl(self, model, *args):
+        path = os.path.join(TMP, "model.json")
+        with open(path, "w") as f:
+            f.write(model if isinstance(model, str) else json.dumps(model))
+        env = dict(os.environ)
+        env.pop("FAMILYD_SOCKET", None)
+        p = subprocess.run([H.familyctl_bin(), "--socket", D.socket, "validate", path]
+                           + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           stdin=subprocess.DEVNULL, timeout=60, env=env)
+        return p.returncode, p.stdout.decode(), p.stderr.decode(), path
+
+    def model(self, uses, key="sharedParameters"):
+        return {"boundaries": [{"fqns": ["embed"], "buildId": self.embed}],
+                "context": {"meshId": self.mesh}, key: [{"uses": uses}]}
+
+    def test_violations_and_ok(self):
+        uses = [{"fqn": "embed.weight", "buildId": self.embed, "parameter": "weight"},
+                {"fqn": "cols.weight", "build_id": self.columns, "parameter": "weight"}]
+        rc, out, err, _ = self.ctl(self.model(uses), "--json")
+        self.assertEqual(rc, 1, out + err)
+        self.assertEqual(json.loads(out), {"ok": False, "violations": [
+            {"fqns": ["embed.weight", "cols.weight"], "reason": CONFLICT,
+             "message": "shared parameter 'cols.weight' has placements [('tp', 1)] but "
+                        "'embed.weight' has [('tp', 0)]"}]})
+        rc, out, err, _ = self.ctl(self.model(uses))
+        self.assertEqual(rc, 1, out + err)
+        self.assertIn("embed.weight,cols.weight", out)
+        self.assertIn(CONFLICT, out)
+        uses[1] = {"fqn": "again.weight", "buildId": self.embed, "parameter": "weight"}
+        rc, out, err, _ = self.ctl(self.model(uses, key="shared_parameters"))
+        self.assertEqual((rc, out), (0, "ok\n"), err)
+
+    def test_loader_and_daemon_errors(self):
+        use = {"fqn": "embed.weight", "buildId": self.embed, "parameter": "weight"}
+        for model, where in (
+                (self.model([use, dict(use, dtype="x")]),
+                 "sharedParameters[0].uses[1]: unknown key 'dtype' (fqn, buildId, parameter)"),
+                (self.model([use, dict(use, fqn=3)]),
+                 "sharedParameters[0].uses[1]: fqn must be a string"),
+                (self.model([use, "x"]), "sharedParameters[0].uses[1]: must be an object"),
+                (dict(self.model([use]), sharedParameters={}), "sharedParameters must be a list"),
+                (dict(self.model([use]), sharedParameters=[{"use": []}]),
+                 "sharedParameters[0]: unknown key 'use' (uses)")):
+            rc, out, err, path = self.ctl(model)
+            self.assertEqual((rc, out), (2, ""), err)
+            self.assertIn("%s: %s" % (path, where), err)
+        rc, out, err, _ = self.ctl(self.model([use]))
+        self.assertEqual((rc, out), (1, ""), err)
+        self.assertIn("a shared parameter has fewer than two uses", err)
 
 
 if __name__ == "__main__":
