@@ -89,11 +89,28 @@ oom:
         return -ENOMEM;
 }
 
-static const ValidateParameter *find_parameter(const ValidateParameter *p, size_t n,
-                                               const char *name) {
-        for (size_t i = 0; i < n; i++)
-                if (streq(p[i].name, name))
-                        return &p[i];
+/* A build's parameter by name; by bisection when sorted, as a model may name each of a large
+ * build's parameters (65,536 at most) many times. */
+static const ValidateParameter *find_parameter(const BuiltFamily *built, const char *name) {
+        const ValidateParameter *p = built->parameters;
+
+        if (!built->sorted) {
+                for (size_t i = 0; i < built->n_parameters; i++)
+                        if (streq(p[i].name, name))
+                                return &p[i];
+                return NULL;
+        }
+        size_t lo = 0, hi = built->n_parameters;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                int c = strcmp(name, p[mid].name);
+                if (c == 0)
+                        return &p[mid];
+                if (c < 0)
+                        hi = mid;
+                else
+                        lo = mid + 1;
+        }
         return NULL;
 }
 
@@ -151,8 +168,7 @@ static bool dtypes_equal(const ValidateParameter *applied, const ValidateParamet
 static bool layout_conflicts(const AppliedLayout *applied, const BuiltFamily *built) {
         for (size_t i = 0; i < applied->n_parameters; i++) {
                 const ValidateParameter *a = &applied->parameters[i];
-                const ValidateParameter *b = find_parameter(built->parameters,
-                                                            built->n_parameters, a->name);
+                const ValidateParameter *b = find_parameter(built, a->name);
                 if (!b || !placements_equal(a, b) || !dtypes_equal(a, b))
                         return true;
         }
@@ -414,8 +430,7 @@ static int shared_use_find(const SharedParameterUse *first, const SharedParamete
                                   "shared parameter %s is in build %s, which is not found", q, id);
                 return r < 0 ? r : 0;
         }
-        const ValidateParameter *p = find_parameter(built.parameters, built.n_parameters,
-                                                    use->parameter);
+        const ValidateParameter *p = find_parameter(&built, use->parameter);
         if (!p) {
                 _cleanup_free_ char *name = repr_string(use->parameter);
                 if (!name)

@@ -41,6 +41,7 @@ typedef struct BuiltFamily {
         const int64_t *axis_size;           /* the sizes it was resolved with */
         const ValidateParameter *parameters; /* logical shapes, normalised placements */
         size_t n_parameters;
+        bool sorted; /* parameters in strcmp() order of their names: found by bisection */
 } BuiltFamily;
 
 /* 0 and *ret when the build exists, 1 when it does not (unknown or released). */

@@ -44,6 +44,11 @@ static size_t lookup_position(const Lookup *l, const char *build_id, bool *ret_f
         return lo;
 }
 
+static int parameter_cmp(const void *x, const void *y) {
+        const ValidateParameter *a = x, *b = y;
+        return strcmp(a->name, b->name);
+}
+
 static int built_family_make(Arena *arena, const BuildState *b, BuiltFamily *ret) {
         ValidateParameter *params = arena_alloc_array(arena, b->layout.n_parameters ?: 1,
                                                       sizeof(ValidateParameter));
@@ -60,12 +65,14 @@ static int built_family_make(Arena *arena, const BuildState *b, BuiltFamily *ret
                         .dtype = (char *) dtype_to_string(p->dtype),
                 };
         }
+        qsort(params, b->layout.n_parameters, sizeof(ValidateParameter), parameter_cmp);
         *ret = (BuiltFamily) {
                 .mesh_id = b->plan.mesh ? b->plan.mesh->id : NULL,
                 .mesh_axis_size = b->plan.mesh ? b->plan.mesh->axis_size : NULL,
                 .axis_size = b->plan.resolved.axis_size,
                 .parameters = params,
                 .n_parameters = b->layout.n_parameters,
+                .sorted = true,
         };
         return 0;
 }

@@ -339,6 +339,51 @@ static void test_tied_against_the_first(void **state) {
                          "a", "c");
 }
 
+/* A lookup that states its parameters sorted is searched by bisection: every name found,
+ * names before, between and after them not; applied layouts use the same search. */
+static ValidateParameter sorted_params[] = {
+        { .name = (char *) "a", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "c", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "e", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "g", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "i", .shape = emb_shape, .n_dims = 2 },
+};
+
+static int lookup_sorted(const char *id, BuiltFamily *ret, void *userdata) {
+        *ret = (BuiltFamily) { .axis_size = resolved_sizes, .parameters = sorted_params,
+                               .n_parameters = ELEMENTSOF(sorted_params), .sorted = true };
+        return 0;
+}
+
+static void test_tied_sorted_lookup(void **state) {
+        static const char *found[] = { "a", "c", "e", "g", "i" };
+        static const char *missing[] = { "", "0", "b", "d", "f", "h", "j", "aa" };
+        ValidateJob j = job_plain();
+
+        for (size_t i = 0; i < ELEMENTSOF(found); i++) {
+                SharedParameterUse uses[] = { USE("x", "s", "a"), USE("y", "s", found[i]) };
+                SharedParameter s = { uses, 2 };
+                _cleanup_(violation_list_done) ViolationList v = {};
+                assert_int_equal(validate_model(NULL, 0, &s, 1, &j, lookup_sorted, NULL, &v), 0);
+                assert_int_equal(v.n, 0);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(missing); i++) {
+                SharedParameterUse uses[] = { USE("x", "s", "a"), USE("y", "s", missing[i]) };
+                SharedParameter s = { uses, 2 };
+                ValidateParameter applied = sorted_params[0];
+                applied.name = (char *) missing[i];
+                char *fqns[] = { (char *) "m" };
+                ModelBoundary b = { .fqns = fqns, .n_fqns = 1, .build_id = (char *) "s",
+                                    .has_layout = true,
+                                    .layout = { .parameters = &applied, .n_parameters = 1 } };
+                _cleanup_(violation_list_done) ViolationList v = {};
+                assert_int_equal(validate_model(&b, 1, &s, 1, &j, lookup_sorted, NULL, &v), 0);
+                assert_int_equal(v.n, 2);
+                assert_string_equal(v.items[0].reason, "LAYOUT_CONFLICT");
+                assert_string_equal(v.items[1].reason, "SHARED_PARAMETER_CONFLICT");
+        }
+}
+
 static void assert_malformed(const SharedParameter *s, size_t n, const char *reason,
                              const char *field, const char *message) {
         FamilyError e = FAMILY_ERROR_NULL;
@@ -433,6 +478,7 @@ int main(void) {
                 cmocka_unit_test(test_tied_equal),
                 cmocka_unit_test(test_tied_every_message_in_order),
                 cmocka_unit_test(test_tied_against_the_first),
+                cmocka_unit_test(test_tied_sorted_lookup),
                 cmocka_unit_test(test_tied_malformed),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
