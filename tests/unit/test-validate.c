@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "core/resource-limits.h"
 #include "core/validate.h"
 
 static int64_t shape[] = { 8, 16, 16 };
