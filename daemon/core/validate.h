@@ -55,17 +55,6 @@ typedef struct ValidateJob {
         int64_t size[_AXIS_MAX];         /* effective: the mesh's, else the context's, else 1 */
 } ValidateJob;
 
-/*
- * Limits on a request's shared parameters. They belong with the others in resource-limits.h;
- * defined here only until they move there.
- */
-#ifndef FAMILYD_MAX_SHARED_PARAMETERS
-#define FAMILYD_MAX_SHARED_PARAMETERS     4096u
-#endif
-#ifndef FAMILYD_MAX_SHARED_PARAMETER_USES
-#define FAMILYD_MAX_SHARED_PARAMETER_USES 64u
-#endif
-
 /* One use of a parameter the model ties across builds: where it is and which build holds it. */
 typedef struct SharedParameterUse {
         char *fqn;       /* its full path in the model */
