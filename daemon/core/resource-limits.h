@@ -46,6 +46,9 @@
 /* A reply larger than gRPC clients accept by default is refused with RESOURCE_EXHAUSTED instead
  * of failing in the client. */
 #define FAMILYD_MAX_REPLY_BYTES          (4u * 1024u * 1024u)
+/* Validate requests: parameters shared across builds, and the uses of each. */
+#define FAMILYD_MAX_SHARED_PARAMETERS     4096u
+#define FAMILYD_MAX_SHARED_PARAMETER_USES 64u
 /* Open Watch streams (health, topology) across all connections. */
 #define FAMILYD_MAX_WATCHES              1024u
 

@@ -84,13 +84,12 @@ def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
     return {"meshId": info.mesh_id, "parameters": params}
 
 
-def _parameter_uses(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Parameter]]:
-    """Every (name, parameter) under the module, a parameter reached under several names once
-    per name (named_parameters(remove_duplicate=False) does this on torch 2.x; torch 1.13's
-    named_parameters has no such argument)."""
+def _all_parameters(module: torch.nn.Module) -> List[Tuple[str, Any]]:
+    """Every (name, parameter) of the module, a parameter reached under several names once per
+    name (torch 1.13's named_parameters has no remove_duplicate)."""
     out = []
-    for prefix, m in module.named_modules(remove_duplicate=False):
-        for name, p in m._parameters.items():
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for name, p in sub._parameters.items():
             if p is not None:
                 out.append((prefix + "." + name if prefix else name, p))
     return out
@@ -102,7 +101,7 @@ def shared_parameters(boundaries: List[Boundary]) -> List[List[Dict[str, str]]]:
     uses: Dict[int, List[Dict[str, str]]] = {}
     for b in boundaries:
         prefix = b.fqns[0] + "." if b.fqns and b.fqns[0] else ""
-        for name, p in _parameter_uses(b.module):
+        for name, p in _all_parameters(b.module):
             uses.setdefault(id(p), []).append({"fqn": prefix + name, "build_id": b.build_id,
                                                "parameter": name})
     out = []
@@ -133,7 +132,7 @@ def validate_model(client: Client, model: torch.nn.Module,
     request = [{"fqns": list(b.fqns), "build_id": b.build_id,
                 "applied_layout": applied_layout(b.module)} for b in boundaries]
     result = client.validate(request, _context(context),
-                             shared_parameters=shared_parameters(boundaries))  # type: ignore[call-arg]
+                             shared_parameters=shared_parameters(boundaries))
     violations = list(result.violations)
     if violations and raise_errors:
         raise ModelValidationError(violations)
