@@ -30,8 +30,8 @@ packages=(
 if $tests; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
     # The Python package: mypy checks its types (test mypy); setuptools and pip build and
-    # install it (test python-package).
-    packages+=(python3-mypy python3-setuptools python3-pip)
+    # install it (test python-package); docs/torch.md installs it into a venv (test torch-docs).
+    packages+=(python3-mypy python3-setuptools python3-pip python3-venv)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
     # llvm-symbolizer for the coverage report.
     packages+=(clang libclang-rt-14-dev llvm-14)

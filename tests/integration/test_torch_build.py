@@ -221,9 +221,11 @@ class TestBadInput(Base):
         for family, config, selectors, member in cases:
             with self.subTest(member=member):
                 with self.assertRaisesRegex(NotImplementedError,
-                                            "^familyd.torch.modules.%s \\(family %s\\) is not "
+                                            "^familyd.torch.build_module\\('%s', fqn='layers.0.x'"
+                                            "\\): member '[a-z0-9_]+' \\([a-z.A-Z0-9]+\\): "
+                                            "familyd.torch.modules.%s \\(family %s\\) is not "
                                             "implemented by familyd.torch.modules; use "
-                                            % (member, family)):
+                                            % (family, member, family)):
                     FT.build_module(client, family, config, fqn="layers.0.x", **selectors)
                 self.assert_released(family)
         # ring: attention on a mesh with cp=2 (this process is its rank 0)
@@ -232,7 +234,9 @@ class TestBadInput(Base):
                     familyd_ranks=[0, 1])
         jm = D.JobMesh(job=job, mesh=mesh, groups={}, context=ParallelContext(cp_size=2))
         with self.assertRaisesRegex(NotImplementedError,
-                                    "^familyd.torch.modules.RingGQAAttention \\(family attention\\)"
+                                    "^familyd.torch.build_module\\('attention', "
+                                    "fqn='layers.0.attn'\\): member 'ring' \\([a-zA-Z.]+\\): "
+                                    "familyd.torch.modules.RingGQAAttention \\(family attention\\)"
                                     " is not implemented by familyd.torch.modules; context "
                                     "parallelism"):
             FT.build_module(client, "attention", ATTENTION, mesh=jm, fqn="layers.0.attn")

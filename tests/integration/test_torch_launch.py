@@ -108,7 +108,10 @@ class TestLaunch(unittest.TestCase):
     def test_keep_going_waits_for_every_worker(self):
         p = self.launch("--nproc-per-node", "2", "--keep-going", self.script, self.out, "fail",
                         wait=False)
-        time.sleep(3)
+        deadline = time.monotonic() + 30
+        while len(os.listdir(self.out)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)
         self.assertIsNone(p.poll())          # worker 0 still runs after worker 1 failed
         for w in self.seen().values():
             if w["env"]["RANK"] == "0":

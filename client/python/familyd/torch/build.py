@@ -186,7 +186,10 @@ def bind_arguments(member: Any, constructor: Any, accepts: Iterable[str], argume
 
 
 def _construct(member: Any, constructor: Any, kwargs: Dict[str, Any], where: str) -> Any:
-    result = constructor(**kwargs)
+    try:
+        result = constructor(**kwargs)
+    except NotImplementedError as e:
+        raise NotImplementedError("%s: %s" % (where, e)) from None
     if not isinstance(result, torch.nn.Module):
         raise TypeError("%s: a family constructor must return nn.Module (member %r returned %s)"
                         % (where, member.variant, type(result).__name__))
