@@ -84,13 +84,24 @@ def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
     return {"meshId": info.mesh_id, "parameters": params}
 
 
+def _all_parameters(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Parameter]]:
+    """Every (name, parameter) of the module, a parameter reached under several names once per
+    name (named_parameters(remove_duplicate=False) needs torch 2.0; this is torch 1.13's)."""
+    out = []
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for name, p in owner._parameters.items():
+            if p is not None:
+                out.append((prefix + "." + name if prefix else name, p))
+    return out
+
+
 def shared_parameters(boundaries: List[Boundary]) -> List[List[Dict[str, str]]]:
     """Parameters reached from boundaries of different builds: for each, its uses (fqn,
     build_id, parameter), in walk order."""
     uses: Dict[int, List[Dict[str, str]]] = {}
     for b in boundaries:
         prefix = b.fqns[0] + "." if b.fqns and b.fqns[0] else ""
-        for name, p in b.module.named_parameters(remove_duplicate=False):
+        for name, p in _all_parameters(b.module):
             uses.setdefault(id(p), []).append({"fqn": prefix + name, "build_id": b.build_id,
                                                "parameter": name})
     out = []
