@@ -1,0 +1,232 @@
+#!/usr/bin/python3
+"""torch-bench.py: a 4-rank job's first training step, familyd's shared builds against each
+rank initialising its own shards in process (docs/benchmarks.md, "PyTorch job start").
+
+    /usr/bin/python3 tests/bench/torch-bench.py [--smoke] [--build-dir DIR] [--layers L]
+                                               [--hidden H] [--intermediate I] [--repeat N]
+
+The model: L blocks of (PlainRMSNorm, TPSwiGLUMLP) on a dp=2,tp=2 mesh over 4 worker processes
+on one node (gloo, float32), about 1 GiB of parameters by default (L=5, H=2048, I=8192). Two
+modes run in turn in the same run, each --repeat times (alternating):
+
+  familyd    every module through familyd.torch.build_module: one shared build per module for
+             the node (the dp replicas share their segments), 4 private (copy-on-write) mappings;
+  inprocess  every rank constructs the same modules on the CPU, initialised by torch
+             (normal_), what a trainer does without familyd.
+
+Measured per mode, by rank 0 between barriers: seconds from "process groups ready" to the end
+of the first training step (build + forward + backward + dp gradient all-reduce + AdamW step),
+split into build and step; and the node's memory in use (MemTotal - MemAvailable) above what
+it was when the process groups were ready, after the build (before any optimizer write) and
+after the step. The daemon (a release build, started here with --host-devices 4) is the same
+for both modes; each familyd run uses a new seed, so nothing is answered from an earlier run.
+Prints a table and the ratios familyd / inprocess. --smoke: a tiny model once, to check that
+the benchmark still runs (goals not judged).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.environ.get("FAMILYD_SOURCE_ROOT") or os.path.dirname(os.path.dirname(HERE))
+PACKAGE = os.path.join(ROOT, "client", "python")
+
+
+def used_bytes():
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            info[k] = int(v.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+# -- one worker ------------------------------------------------------------------------------
+
+def worker(a):
+    import torch
+    import torch.distributed as dist
+    import familyd
+    import familyd.torch as FT
+    from familyd.torch import modules as M
+
+    torch.set_num_threads(1)
+    client = familyd.Client(a.socket, timeout=600)
+    job = FT.init(client, timeout=600)
+    jm = FT.job_mesh(client, job, {"dp": 2, "tp": 2})
+    cfg = {"hidden_size": a.hidden, "intermediate_size": a.intermediate,
+           "initializer_range": 0.02, "rms_norm_eps": 1e-6}
+    dist.barrier()
+    mem0 = used_bytes()
+    t0 = time.perf_counter()
+    layers = []
+    for i in range(a.layers):
+        if a.mode == "familyd":
+            norm = FT.build_module(client, "norm", config=cfg, mesh=jm, fqn="layers.%d.norm" % i,
+                                   seed=a.seed)
+            mlp = FT.build_module(client, "mlp", config=cfg, mesh=jm, fqn="layers.%d.mlp" % i,
+                                  seed=a.seed)
+        else:
+            norm = M.PlainRMSNorm(config=cfg)
+            mlp = M.TPSwiGLUMLP(config=cfg, context=jm.context)
+        layers.append(torch.nn.ModuleList([norm, mlp]))
+    model = torch.nn.ModuleList(layers)
+    dist.barrier()
+    t_built = time.perf_counter()
+    mem_built = used_bytes()
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1000 + jm.job.rank // 2)
+    x = torch.randn(a.tokens, a.hidden, generator=gen)
+    for norm, mlp in model:
+        x = x + mlp(norm(x))
+    loss = x.pow(2).mean()
+    loss.backward()
+    dp = jm.groups["dp"]
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=dp)
+            p.grad /= 2
+    opt.step()
+    dist.barrier()
+    t_step = time.perf_counter()
+    mem_step = used_bytes()
+    if job.rank == 0:
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        with open(a.out, "w") as f:
+            json.dump({"build_s": t_built - t0, "step_s": t_step - t_built,
+                       "total_s": t_step - t0, "mem_built": mem_built - mem0,
+                       "mem_step": mem_step - mem0, "rank0_param_bytes": params,
+                       "loss": float(loss)}, f)
+    dist.barrier()
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def familyd_binary(a):
+    if os.environ.get("FAMILYD_BIN"):
+        return os.environ["FAMILYD_BIN"]
+    build = a.build_dir or os.path.join(ROOT, "build-bench")
+    if not os.path.isfile(os.path.join(build, "build.ninja")):
+        print("torch-bench: configuring %s (release, no sanitizers)" % build, flush=True)
+        subprocess.run(["meson", "setup", build, ROOT, "-Dbuildtype=release",
+                        "-Db_sanitize=none"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["ninja", "-C", build, "daemon/familyd", "proto/familyd.binpb"], check=True,
+                   stdout=subprocess.DEVNULL)
+    os.environ.setdefault("FAMILYD_DESCRIPTORS", os.path.join(build, "proto", "familyd.binpb"))
+    return os.path.join(build, "daemon", "familyd")
+
+
+def start_daemon(binary, tmp):
+    sock = os.path.join(tmp, "familyd.sock")
+    log = open(os.path.join(tmp, "familyd.log"), "w")
+    proc = subprocess.Popen([binary, "--socket", sock, "--shard-socket",
+                             os.path.join(tmp, "shard.sock"), "--registry",
+                             os.path.join(ROOT, "deploy", "registry"), "--host-devices", "4",
+                             "--build-grace-ms", "0"], stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("torch-bench: familyd did not start (%s)" % log.name)
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return proc, sock
+
+
+def run_mode(a, sock, tmp, mode, seed):
+    out = os.path.join(tmp, "%s-%d.json" % (mode, seed))
+    env = dict(os.environ, PYTHONPATH=PACKAGE + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    argv = ["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node", "4",
+            "--master-port", str(free_port()), os.path.abspath(__file__), "--worker",
+            "--mode", mode, "--socket", sock, "--out", out, "--seed", str(seed),
+            "--layers", str(a.layers), "--hidden", str(a.hidden),
+            "--intermediate", str(a.intermediate), "--tokens", str(a.tokens)]
+    subprocess.run(argv, env=env, check=True, timeout=1800)
+    with open(out) as f:
+        return json.load(f)
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def report(results, a):
+    gib = 1 << 30
+    print("\nmodel: %d x (RMSNorm, TP SwiGLU MLP) hidden %d, intermediate %d: %.2f GiB of "
+          "float32 parameters; dp=2,tp=2, 4 processes, %d runs per mode"
+          % (a.layers, a.hidden, a.intermediate,
+             a.layers * (3 * a.hidden * a.intermediate + a.hidden) * 4 / gib, a.repeat))
+    print("%-10s %9s %9s %9s %14s %14s" % ("mode", "build s", "step s", "total s",
+                                          "mem built GiB", "mem step GiB"))
+    rows = {}
+    for mode in ("familyd", "inprocess"):
+        rs = results[mode]
+        row = {k: mean([r[k] for r in rs]) for k in rs[0]}
+        rows[mode] = row
+        print("%-10s %9.2f %9.2f %9.2f %14.2f %14.2f" % (mode, row["build_s"], row["step_s"],
+                                                      row["total_s"], row["mem_built"] / gib,
+                                                      row["mem_step"] / gib))
+    f, i = rows["familyd"], rows["inprocess"]
+    print("familyd / inprocess: time to the end of the first step %.2fx (goal <= 0.5x); "
+          "memory before the first optimizer write %.2fx (goal <= 1x); after the step %.2fx"
+          % (f["total_s"] / i["total_s"], f["mem_built"] / max(i["mem_built"], 1),
+             f["mem_step"] / max(i["mem_step"], 1)))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=("familyd", "inprocess"), help=argparse.SUPPRESS)
+    p.add_argument("--socket", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true", help="a tiny model, once")
+    p.add_argument("--build-dir", help="release build folder (default build-bench)")
+    p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=8192)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--json", help="write the mean rows here")
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    if a.smoke:
+        a.layers, a.hidden, a.intermediate, a.tokens, a.repeat = 2, 32, 64, 8, 1
+    binary = familyd_binary(a)
+    tmp = tempfile.mkdtemp(prefix="fd-torch-bench-")
+    proc, sock = start_daemon(binary, tmp)
+    try:
+        results = {"familyd": [], "inprocess": []}
+        for r in range(a.repeat):
+            for mode in ("familyd", "inprocess"):
+                results[mode].append(run_mode(a, sock, tmp, mode, seed=100 + r))
+        rows = report(results, a)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if proc.returncode != 0:
+        raise SystemExit("torch-bench: familyd exited with %d" % proc.returncode)
+
+
+if __name__ == "__main__":
+    main()
