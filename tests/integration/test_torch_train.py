@@ -1,17 +1,17 @@
 #!/usr/bin/python3
 """The example job (client/python/examples/train_moe.py) trains on one node through familyd.
 
-One daemon (deploy/registry, --host-devices 4, --build-grace-ms 2000). The example runs
---unsharded in one plain process, then as a job of 4 workers started by
-`python3 -m familyd.torch.launch --minimal-env` (gloo, float32, dp=2,tp=2 with the expert view
-edp_shard=2,ep=2), each worker being torch_job_worker.py: the example's own steps plus what this
-test reads. Checked: the workers saw exactly init()'s six torchrun variables; the dp-mean losses
-of 3 steps equal the unsharded run's (1e-5 relative at step 0, 1e-4 after); the daemon held one
-build per module, of the member the mesh calls for, held by the 4 workers, and filled once
-(fills_started moved by the builds' distinct segments); Validate on the live model passes; a
-module built on another mesh, grouped experts built for ep 1, and a parameter tied between
-two builds of different shapes each give their reasons; after the job and the grace period the
-daemon's builds and shm in use are back where they were.
+One daemon (deploy/registry, --host-devices 4, --build-grace-ms 2000). The example runs --unsharded
+in one plain process, then as a job of 4 workers started by `python3 -m familyd.torch.launch
+--minimal-env` (gloo, float32, dp=2,tp=2 with the expert view edp_shard=2,ep=2), each worker being
+torch_job_worker.py: the example's own steps plus what this test reads. Checked: the workers saw
+exactly init()'s six torchrun variables; the dp-mean losses of 3 steps equal the unsharded run's
+(1e-5 relative at step 0, 1e-4 after), and so do the gradient norms; the daemon held one build per
+module, of the member the mesh calls for, held by the 4 workers, and filled once (fills_started
+moved by the builds' distinct segments); Validate on the live model passes; a module built on
+another mesh, grouped experts built for ep 1, and a parameter tied between two builds of different
+shapes each give their reasons; after the job and the grace period the daemon's builds and shm in
+use are back where they were.
 """
 
 import json
@@ -74,12 +74,13 @@ class TrainOneNode(unittest.TestCase):
             self.assertEqual(r["torchrun_env"], C.INIT_ENV, "rank %d" % rank)
 
     def test_losses_equal_the_unsharded_run(self):
-        want = RESULTS["unsharded"]["losses"]
+        want = RESULTS["unsharded"]
         for rank, r in self.ranks().items():
-            C.assert_losses(self, r["losses"], want)
+            C.assert_steps(self, r, want)
         rc, out = RESULTS["job"]
-        for step, loss in enumerate(RESULTS["ranks"][0]["losses"]):
-            self.assertIn("step %d loss %.6f\n" % (step, loss), out)
+        r = RESULTS["ranks"][0]
+        for step, (loss, norm) in enumerate(zip(r["losses"], r["grad_norms"])):
+            self.assertIn("step %d loss %.6f grad_norm %.6f\n" % (step, loss, norm), out)
         self.assertIn("step 0 loss ", RESULTS["unsharded_out"])
 
     def test_one_build_per_module_shared_by_the_node(self):

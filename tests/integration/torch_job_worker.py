@@ -99,12 +99,11 @@ def main(outdir: str, argv: List[str]) -> int:
     client = familyd.Client(args.socket)
     mesh = T.setup(client, args)
     model = T.MoETransformer(client, mesh, args.layers, args.seed)
-    losses = T.train(model, mesh, args)
+    steps = T.train(model, mesh, args)
     violations = FT.validate_model(client, model, context=mesh)
-    T.report(model, mesh, losses, violations, args)
-    out: Dict[str, Any] = {"rank": mesh.job.rank, "pid": os.getpid(), "torchrun_env": seen,
-                           "losses": losses, "violations": reasons(violations),
-                           "mesh_id": mesh.mesh_id}
+    T.report(model, mesh, steps, violations, args)
+    out: Dict[str, Any] = dict(steps, rank=mesh.job.rank, pid=os.getpid(), torchrun_env=seen,
+                               violations=reasons(violations), mesh_id=mesh.mesh_id)
     dist.barrier()
     if mesh.job.rank == 0:
         out["daemon"] = snapshot(client)

@@ -29,7 +29,8 @@ global batch). familyd's fill is the same on every layout, so it prints the same
 
     python3 client/python/examples/train_moe.py --unsharded --socket run/familyd.sock --steps 3
 
-It prints one line per step with the dp-mean loss, then the Validate result of the live model.
+It prints one line per step with the dp-mean loss and the gradient norm (both layout-invariant),
+then the Validate result of the live model.
 """
 
 import argparse
@@ -183,25 +184,56 @@ def batches(seed: int, steps: int, global_batch: int, seq: int) -> List[torch.Te
             for _ in range(steps)]
 
 
-def average_gradients(model: torch.nn.Module, mesh: FT.JobMesh) -> None:
-    """Gradients averaged over the data-parallel replicas: dp, or edp_shard for parameters laid
-    out on the expert view. tp and ep need nothing more: their modules did it."""
-    view: Dict[int, str] = {}
+def layout_of(model: torch.nn.Module) -> Dict[int, Any]:
+    """id(parameter) -> its familyd.v1.ParameterLayout, for the parameters familyd built."""
+    out: Dict[int, Any] = {}
     for module in model.modules():
         info = FT.build_info(module)
         if info is not None:
             owned = dict(module.named_parameters())
             for p in info.layout.parameters:
-                view[id(owned[p.name])] = p.mesh_view
+                out[id(owned[p.name])] = p
+    return out
+
+
+def average_gradients(model: torch.nn.Module, mesh: FT.JobMesh) -> None:
+    """Gradients averaged over the data-parallel replicas: dp, or edp_shard for parameters laid
+    out on the expert view. tp and ep need nothing more: their modules did it."""
+    layouts = layout_of(model)
     for p in model.parameters():
-        group = mesh.groups.get("edp_shard" if view.get(id(p)) == "expert" else "dp")
+        layout = layouts.get(id(p))
+        expert = layout is not None and layout.mesh_view == "expert"
+        group = mesh.groups.get("edp_shard" if expert else "dp")
         if p.grad is not None and group is not None:
             dist.all_reduce(p.grad, group=group)
             p.grad /= dist.get_world_size(group)
 
 
-def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh], args: Any) -> List[float]:
-    """--steps of AdamW; each dp rank takes its rows of the global batch. The dp-mean losses."""
+def gradient_norm(model: torch.nn.Module, mesh: Optional[FT.JobMesh]) -> float:
+    """The norm of the whole model's gradient (what clip_grad_norm_ would clip): each
+    parameter's squares summed over the axes its layout shards it on, replicas counted once."""
+    layouts = layout_of(model)
+    by_axes: Dict[Any, torch.Tensor] = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            layout = layouts.get(id(p))
+            axes = tuple(x.axis for x in layout.placements if x.kind != "replicate") \
+                if layout is not None else ()
+            by_axes[axes] = by_axes.get(axes, torch.zeros(())) + p.grad.double().pow(2).sum()
+    total = torch.zeros((), dtype=torch.float64)
+    for axes, squares in by_axes.items():
+        for axis in axes:
+            group = mesh.groups.get(axis) if mesh is not None else None
+            if group is not None:
+                dist.all_reduce(squares, group=group)
+        total += squares
+    return float(total.sqrt())
+
+
+def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh],
+          args: Any) -> Dict[str, List[float]]:
+    """--steps of AdamW; each dp rank takes its rows of the global batch. The dp-mean loss and
+    the gradient norm of every step."""
     dp_group = mesh.groups.get("dp") if mesh is not None else None
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     dp_rank = dist.get_rank(dp_group) if dp_group is not None else 0
@@ -209,7 +241,7 @@ def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh], args: Any) -> List
         raise SystemExit("train_moe: --batch %d does not split over dp=%d" % (args.batch, dp))
     rows = args.batch // dp
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    losses = []
+    losses, norms = [], []
     for step, tokens in enumerate(batches(args.seed, args.steps, args.batch, args.seq)):
         tokens = tokens[dp_rank * rows:(dp_rank + 1) * rows]
         logits = model(tokens[:, :-1])
@@ -218,6 +250,7 @@ def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh], args: Any) -> List
         loss.backward()
         if mesh is not None:
             average_gradients(model, mesh)
+        norms.append(gradient_norm(model, mesh))
         optimizer.step()
         mean = loss.detach().clone()
         if dp_group is not None:
@@ -225,8 +258,8 @@ def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh], args: Any) -> List
             mean /= dp
         losses.append(float(mean))
         if mesh is None or mesh.job.rank == 0:
-            print("step %d loss %.6f" % (step, losses[-1]), flush=True)
-    return losses
+            print("step %d loss %.6f grad_norm %.6f" % (step, losses[-1], norms[-1]), flush=True)
+    return {"losses": losses, "grad_norms": norms}
 
 
 # --- the job --------------------------------------------------------------------------------
@@ -244,7 +277,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=8, help="tokens per sequence")
     p.add_argument("--unsharded", action="store_true",
                    help="one plain process, the whole model and the whole global batch")
-    p.add_argument("--json", metavar="FILE", help="write the losses and build ids here")
+    p.add_argument("--json", metavar="FILE", help="write the losses, gradient norms and build ids here")
     return p.parse_args(argv)
 
 
@@ -275,7 +308,7 @@ def build_ids(model: torch.nn.Module, mesh: Optional[FT.JobMesh]) -> Dict[str, L
     return {fqn: [ids[fqn] for ids in every] for fqn in mine}
 
 
-def report(model: torch.nn.Module, mesh: Optional[FT.JobMesh], losses: List[float],
+def report(model: torch.nn.Module, mesh: Optional[FT.JobMesh], steps: Dict[str, List[float]],
            violations: List[Any], args: argparse.Namespace) -> None:
     ids = build_ids(model, mesh)
     if mesh is not None and mesh.job.rank != 0:
@@ -284,9 +317,9 @@ def report(model: torch.nn.Module, mesh: Optional[FT.JobMesh], losses: List[floa
         "%s %s: %s" % (v.reason, list(v.fqns), v.message) for v in violations)), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"losses": losses, "builds": ids,
-                       "mesh_id": mesh.mesh_id if mesh is not None else "",
-                       "violations": [v.reason for v in violations]}, f, indent=1)
+            json.dump(dict(steps, builds=ids,
+                           mesh_id=mesh.mesh_id if mesh is not None else "",
+                           violations=[v.reason for v in violations]), f, indent=1)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -294,9 +327,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     client = familyd.Client(args.socket)
     mesh = setup(client, args)
     model = MoETransformer(client, mesh, args.layers, args.seed)
-    losses = train(model, mesh, args)
+    steps = train(model, mesh, args)
     violations = FT.validate_model(client, model, context=mesh)
-    report(model, mesh, losses, violations, args)
+    report(model, mesh, steps, violations, args)
     FT.release(model)
     if mesh is not None:
         dist.barrier()
