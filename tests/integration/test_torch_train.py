@@ -145,6 +145,18 @@ class TrainOneNode(unittest.TestCase):
                            before.shm_bytes_in_use)
 
 
+    def test_a_job_that_does_not_split_fails_on_every_rank(self):
+        before = C.status(D.client)
+        rc, out = C.run(C.launcher(4, C.free_port(), [C.EXAMPLE, "--socket", D.socket, "--tp",
+                                                      "3"], minimal=True, keep_going=True))
+        self.assertEqual(rc, 1, out)
+        self.assertEqual(out.count("train_moe: 4 ranks do not split into tp=3 and ep=2"), 4,
+                         out)
+        after = C.status(D.client)
+        self.assertEqual((after.builds, after.fills_started),
+                         (before.builds, before.fills_started))
+
+
 if __name__ == "__main__":
     C.require_torch()
     unittest.main()

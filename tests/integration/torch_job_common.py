@@ -73,11 +73,13 @@ def run(argv, timeout=JOB_TIMEOUT, env=None):
     return p.returncode, out.decode(errors="replace")
 
 
-def launcher(nproc, port, script_argv, nnodes=1, node_rank=0, minimal=False):
+def launcher(nproc, port, script_argv, nnodes=1, node_rank=0, minimal=False,
+             keep_going=False):
     argv = ["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node", str(nproc),
             "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
             "127.0.0.1", "--master-port", str(port)]
-    return argv + (["--minimal-env"] if minimal else []) + script_argv
+    return argv + (["--minimal-env"] if minimal else []) + \
+        (["--keep-going"] if keep_going else []) + script_argv
 
 
 def example_args(socket_path, json_path, *extra):

@@ -277,7 +277,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=8, help="tokens per sequence")
     p.add_argument("--unsharded", action="store_true",
                    help="one plain process, the whole model and the whole global batch")
-    p.add_argument("--json", metavar="FILE", help="write the losses, gradient norms and build ids here")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the losses, gradient norms and build ids here")
     return p.parse_args(argv)
 
 
@@ -293,6 +294,9 @@ def setup(client: Any, args: argparse.Namespace) -> Optional[FT.JobMesh]:
                          % (world, args.tp, args.ep))
     if (args.batch // max(1, world // args.tp)) * args.seq % args.tp:
         raise SystemExit("train_moe: a dp rank's tokens do not split over tp=%d" % args.tp)
+    if CONFIG["vocab_size"] % args.tp:
+        raise SystemExit("train_moe: the head's vocabulary does not split evenly over tp=%d"
+                         % args.tp)
     return FT.job_mesh(client, job, {"dp": world // args.tp, "tp": args.tp},
                        {"edp_shard": world // args.ep, "ep": args.ep})
 
