@@ -384,9 +384,96 @@ static int load_boundary(Loader *l, size_t index, json_t *j, Familyd__V1__ModelB
         return 0;
 }
 
-static const Key model_keys[] = {
-        { "boundaries", NULL }, { "context", NULL },
+static const Key use_keys[] = {
+        { "fqn", NULL }, { "buildId", "build_id" }, { "parameter", NULL },
 };
+
+static int load_use(Loader *l, const char *where, json_t *j, Familyd__V1__SharedParameterUse **ret) {
+        Familyd__V1__SharedParameterUse *u;
+        json_t *v;
+        int r;
+
+        if (!json_is_object(j))
+                return loader_fail(l, where, "must be an object {\"fqn\", \"buildId\", \"parameter\"}");
+        r = check_keys(l, where, j, use_keys, ELEMENTSOF(use_keys));
+        if (r < 0)
+                return r;
+        u = malloc(sizeof(*u));
+        if (!u)
+                return -ENOMEM;
+        familyd__v1__shared_parameter_use__init(u);
+        *ret = u;
+        if ((v = get(j, &use_keys[0])) && (r = get_string(l, where, v, "fqn", &u->fqn)) < 0)
+                return r;
+        if ((v = get(j, &use_keys[1])) && (r = get_string(l, where, v, "buildId", &u->build_id)) < 0)
+                return r;
+        if ((v = get(j, &use_keys[2])) && (r = get_string(l, where, v, "parameter", &u->parameter)) < 0)
+                return r;
+        return 0;
+}
+
+static const Key shared_keys[] = {
+        { "uses", NULL },
+};
+
+/* One entry of sharedParameters: {"uses": [{"fqn", "buildId", "parameter"}, ...]}; how many
+ * uses, and their values, are the daemon's to check. */
+static int load_shared(Loader *l, size_t index, json_t *j, Familyd__V1__SharedParameter **ret) {
+        _cleanup_free_ char *where = NULL;
+        Familyd__V1__SharedParameter *s;
+        json_t *v;
+        int r;
+
+        if (asprintf(&where, "sharedParameters[%zu]", index) < 0) {
+                where = NULL;
+                return -ENOMEM;
+        }
+        if (!json_is_object(j))
+                return loader_fail(l, where, "must be an object {\"uses\": [...]}");
+        r = check_keys(l, where, j, shared_keys, ELEMENTSOF(shared_keys));
+        if (r < 0)
+                return r;
+        s = malloc(sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        familyd__v1__shared_parameter__init(s);
+        *ret = s;
+        v = get(j, &shared_keys[0]);
+        if (!v)
+                return 0;
+        r = get_list(l, where, v, "uses");
+        if (r >= 0)
+                r = list_alloc(v, sizeof(*s->uses), (void **) &s->uses);
+        for (size_t i = 0; r >= 0 && i < json_array_size(v); i++) {
+                _cleanup_free_ char *w = NULL;
+                if (asprintf(&w, "%s.uses[%zu]", where, i) < 0) {
+                        w = NULL;
+                        return -ENOMEM;
+                }
+                r = load_use(l, w, json_array_get(v, i), &s->uses[i]);
+                if (s->uses[i])
+                        s->n_uses++;
+        }
+        return r;
+}
+
+static const Key model_keys[] = {
+        { "boundaries", NULL }, { "context", NULL }, { "sharedParameters", "shared_parameters" },
+};
+
+static int load_shared_parameters(Loader *l, json_t *v, Familyd__V1__ValidateRequest *req) {
+        int r;
+
+        r = get_list(l, NULL, v, "sharedParameters");
+        if (r >= 0)
+                r = list_alloc(v, sizeof(*req->shared_parameters), (void **) &req->shared_parameters);
+        for (size_t i = 0; r >= 0 && i < json_array_size(v); i++) {
+                r = load_shared(l, i, json_array_get(v, i), &req->shared_parameters[i]);
+                if (req->shared_parameters[i])
+                        req->n_shared_parameters++;
+        }
+        return r;
+}
 
 static int load_model(Loader *l, json_t *doc, Familyd__V1__ValidateRequest *req) {
         json_t *v;
@@ -409,6 +496,8 @@ static int load_model(Loader *l, json_t *doc, Familyd__V1__ValidateRequest *req)
                         req->n_boundaries++;
         }
         if (r < 0)
+                return r;
+        if ((v = get(doc, &model_keys[2])) && (r = load_shared_parameters(l, v, req)) < 0)
                 return r;
         if ((v = get(doc, &model_keys[1])))
                 return load_context(l, v, req->context);

@@ -472,3 +472,34 @@ int codec_model_decode(Arena *a, Familyd__V1__ModelBoundary *const *pb, size_t n
         *ret_n = n;
         return 0;
 }
+
+int codec_shared_parameters_decode(Arena *a, Familyd__V1__SharedParameter *const *pb, size_t n,
+                                   SharedParameter **ret, size_t *ret_n,
+                                   FamilyError *ret_error) {
+        SharedParameter *s = NULL;
+        int r;
+
+        /* Bounded before decoding; the rest of the checks are Validate's own. */
+        if (n > FAMILYD_MAX_SHARED_PARAMETERS)
+                return validate_shared_check(NULL, n, ret_error);
+        if (!ARRAY_NEW(a, s, n))
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const Familyd__V1__SharedParameter *p = pb[i];
+                if (!ARRAY_NEW(a, s[i].uses, p->n_uses))
+                        return -ENOMEM;
+                for (size_t j = 0; j < p->n_uses; j++)
+                        s[i].uses[j] = (SharedParameterUse) {
+                                .fqn = p->uses[j]->fqn,
+                                .build_id = p->uses[j]->build_id,
+                                .parameter = p->uses[j]->parameter,
+                        };
+                s[i].n_uses = p->n_uses;
+        }
+        r = validate_shared_check(s, n, ret_error);
+        if (r < 0)
+                return r;
+        *ret = s;
+        *ret_n = n;
+        return 0;
+}

@@ -59,6 +59,12 @@ struct ModelBoundary;
 /* Validate's boundaries, borrowing the request's strings (they live in the call's arena). */
 int codec_model_decode(Arena *a, Familyd__V1__ModelBoundary *const *pb, size_t n,
                        struct ModelBoundary **ret, size_t *ret_n, FamilyError *ret_error);
+struct SharedParameter;
+/* Validate's shared parameters, borrowing the request's strings, checked by
+ * validate_shared_check() (INVALID_ARGUMENT for a malformed list). */
+int codec_shared_parameters_decode(Arena *a, Familyd__V1__SharedParameter *const *pb, size_t n,
+                                   struct SharedParameter **ret, size_t *ret_n,
+                                   FamilyError *ret_error);
 
 /* A Build reply (GetBuild's, a Build record's) of b; shard_socket is where tokens are
  * redeemed. */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "fill.h"
+#include "resource-limits.h"
 #include "repr.h"
 #include "validate.h"
 
@@ -41,11 +42,21 @@ void violation_list_done(ViolationList *l) {
         *l = (ViolationList) {};
 }
 
-static int violation_add(ViolationList *l, const ModelBoundary *b, const char *reason,
-                         const char *format, ...) _printf_(4, 5);
+/* The fqns a violation names: a boundary's, or the two uses of a shared parameter compared. */
+typedef struct FqnList {
+        char *const *items;
+        size_t n;
+} FqnList;
 
-static int violation_add(ViolationList *l, const ModelBoundary *b, const char *reason,
-                         const char *format, ...) {
+static FqnList boundary_fqns(const ModelBoundary *b) {
+        return (FqnList) { .items = b->fqns, .n = b->n_fqns };
+}
+
+static int violation_add(ViolationList *l, FqnList fqns, const char *reason, const char *format,
+                         ...) _printf_(4, 5);
+
+static int violation_add(ViolationList *l, FqnList fqns, const char *reason, const char *format,
+                         ...) {
         Violation v = { .reason = reason };
         va_list ap;
 
@@ -55,13 +66,13 @@ static int violation_add(ViolationList *l, const ModelBoundary *b, const char *r
         if (k < 0)
                 return -ENOMEM;
 
-        if (b->n_fqns > 0) {
-                v.fqns = calloc(b->n_fqns, sizeof(char *));
+        if (fqns.n > 0) {
+                v.fqns = calloc(fqns.n, sizeof(char *));
                 if (!v.fqns)
                         goto oom;
         }
-        for (size_t i = 0; i < b->n_fqns; i++) {
-                v.fqns[i] = strdup(b->fqns[i]);
+        for (size_t i = 0; i < fqns.n; i++) {
+                v.fqns[i] = strdup(fqns.items[i]);
                 if (!v.fqns[i])
                         goto oom;
                 v.n_fqns++;
@@ -78,11 +89,28 @@ oom:
         return -ENOMEM;
 }
 
-static const ValidateParameter *find_parameter(const ValidateParameter *p, size_t n,
-                                               const char *name) {
-        for (size_t i = 0; i < n; i++)
-                if (streq(p[i].name, name))
-                        return &p[i];
+/* A build's parameter by name; by bisection when sorted, as a model may name each of a large
+ * build's parameters (65,536 at most) many times. */
+static const ValidateParameter *find_parameter(const BuiltFamily *built, const char *name) {
+        const ValidateParameter *p = built->parameters;
+
+        if (!built->sorted) {
+                for (size_t i = 0; i < built->n_parameters; i++)
+                        if (streq(p[i].name, name))
+                                return &p[i];
+                return NULL;
+        }
+        size_t lo = 0, hi = built->n_parameters;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                int c = strcmp(name, p[mid].name);
+                if (c == 0)
+                        return &p[mid];
+                if (c < 0)
+                        hi = mid;
+                else
+                        lo = mid + 1;
+        }
         return NULL;
 }
 
@@ -140,8 +168,7 @@ static bool dtypes_equal(const ValidateParameter *applied, const ValidateParamet
 static bool layout_conflicts(const AppliedLayout *applied, const BuiltFamily *built) {
         for (size_t i = 0; i < applied->n_parameters; i++) {
                 const ValidateParameter *a = &applied->parameters[i];
-                const ValidateParameter *b = find_parameter(built->parameters,
-                                                            built->n_parameters, a->name);
+                const ValidateParameter *b = find_parameter(built, a->name);
                 if (!b || !placements_equal(a, b) || !dtypes_equal(a, b))
                         return true;
         }
@@ -218,6 +245,7 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                              const ValidateJob *job, ValidateLookup lookup, void *userdata,
                              ViolationList *l) {
         const ModelBoundary *b = &all[index];
+        FqnList f = boundary_fqns(b);
         BuiltFamily built;
         int r;
 
@@ -228,19 +256,19 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                 _cleanup_free_ char *q = repr_string(strempty(b->build_id));
                 if (!q)
                         return -ENOMEM;
-                return violation_add(l, b, "UNKNOWN_BUILD", "build %s not found", q);
+                return violation_add(l, f, "UNKNOWN_BUILD", "build %s not found", q);
         }
 
         if (built.mesh_id) {
                 if (!isempty(job->mesh_id) && !streq(job->mesh_id, built.mesh_id)) {
-                        r = violation_add(l, b, "MESH_MISMATCH",
+                        r = violation_add(l, f, "MESH_MISMATCH",
                                           "context and mesh belong to different jobs");
                         if (r < 0)
                                 return r;
                 }
                 for (Axis a = 0; a < _AXIS_MAX; a++)
                         if (job->has_size[a] && job->context_size[a] != built.mesh_axis_size[a]) {
-                                r = violation_add(l, b, "CONTEXT_MESH_DISAGREE",
+                                r = violation_add(l, f, "CONTEXT_MESH_DISAGREE",
                                                   "context and mesh disagree on %s_size",
                                                   axis_to_string(a));
                                 if (r < 0)
@@ -248,7 +276,7 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                         }
                 if (b->has_layout && !isempty(b->layout.mesh_id) &&
                     !streq(b->layout.mesh_id, built.mesh_id)) {
-                        r = violation_add(l, b, "LAYOUT_MESH_MISMATCH",
+                        r = violation_add(l, f, "LAYOUT_MESH_MISMATCH",
                                           "constructed families cannot be applied with a "
                                           "different job mesh");
                         if (r < 0)
@@ -264,7 +292,7 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                 _cleanup_free_ char *t = repr_string_tuple(b->fqns, b->n_fqns);
                 if (!t)
                         return -ENOMEM;
-                r = violation_add(l, b, "AXIS_SIZE_MISMATCH",
+                r = violation_add(l, f, "AXIS_SIZE_MISMATCH",
                                   "family at %s was constructed with %s=%" PRId64
                                   ", job requires %" PRId64
                                   "; call prepare_model_components with the job context "
@@ -284,7 +312,7 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                 _cleanup_free_ char *q = repr_string(p->name);
                 if (!q)
                         return -ENOMEM;
-                r = violation_add(l, b, "SHARED_PARAMETER_SHAPE",
+                r = violation_add(l, f, "SHARED_PARAMETER_SHAPE",
                                   "shared family parameter %s has conflicting logical shapes", q);
                 if (r < 0)
                         return r;
@@ -294,7 +322,7 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                 _cleanup_free_ char *q = repr_string(b->n_fqns > 0 ? b->fqns[0] : "");
                 if (!q)
                         return -ENOMEM;
-                r = violation_add(l, b, "LAYOUT_CONFLICT",
+                r = violation_add(l, f, "LAYOUT_CONFLICT",
                                   "layout at %s conflicts with its constructed family layout", q);
                 if (r < 0)
                         return r;
@@ -302,22 +330,210 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
         return 0;
 }
 
-int validate_model(const ModelBoundary *boundaries, size_t n, const ValidateJob *job,
-                   ValidateLookup lookup, void *userdata, ViolationList *ret) {
+/* Shared parameters: the request's list well formed (INVALID_ARGUMENT for the whole call). */
+static int shared_field_check(const char *value, const char *field, size_t max,
+                              FamilyError *ret_error) {
+        if (isempty(value))
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
+                                        field, "%s is required", field);
+        if (strnlen(value, max + 1) > max)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT", field,
+                                        "%s is longer than %zu bytes", field, max);
+        return 0;
+}
+
+int validate_shared_check(const SharedParameter *shared, size_t n, FamilyError *ret_error) {
+        int r;
+
+        if (n > FAMILYD_MAX_SHARED_PARAMETERS)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
+                                        "shared_parameters",
+                                        "shared_parameters has more than %u entries",
+                                        FAMILYD_MAX_SHARED_PARAMETERS);
+        for (size_t i = 0; i < n; i++) {
+                const SharedParameter *s = &shared[i];
+                if (s->n_uses > FAMILYD_MAX_SHARED_PARAMETER_USES)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
+                                                "shared_parameters.uses",
+                                                "a shared parameter has more than %u uses",
+                                                FAMILYD_MAX_SHARED_PARAMETER_USES);
+                if (s->n_uses < 2)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                "BAD_REQUEST", "shared_parameters.uses",
+                                                "a shared parameter has fewer than two uses");
+                for (size_t j = 0; j < s->n_uses; j++) {
+                        const SharedParameterUse *u = &s->uses[j];
+                        r = shared_field_check(u->fqn, "shared_parameters.uses.fqn",
+                                               FAMILYD_MAX_NAME_LENGTH * 4, ret_error);
+                        if (r < 0)
+                                return r;
+                        r = shared_field_check(u->build_id, "shared_parameters.uses.build_id",
+                                               FAMILYD_MAX_NAME_LENGTH, ret_error);
+                        if (r < 0)
+                                return r;
+                        r = shared_field_check(u->parameter, "shared_parameters.uses.parameter",
+                                               FAMILYD_MAX_NAME_LENGTH, ret_error);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        return 0;
+}
+
+/* A build's shard placements as (axis, dim) tuples in its order: [('tp', 0)], [] replicated. */
+static char *repr_shards(const ValidateParameter *p) {
+        _cleanup_free_ char *out = strdup("[");
+        bool first = true;
+
+        if (!out)
+                return NULL;
+        for (size_t i = 0; i < p->n_placements; i++) {
+                const Placement *pl = &p->placements[i];
+                if (pl->kind == PLACEMENT_REPLICATE)
+                        continue;
+                _cleanup_free_ char *axis = repr_string(strempty(pl->axis));
+                char *next = NULL;
+                if (!axis || asprintf(&next, "%s%s(%s, %" PRId64 ")", out, first ? "" : ", ",
+                                      axis, placement_dim(pl, p->n_dims)) < 0)
+                        return NULL;
+                free(out);
+                out = next;
+                first = false;
+        }
+        char *done = NULL;
+        if (asprintf(&done, "%s]", out) < 0)
+                return NULL;
+        return done;
+}
+
+/*
+ * The build's parameter of one use: 1 and *ret when found, 0 when the build is unknown or has
+ * no parameter of that name (a violation naming the first use and, unless it is the first, this
+ * one), negative errno for OOM.
+ */
+static int shared_use_find(const SharedParameterUse *first, const SharedParameterUse *use,
+                           ValidateLookup lookup, void *userdata, ViolationList *l,
+                           const ValidateParameter **ret) {
+        char *items[] = { first->fqn, use->fqn };
+        FqnList f = { .items = items, .n = use == first ? 1 : 2 };
+        BuiltFamily built;
+        int r;
+
+        r = lookup(use->build_id, &built, userdata);
+        if (r < 0)
+                return r;
+        _cleanup_free_ char *q = repr_string(use->fqn), *id = repr_string(use->build_id);
+        if (!q || !id)
+                return -ENOMEM;
+        if (r > 0) {
+                r = violation_add(l, f, "SHARED_PARAMETER_CONFLICT",
+                                  "shared parameter %s is in build %s, which is not found", q, id);
+                return r < 0 ? r : 0;
+        }
+        const ValidateParameter *p = find_parameter(&built, use->parameter);
+        if (!p) {
+                _cleanup_free_ char *name = repr_string(use->parameter);
+                if (!name)
+                        return -ENOMEM;
+                r = violation_add(l, f, "SHARED_PARAMETER_CONFLICT",
+                                  "shared parameter %s is not a parameter %s of build %s", q,
+                                  name, id);
+                return r < 0 ? r : 0;
+        }
+        *ret = p;
+        return 1;
+}
+
+/* One later use against the first: shape, placements, then dtype, each its own violation. */
+static int shared_use_compare(const SharedParameterUse *first, const ValidateParameter *a,
+                              const SharedParameterUse *use, const ValidateParameter *b,
+                              ViolationList *l) {
+        char *items[] = { first->fqn, use->fqn };
+        FqnList f = { .items = items, .n = 2 };
+        _cleanup_free_ char *q = repr_string(use->fqn), *q0 = repr_string(first->fqn);
+        int r;
+
+        if (!q || !q0)
+                return -ENOMEM;
+        if (!shapes_equal(a, b)) {
+                _cleanup_free_ char *s = repr_int_list(b->shape, b->n_dims),
+                                    *s0 = repr_int_list(a->shape, a->n_dims);
+                if (!s || !s0)
+                        return -ENOMEM;
+                r = violation_add(l, f, "SHARED_PARAMETER_CONFLICT",
+                                  "shared parameter %s has shape %s but %s has %s", q, s, q0, s0);
+                if (r < 0)
+                        return r;
+        }
+        if (!placements_equal(b, a)) {
+                _cleanup_free_ char *s = repr_shards(b), *s0 = repr_shards(a);
+                if (!s || !s0)
+                        return -ENOMEM;
+                r = violation_add(l, f, "SHARED_PARAMETER_CONFLICT",
+                                  "shared parameter %s has placements %s but %s has %s", q, s,
+                                  q0, s0);
+                if (r < 0)
+                        return r;
+        }
+        if (!dtypes_equal(b, a)) {
+                _cleanup_free_ char *s = repr_string(b->dtype), *s0 = repr_string(a->dtype);
+                if (!s || !s0)
+                        return -ENOMEM;
+                r = violation_add(l, f, "SHARED_PARAMETER_CONFLICT",
+                                  "shared parameter %s has dtype %s but %s has %s", q, s, q0, s0);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Step 6: each use of a shared parameter against its first use; an unknown first use is
+ * reported once and the rest of that shared parameter is skipped. */
+static int validate_shared(const SharedParameter *s, ValidateLookup lookup, void *userdata,
+                           ViolationList *l) {
+        const SharedParameterUse *first = &s->uses[0];
+        const ValidateParameter *a = NULL;
+        int r;
+
+        r = shared_use_find(first, first, lookup, userdata, l, &a);
+        if (r <= 0)
+                return r;
+        for (size_t i = 1; i < s->n_uses; i++) {
+                const ValidateParameter *b = NULL;
+                r = shared_use_find(first, &s->uses[i], lookup, userdata, l, &b);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        continue;
+                r = shared_use_compare(first, a, &s->uses[i], b, l);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int validate_model(const ModelBoundary *boundaries, size_t n, const SharedParameter *shared,
+                   size_t n_shared, const ValidateJob *job, ValidateLookup lookup, void *userdata,
+                   ViolationList *ret) {
         _cleanup_(violation_list_done) ViolationList l = {};
-        _cleanup_free_ bool *shared = NULL;
+        _cleanup_free_ bool *shapes = NULL;
         size_t flat = 0;
         int r;
 
-        r = shared_conflicts(boundaries, n, &shared);
+        r = shared_conflicts(boundaries, n, &shapes);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                r = validate_boundary(boundaries, i, shared + flat, job, lookup, userdata, &l);
+                r = validate_boundary(boundaries, i, shapes + flat, job, lookup, userdata, &l);
                 if (r < 0)
                         return r;
                 if (boundaries[i].has_layout)
                         flat += boundaries[i].layout.n_parameters;
+        }
+        for (size_t i = 0; i < n_shared; i++) {
+                r = validate_shared(&shared[i], lookup, userdata, &l);
+                if (r < 0)
+                        return r;
         }
         *ret = l;
         l = (ViolationList) {};

@@ -41,6 +41,7 @@ typedef struct BuiltFamily {
         const int64_t *axis_size;           /* the sizes it was resolved with */
         const ValidateParameter *parameters; /* logical shapes, normalised placements */
         size_t n_parameters;
+        bool sorted; /* parameters in strcmp() order of their names: found by bisection */
 } BuiltFamily;
 
 /* 0 and *ret when the build exists, 1 when it does not (unknown or released). */
@@ -53,6 +54,38 @@ typedef struct ValidateJob {
         int64_t context_size[_AXIS_MAX]; /* sizes the context itself gives */
         int64_t size[_AXIS_MAX];         /* effective: the mesh's, else the context's, else 1 */
 } ValidateJob;
+
+/*
+ * Limits on a request's shared parameters. They belong with the others in resource-limits.h;
+ * defined here only until they move there.
+ */
+#ifndef FAMILYD_MAX_SHARED_PARAMETERS
+#define FAMILYD_MAX_SHARED_PARAMETERS     4096u
+#endif
+#ifndef FAMILYD_MAX_SHARED_PARAMETER_USES
+#define FAMILYD_MAX_SHARED_PARAMETER_USES 64u
+#endif
+
+/* One use of a parameter the model ties across builds: where it is and which build holds it. */
+typedef struct SharedParameterUse {
+        char *fqn;       /* its full path in the model */
+        char *build_id;  /* the build of the boundary that holds it */
+        char *parameter; /* its name in that build's layout */
+} SharedParameterUse;
+
+/* One tensor of the model used by several builds' parameters; borrowed strings. */
+typedef struct SharedParameter {
+        SharedParameterUse *uses;
+        size_t n_uses;
+} SharedParameter;
+
+/*
+ * The request's shared parameters well formed (docs/semantics.md, Validate): at most
+ * FAMILYD_MAX_SHARED_PARAMETERS, each with 2 to FAMILYD_MAX_SHARED_PARAMETER_USES uses, each use
+ * with a fqn (<= 1,024 bytes), a build_id and a parameter (<= 256 bytes each). The first problem
+ * in request order, as INVALID_ARGUMENT in *ret_error.
+ */
+int validate_shared_check(const SharedParameter *shared, size_t n, FamilyError *ret_error);
 
 typedef struct Violation {
         char **fqns;
@@ -71,7 +104,10 @@ void violation_list_done(ViolationList *l);
 
 /*
  * Every violation of docs/semantics.md's Validate, in the order of the boundaries and, within one,
- * unknown build, mesh problems, cp, ep, shared shapes, layout. Negative errno only for OOM.
+ * unknown build, mesh problems, cp, ep, shared shapes, layout; then those of the shared
+ * parameters (already checked by validate_shared_check()), in their order. Negative errno only
+ * for OOM.
  */
-int validate_model(const ModelBoundary *boundaries, size_t n, const ValidateJob *job,
-                   ValidateLookup lookup, void *userdata, ViolationList *ret);
+int validate_model(const ModelBoundary *boundaries, size_t n, const SharedParameter *shared,
+                   size_t n_shared, const ValidateJob *job, ValidateLookup lookup, void *userdata,
+                   ViolationList *ret);

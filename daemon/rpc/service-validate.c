@@ -5,38 +5,52 @@
 #include "rpc.h"
 #include "core/validate.h"
 
+/* A build looked up once in this call, kept (and referenced) until the checks are done. */
+typedef struct LookupEntry {
+        BuildRecord *rec;
+        BuiltFamily built;
+} LookupEntry;
+
 typedef struct Lookup {
         BuildTable *builds;
         Arena *arena;
-        BuildRecord **held; /* references kept until the checks are done */
-        size_t n_held, allocated;
-        /* Models list one build under many boundaries: remember the last one. */
-        const char *last_id;
-        BuiltFamily last;
+        /* Sorted by build id: boundaries and shared parameters name the same builds many
+         * times, and each is converted once. At most the live builds. */
+        LookupEntry *entries;
+        size_t n_entries, allocated;
 } Lookup;
 
-static int lookup_build(const char *build_id, BuiltFamily *ret, void *userdata) {
-        Lookup *l = userdata;
-        BuildRecord *rec = NULL;
-        FamilyError e = FAMILY_ERROR_NULL;
+static int lookup_entry_cmp(const void *key, const void *x) {
+        const LookupEntry *e = x;
+        return strcmp(key, e->rec->id);
+}
 
-        if (l->last_id && streq(l->last_id, build_id)) {
-                *ret = l->last;
-                return 0;
+/* The index where build_id is, or would be inserted; *ret_found whether it is there. */
+static size_t lookup_position(const Lookup *l, const char *build_id, bool *ret_found) {
+        size_t lo = 0, hi = l->n_entries;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                int c = lookup_entry_cmp(build_id, &l->entries[mid]);
+                if (c == 0) {
+                        *ret_found = true;
+                        return mid;
+                }
+                if (c < 0)
+                        hi = mid;
+                else
+                        lo = mid + 1;
         }
-        if (build_table_get(l->builds, build_id, &rec, &e) < 0) {
-                bool missing = e.status == FAMILY_STATUS_NOT_FOUND;
-                family_error_done(&e);
-                return missing ? 1 : -ENOMEM;
-        }
-        if (!GREEDY_REALLOC(l->held, l->allocated, l->n_held + 1)) {
-                build_record_unref(rec);
-                return -ENOMEM;
-        }
-        l->held[l->n_held++] = rec;
+        *ret_found = false;
+        return lo;
+}
 
-        const BuildState *b = rec->payload;
-        ValidateParameter *params = arena_alloc_array(l->arena, b->layout.n_parameters ?: 1,
+static int parameter_cmp(const void *x, const void *y) {
+        const ValidateParameter *a = x, *b = y;
+        return strcmp(a->name, b->name);
+}
+
+static int built_family_make(Arena *arena, const BuildState *b, BuiltFamily *ret) {
+        ValidateParameter *params = arena_alloc_array(arena, b->layout.n_parameters ?: 1,
                                                       sizeof(ValidateParameter));
         if (!params)
                 return -ENOMEM;
@@ -51,22 +65,57 @@ static int lookup_build(const char *build_id, BuiltFamily *ret, void *userdata) 
                         .dtype = (char *) dtype_to_string(p->dtype),
                 };
         }
+        qsort(params, b->layout.n_parameters, sizeof(ValidateParameter), parameter_cmp);
         *ret = (BuiltFamily) {
                 .mesh_id = b->plan.mesh ? b->plan.mesh->id : NULL,
                 .mesh_axis_size = b->plan.mesh ? b->plan.mesh->axis_size : NULL,
                 .axis_size = b->plan.resolved.axis_size,
                 .parameters = params,
                 .n_parameters = b->layout.n_parameters,
+                .sorted = true,
         };
-        l->last_id = rec->id;
-        l->last = *ret;
+        return 0;
+}
+
+static int lookup_build(const char *build_id, BuiltFamily *ret, void *userdata) {
+        Lookup *l = userdata;
+        BuildRecord *rec = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+        bool found;
+        int r;
+
+        size_t at = lookup_position(l, build_id, &found);
+        if (found) {
+                *ret = l->entries[at].built;
+                return 0;
+        }
+        if (build_table_get(l->builds, build_id, &rec, &e) < 0) {
+                bool missing = e.status == FAMILY_STATUS_NOT_FOUND;
+                family_error_done(&e);
+                return missing ? 1 : -ENOMEM;
+        }
+        if (!GREEDY_REALLOC(l->entries, l->allocated, l->n_entries + 1)) {
+                build_record_unref(rec);
+                return -ENOMEM;
+        }
+        LookupEntry entry = { .rec = rec };
+        r = built_family_make(l->arena, rec->payload, &entry.built);
+        if (r < 0) {
+                build_record_unref(rec);
+                return r;
+        }
+        memmove(&l->entries[at + 1], &l->entries[at],
+                (l->n_entries - at) * sizeof(LookupEntry));
+        l->entries[at] = entry;
+        l->n_entries++;
+        *ret = entry.built;
         return 0;
 }
 
 static void lookup_done(Lookup *l) {
-        for (size_t i = 0; i < l->n_held; i++)
-                build_record_unref(l->held[i]);
-        free(l->held);
+        for (size_t i = 0; i < l->n_entries; i++)
+                build_record_unref(l->entries[i].rec);
+        free(l->entries);
 }
 
 static int validate(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
@@ -77,7 +126,8 @@ static int validate(RpcContext *ctx, Arena *arena, const ProtobufCMessage *reque
         _cleanup_(violation_list_done) ViolationList violations = {};
         _cleanup_(mesh_unrefp) Mesh *mesh = NULL;
         ModelBoundary *boundaries = NULL;
-        size_t n = 0;
+        SharedParameter *shared = NULL;
+        size_t n = 0, n_shared = 0;
         ValidateJob job = {};
         int r;
 
@@ -98,9 +148,14 @@ static int validate(RpcContext *ctx, Arena *arena, const ProtobufCMessage *reque
                                ret_error);
         if (r < 0)
                 return r;
+        r = codec_shared_parameters_decode(arena, req->shared_parameters,
+                                           req->n_shared_parameters, &shared, &n_shared,
+                                           ret_error);
+        if (r < 0)
+                return r;
 
         Lookup l = { .builds = m->builds, .arena = arena };
-        r = validate_model(boundaries, n, &job, lookup_build, &l, &violations);
+        r = validate_model(boundaries, n, shared, n_shared, &job, lookup_build, &l, &violations);
         lookup_done(&l);
         if (r < 0)
                 return r;

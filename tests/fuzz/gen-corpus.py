@@ -150,6 +150,19 @@ validates = [msg(VR, v) for v in [
     {'boundaries': [{'fqns': [], 'buildId': ''}], 'context': {'meshId': 'mesh-0000000000000000'}},
     {'boundaries': [{'fqns': ['x'], 'buildId': BUILD_ATT, 'appliedLayout': {'parameters': [{'name': 'nope', 'shape': ['1']}]}}],
      'context': {'tpSize': 4}},
+    {'boundaries': [{'fqns': ['moe'], 'buildId': BUILD_GE}, {'fqns': ['attn'], 'buildId': BUILD_ATT}],
+     'context': {'meshId': MESH_EP},
+     'sharedParameters': [
+         {'uses': [{'fqn': 'moe.gate_up_proj', 'buildId': BUILD_GE, 'parameter': 'gate_up_proj'},
+                   {'fqn': 'moe.down_proj', 'buildId': BUILD_GE, 'parameter': 'down_proj'},
+                   {'fqn': 'attn.q_proj', 'buildId': BUILD_ATT, 'parameter': 'q_proj'},
+                   {'fqn': 'gone', 'buildId': 'bld-gone', 'parameter': 'w'},
+                   {'fqn': 'nope', 'buildId': BUILD_GE, 'parameter': 'nope'}]},
+         {'uses': [{'fqn': 'x', 'buildId': 'bld-gone', 'parameter': 'w'},
+                   {'fqn': 'y', 'buildId': BUILD_GE, 'parameter': 'gate_up_proj'}]}]},
+    {'boundaries': [], 'sharedParameters': [
+        {'uses': [{'fqn': 'a', 'buildId': BUILD_GE, 'parameter': 'gate_up_proj'}]},
+        {'uses': [{'fqn': '', 'buildId': '', 'parameter': ''}, {'fqn': 'b'}]}]},
 ]]
 getfamily = [msg(GF, {'family': f}) for f in
              ['grouped_experts', 'norm', 'hyper_parallel.components.modules.norm.RMSNorm', 'engram', '', 'nope']]

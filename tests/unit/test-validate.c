@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "core/resource-limits.h"
 #include "core/validate.h"
 
 static int64_t shape[] = { 8, 16, 16 };
@@ -49,7 +50,7 @@ static void test_clean_and_placements_as_sets(void **state) {
         ValidateJob j = job_on_mesh();
         _cleanup_(violation_list_done) ViolationList v = {};
 
-        assert_int_equal(validate_model(b, 2, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(b, 2, NULL, 0, &j, lookup, NULL, &v), 0);
         assert_int_equal(v.n, 0);
 }
 
@@ -74,7 +75,7 @@ static void test_all_kinds_in_order(void **state) {
         j.size[AXIS_CP] = 2;
         _cleanup_(violation_list_done) ViolationList v = {};
 
-        assert_int_equal(validate_model(b, 3, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(b, 3, NULL, 0, &j, lookup, NULL, &v), 0);
         const char *want[][2] = {
                 { "UNKNOWN_BUILD", "build 'gone' not found" },
                 { "MESH_MISMATCH", "context and mesh belong to different jobs" },
@@ -122,7 +123,7 @@ static void test_shared_against_the_first(void **state) {
         ValidateJob j = job_on_mesh();
         _cleanup_(violation_list_done) ViolationList v = {};
 
-        assert_int_equal(validate_model(b, 3, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(b, 3, NULL, 0, &j, lookup, NULL, &v), 0);
         size_t shared = 0;
         for (size_t i = 0; i < v.n; i++)
                 shared += streq(v.items[i].reason, "SHARED_PARAMETER_SHAPE");
@@ -167,7 +168,7 @@ static void test_dtype_per_parameter(void **state) {
                                     .has_layout = true,
                                     .layout = { .parameters = applied, .n_parameters = 2 } };
 
-                assert_int_equal(validate_model(&b, 1, &j, lookup_mixed, NULL, &v), 0);
+                assert_int_equal(validate_model(&b, 1, NULL, 0, &j, lookup_mixed, NULL, &v), 0);
                 assert_int_equal(v.n, cases[i].conflict ? 1 : 0);
                 if (cases[i].conflict) {
                         assert_string_equal(v.items[0].reason, "LAYOUT_CONFLICT");
@@ -182,8 +183,291 @@ static void test_dtype_per_parameter(void **state) {
         ModelBoundary b = { .fqns = fqns, .n_fqns = 1, .build_id = (char *) "b1", .has_layout = true,
                             .layout = { .parameters = &applied, .n_parameters = 1 } };
         _cleanup_(violation_list_done) ViolationList v = {};
-        assert_int_equal(validate_model(&b, 1, &j, lookup, NULL, &v), 0);
+        assert_int_equal(validate_model(&b, 1, NULL, 0, &j, lookup, NULL, &v), 0);
         assert_int_equal(v.n, 0);
+}
+
+/* Builds for shared parameters: an embedding "emb" and a head "head" whose parameters differ
+ * from emb's weight in one way each. */
+static int64_t emb_shape[] = { 32, 8 }, head_t_shape[] = { 8, 32 };
+static Placement tp0[] = { { .axis = (char *) "tp", .kind = PLACEMENT_SHARD, .dim = 0 } };
+static Placement tp0_as_set[] = {
+        { .axis = (char *) "dp", .kind = PLACEMENT_REPLICATE },
+        { .axis = (char *) "tp", .kind = PLACEMENT_SHARD, .dim = -2 },
+};
+static Placement tp1_cp0[] = {
+        { .axis = (char *) "tp", .kind = PLACEMENT_SHARD, .dim = 1 },
+        { .axis = (char *) "cp", .kind = PLACEMENT_SHARD, .dim = 0 },
+};
+static ValidateParameter emb_params[] = {
+        { .name = (char *) "weight", .shape = emb_shape, .n_dims = 2, .placements = tp0,
+          .n_placements = 1, .dtype = (char *) "bfloat16" },
+};
+static ValidateParameter head_params[] = {
+        { .name = (char *) "weight", .shape = emb_shape, .n_dims = 2, .placements = tp0_as_set,
+          .n_placements = 2, .dtype = (char *) "bf16" },
+        { .name = (char *) "transposed", .shape = head_t_shape, .n_dims = 2, .placements = tp0,
+          .n_placements = 1, .dtype = (char *) "bfloat16" },
+        { .name = (char *) "placed", .shape = emb_shape, .n_dims = 2, .placements = tp1_cp0,
+          .n_placements = 2, .dtype = (char *) "bfloat16" },
+        { .name = (char *) "replicated", .shape = emb_shape, .n_dims = 2,
+          .dtype = (char *) "bfloat16" },
+        { .name = (char *) "fp32", .shape = emb_shape, .n_dims = 2, .placements = tp0,
+          .n_placements = 1, .dtype = (char *) "float32" },
+        { .name = (char *) "all", .shape = head_t_shape, .n_dims = 2, .placements = tp1_cp0,
+          .n_placements = 2, .dtype = (char *) "float32" },
+        { .name = (char *) "undeclared", .shape = emb_shape, .n_dims = 2, .placements = tp0,
+          .n_placements = 1 },
+};
+
+static int lookup_tied(const char *id, BuiltFamily *ret, void *userdata) {
+        if (streq(id, "emb"))
+                *ret = (BuiltFamily) { .axis_size = resolved_sizes, .parameters = emb_params,
+                                       .n_parameters = ELEMENTSOF(emb_params) };
+        else if (streq(id, "head"))
+                *ret = (BuiltFamily) { .axis_size = resolved_sizes, .parameters = head_params,
+                                       .n_parameters = ELEMENTSOF(head_params) };
+        else
+                return 1;
+        return 0;
+}
+
+static ValidateJob job_plain(void) {
+        ValidateJob j = {};
+        for (Axis a = 0; a < _AXIS_MAX; a++)
+                j.size[a] = resolved_sizes[a];
+        return j;
+}
+
+#define USE(f, b, p) { .fqn = (char *) (f), .build_id = (char *) (b), .parameter = (char *) (p) }
+
+/* Equal shape, placements as sets (replicate dropped, dim normalised), dtype by alias: ok. */
+static void test_tied_equal(void **state) {
+        SharedParameterUse uses[] = { USE("embed.weight", "emb", "weight"),
+                                      USE("head.weight", "head", "weight"),
+                                      USE("again.weight", "emb", "weight"),
+                                      USE("loose.weight", "head", "undeclared") };
+        SharedParameter s = { .uses = uses, .n_uses = ELEMENTSOF(uses) };
+        ValidateJob j = job_plain();
+        _cleanup_(violation_list_done) ViolationList v = {};
+        FamilyError e = FAMILY_ERROR_NULL;
+
+        assert_int_equal(validate_shared_check(&s, 1, &e), 0);
+        assert_false(family_error_is_set(&e));
+        assert_int_equal(validate_model(NULL, 0, &s, 1, &j, lookup_tied, NULL, &v), 0);
+        assert_int_equal(v.n, 0);
+}
+
+static void assert_violation(const Violation *v, const char *message, const char *fqn0,
+                             const char *fqn1) {
+        assert_string_equal(v->reason, "SHARED_PARAMETER_CONFLICT");
+        assert_string_equal(v->message, message);
+        assert_int_equal(v->n_fqns, fqn1 ? 2 : 1);
+        assert_string_equal(v->fqns[0], fqn0);
+        if (fqn1)
+                assert_string_equal(v->fqns[1], fqn1);
+}
+
+/* Every message, each use against the first (not the one before), shared parameters after
+ * every boundary and in request order; an unknown first use once, the rest skipped. */
+static void test_tied_every_message_in_order(void **state) {
+        SharedParameterUse a[] = {
+                USE("embed.weight", "emb", "weight"),   USE("h.transposed", "head", "transposed"),
+                USE("h.placed", "head", "placed"),      USE("h.replicated", "head", "replicated"),
+                USE("h.fp32", "head", "fp32"),          USE("h.gone", "gone", "weight"),
+                USE("h.nope", "head", "nope"),          USE("h.weight", "head", "weight"),
+                USE("h.all", "head", "all"),
+        };
+        SharedParameterUse b[] = { USE("x.weight", "gone", "weight"), USE("y", "emb", "nope") };
+        SharedParameterUse c[] = { USE("z.weight", "emb", "nope"), USE("w", "gone", "weight") };
+        SharedParameter s[] = { { a, ELEMENTSOF(a) }, { b, 2 }, { c, 2 } };
+        char *u[] = { (char *) "u" };
+        ModelBoundary boundary = { .fqns = u, .n_fqns = 1, .build_id = (char *) "gone" };
+        ValidateJob j = job_plain();
+        _cleanup_(violation_list_done) ViolationList v = {};
+
+        assert_int_equal(validate_model(&boundary, 1, s, 3, &j, lookup_tied, NULL, &v), 0);
+        assert_int_equal(v.n, 12);
+        assert_string_equal(v.items[0].reason, "UNKNOWN_BUILD");
+        assert_violation(&v.items[1],
+                         "shared parameter 'h.transposed' has shape [8, 32] but 'embed.weight' "
+                         "has [32, 8]", "embed.weight", "h.transposed");
+        assert_violation(&v.items[2],
+                         "shared parameter 'h.placed' has placements [('tp', 1), ('cp', 0)] but "
+                         "'embed.weight' has [('tp', 0)]", "embed.weight", "h.placed");
+        assert_violation(&v.items[3],
+                         "shared parameter 'h.replicated' has placements [] but 'embed.weight' "
+                         "has [('tp', 0)]", "embed.weight", "h.replicated");
+        assert_violation(&v.items[4],
+                         "shared parameter 'h.fp32' has dtype 'float32' but 'embed.weight' has "
+                         "'bfloat16'", "embed.weight", "h.fp32");
+        assert_violation(&v.items[5],
+                         "shared parameter 'h.gone' is in build 'gone', which is not found",
+                         "embed.weight", "h.gone");
+        assert_violation(&v.items[6],
+                         "shared parameter 'h.nope' is not a parameter 'nope' of build 'head'",
+                         "embed.weight", "h.nope");
+        /* h.weight equals the first: nothing. h.all differs in all three, in order. */
+        assert_violation(&v.items[7],
+                         "shared parameter 'h.all' has shape [8, 32] but 'embed.weight' has "
+                         "[32, 8]", "embed.weight", "h.all");
+        assert_violation(&v.items[8],
+                         "shared parameter 'h.all' has placements [('tp', 1), ('cp', 0)] but "
+                         "'embed.weight' has [('tp', 0)]", "embed.weight", "h.all");
+        assert_violation(&v.items[9],
+                         "shared parameter 'h.all' has dtype 'float32' but 'embed.weight' has "
+                         "'bfloat16'", "embed.weight", "h.all");
+        assert_violation(&v.items[10],
+                         "shared parameter 'x.weight' is in build 'gone', which is not found",
+                         "x.weight", NULL);
+        assert_violation(&v.items[11],
+                         "shared parameter 'z.weight' is not a parameter 'nope' of build 'emb'",
+                         "z.weight", NULL);
+}
+
+/* A dtype either build leaves unstated is not compared; later uses compare with the first
+ * even when an earlier one differed. */
+static void test_tied_against_the_first(void **state) {
+        SharedParameterUse uses[] = { USE("a", "head", "undeclared"), USE("b", "head", "fp32"),
+                                      USE("c", "head", "transposed"), USE("d", "emb", "weight") };
+        SharedParameter s = { .uses = uses, .n_uses = ELEMENTSOF(uses) };
+        ValidateJob j = job_plain();
+        _cleanup_(violation_list_done) ViolationList v = {};
+
+        assert_int_equal(validate_model(NULL, 0, &s, 1, &j, lookup_tied, NULL, &v), 0);
+        assert_int_equal(v.n, 1);
+        assert_violation(&v.items[0], "shared parameter 'c' has shape [8, 32] but 'a' has [32, 8]",
+                         "a", "c");
+}
+
+/* A lookup that states its parameters sorted is searched by bisection: every name found,
+ * names before, between and after them not; applied layouts use the same search. */
+static ValidateParameter sorted_params[] = {
+        { .name = (char *) "a", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "c", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "e", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "g", .shape = emb_shape, .n_dims = 2 },
+        { .name = (char *) "i", .shape = emb_shape, .n_dims = 2 },
+};
+
+static int lookup_sorted(const char *id, BuiltFamily *ret, void *userdata) {
+        *ret = (BuiltFamily) { .axis_size = resolved_sizes, .parameters = sorted_params,
+                               .n_parameters = ELEMENTSOF(sorted_params), .sorted = true };
+        return 0;
+}
+
+static void test_tied_sorted_lookup(void **state) {
+        static const char *found[] = { "a", "c", "e", "g", "i" };
+        static const char *missing[] = { "", "0", "b", "d", "f", "h", "j", "aa" };
+        ValidateJob j = job_plain();
+
+        for (size_t i = 0; i < ELEMENTSOF(found); i++) {
+                SharedParameterUse uses[] = { USE("x", "s", "a"), USE("y", "s", found[i]) };
+                SharedParameter s = { uses, 2 };
+                _cleanup_(violation_list_done) ViolationList v = {};
+                assert_int_equal(validate_model(NULL, 0, &s, 1, &j, lookup_sorted, NULL, &v), 0);
+                assert_int_equal(v.n, 0);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(missing); i++) {
+                SharedParameterUse uses[] = { USE("x", "s", "a"), USE("y", "s", missing[i]) };
+                SharedParameter s = { uses, 2 };
+                ValidateParameter applied = sorted_params[0];
+                applied.name = (char *) missing[i];
+                char *fqns[] = { (char *) "m" };
+                ModelBoundary b = { .fqns = fqns, .n_fqns = 1, .build_id = (char *) "s",
+                                    .has_layout = true,
+                                    .layout = { .parameters = &applied, .n_parameters = 1 } };
+                _cleanup_(violation_list_done) ViolationList v = {};
+                assert_int_equal(validate_model(&b, 1, &s, 1, &j, lookup_sorted, NULL, &v), 0);
+                assert_int_equal(v.n, 2);
+                assert_string_equal(v.items[0].reason, "LAYOUT_CONFLICT");
+                assert_string_equal(v.items[1].reason, "SHARED_PARAMETER_CONFLICT");
+        }
+}
+
+static void assert_malformed(const SharedParameter *s, size_t n, const char *reason,
+                             const char *field, const char *message) {
+        FamilyError e = FAMILY_ERROR_NULL;
+
+        assert_int_equal(validate_shared_check(s, n, &e), -EINVAL);
+        assert_int_equal(e.status, FAMILY_STATUS_INVALID_ARGUMENT);
+        assert_string_equal(e.reason, reason);
+        assert_string_equal(e.field, field);
+        assert_string_equal(e.message, message);
+        family_error_done(&e);
+}
+
+static void assert_well_formed(const SharedParameter *s, size_t n) {
+        FamilyError e = FAMILY_ERROR_NULL;
+        assert_int_equal(validate_shared_check(s, n, &e), 0);
+        assert_false(family_error_is_set(&e));
+}
+
+/* The limits and required fields, each at its bound and one past it, first problem first. */
+static void test_tied_malformed(void **state) {
+        SharedParameterUse many[FAMILYD_MAX_SHARED_PARAMETER_USES + 1];
+        for (size_t i = 0; i < ELEMENTSOF(many); i++)
+                many[i] = (SharedParameterUse) USE("f", "emb", "weight");
+        _cleanup_free_ SharedParameter *lots = calloc(FAMILYD_MAX_SHARED_PARAMETERS + 1,
+                                                       sizeof(SharedParameter));
+        assert_non_null(lots);
+        for (size_t i = 0; i <= FAMILYD_MAX_SHARED_PARAMETERS; i++)
+                lots[i] = (SharedParameter) { many, 2 };
+
+        assert_well_formed(lots, FAMILYD_MAX_SHARED_PARAMETERS);
+        assert_malformed(lots, FAMILYD_MAX_SHARED_PARAMETERS + 1, "LIMIT", "shared_parameters",
+                         "shared_parameters has more than 4096 entries");
+        assert_well_formed(&(SharedParameter) { many, FAMILYD_MAX_SHARED_PARAMETER_USES }, 1);
+        assert_malformed(&(SharedParameter) { many, FAMILYD_MAX_SHARED_PARAMETER_USES + 1 }, 1,
+                         "LIMIT", "shared_parameters.uses",
+                         "a shared parameter has more than 64 uses");
+        assert_malformed(&(SharedParameter) { many, 1 }, 1, "BAD_REQUEST",
+                         "shared_parameters.uses", "a shared parameter has fewer than two uses");
+        assert_malformed(&(SharedParameter) { NULL, 0 }, 1, "BAD_REQUEST",
+                         "shared_parameters.uses", "a shared parameter has fewer than two uses");
+
+        char fqn[1026], id[258];
+        memset(fqn, 'f', sizeof(fqn) - 1);
+        memset(id, 'i', sizeof(id) - 1);
+        fqn[1024] = id[256] = 0;
+        SharedParameterUse at_limit[] = { USE(fqn, id, id), USE("f", "emb", "weight") };
+        assert_well_formed(&(SharedParameter) { at_limit, 2 }, 1);
+        fqn[1024] = 'f';
+        fqn[1025] = 0;
+        id[256] = 'i';
+        id[257] = 0;
+        static const struct {
+                const char *fqn, *build_id, *parameter, *reason, *field, *message;
+        } cases[] = {
+                { "", "emb", "weight", "BAD_REQUEST", "shared_parameters.uses.fqn",
+                  "shared_parameters.uses.fqn is required" },
+                { "f", "", "weight", "BAD_REQUEST", "shared_parameters.uses.build_id",
+                  "shared_parameters.uses.build_id is required" },
+                { "f", "emb", NULL, "BAD_REQUEST", "shared_parameters.uses.parameter",
+                  "shared_parameters.uses.parameter is required" },
+                { NULL, "", "", "BAD_REQUEST", "shared_parameters.uses.fqn",
+                  "shared_parameters.uses.fqn is required" },
+                { "long", "emb", "weight", "LIMIT", "shared_parameters.uses.fqn",
+                  "shared_parameters.uses.fqn is longer than 1024 bytes" },
+                { "f", "long", "weight", "LIMIT", "shared_parameters.uses.build_id",
+                  "shared_parameters.uses.build_id is longer than 256 bytes" },
+                { "f", "emb", "long", "LIMIT", "shared_parameters.uses.parameter",
+                  "shared_parameters.uses.parameter is longer than 256 bytes" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                SharedParameterUse bad = {
+                        .fqn = (char *) (streq_ptr(cases[i].fqn, "long") ? fqn : cases[i].fqn),
+                        .build_id = (char *) (streq_ptr(cases[i].build_id, "long")
+                                                      ? id : cases[i].build_id),
+                        .parameter = (char *) (streq_ptr(cases[i].parameter, "long")
+                                                       ? id : cases[i].parameter),
+                };
+                /* the bad use second, in the second shared parameter, after a well-formed one;
+                 * a later problem (one use) does not hide it */
+                SharedParameterUse uses[] = { USE("f", "emb", "weight"), bad };
+                SharedParameter s[] = { { many, 2 }, { uses, 2 }, { many, 1 } };
+                assert_malformed(s, 3, cases[i].reason, cases[i].field, cases[i].message);
+        }
 }
 
 int main(void) {
@@ -192,6 +476,11 @@ int main(void) {
                 cmocka_unit_test(test_all_kinds_in_order),
                 cmocka_unit_test(test_shared_against_the_first),
                 cmocka_unit_test(test_dtype_per_parameter),
+                cmocka_unit_test(test_tied_equal),
+                cmocka_unit_test(test_tied_every_message_in_order),
+                cmocka_unit_test(test_tied_against_the_first),
+                cmocka_unit_test(test_tied_sorted_lookup),
+                cmocka_unit_test(test_tied_malformed),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

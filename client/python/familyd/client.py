@@ -651,7 +651,8 @@ class Client:
         return m
 
     def validate_request(self, boundaries: Iterable[BoundaryLike],
-                         context: Union[Mapping[str, Any], Message, None] = None) -> Message:
+                         context: Union[Mapping[str, Any], Message, None] = None,
+                         shared_parameters: Optional[Iterable[Any]] = None) -> Message:
         """The familyd.v1.ValidateRequest that validate() sends (see there)."""
         req = self.protos.cls("familyd.v1.ValidateRequest")()
         for b in boundaries:
@@ -661,10 +662,52 @@ class Client:
                 req.context.CopyFrom(self._context(**context))
             else:
                 req.context.CopyFrom(self._message("familyd.v1.JobContext", context))
+
+        def build_id(build: Any) -> str:
+            if isinstance(build, Build):
+                return str(build.id)
+            if hasattr(build, "build_id"):      # a familyd.v1.Build message
+                return str(build.build_id)
+            return "" if build is None else str(build)
+
+        def use(u: Any) -> Message:
+            if hasattr(u, "DESCRIPTOR"):
+                return self._message("familyd.v1.SharedParameterUse", u)
+            if isinstance(u, (tuple, list)):
+                if len(u) != 3:
+                    raise ValueError("a shared parameter use tuple is (fqn, build, parameter)")
+                fqn, build, parameter = u
+            elif isinstance(u, dict):
+                known = {"fqn", "build", "build_id", "buildId", "parameter"}
+                unknown = set(u) - known
+                if unknown:
+                    raise ValueError("unknown shared parameter use keys %s (%s)"
+                                     % (sorted(unknown), sorted(known)))
+                fqn, parameter = u.get("fqn", ""), u.get("parameter", "")
+                build = u.get("build", u.get("build_id", u.get("buildId")))
+            else:
+                raise TypeError("a shared parameter use is a dict, a (fqn, build, parameter) "
+                                "tuple or a familyd.v1.SharedParameterUse, not %r"
+                                % type(u).__name__)
+            return self.protos.cls("familyd.v1.SharedParameterUse")(
+                fqn=str(fqn), build_id=build_id(build), parameter=str(parameter))
+
+        for shared in shared_parameters or ():
+            if hasattr(shared, "DESCRIPTOR"):
+                req.shared_parameters.add().CopyFrom(
+                    self._message("familyd.v1.SharedParameter", shared))
+            elif isinstance(shared, (str, bytes, dict)):
+                raise TypeError("a shared parameter is a list of uses or a "
+                                "familyd.v1.SharedParameter, not %r" % type(shared).__name__)
+            else:
+                m = req.shared_parameters.add()
+                for u in shared:
+                    m.uses.add().CopyFrom(use(u))
         return req
 
     def validate(self, boundaries: Iterable[BoundaryLike],
-                 context: Union[Mapping[str, Any], Message, None] = None) -> ValidateResult:
+                 context: Union[Mapping[str, Any], Message, None] = None,
+                 shared_parameters: Optional[Iterable[Any]] = None) -> ValidateResult:
         """Validate: the trainer's model against its job; a ValidateResult (ok, violations).
 
         boundaries: one per built instance, in model order, each a dict {"fqns": [...],
@@ -672,11 +715,16 @@ class Client:
         its proto3 JSON dict (optional)}, a tuple (fqns, build[, applied_layout]), a Build
         alone (no fqns), or a familyd.v1.ModelBoundary. context: keyword arguments of the job
         context as for build() (mesh_id=..., ep_size=4, active=("ep",)), a proto3 JSON dict
-        ({"epSize": 4}) or a familyd.v1.JobContext. A model with violations is not an error:
-        .ok is False and .violations lists them all; FamilydError is for refused calls.
+        ({"epSize": 4}) or a familyd.v1.JobContext. shared_parameters: the parameters the
+        model ties across builds, each a list of its uses (at least two; each later use is
+        compared with the first), a use being a dict {"fqn": "head.weight", "build_id":
+        "bld-..." (or "build": a Build), "parameter": "weight"}, a (fqn, build, parameter)
+        tuple or a familyd.v1.SharedParameterUse; or a familyd.v1.SharedParameter. A model
+        with violations is not an error: .ok is False and .violations lists them all;
+        FamilydError is for refused calls (a malformed shared parameter among them).
         """
         resp = self.call("familyd.v1.FamilyService/Validate",
-                         self.validate_request(boundaries, context))
+                         self.validate_request(boundaries, context, shared_parameters))
         return ValidateResult(bool(resp.ok), list(resp.violations))
 
     def fetch_shards(self, build: Message, writable: bool = False,
