@@ -132,7 +132,7 @@ def validate_model(client: Client, model: torch.nn.Module,
     request = [{"fqns": list(b.fqns), "build_id": b.build_id,
                 "applied_layout": applied_layout(b.module)} for b in boundaries]
     result = client.validate(request, _context(context),
-                             shared_parameters=shared_parameters(boundaries))  # type: ignore[call-arg]
+                             shared_parameters=shared_parameters(boundaries))
     violations = list(result.violations)
     if violations and raise_errors:
         raise ModelValidationError(violations)
