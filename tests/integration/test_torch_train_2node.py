@@ -47,7 +47,7 @@ class TrainTwoNodes(unittest.TestCase):
 
     def launch_job(self, outdir):
         """Both nodes' launchers at once; the example's JSON (written by torch rank 0)."""
-        port = C.free_port()
+        port = cluster_harness.free_port()        # below UCX's ephemeral ports
         path = os.path.join(outdir, "job.json")
         procs = []
         for node in range(2):

@@ -237,8 +237,6 @@ def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh],
     dp_group = mesh.groups.get("dp") if mesh is not None else None
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     dp_rank = dist.get_rank(dp_group) if dp_group is not None else 0
-    if args.batch % dp:
-        raise SystemExit("train_moe: --batch %d does not split over dp=%d" % (args.batch, dp))
     rows = args.batch // dp
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     losses, norms = [], []
@@ -289,14 +287,19 @@ def setup(client: Any, args: argparse.Namespace) -> Optional[FT.JobMesh]:
         return None
     job = FT.init(client)
     world = job.world_size
+    refusal = None
     if world % args.tp or world % args.ep:
-        raise SystemExit("train_moe: %d ranks do not split into tp=%d and ep=%d"
-                         % (world, args.tp, args.ep))
-    if (args.batch // max(1, world // args.tp)) * args.seq % args.tp:
-        raise SystemExit("train_moe: a dp rank's tokens do not split over tp=%d" % args.tp)
-    if CONFIG["vocab_size"] % args.tp:
-        raise SystemExit("train_moe: the head's vocabulary does not split evenly over tp=%d"
-                         % args.tp)
+        refusal = "%d ranks do not split into tp=%d and ep=%d" % (world, args.tp, args.ep)
+    elif args.batch % (world // args.tp):
+        refusal = "--batch %d does not split over dp=%d" % (args.batch, world // args.tp)
+    elif (args.batch // (world // args.tp)) * args.seq % args.tp:
+        refusal = "a dp rank's tokens do not split over tp=%d" % args.tp
+    elif CONFIG["vocab_size"] % args.tp:
+        refusal = "the head's vocabulary does not split evenly over tp=%d" % args.tp
+    if refusal is not None:         # every rank refuses: leave torch.distributed together
+        dist.barrier()
+        dist.destroy_process_group()
+        raise SystemExit("train_moe: " + refusal)
     return FT.job_mesh(client, job, {"dp": world // args.tp, "tp": args.tp},
                        {"edp_shard": world // args.ep, "ep": args.ep})
 
