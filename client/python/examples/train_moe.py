@@ -39,13 +39,15 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import familyd  # noqa: E402
+try:
+    import familyd
+except ImportError:   # run from a checkout without installing the package: client/python
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import familyd
 import familyd.torch as FT  # noqa: E402
 
 CONFIG = {"vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4,
