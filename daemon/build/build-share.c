@@ -4,11 +4,12 @@
  * DESIGN: a materialising Build is found by its sharing key: the Build message the build would
  * be (plan, layout, dtypes: whatever the message describes counts, new fields included) and
  * what the message leaves out (mesh id, seed, the ranks materialised here, writability, the
- * caller's uid, the registry digest). The lock of BuildSharing makes "find a live build, else a
- * Build in flight, else reserve and become one" a single step, so two callers with the same
- * request get one build and one fill: the second joins the first's flight and is answered
- * when it lands. A flight's fill goes on while any waiter still waits; its landing gives every
- * waiter still there a reference, in the same step that makes the build findable by key.
+ * caller's uid, the registry digest, the source_config fields a replacement's inits took). The
+ * lock of BuildSharing makes "find a live build, else a Build in flight, else reserve and become
+ * one" a single step, so two callers with the same request get one build and one fill: the
+ * second joins the first's flight and is answered when it lands. A flight's fill goes on while
+ * any waiter still waits; its landing gives every waiter still there a reference, in the same
+ * step that makes the build findable by key.
  *
  * References belong to processes (build-caller.c); the watcher thread (build-watch.c) drops a
  * process's references when its pidfd says it exited, and frees builds whose grace period
@@ -184,11 +185,44 @@ static int holder_limit(FamilyError *e) {
                                 "holder limit reached: %u processes", BUILD_TABLE_MAX_HOLDERS);
 }
 
+/*
+ * "init_fields=name=value;...": the source_config fields a replacement's inits took, ints in
+ * decimal and floats exactly (%a). The Build message holds neither source_config nor inits, and
+ * these with the layout's shapes and the registry decide the fill. NULL when there are none, so
+ * the keys of every other build stay as they were.
+ */
+static int init_fields_text(const ValueMap *m, char **ret) {
+        _cleanup_free_ char *t = NULL;
+
+        *ret = NULL;
+        if (m->n == 0)
+                return 0;
+        t = strdup("init_fields=");
+        if (!t)
+                return -ENOMEM;
+        for (size_t i = 0; i < m->n; i++) {
+                const Value *v = &m->items[i].value;
+                char *n = NULL;
+                int k;
+
+                if (v->kind == VALUE_INT)
+                        k = asprintf(&n, "%s%s=%" PRId64 ";", t, m->items[i].name, v->i);
+                else
+                        k = asprintf(&n, "%s%s=%a;", t, m->items[i].name, v->f);
+                if (k < 0)
+                        return -ENOMEM;
+                free(t);
+                t = n;
+        }
+        *ret = TAKE_PTR(t);
+        return 0;
+}
+
 /* The sharing key of b for a caller of uid (DESIGN). */
 static int share_key(const BuildState *b, const BuildRequest *req, uint32_t uid, uint8_t **ret,
                      size_t *ret_size) {
         _cleanup_(arena_done) Arena a;
-        _cleanup_free_ char *ranks = NULL;
+        _cleanup_free_ char *ranks = NULL, *inits = NULL;
         char mesh[300], seed[64], dtype[64], owner[64], writable[32], module[320], registry[96];
         CodecBuild view;
         int r;
@@ -212,8 +246,11 @@ static int share_key(const BuildState *b, const BuildRequest *req, uint32_t uid,
         (void) snprintf(module, sizeof module, "module=%s", strempty(b->plan.module_fqn));
         /* The registry the build is made from: a reload that changes it changes the key. */
         (void) snprintf(registry, sizeof registry, "registry=%s", b->registry_digest);
-        const char *extra[] = { mesh, seed, dtype, ranks, writable, owner, module, registry };
-        return codec_build_key(&view, extra, ELEMENTSOF(extra), ret, ret_size);
+        r = init_fields_text(&b->plan.init_fields, &inits);
+        if (r < 0)
+                return r;
+        const char *extra[] = { mesh, seed, dtype, ranks, writable, owner, module, registry, inits };
+        return codec_build_key(&view, extra, ELEMENTSOF(extra) - !inits, ret, ret_size);
 }
 
 static BuildFlight *flight_find(BuildSharing *s, const uint8_t *key, size_t size) {

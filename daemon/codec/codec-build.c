@@ -162,6 +162,16 @@ int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, BuildRequest
                         return r;
         }
 
+        /* The source module's config: as config, and bounded as config. */
+        if (pb->source_config) {
+                req.has_source_config = true;
+                r = codec_value_map_decode((void *const *) pb->source_config->fields,
+                                           pb->source_config->n_fields, "source_config",
+                                           &req.source_config, ret_error);
+                if (r < 0)
+                        return r;
+        }
+
         r = codec_check_length(pb->module_fqn, FAMILYD_MAX_NAME_LENGTH * 4, "module_fqn",
                                ret_error);
         if (r < 0)

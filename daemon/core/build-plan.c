@@ -86,6 +86,7 @@ void build_request_done(BuildRequest *r) {
         free(r->mesh_id);
         materialize_options_done(&r->materialize);
         parameter_dtypes_free(r->parameter_dtypes, r->n_parameter_dtypes);
+        value_map_done(&r->source_config);
         *r = (BuildRequest) {};
 }
 
@@ -125,6 +126,7 @@ void build_plan_done(BuildPlan *p) {
         free(p->parameters);
         value_map_done(&p->config);
         value_map_done(&p->bound_fields);
+        value_map_done(&p->init_fields);
         materialize_options_done(&p->materialize);
         parameter_dtypes_free(p->parameter_dtypes, p->n_parameter_dtypes);
         *p = (BuildPlan) {};
@@ -164,6 +166,11 @@ static int check_origin(const BuildRequest *req, const char **ret_fqn, FamilyErr
         if (req->has_config == req->has_module)
                 return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "BINDING", NULL,
                                         "provide exactly one of config or module");
+        /* A direct build's config is the one config: a second would only contradict it. */
+        if (req->has_config && req->has_source_config)
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "BINDING", "source_config",
+                                        "source_config is only for a replacement (module); a direct "
+                                        "build's config is BuildRequest.config");
 
         const char *fqn = strempty(req->module_fqn);
         if (req->has_module && !isempty(req->module.fqn)) {
@@ -349,18 +356,50 @@ static int init_number_direct(const char *param, const InitNumber *x, const Valu
         return 0;
 }
 
-/* A number of a replacement build's init: a literal, or a field the source's shapes bound. */
-static bool init_number_bound(const InitNumber *x, const ValueMap *bound, double *ret) {
+/*
+ * A number of a replacement build's init: a literal, a field the source's shapes bound, else
+ * source_config's field (an int or a float; recorded in init_fields). 1: *ret set; 0: the field
+ * is in neither (the init is then zeros); -EINVAL with e filled: source_config's field is no number.
+ */
+static int init_number_bound(const InitNumber *x, const ValueMap *bound,
+                             const ValueMap *source_config, ValueMap *init_fields, double *ret,
+                             FamilyError *e) {
+        const Value *v;
+        Value copy;
+        int r;
+
         if (!x->field) {
                 *ret = x->value;
-                return true;
+                return 1;
         }
 
-        const Value *v = value_map_get(bound, x->field);
-        if (!v || v->kind != VALUE_INT)
-                return false;
-        *ret = (double) v->i;
-        return true;
+        v = value_map_get(bound, x->field);
+        if (v && v->kind == VALUE_INT) {
+                *ret = (double) v->i;
+                return 1;
+        }
+
+        v = value_map_get(source_config, x->field);
+        if (!v)
+                return 0;
+        if (v->kind == VALUE_INT)
+                *ret = (double) v->i;
+        else if (v->kind == VALUE_FLOAT)
+                *ret = v->f;
+        else
+                return fail_q(e, "CONFIG", x->field, "config field %s must be float", x->field);
+
+        if (value_map_get(init_fields, x->field))
+                return 1;
+        r = value_copy(v, &copy);
+        if (r < 0)
+                return r;
+        r = value_map_put(init_fields, x->field, &copy);
+        if (r < 0) {
+                value_done(&copy);
+                return r;
+        }
+        return 1;
 }
 
 static int copy_placements(const ParameterSpec *p, PlanParameter *out) {
@@ -510,8 +549,78 @@ static int check_bound_dim(const Expr *x, int64_t have, const ValueMap *bound, c
         return fail_contradiction(e, fqn, param, shape, n_dims, what);
 }
 
-static int plan_replacement(const ParameterSpec *params, size_t n, const SourceModule *m, const char *fqn,
-                            PlanParameter *out, ValueMap *bound, FamilyError *e) {
+/*
+ * Lone field names bind, in declared order; a later disagreement contradicts the first binding.
+ * A field that source_config also gives must hold the same int there: the first binding that
+ * disagrees with it contradicts source_config's value.
+ */
+static int bind_lone_fields(const ParameterSpec *params, size_t n, const char *fqn, const PlanParameter *out,
+                            const ValueMap *source_config, ValueMap *bound, FamilyError *e) {
+        int r;
+
+        for (size_t i = 0; i < n; i++)
+                for (size_t d = 0; d < params[i].n_dims; d++) {
+                        const char *name;
+                        int64_t want;
+
+                        if (!expr_is_field(params[i].shape[d], &name))
+                                continue;
+
+                        const Value *v = value_map_get(bound, name), *given = value_map_get(source_config, name);
+                        if (v)
+                                want = v->i;
+                        else if (given && given->kind != VALUE_INT)
+                                return fail_q(e, "CONFIG", name, "config field %s must be int", name);
+                        else if (given)
+                                want = given->i;
+                        else
+                                want = out[i].shape[d];
+
+                        if (want != out[i].shape[d]) {
+                                _cleanup_free_ char *what = NULL;
+                                if (asprintf(&what, "%s=%" PRId64, name, want) < 0)
+                                        return -ENOMEM;
+                                return fail_contradiction(e, fqn, params[i].name, out[i].shape, out[i].n_dims,
+                                                          what);
+                        }
+                        if (v)
+                                continue;
+                        Value x = { .kind = VALUE_INT, .i = want };
+                        r = value_map_put(bound, name, &x);
+                        if (r < 0)
+                                return r;
+                }
+        return 0;
+}
+
+/* Inits: a field-named number comes from the bindings, else source_config, or the init is zeros. */
+static int resolve_replacement_inits(const ParameterSpec *params, size_t n, const ValueMap *bound,
+                                     const ValueMap *source_config, PlanParameter *out, ValueMap *init_fields,
+                                     FamilyError *e) {
+        int ra, rb;
+
+        for (size_t i = 0; i < n; i++) {
+                ResolvedInit init = { .kind = params[i].init.kind };
+
+                ra = init_number_bound(&params[i].init.a, bound, source_config, init_fields, &init.a, e);
+                if (ra < 0)
+                        return ra;
+                rb = init_number_bound(&params[i].init.b, bound, source_config, init_fields, &init.b, e);
+                if (rb < 0)
+                        return rb;
+                if (ra > 0 && rb > 0) {
+                        out[i].init = init;
+                        out[i].init_resolved = true;
+                } else
+                        out[i].init = (ResolvedInit) { .kind = INIT_ZEROS };
+        }
+        return 0;
+}
+
+static int plan_replacement(const ParameterSpec *params, size_t n, const BuildRequest *req, const char *fqn,
+                            BuildPlan *plan, FamilyError *e) {
+        const SourceModule *m = &req->module;
+        PlanParameter *out = plan->parameters;
         int r;
 
         /* Every declared parameter present, with its rank and a usable shape. */
@@ -540,54 +649,23 @@ static int plan_replacement(const ParameterSpec *params, size_t n, const SourceM
                         return r;
         }
 
-        /* Lone field names bind, in declared order; a later disagreement contradicts the first binding. */
-        for (size_t i = 0; i < n; i++)
-                for (size_t d = 0; d < params[i].n_dims; d++) {
-                        const char *name;
-
-                        if (!expr_is_field(params[i].shape[d], &name))
-                                continue;
-
-                        const Value *v = value_map_get(bound, name);
-                        if (!v) {
-                                Value x = { .kind = VALUE_INT, .i = out[i].shape[d] };
-                                r = value_map_put(bound, name, &x);
-                                if (r < 0)
-                                        return r;
-                                continue;
-                        }
-                        if (v->i == out[i].shape[d])
-                                continue;
-
-                        _cleanup_free_ char *what = NULL;
-                        if (asprintf(&what, "%s=%" PRId64, name, v->i) < 0)
-                                return -ENOMEM;
-                        return fail_contradiction(e, fqn, params[i].name, out[i].shape, out[i].n_dims, what);
-                }
+        r = bind_lone_fields(params, n, fqn, out, &req->source_config, &plan->bound_fields, e);
+        if (r < 0)
+                return r;
 
         /* Every other expression, now that the bindings are complete. */
         for (size_t i = 0; i < n; i++)
                 for (size_t d = 0; d < params[i].n_dims; d++) {
                         if (expr_is_field(params[i].shape[d], NULL))
                                 continue;
-                        r = check_bound_dim(params[i].shape[d], out[i].shape[d], bound, fqn, params[i].name,
-                                            out[i].shape, out[i].n_dims, e);
+                        r = check_bound_dim(params[i].shape[d], out[i].shape[d], &plan->bound_fields, fqn,
+                                            params[i].name, out[i].shape, out[i].n_dims, e);
                         if (r < 0)
                                 return r;
                 }
 
-        /* Inits: no config, so a field-named number comes from the bindings, or the init is zeros. */
-        for (size_t i = 0; i < n; i++) {
-                ResolvedInit init = { .kind = params[i].init.kind };
-
-                if (init_number_bound(&params[i].init.a, bound, &init.a) &&
-                    init_number_bound(&params[i].init.b, bound, &init.b)) {
-                        out[i].init = init;
-                        out[i].init_resolved = true;
-                } else
-                        out[i].init = (ResolvedInit) { .kind = INIT_ZEROS };
-        }
-        return 0;
+        return resolve_replacement_inits(params, n, &plan->bound_fields, &req->source_config, out,
+                                         &plan->init_fields, e);
 }
 
 static int plan_parameters(const Family *f, const Variant *v, const BuildRequest *req, BuildOrigin origin,
@@ -607,7 +685,7 @@ static int plan_parameters(const Family *f, const Variant *v, const BuildRequest
         plan->n_parameters = n;
 
         if (origin == BUILD_ORIGIN_REPLACEMENT)
-                return plan_replacement(params, n, &req->module, fqn, plan->parameters, &plan->bound_fields, e);
+                return plan_replacement(params, n, req, fqn, plan, e);
 
         for (size_t i = 0; i < n; i++) {
                 r = plan_direct_parameter(&params[i], &req->config, &plan->parameters[i], e);

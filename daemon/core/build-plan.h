@@ -75,6 +75,8 @@ typedef struct BuildRequest {
         bool writable;      /* shards handed out writable, for shared mappings */
         ParameterDtype *parameter_dtypes; /* in the order sent; a name given twice: the last wins */
         size_t n_parameter_dtypes;
+        bool has_source_config; /* only with a module: the source module's config */
+        ValueMap source_config;
 } BuildRequest;
 
 void build_request_done(BuildRequest *r);
@@ -109,8 +111,9 @@ typedef struct PlanParameter {
         Placement *placements; /* copied from the registry */
         size_t n_placements;
         ResolvedInit init;
-        /* false only in a replacement build whose init names a config field that the source's
-         * shapes do not bind: init is then zeros (the trainer copies the source's values). */
+        /* false only in a replacement build whose init names a config field that neither the
+         * source's shapes bind nor source_config gives: init is then zeros (the trainer copies
+         * the source's values). */
         bool init_resolved;
         char *init_text; /* the declared init, canonical text ("normal(mean=0, std=initializer_range)") */
         char *dtype;     /* the registry's dtype for it, canonical; NULL: none */
@@ -128,6 +131,10 @@ typedef struct BuildPlan {
         bool has_config;
         ValueMap config; /* snapshot (direct); empty for replacement */
         ValueMap bound_fields; /* replacement: config fields bound by the source's shapes (ints), in binding order */
+        /* Replacement: the source_config fields that init numbers took (none bound by the shapes),
+         * first use first. With bound_fields (the layout's shapes) and the registry they decide
+         * every init: the sharing key holds them. */
+        ValueMap init_fields;
         MaterializeOptions materialize;
         ParameterDtype *parameter_dtypes; /* the request's; build_plan_check_dtypes() checks them */
         size_t n_parameter_dtypes;

@@ -174,6 +174,11 @@ static void attn_config(BuildRequest *r) {
         cfg(r, "lo", INT(-1));
 }
 
+static void scfg(BuildRequest *r, const char *name, Value v) {
+        r->has_source_config = true;
+        assert_int_equal(value_map_put(&r->source_config, name, &v), 0);
+}
+
 static void module(BuildRequest *r, const char *fqn) {
         r->has_module = true;
         free(r->module.fqn);
@@ -1095,6 +1100,138 @@ static void test_replacement_failures(void **state) {
         }
 }
 
+/* BuildRequest.source_config: a replacement's init numbers, after the source's bindings. */
+static void test_replacement_source_config(void **state) {
+        BuildRequest r;
+
+        /* direct: refused, whatever it holds (an empty one is present too) */
+        r = req("grouped_experts");
+        grouped_config(&r);
+        scfg(&r, "initializer_range", FLOAT(0.02));
+        INVALID(r, "BINDING",
+                "source_config is only for a replacement (module); a direct build's config is BuildRequest.config");
+        r = req("nop");
+        r.has_config = true;
+        r.has_source_config = true;
+        INVALID(r, "BINDING",
+                "source_config is only for a replacement (module); a direct build's config is BuildRequest.config");
+        /* neither config nor module: step 2's first error stands */
+        r = req("grouped_experts");
+        scfg(&r, "initializer_range", FLOAT(0.02));
+        INVALID(r, "BINDING", "provide exactly one of config or module");
+
+        /* the fallback: the registry's init, as the direct build of that config has it */
+        {
+                BuildRequest d = req("grouped_experts");
+                grouped_config(&d);
+                _cleanup_(build_plan_done) BuildPlan direct = expect_ok(d);
+
+                r = req("grouped_experts");
+                grouped_source(&r, 8, 16, 64, 8, 32, 16);
+                scfg(&r, "num_experts", INT(8));
+                scfg(&r, "hidden_size", INT(16));
+                scfg(&r, "moe_intermediate_size", INT(32));
+                scfg(&r, "initializer_range", FLOAT(0.02));
+                scfg(&r, "unused", STRING("anything"));
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                assert_int_equal(p.n_parameters, direct.n_parameters);
+                for (size_t i = 0; i < p.n_parameters; i++) {
+                        assert_true(p.parameters[i].init_resolved);
+                        assert_int_equal(p.parameters[i].init.kind, direct.parameters[i].init.kind);
+                        assert_true(p.parameters[i].init.a == direct.parameters[i].init.a);
+                        assert_true(p.parameters[i].init.b == direct.parameters[i].init.b);
+                        assert_int_equal(p.parameters[i].n_elements, direct.parameters[i].n_elements);
+                }
+                assert_int_equal(p.parameters[0].init.kind, INIT_NORMAL);
+                assert_true(p.parameters[0].init.b == 0.02);
+                /* only the field an init took; the shapes bind the others */
+                assert_int_equal(p.init_fields.n, 1);
+                assert_string_equal(p.init_fields.items[0].name, "initializer_range");
+                assert_true(p.init_fields.items[0].value.f == 0.02);
+                assert_int_equal(p.bound_fields.n, 3);
+                assert_false(p.has_config);
+        }
+        /* an int is a number too; a field it lacks leaves that parameter zeros */
+        {
+                r = req("grouped_experts");
+                grouped_source(&r, 4, 32, 32, 4, 16, 32);
+                scfg(&r, "initializer_range", INT(2));
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                assert_true(p.parameters[0].init.b == 2.0);
+                assert_int_equal(p.init_fields.items[0].value.kind, VALUE_INT);
+
+                r = req("grouped_experts");
+                grouped_source(&r, 4, 32, 32, 4, 16, 32);
+                scfg(&r, "other", FLOAT(0.5));
+                _cleanup_(build_plan_done) BuildPlan z = expect_ok(r);
+                assert_false(z.parameters[0].init_resolved);
+                assert_int_equal(z.parameters[0].init.kind, INIT_ZEROS);
+                assert_int_equal(z.init_fields.n, 0);
+        }
+        /* the bound value wins: n comes from the shapes (and agrees), m from source_config */
+        {
+                r = req("attn");
+                arg(&r, "pick", STRING("bound_init"));
+                module(&r, "m");
+                src(&r, "w", 2, (int64_t) 6, (int64_t) 7);
+                src(&r, "v", 1, (int64_t) 12);
+                scfg(&r, "m", FLOAT(2.5));
+                scfg(&r, "n", INT(6));
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                assert_true(p.parameters[0].init_resolved);
+                assert_true(p.parameters[0].init.b == 6.0);
+                assert_true(p.parameters[1].init_resolved);
+                assert_true(p.parameters[1].init.b == 2.5);
+                assert_int_equal(p.init_fields.n, 1);
+                assert_string_equal(p.init_fields.items[0].name, "m");
+        }
+
+        /* a bound field source_config gives otherwise: the first binding contradicts it */
+        r = req("attn");
+        arg(&r, "pick", STRING("bound_init"));
+        module(&r, "m");
+        src(&r, "w", 2, (int64_t) 6, (int64_t) 7);
+        src(&r, "v", 1, (int64_t) 12);
+        scfg(&r, "n", INT(5));
+        INVALID(r, "SHAPE", "parameter 'w' of module 'm' has shape [6, 7], which contradicts n=5");
+
+        r = req("grouped_experts");
+        grouped_source(&r, 4, 32, 32, 4, 16, 32);
+        scfg(&r, "initializer_range", FLOAT(0.02));
+        scfg(&r, "moe_intermediate_size", INT(32));
+        INVALID(r, "SHAPE",
+                "parameter 'down_proj' of module 'layers.0.mlp' has shape [4, 16, 32], which contradicts moe_intermediate_size=32");
+
+        /* the source's own contradiction is found where it was, source_config agreeing */
+        r = req("attn");
+        arg(&r, "pick", STRING("bound_init"));
+        module(&r, "m");
+        src(&r, "w", 2, (int64_t) 6, (int64_t) 7);
+        src(&r, "v", 1, (int64_t) 13);
+        scfg(&r, "n", INT(6));
+        INVALID(r, "SHAPE", "parameter 'v' of module 'm' has shape [13], which contradicts n=6");
+
+        /* a bound field must be an int there, even of the same value */
+        r = req("attn");
+        arg(&r, "pick", STRING("bound_init"));
+        module(&r, "m");
+        src(&r, "w", 2, (int64_t) 6, (int64_t) 7);
+        src(&r, "v", 1, (int64_t) 12);
+        scfg(&r, "n", FLOAT(6.0));
+        INVALID(r, "CONFIG", "config field 'n' must be int");
+
+        /* an init's field that is no number */
+        r = req("grouped_experts");
+        grouped_source(&r, 4, 32, 32, 4, 16, 32);
+        scfg(&r, "initializer_range", STRING("0.02"));
+        INVALID(r, "CONFIG", "config field 'initializer_range' must be float");
+
+        r = req("grouped_experts");
+        grouped_source(&r, 4, 32, 32, 4, 16, 32);
+        scfg(&r, "initializer_range", BOOL(true));
+        INVALID(r, "CONFIG", "config field 'initializer_range' must be float");
+}
+
 static void dtype_entry(BuildRequest *r, const char *name, const char *dtype) {
         r->parameter_dtypes = realloc(r->parameter_dtypes, (r->n_parameter_dtypes + 1) * sizeof(ParameterDtype));
         assert_non_null(r->parameter_dtypes);
@@ -1236,6 +1373,7 @@ int main(void) {
                 cmocka_unit_test(test_direct_failures),
                 cmocka_unit_test(test_replacement_success),
                 cmocka_unit_test(test_replacement_failures),
+                cmocka_unit_test(test_replacement_source_config),
                 cmocka_unit_test(test_parameter_dtypes),
                 cmocka_unit_test(test_helpers),
         };

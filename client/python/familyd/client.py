@@ -467,7 +467,8 @@ class Client:
                       module_fqn: Optional[str] = None,
                       context: Optional[Mapping[str, Any]] = None,
                       parameter_dtypes: Optional[Mapping[str, str]] = None,
-                      private_build: bool = False, writable: bool = False) -> Message:
+                      private_build: bool = False, writable: bool = False,
+                      source_config: Optional[Values] = None) -> Message:
         """The familyd.v1.BuildRequest that build() sends (see there)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
         for k, v in (parameter_dtypes or {}).items():
@@ -490,6 +491,10 @@ class Client:
                     sp.dtype = p.get("dtype", "")
             else:
                 req.module.CopyFrom(module)
+        if source_config is not None:
+            req.source_config.SetInParent()
+            for k, v in source_config.items():
+                req.source_config.fields[k].CopyFrom(self.protos.value(v))
         if module_fqn:
             req.module_fqn = module_fqn
         if mesh_id:
@@ -514,12 +519,16 @@ class Client:
               module_fqn: Optional[str] = None, context: Optional[Mapping[str, Any]] = None,
               mode: Optional[str] = None, writable: bool = False, map_shards: bool = True,
               parameter_dtypes: Optional[Mapping[str, str]] = None,
-              private_build: bool = False) -> Build:
+              private_build: bool = False,
+              source_config: Optional[Values] = None) -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
         familyd.v1.SourceModule or {"fqn": ..., "parameters": [{"name", "shape", "dtype"}]}
-        instead of config; arguments: selectors and arguments of the family; context: keyword
+        instead of config; source_config: with module, the source module's config
+        (BuildRequest.source_config), whose fields give the replacement's inits their numbers
+        where the source's shapes bind none (without it such an init is zeros); arguments:
+        selectors and arguments of the family; context: keyword
         arguments of the job context (tp_size=..., active=("ep",), ...). dtype: float32,
         bfloat16, float16 (or the daemon's aliases); parameter_dtypes: {name: dtype} over the
         registry's dtype and dtype. mode: how the shards are mapped (shard.MODES):
@@ -536,7 +545,8 @@ class Client:
         mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
                                  arguments, module, module_fqn, context, parameter_dtypes,
-                                 private_build, writable=mode == "shared")
+                                 private_build, writable=mode == "shared",
+                                 source_config=source_config)
         resp = self.call("familyd.v1.FamilyService/Build", req)
         b = Build(self, resp.build, mode=mode, map_shards=False)
         b.shared = resp.shared
