@@ -322,17 +322,16 @@ class TestProvenance(Base):
         again = self.build("tb_linear", module=direct, fqn=fqn, seed=3)
         self.assertEqual(FT.build_info(again).config, direct.config)
 
-    @unittest.expectedFailure
     def test_replacement_init_from_config_fields(self):
         """A replacement's weights are the registry's init also where the init names a config
-        field (weight: normal(std=initializer_range)). Fails today: a replacement's Build
-        carries no config (Build step 2: exactly one of config and module), so the daemon
-        fills such a parameter with zeros (docs/semantics.md, Build step 6, "as the trainer
-        copies the source's values anyway") although build_module does not copy them."""
+        field (weight: normal(std=initializer_range)): build_module sends the config it takes
+        from the existing module as BuildRequest.source_config (without it the daemon fills
+        such a parameter with zeros), so they equal the direct build's, not zeros."""
         fqn = "layers.2.proj"
         r = self.build("tb_linear", module=TM.Source(dict(CFG)), fqn=fqn, seed=3)
         direct = self.build("tb_linear", dict(CFG), fqn=fqn, seed=3)
         self.assertTrue(torch.equal(r.weight, direct.weight), r.weight)
+        self.assertGreater(float(r.weight.abs().sum()), 0.0)
 
     def test_replacement_copy_weights_not_supported(self):
         builds = len(client.list_builds())

@@ -280,7 +280,8 @@ def build_module(client: Client, family: str, config: Any = None,
         config=_config_values(config) if config is not None else None,
         mesh_id=mesh_id or None, dtype=dtype, seed=derived, ranks=ranks, arguments=arguments,
         module=_source_module(module, fqn) if module is not None else None,
-        module_fqn=fqn or None, parameter_dtypes=parameter_dtypes)
+        module_fqn=fqn or None, parameter_dtypes=parameter_dtypes,
+        source_config=_config_values(taken) if taken is not None else None)
     request = client.build_request(family, **request_kw)
     build = client.build(family, mode="private", **request_kw)
     try:
