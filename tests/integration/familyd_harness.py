@@ -404,6 +404,16 @@ class Daemon:
                        % (rc, expect_status))
         return rc
 
+    def stop_checked(self):
+        """stop(), then assert the daemon's stderr holds no sanitizer report; cleanup() always."""
+        try:
+            self.stop()
+            err = self.stderr()
+            if "runtime error:" in err or "Sanitizer" in err:
+                raise AssertionError("sanitizer report:\n" + err[-4000:])
+        finally:
+            self.cleanup()
+
     def kill(self):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
@@ -430,6 +440,13 @@ class Daemon:
         finally:
             self.cleanup()
         return False
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1 (for torch.distributed's MASTER_PORT and the like)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_to_exit(argv, timeout):

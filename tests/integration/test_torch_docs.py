@@ -21,7 +21,6 @@ the guide's trainer, launched on 4 workers, builds its module.
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,12 +58,6 @@ def marked_blocks(text):
 def losses(text):
     return {int(m.group(1)): float(m.group(2))
             for m in (STEP.match(line) for line in text.splitlines()) if m}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def copy_checkout(dest):
@@ -145,7 +138,7 @@ class TestTorchDocs(unittest.TestCase):
         env = dict(self.env, FAMILYD_SOCKET=self.daemon.socket,
                    PYTHONPATH=os.path.join(H.SOURCE_ROOT, "client", "python"),
                    FAMILYD_DESCRIPTORS=H.descriptor_set_path())
-        port = str(free_port())
+        port = str(H.free_port())
         p = subprocess.run(["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node",
                             "4", "--master-port", port, path], cwd=self.tmp, env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)

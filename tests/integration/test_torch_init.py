@@ -15,7 +15,6 @@ with the same LOCAL_RANK, fail on every rank with the sentence.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import unittest
@@ -95,12 +94,6 @@ def worker(outdir, socket_path):
         json.dump(out, f)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TorchInit(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -120,7 +113,7 @@ class TorchInit(unittest.TestCase):
         import tempfile
         world = len(local_ranks)
         outdir = tempfile.mkdtemp(prefix="fd-torch-init-", dir=self.daemon.tmpdir)
-        port = free_port()
+        port = self.H.free_port()
         base = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
         base.update(FAMILYD_DESCRIPTORS=self.H.descriptor_set_path(), OMP_NUM_THREADS="1",
                     GLOO_SOCKET_IFNAME="lo", PYTHONPATH=PACKAGE)

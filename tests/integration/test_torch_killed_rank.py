@@ -20,7 +20,6 @@ the daemon still serves a new build.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -102,12 +101,6 @@ def worker(outdir, socket_path):
            at=time.time())
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class KilledRank(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -125,10 +118,7 @@ class KilledRank(unittest.TestCase):
     def tearDownClass(cls):
         try:
             cls.client.close()
-            cls.daemon.stop()
-            err = cls.daemon.stderr()
-            if "runtime error:" in err or "Sanitizer" in err:
-                raise AssertionError("sanitizer report:\n" + err[-4000:])
+            cls.daemon.stop_checked()
         finally:
             cls.daemon.cleanup()
 
@@ -146,7 +136,7 @@ class KilledRank(unittest.TestCase):
         try:
             return subprocess.Popen(
                 ["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node",
-                 str(world), "--master-port", str(free_port()), "--keep-going",
+                 str(world), "--master-port", str(self.H.free_port()), "--keep-going",
                  os.path.abspath(__file__), "--worker", outdir, self.daemon.socket],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         finally:
