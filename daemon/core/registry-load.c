@@ -20,8 +20,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "resource-limits.h"
 #include "registry.h"
@@ -108,6 +111,28 @@ static int load_tree(Loader *l, const YNode *root, FamilyList *fl) {
         return acc;
 }
 
+/*
+ * Opens a registry file of the directory dir_fd, following symbolic links only while they stay
+ * inside it (openat2 RESOLVE_BENEATH; an absolute link counts as leaving): a registry file may be
+ * a link to another file of the directory, not to /etc/shadow. Without openat2 (kernels before
+ * 5.6) a file that is itself a link is refused (O_NOFOLLOW). -EXDEV or -ELOOP for a link that
+ * leaves, else the fd or -errno.
+ */
+static int open_beneath(int dir_fd, const char *name) {
+        struct open_how how = {
+                .flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
+                .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+        };
+        long fd = syscall(SYS_openat2, dir_fd, name, &how, sizeof(how));
+
+        if (fd >= 0)
+                return (int) fd;
+        if (errno != ENOSYS)
+                return -errno;
+        fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
+        return fd >= 0 ? (int) fd : -errno;
+}
+
 static int read_file(Loader *l, int dir_fd, const char *name, char **ret, size_t *ret_size) {
         _cleanup_close_ int fd = -1;
         _cleanup_free_ char *buf = NULL;
@@ -115,9 +140,13 @@ static int read_file(Loader *l, int dir_fd, const char *name, char **ret, size_t
         struct stat st;
 
         /* O_NONBLOCK: a FIFO named *.yaml must not hang the load; regular files ignore it. */
-        fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        fd = open_beneath(dir_fd, name);
+        if (fd == -EXDEV || fd == -ELOOP)
+                /* Never read, so nothing of the target reaches a message. */
+                return loader_diag_at(l, 0, 0, NULL, "a symbolic link that leads outside the "
+                                      "registry directory");
         if (fd < 0)
-                return -errno;
+                return fd;
         if (fstat(fd, &st) < 0)
                 return -errno;
         if (!S_ISREG(st.st_mode))

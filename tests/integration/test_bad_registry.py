@@ -192,5 +192,49 @@ class TestBadRegistry(unittest.TestCase):
         self.assertEqual(failures, [], "\n" + "\n".join(failures))
 
 
+
+class TestSymlinks(unittest.TestCase):
+    """Registry files that are symbolic links: followed while they stay in the directory,
+    refused (without reading the target) when they lead outside it; the directory itself may
+    be a link."""
+
+    def make(self):
+        tmp = H.short_tmpdir("fd-linkreg-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        reg = os.path.join(tmp, "registry")
+        os.makedirs(os.path.join(reg, "parts"))
+        return tmp, reg
+
+    def test_links_inside_the_directory_and_a_linked_directory_load(self):
+        tmp, reg = self.make()
+        with open(os.path.join(reg, "parts", "fam.txt"), "w") as f:
+            f.write(BASE)
+        os.symlink("parts/fam.txt", os.path.join(reg, "x.yaml"))
+        os.symlink(reg, os.path.join(tmp, "registry-link"))
+        for path in (reg, os.path.join(tmp, "registry-link")):
+            with self.subTest(registry=path):
+                with H.Daemon(registry=path, tmpdir=tmp) as d:
+                    res = d.client.call("familyd.v1.FamilyService/ListFamilies")
+                    self.assertEqual([f.name for f in res.reply.families], ["fam"])
+
+    def test_links_leading_outside_are_refused_unread(self):
+        tmp, reg = self.make()
+        secret = os.path.join(tmp, "secret.yaml")
+        with open(secret, "w") as f:
+            f.write("name: fam\nsecret_token: do-not-echo-7f3a\n")
+        for target in (secret, "../secret.yaml", "parts/../../secret.yaml"):
+            with self.subTest(target=target):
+                link = os.path.join(reg, "x.yaml")
+                if os.path.lexists(link):
+                    os.unlink(link)
+                os.symlink(target, link)
+                d = H.Daemon(registry=reg, tmpdir=tmp)
+                rc, out, _ = H.run_to_exit(d.argv(), timeout=QUICK)
+                self.assertEqual(rc, 1, out)
+                self.assertIn("error: x.yaml: a symbolic link that leads outside the registry "
+                              "directory", out)
+                self.assertNotIn("do-not-echo-7f3a", out)
+                self.assertNotIn("secret_token", out)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
