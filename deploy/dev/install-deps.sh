@@ -24,6 +24,8 @@ packages=(
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
     libjansson-dev libsmartcols-dev libsodium-dev
+    # The manual pages (docs/man/) are written in scdoc.
+    scdoc
     # The unit's ExecReload= runs /bin/kill, which a minimal Debian lacks.
     procps
 )
@@ -32,6 +34,8 @@ if $tests; then
     # The Python package: mypy checks its types (test mypy); setuptools and pip build and
     # install it (test python-package); docs/torch.md installs it into a venv (test torch-docs).
     packages+=(python3-mypy python3-setuptools python3-pip python3-venv)
+    # test man-pages renders the pages with man -l and groff's warnings on.
+    packages+=(man-db groff-base)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
     # llvm-symbolizer for the coverage report.
     packages+=(clang libclang-rt-14-dev llvm-14)
