@@ -340,7 +340,11 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
         r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
         if (r < 0)
                 return r;
-        if (!req->force) {
+        if (req->force) {
+                r = rpc_require_admin("ReleaseBuild with force", ret_error);
+                if (r < 0)
+                        return r;
+        } else {
                 known = caller_of(&caller, &pidfd, &unknown) >= 0;
                 safe_close(pidfd);
         }
@@ -398,17 +402,21 @@ static int unpin_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
 
 static const RpcMethod methods[] = {
         { "/familyd.v1.FamilyService/Build", RPC_UNARY, &familyd__v1__build_request__descriptor,
-          build, NULL },
+          build, NULL,
+          .audited = true },
         { "/familyd.v1.FamilyService/GetBuild", RPC_UNARY,
           &familyd__v1__get_build_request__descriptor, get_build, NULL },
         { "/familyd.v1.FamilyService/ListBuilds", RPC_UNARY,
           &familyd__v1__list_builds_request__descriptor, list_builds, NULL },
         { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
-          &familyd__v1__release_build_request__descriptor, release_build, NULL },
+          &familyd__v1__release_build_request__descriptor, release_build, NULL,
+          .audited = true },
         { "/familyd.v1.FamilyService/PinBuild", RPC_UNARY,
-          &familyd__v1__pin_build_request__descriptor, pin_build, NULL },
+          &familyd__v1__pin_build_request__descriptor, pin_build, NULL,
+          .audited = true },
         { "/familyd.v1.FamilyService/UnpinBuild", RPC_UNARY,
-          &familyd__v1__unpin_build_request__descriptor, unpin_build, NULL },
+          &familyd__v1__unpin_build_request__descriptor, unpin_build, NULL,
+          .audited = true },
 };
 
 /* The same gRPC service as service_family; a second table keeps Build apart. */

@@ -112,6 +112,9 @@ static int forget_node(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
         Familyd__V1__ForgetNodeResponse *reply;
         int r;
 
+        r = rpc_require_admin("ForgetNode", ret_error);
+        if (r < 0)
+                return r;
         r = codec_check_length(req->node, FAMILYD_MAX_NAME_LENGTH, "node", ret_error);
         if (r < 0)
                 return r;
@@ -142,15 +145,18 @@ static const RpcMethod methods[] = {
           &familyd__v1__watch_topology_request__descriptor, get_topology, NULL,
           .pushes_changes = true },
         { "/familyd.v1.MeshService/CreateMesh", RPC_UNARY,
-          &familyd__v1__create_mesh_request__descriptor, create_mesh, NULL },
+          &familyd__v1__create_mesh_request__descriptor, create_mesh, NULL,
+          .audited = true },
         { "/familyd.v1.MeshService/GetMesh", RPC_UNARY,
           &familyd__v1__get_mesh_request__descriptor, get_mesh, NULL },
         { "/familyd.v1.MeshService/ListMeshes", RPC_UNARY,
           &familyd__v1__list_meshes_request__descriptor, list_meshes, NULL },
         { "/familyd.v1.MeshService/DeleteMesh", RPC_UNARY,
-          &familyd__v1__delete_mesh_request__descriptor, delete_mesh, NULL },
+          &familyd__v1__delete_mesh_request__descriptor, delete_mesh, NULL,
+          .audited = true },
         { "/familyd.v1.MeshService/ForgetNode", RPC_UNARY,
-          &familyd__v1__forget_node_request__descriptor, forget_node, NULL },
+          &familyd__v1__forget_node_request__descriptor, forget_node, NULL,
+          .audited = true },
 };
 
 const RpcService service_mesh = {

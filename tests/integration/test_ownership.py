@@ -1,0 +1,260 @@
+#!/usr/bin/python3
+"""Users own their builds (issue 16): who calls, what needs an admin, and the audit lines.
+
+The real daemon runs as root with `--admin-group users`; its clients are real processes of
+other uids (setpriv): uid 65534 and 65533 in no group, uid 65532 with `users` among its
+supplementary groups only (SO_PEERCRED alone would not show it), and root. Each client is this
+file run again with `--client` (one connection, calls read as JSON lines on stdin), so a
+process is a connection and keeps it until told to exit.
+
+- Who calls: the credentials are the connection's own, taken at accept; a descriptor number
+  that a closed connection of one uid had, reused by another uid's connection, carries the new
+  uid (the daemon's /proc/PID/fd shows the reuse).
+- Admins: Reload, ForgetNode and ReleaseBuild with force are refused to other uids with
+  PERMISSION_DENIED NOT_ADMIN and the sentence of docs/semantics.md; root and a member of
+  --admin-group are served.
+- Audit: every state-changing call is logged with CALLER_PID= and CALLER_UID= (stderr at
+  --log-level debug shows the fields).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import familyd_harness as H  # noqa: E402
+
+REGISTRY = os.path.join(H.CONFORMANCE, "registry")
+GE = "grouped_experts"
+CFG = {"num_experts": {"intValue": 8}, "hidden_size": {"intValue": 64},
+       "moe_intermediate_size": {"intValue": 64}, "initializer_range": {"doubleValue": 0.02}}
+UID_A = 65534
+UID_B = 65533
+UID_ADMIN = 65532  # a member of `users` by its supplementary groups only
+ADMIN_GROUP = "users"
+NOT_ADMIN = ("{what} needs an admin (root, or a member of --admin-group); uid {uid} is "
+             "neither")
+
+P = None
+D = None
+
+
+def setUpModule():
+    global P, D
+    P = H.Protos()
+    D = H.Daemon(registry=REGISTRY, host_devices=4, protos=P,
+                 extra_args=["--admin-group", ADMIN_GROUP, "--log-level", "debug",
+                             "--build-grace-ms", "0"])
+    os.chmod(D.tmpdir, 0o755)
+    D.start()
+    os.chmod(D.socket, 0o666)
+    os.chmod(D.shard_socket, 0o666)
+
+
+def tearDownModule():
+    if D is not None:
+        D.stop_checked()
+
+
+def client_main(socket_path):
+    """--client SOCKET: one connection; {"rpc", "request"} lines in, answers out."""
+    protos = H.Protos()
+    client = H.Client(socket_path, protos)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("op") == "exit":
+            return 0
+        res = client.call(cmd["rpc"], cmd.get("request", {}), timeout=60)
+        _, infos = client.error_details(res)
+        ans = {"pid": os.getpid(), "code": res.code, "message": res.message,
+               "reason": infos[0].reason if infos else ""}
+        if res.ok and cmd["rpc"].endswith("/Build"):
+            ans["build_id"] = res.reply.build.build_id
+        sys.stdout.write(json.dumps(ans) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+class Client:
+    """A client process of uid (None: root), with `users` as a supplementary group if asked."""
+
+    def __init__(self, uid=None, admin_group=False):
+        argv = ["/usr/bin/python3", os.path.abspath(__file__), "--client", D.socket]
+        if uid is not None:
+            groups = ["--groups", "100"] if admin_group else ["--clear-groups"]
+            argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid)] + groups + argv
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+
+    def ask(self, rpc, request=None):
+        self.proc.stdin.write(json.dumps({"rpc": rpc, "request": request or {}}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError("client %d died" % self.proc.pid)
+        return json.loads(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"op": "exit"}\n')
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+            self.proc.wait(10)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+def daemon_sockets():
+    """The daemon's descriptors that are sockets: {fd number: inode text}."""
+    out = {}
+    base = "/proc/%d/fd" % D.proc.pid
+    for name in os.listdir(base):
+        try:
+            link = os.readlink(os.path.join(base, name))
+        except FileNotFoundError:
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+class OwnershipCase(unittest.TestCase):
+    def client(self, uid=None, admin_group=False):
+        c = Client(uid, admin_group)
+        self.addCleanup(c.close)
+        return c
+
+    def assert_not_admin(self, ans, what, uid):
+        self.assertEqual(ans["code"], "PERMISSION_DENIED", ans)
+        self.assertEqual(ans["reason"], "NOT_ADMIN", ans)
+        self.assertEqual(ans["message"], NOT_ADMIN.format(what=what, uid=uid))
+
+
+class TestWhoCalls(OwnershipCase):
+    def test_reused_descriptor_never_carries_old_credentials(self):
+        # uid A connects and calls; its descriptor in the daemon is noted; A leaves. Then uid B
+        # connects until it gets the same number: B's calls must be B's.
+        reused = False
+        for attempt in range(20):
+            before = daemon_sockets()
+            a = Client(UID_A)
+            self.assert_not_admin(a.ask("familyd.v1.AdminService/Reload"), "Reload", UID_A)
+            with_a = daemon_sockets()
+            a_fds = sorted(set(with_a) - set(before))
+            self.assertTrue(a_fds, "no new daemon socket for A's connection")
+            a.close()
+            deadline = time.monotonic() + 10
+            while any(with_a[fd] == daemon_sockets().get(fd) for fd in a_fds):
+                self.assertLess(time.monotonic(), deadline, "the daemon kept A's connection")
+                time.sleep(0.02)
+            b = Client(UID_B)
+            self.addCleanup(b.close)
+            self.assert_not_admin(b.ask("familyd.v1.AdminService/Reload"), "Reload", UID_B)
+            if set(a_fds) & set(daemon_sockets()):
+                reused = True
+                break
+            b.close()
+        self.assertTrue(reused, "no descriptor number was reused in 20 tries")
+        # And root, on a number B may have had, is root again.
+        r = self.client()
+        self.assertEqual(r.ask("familyd.v1.AdminService/Reload")["code"], "OK")
+
+
+class TestAdmin(OwnershipCase):
+    def test_reload_needs_an_admin(self):
+        self.assert_not_admin(self.client(UID_A).ask("familyd.v1.AdminService/Reload"),
+                              "Reload", UID_A)
+        self.assertEqual(self.client().ask("familyd.v1.AdminService/Reload")["code"], "OK")
+        # A member of --admin-group by a supplementary group only (SO_PEERGROUPS).
+        ans = self.client(UID_ADMIN, admin_group=True).ask("familyd.v1.AdminService/Reload")
+        self.assertEqual(ans["code"], "OK", ans)
+
+    def test_forget_node_needs_an_admin(self):
+        ans = self.client(UID_B).ask("familyd.v1.MeshService/ForgetNode", {"node": "gone"})
+        self.assert_not_admin(ans, "ForgetNode", UID_B)
+        # An admin gets past the check to the node's own answer.
+        ans = self.client(UID_ADMIN, admin_group=True).ask("familyd.v1.MeshService/ForgetNode",
+                                                           {"node": "gone"})
+        self.assertEqual((ans["code"], ans["reason"]), ("NOT_FOUND", "NODE_NOT_FOUND"), ans)
+
+    def test_forced_release_needs_an_admin(self):
+        mesh = D.client.call("familyd.v1.MeshService/CreateMesh",
+                             {"mesh": {"deviceMesh": [{"name": "ep", "size": 4}]}})
+        self.assertTrue(mesh.ok, mesh)
+        a = self.client(UID_A)
+        built = a.ask("familyd.v1.FamilyService/Build",
+                      {"family": GE, "config": {"fields": CFG}, "meshId": mesh.reply.mesh_id,
+                       "materialize": {"enabled": True, "seed": "11"}})
+        self.assertEqual(built["code"], "OK", built)
+        bid = built["build_id"]
+        b = self.client(UID_B)
+        ans = b.ask("familyd.v1.FamilyService/ReleaseBuild", {"buildId": bid, "force": True})
+        self.assert_not_admin(ans, "ReleaseBuild with force", UID_B)
+        # Without force, B holds no reference: refused as before.
+        ans = b.ask("familyd.v1.FamilyService/ReleaseBuild", {"buildId": bid})
+        self.assertEqual(ans["reason"], "NOT_HELD", ans)
+        got = D.client.call("familyd.v1.FamilyService/GetBuild", build_id=bid)
+        self.assertTrue(got.ok, got)
+        ans = self.client(UID_ADMIN, admin_group=True).ask(
+            "familyd.v1.FamilyService/ReleaseBuild", {"buildId": bid, "force": True})
+        self.assertEqual(ans["code"], "OK", ans)
+
+    def test_releasing_ones_own_reference_needs_no_admin(self):
+        mesh = D.client.call("familyd.v1.MeshService/CreateMesh",
+                             {"mesh": {"deviceMesh": [{"name": "ep", "size": 4}]}})
+        a = self.client(UID_A)
+        built = a.ask("familyd.v1.FamilyService/Build",
+                      {"family": GE, "config": {"fields": CFG}, "meshId": mesh.reply.mesh_id,
+                       "materialize": {"enabled": True, "seed": "12"}})
+        self.assertEqual(built["code"], "OK", built)
+        ans = a.ask("familyd.v1.FamilyService/ReleaseBuild", {"buildId": built["build_id"]})
+        self.assertEqual(ans["code"], "OK", ans)
+
+
+class TestAdminGroupOption(unittest.TestCase):
+    def test_unknown_group_refuses_to_start(self):
+        d = H.Daemon(registry=REGISTRY, host_devices=1,
+                     extra_args=["--admin-group", "no-such-group-familyd"])
+        self.addCleanup(d.cleanup)
+        status, err, _ = H.run_to_exit(d.argv(), 30)
+        self.assertNotEqual(status, 0)
+        self.assertIn("Unknown group 'no-such-group-familyd' (--admin-group), refusing to "
+                      "start", err)
+        self.assertFalse(os.path.exists(d.socket))
+
+
+class TestAudit(OwnershipCase):
+    def test_state_changing_calls_name_pid_and_uid(self):
+        a = self.client(UID_A)
+        refused = a.ask("familyd.v1.AdminService/Reload")
+        mesh = a.ask("familyd.v1.MeshService/CreateMesh",
+                     {"mesh": {"deviceMesh": [{"name": "dp", "size": 4}]}})
+        self.assertEqual(mesh["code"], "OK", mesh)
+        # A read is not audited.
+        a.ask("familyd.v1.MeshService/ListMeshes")
+        deadline = time.monotonic() + 5
+        pid = refused["pid"]
+        want = [
+            "Reload called by pid %d (uid %d): NOT_ADMIN. [CALLER_PID=%d CALLER_UID=%d "
+            "RPC_METHOD=Reload]" % (pid, UID_A, pid, UID_A),
+            "CreateMesh called by pid %d (uid %d): OK. [CALLER_PID=%d CALLER_UID=%d "
+            "RPC_METHOD=CreateMesh]" % (pid, UID_A, pid, UID_A),
+        ]
+        while not all(w in D.stderr() for w in want):
+            self.assertLess(time.monotonic(), deadline, D.stderr()[-3000:])
+            time.sleep(0.05)
+        self.assertNotIn("ListMeshes called by pid %d" % pid, D.stderr())
+        self.assertTrue(re.search(r"CALLER_PID=%d CALLER_UID=%d" % (pid, UID_A), D.stderr()))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--client":
+        sys.exit(client_main(sys.argv[2]))
+    unittest.main()
