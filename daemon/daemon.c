@@ -561,6 +561,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = daemon_open_shard_server(d, c);
         if (r < 0)
                 return r;
+        shard_server_set_admin_gid(d->shard_server, admin_gid);
 
         r = executor_new(DAEMON_BUILD_THREADS, DAEMON_BUILD_QUEUE, &d->executor);
         if (r < 0)

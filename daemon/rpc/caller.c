@@ -20,13 +20,7 @@
 
 #include "caller.h"
 #include "common/macro.h"
-
-#ifndef SO_PEERGROUPS
-#define SO_PEERGROUPS 59 /* Linux 4.13 */
-#endif
-
-/* Groups read per peer: more than NGROUPS_MAX of any sane system. */
-#define CALLER_MAX_GROUPS 65536
+#include "shm/peer-cred.h"
 
 typedef struct CallerEntry {
         ino_t inode; /* 0: nothing filed */
@@ -59,36 +53,6 @@ CallerTable *caller_table_free(CallerTable *t) {
         return mfree(t);
 }
 
-/* Whether the peer of fd has gid among its supplementary groups. */
-static bool peer_in_group(int fd, gid_t gid) {
-        _cleanup_free_ gid_t *groups = NULL;
-        socklen_t len = 64 * sizeof(gid_t);
-
-        for (;;) {
-                free(groups);
-                groups = malloc(len);
-                if (!groups)
-                        return false;
-                if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
-                        break;
-                /* ERANGE: len now says how much room the list needs. */
-                if (errno != ERANGE || len > CALLER_MAX_GROUPS * sizeof(gid_t))
-                        return false;
-        }
-        for (size_t i = 0; i < len / sizeof(gid_t); i++)
-                if (groups[i] == gid)
-                        return true;
-        return false;
-}
-
-static bool peer_admin(int fd, const struct ucred *cred, gid_t admin_gid) {
-        if (cred->uid == 0)
-                return true;
-        if (admin_gid == (gid_t) -1)
-                return false;
-        return cred->gid == admin_gid || peer_in_group(fd, admin_gid);
-}
-
 int caller_table_add(CallerTable *t, int fd) {
         struct ucred cred = {};
         socklen_t len = sizeof cred;
@@ -106,7 +70,7 @@ int caller_table_add(CallerTable *t, int fd) {
                 .pid = cred.pid,
                 .uid = cred.uid,
                 .gid = cred.gid,
-                .admin = peer_admin(fd, &cred, t->admin_gid),
+                .admin = peer_cred_is_admin(fd, &cred, t->admin_gid),
         };
 
         (void) pthread_mutex_lock(&t->lock);

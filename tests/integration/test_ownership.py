@@ -27,6 +27,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import shard_client as SC  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 GE = "grouped_experts"
@@ -68,12 +69,25 @@ def client_main(socket_path):
         cmd = json.loads(line)
         if cmd.get("op") == "exit":
             return 0
+        if cmd.get("op") == "fetch":
+            reply, fds = SC.fetch(cmd["shard_socket"], protos, cmd["tokens"])
+            for fd in fds:
+                os.close(fd)
+            sys.stdout.write(json.dumps({"code": reply.code, "message": reply.message,
+                                         "fds": len(fds)}) + "\n")
+            sys.stdout.flush()
+            continue
         res = client.call(cmd["rpc"], cmd.get("request", {}), timeout=60)
         _, infos = client.error_details(res)
         ans = {"pid": os.getpid(), "code": res.code, "message": res.message,
                "reason": infos[0].reason if infos else ""}
         if res.ok and cmd["rpc"].endswith("/Build"):
             ans["build_id"] = res.reply.build.build_id
+        if res.ok and cmd["rpc"].endswith(("/Build", "/GetBuild", "/ListBuilds")):
+            builds = res.reply.builds if cmd["rpc"].endswith("/ListBuilds") else (
+                [res.reply.build] if cmd["rpc"].endswith("/Build") else [res.reply])
+            ans["tokens"] = {b.build_id: [x.token for x in b.shards if x.token] for b in builds}
+            ans["shard_socket"] = builds[0].shard_socket if builds else ""
         sys.stdout.write(json.dumps(ans) + "\n")
         sys.stdout.flush()
     return 0
@@ -92,7 +106,13 @@ class Client:
                                      text=True, env=env)
 
     def ask(self, rpc, request=None):
-        self.proc.stdin.write(json.dumps({"rpc": rpc, "request": request or {}}) + "\n")
+        return self.send({"rpc": rpc, "request": request or {}})
+
+    def fetch(self, shard_socket, tokens):
+        return self.send({"op": "fetch", "shard_socket": shard_socket, "tokens": tokens})
+
+    def send(self, cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -216,6 +236,75 @@ class TestAdmin(OwnershipCase):
         self.assertEqual(built["code"], "OK", built)
         ans = a.ask("familyd.v1.FamilyService/ReleaseBuild", {"buildId": built["build_id"]})
         self.assertEqual(ans["code"], "OK", ans)
+
+
+def mesh_id():
+    mesh = D.client.call("familyd.v1.MeshService/CreateMesh",
+                         {"mesh": {"deviceMesh": [{"name": "ep", "size": 4}]}})
+    assert mesh.ok, mesh
+    return mesh.reply.mesh_id
+
+
+def build_request(seed, share=None):
+    r = {"family": GE, "config": {"fields": CFG}, "meshId": mesh_id(),
+         "materialize": {"enabled": True, "seed": str(seed)}}
+    if share is not None:
+        r["share"] = share
+    return r
+
+
+class TestBuildsOwned(OwnershipCase):
+    DENIED = ("shard token 1 of 1 is of another user's build: only its owner's processes and "
+              "admins may map it, unless it was built with share \"group\"")
+
+    def test_tokens_only_for_owner_and_admins(self):
+        a = self.client(UID_A)
+        built = a.ask("familyd.v1.FamilyService/Build", build_request(21))
+        self.assertEqual(built["code"], "OK", built)
+        bid = built["build_id"]
+        self.assertEqual(len(built["tokens"][bid]), 4)
+        for c in (a, self.client(), self.client(UID_ADMIN, admin_group=True)):
+            got = c.ask("familyd.v1.FamilyService/GetBuild", {"buildId": bid})
+            self.assertEqual(got["tokens"][bid], built["tokens"][bid])
+            listed = c.ask("familyd.v1.FamilyService/ListBuilds")
+            self.assertEqual(listed["tokens"][bid], built["tokens"][bid])
+        b = self.client(UID_B)
+        got = b.ask("familyd.v1.FamilyService/GetBuild", {"buildId": bid})
+        self.assertEqual(got["code"], "OK", got)
+        self.assertEqual(got["tokens"][bid], [])
+        self.assertEqual(b.ask("familyd.v1.FamilyService/ListBuilds")["tokens"][bid], [])
+
+    def test_shard_socket_hands_out_only_to_owner_and_admins(self):
+        a = self.client(UID_A)
+        built = a.ask("familyd.v1.FamilyService/Build", build_request(22))
+        tokens = built["tokens"][built["build_id"]]
+        ans = self.client(UID_B).fetch(built["shard_socket"], tokens[:1])
+        self.assertEqual((ans["code"], ans["fds"]), (7, 0), ans)  # PERMISSION_DENIED
+        self.assertEqual(ans["message"], self.DENIED)
+        for c in (a, self.client(), self.client(UID_ADMIN, admin_group=True)):
+            ans = c.fetch(built["shard_socket"], tokens)
+            self.assertEqual((ans["code"], ans["fds"]), (0, 4), ans)
+
+    def test_share_group_hands_out_to_the_group(self):
+        a = self.client(UID_A)
+        built = a.ask("familyd.v1.FamilyService/Build", build_request(23, share="group"))
+        self.assertEqual(built["code"], "OK", built)
+        tokens = built["tokens"][built["build_id"]]
+        ans = self.client(UID_B).fetch(built["shard_socket"], tokens)
+        self.assertEqual((ans["code"], ans["fds"]), (0, 4), ans)
+        # Another build than the owner-only one of the same request (the key counts it).
+        own = a.ask("familyd.v1.FamilyService/Build", build_request(23, share="owner"))
+        self.assertNotEqual(own["build_id"], built["build_id"])
+        # Tokens stay the owner's to see.
+        got = self.client(UID_B).ask("familyd.v1.FamilyService/GetBuild",
+                                     {"buildId": built["build_id"]})
+        self.assertEqual(got["tokens"][built["build_id"]], [])
+
+    def test_unknown_share_value(self):
+        ans = self.client(UID_A).ask("familyd.v1.FamilyService/Build",
+                                     build_request(24, share="world"))
+        self.assertEqual((ans["code"], ans["reason"]), ("INVALID_ARGUMENT", "BAD_REQUEST"), ans)
+        self.assertEqual(ans["message"], 'share must be "owner" or "group", not \'world\'')
 
 
 class TestAdminGroupOption(unittest.TestCase):
