@@ -69,6 +69,21 @@ def client_main(socket_path):
         cmd = json.loads(line)
         if cmd.get("op") == "exit":
             return 0
+        if cmd.get("op") == "pybuild":
+            # The Python package's Client.build(share=...), as a trainer calls it.
+            sys.path.insert(0, os.path.join(H.SOURCE_ROOT, "client", "python"))
+            import familyd
+            with familyd.Client(socket_path, timeout=30) as fc:
+                b = fc.build(GE, config={"num_experts": 8, "hidden_size": 64,
+                                         "moe_intermediate_size": 64,
+                                         "initializer_range": 0.02},
+                             mesh_id=cmd["mesh_id"], seed=cmd["seed"], share=cmd["share"],
+                             map_shards=False)
+                sys.stdout.write(json.dumps({
+                    "build_id": b.message.build_id, "shard_socket": b.message.shard_socket,
+                    "tokens": [x.token for x in b.message.shards if x.token]}) + "\n")
+                sys.stdout.flush()
+            continue
         if cmd.get("op") == "fetch":
             reply, fds = SC.fetch(cmd["shard_socket"], protos, cmd["tokens"])
             for fd in fds:
@@ -299,6 +314,48 @@ class TestBuildsOwned(OwnershipCase):
         got = self.client(UID_B).ask("familyd.v1.FamilyService/GetBuild",
                                      {"buildId": built["build_id"]})
         self.assertEqual(got["tokens"][built["build_id"]], [])
+
+    def test_python_client_share_group(self):
+        a = self.client(UID_A)
+        built = a.send({"op": "pybuild", "mesh_id": mesh_id(), "seed": 25, "share": "group"})
+        self.assertEqual(len(built["tokens"]), 4, built)
+        ans = self.client(UID_B).fetch(built["shard_socket"], built["tokens"])
+        self.assertEqual((ans["code"], ans["fds"]), (0, 4), ans)
+        built = a.send({"op": "pybuild", "mesh_id": mesh_id(), "seed": 26, "share": "owner"})
+        ans = self.client(UID_B).fetch(built["shard_socket"], built["tokens"][:1])
+        self.assertEqual((ans["code"], ans["message"]), (7, self.DENIED), ans)
+
+    def test_familyctl_share_group(self):
+        ctl = H.familyctl_bin()
+        if not ctl or not os.path.exists(ctl):
+            self.skipTest("familyctl not built")
+        base = ["setpriv", "--reuid", str(UID_A), "--regid", str(UID_A), "--clear-groups",
+                ctl, "--socket", D.socket]
+        kv = ["num_experts=8", "hidden_size=64", "moe_intermediate_size=64",
+              "initializer_range=0.02"]
+        mesh = mesh_id()
+        docs = {}
+        for share in ("group", "owner"):
+            p = subprocess.run(base + ["--json", "build", GE] + kv +
+                               ["--mesh", mesh, "--materialize", "--seed", "27", "--share", share],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            docs[share] = json.loads(p.stdout)["build"]
+        b = self.client(UID_B)
+        for share, want in (("group", (0, 4)), ("owner", (7, 0))):
+            doc = docs[share]
+            tokens = [x["token"] for x in doc["shards"] if x.get("token")]
+            self.assertEqual(len(tokens), 4, doc)
+            ans = b.fetch(doc["shardSocket"], tokens)
+            self.assertEqual((ans["code"], ans["fds"]), want, (share, ans))
+            # familyctl pins what it builds: unpinned by its owner, not left behind.
+            subprocess.run(base + ["unpin", doc["buildId"]], stdout=subprocess.DEVNULL,
+                           timeout=60, check=True)
+        p = subprocess.run(base + ["build", GE] + kv + ["--materialize", "--share", "world"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--share needs owner or group, not 'world'", p.stderr)
 
     def test_unknown_share_value(self):
         ans = self.client(UID_A).ask("familyd.v1.FamilyService/Build",
