@@ -187,8 +187,8 @@ static const ConfigOption config_options[] = {
           .default_text = "none, only root is an admin",
           .help = "Members of group NAME are admins",
           .note = "Admins see every build's shard tokens, map any build's shards, and may "
-                  "release a build with force, Reload and ForgetNode; membership counts "
-                  "supplementary groups." },
+                  "release a build with force, delete another user's mesh, Reload and "
+                  "ForgetNode; membership counts supplementary groups." },
         { .name = "max-watches", .metavar = "N", TYPE_UNSIGNED(max_watches, 1, 1u << 20),
           DEFAULT(FAMILYD_MAX_WATCHES),
           .help = "Open Watch streams" },

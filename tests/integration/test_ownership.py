@@ -364,6 +364,24 @@ class TestBuildsOwned(OwnershipCase):
         self.assertEqual(ans["message"], 'share must be "owner" or "group", not \'world\'')
 
 
+class TestMeshes(OwnershipCase):
+    def test_delete_another_users_mesh_needs_an_admin(self):
+        a, b = self.client(UID_A), self.client(UID_B)
+        admin = self.client(UID_ADMIN, admin_group=True)
+        for name in ("tp", "cp"):
+            made = a.ask("familyd.v1.MeshService/CreateMesh",
+                         {"mesh": {"deviceMesh": [{"name": name, "size": 4}]}})
+            self.assertEqual(made["code"], "OK", made)
+            mid = D.client.call("familyd.v1.MeshService/CreateMesh",
+                                {"mesh": {"deviceMesh": [{"name": name, "size": 4}]}}
+                                ).reply.mesh_id
+            ans = b.ask("familyd.v1.MeshService/DeleteMesh", {"meshId": mid})
+            self.assert_not_admin(ans, "DeleteMesh of another user's mesh", UID_B)
+            deleter = a if name == "tp" else admin
+            ans = deleter.ask("familyd.v1.MeshService/DeleteMesh", {"meshId": mid})
+            self.assertEqual(ans["code"], "OK", ans)
+
+
 class TestAdminGroupOption(unittest.TestCase):
     def test_unknown_group_refuses_to_start(self):
         d = H.Daemon(registry=REGISTRY, host_devices=1,
