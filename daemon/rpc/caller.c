@@ -11,7 +11,7 @@
  * nothing to prune.
  *
  * SO_PEERCRED carries only the primary group; --admin-group is also checked against the
- * supplementary groups (SO_PEERGROUPS), at accept, so a call needs no system call to know.
+ * supplementary groups (SO_PEERGROUPS), once at accept: a call reads no group list.
  */
 
 #include <stdlib.h>
