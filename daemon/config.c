@@ -182,6 +182,13 @@ static const ConfigOption config_options[] = {
           DEFAULT(FAMILYD_CONNECTION_IDLE_MS),
           .help = "Close a connection with no call for N ms",
           .note = "Clients reconnect on their next call." },
+        { .name = "admin-group", .metavar = "NAME",
+          TYPE_STRING(admin_group, FAMILYD_MAX_NAME_LENGTH),
+          .default_text = "none, only root is an admin",
+          .help = "Members of group NAME are admins",
+          .note = "Admins see every build's shard tokens, map any build's shards, and may "
+                  "release a build with force, delete another user's mesh, Reload and "
+                  "ForgetNode; membership counts supplementary groups." },
         { .name = "max-watches", .metavar = "N", TYPE_UNSIGNED(max_watches, 1, 1u << 20),
           DEFAULT(FAMILYD_MAX_WATCHES),
           .help = "Open Watch streams" },

@@ -9,6 +9,7 @@
  * connection queued, the loop stops watching it for a moment instead of spinning.
  */
 
+#include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -417,6 +418,23 @@ static int daemon_on_accept_resume(sd_event_source *source, uint64_t usec, void 
 }
 
 /* The loop and the signals it handles: they are blocked already (sd-event requires it). */
+/* --admin-group's gid, or (gid_t) -1 without one. */
+static int daemon_admin_gid(const Config *c, gid_t *ret) {
+        struct group *g;
+
+        *ret = (gid_t) -1;
+        if (isempty(c->admin_group))
+                return 0;
+        errno = 0;
+        g = getgrnam(c->admin_group);
+        if (!g)
+                return log_error_errno(errno > 0 ? -errno : -ENOENT,
+                                       "Unknown group '%s' (--admin-group), refusing to start",
+                                       c->admin_group);
+        *ret = g->gr_gid;
+        return 0;
+}
+
 static int daemon_setup_loop(Daemon *d) {
         int r;
 
@@ -486,6 +504,7 @@ static int daemon_watch(Daemon *d) {
 int daemon_new(const Config *c, Daemon **ret) {
         _cleanup_(daemon_freep) Daemon *d = NULL;
         sigset_t mask;
+        gid_t admin_gid;
         int r;
 
         d = calloc(1, sizeof *d);
@@ -504,6 +523,9 @@ int daemon_new(const Config *c, Daemon **ret) {
                 .max_per_peer = c->max_connections_per_peer,
         };
 
+        r = daemon_admin_gid(c, &admin_gid);
+        if (r < 0)
+                return r;
         r = daemon_load(d, c);
         if (r < 0)
                 return r;
@@ -539,6 +561,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = daemon_open_shard_server(d, c);
         if (r < 0)
                 return r;
+        shard_server_set_admin_gid(d->shard_server, admin_gid);
 
         r = executor_new(DAEMON_BUILD_THREADS, DAEMON_BUILD_QUEUE, &d->executor);
         if (r < 0)
@@ -553,6 +576,7 @@ int daemon_new(const Config *c, Daemon **ret) {
                 .max_request_bytes = FAMILYD_MAX_REQUEST_BYTES,
                 .connection_idle_ms = c->connection_idle_ms,
                 .max_watches = c->max_watches,
+                .admin_gid = admin_gid,
                 .hooks = { .reload_begin = daemon_hook_reload_begin,
                            .reload_end = daemon_hook_reload_end,
                            .userdata = d,

@@ -179,6 +179,7 @@ typedef struct BuildState {
 enum {
         ARG_CONFIG = 0x100, ARG_ARG, ARG_MODULE, ARG_MODULE_FQN, ARG_MESH, ARG_MATERIALIZE,
         ARG_DTYPE, ARG_SEED, ARG_RANKS, ARG_TRANSIENT, ARG_PRIVATE, ARG_WRITABLE, ARG_DTYPE_OF,
+        ARG_SHARE,
 };
 
 static const struct option build_options[] = {
@@ -195,6 +196,7 @@ static const struct option build_options[] = {
         { "private",     no_argument,       NULL, ARG_PRIVATE },
         { "writable",    no_argument,       NULL, ARG_WRITABLE },
         { "dtype-of",    required_argument, NULL, ARG_DTYPE_OF },
+        { "share",       required_argument, NULL, ARG_SHARE },
         {}
 };
 
@@ -271,6 +273,20 @@ static int build_option(VerbRun *v, int c, const char *arg) {
         case ARG_DTYPE_OF:
                 r = build_request(s);
                 return r != EXIT_OK ? r : build_request_parameter_dtype(s->req, arg);
+        case ARG_SHARE:
+                if (!streq_ptr(arg, "owner") && !streq_ptr(arg, "group"))
+                        return ctl_usage_error("build", "--share needs owner or group, not '%s'", arg);
+                r = build_request(s);
+                if (r != EXIT_OK)
+                        return r;
+                /* Freed with the request (free_unpacked): a copy of its own. */
+                free(s->req->share != protobuf_c_empty_string ? s->req->share : NULL);
+                s->req->share = strdup(arg);
+                if (!s->req->share) {
+                        s->req->share = (char *) protobuf_c_empty_string;
+                        return ctl_fail("build the request", -ENOMEM, NULL);
+                }
+                return EXIT_OK;
         case ARG_RANKS:
                 s->ranks = mfree(s->ranks);
                 r = ctl_parse_ranks(arg, &s->ranks, &s->n_ranks);
@@ -404,6 +420,8 @@ static const VerbDef build_verb = {
                 "                            grace period (--build-grace-ms), since familyctl exits\n"
                 "        --private           a build of its own, never shared with another Build\n"
                 "        --writable          writable shards, for shared mappings (`shard --mode shared`)\n"
+                "        --share WHO         who may map the shards: owner (default: this user's\n"
+                "                            processes and admins) or group (the shard socket's group)\n"
                 "\n"
                 "A JSON file with a duplicate object key, or that is not JSON, is refused with its\n"
                 "line and column.\n"

@@ -120,3 +120,8 @@ void build_watch_kick(BuildWatch *w);
 void build_sharing_process_gone(const Builder *builder, const BuildCaller *caller);
 /* On the watcher's thread: frees builds whose grace ended; the next deadline (0: none). */
 int64_t build_sharing_expire(const Builder *builder);
+
+/* The shard socket hands rec's tokens to whom its holding says: its owner's processes and
+ * admins, or, shared with the group, everyone (build-share.c). Nothing without an owner. */
+void build_set_shard_access(const Builder *builder, const BuildRecord *rec, bool has_owner,
+                            uint32_t owner_uid, bool share_group);

@@ -34,6 +34,8 @@ struct BuildFlight {
         uint8_t *key; /* NULL: private, never joined */
         size_t key_size;
         bool writable, private_build;
+        uint32_t owner_uid; /* the uid of the Build that made it */
+        bool share_group;
         BuildWaiter *waiters; /* the first is the Build that made the flight */
         size_t n_waiters;
 };
@@ -219,8 +221,8 @@ static int init_fields_text(const ValueMap *m, char **ret) {
 }
 
 /* The sharing key of b for a caller of uid (DESIGN). */
-static int share_key(const BuildState *b, const BuildRequest *req, uint32_t uid, uint8_t **ret,
-                     size_t *ret_size) {
+static int share_key(const BuildState *b, const BuildRequest *req, const BuildWaiter *w,
+                     uint8_t **ret, size_t *ret_size) {
         _cleanup_(arena_done) Arena a;
         _cleanup_free_ char *ranks = NULL, *inits = NULL;
         char mesh[300], seed[64], dtype[64], owner[64], writable[32], module[320], registry[96];
@@ -241,7 +243,9 @@ static int share_key(const BuildState *b, const BuildRequest *req, uint32_t uid,
         (void) snprintf(mesh, sizeof mesh, "mesh=%s", b->plan.mesh ? b->plan.mesh->id : "");
         (void) snprintf(seed, sizeof seed, "seed=%" PRIu64, b->seed);
         (void) snprintf(dtype, sizeof dtype, "dtype=%s", dtype_to_string(b->dtype));
-        (void) snprintf(owner, sizeof owner, "uid=%" PRIu32, uid);
+        /* The owner, and to whom the shard socket hands it: one build each. */
+        (void) snprintf(owner, sizeof owner, "uid=%" PRIu32 "%s", w->caller.uid,
+                        w->share_group ? " share=group" : "");
         (void) snprintf(writable, sizeof writable, "writable=%d", req->writable);
         (void) snprintf(module, sizeof module, "module=%s", strempty(b->plan.module_fqn));
         /* The registry the build is made from: a reload that changes it changes the key. */
@@ -318,7 +322,7 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
         if (r < 0)
                 return r;
         if (!req->private_build) {
-                r = share_key(b, req, w->caller.uid, &key, &key_size);
+                r = share_key(b, req, w, &key, &key_size);
                 if (r < 0)
                         return r;
         }
@@ -346,6 +350,8 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
                 f->key_size = key_size;
                 f->writable = req->writable;
                 f->private_build = req->private_build;
+                f->owner_uid = w->caller.uid;
+                f->share_group = w->share_group;
                 f->next = s->flights;
                 s->flights = f;
                 build_draft_set_flight(*ret, TAKE_PTR(f));
@@ -395,6 +401,17 @@ int build_error_copy(const FamilyError *from, FamilyError *to) {
         return -EINVAL;
 }
 
+void build_set_shard_access(const Builder *builder, const BuildRecord *rec, bool has_owner,
+                            uint32_t owner_uid, bool share_group) {
+        const BuildState *b = rec->payload;
+
+        if (!builder->shards || !has_owner || !b)
+                return;
+        shard_table_set_access(builder->shards, b->group.hex,
+                               &(ShardAccess) { .restricted = !share_group,
+                                                .owner_uid = owner_uid });
+}
+
 void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
                        const FamilyError *error) {
         BuildSharing *s = builder->sharing;
@@ -411,11 +428,15 @@ void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
                         .referenced = false,
                         .writable = f->writable,
                         .private_build = f->private_build,
+                        .has_owner = true,
+                        .owner_uid = f->owner_uid,
+                        .share_group = f->share_group,
                         .created_ms = build_now_ms(),
                         .key = TAKE_PTR(f->key),
                         .key_size = f->key_size,
                 };
                 build_table_init_holding(t, rec, &init);
+                build_set_shard_access(builder, rec, true, f->owner_uid, f->share_group);
                 for (size_t i = 0; i < f->n_waiters && held; i++) {
                         BuildWaiter *w = &f->waiters[i];
                         BuildHolder h = holder_of(&w->caller);

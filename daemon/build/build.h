@@ -93,6 +93,9 @@ void build_counters(const Builder *builder, BuildCounters *ret);
 typedef struct BuildWaiter {
         BuildCaller caller;
         int pidfd; /* taken by build_draft_share(), on failure too */
+        /* BuildRequest.share "group": the shard socket hands the build to every uid of its
+         * group, not only the owner's (part of the sharing key). */
+        bool share_group;
         /* The caller gave up (deadline, cancel, gone): it gets no reference. */
         bool (*expired)(void *userdata);
         /* Called exactly once, on any thread: rec (borrowed for the call) and shared, or the

@@ -12,6 +12,9 @@
 #define HOLDER_SIZE 32u
 #define FLAG_PINNED 1u
 #define FLAG_PRIVATE 2u
+#define FLAG_OWNED 4u       /* the owner's u32 uid follows the holders */
+#define FLAG_SHARE_GROUP 8u /* BuildRequest.share "group" */
+#define FLAGS_KNOWN (FLAG_PINNED | FLAG_PRIVATE | FLAG_OWNED | FLAG_SHARE_GROUP)
 
 static void put_u32(uint8_t *p, uint32_t v) {
         for (unsigned i = 0; i < 4; i++)
@@ -40,14 +43,17 @@ static uint64_t get_u64(const uint8_t *p) {
 int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *ret_size) {
         if (h->key_size > HOLDERS_RECORD_MAX_KEY_BYTES || h->n_holders > BUILD_TABLE_MAX_HOLDERS)
                 return -E2BIG;
-        size_t size = HEADER_SIZE + h->key_size + HOLDER_SIZE * h->n_holders + 4;
+        size_t size = HEADER_SIZE + h->key_size + HOLDER_SIZE * h->n_holders +
+                      (h->has_owner ? 4 : 0) + 4;
         uint8_t *out = calloc(1, size), *p;
         if (!out)
                 return -ENOMEM;
 
         memcpy(out, MAGIC, 4);
         put_u32(out + 4, HOLDERS_RECORD_VERSION);
-        put_u32(out + 8, (h->pinned ? FLAG_PINNED : 0) | (h->private_build ? FLAG_PRIVATE : 0));
+        put_u32(out + 8, (h->pinned ? FLAG_PINNED : 0) | (h->private_build ? FLAG_PRIVATE : 0) |
+                                 (h->has_owner ? FLAG_OWNED : 0) |
+                                 (h->share_group ? FLAG_SHARE_GROUP : 0));
         put_u32(out + 12, (uint32_t) h->n_holders);
         put_u64(out + 16, (uint64_t) h->created_ms);
         put_u64(out + 24, h->key_size);
@@ -61,6 +67,10 @@ int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *r
                 put_u64(p + 8, x->start_time);
                 put_u64(p + 16, (uint64_t) x->since_ms);
                 put_u32(p + 24, x->count);
+        }
+        if (h->has_owner) {
+                put_u32(p, h->owner_uid);
+                p += 4;
         }
         put_u32(p, crc32c(0, out, size - 4));
         *ret = out;
@@ -81,12 +91,13 @@ static int check(const uint8_t *data, size_t size, char *why, size_t why_size) {
                 return bad(why, why_size, "its checksum does not match (damaged)");
         if (get_u32(data + 4) != HOLDERS_RECORD_VERSION)
                 return bad(why, why_size, "written in another version");
-        if (get_u32(data + 8) & ~(FLAG_PINNED | FLAG_PRIVATE))
+        if (get_u32(data + 8) & ~FLAGS_KNOWN)
                 return bad(why, why_size, "unknown flags");
 
         uint64_t n = get_u32(data + 12), key_size = get_u64(data + 24);
+        uint64_t owner = get_u32(data + 8) & FLAG_OWNED ? 4 : 0;
         if (n > BUILD_TABLE_MAX_HOLDERS || key_size > HOLDERS_RECORD_MAX_KEY_BYTES ||
-            size != HEADER_SIZE + key_size + HOLDER_SIZE * n + 4)
+            size != HEADER_SIZE + key_size + HOLDER_SIZE * n + owner + 4)
                 return bad(why, why_size, "its sizes do not add up");
 
         const uint8_t *p = data + HEADER_SIZE + key_size;
@@ -107,6 +118,8 @@ int codec_holders_record_decode(const uint8_t *data, size_t size, HoldersRecord 
         uint32_t flags = get_u32(data + 8);
         h.pinned = flags & FLAG_PINNED;
         h.private_build = flags & FLAG_PRIVATE;
+        h.has_owner = flags & FLAG_OWNED;
+        h.share_group = flags & FLAG_SHARE_GROUP;
         h.n_holders = get_u32(data + 12);
         h.created_ms = (int64_t) get_u64(data + 16);
         h.key_size = get_u64(data + 24);
@@ -132,6 +145,8 @@ int codec_holders_record_decode(const uint8_t *data, size_t size, HoldersRecord 
                         .since_ms = (int64_t) get_u64(p + 16),
                         .count = get_u32(p + 24),
                 };
+        if (h.has_owner)
+                h.owner_uid = get_u32(p);
         *ret = h;
         return 0;
 }

@@ -7,10 +7,13 @@
  * whole when damaged (a CRC-32C over everything before it). A record the daemon cannot read
  * means no holders (the build's grace period applies), never a lost build.
  *
- *   0  "FDHL"             4  u32 version (1)     8  u32 flags (1 pinned, 2 private)
+ *   0  "FDHL"             4  u32 version (1)     8  u32 flags (1 pinned, 2 private,
+ *                                                  4 owned, 8 shared with the group)
  *  12  u32 n_holders     16  i64 created_ms     24  u64 key_size
  *  32  key_size bytes of the sharing key
  *   +  n_holders x 32: i32 pid, u32 uid, u64 start_time, i64 since_ms, u32 count, u32 zero
+ *   +  with flag 4 only: u32 the owner's uid (records written before owners had no flag 4
+ *      and still read: the build has no known owner)
  *   +  u32 CRC-32C of every byte before it
  */
 

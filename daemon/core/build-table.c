@@ -323,6 +323,9 @@ void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *
         rec->holding.referenced = init->referenced;
         rec->holding.writable = init->writable;
         rec->holding.private_build = init->private_build;
+        rec->holding.has_owner = init->has_owner;
+        rec->holding.owner_uid = init->owner_uid;
+        rec->holding.share_group = init->share_group;
         rec->holding.created_ms = init->created_ms;
         free(rec->holding.key);
         rec->holding.key = TAKE_PTR(init->key);
@@ -620,6 +623,9 @@ int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHolding
         const BuildHolding *h = &rec->holding;
         k.pinned = h->pinned;
         k.private_build = h->private_build;
+        k.has_owner = h->has_owner;
+        k.owner_uid = h->owner_uid;
+        k.share_group = h->share_group;
         k.created_ms = h->created_ms;
         k.key_size = h->key ? h->key_size : 0;
         k.n_holders = h->n_holders;
@@ -649,6 +655,9 @@ void build_table_holding_put_back(BuildTable *t, BuildRecord *rec, BuildHoldingK
         BuildHolding *h = &rec->holding;
         h->pinned = k->pinned;
         h->private_build = k->private_build;
+        h->has_owner = k->has_owner;
+        h->owner_uid = k->owner_uid;
+        h->share_group = k->share_group;
         if (k->created_ms > 0)
                 h->created_ms = k->created_ms;
         if (k->key) {

@@ -47,6 +47,13 @@ typedef struct BuildHolding {
         uint8_t *key;
         size_t key_size;
         uint64_t key_hash;
+        /* Whose it is: the uid that made it (has_owner false: a build made without a caller,
+         * or kept by a familyd that did not record it), and whether the shard socket hands it
+         * to every uid of the socket's group (BuildRequest.share "group") or only to the
+         * owner's processes and admins. */
+        bool has_owner;
+        uint32_t owner_uid;
+        bool share_group;
 } BuildHolding;
 
 typedef struct BuildRecord {
@@ -121,6 +128,8 @@ uint64_t build_table_budget(BuildTable *t);
 /* What a new record is (taken: key, which may be NULL). */
 typedef struct BuildRecordInit {
         bool referenced, writable, private_build;
+        bool has_owner, share_group;
+        uint32_t owner_uid;
         int64_t created_ms;
         uint8_t *key;
         size_t key_size;
@@ -181,6 +190,8 @@ void build_holding_done(BuildHolding *h);
 typedef struct BuildHoldingKept {
         bool pinned;
         bool private_build;
+        bool has_owner, share_group;
+        uint32_t owner_uid;
         int64_t created_ms;
         uint8_t *key; /* NULL: never shared */
         size_t key_size;

@@ -419,3 +419,18 @@ void mesh_build_release(Mesh *m) {
                 return;
         atomic_fetch_sub_explicit(&m->n_builds, 1, memory_order_acq_rel);
 }
+
+void mesh_claim(Mesh *m, uint32_t uid) {
+        unsigned none = 0;
+
+        (void) atomic_compare_exchange_strong(&m->owner_uid_1, &none, uid + 1u);
+}
+
+bool mesh_owner(const Mesh *m, uint32_t *ret_uid) {
+        unsigned v = atomic_load(&((Mesh *) m)->owner_uid_1);
+
+        if (v == 0)
+                return false;
+        *ret_uid = v - 1u;
+        return true;
+}

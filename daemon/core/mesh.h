@@ -38,7 +38,15 @@ typedef struct Mesh {
         MeshSpec spec;             /* validated; ranks filled in */
         int64_t axis_size[_AXIS_MAX]; /* effective size of each axis (declared ones stand) */
         atomic_uint n_builds;      /* live builds laid out on this mesh */
+        /* The uid of its first CreateMesh, plus one; 0: none known (a mesh restored after a
+         * restart, or made by a caller that could not be told). Set once (mesh_claim()). */
+        atomic_uint owner_uid_1;
 } Mesh;
+
+/* Makes uid the mesh's owner unless it has one: the first creator owns a content-derived id. */
+void mesh_claim(Mesh *m, uint32_t uid);
+/* Whether the mesh has an owner, and which uid. */
+bool mesh_owner(const Mesh *m, uint32_t *ret_uid);
 
 /*
  * Runs the CreateMesh checks of docs/semantics.md in order (INVALID_ARGUMENT with its exact texts),

@@ -262,32 +262,85 @@ bool rpc_call_expired(void) {
 #define SO_PEERPIDFD 77 /* Linux 6.5; older headers lack it */
 #endif
 
-int rpc_call_peer(int32_t *ret_pid, uint32_t *ret_uid, int *ret_pidfd) {
-        Call *c = handler_call;
-        struct ucred cred = {};
-        socklen_t len = sizeof cred;
-        struct stat st;
+/* The descriptor gRPC names the call's connection by ("fd:N"), or -1. */
+static int call_fd(Call *c) {
         char *peer;
-        int fd = -1, n = 0, pidfd = -1;
+        int fd = -1, n = 0;
 
-        if (!c || !c->call)
-                return -ENOTCONN;
         peer = grpc_call_get_peer(c->call);
         if (!peer)
-                return -ENOTCONN;
+                return -1;
         if (sscanf(peer, "fd:%d%n", &fd, &n) != 1 || peer[n] != 0)
                 fd = -1;
         gpr_free(peer);
-        if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
-            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0)
+        return fd;
+}
+
+int rpc_call_caller(RpcCaller *ret) {
+        Call *c = handler_call;
+
+        if (!c || !c->call || !c->site.callers)
                 return -ENOTCONN;
+        return caller_table_find(c->site.callers, call_fd(c), ret);
+}
+
+int rpc_call_peer(int32_t *ret_pid, uint32_t *ret_uid, int *ret_pidfd) {
+        RpcCaller caller;
+        socklen_t len;
+        int pidfd = -1, r;
+
+        r = rpc_call_caller(&caller);
+        if (r < 0)
+                return r;
+        if (caller.pid <= 0)
+                return -ENOTCONN;
+        /* The same socket as the credentials' (rpc_call_caller() checked its inode). */
         len = sizeof pidfd;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
+        if (getsockopt(call_fd(handler_call), SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
                 pidfd = -1;
-        *ret_pid = cred.pid;
-        *ret_uid = cred.uid;
+        *ret_pid = caller.pid;
+        *ret_uid = caller.uid;
         *ret_pidfd = pidfd;
         return 0;
+}
+
+int rpc_require_admin(const char *what, FamilyError *ret_error) {
+        RpcCaller caller;
+
+        if (rpc_call_caller(&caller) < 0)
+                return family_error_set(ret_error, FAMILY_STATUS_PERMISSION_DENIED, "NOT_ADMIN",
+                                        NULL,
+                                        "%s needs an admin (root, or a member of --admin-group); "
+                                        "the calling process cannot be told",
+                                        what);
+        if (caller.admin)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_PERMISSION_DENIED, "NOT_ADMIN", NULL,
+                                "%s needs an admin (root, or a member of --admin-group); uid "
+                                "%u is neither",
+                                what, caller.uid);
+}
+
+/* A state-changing call: who made it (pid, uid) and how it was answered, in the log. */
+static void call_audit(Call *c, int r, const FamilyError *e) {
+        const char *name = strrchr(c->site.method->path, '/') + 1;
+        char pid[16] = "", uid[16] = "";
+        RpcCaller caller;
+        bool known = rpc_call_caller(&caller) >= 0;
+
+        if (known) {
+                (void) snprintf(pid, sizeof pid, "%d", (int) caller.pid);
+                (void) snprintf(uid, sizeof uid, "%u", caller.uid);
+        }
+        log_struct(LOG_INFO, 0,
+                   LOG_FIELDS(LOG_FIELD("CALLER_PID", known ? pid : "unknown"),
+                              LOG_FIELD("CALLER_UID", known ? uid : "unknown"),
+                              LOG_FIELD("RPC_METHOD", name)),
+                   "%s called by pid %s (uid %s): %s.", name, known ? pid : "unknown",
+                   known ? uid : "unknown",
+                   r == RPC_PENDING ? "answered when done"
+                   : r < 0          ? (e && e->reason ? e->reason : "failed")
+                                    : "OK");
 }
 
 static void *arena_pb_alloc(void *data, size_t size) {
@@ -347,6 +400,8 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
         handler_call = c;
         r = m->handler((RpcContext *) &c->site.context, &c->arena, request, ret_reply,
                        ret_error);
+        if (m->audited)
+                call_audit(c, r, ret_error);
         handler_call = NULL;
         handler_has_deadline = false;
         if (r < 0)

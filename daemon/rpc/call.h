@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "caller.h"
 #include "rpc.h"
 
 /* Every completion-queue tag is one of these; its owner finds itself with container_of. */
@@ -41,6 +42,7 @@ typedef struct CallSite {
         void *registered;        /* grpc_server_register_method's handle */
         atomic_bool *shutting_down;
         CallCounter *counter;
+        CallerTable *callers; /* the server's: the credentials of each connection */
 } CallSite;
 
 /* Asks gRPC for the next call at this site; a new call re-arms its site at once. */

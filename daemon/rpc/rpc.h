@@ -7,6 +7,7 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/manager.h"
+#include "caller.h"
 
 typedef enum RpcKind {
         RPC_UNARY,       /* one request, one reply or an error */
@@ -58,6 +59,8 @@ typedef struct RpcMethod {
         RpcBytesHandler bytes_handler;
         /* Watch: the handler's reply is sent again on each server_notify_watches(). */
         bool pushes_changes;
+        /* It changes state: logged with the caller's pid and uid (CALLER_PID=, CALLER_UID=). */
+        bool audited;
 } RpcMethod;
 
 typedef struct RpcService {
@@ -94,16 +97,23 @@ bool rpc_pending_expired(RpcPending *p);
 /* reply (from the pending arena) or error; takes over the error's contents. */
 void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error);
 
+/* On a worker inside a handler: the credentials of the call's connection, taken when it was
+ * accepted (rpc/caller.c). -ENOTCONN: the peer cannot be told. */
+int rpc_call_caller(RpcCaller *ret);
+
 /*
  * On a worker inside a handler: the process at the other end of the call's connection, pid and
- * uid from SO_PEERCRED of the connection's socket (gRPC names a connection handed in by fd
- * "fd:N", and N stays open while the call lives), and a pidfd for it (SO_PEERPIDFD: the process
- * that connected, even if its pid was reused since; -1 where the kernel has none). -ENOTCONN:
- * the peer cannot be told.
+ * uid as rpc_call_caller() has them, and a pidfd for it (SO_PEERPIDFD: the process that
+ * connected, even if its pid was reused since; -1 where the kernel has none). -ENOTCONN: the
+ * peer cannot be told, or is outside familyd's pid namespace.
  */
 int rpc_call_peer(int32_t *ret_pid, uint32_t *ret_uid, int *ret_pidfd);
 
 /* On a worker inside a handler: whether the call's deadline has passed (the client has given
  * up on the answer). Long handlers check it before keeping what they made. */
 bool rpc_call_expired(void);
+
+/* On a worker inside a handler: 0 when the caller is an admin (root, or a member of
+ * --admin-group), else PERMISSION_DENIED NOT_ADMIN naming what (the method or its option). */
+int rpc_require_admin(const char *what, FamilyError *ret_error);
 

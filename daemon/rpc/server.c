@@ -37,6 +37,7 @@ struct Server {
         bool shutdown_done;
         CallCounter calls;
         RpcHooks hooks;
+        CallerTable *callers; /* who is at the other end of each connection */
 };
 
 
@@ -87,6 +88,9 @@ int server_new(const ServerParams *params, Server **ret) {
         (void) pthread_cond_init(&s->cond, NULL);
         call_counter_init(&s->calls, params->max_watches);
         s->hooks = params->hooks;
+        r = caller_table_new(params->admin_gid, &s->callers);
+        if (r < 0)
+                return r;
 
         grpc_init();
 
@@ -131,6 +135,7 @@ int server_new(const ServerParams *params, Server **ret) {
                                 .method = m,
                                 .shutting_down = &s->shutting_down,
                                 .counter = &s->calls,
+                                .callers = s->callers,
                         };
                         site->registered = grpc_server_register_method(
                                 s->server, m->path, NULL,
@@ -146,6 +151,7 @@ int server_new(const ServerParams *params, Server **ret) {
                 .context = { .manager = params->manager, .hooks = &s->hooks },
                 .shutting_down = &s->shutting_down,
                 .counter = &s->calls,
+                .callers = s->callers,
         };
 
         grpc_server_start(s->server);
@@ -172,6 +178,11 @@ int server_new(const ServerParams *params, Server **ret) {
 }
 
 void server_add_connection(Server *s, int fd) {
+        int r = caller_table_add(s->callers, fd);
+        if (r < 0)
+                /* Its calls then cannot name their caller: refused where that matters. */
+                log_warning_errno(r, "Failed to read the credentials of an API connection, "
+                                     "ignoring: %m");
         grpc_server_add_channel_from_fd(s->server, fd, s->credentials);
 }
 
@@ -240,6 +251,7 @@ Server *server_free(Server *s) {
         (void) pthread_cond_destroy(&s->cond);
         (void) pthread_mutex_destroy(&s->lock);
         call_counter_done(&s->calls);
+        caller_table_free(s->callers);
         grpc_shutdown();
         return mfree(s);
 }

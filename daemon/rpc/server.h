@@ -8,6 +8,8 @@
  * connections and hands them in with server_add_connection(); gRPC never binds a socket.
  */
 
+#include <sys/types.h>
+
 #include "core/manager.h"
 #include "rpc.h"
 
@@ -25,6 +27,7 @@ typedef struct ServerParams {
         unsigned max_request_bytes;
         unsigned connection_idle_ms;
         unsigned max_watches;
+        gid_t admin_gid; /* --admin-group, or (gid_t) -1: only root is an admin */
         RpcHooks hooks; /* copied; userdata must outlive the server */
 } ServerParams;
 

@@ -67,6 +67,9 @@ static int reload(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request
         Familyd__V1__ReloadResponse *reply;
         int r;
 
+        r = rpc_require_admin("Reload", ret_error);
+        if (r < 0)
+                return r;
         if (ctx->hooks && ctx->hooks->reload_begin)
                 ctx->hooks->reload_begin(ctx->hooks->userdata);
         r = manager_reload(ctx->manager, &reg, &diag);
@@ -99,7 +102,8 @@ static const RpcMethod methods[] = {
         { "/familyd.v1.AdminService/GetStatus", RPC_UNARY,
           &familyd__v1__get_status_request__descriptor, get_status, NULL },
         { "/familyd.v1.AdminService/Reload", RPC_UNARY, &familyd__v1__reload_request__descriptor,
-          reload, NULL },
+          reload, NULL,
+          .audited = true },
 };
 
 const RpcService service_admin = {

@@ -24,9 +24,23 @@ static Builder builder_of(const RpcContext *ctx) {
         return (Builder) { .manager = ctx->manager, .shards = ctx->shards };
 }
 
-/* A Build reply of a committed build. */
-static int build_reply(RpcContext *ctx, Arena *arena, const BuildRecord *rec,
-                       Familyd__V1__Build **ret) {
+/* Whether the caller may see rec's tokens: its owner's uid, an admin, or a build without a
+ * known owner (made without a caller, or kept by an older familyd). */
+static bool caller_sees_tokens(const BuildHolding *h) {
+        RpcCaller caller;
+
+        if (!h->has_owner)
+                return true;
+        if (rpc_call_caller(&caller) < 0)
+                return false;
+        return caller.admin || caller.uid == h->owner_uid;
+}
+
+/* A Build reply of a committed build; without its tokens for a caller that may not see them.
+ * to_owner: the answer to a Build, whose caller is the owner (the owner's uid is part of the
+ * sharing key), maybe answered on another thread than the call's. */
+static int build_reply_for(RpcContext *ctx, Arena *arena, const BuildRecord *rec, bool to_owner,
+                           Familyd__V1__Build **ret) {
         CodecBuild view;
         int r;
 
@@ -45,8 +59,16 @@ static int build_reply(RpcContext *ctx, Arena *arena, const BuildRecord *rec,
         r = codec_build_holding_encode(arena, &h, pb);
         if (r < 0)
                 return r;
+        if (!to_owner && !caller_sees_tokens(&h))
+                for (size_t i = 0; i < pb->n_shards; i++)
+                        pb->shards[i]->token = (char *) "";
         *ret = pb;
         return 0;
+}
+
+static int build_reply(RpcContext *ctx, Arena *arena, const BuildRecord *rec,
+                       Familyd__V1__Build **ret) {
+        return build_reply_for(ctx, arena, rec, false, ret);
 }
 
 static int build_finish(RpcContext *ctx, BuildDraft *draft, Arena *arena,
@@ -62,7 +84,7 @@ static int build_finish(RpcContext *ctx, BuildDraft *draft, Arena *arena,
         reply = MSG_NEW(arena, Familyd__V1__BuildResponse, familyd__v1__build_response__init);
         if (!reply)
                 return -ENOMEM;
-        r = build_reply(ctx, arena, rec, &reply->build);
+        r = build_reply_for(ctx, arena, rec, true, &reply->build);
         if (r < 0)
                 return r;
         *ret_reply = &reply->base;
@@ -123,7 +145,7 @@ static void shared_done(void *userdata, BuildRecord *rec, bool shared, FamilyErr
         if (rec) {
                 reply = MSG_NEW(arena, Familyd__V1__BuildResponse,
                                 familyd__v1__build_response__init);
-                r = reply ? build_reply(c->ctx, arena, rec, &reply->build) : -ENOMEM;
+                r = reply ? build_reply_for(c->ctx, arena, rec, true, &reply->build) : -ENOMEM;
                 if (r >= 0)
                         reply->shared = shared;
                 else
@@ -171,10 +193,10 @@ static int caller_of(BuildCaller *ret, int *ret_pidfd, FamilyError *ret_error) {
 }
 
 static int build_shared(RpcContext *ctx, const Builder *builder, const BuildRequest *req,
-                        FamilyError *ret_error) {
+                        bool share_group, FamilyError *ret_error) {
         SharedCall *call;
         BuildDraft *draft = NULL;
-        BuildWaiter w = {};
+        BuildWaiter w = { .share_group = share_group };
         int r;
 
         r = caller_of(&w.caller, &w.pidfd, ret_error);
@@ -232,20 +254,39 @@ static int build_shared(RpcContext *ctx, const Builder *builder, const BuildRequ
         return RPC_PENDING;
 }
 
+/* BuildRequest.share: "" or "owner" (false), "group" (true). */
+static int share_parse(const char *share, bool *ret, FamilyError *ret_error) {
+        int r;
+
+        r = codec_check_length(share, FAMILYD_MAX_NAME_LENGTH, "share", ret_error);
+        if (r < 0)
+                return r;
+        if (isempty(share) || streq(share, "owner") || streq(share, "group")) {
+                *ret = streq_ptr(share, "group");
+                return 0;
+        }
+        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST", "share",
+                                "share must be \"owner\" or \"group\", not '%s'", share);
+}
+
 static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                  ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__BuildRequest *pb = (const Familyd__V1__BuildRequest *) request;
         _cleanup_(build_request_done) BuildRequest req = {};
         Builder builder = builder_of(ctx);
         BuildDraft *draft = NULL;
+        bool share_group;
         int r;
 
-        r = codec_build_request_decode((const Familyd__V1__BuildRequest *) request, &req,
-                                       ret_error);
+        r = share_parse(pb->share, &share_group, ret_error);
+        if (r < 0)
+                return r;
+        r = codec_build_request_decode(pb, &req, ret_error);
         if (r < 0)
                 return r;
         /* A materialising Build is shared and held by its caller; a layout is neither. */
         if (req.materialize.enabled && builder.sharing)
-                return build_shared(ctx, &builder, &req, ret_error);
+                return build_shared(ctx, &builder, &req, share_group, ret_error);
         r = build_draft(&builder, &req, ctx->shard_socket, &draft, ret_error);
         if (r < 0)
                 return r;
@@ -340,7 +381,11 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
         r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
         if (r < 0)
                 return r;
-        if (!req->force) {
+        if (req->force) {
+                r = rpc_require_admin("ReleaseBuild with force", ret_error);
+                if (r < 0)
+                        return r;
+        } else {
                 known = caller_of(&caller, &pidfd, &unknown) >= 0;
                 safe_close(pidfd);
         }
@@ -398,17 +443,21 @@ static int unpin_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
 
 static const RpcMethod methods[] = {
         { "/familyd.v1.FamilyService/Build", RPC_UNARY, &familyd__v1__build_request__descriptor,
-          build, NULL },
+          build, NULL,
+          .audited = true },
         { "/familyd.v1.FamilyService/GetBuild", RPC_UNARY,
           &familyd__v1__get_build_request__descriptor, get_build, NULL },
         { "/familyd.v1.FamilyService/ListBuilds", RPC_UNARY,
           &familyd__v1__list_builds_request__descriptor, list_builds, NULL },
         { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
-          &familyd__v1__release_build_request__descriptor, release_build, NULL },
+          &familyd__v1__release_build_request__descriptor, release_build, NULL,
+          .audited = true },
         { "/familyd.v1.FamilyService/PinBuild", RPC_UNARY,
-          &familyd__v1__pin_build_request__descriptor, pin_build, NULL },
+          &familyd__v1__pin_build_request__descriptor, pin_build, NULL,
+          .audited = true },
         { "/familyd.v1.FamilyService/UnpinBuild", RPC_UNARY,
-          &familyd__v1__unpin_build_request__descriptor, unpin_build, NULL },
+          &familyd__v1__unpin_build_request__descriptor, unpin_build, NULL,
+          .audited = true },
 };
 
 /* The same gRPC service as service_family; a second table keeps Build apart. */

@@ -72,6 +72,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "peer-cred.h"
 #include "codec/codec-shard.h"
 #include "common/log.h"
 #include "shard-socket.h"
@@ -97,6 +98,7 @@ struct Connection {
         ShardServer *server;
         int fd;
         uid_t uid;
+        bool admin; /* root, or in --admin-group: maps any build's shards */
         sd_event_source *io;
         uint32_t watched; /* the events io watches for now */
         /* The idle deadline; while unread_fds, the unread timeout's; UINT64_MAX once shut down
@@ -140,6 +142,7 @@ struct ShardServer {
         atomic_uint max_connections;
         atomic_uint max_connections_per_uid;
         atomic_uint unread_timeout_ms;
+        atomic_uint admin_gid; /* (gid_t) -1: none */
         /* Owned by the thread from here on. */
         Connection *connections;
         unsigned n_connections;
@@ -312,7 +315,16 @@ static int connection_answer(ShardServer *s, Connection *c, const ShardRequest *
                 return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT, message);
         }
 
-        r = shard_table_lookup_many(s->table, req->tokens, n, segments, &bad);
+        ShardAsker asker = { .uid = c->uid, .admin = c->admin };
+        r = shard_table_lookup_many_as(s->table, req->tokens, n, &asker, segments, &bad);
+        if (r == SHARD_TABLE_DENIED) {
+                (void) snprintf(message, sizeof message,
+                                "shard token %zu of %zu is of another user's build: only its "
+                                "owner's processes and admins may map it, unless it was built "
+                                "with share \"group\"",
+                                bad + 1, n);
+                return connection_queue_error(c, FAMILY_STATUS_PERMISSION_DENIED, message);
+        }
         if (r == SHARD_TABLE_NOT_FOUND) {
                 /* The index, never the token: a reply may end up in a log. */
                 (void) snprintf(message, sizeof message,
@@ -655,7 +667,7 @@ static unsigned server_count_uid(ShardServer *s, uid_t uid) {
 }
 
 /* Watches a connection that passed the caps; closes fd on failure. */
-static int connection_new(ShardServer *s, int fd, uid_t uid) {
+static int connection_new(ShardServer *s, int fd, uid_t uid, bool admin) {
         Connection *c = calloc(1, sizeof *c);
         int r;
 
@@ -666,6 +678,7 @@ static int connection_new(ShardServer *s, int fd, uid_t uid) {
         c->server = s;
         c->fd = fd;
         c->uid = uid;
+        c->admin = admin;
         c->watched = EPOLLIN;
         c->next = s->connections;
         if (c->next)
@@ -730,7 +743,8 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                         continue;
                 }
 
-                int r = connection_new(s, fd, cred.uid);
+                bool admin = peer_cred_is_admin(fd, &cred, (gid_t) atomic_load(&s->admin_gid));
+                int r = connection_new(s, fd, cred.uid, admin);
                 if (r < 0)
                         log_warning_errno(r, "Shard socket: failed to watch a connection, "
                                              "closing it: %m");
@@ -768,6 +782,7 @@ static ShardServer *shard_server_alloc(ShardTable *table) {
         atomic_init(&s->max_connections, SHARD_SOCKET_MAX_CONNECTIONS);
         atomic_init(&s->max_connections_per_uid, SHARD_SOCKET_MAX_CONNECTIONS_PER_UID);
         atomic_init(&s->unread_timeout_ms, SHARD_SOCKET_UNREAD_TIMEOUT_MS);
+        atomic_init(&s->admin_gid, (unsigned) (gid_t) -1);
         return s;
 }
 
@@ -905,4 +920,8 @@ void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n) {
 
 void shard_server_set_unread_timeout(ShardServer *s, unsigned msec) {
         atomic_store(&s->unread_timeout_ms, msec > 0 ? msec : SHARD_SOCKET_UNREAD_TIMEOUT_MS);
+}
+
+void shard_server_set_admin_gid(ShardServer *s, gid_t gid) {
+        atomic_store(&s->admin_gid, (unsigned) gid);
 }

@@ -1,6 +1,8 @@
 /* shard-socket.h: the shard socket: tokens in, shard descriptors out over SCM_RIGHTS. */
 #pragma once
 
+#include <sys/types.h>
+
 #include "common/macro.h"
 #include "shard-table.h"
 
@@ -43,3 +45,5 @@ void shard_server_set_idle_timeout(ShardServer *s, unsigned msec);
 void shard_server_set_max_connections(ShardServer *s, unsigned n);
 void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n);
 void shard_server_set_unread_timeout(ShardServer *s, unsigned msec);
+/* Members of gid (--admin-group) map any build's shards, as root does; (gid_t) -1: none. */
+void shard_server_set_admin_gid(ShardServer *s, gid_t gid);

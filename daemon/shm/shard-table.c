@@ -15,6 +15,7 @@ struct Entry {
         ShardToken token;
         char *group;
         ShardSegment *segment;
+        ShardAccess access;
 };
 
 struct ShardTable {
@@ -253,17 +254,41 @@ int shard_table_lookup(ShardTable *t, const char *token, ShardSegment **ret) {
 
 int shard_table_lookup_many(ShardTable *t, const char *const *tokens, size_t n, ShardSegment **ret,
                             size_t *ret_bad_index) {
+        return shard_table_lookup_many_as(t, tokens, n, NULL, ret, ret_bad_index);
+}
+
+static bool access_allows(const ShardAccess *a, const ShardAsker *asker) {
+        return !asker || !a->restricted || asker->admin || asker->uid == a->owner_uid;
+}
+
+int shard_table_lookup_many_as(ShardTable *t, const char *const *tokens, size_t n,
+                               const ShardAsker *asker, ShardSegment **ret,
+                               size_t *ret_bad_index) {
         (void) pthread_mutex_lock(&t->lock);
-        for (size_t i = 0; i < n; i++)
-                if (!tokens[i] || !table_find_locked(t, tokens[i])) {
+        for (size_t i = 0; i < n; i++) {
+                Entry **link = tokens[i] ? table_find_locked(t, tokens[i]) : NULL;
+                int r = !link                                        ? SHARD_TABLE_NOT_FOUND
+                        : !access_allows(&(*link)->access, asker) ? SHARD_TABLE_DENIED
+                                                                     : 0;
+                if (r != 0) {
                         (void) pthread_mutex_unlock(&t->lock);
                         *ret_bad_index = i;
-                        return SHARD_TABLE_NOT_FOUND;
+                        return r;
                 }
+        }
         for (size_t i = 0; i < n; i++)
                 ret[i] = shard_segment_ref((*table_find_locked(t, tokens[i]))->segment);
         (void) pthread_mutex_unlock(&t->lock);
         return 0;
+}
+
+void shard_table_set_access(ShardTable *t, const char *group, const ShardAccess *access) {
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t b = 0; b < t->n_buckets; b++)
+                for (Entry *e = t->buckets[b]; e; e = e->next)
+                        if (streq(e->group, group))
+                                e->access = *access;
+        (void) pthread_mutex_unlock(&t->lock);
 }
 
 int shard_table_remove(ShardTable *t, const char *token) {

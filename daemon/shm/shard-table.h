@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/macro.h"
 #include "segment.h"
@@ -26,7 +27,21 @@
 enum {
         SHARD_TABLE_NOT_FOUND = 1, /* an unknown or released token */
         SHARD_TABLE_FULL = 2,      /* the table holds its maximum of tokens */
+        SHARD_TABLE_DENIED = 3,    /* a token of a build the asking uid may not map */
 };
+
+/* Who may trade a group's tokens for descriptors. Tokens start open to everyone who can reach
+ * the shard socket; a build with an owner restricts them (shard_table_set_access()). */
+typedef struct ShardAccess {
+        bool restricted; /* only owner_uid's processes and admins */
+        uint32_t owner_uid;
+} ShardAccess;
+
+/* The asker of a lookup: its uid and whether it is an admin (root, --admin-group). */
+typedef struct ShardAsker {
+        uint32_t uid;
+        bool admin;
+} ShardAsker;
 
 typedef struct ShardTable ShardTable;
 
@@ -53,6 +68,13 @@ int shard_table_restore(ShardTable *t, const char *group, ShardSegment *segment,
 
 /* 0 and a new reference in *ret; SHARD_TABLE_NOT_FOUND. token may be anything, even NULL. */
 int shard_table_lookup(ShardTable *t, const char *token, ShardSegment **ret);
+/* Sets the access of every token of group (a build's, once it has an owner). */
+void shard_table_set_access(ShardTable *t, const char *group, const ShardAccess *access);
+/* As shard_table_lookup_many(), for asker: SHARD_TABLE_DENIED (*ret_bad_index the first such
+ * token) when a token is known but asker may not map it; nothing is referenced then. */
+int shard_table_lookup_many_as(ShardTable *t, const char *const *tokens, size_t n,
+                               const ShardAsker *asker, ShardSegment **ret,
+                               size_t *ret_bad_index);
 
 /*
  * All or nothing: 0 and n new references in ret[0..n-1]; or SHARD_TABLE_NOT_FOUND with

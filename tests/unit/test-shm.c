@@ -367,6 +367,45 @@ static void *table_worker(void *userdata) {
         return NULL;
 }
 
+/* A build's tokens go to its owner's uid and admins once restricted; open otherwise. */
+static void test_table_access(void **state) {
+        _cleanup_(shard_table_unrefp) ShardTable *t = NULL;
+        _cleanup_(shard_segment_unrefp) ShardSegment *a = segment_new(10, 0, 1);
+        ShardToken ta, tb;
+        ShardSegment *many[2] = {};
+        size_t bad = 99;
+        ShardAsker owner = { .uid = 1000 }, other = { .uid = 1001 },
+                   admin = { .uid = 1001, .admin = true };
+
+        assert_int_equal(shard_table_new(8, &t), 0);
+        assert_int_equal(shard_table_add(t, "g1", a, &ta), 0);
+        assert_int_equal(shard_table_add(t, "g2", a, &tb), 0);
+        const char *both[] = { tb.hex, ta.hex };
+
+        /* Not yet restricted: open to anyone. */
+        assert_int_equal(shard_table_lookup_many_as(t, both, 2, &other, many, &bad), 0);
+        shard_segment_unref(many[0]);
+        shard_segment_unref(many[1]);
+
+        shard_table_set_access(t, "g1", &(ShardAccess) { .restricted = true, .owner_uid = 1000 });
+        many[0] = many[1] = NULL;
+        assert_int_equal(shard_table_lookup_many_as(t, both, 2, &other, many, &bad),
+                         SHARD_TABLE_DENIED);
+        assert_int_equal(bad, 1);
+        assert_null(many[0]);
+        for (size_t k = 0; k < 2; k++) {
+                const ShardAsker *ok = k == 0 ? &owner : &admin;
+                assert_int_equal(shard_table_lookup_many_as(t, both, 2, ok, many, &bad), 0);
+                shard_segment_unref(many[0]);
+                shard_segment_unref(many[1]);
+        }
+        /* Shared with the group again: open. */
+        shard_table_set_access(t, "g1", &(ShardAccess) { .restricted = false, .owner_uid = 1000 });
+        assert_int_equal(shard_table_lookup_many_as(t, both, 2, &other, many, &bad), 0);
+        shard_segment_unref(many[0]);
+        shard_segment_unref(many[1]);
+}
+
 static void test_table_threads(void **state) {
         _cleanup_(shard_table_unrefp) ShardTable *t = NULL;
         enum { N = 8 };
@@ -1253,6 +1292,7 @@ int main(void) {
                 cmocka_unit_test(test_segment_sealing),
                 cmocka_unit_test(test_segment_adopt),
                 cmocka_unit_test(test_table_basic),
+                cmocka_unit_test(test_table_access),
                 cmocka_unit_test(test_table_threads),
                 SOCKET_TEST(test_socket_three_in_order),
                 SOCKET_TEST(test_socket_not_found),

@@ -304,6 +304,41 @@ static void test_holders_record_round_trip(void **unused) {
         assert_int_equal(codec_holders_record_encode(&in, &data, &size), -E2BIG);
 }
 
+/* The owner and share mode ride on flags 4 and 8 and a uid after the holders; a record without
+ * them (written before owners) still reads, with no owner. */
+static void test_holders_record_owner(void **unused) {
+        BuildHolder h = { .pid = 7, .uid = 1000, .start_time = 2, .since_ms = 3, .count = 1 };
+        HoldersRecord in = { .holders = &h, .n_holders = 1, .has_owner = true,
+                             .owner_uid = 4242, .share_group = true };
+        HoldersRecord out = {};
+        uint8_t *data = NULL, *plain = NULL;
+        size_t size = 0, plain_size = 0;
+        char why[128];
+
+        assert_int_equal(codec_holders_record_encode(&in, &data, &size), 0);
+        assert_int_equal(codec_holders_record_decode(data, size, &out, why, sizeof why), 0);
+        assert_true(out.has_owner);
+        assert_int_equal(out.owner_uid, 4242);
+        assert_true(out.share_group);
+        assert_int_equal(out.holders[0].uid, 1000);
+        codec_holders_record_done(&out);
+
+        in.has_owner = in.share_group = false;
+        assert_int_equal(codec_holders_record_encode(&in, &plain, &plain_size), 0);
+        assert_int_equal(plain_size + 4, size);
+        assert_int_equal(codec_holders_record_decode(plain, plain_size, &out, why, sizeof why),
+                         0);
+        assert_false(out.has_owner);
+        assert_false(out.share_group);
+        codec_holders_record_done(&out);
+
+        /* The owner's flag without its uid (or the reverse) does not add up. */
+        assert_int_equal(codec_holders_record_decode(data, size - 4, &out, why, sizeof why),
+                         -EBADMSG);
+        free(data);
+        free(plain);
+}
+
 static void test_holders_record_corrupt_is_refused(void **unused) {
         BuildHolder h = { .pid = 7, .uid = 1, .start_time = 2, .since_ms = 3, .count = 1 };
         uint8_t key[] = "key";
@@ -402,6 +437,7 @@ int main(void) {
                 cmocka_unit_test(test_replace_in_the_fd_store),
                 cmocka_unit_test(test_replace_needs_room_in_the_fd_store),
                 cmocka_unit_test(test_holders_record_round_trip),
+                cmocka_unit_test(test_holders_record_owner),
                 cmocka_unit_test(test_holders_record_corrupt_is_refused),
                 cmocka_unit_test(test_build_table_holding_kept_and_put_back),
         };

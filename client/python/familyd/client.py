@@ -468,9 +468,12 @@ class Client:
                       context: Optional[Mapping[str, Any]] = None,
                       parameter_dtypes: Optional[Mapping[str, str]] = None,
                       private_build: bool = False, writable: bool = False,
-                      source_config: Optional[Values] = None) -> Message:
+                      source_config: Optional[Values] = None,
+                      share: Optional[str] = None) -> Message:
         """The familyd.v1.BuildRequest that build() sends (see there)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
+        if share:
+            req.share = share
         for k, v in (parameter_dtypes or {}).items():
             req.parameter_dtypes[k] = v
         req.private_build = bool(private_build)
@@ -520,7 +523,8 @@ class Client:
               mode: Optional[str] = None, writable: bool = False, map_shards: bool = True,
               parameter_dtypes: Optional[Mapping[str, str]] = None,
               private_build: bool = False,
-              source_config: Optional[Values] = None) -> Build:
+              source_config: Optional[Values] = None,
+              share: Optional[str] = None) -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -537,7 +541,9 @@ class Client:
         made writable, BuildRequest.writable, and writes reach every process mapping it);
         writable=True is the old spelling of mode="shared". A live build with the same request
         (and mode's writability) is shared: this process then holds a reference to it;
-        private_build=True asks for a build of its own.
+        private_build=True asks for a build of its own. share: who may map the shards,
+        "owner" (default: this uid's processes and admins) or "group" (every process that can
+        reach the shard socket; BuildRequest.share).
         map_shards=False: the Build without mappings (.message, .layout; fetch_shards() later).
         GPU shards are imported through the CUDA driver (familyd.cuda); a client that cannot
         map device memory gets cuda.DeviceMemoryError and the build is released.
@@ -546,7 +552,7 @@ class Client:
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
                                  arguments, module, module_fqn, context, parameter_dtypes,
                                  private_build, writable=mode == "shared",
-                                 source_config=source_config)
+                                 source_config=source_config, share=share)
         resp = self.call("familyd.v1.FamilyService/Build", req)
         b = Build(self, resp.build, mode=mode, map_shards=False)
         b.shared = resp.shared
