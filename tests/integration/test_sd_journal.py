@@ -23,6 +23,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -81,6 +82,8 @@ class Base(unittest.TestCase):
         self.socket = os.path.join(self.tmp, "api.sock")
         self.err_path = os.path.join(self.tmp, "familyd.err")
         self.receiver = None
+        self.received = []
+        self.reader = None
         self.proc = None
 
     def tearDown(self):
@@ -88,21 +91,33 @@ class Base(unittest.TestCase):
             self.proc.kill()
             self.proc.wait()
         if self.receiver:
+            self.receiver.shutdown(socket.SHUT_RDWR)
+            self.reader.join(5)
             self.receiver.close()
 
     def listen_journal(self):
+        # Read as journald does, all the time: a datagram socket queues only
+        # net.unix.max_dgram_qlen (often 10) unread messages, and a sender then blocks.
         self.receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.receiver.bind(os.path.join(self.jdir, "socket"))
         self.receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.receiver.setblocking(False)
+        self.reader = threading.Thread(target=self.read_journal, daemon=True)
+        self.reader.start()
 
-    def journal(self):
-        out = []
+    def read_journal(self):
         while True:
             try:
-                out.append(parse_native(self.receiver.recv(1 << 20)))
-            except BlockingIOError:
-                return out
+                data = self.receiver.recv(1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            self.received.append(parse_native(data))
+
+    def journal(self):
+        time.sleep(0.2)  # what was sent before now has been read
+        out, self.received[:] = list(self.received), []
+        return out
 
     def stderr(self):
         with open(self.err_path, errors="replace") as f:
