@@ -99,7 +99,8 @@ typedef struct PeerHandshake {
         uint8_t *out;  /* our part, while it is written: sent of out_size bytes */
         size_t out_size, sent;
         uint8_t nonces[2][PEER_NONCE_BYTES]; /* keyed: the dialer's, the listener's */
-        int key_index; /* keyed dialer: which of our keys the listener holds too */
+        bool proven; /* keyed: the other side proved the key; session holds the link's keys */
+        PeerSessionKeys session;
         char remote[PEER_REMOTE_MAX]; /* the other side, for the log */
         struct PeerEndpoint *endpoint; /* dialing only */
         struct PeerHandshake *next;
@@ -363,14 +364,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 /* A session begins when a handshake proves the key; the dialer's lives with its endpoint, the
  * listener's until PEER_MAX_SESSIONS newer or more recently used ones push it out. */
-static PeerSession *session_new(PeerUcx *u, const PeerKeys *keys, unsigned key_index,
-                                PeerRole role, const uint8_t *dialer_nonce,
-                                const uint8_t *listener_nonce) {
+static PeerSession *session_new(PeerUcx *u, const PeerSessionKeys *keys, PeerRole role) {
         PeerSession *s = calloc(1, sizeof *s);
 
         if (!s)
                 return NULL;
-        peer_auth_session(keys->keys[key_index], dialer_nonce, listener_nonce, &s->keys);
+        s->keys = *keys;
         s->role = role;
         s->next_seq = 1;
         if (role == PEER_ROLE_LISTENER && u->n_listener_sessions >= PEER_MAX_SESSIONS) {
@@ -442,6 +441,7 @@ static void handshake_free(PeerUcx *u, PeerHandshake *h) {
         free(h->in);
         free(h->out);
         sodium_memzero(h->nonces, sizeof h->nonces);
+        sodium_memzero(&h->session, sizeof h->session);
         free(h);
 }
 
@@ -512,9 +512,8 @@ static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *a
                 .err_handler = { .cb = on_endpoint_error, .arg = e },
         };
 
-        if (u->keys.n > 0 && h->key_index >= 0) {
-                e->session = session_new(u, &u->keys, (unsigned) h->key_index, PEER_ROLE_DIALER,
-                                         h->nonces[0], h->nonces[1]);
+        if (h->proven) {
+                e->session = session_new(u, &h->session, PEER_ROLE_DIALER);
                 if (!e->session) {
                         handshake_fail(u, h, strerror(ENOMEM));
                         return;
@@ -555,7 +554,9 @@ static int handshake_dial_proofs(PeerUcx *u, PeerHandshake *h) {
         }
         if (best < 0)
                 return -EACCES;
-        h->key_index = best;
+        /* The session now: a reload may change the keys before the handshake ends. */
+        h->proven = true;
+        peer_auth_session(u->keys.keys[best], h->nonces[0], h->nonces[1], &h->session);
         peer_auth_proof(u->keys.keys[best], PEER_ROLE_DIALER, h->nonces[0], h->nonces[1], proof);
         size_t size = 0;
         uint8_t *out = concat(proof, sizeof proof, NULL, 0, &size);
@@ -667,8 +668,8 @@ static void handshake_listen_received(PeerUcx *u, PeerHandshake *h) {
                         handshake_refuse(u, h, "it did not prove the cluster key");
                         return;
                 }
-                if (!session_new(u, &u->keys, (unsigned) k, PEER_ROLE_LISTENER, h->nonces[0],
-                                 h->nonces[1]))
+                peer_auth_session(u->keys.keys[k], h->nonces[0], h->nonces[1], &h->session);
+                if (!session_new(u, &h->session, PEER_ROLE_LISTENER))
                         r = -ENOMEM;
                 else
                         r = handshake_listen_answer(u, h, false);
@@ -809,7 +810,6 @@ static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, cons
         h->fd = fd;
         h->dialing = dialing;
         h->endpoint = e;
-        h->key_index = -1;
         (void) snprintf(h->remote, sizeof h->remote, "%s", remote);
         h->next = u->handshakes;
         u->handshakes = h;
