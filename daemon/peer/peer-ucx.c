@@ -649,7 +649,7 @@ static void handshake_listen_received(PeerUcx *u, PeerHandshake *h) {
                         r = keyed ? handshake_expect(h, PEER_NONCE_BYTES, HS_LISTEN_NONCE)
                                   : handshake_listen_answer(u, h, true);
                 else if (keyed && memcmp(h->in, PEER_MAGIC, PEER_MAGIC_SIZE) == 0) {
-                        handshake_refuse(u, h, "a familyd without the cluster key");
+                        handshake_refuse(u, h, "a familyd without a cluster key");
                         return;
                 } else {
                         log_debug("Closed a peer-port connection from %s that is not a familyd%s.",
@@ -665,7 +665,7 @@ static void handshake_listen_received(PeerUcx *u, PeerHandshake *h) {
                 int k = peer_auth_verify(&u->keys, PEER_ROLE_DIALER, h->nonces[0], h->nonces[1],
                                          h->in);
                 if (k < 0) {
-                        handshake_refuse(u, h, "it did not prove the cluster key");
+                        handshake_refuse(u, h, "a wrong proof");
                         return;
                 }
                 peer_auth_session(u->keys.keys[k], h->nonces[0], h->nonces[1], &h->session);
@@ -752,7 +752,7 @@ static int on_handshake_io(sd_event_source *source, int fd, uint32_t revents, vo
                 return 0;
         if (n <= 0 && !h->dialing && h->stage == HS_LISTEN_PROOF) {
                 /* A dialer that cannot check our proofs (another key) hangs up here. */
-                handshake_refuse(u, h, "it hung up instead of proving the cluster key");
+                handshake_refuse(u, h, "it hung up before its proof");
                 return 0;
         }
         if (n < 0 && errno != ECONNRESET) {

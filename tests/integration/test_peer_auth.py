@@ -6,10 +6,13 @@ Real daemons on loopback (cluster_harness.Cluster, UCX over tcp on lo), real fam
 daemons are judged only through gRPC (GetTopology, GetStatus) and their logs.
 """
 
+import hashlib
+import hmac
 import os
 import pwd
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -275,9 +278,10 @@ class TestAuthenticatedCluster(unittest.TestCase):
                 try:
                     rogue.start()
                     seed_log = c.daemons[0].output
-                    self.assertTrue(wait_for(lambda: "did not prove the cluster key" in seed_log()
-                                             or "without the cluster key" in seed_log(), 15),
-                                    seed_log())
+                    refusal = "hung up before its proof" if key else "without a cluster key"
+                    self.assertTrue(wait_for(lambda: "did not prove the cluster key (the last "
+                                             "from 127.0.0.1:" in seed_log() and
+                                             refusal in seed_log(), 15), seed_log())
                     time.sleep(1.0)   # several heartbeat intervals
                     for i in range(2):
                         self.assertEqual(c.view(i), before)
@@ -287,7 +291,6 @@ class TestAuthenticatedCluster(unittest.TestCase):
                     why = ("does not hold this cluster's key" if key else
                            "not a familyd, or one that requires a cluster key")
                     self.assertTrue(wait_for(lambda: why in rogue.output(), 10), rogue.output())
-                    self.assertIn("the last from 127.0.0.1:", seed_log())
                 finally:
                     rogue.stop_checked()
 
@@ -309,6 +312,92 @@ class TestAuthenticatedCluster(unittest.TestCase):
                     "familyd.v1.MeshService/GetTopology").reply.nodes), 1)
             finally:
                 keyed.stop_checked()
+
+
+def recv_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def crypto_auth(key, message):
+    """libsodium's crypto_auth: HMAC-SHA-512 cut to 32 bytes."""
+    return hmac.new(key, message, hashlib.sha512).digest()[:32]
+
+
+class TestHandshakeOnTheWire(unittest.TestCase):
+    """The keyed handshake as docs/security.md describes it, spoken by hand over TCP: the
+    worker address comes only after a good proof."""
+
+    def setUp(self):
+        self.dir = KeyDir()
+        self.key = new_key()
+        self.port = free_port()
+        self.daemon = H.Daemon(REGISTRY, host_devices=DEVICES, node_name="listener",
+                               extra_args=["--listen", "127.0.0.1:%d" % self.port,
+                                           "--cluster-key", self.dir.file("k", self.key)])
+        self.daemon.start()
+
+    def tearDown(self):
+        self.daemon.stop_checked()
+        self.dir.cleanup()
+
+    def dial(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        nonce = os.urandom(32)
+        s.sendall(b"FAMILYK1" + nonce)
+        answer = recv_exactly(s, 8 + 32 + 64)
+        self.assertEqual(len(answer), 104)
+        self.assertEqual(answer[:8], b"FAMILYK1")
+        return s, nonce, answer[8:40], answer[40:72]
+
+    def test_a_good_proof_gets_the_worker_address(self):
+        key = bytes.fromhex(self.key)
+        s, nd, nl, proof = self.dial()
+        with s:
+            self.assertEqual(proof, crypto_auth(key, b"familyd peer proof v1: listener" + nd + nl))
+            s.sendall(crypto_auth(key, b"familyd peer proof v1: dialer" + nd + nl))
+            head = recv_exactly(s, 4)
+            length = int.from_bytes(head, "little")
+            self.assertTrue(0 < length <= 16384, length)
+            self.assertEqual(len(recv_exactly(s, length)), length)
+
+    def test_bad_proofs_get_nothing(self):
+        key = bytes.fromhex(self.key)
+        bad = {
+            "random": lambda nd, nl: os.urandom(32),
+            "another key": lambda nd, nl: crypto_auth(os.urandom(32),
+                                                      b"familyd peer proof v1: dialer" + nd + nl),
+            "the listener's own proof sent back": lambda nd, nl: crypto_auth(
+                key, b"familyd peer proof v1: listener" + nd + nl),
+            "nonces swapped": lambda nd, nl: crypto_auth(
+                key, b"familyd peer proof v1: dialer" + nl + nd),
+        }
+        for what, make in bad.items():
+            with self.subTest(what):
+                s, nd, nl, _ = self.dial()
+                with s:
+                    s.sendall(make(nd, nl))
+                    self.assertEqual(s.recv(100), b"", "the listener answered a bad proof")
+        # A proof recorded from one handshake does not open another.
+        s, nd, nl, _ = self.dial()
+        recorded = crypto_auth(key, b"familyd peer proof v1: dialer" + nd + nl)
+        s.close()
+        s, _, _, _ = self.dial()
+        with s:
+            s.sendall(recorded)
+            self.assertEqual(s.recv(100), b"")
+        # The unkeyed handshake gets nothing from a keyed listener.
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            s.sendall(b"FAMILYD1")
+            self.assertEqual(s.recv(100), b"")
+        out = self.daemon.output
+        self.assertTrue(wait_for(lambda: "without a cluster key" in out(), 5), out())
+        self.assertEqual(out().count("a wrong proof"), 5, out())
 
 
 class TestRotation(unittest.TestCase):
