@@ -95,7 +95,7 @@ typedef struct PeerHandshake {
         bool dialing;  /* ours: send the magic, read the answer */
         HandshakeStage stage;
         uint8_t *in;   /* the other side's part so far: have of want bytes */
-        size_t have, want;
+        size_t have, want, in_size;
         uint8_t *out;  /* our part, while it is written: sent of out_size bytes */
         size_t out_size, sent;
         uint8_t nonces[2][PEER_NONCE_BYTES]; /* keyed: the dialer's, the listener's */
@@ -405,7 +405,8 @@ static void session_free(PeerUcx *u, PeerSession *s) {
 static PeerSession *session_find(PeerUcx *u, const uint8_t *id) {
         for (PeerSession **p = &u->sessions; *p; p = &(*p)->next) {
                 PeerSession *s = *p;
-                if (sodium_memcmp(s->keys.id, id, PEER_SESSION_ID_BYTES) != 0)
+                /* The id names the session, it proves nothing: the MAC does. */
+                if (memcmp(s->keys.id, id, PEER_SESSION_ID_BYTES) != 0)
                         continue;
                 *p = s->next;
                 s->next = u->sessions;
@@ -476,6 +477,8 @@ static int handshake_send(PeerHandshake *h, uint8_t *data, size_t size, Handshak
 
 /* Waits for size bytes of the other side's next part. */
 static int handshake_expect(PeerHandshake *h, size_t size, HandshakeStage next) {
+        if (size > h->in_size)
+                return -EPROTO;
         h->have = 0;
         h->want = size;
         h->stage = next;
@@ -817,7 +820,11 @@ static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, cons
                 e->handshake = h;
         else
                 u->n_accepted++;
-        h->in = malloc(PEER_MAX_WORKER_ADDRESS + PEER_MAGIC_SIZE + 4);
+        /* Dialing: at most the worker address (the largest part); listening: a nonce or a
+         * proof, so 64 connections that only say hello cost little. */
+        h->in_size = dialing ? PEER_MAX_WORKER_ADDRESS + PEER_MAGIC_SIZE + 4
+                             : MAX(PEER_NONCE_BYTES, PEER_PROOF_BYTES);
+        h->in = malloc(h->in_size);
         r = h->in ? sd_event_add_io(u->event, &h->io, fd, EPOLLIN, on_handshake_io, h) : -ENOMEM;
         if (r >= 0)
                 r = sd_event_add_time_relative(u->event, &h->timeout, CLOCK_MONOTONIC,
