@@ -15,6 +15,17 @@
  * else on the bootstrap port (wrong magic, silence past PEER_HANDSHAKE_MS, an oversized
  * answer) closes that TCP connection only.
  *
+ * With a cluster key (--cluster-key) the handshake proves it both ways before the address is
+ * handed out: the dialer sends "FAMILYK1" and its nonce; the listener its nonce and a proof
+ * per key it holds (peer-auth.c); the dialer its proof under the first of its keys that the
+ * listener proved; then the listener the length and the address. Each side keeps the link's
+ * session (its keys, the next number to send, the replay window of what it received): the
+ * dialer's with its endpoint, the listener's in a table bounded by PEER_MAX_SESSIONS, least
+ * recently used out first, since UCX does not say which endpoint an active message came from.
+ * Every message is then sealed into a frame on sending and opened on dispatch (peer-frame.c):
+ * a frame that names no session or fails its MAC or sequence check is dropped before the
+ * callback, so nothing unauthenticated reaches the membership.
+ *
  * UCX callbacks run inside
  * ucp_worker_progress(), where the UCX documentation forbids progressing again and where
  * creating or closing endpoints is best avoided; so the callbacks only record what happened
