@@ -294,6 +294,25 @@ class TestAuthenticatedCluster(unittest.TestCase):
                 finally:
                     rogue.stop_checked()
 
+    def test_refusal_travels_back_on_the_authenticated_link(self):
+        """A member's refusal is the one message answered on the link it came in on: keyed, it
+        is a frame of the listener's side of that session, and the dialer must open it."""
+        path = self.dir.file("k", new_key())
+        with Cluster(2, host_devices=1, cluster_key=path) as c:
+            _, view = c.wait_agreement(world_size=2, timeout=20)
+            dup = c.make(0, name="node1", port=free_port())
+            try:
+                dup.start()
+                self.assertTrue(wait_for(lambda: "refused this node" in dup.stderr(), 10),
+                                dup.stderr())
+                self.assertIn("node name 'node1' is already in use by the live node at %s"
+                              % c.address(1), dup.stderr())
+                self.assertNotIn("bad MAC", dup.stderr())
+                time.sleep(0.5)
+                self.assertEqual(c.wait_agreement(timeout=5)[1][2], view[2])
+            finally:
+                dup.stop_checked()
+
     def test_keyed_daemon_does_not_join_an_open_cluster(self):
         path = self.dir.file("k", new_key())
         with Cluster(2, host_devices=DEVICES) as c:
