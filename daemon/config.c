@@ -135,6 +135,16 @@ static const ConfigOption config_options[] = {
           .help = "Peer daemons, ADDR:PORT[,ADDR:PORT...]",
           .note = "A full list, or one seed that every other member is learnt from, for "
                   "example 10.0.0.2:7313,10.0.0.3:7313." },
+        { .name = "cluster-key", .metavar = "PATH", TYPE_PATH(cluster_key_file),
+          .default_text = "none, peers are not authenticated",
+          .help = "Authenticate peers with the key(s) in the file PATH",
+          .note = "Made by `familyctl keygen FILE` and copied to every node: one or two lines of "
+                  "64 hexadecimal characters; with two, the first is used to dial and both are "
+                  "accepted (rotation). The file must belong to familyd's user and not be "
+                  "readable by group or others. Reload and SIGHUP read it again." },
+        { .name = "insecure-peers", TYPE_FLAG(insecure_peers),
+          .help = "Allow --listen on a non-loopback address without --cluster-key",
+          .note = "Anyone who reaches the port can then join the cluster." },
         { .name = "shm-budget", .metavar = "BYTES", TYPE_BYTES(shm_budget_bytes, 0, UINT64_MAX / 2),
           .default_text = "half of RAM",
           .help = "Shared memory held for shards",

@@ -24,6 +24,8 @@ typedef struct Config {
         int64_t node_rank;     /* -1: not given */
         char *listen_address;
         char *peers;
+        char *cluster_key_file; /* --cluster-key: NULL: peers are not authenticated */
+        bool insecure_peers;    /* --insecure-peers: no key on a non-loopback --listen */
         uint64_t shm_budget_bytes;
         unsigned max_builds;
         unsigned build_grace_ms; /* a build nothing holds is freed after this long */

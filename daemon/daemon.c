@@ -30,6 +30,8 @@
 #include "sd/journal.h"
 #include "core/manager.h"
 #include "peer/peer.h"
+#include "peer/peer-key.h"
+#include "peer/peer-ucx.h"
 #include "sd/notify.h"
 #include "core/resource-limits.h"
 #include "rpc/server.h"
@@ -59,6 +61,7 @@ struct Daemon {
         Builder builder; /* the Build use-case over the above (daemon/build/), for the server */
         Notifier *notifier;
         Peer *peer; /* NULL without --listen: this node alone */
+        PeerKeys keys; /* --cluster-key, read before anything is bound; wiped once peers run */
         char *socket_path;       /* where the API socket is: bound here, or inherited */
         char *shard_socket_path; /* the same for the shard socket; Build replies name it */
 };
@@ -295,6 +298,54 @@ static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret
         return peer_forget(d->peer, node, ret_error);
 }
 
+/* --cluster-key is read and checked, and --listen off loopback without it refused, before
+ * anything is bound: a node that must not start binds nothing. Every start without a key says
+ * that peers are not authenticated. */
+static int daemon_check_peer_security(Daemon *d, const Config *c) {
+        int r;
+
+        if (c->cluster_key_file) {
+                r = peer_keys_load(c->cluster_key_file, &d->keys);
+                if (r < 0)
+                        return r;
+                if (c->listen_address)
+                        log_info("Peers are authenticated with the cluster key%s of %s.",
+                                 d->keys.n == 1 ? "" : "s", c->cluster_key_file);
+                return 0;
+        }
+        if (!c->listen_address)
+                return 0;
+        if (!c->insecure_peers && !peer_address_is_loopback(c->listen_address))
+                return log_error_errno(-EPERM, "--listen %s is not a loopback address and there "
+                                               "is no --cluster-key: anyone who reaches the port "
+                                               "could join the cluster. Make a key with "
+                                               "`familyctl keygen FILE`, give it to every node "
+                                               "with --cluster-key, or pass --insecure-peers.",
+                                       c->listen_address);
+        log_warning("Peers are not authenticated (no --cluster-key%s): anyone who reaches %s can "
+                    "join the cluster.",
+                    c->insecure_peers ? ", --insecure-peers" : "", c->listen_address);
+        return 0;
+}
+
+/* --cluster-key read again (Reload, SIGHUP): new handshakes use its keys, links already
+ * authenticated stay up. A file that fails its checks leaves the keys in use. */
+static void daemon_reload_keys(Daemon *d) {
+        PeerKeys keys = {};
+
+        if (!d->peer || !d->config->cluster_key_file)
+                return;
+        if (peer_keys_load(d->config->cluster_key_file, &keys) < 0) {
+                log_error("Cluster key file %s not reloaded: keeping the keys in use, ignoring.",
+                          d->config->cluster_key_file);
+                return;
+        }
+        peer_set_keys(d->peer, &keys);
+        log_info("Cluster key file %s reloaded: %u key%s.", d->config->cluster_key_file, keys.n,
+                 keys.n == 1 ? "" : "s");
+        peer_keys_wipe(&keys);
+}
+
 /* With --listen, this node joins the cluster: its own devices are those of the local
  * topology the manager started with. */
 static int daemon_start_peers(Daemon *d, const Config *c) {
@@ -333,6 +384,7 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                         .forget_after_ms = c->forget_after_ms,
                 },
                 .manager = d->manager,
+                .keys = d->keys.n > 0 ? &d->keys : NULL,
         };
         manager_set_hooks(d->manager, &(ManagerHooks) {
                                               .topology_changed = daemon_hook_topology_changed,
@@ -341,6 +393,7 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                                               .forget_userdata = d,
                                       });
         r = peer_new(&params, &d->peer);
+        peer_keys_wipe(&d->keys);
         if (r < 0) {
                 manager_set_hooks(d->manager, NULL);
                 return log_error_errno(r, "Failed to start the peer layer on %s: %m",
@@ -357,6 +410,7 @@ static void daemon_hook_reload_begin(void *userdata) {
 
 static void daemon_hook_reload_end(void *userdata, int result) {
         Daemon *d = userdata;
+        daemon_reload_keys(d);
         notifier_reload_end(d->notifier, result);
 }
 
@@ -366,6 +420,7 @@ static void daemon_reload(Daemon *d) {
 
         notifier_reload_begin(d->notifier);
         int r = manager_reload(d->manager, &reg, &diag);
+        daemon_reload_keys(d);
         notifier_reload_end(d->notifier, r);
         if (r < 0) {
                 for (size_t i = 0; i < diag.n; i++)
@@ -517,6 +572,9 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = listen_fds_new(&d->listen_fds);
         if (r < 0)
                 return r;
+        r = daemon_check_peer_security(d, c);
+        if (r < 0)
+                return r;
 
         ListenerLimits limits = {
                 .max_connections = daemon_setup_fd_limit(c->max_connections),
@@ -632,6 +690,7 @@ Daemon *daemon_free(Daemon *d) {
         /* After the builds: their GPU shards go back through it. */
         accel_unref(d->accel);
         listen_fds_free(d->listen_fds);
+        peer_keys_wipe(&d->keys);
         free(d->socket_path);
         free(d->shard_socket_path);
         sd_event_source_disable_unref(d->api_io);

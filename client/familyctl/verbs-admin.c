@@ -1,7 +1,13 @@
-/* verbs-admin.c: familyctl status, reload. */
+/* verbs-admin.c: familyctl status, reload, keygen. */
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "familyctl.h"
 #include "common/macro.h"
@@ -74,4 +80,78 @@ static const VerbDef reload_verb = {
 
 int verb_reload(Context *ctx, int argc, char **argv) {
         return verb_run(ctx, &reload_verb, argc, argv);
+}
+
+/* The cluster key file the daemon reads (--cluster-key, daemon/peer/peer-key.h): 32 bytes
+ * from the kernel's generator (getrandom(2), what libsodium's randombytes uses on Linux), as
+ * one line of hex after a comment line. */
+#define KEYGEN_KEY_BYTES 32u
+
+static const char keygen_help[] =
+        "Usage: familyctl keygen FILE\n"
+        "\n"
+        "Writes a new cluster key to FILE (mode 0600; an existing FILE is never overwritten):\n"
+        "32 random bytes as 64 hexadecimal characters. Copy it to every node, owned by\n"
+        "familyd's user with mode 0600, and give it with --cluster-key (config key\n"
+        "cluster-key). For a rotation, put the new key on the first line of the file and the\n"
+        "old one on the second, reload every node, then remove the old line and reload again.\n"
+        "Talks to no daemon.\n";
+
+static int keygen_write(const char *path) {
+        uint8_t key[KEYGEN_KEY_BYTES];
+        char text[128];
+        size_t at = 0;
+        int fd, r = 0;
+
+        for (size_t have = 0; have < sizeof key;) {
+                ssize_t n = getrandom(key + have, sizeof key - have, 0);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return ctl_fail("read random bytes", -errno, NULL);
+                have += (size_t) n;
+        }
+        at = (size_t) snprintf(text, sizeof text, "# familyd cluster key (familyctl keygen)\n");
+        for (size_t i = 0; i < sizeof key; i++)
+                at += (size_t) snprintf(text + at, sizeof text - at, "%02x", key[i]);
+        text[at++] = '\n';
+        explicit_bzero(key, sizeof key);
+
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 && errno == EEXIST) {
+                explicit_bzero(text, sizeof text);
+                fprintf(stderr, "familyctl: %s exists; not overwriting it (a cluster key is "
+                                "replaced on purpose, by hand).\n",
+                        path);
+                return EXIT_USAGE;
+        }
+        if (fd < 0) {
+                r = -errno;
+                explicit_bzero(text, sizeof text);
+                fprintf(stderr, "familyctl: cannot create %s: %s\n", path, strerror(-r));
+                return EXIT_INTERNAL;
+        }
+        /* The umask may have taken bits away, never added them; make it exactly 0600. */
+        if (fchmod(fd, 0600) < 0 || write(fd, text, at) != (ssize_t) at || fsync(fd) < 0)
+                r = -errno;
+        explicit_bzero(text, sizeof text);
+        if (close(fd) < 0 && r == 0)
+                r = -errno;
+        if (r < 0) {
+                (void) unlink(path);
+                fprintf(stderr, "familyctl: cannot write %s: %s\n", path, strerror(-r));
+                return EXIT_INTERNAL;
+        }
+        printf("Wrote a new cluster key to %s (mode 0600).\n", path);
+        return EXIT_OK;
+}
+
+int verb_keygen(Context *ctx, int argc, char **argv) {
+        if (argc == 2 && (streq(argv[1], "--help") || streq(argv[1], "-h"))) {
+                fputs(keygen_help, stdout);
+                return EXIT_OK;
+        }
+        if (argc != 2 || isempty(argv[1]) || argv[1][0] == '-')
+                return ctl_usage_error("keygen", "expected one argument, the key file to write");
+        return keygen_write(argv[1]);
 }

@@ -15,6 +15,17 @@
  * else on the bootstrap port (wrong magic, silence past PEER_HANDSHAKE_MS, an oversized
  * answer) closes that TCP connection only.
  *
+ * With a cluster key (--cluster-key) the handshake proves it both ways before the address is
+ * handed out: the dialer sends "FAMILYK1" and its nonce; the listener its nonce and a proof
+ * per key it holds (peer-auth.c); the dialer its proof under the first of its keys that the
+ * listener proved; then the listener the length and the address. Each side keeps the link's
+ * session (its keys, the next number to send, the replay window of what it received): the
+ * dialer's with its endpoint, the listener's in a table bounded by PEER_MAX_SESSIONS, least
+ * recently used out first, since UCX does not say which endpoint an active message came from.
+ * Every message is then sealed into a frame on sending and opened on dispatch (peer-frame.c):
+ * a frame that names no session or fails its MAC or sequence check is dropped before the
+ * callback, so nothing unauthenticated reaches the membership.
+ *
  * UCX callbacks run inside
  * ucp_worker_progress(), where the UCX documentation forbids progressing again and where
  * creating or closing endpoints is best avoided; so the callbacks only record what happened
@@ -25,7 +36,11 @@
  * freed memory.
  */
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -36,14 +51,18 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "peer-auth.h"
+#include "peer-frame.h"
 #include "peer-ucx.h"
 #include "core/resource-limits.h"
 
 #define PEER_AM_ID 7
 /* Messages queued on one endpoint before sends are dropped (a stalled peer). */
 #define PEER_MAX_INFLIGHT 64u
-/* The bootstrap handshake: magic, then (answer only) a length and the worker address. */
+/* The bootstrap handshake: magic, then (answer only) a length and the worker address; with a
+ * cluster key, another magic and the proofs first (DESIGN). */
 #define PEER_MAGIC "FAMILYD1"
+#define PEER_MAGIC_KEYED "FAMILYK1"
 #define PEER_MAGIC_SIZE 8u
 #define PEER_MAX_WORKER_ADDRESS 16384u
 #define PEER_HANDSHAKE_MS 5000
@@ -51,6 +70,33 @@
 #define PEER_TIMER_ACCURACY_USEC 1000u
 /* Handshakes in progress on the listening side; more are closed at once. */
 #define PEER_MAX_HANDSHAKES 64u
+/* Sessions that others dialed, kept for their messages: room for two links from every member;
+ * past it the least recently used goes. */
+#define PEER_MAX_SESSIONS (2u * FAMILYD_MAX_PEERS + PEER_MAX_HANDSHAKES)
+#define PEER_REMOTE_MAX 80u
+
+typedef enum HandshakeStage {
+        HS_DIAL_HELLO_SENT,    /* writing the magic (keyed: and our nonce) */
+        HS_DIAL_HEAD,          /* no key: reading the magic and the address length */
+        HS_DIAL_PROOFS,        /* keyed: reading the magic, its nonce and its proofs */
+        HS_DIAL_PROOF_SENT,    /* keyed: writing our proof */
+        HS_DIAL_LENGTH,        /* keyed: reading the address length */
+        HS_DIAL_ADDRESS,       /* reading the worker address */
+        HS_LISTEN_MAGIC,       /* reading the magic */
+        HS_LISTEN_NONCE,       /* keyed: reading the dialer's nonce */
+        HS_LISTEN_PROOFS_SENT, /* keyed: writing the magic, our nonce and proofs */
+        HS_LISTEN_PROOF,       /* keyed: reading the dialer's proof */
+        HS_LISTEN_ANSWER_SENT, /* writing (the magic,) the length and the worker address */
+} HandshakeStage;
+
+/* An authenticated link: its keys, the next number we send, the numbers we received. */
+typedef struct PeerSession {
+        PeerSessionKeys keys;
+        PeerRole role; /* ours on the link */
+        uint64_t next_seq;
+        PeerReplayWindow window;
+        struct PeerSession *next;
+} PeerSession;
 
 typedef struct PeerHandshake {
         PeerUcx *ucx;
@@ -58,9 +104,15 @@ typedef struct PeerHandshake {
         sd_event_source *io;
         sd_event_source *timeout; /* PEER_HANDSHAKE_MS from the start */
         bool dialing;  /* ours: send the magic, read the answer */
-        uint8_t *buf;  /* dialing: the answer so far; listening: the magic so far */
-        size_t have;
-        size_t sent;   /* bytes of our part written */
+        HandshakeStage stage;
+        uint8_t *in;   /* the other side's part so far: have of want bytes */
+        size_t have, want, in_size;
+        uint8_t *out;  /* our part, while it is written: sent of out_size bytes */
+        size_t out_size, sent;
+        uint8_t nonces[2][PEER_NONCE_BYTES]; /* keyed: the dialer's, the listener's */
+        bool proven; /* keyed: the other side proved the key; session holds the link's keys */
+        PeerSessionKeys session;
+        char remote[PEER_REMOTE_MAX]; /* the other side, for the log */
         struct PeerEndpoint *endpoint; /* dialing only */
         struct PeerHandshake *next;
 } PeerHandshake;
@@ -77,6 +129,7 @@ struct PeerEndpoint {
         PeerPending *pending, **pending_tail; /* sends made before it existed */
         unsigned n_pending;
         PeerUcx *ucx;
+        PeerSession *session; /* keyed: from the handshake on */
         void *userdata;
         unsigned inflight;
         bool failed;
@@ -107,7 +160,22 @@ struct PeerUcx {
         PeerHandshake *handshakes;
         unsigned n_accepted; /* listening handshakes in progress */
         unsigned dropped; /* undecodable or oversized messages, for one log line now and then */
+        PeerKeys keys;    /* n == 0: peers are not authenticated */
+        PeerSession *sessions; /* most recently used first */
+        unsigned n_listener_sessions;
+        unsigned unauthenticated; /* messages of no session, or with a bad MAC, dropped */
+        unsigned replayed;        /* messages seen before or too old, dropped */
+        unsigned refused;         /* handshakes that did not prove the key */
+        char *refused_last;       /* the last of them: "host:port: why" */
 };
+
+/* What peer_ucx_reply() answers on: the endpoint and session a message came in on. */
+typedef struct PeerReplyTo {
+        ucp_ep_h ep;
+        PeerSession *session;
+} PeerReplyTo;
+
+static void session_free(PeerUcx *u, PeerSession *s);
 
 static int errno_from_ucs(ucs_status_t s) {
         switch (s) {
@@ -164,6 +232,30 @@ int peer_address_split(const char *address, char **ret_host, char **ret_port) {
         *ret_host = h;
         *ret_port = p;
         return 0;
+}
+
+static bool sockaddr_is_loopback(const struct sockaddr *sa) {
+        if (sa->sa_family == AF_INET)
+                return (ntohl(((const struct sockaddr_in *) sa)->sin_addr.s_addr) >> 24) == 127;
+        if (sa->sa_family != AF_INET6)
+                return false;
+        const struct in6_addr *a = &((const struct sockaddr_in6 *) sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+bool peer_address_is_loopback(const char *address) {
+        _cleanup_free_ char *host = NULL, *port = NULL;
+        struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+        struct addrinfo *res = NULL;
+        bool loopback = true;
+
+        if (peer_address_split(address, &host, &port) < 0 ||
+            getaddrinfo(host, port, &hints, &res) != 0 || !res)
+                return false;
+        for (struct addrinfo *a = res; a; a = a->ai_next)
+                loopback = loopback && sockaddr_is_loopback(a->ai_addr);
+        freeaddrinfo(res);
+        return loopback;
 }
 
 static int resolve_address(const char *address, bool passive, struct sockaddr_storage *ret,
@@ -234,6 +326,8 @@ static void endpoint_close(PeerUcx *u, PeerEndpoint *e) {
                                   ucs_status_string(UCS_PTR_STATUS(req)));
                 e->ep = NULL;
         }
+        session_free(u, e->session);
+        e->session = NULL;
         e->closed = true;
         endpoint_free_if_done(e);
 }
@@ -277,6 +371,70 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
 }
 
+/* --- sessions --- */
+
+/* A session begins when a handshake proves the key; the dialer's lives with its endpoint, the
+ * listener's until PEER_MAX_SESSIONS newer or more recently used ones push it out. */
+static PeerSession *session_new(PeerUcx *u, const PeerSessionKeys *keys, PeerRole role) {
+        PeerSession *s = calloc(1, sizeof *s);
+
+        if (!s)
+                return NULL;
+        s->keys = *keys;
+        s->role = role;
+        s->next_seq = 1;
+        if (role == PEER_ROLE_LISTENER && u->n_listener_sessions >= PEER_MAX_SESSIONS) {
+                PeerSession **oldest = NULL;
+                for (PeerSession **p = &u->sessions; *p; p = &(*p)->next)
+                        if ((*p)->role == PEER_ROLE_LISTENER)
+                                oldest = p;
+                if (oldest)
+                        session_free(u, *oldest);
+        }
+        if (role == PEER_ROLE_LISTENER)
+                u->n_listener_sessions++;
+        s->next = u->sessions;
+        u->sessions = s;
+        return s;
+}
+
+static void session_free(PeerUcx *u, PeerSession *s) {
+        if (!s)
+                return;
+        for (PeerSession **p = &u->sessions; *p; p = &(*p)->next)
+                if (*p == s) {
+                        *p = s->next;
+                        break;
+                }
+        if (s->role == PEER_ROLE_LISTENER)
+                u->n_listener_sessions--;
+        sodium_memzero(s, sizeof *s);
+        free(s);
+}
+
+/* The session a frame names, moved to the front (most recently used). */
+static PeerSession *session_find(PeerUcx *u, const uint8_t *id) {
+        for (PeerSession **p = &u->sessions; *p; p = &(*p)->next) {
+                PeerSession *s = *p;
+                /* The id names the session, it proves nothing: the MAC does. */
+                if (memcmp(s->keys.id, id, PEER_SESSION_ID_BYTES) != 0)
+                        continue;
+                *p = s->next;
+                s->next = u->sessions;
+                u->sessions = s;
+                return s;
+        }
+        return NULL;
+}
+
+static const uint8_t *session_send_key(const PeerSession *s) {
+        return s->role == PEER_ROLE_DIALER ? s->keys.dialer_to_listener : s->keys.listener_to_dialer;
+}
+
+static const uint8_t *session_receive_key(const PeerSession *s) {
+        return s->role == PEER_ROLE_DIALER ? s->keys.listener_to_dialer : s->keys.dialer_to_listener;
+}
+
 /* --- the bootstrap handshake --- */
 
 static void handshake_free(PeerUcx *u, PeerHandshake *h) {
@@ -292,7 +450,10 @@ static void handshake_free(PeerUcx *u, PeerHandshake *h) {
         sd_event_source_disable_unref(h->io);
         sd_event_source_disable_unref(h->timeout);
         safe_close(h->fd);
-        free(h->buf);
+        free(h->in);
+        free(h->out);
+        sodium_memzero(h->nonces, sizeof h->nonces);
+        sodium_memzero(&h->session, sizeof h->session);
         free(h);
 }
 
@@ -303,7 +464,56 @@ static void handshake_fail(PeerUcx *u, PeerHandshake *h, const char *cause) {
         handshake_free(u, h);
 }
 
-static int send_on(ucp_ep_h ep, PeerEndpoint *e, uint8_t *buf, size_t size);
+/* A listening handshake that did not prove the key: counted, logged now and then. */
+static void handshake_refuse(PeerUcx *u, PeerHandshake *h, const char *why) {
+        u->refused++;
+        free(u->refused_last);
+        u->refused_last = NULL;
+        if (asprintf(&u->refused_last, "%s: %s", h->remote, why) < 0)
+                u->refused_last = NULL;
+        handshake_free(u, h);
+}
+
+/* Queues our next part (taking over data) and waits to write. */
+static int handshake_send(PeerHandshake *h, uint8_t *data, size_t size, HandshakeStage next) {
+        if (!data)
+                return -ENOMEM;
+        free(h->out);
+        h->out = data;
+        h->out_size = size;
+        h->sent = 0;
+        h->stage = next;
+        return sd_event_source_set_io_events(h->io, EPOLLOUT);
+}
+
+/* Waits for size bytes of the other side's next part. */
+static int handshake_expect(PeerHandshake *h, size_t size, HandshakeStage next) {
+        if (size > h->in_size)
+                return -EPROTO;
+        h->have = 0;
+        h->want = size;
+        h->stage = next;
+        return sd_event_source_set_io_events(h->io, EPOLLIN);
+}
+
+static uint8_t *concat(const void *a, size_t na, const void *b, size_t nb, size_t *ret_size) {
+        uint8_t *d = malloc(na + nb);
+
+        if (!d)
+                return NULL;
+        memcpy(d, a, na);
+        if (nb > 0)
+                memcpy(d + na, b, nb);
+        *ret_size = na + nb;
+        return d;
+}
+
+static uint32_t read_le32(const uint8_t *p) {
+        return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 |
+               (uint32_t) p[3] << 24;
+}
+
+static int send_on(ucp_ep_h ep, PeerEndpoint *e, PeerSession *s, uint8_t *buf, size_t size);
 
 /* The dialer has the worker address: the endpoint comes to life and sends what waited. */
 static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *address) {
@@ -315,8 +525,15 @@ static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *a
                 .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                 .err_handler = { .cb = on_endpoint_error, .arg = e },
         };
-        ucs_status_t s = ucp_ep_create(u->worker, &p, &e->ep);
 
+        if (h->proven) {
+                e->session = session_new(u, &h->session, PEER_ROLE_DIALER);
+                if (!e->session) {
+                        handshake_fail(u, h, strerror(ENOMEM));
+                        return;
+                }
+        }
+        ucs_status_t s = ucp_ep_create(u->worker, &p, &e->ep);
         if (s != UCS_OK) {
                 e->ep = NULL;
                 handshake_fail(u, h, ucs_status_string(s));
@@ -327,117 +544,249 @@ static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *a
                 PeerPending *q = e->pending;
                 e->pending = q->next;
                 e->n_pending--;
-                (void) send_on(e->ep, e, q->buf, q->size);
+                (void) send_on(e->ep, e, e->session, q->buf, q->size);
                 free(q);
         }
         e->pending_tail = &e->pending;
+}
+
+/* Keyed dialer: the listener's nonce and proofs (one per key it holds). Ours follows, made
+ * with the first of our keys that one of its proofs shows it holds too. */
+static int handshake_dial_proofs(PeerUcx *u, PeerHandshake *h) {
+        const uint8_t *in = h->in + PEER_MAGIC_SIZE;
+        uint8_t proof[PEER_PROOF_BYTES];
+        int best = -1;
+
+        if (memcmp(h->in, PEER_MAGIC_KEYED, PEER_MAGIC_SIZE) != 0)
+                return -EPROTO;
+        memcpy(h->nonces[1], in, PEER_NONCE_BYTES);
+        for (unsigned j = 0; j < PEER_KEYS_MAX; j++) {
+                int k = peer_auth_verify(&u->keys, PEER_ROLE_LISTENER, h->nonces[0], h->nonces[1],
+                                         in + PEER_NONCE_BYTES + j * PEER_PROOF_BYTES);
+                if (k >= 0 && (best < 0 || k < best))
+                        best = k;
+        }
+        if (best < 0)
+                return -EACCES;
+        /* The session now: a reload may change the keys before the handshake ends. */
+        h->proven = true;
+        peer_auth_session(u->keys.keys[best], h->nonces[0], h->nonces[1], &h->session);
+        peer_auth_proof(u->keys.keys[best], PEER_ROLE_DIALER, h->nonces[0], h->nonces[1], proof);
+        size_t size = 0;
+        uint8_t *out = concat(proof, sizeof proof, NULL, 0, &size);
+        return handshake_send(h, out, size, HS_DIAL_PROOF_SENT);
+}
+
+/* The dialer read a whole part of the answer. */
+static void handshake_dial_received(PeerUcx *u, PeerHandshake *h) {
+        int r = 0;
+
+        switch (h->stage) {
+        case HS_DIAL_HEAD:
+        case HS_DIAL_LENGTH: {
+                /* No key: the magic, then the length; keyed: the length alone. */
+                if (h->stage == HS_DIAL_HEAD && memcmp(h->in, PEER_MAGIC, PEER_MAGIC_SIZE) != 0) {
+                        handshake_fail(u, h, "the handshake answer is not familyd's");
+                        return;
+                }
+                uint32_t len = read_le32(h->in + h->want - 4);
+                if (len == 0 || len > PEER_MAX_WORKER_ADDRESS) {
+                        handshake_fail(u, h, "the handshake answer has a bad length");
+                        return;
+                }
+                r = handshake_expect(h, len, HS_DIAL_ADDRESS);
+                break;
+        }
+        case HS_DIAL_PROOFS:
+                r = handshake_dial_proofs(u, h);
+                if (r == -EPROTO) {
+                        handshake_fail(u, h, "the handshake answer is not that of a familyd "
+                                             "with a cluster key");
+                        return;
+                }
+                if (r == -EACCES) {
+                        handshake_fail(u, h, "the peer does not hold this cluster's key");
+                        return;
+                }
+                break;
+        case HS_DIAL_ADDRESS:
+                handshake_finish_dial(u, h, h->in);
+                return;
+        default:
+                r = -EPROTO;
+        }
+        if (r < 0)
+                handshake_fail(u, h, strerror(-r));
+}
+
+/* Keyed listener: our nonce and a proof with each of our keys (the first twice when we hold
+ * one), so a dialer that holds either of them knows us during a rotation. */
+static int handshake_listen_proofs(PeerUcx *u, PeerHandshake *h) {
+        uint8_t out[PEER_MAGIC_SIZE + PEER_NONCE_BYTES + PEER_KEYS_MAX * PEER_PROOF_BYTES];
+        size_t size = 0;
+
+        memcpy(h->nonces[0], h->in, PEER_NONCE_BYTES);
+        peer_auth_nonce(h->nonces[1]);
+        memcpy(out, PEER_MAGIC_KEYED, PEER_MAGIC_SIZE);
+        memcpy(out + PEER_MAGIC_SIZE, h->nonces[1], PEER_NONCE_BYTES);
+        for (unsigned j = 0; j < PEER_KEYS_MAX; j++)
+                peer_auth_proof(u->keys.keys[j < u->keys.n ? j : 0], PEER_ROLE_LISTENER,
+                                h->nonces[0], h->nonces[1],
+                                out + PEER_MAGIC_SIZE + PEER_NONCE_BYTES + j * PEER_PROOF_BYTES);
+        uint8_t *data = concat(out, sizeof out, NULL, 0, &size);
+        return handshake_send(h, data, size, HS_LISTEN_PROOFS_SENT);
+}
+
+/* Our worker address, preceded by the magic when no key is in use (keyed: it went first). */
+static int handshake_listen_answer(PeerUcx *u, PeerHandshake *h, bool magic) {
+        uint8_t head[PEER_MAGIC_SIZE + 4];
+        size_t at = 0, size;
+
+        if (magic) {
+                memcpy(head, PEER_MAGIC, PEER_MAGIC_SIZE);
+                at = PEER_MAGIC_SIZE;
+        }
+        for (unsigned i = 0; i < 4; i++)
+                head[at + i] = (uint8_t) (u->address_size >> (8 * i));
+        uint8_t *data = concat(head, at + 4, u->address, u->address_size, &size);
+        return handshake_send(h, data, size, HS_LISTEN_ANSWER_SENT);
+}
+
+/* The listener read a whole part of the dialer's. */
+static void handshake_listen_received(PeerUcx *u, PeerHandshake *h) {
+        bool keyed = u->keys.n > 0;
+        int r = 0;
+
+        switch (h->stage) {
+        case HS_LISTEN_MAGIC:
+                if (memcmp(h->in, keyed ? PEER_MAGIC_KEYED : PEER_MAGIC, PEER_MAGIC_SIZE) == 0)
+                        r = keyed ? handshake_expect(h, PEER_NONCE_BYTES, HS_LISTEN_NONCE)
+                                  : handshake_listen_answer(u, h, true);
+                else if (keyed && memcmp(h->in, PEER_MAGIC, PEER_MAGIC_SIZE) == 0) {
+                        handshake_refuse(u, h, "a familyd without a cluster key");
+                        return;
+                } else {
+                        log_debug("Closed a peer-port connection from %s that is not a familyd%s.",
+                                  h->remote, keyed ? "" : " without a cluster key");
+                        handshake_free(u, h);
+                        return;
+                }
+                break;
+        case HS_LISTEN_NONCE:
+                r = handshake_listen_proofs(u, h);
+                break;
+        case HS_LISTEN_PROOF: {
+                int k = peer_auth_verify(&u->keys, PEER_ROLE_DIALER, h->nonces[0], h->nonces[1],
+                                         h->in);
+                if (k < 0) {
+                        handshake_refuse(u, h, "a wrong proof");
+                        return;
+                }
+                peer_auth_session(u->keys.keys[k], h->nonces[0], h->nonces[1], &h->session);
+                if (!session_new(u, &h->session, PEER_ROLE_LISTENER))
+                        r = -ENOMEM;
+                else
+                        r = handshake_listen_answer(u, h, false);
+                break;
+        }
+        default:
+                r = -EPROTO;
+        }
+        if (r < 0)
+                handshake_free(u, h);
+}
+
+/* Our part is written: what comes next. */
+static void handshake_sent(PeerUcx *u, PeerHandshake *h) {
+        bool keyed = u->keys.n > 0;
+        int r;
+
+        switch (h->stage) {
+        case HS_DIAL_HELLO_SENT:
+                r = keyed ? handshake_expect(h, PEER_MAGIC_SIZE + PEER_NONCE_BYTES +
+                                                        PEER_KEYS_MAX * PEER_PROOF_BYTES,
+                                             HS_DIAL_PROOFS)
+                          : handshake_expect(h, PEER_MAGIC_SIZE + 4, HS_DIAL_HEAD);
+                break;
+        case HS_DIAL_PROOF_SENT:
+                r = handshake_expect(h, 4, HS_DIAL_LENGTH);
+                break;
+        case HS_LISTEN_PROOFS_SENT:
+                r = handshake_expect(h, PEER_PROOF_BYTES, HS_LISTEN_PROOF);
+                break;
+        default: /* HS_LISTEN_ANSWER_SENT: done */
+                handshake_free(u, h);
+                return;
+        }
+        if (r < 0)
+                handshake_fail(u, h, strerror(-r));
 }
 
 static bool io_would_block(ssize_t n) {
         return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
-static void handshake_dial_step(PeerUcx *u, PeerHandshake *h) {
-        if (h->sent < PEER_MAGIC_SIZE) {
+/* Writes what is queued; true once all of it is out. */
+static bool handshake_write(PeerUcx *u, PeerHandshake *h) {
+        if (h->dialing && h->stage == HS_DIAL_HELLO_SENT && h->sent == 0) {
                 int err = 0;
                 socklen_t len = sizeof err;
                 if (getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
                         err = errno;
                 if (err != 0) {
                         handshake_fail(u, h, strerror(err));
-                        return;
+                        return false;
                 }
-                ssize_t n = send(h->fd, &PEER_MAGIC[h->sent], PEER_MAGIC_SIZE - h->sent,
-                                 MSG_NOSIGNAL);
-                if (io_would_block(n))
-                        return;
-                if (n <= 0) {
-                        handshake_fail(u, h, strerror(n < 0 ? errno : EPIPE));
-                        return;
-                }
-                h->sent += (size_t) n;
-                if (h->sent == PEER_MAGIC_SIZE)
-                        (void) sd_event_source_set_io_events(h->io, EPOLLIN);
-                return;
         }
-
-        size_t want = PEER_MAGIC_SIZE + 4;
-        if (h->have >= want) {
-                uint32_t len = (uint32_t) h->buf[8] | (uint32_t) h->buf[9] << 8 |
-                               (uint32_t) h->buf[10] << 16 | (uint32_t) h->buf[11] << 24;
-                want += len;
-        }
-        ssize_t n = recv(h->fd, h->buf + h->have, want - h->have, 0);
+        ssize_t n = send(h->fd, h->out + h->sent, h->out_size - h->sent, MSG_NOSIGNAL);
         if (io_would_block(n))
-                return;
+                return false;
         if (n <= 0) {
-                handshake_fail(u, h, n == 0 ? "closed during the handshake (not a familyd?)"
-                                            : strerror(errno));
-                return;
+                handshake_fail(u, h, strerror(n < 0 ? errno : EPIPE));
+                return false;
         }
-        h->have += (size_t) n;
-        if (h->have >= PEER_MAGIC_SIZE && memcmp(h->buf, PEER_MAGIC, PEER_MAGIC_SIZE) != 0) {
-                handshake_fail(u, h, "the handshake answer is not familyd's");
-                return;
-        }
-        if (h->have == PEER_MAGIC_SIZE + 4) {
-                uint32_t len = (uint32_t) h->buf[8] | (uint32_t) h->buf[9] << 8 |
-                               (uint32_t) h->buf[10] << 16 | (uint32_t) h->buf[11] << 24;
-                if (len == 0 || len > PEER_MAX_WORKER_ADDRESS)
-                        handshake_fail(u, h, "the handshake answer has a bad length");
-                return;
-        }
-        if (h->have > PEER_MAGIC_SIZE + 4 && h->have == want)
-                handshake_finish_dial(u, h, h->buf + PEER_MAGIC_SIZE + 4);
-}
-
-/* The listening side: read the magic, answer with our worker address, close. */
-static void handshake_accept_step(PeerUcx *u, PeerHandshake *h) {
-        if (h->have < PEER_MAGIC_SIZE) {
-                ssize_t n = recv(h->fd, h->buf + h->have, PEER_MAGIC_SIZE - h->have, 0);
-                if (io_would_block(n))
-                        return;
-                if (n <= 0 || memcmp(h->buf, PEER_MAGIC, (size_t) n + h->have) != 0) {
-                        if (n > 0)
-                                log_debug("Closed a peer-port connection that is not familyd.");
-                        handshake_free(u, h);
-                        return;
-                }
-                h->have += (size_t) n;
-                if (h->have < PEER_MAGIC_SIZE)
-                        return;
-                (void) sd_event_source_set_io_events(h->io, EPOLLOUT);
-        }
-
-        size_t total = PEER_MAGIC_SIZE + 4 + u->address_size;
-        uint8_t head[PEER_MAGIC_SIZE + 4];
-        memcpy(head, PEER_MAGIC, PEER_MAGIC_SIZE);
-        for (unsigned i = 0; i < 4; i++)
-                head[PEER_MAGIC_SIZE + i] = (uint8_t) (u->address_size >> (8 * i));
-        while (h->sent < total) {
-                const uint8_t *from = h->sent < sizeof head
-                                              ? head + h->sent
-                                              : (const uint8_t *) u->address + (h->sent - sizeof head);
-                size_t len = h->sent < sizeof head ? sizeof head - h->sent : total - h->sent;
-                ssize_t n = send(h->fd, from, len, MSG_NOSIGNAL);
-                if (io_would_block(n))
-                        return;
-                if (n <= 0) {
-                        handshake_free(u, h);
-                        return;
-                }
-                h->sent += (size_t) n;
-        }
-        handshake_free(u, h);
+        h->sent += (size_t) n;
+        return h->sent == h->out_size;
 }
 
 static int on_handshake_io(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
         PeerHandshake *h = userdata;
+        PeerUcx *u = h->ucx;
 
+        if (h->out) {
+                if (handshake_write(u, h)) {
+                        free(h->out);
+                        h->out = NULL;
+                        handshake_sent(u, h);
+                }
+                return 0;
+        }
+        ssize_t n = recv(h->fd, h->in + h->have, h->want - h->have, 0);
+        if (io_would_block(n))
+                return 0;
+        if (n <= 0 && !h->dialing && h->stage == HS_LISTEN_PROOF) {
+                /* A dialer that cannot check our proofs (another key) hangs up here. */
+                handshake_refuse(u, h, "it hung up before its proof");
+                return 0;
+        }
+        if (n < 0 && errno != ECONNRESET) {
+                handshake_fail(u, h, strerror(errno));
+                return 0;
+        }
+        if (n <= 0) {
+                handshake_fail(u, h, u->keys.n > 0 ? "closed during the handshake (not a familyd "
+                                                     "with a cluster key?)"
+                                                   : "closed during the handshake (not a familyd, "
+                                                     "or one that requires a cluster key?)");
+                return 0;
+        }
+        h->have += (size_t) n;
+        if (h->have < h->want)
+                return 0;
         if (h->dialing)
-                handshake_dial_step(h->ucx, h);
+                handshake_dial_received(u, h);
         else
-                handshake_accept_step(h->ucx, h);
+                handshake_listen_received(u, h);
         return 0;
 }
 
@@ -448,7 +797,22 @@ static int on_handshake_timeout(sd_event_source *source, uint64_t usec, void *us
         return 0;
 }
 
-static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e) {
+/* The dialer's first part: the magic, and with a key our nonce. */
+static int handshake_dial_hello(PeerUcx *u, PeerHandshake *h) {
+        uint8_t *data;
+        size_t size = 0;
+
+        if (u->keys.n == 0)
+                data = concat(PEER_MAGIC, PEER_MAGIC_SIZE, NULL, 0, &size);
+        else {
+                peer_auth_nonce(h->nonces[0]);
+                data = concat(PEER_MAGIC_KEYED, PEER_MAGIC_SIZE, h->nonces[0], PEER_NONCE_BYTES,
+                              &size);
+        }
+        return handshake_send(h, data, size, HS_DIAL_HELLO_SENT);
+}
+
+static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, const char *remote) {
         PeerHandshake *h = calloc(1, sizeof *h);
         int r;
 
@@ -460,23 +824,41 @@ static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e) {
         h->fd = fd;
         h->dialing = dialing;
         h->endpoint = e;
+        (void) snprintf(h->remote, sizeof h->remote, "%s", remote);
         h->next = u->handshakes;
         u->handshakes = h;
         if (dialing)
                 e->handshake = h;
         else
                 u->n_accepted++;
-        h->buf = malloc(dialing ? PEER_MAGIC_SIZE + 4 + PEER_MAX_WORKER_ADDRESS : PEER_MAGIC_SIZE);
-        r = h->buf ? sd_event_add_io(u->event, &h->io, fd, dialing ? EPOLLOUT : EPOLLIN,
-                                     on_handshake_io, h)
-                   : -ENOMEM;
+        /* Dialing: at most the worker address (the largest part); listening: a nonce or a
+         * proof, so 64 connections that only say hello cost little. */
+        h->in_size = dialing ? PEER_MAX_WORKER_ADDRESS + PEER_MAGIC_SIZE + 4
+                             : MAX(PEER_NONCE_BYTES, PEER_PROOF_BYTES);
+        h->in = malloc(h->in_size);
+        r = h->in ? sd_event_add_io(u->event, &h->io, fd, EPOLLIN, on_handshake_io, h) : -ENOMEM;
         if (r >= 0)
                 r = sd_event_add_time_relative(u->event, &h->timeout, CLOCK_MONOTONIC,
                                                PEER_HANDSHAKE_MS * 1000u,
                                                PEER_TIMER_ACCURACY_USEC, on_handshake_timeout, h);
+        if (r >= 0)
+                r = dialing ? handshake_dial_hello(u, h)
+                            : handshake_expect(h, PEER_MAGIC_SIZE, HS_LISTEN_MAGIC);
         if (r < 0)
                 handshake_free(u, h);
         return r < 0 ? r : 0;
+}
+
+/* "host:port" of an accepted connection, for the log. */
+static void remote_name(const struct sockaddr_storage *sa, socklen_t len, char *ret, size_t size) {
+        char host[NI_MAXHOST], port[NI_MAXSERV];
+
+        if (getnameinfo((const struct sockaddr *) sa, len, host, sizeof host, port, sizeof port,
+                        NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+                (void) snprintf(ret, size, "an unknown address");
+        else
+                (void) snprintf(ret, size, sa->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host,
+                                port);
 }
 
 static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t revents,
@@ -484,7 +866,11 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
         PeerUcx *u = userdata;
 
         for (;;) {
-                int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                struct sockaddr_storage sa;
+                socklen_t sa_len = sizeof sa;
+                char remote[PEER_REMOTE_MAX];
+                int fd = accept4(listen_fd, (struct sockaddr *) &sa, &sa_len,
+                                 SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (fd < 0) {
                         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
                             errno != ECONNABORTED)
@@ -495,7 +881,8 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                         safe_close(fd);
                         continue;
                 }
-                (void) handshake_new(u, fd, false, NULL);
+                remote_name(&sa, sa_len, remote, sizeof remote);
+                (void) handshake_new(u, fd, false, NULL, remote);
         }
 }
 
@@ -523,8 +910,8 @@ static int listener_open(const char *address, int *ret) {
 
 /* --- the worker --- */
 
-int peer_ucx_new(sd_event *event, const char *listen_address, const PeerUcxCallbacks *callbacks,
-                 PeerUcx **ret) {
+int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *keys,
+                 const PeerUcxCallbacks *callbacks, PeerUcx **ret) {
         _cleanup_(peer_ucx_freep) PeerUcx *u = calloc(1, sizeof(PeerUcx));
         ucp_config_t *config = NULL;
         ucs_status_t s;
@@ -536,6 +923,10 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerUcxCallb
         u->event = sd_event_ref(event);
         u->callbacks = *callbacks;
         u->inbox_tail = &u->inbox;
+        if (keys)
+                u->keys = *keys;
+        if (u->keys.n > 0 && sodium_init() < 0)
+                return log_error_errno(-EIO, "Failed to initialise libsodium.");
 
         r = listener_open(listen_address, &u->listen_fd);
         if (r < 0)
@@ -618,6 +1009,10 @@ PeerUcx *peer_ucx_free(PeerUcx *u) {
                 free(m->data);
                 free(m);
         }
+        while (u->sessions)
+                session_free(u, u->sessions);
+        peer_keys_wipe(&u->keys);
+        free(u->refused_last);
         if (u->context)
                 ucp_cleanup(u->context);
         sd_event_source_disable_unref(u->listener);
@@ -630,6 +1025,31 @@ int peer_ucx_fd(PeerUcx *u) {
         return u->worker_fd;
 }
 
+/* With a key, only a frame of a known session with a good MAC and a new sequence number
+ * reaches the handler, as the message inside it; without one, every message does. */
+static void dispatch_one(PeerUcx *u, const PeerInbox *m) {
+        PeerReplyTo reply = { .ep = m->reply };
+        const uint8_t *id, *message = m->data;
+        size_t size = m->size;
+
+        if (u->keys.n > 0) {
+                if (!peer_frame_session(m->data, m->size, &id) ||
+                    !(reply.session = session_find(u, id))) {
+                        u->unauthenticated++;
+                        return;
+                }
+                int r = peer_frame_open(session_receive_key(reply.session), &reply.session->window,
+                                        m->data, m->size, &message, &size);
+                if (r == -EALREADY)
+                        u->replayed++;
+                else if (r < 0)
+                        u->unauthenticated++;
+                if (r < 0)
+                        return;
+        }
+        u->callbacks.on_message(u->callbacks.userdata, message, size, &reply);
+}
+
 static void dispatch_messages(PeerUcx *u) {
         while (u->inbox) {
                 PeerInbox *m = u->inbox;
@@ -637,9 +1057,31 @@ static void dispatch_messages(PeerUcx *u) {
                 u->inbox = m->next;
                 if (!u->inbox)
                         u->inbox_tail = &u->inbox;
-                u->callbacks.on_message(u->callbacks.userdata, m->data, m->size, m->reply);
+                dispatch_one(u, m);
                 free(m->data);
                 free(m);
+        }
+}
+
+/* One line now and then for what was dropped or refused since the last. */
+static void dispatch_log_drops(PeerUcx *u) {
+        if (u->dropped > 0) {
+                log_warning("Dropped %u peer message%s that were too large or not "
+                            "sent eagerly.",
+                            u->dropped, u->dropped == 1 ? "" : "s");
+                u->dropped = 0;
+        }
+        if (u->unauthenticated > 0 || u->replayed > 0) {
+                log_warning("Dropped %u peer message%s of no authenticated link or with a bad "
+                            "MAC, and %u seen before or out of the replay window.",
+                            u->unauthenticated, u->unauthenticated == 1 ? "" : "s", u->replayed);
+                u->unauthenticated = u->replayed = 0;
+        }
+        if (u->refused > 0) {
+                log_warning("Refused %u peer connection%s that did not prove the cluster key "
+                            "(the last from %s).",
+                            u->refused, u->refused == 1 ? "" : "s", strempty(u->refused_last));
+                u->refused = 0;
         }
 }
 
@@ -661,12 +1103,7 @@ void peer_ucx_dispatch(PeerUcx *u) {
                         ;
                 dispatch_messages(u);
                 dispatch_failures(u);
-                if (u->dropped > 0) {
-                        log_warning("Dropped %u peer message%s that were too large or not "
-                                    "sent eagerly.",
-                                    u->dropped, u->dropped == 1 ? "" : "s");
-                        u->dropped = 0;
-                }
+                dispatch_log_drops(u);
                 ucs_status_t s = ucp_worker_arm(u->worker);
                 if (s == UCS_ERR_BUSY)
                         continue;
@@ -702,7 +1139,7 @@ int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoi
         e->ucx = u;
         e->userdata = userdata;
         e->pending_tail = &e->pending;
-        r = handshake_new(u, fd, true, e);
+        r = handshake_new(u, fd, true, e, address);
         if (r < 0) {
                 free(e);
                 return r;
@@ -743,9 +1180,20 @@ static void on_sent(void *request, ucs_status_t status, void *user_data) {
         ucp_request_free(request);
 }
 
-static int send_on(ucp_ep_h ep, PeerEndpoint *e, uint8_t *buf, size_t size) {
-        PeerSend *s = calloc(1, sizeof *s);
+static int send_on(ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *buf,
+                   size_t size) {
+        PeerSend *s;
 
+        if (session) {
+                uint8_t *frame;
+                int r = peer_frame_seal(session_send_key(session), session->keys.id,
+                                        session->next_seq++, buf, size, &frame, &size);
+                free(buf);
+                if (r < 0)
+                        return r;
+                buf = frame;
+        }
+        s = calloc(1, sizeof *s);
         if (!s) {
                 free(buf);
                 return -ENOMEM;
@@ -789,13 +1237,20 @@ int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size) {
                 ep->n_pending++;
                 return 0;
         }
-        return send_on(ep->ep, ep, buf, size);
+        return send_on(ep->ep, ep, ep->session, buf, size);
 }
 
 int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size) {
-        if (!reply) {
+        PeerReplyTo *to = reply;
+
+        if (!to || !to->ep || (u->keys.n > 0 && !to->session)) {
                 free(buf);
                 return -ENOTCONN;
         }
-        return send_on(reply, NULL, buf, size);
+        return send_on(to->ep, NULL, to->session, buf, size);
+}
+
+void peer_ucx_set_keys(PeerUcx *u, const PeerKeys *keys) {
+        peer_keys_wipe(&u->keys);
+        u->keys = *keys;
 }

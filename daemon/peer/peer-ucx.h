@@ -1,11 +1,13 @@
 /* peer-ucx.h: one UCX worker in wakeup mode, its listener, and message endpoints to other daemons. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
 #include "common/macro.h"
+#include "peer-key.h"
 
 typedef struct PeerUcx PeerUcx;
 typedef struct PeerEndpoint PeerEndpoint;
@@ -20,9 +22,14 @@ typedef struct PeerUcxCallbacks {
 } PeerUcxCallbacks;
 
 /* Listens on listen_address ("host:port"); the listener and the handshakes are sources of
- * event, the loop of the thread that uses this. */
-int peer_ucx_new(sd_event *event, const char *listen_address, const PeerUcxCallbacks *callbacks,
-                 PeerUcx **ret);
+ * event, the loop of the thread that uses this. keys: NULL or none: peers are not
+ * authenticated; else every link proves one of them at its handshake and every message
+ * carries a MAC and a sequence number (peer-frame.h). */
+int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *keys,
+                 const PeerUcxCallbacks *callbacks, PeerUcx **ret);
+/* New handshakes use these keys (a rotation); links already authenticated keep their
+ * sessions. Both the old and the new set must hold at least one key. */
+void peer_ucx_set_keys(PeerUcx *u, const PeerKeys *keys);
 PeerUcx *peer_ucx_free(PeerUcx *u);
 DEFINE_TRIVIAL_CLEANUP_FUNC(PeerUcx *, peer_ucx_free);
 
@@ -38,10 +45,12 @@ void *peer_endpoint_userdata(PeerEndpoint *ep);
 /* Closes (forcibly) and forgets the endpoint; its userdata is not touched again. */
 void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep);
 
-/* Sends a message, taking over buf (malloc'd). Returns -EBUSY, and drops the message, when
+/* Sends a message, taking over buf (malloc'd); with keys, as a frame of the link's session. Returns -EBUSY, and drops the message, when
  * this endpoint already has too many messages in flight. */
 int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size);
 int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size);
 
 /* Splits "host:port" ("[v6]:port" too); 0 or -EINVAL. */
 int peer_address_split(const char *address, char **ret_host, char **ret_port);
+/* Whether every address "host:port" resolves to is a loopback one (127.0.0.0/8, ::1). */
+bool peer_address_is_loopback(const char *address);

@@ -80,6 +80,8 @@ struct Peer {
         pthread_mutex_t lock; /* commands and stop */
         pthread_cond_t done;
         PeerCommand *commands;
+        PeerKeys new_keys; /* from peer_set_keys(), for the thread to take */
+        bool keys_pending;
         bool stop;
 };
 
@@ -501,6 +503,11 @@ static void peer_tick(Peer *p) {
 
 static void peer_run_commands(Peer *p) {
         (void) pthread_mutex_lock(&p->lock);
+        if (p->keys_pending) {
+                peer_ucx_set_keys(p->ucx, &p->new_keys);
+                peer_keys_wipe(&p->new_keys);
+                p->keys_pending = false;
+        }
         while (p->commands) {
                 PeerCommand *c = p->commands;
                 p->commands = c->next;
@@ -669,7 +676,7 @@ int peer_new(const PeerParams *params, Peer **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to create the peer thread's loop: %m");
         PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure, .userdata = p };
-        r = peer_ucx_new(p->event, params->listen_address, &cb, &p->ucx);
+        r = peer_ucx_new(p->event, params->listen_address, params->keys, &cb, &p->ucx);
         if (r < 0)
                 return r;
 
@@ -735,6 +742,7 @@ Peer *peer_free(Peer *p) {
         sd_event_unref(p->event);
         membership_free(p->membership);
         member_info_done(&p->self);
+        peer_keys_wipe(&p->new_keys);
         safe_close(p->event_fd);
         (void) pthread_cond_destroy(&p->done);
         (void) pthread_mutex_destroy(&p->lock);
@@ -757,4 +765,13 @@ int peer_forget(Peer *p, const char *node, FamilyError *ret_error) {
                 (void) pthread_cond_wait(&p->done, &p->lock);
         (void) pthread_mutex_unlock(&p->lock);
         return c.result;
+}
+
+void peer_set_keys(Peer *p, const PeerKeys *keys) {
+        (void) pthread_mutex_lock(&p->lock);
+        peer_keys_wipe(&p->new_keys);
+        p->new_keys = *keys;
+        p->keys_pending = true;
+        (void) pthread_mutex_unlock(&p->lock);
+        peer_wake(p);
 }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/manager.h"
 #include "core/membership.h"
+#include "peer-key.h"
 
 typedef struct PeerParams {
         const char *listen_address; /* "host:port" of our UCX listener */
@@ -15,6 +16,7 @@ typedef struct PeerParams {
         unsigned heartbeat_ms;
         MembershipTimeouts timeouts;
         Manager *manager; /* receives each new topology */
+        const PeerKeys *keys; /* NULL or none: peers are not authenticated */
 } PeerParams;
 
 typedef struct Peer Peer;
@@ -23,6 +25,10 @@ typedef struct Peer Peer;
 int peer_new(const PeerParams *params, Peer **ret);
 Peer *peer_free(Peer *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Peer *, peer_free);
+
+/* From any thread: new handshakes use these keys from now on (a reload of --cluster-key);
+ * links already authenticated stay up. Only for a Peer started with keys. */
+void peer_set_keys(Peer *p, const PeerKeys *keys);
 
 /* From any thread: forgets a down node here and asks every peer to do the same. 1: forgotten. */
 int peer_forget(Peer *p, const char *node, FamilyError *ret_error);

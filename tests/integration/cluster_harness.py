@@ -5,7 +5,8 @@
         c.topology(2).world_size
 
 Each daemon is a familyd_harness.Daemon with --listen on a free loopback port and --peers naming
-the seed (or a full list). UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo), the only
+the seed (or a full list). cluster_key=PATH gives every daemon --cluster-key PATH; a list gives
+daemon i its own (None: no key); write_key() makes such a file. UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo), the only
 connection manager on this machine.
 """
 
@@ -61,7 +62,7 @@ def free_port():
 class Cluster:
     def __init__(self, n, host_devices=2, heartbeat_ms=100, suspect_ms=1000, down_ms=2500,
                  forget_after_ms=None, seeds="first", registry=REGISTRY, extra_args=(),
-                 names=None):
+                 names=None, cluster_key=None):
         self.n = n
         self.protos = H.Protos()
         self.ports = [free_port() for _ in range(n)]
@@ -73,6 +74,7 @@ class Cluster:
         self.registry = registry
         self.extra_args = list(extra_args)
         self.names = names or ["node%d" % i for i in range(n)]
+        self.cluster_key = cluster_key
         if seeds == "first":
             self.seeds = self.address(0)
         else:
@@ -82,9 +84,16 @@ class Cluster:
     def address(self, i):
         return "127.0.0.1:%d" % self.ports[i]
 
+    def key_of(self, i):
+        if isinstance(self.cluster_key, (list, tuple)):
+            return self.cluster_key[i] if i < len(self.cluster_key) else None
+        return self.cluster_key
+
     def make(self, i, name=None, port=None, peers=None, extra_args=()):
         args = ["--listen", "127.0.0.1:%d" % (port or self.ports[i]),
                 "--peers", peers or self.seeds] + self.timing + self.extra_args + list(extra_args)
+        if self.key_of(i):
+            args += ["--cluster-key", self.key_of(i)]
         return H.Daemon(self.registry, host_devices=self.host_devices,
                         node_name=name or self.names[i], extra_args=args, protos=self.protos,
                         state_dir=False)
@@ -163,3 +172,19 @@ class Cluster:
         finally:
             self.cleanup()
         return False
+
+
+def new_key():
+    """A fresh key as the key file writes it: 64 hexadecimal characters."""
+    return os.urandom(32).hex()
+
+
+def write_key(path, *keys):
+    """Writes a key file of these keys (one per line), mode 0600, replacing any there."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(k + "\n" for k in keys))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path

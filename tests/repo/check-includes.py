@@ -43,7 +43,8 @@ SYSTEM = [
     (re.compile(r"^systemd/(?!sd-event\.h$)"), {"sd", "shell"},
      "libsystemd belongs to sd/ and the shell"),
     (re.compile(r"^hwloc"), {"hw"}, "hwloc belongs to hw/"),
-    (re.compile(r"^sodium"), {"codec"}, "libsodium belongs to codec/ (the registry digest)"),
+    (re.compile(r"^sodium"), {"codec", "peer"},
+     "libsodium belongs to codec/ (the registry digest) and peer/ (the cluster key)"),
     (re.compile(r"^yaml\.h$"), {"core"}, "libyaml belongs to the registry loader in core/"),
 ]
 
