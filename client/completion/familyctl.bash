@@ -23,7 +23,7 @@ _familyctl_query() {
 _familyctl() {
         local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
         local verbs="families family resolve mesh meshes topology forget status reload build
-                     builds build-info release pin unpin shard validate"
+                     builds build-info release pin unpin shard validate keygen"
         local globals="--socket --json --timeout --help --version"
         local verb="" i
 
@@ -70,7 +70,7 @@ _familyctl() {
                 elif [[ $prev == get || $prev == delete ]]; then
                         words=$(_familyctl_query meshes mesh_id)
                 fi ;;
-        validate) mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return ;;
+        validate|keygen) mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return ;;
         esac
         mapfile -t COMPREPLY < <(compgen -W "$words" -- "$cur")
 }
