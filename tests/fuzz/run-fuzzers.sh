@@ -48,7 +48,7 @@ declare -A REQUIRED=(
         [expr]="core/expr.c:expr_parse core/expr.c:expr_to_string core/expr.c:expr_eval core/expr.c:expr_foreach_field"
         [config]="config.c:config_parse config.c:config_parse_file config.c:config_apply config.c:config_fill_derived"
         [peer]="codec/codec-peer.c:codec_peer_decode core/membership.c:membership_heard core/membership.c:membership_learn core/membership.c:membership_forget core/membership.c:membership_tick core/membership.c:membership_topology"
-        [shard-socket]="shm/shard-socket.c:on_listener_io shm/shard-socket.c:connection_read shm/shard-socket.c:connection_handle_frame shm/shard-socket.c:connection_answer shm/shard-socket.c:connection_flush shm/shard-table.c:shard_table_lookup_many shm/segment.c:shard_segment_open"
+        [shard-socket]="shm/shard-socket.c:on_listener_io shm/shard-socket.c:connection_read shm/shard-socket.c:connection_handle_frame shm/shard-socket.c:connection_answer shm/shard-socket.c:connection_flush shm/shard-table.c:shard_table_lookup_many_as shm/segment.c:shard_segment_open"
 )
 
 if ! command -v clang >/dev/null; then
