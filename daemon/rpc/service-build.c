@@ -275,7 +275,7 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         _cleanup_(build_request_done) BuildRequest req = {};
         Builder builder = builder_of(ctx);
         BuildDraft *draft = NULL;
-        bool share_group;
+        bool share_group = false;
         int r;
 
         r = share_parse(pb->share, &share_group, ret_error);
