@@ -11,8 +11,9 @@
 # single-daemon helpers of bench-daemon.sh do not apply; every daemon must still exit 0 on
 # SIGTERM. UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless already set).
 #
-# The full run (about 3 minutes) prints convergence time, traffic per heartbeat interval and
-# idle CPU; add `-- --check-goals` to fail when traffic per peer is not flat, `-- --json FILE`
+# The full run (about 6 minutes) prints convergence time, traffic per heartbeat interval, idle
+# CPU and what the cluster key costs (joins and idle CPU, keyed against plain); add
+# `-- --check-goals` to fail when a goal is missed, `-- --json FILE`
 # for the raw numbers. --smoke: --quick (2 and 4 daemons, 5 s idle windows), a check that the
 # tables, ratios and goal are printed and that the daemons stop cleanly; the goal is not
 # enforced.
@@ -88,6 +89,11 @@ if [ "$smoke" = 1 ]; then
                    "^goal traffic per peer flat N=4/N=2 <= 1\\.50: $num (met|NOT MET)\$" \
                    "^ratio idle cpu 3 peers/none @1000ms: stat ($num|inf) sched $num " \
                    "^ratio idle cpu 3 peers/none @100ms: stat ($num|inf) sched $num " \
+                   "^100 +4 +keyed +$range +$range *\$" \
+                   "^100 +4 +plain +$range +$range *\$" \
+                   "^ratio auth join N=4 @100ms keyed/plain: $num \([-+][0-9]+ ms\)\$" \
+                   "^ratio auth idle cpu keyed/plain @1000ms: sched $num stat ($num|inf)\$" \
+                   "^goal auth idle cpu @100ms keyed/plain <= 1\.10: $num (met|NOT MET)\$" \
                    "^goals (met|NOT MET)\$"; do
                 if ! grep -Eq "$pat" "$out"; then
                         echo "$me: smoke: no line matching /$pat/" >&2
