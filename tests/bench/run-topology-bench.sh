@@ -23,35 +23,14 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
 me=run-topology-bench.sh
+. "$here/bench-daemon.sh"
+bench_parse_args 19 "$@"
 
-smoke=0
-build=""
-bench_args=()
-while [ $# -gt 0 ]; do
-        case "$1" in
-        --smoke) smoke=1 ;;
-        --) shift; bench_args+=("$@"); break ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "$me: unknown option $1" >&2; exit 2 ;;
-        *) build=$1 ;;
-        esac
-        shift
-done
-
+# The "bench" here is the descriptor set the Python clients read.
 familyd=${FAMILYD_BIN:-}
-descriptors=${FAMILYD_DESCRIPTORS:-}
-if [ -z "$familyd" ] || [ -z "$descriptors" ]; then
-        build=${build:-$root/build-bench}
-        if [ ! -f "$build/build.ninja" ]; then
-                echo "$me: configuring $build (release, no sanitizers)"
-                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
-        fi
-        ninja -C "$build" daemon/familyd proto/familyd.binpb >/dev/null
-        familyd=${familyd:-$build/daemon/familyd}
-        descriptors=${descriptors:-$build/proto/familyd.binpb}
-fi
-[ -x "$familyd" ] || { echo "$me: $familyd not found" >&2; exit 1; }
-[ -f "$descriptors" ] || { echo "$me: $descriptors not found" >&2; exit 1; }
+bench=${FAMILYD_DESCRIPTORS:-}
+bench_build proto/familyd.binpb
+descriptors=$bench
 
 # The bench spawns daemons for minutes: it runs copies, so that a rebuild of the tree meanwhile
 # (ninja relinks familyd in place) cannot give one run two different daemons.
