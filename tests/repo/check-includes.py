@@ -24,10 +24,12 @@ LAYERS = {
     "shm": ["common", "core", "codec", "hw"],
     "state": ["common", "core", "codec"],
     "build": ["common", "core", "codec", "hw", "shm", "state"],
-    "rpc": ["common", "core", "codec", "hw", "shm", "state", "build"],
+    "metrics": ["common", "core", "codec", "hw", "shm", "state", "build"],
+    "rpc": ["common", "core", "codec", "hw", "shm", "state", "build", "metrics"],
     "peer": ["common", "core", "codec"],
     "sd": ["common", "core"],
-    "shell": ["common", "core", "codec", "hw", "shm", "state", "build", "rpc", "peer", "sd"],
+    "shell": ["common", "core", "codec", "hw", "shm", "state", "build", "metrics", "rpc", "peer",
+              "sd"],
     "client": ["common"],
 }
 
@@ -43,6 +45,7 @@ SYSTEM = [
     (re.compile(r"^systemd/(?!sd-event\.h$)"), {"sd", "shell"},
      "libsystemd belongs to sd/ and the shell"),
     (re.compile(r"^hwloc"), {"hw"}, "hwloc belongs to hw/"),
+    (re.compile(r"^microhttpd\.h$"), {"metrics"}, "libmicrohttpd belongs to metrics/"),
     (re.compile(r"^sodium"), {"codec", "peer"},
      "libsodium belongs to codec/ (the registry digest) and peer/ (the cluster key)"),
     (re.compile(r"^yaml\.h$"), {"core"}, "libyaml belongs to the registry loader in core/"),
