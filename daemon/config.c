@@ -127,6 +127,11 @@ static const ConfigOption config_options[] = {
         { .name = "node-rank", .metavar = "N", TYPE_INT64(node_rank, 0, INT32_MAX),
           .help = "This node's rank in the cluster order",
           .note = "Without ranks, nodes are ordered by name." },
+        { .name = "metrics-listen", .metavar = "ADDR:PORT",
+          TYPE_STRING(metrics_listen, 255 /* METRICS_MAX_ADDRESS_LENGTH */),
+          .help = "Serve Prometheus metrics over HTTP at ADDR:PORT/metrics",
+          .note = "For example 127.0.0.1:9464; only that address is bound. Off unless given; "
+                  "anyone who reaches the port can read the counters (docs/security.md)." },
         { .name = "listen", .metavar = "ADDR:PORT", TYPE_STRING(listen_address, 0),
           .help = "Peer listener address",
           .note = "Where the other daemons of a cluster reach this one over UCX, for example "
@@ -205,11 +210,6 @@ static const ConfigOption config_options[] = {
         { .name = "max-shards", .metavar = "N", TYPE_UNSIGNED(max_shards, 1, 65536),
           .default_text = "what the open-file limit leaves, at most 65536",
           .help = "Shard segments held, one descriptor each" },
-        { .name = "metrics-listen", .metavar = "ADDR:PORT",
-          TYPE_STRING(metrics_listen, 255 /* METRICS_MAX_ADDRESS_LENGTH */),
-          .help = "Serve Prometheus metrics over HTTP at ADDR:PORT/metrics",
-          .note = "For example 127.0.0.1:9464; only that address is bound. Off unless given; "
-                  "anyone who reaches the port can read the counters (docs/security.md)." },
         { .name = "log-level", .metavar = "LEVEL", TYPE_LOG_LEVEL(log_level),
           DEFAULT(LOG_INFO),
           .help = "debug, info, notice, warning or err",
