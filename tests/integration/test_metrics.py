@@ -206,6 +206,16 @@ class TestMetrics(unittest.TestCase):
         self.assertNotIn("bld-", text)
         self.assertNotIn("pid", text)
 
+    def test_unknown_method(self):
+        before = M.parse(M.scrape(self.port)[1])
+        res = self.d.client.raw_call("/no.such.Service/Method", b"")
+        self.assertEqual(res.code, "UNIMPLEMENTED", repr(res))
+        after = M.parse(M.scrape(self.port)[1])
+        key = ("familyd_rpc_calls_total", frozenset({("method", "unknown"),
+                                                     ("code", "UNIMPLEMENTED")}))
+        self.assertEqual(after.get(key, 0) - before.get(key, 0), 1)
+        self.assertNotIn("no.such.Service", M.scrape(self.port)[1])
+
     def test_only_get_of_metrics_and_index(self):
         status, hdrs, body = M.http_get(self.port, "/")
         self.assertEqual(status, 200)
@@ -224,6 +234,56 @@ class TestMetrics(unittest.TestCase):
         status, _, body = M.http_get(self.port, "/metrics?x=1")
         self.assertEqual(status, 200)
         self.assertIn("familyd_build_info", body)
+
+
+class TestGpus(unittest.TestCase):
+    """Per-GPU budget and use, on the tests' fake CUDA driver (two GPUs)."""
+
+    def test_gpu_memory(self):
+        fake = os.environ.get("FAKE_LIBCUDA") or H._default_build_file(
+            "tests", "fake-cuda", "libfake-libcuda.so")
+        if not os.path.exists(fake):
+            self.skipTest("the fake libcuda was not built")
+        saved = {k: os.environ.get(k) for k in ("FAMILYD_CUDA_DRIVER", "FAKE_CUDA_DEVICES")}
+        os.environ.update({"FAMILYD_CUDA_DRIVER": fake, "FAKE_CUDA_DEVICES": "2"})
+        d = M.metrics_daemon(extra_args=["--build-grace-ms", "0"])
+        d.host_devices = None
+        try:
+            d.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            s = M.parse(M.scrape(d.metrics_port)[1])
+            budget = {dict(k[1])["device"]: v for k, v in s.items()
+                      if k[0] == "familyd_gpu_memory_budget_bytes"}
+            self.assertEqual(sorted(budget), ["cuda:0", "cuda:1"])
+            self.assertTrue(all(v > 0 for v in budget.values()), budget)
+            res = d.client.call(BUILD, {"family": "grouped_experts", "config": SMALL,
+                                        "materialize": {"enabled": True},
+                                        "privateBuild": True})
+            self.assertEqual(res.code, "OK", repr(res))
+            b = res.reply.build
+            on = {}
+            for sh in b.shards:
+                if sh.device_kind == "cuda":
+                    key = "cuda:%d" % sh.local_device
+                    on[key] = on.get(key, 0) + sh.allocation_bytes
+            self.assertTrue(on, "no shard on a GPU: %s" % b)
+            s = M.parse(M.scrape(d.metrics_port)[1])
+            for dev in budget:
+                self.assertEqual(M.value(s, "familyd_gpu_memory_used_bytes", device=dev),
+                                 on.get(dev, 0), dev)
+            self.assertEqual(d.client.call(RELEASE, build_id=b.build_id).code, "OK")
+            s = M.parse(M.scrape(d.metrics_port)[1])
+            for dev in budget:
+                self.assertEqual(M.value(s, "familyd_gpu_memory_used_bytes", device=dev), 0)
+            d.stop_checked()
+        finally:
+            d.cleanup()
 
 
 class TestListen(unittest.TestCase):
