@@ -127,6 +127,11 @@ static const ConfigOption config_options[] = {
         { .name = "node-rank", .metavar = "N", TYPE_INT64(node_rank, 0, INT32_MAX),
           .help = "This node's rank in the cluster order",
           .note = "Without ranks, nodes are ordered by name." },
+        { .name = "metrics-listen", .metavar = "ADDR:PORT",
+          TYPE_STRING(metrics_listen, 255 /* METRICS_MAX_ADDRESS_LENGTH */),
+          .help = "Serve Prometheus metrics over HTTP at ADDR:PORT/metrics",
+          .note = "For example 127.0.0.1:9464; only that address is bound. Off unless given; "
+                  "anyone who reaches the port can read the counters (docs/security.md)." },
         { .name = "listen", .metavar = "ADDR:PORT", TYPE_STRING(listen_address, 0),
           .help = "Peer listener address",
           .note = "Where the other daemons of a cluster reach this one over UCX, for example "

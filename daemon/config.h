@@ -41,6 +41,7 @@ typedef struct Config {
         unsigned max_shards; /* 0: fitted to RLIMIT_NOFILE */
         unsigned max_connections_per_peer;
         char *admin_group; /* NULL: only root is an admin */
+        char *metrics_listen; /* --metrics-listen ADDR:PORT; NULL: no metrics endpoint */
         int log_level;
         bool check_config; /* --check-config: check the settings, then exit */
         ConfigOrigin *origins;

@@ -27,6 +27,8 @@
 #include "rpc/listener.h"
 #include "common/log.h"
 #include "hw/inventory.h"
+#include "metrics/metrics.h"
+#include "metrics/metrics-server.h"
 #include "sd/journal.h"
 #include "core/manager.h"
 #include "peer/peer.h"
@@ -61,6 +63,7 @@ struct Daemon {
         Builder builder; /* the Build use-case over the above (daemon/build/), for the server */
         Notifier *notifier;
         Peer *peer; /* NULL without --listen: this node alone */
+        MetricsServer *metrics; /* NULL without --metrics-listen */
         PeerKeys keys; /* --cluster-key, read before anything is bound; wiped once peers run */
         char *socket_path;       /* where the API socket is: bound here, or inherited */
         char *shard_socket_path; /* the same for the shard socket; Build replies name it */
@@ -412,6 +415,7 @@ static void daemon_hook_reload_end(void *userdata, int result) {
         Daemon *d = userdata;
         daemon_reload_keys(d);
         notifier_reload_end(d->notifier, result);
+        metrics_reload_done(result);
 }
 
 static void daemon_reload(Daemon *d) {
@@ -422,6 +426,7 @@ static void daemon_reload(Daemon *d) {
         int r = manager_reload(d->manager, &reg, &diag);
         daemon_reload_keys(d);
         notifier_reload_end(d->notifier, r);
+        metrics_reload_done(r);
         if (r < 0) {
                 for (size_t i = 0; i < diag.n; i++)
                         log_error("%s", diag.lines[i]);
@@ -652,6 +657,14 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (r < 0)
                 return r;
 
+        /* Last, with the signals blocked: its thread reads what the above set up. */
+        if (c->metrics_listen) {
+                MetricsSources src = { .manager = d->manager, .builder = &d->builder };
+                r = metrics_server_new(c->metrics_listen, &src, &d->metrics);
+                if (r < 0)
+                        return r;
+        }
+
         *ret = TAKE_PTR(d);
         return 0;
 }
@@ -659,6 +672,8 @@ int daemon_new(const Config *c, Daemon **ret) {
 Daemon *daemon_free(Daemon *d) {
         if (!d)
                 return NULL;
+        /* First: its thread reads the manager and the builds. */
+        metrics_server_free(d->metrics);
         /* No more topology pushes into a server that is going away; forgetting stays until
          * the server has drained, since a ForgetNode call may still be running. */
         if (d->peer)

@@ -25,6 +25,7 @@
 #include "codec/codec-wire.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
+#include "metrics/metrics.h"
 
 
 typedef struct Call {
@@ -39,6 +40,7 @@ typedef struct Call {
         Arena arena;               /* the decoded request and the reply tree */
         ProtobufCMessage *request; /* decoded, in arena */
 
+        uint64_t arrived_ns; /* metrics_now_ns() when the client's call arrived */
         RpcTag on_arrived;
         RpcTag on_sent;
         RpcTag on_received;
@@ -181,6 +183,8 @@ static grpc_byte_buffer *message_to_buffer(const ProtobufCMessage *m) {
 
 /* Fills the status op: code, message, and the google.rpc.Status detail in the trailer. */
 static void call_set_status(Call *c, grpc_op *op, FamilyError *e) {
+        metrics_call_done(c->site.method ? c->site.method->path : NULL, (unsigned) e->status,
+                          c->arrived_ns);
         op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
         op->data.send_status_from_server.status = (grpc_status_code) e->status;
         if (e->status == FAMILY_STATUS_OK)
@@ -702,6 +706,7 @@ static void call_run_unknown(Call *c) {
 static void on_arrived(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_arrived);
 
+        c->arrived_ns = metrics_now_ns();
         if (!ok || atomic_load(c->site.shutting_down)) {
                 call_unref(c);
                 return;
