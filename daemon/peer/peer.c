@@ -435,7 +435,8 @@ static bool peer_list_fits(Peer *p, void *reply, const PeerMessage *m) {
         _cleanup_free_ const MemberInfo **list = NULL;
         _cleanup_free_ char *reason = NULL;
 
-        if (m->body != PEER_HELLO && m->body != PEER_ANNOUNCE)
+        /* A sender alone is the membership's to refuse, in its own words. */
+        if ((m->body != PEER_HELLO && m->body != PEER_ANNOUNCE) || m->n_members == 0)
                 return true;
         list = calloc(m->n_members + 1, sizeof(MemberInfo *));
         if (!list)
