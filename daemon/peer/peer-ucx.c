@@ -99,6 +99,8 @@ typedef struct PeerSession {
         PeerRole role; /* ours on the link */
         uint64_t next_seq;
         PeerReplayWindow window;
+        char *bound_name; /* who speaks on the link, once the caller believed it */
+        uint64_t bound_boot;
         struct PeerSession *next;
 } PeerSession;
 
@@ -415,6 +417,7 @@ static void session_free(PeerUcx *u, PeerSession *s) {
                 }
         if (s->role == PEER_ROLE_LISTENER)
                 u->n_listener_sessions--;
+        free(s->bound_name);
         sodium_memzero(s, sizeof *s);
         free(s);
 }
@@ -1314,6 +1317,31 @@ PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply) {
                         return e;
         }
         return NULL;
+}
+
+int peer_ucx_reply_check(PeerUcx *u, void *reply, const char *name, uint64_t boot_id,
+                         const char **ret_bound) {
+        PeerReplyTo *to = reply;
+        PeerSession *s = to ? to->session : NULL;
+
+        if (!s || !s->bound_name || (s->bound_boot == boot_id && streq(s->bound_name, name)))
+                return 0;
+        if (ret_bound)
+                *ret_bound = s->bound_name;
+        return -EPERM;
+}
+
+int peer_ucx_reply_bind(PeerUcx *u, void *reply, const char *name, uint64_t boot_id) {
+        PeerReplyTo *to = reply;
+        PeerSession *s = to ? to->session : NULL;
+
+        if (!s || s->bound_name)
+                return 0;
+        s->bound_name = strdup(name);
+        if (!s->bound_name)
+                return -ENOMEM;
+        s->bound_boot = boot_id;
+        return 0;
 }
 
 int peer_ucx_send_numbered(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size, uint64_t seq) {

@@ -16,7 +16,9 @@
  *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h): a
  * refusal counts only when it comes back on a link this daemon dialed (peer-ucx.c names it),
- * and closes that link alone, which is dialed again with a longer backoff (the other side's
+ * and closes that link alone; with keys, a link speaks for the one start of one node that we
+ * first believed on it (peer_ucx_reply_bind()), so a restart or another name comes only on
+ * that node's own new link, and a message in another name on a bound link is dropped; which is dialed again with a longer backoff (the other side's
  * configuration may change); a hello or announce whose list would take the table past
  * --max-nodes is refused whole; a version the table cannot explain is logged once per sender
  * and PEER_VERSION_LOG_MS. The traffic counters count what UCX reports sent.
@@ -85,6 +87,7 @@ struct Peer {
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
         int64_t version_logged_ms[PEER_VERSION_LOG_SLOTS];
+        int64_t link_lie_logged_ms;
 
         pthread_t thread;
         bool thread_started;
@@ -454,6 +457,25 @@ static bool peer_list_fits(Peer *p, void *reply, const PeerMessage *m) {
         return false;
 }
 
+/* Whether the link a message came on speaks for its sender (keyed links are bound to the
+ * first start of a node we believed on them); a lie is logged once per PEER_VERSION_LOG_MS. */
+static bool peer_link_speaks_for(Peer *p, void *reply, const PeerMessage *m) {
+        const char *bound = NULL;
+        int64_t now;
+
+        if (peer_ucx_reply_check(p->ucx, reply, m->sender.name, m->sender.boot_id, &bound) >= 0)
+                return true;
+        now = now_ms();
+        if (p->link_lie_logged_ms == 0 || now - p->link_lie_logged_ms >= PEER_VERSION_LOG_MS) {
+                p->link_lie_logged_ms = now;
+                log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
+                           "Dropped a peer message in the name of node %s (start %016" PRIx64
+                           ") that came on the link of node %s.",
+                           m->sender.name, m->sender.boot_id, strempty(bound));
+        }
+        return false;
+}
+
 /* Once per sender and PEER_VERSION_LOG_MS. */
 static void peer_log_version_refused(Peer *p, const PeerMessage *m) {
         uint64_t hash = 5381;
@@ -486,6 +508,8 @@ static void on_message(void *userdata, const uint8_t *data, size_t size, void *r
                 log_warning("Dropped an undecodable peer message of %zu bytes.", size);
                 return;
         }
+        if (!peer_link_speaks_for(p, reply, &m))
+                return;
         if (m.body == PEER_REFUSE) {
                 peer_refused(p, reply, &m);
                 return;
@@ -502,6 +526,11 @@ static void on_message(void *userdata, const uint8_t *data, size_t size, void *r
         }
         if (version_refused)
                 peer_log_version_refused(p, &m);
+        if ((v == MEMBER_KNOWN || v == MEMBER_JOINED || v == MEMBER_RESTARTED) &&
+            peer_ucx_reply_bind(p->ucx, reply, m.sender.name, m.sender.boot_id) < 0) {
+                log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
+                return;
+        }
         switch (v) {
         case MEMBER_REFUSED:
                 peer_refuse(p, reply, &m, strempty(refusal));

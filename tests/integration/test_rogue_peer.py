@@ -169,17 +169,26 @@ class TestRogueKeyed(RogueCase):
         c.daemons.append(late)
         self.holds(c, "rank squatting, after the forget", world_size=world + 2, timeout=40)
 
-        # A handshake flood from 127.0.0.2 while node2 restarts: node2 gets back in.
-        flood = subprocess.Popen([rogue_bin(), "flood", "--target", c.address(2), "--count",
-                                  "300", "--hold-ms", "12000", "--bind", "127.0.0.2"],
+        # A member's believed link used for another node's later start: dropped.
+        self.attack("relink", "--target", target, "--key", key, "--name", "relinker",
+                    "--victim", "node1", "--victim-address", c.address(1))
+        self.assertTrue(wait_for(lambda: "Dropped a peer message in the name of node node1" in
+                                 c.daemons[0].stderr(), 5), c.daemons[0].stderr()[-2000:])
+        self.holds(c, "relink", world_size=world + 2)
+
+        # A handshake flood on the seed from 127.0.0.2, held while node2 restarts and must
+        # rejoin through it: one address holds 8 of the 64 handshake slots at most.
+        flood = subprocess.Popen([rogue_bin(), "flood", "--target", target, "--count", "100",
+                                  "--hold-ms", "30000", "--bind", "127.0.0.2"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            time.sleep(1)
+            time.sleep(2)
             c.daemons[2].kill()
             c.restart(2)
-            self.holds(c, "handshake flood", world_size=world + 2, timeout=30)
+            self.holds(c, "handshake flood", world_size=world + 2, timeout=20)
+            self.assertIsNone(flood.poll(), "the flood ended before node2 was back")
         finally:
-            out, _ = flood.communicate(timeout=30)
+            out, _ = flood.communicate(timeout=40)
         self.assertIn("flood: opened", out)
 
         # Still a working failure detector: a real node killed is down in time.

