@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Issue 16's peer rules that need no rogue: a refused node keeps asking with backoff and joins
-once the other side's configuration changes; --max-nodes refuses the node that would pass it.
+once the other side's configuration changes; --max-nodes refuses the node that would pass it;
+the traffic counters count only what was sent.
 
 Real daemons on loopback (cluster_harness.Cluster), judged through gRPC and their logs.
 """
@@ -58,6 +59,29 @@ class TestRefusedNodeRetries(unittest.TestCase):
             # Every refusal was answered on B's own link only: node0 is alone and unharmed.
             self.assertEqual(c.topology(0).world_size, 1)
             b.stop()
+
+
+class TestTrafficCounters(unittest.TestCase):
+    def test_messages_never_sent_are_not_counted(self):
+        # A seed where nothing listens: every dial fails in its handshake, so the hellos and
+        # heartbeats queued for it never leave. The counters count what UCX sent: nothing.
+        nobody = free_port()
+        with Cluster(1, host_devices=1, seeds="all") as c:
+            c.daemons[0].stop()
+            c.daemons[0] = c.make(0, peers="127.0.0.1:%d" % nobody)
+            c.daemons[0].start()
+            time.sleep(3)
+            st = c.status(0)
+            self.assertEqual((st.peer_messages_sent, st.peer_bytes_sent), (0, 0))
+            self.assertIn("Cannot reach peer 127.0.0.1:%d" % nobody, c.daemons[0].stderr())
+
+    def test_messages_sent_are_counted(self):
+        with Cluster(2, host_devices=1) as c:
+            c.wait_agreement(world_size=2, timeout=20)
+            time.sleep(1)
+            st = c.status(0)
+            self.assertGreater(st.peer_messages_sent, 5)
+            self.assertGreater(st.peer_bytes_sent, 100 * st.peer_messages_sent // 2)
 
 
 class TestMaxNodes(unittest.TestCase):
