@@ -13,7 +13,9 @@
  * address, and closes. The dialer then creates its endpoint from that worker address (UCX's
  * own wireup runs on the tcp transport's ports, which take garbage without harm). Anything
  * else on the bootstrap port (wrong magic, silence past PEER_HANDSHAKE_MS, an oversized
- * answer) closes that TCP connection only.
+ * answer) closes that TCP connection only. At most PEER_MAX_HANDSHAKES listening handshakes
+ * run at once, PEER_MAX_HANDSHAKES_PER_SOURCE of them from one address: a flood of idle
+ * connections from one host cannot keep a restarted node out.
  *
  * With a cluster key (--cluster-key) the handshake proves it both ways before the address is
  * handed out: the dialer sends "FAMILYK1" and its nonce; the listener its nonce and a proof
@@ -24,7 +26,10 @@
  * recently used out first, since UCX does not say which endpoint an active message came from.
  * Every message is then sealed into a frame on sending and opened on dispatch (peer-frame.c):
  * a frame that names no session or fails its MAC or sequence check is dropped before the
- * callback, so nothing unauthenticated reaches the membership.
+ * callback, so nothing unauthenticated reaches the membership. A session also carries the
+ * identity the caller bound to it (peer_ucx_reply_bind()), and names the endpoint a reply came
+ * back on (peer_ucx_reply_endpoint()): the link, not the message's words, says who speaks.
+ * A message counts as sent (on_sent) when UCX completes its send, not when it is queued.
  *
  * UCX callbacks run inside
  * ucp_worker_progress(), where the UCX documentation forbids progressing again and where

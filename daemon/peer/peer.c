@@ -14,14 +14,17 @@
  * it to watchers. Every message names the sender's registry digest: each heartbeat first reads
  * the manager's, so a reload reaches every peer within one interval.
  *
- * Rules against a member that errs (issue 16; the membership's own are in membership.h): a
- * refusal counts only when it comes back on a link this daemon dialed (peer-ucx.c names it),
- * and closes that link alone; with keys, a link speaks for the one start of one node that we
- * first believed on it (peer_ucx_reply_bind()), so a restart or another name comes only on
- * that node's own new link, and a message in another name on a bound link is dropped; which is dialed again with a longer backoff (the other side's
- * configuration may change); a hello or announce whose list would take the table past
- * --max-nodes is refused whole; a version the table cannot explain is logged once per sender
- * and PEER_VERSION_LOG_MS. The traffic counters count what UCX reports sent.
+ * Rules against a member that errs (issue 16; the membership's own are in membership.h):
+ * - a refusal counts only when it comes back on a link this daemon dialed (peer-ucx.c names
+ *   it) and closes that link alone, which is dialed again after PEER_REFUSED_BACKOFF_MIN_MS,
+ *   doubling to PEER_REFUSED_BACKOFF_MAX_MS (the other side's configuration may change);
+ * - with keys, a link speaks for the one start of one node first believed on it
+ *   (peer_ucx_reply_bind()): a message in another name or start on it is dropped, so a
+ *   restart comes only on the node's own new link;
+ * - a hello or announce whose list would take the table past --max-nodes is refused whole;
+ * - a version the member table cannot explain is logged once per sender and
+ *   PEER_VERSION_LOG_MS;
+ * - the traffic counters count what UCX reports sent (on_sent()), not what was queued.
  */
 
 #include <inttypes.h>
