@@ -176,6 +176,11 @@ static const ConfigOption config_options[] = {
         { .name = "forget-after-ms", .metavar = "N", TYPE_UNSIGNED(forget_after_ms, 0, UINT32_MAX),
           DEFAULT(0), .default_text = ": never",
           .help = "Forget a down peer after N ms" },
+        { .name = "max-nodes", .metavar = "N", TYPE_UNSIGNED(max_nodes, 2, 4096),
+          DEFAULT(4096),
+          .help = "Nodes in the cluster, this one included",
+          .note = "A node that would pass it is refused, and so is a peer's whole member list "
+                  "that would." },
         { .name = "fdstore-max", .metavar = "N", TYPE_UNSIGNED(fdstore_max, 0, 1u << 20),
           DEFAULT(4096),
           .help = "Descriptors kept in systemd's fd store",

@@ -33,6 +33,7 @@ typedef struct Config {
         unsigned suspect_ms;
         unsigned down_ms;
         unsigned forget_after_ms;
+        unsigned max_nodes; /* --max-nodes: the cluster's nodes, this one included */
         unsigned fdstore_max;
         unsigned threads; /* gRPC completion-queue threads */
         unsigned max_connections;

@@ -388,6 +388,7 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                 },
                 .manager = d->manager,
                 .keys = d->keys.n > 0 ? &d->keys : NULL,
+                .max_nodes = c->max_nodes,
         };
         manager_set_hooks(d->manager, &(ManagerHooks) {
                                               .topology_changed = daemon_hook_topology_changed,
