@@ -160,15 +160,8 @@ static int daemon_load(Daemon *d, const Config *c) {
                 return log_error_errno(r, "Failed to get random bytes: %m");
 
         r = manager_new(&params, &d->manager, &diag);
-        if (r < 0) {
-                if (diag.n == 0)
-                        return log_error_errno(r, "Failed to load the registry %s: %m",
-                                               c->registry_path);
-                for (size_t i = 0; i < diag.n; i++)
-                        log_error("%s", diag.lines[i]);
-                return log_error_errno(r, "Failed to load the registry %s (%zu problem%s).",
-                                       c->registry_path, diag.n, diag.n == 1 ? "" : "s");
-        }
+        if (r < 0) /* the words of --check-config and --check-registry too */
+                return config_log_registry_failure(c->registry_path, r, &diag);
 
         /* The same devices the topology lists for this node: a rank's shard goes to the
          * device the topology assigns to it. */
