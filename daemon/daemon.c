@@ -272,6 +272,10 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
                 .accel = d->accel,
                 .state = d->state,
         };
+        /* Its hook is set once the server runs (daemon_hook_build_progress). */
+        r = build_progress_table_new(NULL, NULL, &d->builder.progress);
+        if (r < 0)
+                return r;
         r = build_restore(&d->builder);
         if (r < 0)
                 return r;
@@ -284,6 +288,12 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
 static void daemon_hook_topology_changed(void *userdata) {
         Daemon *d = userdata;
         server_notify_watches(d->server);
+}
+
+/* On a build thread or a fill helper: a build's progress reaches its WatchBuild streams. */
+static void daemon_hook_build_progress(void *userdata) {
+        Daemon *d = userdata;
+        server_notify_watches_of(d->server, RPC_WATCH_BUILD_PATH);
 }
 
 static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret_error) {
@@ -636,6 +646,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = server_new(&sp, &d->server);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the gRPC server: %m");
+        build_progress_table_set_changed(d->builder.progress, daemon_hook_build_progress, d);
 
         r = daemon_watch(d);
         if (r < 0)
@@ -665,6 +676,8 @@ Daemon *daemon_free(Daemon *d) {
          * calls too: the executor, told to stop, answers them at once so the server drains;
          * then the shard server, before the builds whose segments it hands out go. */
         executor_stop(d->executor);
+        /* Fills still under way tell nobody from here on. */
+        build_progress_table_set_changed(d->builder.progress, NULL, NULL);
         server_free(d->server);
         if (d->manager) /* NULL when daemon_new failed before loading the registry */
                 manager_set_hooks(d->manager, NULL);
@@ -672,6 +685,7 @@ Daemon *daemon_free(Daemon *d) {
         executor_free(d->executor);
         /* After the server and the executor: no Build is in flight; before the tables. */
         build_sharing_stop(&d->builder);
+        build_progress_table_free(d->builder.progress);
         shard_server_free(d->shard_server);
         shard_table_unref(d->shards);
         listener_free(d->listener);
