@@ -216,6 +216,7 @@ int verb_meshes(Context *ctx, int argc, char **argv);
 int verb_topology(Context *ctx, int argc, char **argv);
 int verb_forget(Context *ctx, int argc, char **argv);
 int verb_status(Context *ctx, int argc, char **argv);
+int verb_version(Context *ctx, int argc, char **argv);
 int verb_reload(Context *ctx, int argc, char **argv);
 int verb_keygen(Context *ctx, int argc, char **argv);
 int verb_build(Context *ctx, int argc, char **argv);
