@@ -194,6 +194,42 @@ class TestWatchBuild(Base):
         self.assertNotIn(last.build_id, [b.build_id for b in lb.reply.builds])
 
 
+class TestPythonClient(Base):
+    """familyd.Client.build(progress_tag=...) and watch_build()."""
+
+    def test_watch_build_from_python(self):
+        sys.path.insert(0, os.path.join(H.SOURCE_ROOT, "client", "python"))
+        os.environ.setdefault("FAMILYD_DESCRIPTORS", H.descriptor_set_path())
+        try:
+            import familyd
+        except ImportError as e:
+            self.skipTest("the Python package does not import here: %s" % e)
+        builder = familyd.Client(self.daemon.socket, timeout=600)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(b=builder.build(
+            "grouped_experts", config={"num_experts": 64, "hidden_size": 1024,
+                                       "moe_intermediate_size": 512,
+                                       "initializer_range": 0.02},
+            seed=21, private_build=True, map_shards=False, progress_tag="py-tag")), daemon=True)
+        t.start()
+        watcher = familyd.Client(self.daemon.socket, timeout=30)
+        seen, end = [], time.monotonic() + 60
+        while not seen:
+            try:
+                seen = list(watcher.watch_build(progress_tag="py-tag", timeout=600))
+            except familyd.FamilydError as e:
+                if e.code_name != "NOT_FOUND" or time.monotonic() > end:
+                    raise
+                time.sleep(0.01)
+        t.join()
+        b = result["b"]
+        self.addCleanup(self.release, b.id)
+        self.assertEqual((seen[-1].state, seen[-1].build_id), (DONE, b.id))
+        self.assertEqual(seen[-1].bytes_filled, 384 << 20)
+        filled = [m.bytes_filled for m in seen]
+        self.assertEqual(filled, sorted(filled))
+
+
 class TestWatchBuildErrors(Base):
     def expect(self, request, code, reason, message, rpc=WATCH):
         c = self.client()
