@@ -529,6 +529,14 @@ static void pushed_send(Call *c) {
         }
         if (c->reply)
                 grpc_byte_buffer_destroy(c->reply);
+        c->reply = NULL;
+        if (r == RPC_WATCH_LAST) {
+                /* The last reply and OK; the send stays "in flight" for good: no more pushes. */
+                c->pushed_sending = true;
+                call_finish(c, reply, &e, false, false);
+                arena_done(&scratch);
+                return;
+        }
         c->reply = message_to_buffer(reply);
         arena_done(&scratch);
 
@@ -555,8 +563,14 @@ static void on_watch_sent(RpcTag *tag, bool ok) {
 }
 
 void call_counter_notify_watches(CallCounter *counter) {
+        call_counter_notify_watches_of(counter, NULL);
+}
+
+void call_counter_notify_watches_of(CallCounter *counter, const char *path) {
         (void) pthread_mutex_lock(&counter->lock);
         for (Call *c = counter->pushed; c; c = c->pushed_next) {
+                if (path && !streq(c->site.method->path, path))
+                        continue;
                 if (c->pushed_sending)
                         c->pushed_dirty = true;
                 else
@@ -581,8 +595,13 @@ static void call_run_watch(Call *c) {
         }
         c->is_watch = true;
 
-        if (call_handle(c, &reply, &e) < 0) {
+        int r = call_handle(c, &reply, &e);
+        if (r < 0) {
                 call_finish(c, NULL, &e, true, true);
+                return;
+        }
+        if (r == RPC_WATCH_LAST) { /* over already: one reply, then OK */
+                call_finish(c, reply, &e, true, true);
                 return;
         }
 
