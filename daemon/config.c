@@ -16,6 +16,8 @@
 #include "core/registry.h"
 #include "core/resource-limits.h"
 #include "common/log.h"
+#include "peer/peer-key.h"
+#include "peer/peer-ucx.h"
 
 #include "build-config.h"
 
@@ -878,6 +880,28 @@ static int config_parse_actions(Config *flags, int argc, char *argv[]) {
         return CONFIG_RUN;
 }
 
+int config_check_peer_security(const Config *c, PeerKeys *ret_keys) {
+        PeerKeys keys = {};
+        int r;
+
+        if (c->cluster_key_file) {
+                r = peer_keys_load(c->cluster_key_file, &keys);
+                if (r >= 0 && ret_keys)
+                        *ret_keys = keys;
+                peer_keys_wipe(&keys);
+                return r < 0 ? r : 0;
+        }
+        if (c->listen_address && !c->insecure_peers &&
+            !peer_address_is_loopback(c->listen_address))
+                return log_error_errno(-EPERM, "--listen %s is not a loopback address and there "
+                                               "is no --cluster-key: anyone who reaches the port "
+                                               "could join the cluster. Make a key with "
+                                               "`familyctl keygen FILE`, give it to every node "
+                                               "with --cluster-key, or pass --insecure-peers.",
+                                       c->listen_address);
+        return 0;
+}
+
 /* The checks of --check-config and --check-registry, once every setting is parsed: those of a
  * start up to binding anything. */
 static int config_run_checks(const Config *c) {
@@ -888,6 +912,9 @@ static int config_run_checks(const Config *c) {
                 if (r < 0)
                         return r;
                 r = config_check_registry(c->registry_path);
+                if (r < 0)
+                        return r;
+                r = config_check_peer_security(c, NULL);
                 if (r < 0)
                         return r;
         }

@@ -86,6 +86,12 @@ int config_check_paths(const Config *c);
  */
 int config_check_registry(const char *dir);
 
+/* The cluster key of --cluster-key read and checked (into *ret_keys when not NULL), or, without
+ * one, --listen off loopback refused unless --insecure-peers: what a start checks before it
+ * binds anything. Logs the one line that says why; the errno of peer_keys_load() or -EPERM. */
+struct PeerKeys;
+int config_check_peer_security(const Config *c, struct PeerKeys *ret_keys);
+
 /* Logs a failed registry_load() of dir: its diagnostics, one per line, then a summary. Returns
  * error. The one wording for a start, --check-config and --check-registry. */
 int config_log_registry_failure(const char *dir, int error, const LoadDiagnostics *diag);

@@ -308,29 +308,16 @@ static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret
  * anything is bound: a node that must not start binds nothing. Every start without a key says
  * that peers are not authenticated. */
 static int daemon_check_peer_security(Daemon *d, const Config *c) {
-        int r;
-
-        if (c->cluster_key_file) {
-                r = peer_keys_load(c->cluster_key_file, &d->keys);
-                if (r < 0)
-                        return r;
-                if (c->listen_address)
-                        log_info("Peers are authenticated with the cluster key%s of %s.",
-                                 d->keys.n == 1 ? "" : "s", c->cluster_key_file);
-                return 0;
-        }
-        if (!c->listen_address)
-                return 0;
-        if (!c->insecure_peers && !peer_address_is_loopback(c->listen_address))
-                return log_error_errno(-EPERM, "--listen %s is not a loopback address and there "
-                                               "is no --cluster-key: anyone who reaches the port "
-                                               "could join the cluster. Make a key with "
-                                               "`familyctl keygen FILE`, give it to every node "
-                                               "with --cluster-key, or pass --insecure-peers.",
-                                       c->listen_address);
-        log_warning("Peers are not authenticated (no --cluster-key%s): anyone who reaches %s can "
-                    "join the cluster.",
-                    c->insecure_peers ? ", --insecure-peers" : "", c->listen_address);
+        int r = config_check_peer_security(c, &d->keys);
+        if (r < 0)
+                return r;
+        if (c->cluster_key_file && c->listen_address)
+                log_info("Peers are authenticated with the cluster key%s of %s.",
+                         d->keys.n == 1 ? "" : "s", c->cluster_key_file);
+        else if (c->listen_address && !c->cluster_key_file)
+                log_warning("Peers are not authenticated (no --cluster-key%s): anyone who "
+                            "reaches %s can join the cluster.",
+                            c->insecure_peers ? ", --insecure-peers" : "", c->listen_address);
         return 0;
 }
 

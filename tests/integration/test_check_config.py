@@ -156,6 +156,33 @@ class TestCheckFailures(Base):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("cannot open config file %s" % missing, r.stderr)
 
+    def test_the_cluster_key_is_read_as_a_start_reads_it(self):
+        key = os.path.join(self.tmp, "cluster.key")
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, (os.urandom(32).hex() + "\n").encode())
+        os.close(fd)
+        base = "registry = %s\nlisten = 127.0.0.1:7100\n" % EXAMPLE_REGISTRY
+        r = run("--check-config=" + self.conf(base + "cluster-key = %s\n" % key))
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        # A key file others may read: refused, as a start refuses it, naming the file.
+        os.chmod(key, 0o644)
+        r = run("--check-config=" + self.conf(base + "cluster-key = %s\n" % key))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(key, r.stderr)
+        self.assertIn("0644", r.stderr)
+        missing = os.path.join(self.tmp, "no.key")
+        r = run("--check-config=" + self.conf(base + "cluster-key = %s\n" % missing))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(missing, r.stderr)
+        # --listen off loopback with no key: refused unless --insecure-peers.
+        conf = self.conf("registry = %s\nlisten = 10.1.2.3:7100\n" % EXAMPLE_REGISTRY)
+        r = run("--check-config=" + conf)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("is not a loopback address and there is no --cluster-key", r.stderr)
+        r = run("--check-config=" + conf, "--insecure-peers")
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        self.assert_nothing_bound()
+
     @unittest.skipIf(os.path.exists(DEFAULT_CONFIG), DEFAULT_CONFIG + " exists on this machine")
     def test_without_a_file_the_default_is_checked(self):
         r = run("--check-config")
