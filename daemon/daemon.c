@@ -651,7 +651,8 @@ int daemon_new(const Config *c, Daemon **ret) {
 
         /* Last, with the signals blocked: its thread reads what the above set up. */
         if (c->metrics_listen) {
-                MetricsSources src = { .manager = d->manager, .builder = &d->builder };
+                MetricsSources src = { .manager = d->manager, .builder = &d->builder,
+                                       .shard_server = d->shard_server };
                 r = metrics_server_new(c->metrics_listen, &src, &d->metrics);
                 if (r < 0)
                         return r;

@@ -14,6 +14,7 @@
 #include "core/manager.h"
 #include "metrics-snapshot.h"
 #include "shm/accel.h"
+#include "shm/shard-socket.h"
 
 static int gather_builds(Manager *m, MetricsSnapshot *s) {
         BuildRecord **list = NULL;
@@ -55,6 +56,29 @@ static void gather_gpus(const Builder *builder, const Topology *t, MetricsSnapsh
         }
 }
 
+static void gather_fills(const Builder *builder, MetricsSnapshot *s) {
+        AccelFillCounters f;
+
+        accel_fill_counters(builder ? builder->accel : NULL, &f);
+        s->materialized_bytes[0] = f.bytes[ACCEL_FILL_KIND_HOST];
+        s->materialized_bytes[1] = f.bytes[ACCEL_FILL_KIND_CUDA];
+        s->fill_ns[0] = f.ns[ACCEL_FILL_KIND_HOST];
+        s->fill_ns[1] = f.ns[ACCEL_FILL_KIND_CUDA];
+}
+
+static void gather_shard_socket(ShardServer *server, MetricsSnapshot *s) {
+        ShardServerCounters c;
+
+        if (!server)
+                return;
+        shard_server_counters(server, &c);
+        s->shard_connections = c.connections;
+        s->shard_connections_total = c.connections_total;
+        s->shard_refused_total = c.refused_total;
+        s->shard_handouts_total = c.handouts_total;
+        s->shard_descriptors_total = c.descriptors_total;
+}
+
 static void gather_peers(const Topology *t, MetricsSnapshot *s) {
         s->topology_version = t->version;
         for (size_t i = 0; i < t->n_nodes; i++) {
@@ -88,7 +112,8 @@ int metrics_snapshot_gather(const MetricsSources *src, MetricsSnapshot *ret) {
         build_counters(src->builder, &counters);
         ret->builds_in_grace = counters.builds_in_grace;
         ret->fills_started = counters.fills_started;
-        ret->bytes_filled = counters.bytes_filled;
+        gather_fills(src->builder, ret);
+        gather_shard_socket(src->shard_server, ret);
 
         ret->shm_budget_bytes = build_table_budget(m->builds);
         ret->shm_used_bytes = build_table_bytes_in_use(m->builds);

@@ -18,6 +18,9 @@
 #include "common/macro.h"
 #include "metrics-snapshot.h"
 
+/* The device_kind label, in the snapshot's per-kind order. */
+static const char *const device_kinds[METRICS_DEVICE_KINDS] = { "host", "cuda" };
+
 typedef struct Text {
         char *data;
         size_t size, allocated;
@@ -123,8 +126,36 @@ static void render_builds(Text *t, const MetricsSnapshot *s) {
                  "Builds that nothing holds, waiting out their grace period.",
                  s->builds_in_grace);
         text_u64(t, "familyd_fills_total", "counter", "Shard fills started.", s->fills_started);
-        text_u64(t, "familyd_materialized_bytes_total", "counter",
-                 "Bytes of shards materialised.", s->bytes_filled);
+        text_family(t, "familyd_materialized_bytes_total", "counter",
+                    "Bytes of shards materialised, by the kind of device that holds them.");
+        for (unsigned k = 0; k < METRICS_DEVICE_KINDS; k++)
+                text_printf(t, "familyd_materialized_bytes_total{device_kind=\"%s\"} %" PRIu64
+                               "\n",
+                            device_kinds[k], s->materialized_bytes[k]);
+        text_family(t, "familyd_fill_seconds_total", "counter",
+                    "Time spent materialising shards, by the kind of device that holds them.");
+        for (unsigned k = 0; k < METRICS_DEVICE_KINDS; k++)
+                text_printf(t, "familyd_fill_seconds_total{device_kind=\"%s\"} %" PRIu64
+                               ".%09" PRIu64 "\n",
+                            device_kinds[k], s->fill_ns[k] / 1000000000u,
+                            s->fill_ns[k] % 1000000000u);
+}
+
+static void render_shard_socket(Text *t, const MetricsSnapshot *s) {
+        text_u64(t, "familyd_shard_socket_connections", "gauge",
+                 "Connections to the shard socket open now.", s->shard_connections);
+        text_u64(t, "familyd_shard_socket_connections_accepted_total", "counter",
+                 "Connections to the shard socket accepted and served.",
+                 s->shard_connections_total);
+        text_u64(t, "familyd_shard_socket_connections_refused_total", "counter",
+                 "Connections to the shard socket closed at once for a connection limit.",
+                 s->shard_refused_total);
+        text_u64(t, "familyd_shard_handouts_total", "counter",
+                 "Shard socket replies that handed out shard descriptors.",
+                 s->shard_handouts_total);
+        text_u64(t, "familyd_shard_descriptors_total", "counter",
+                 "Shard descriptors handed out over the shard socket.",
+                 s->shard_descriptors_total);
 }
 
 static void render_memory(Text *t, const MetricsSnapshot *s) {
@@ -200,6 +231,7 @@ int metrics_render(const MetricsSnapshot *s, bool openmetrics, char **ret, size_
         render_rpc(&t, s);
         render_builds(&t, s);
         render_memory(&t, s);
+        render_shard_socket(&t, s);
         render_cluster(&t, s);
         render_registry(&t, s);
         if (openmetrics)

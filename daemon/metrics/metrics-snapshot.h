@@ -9,9 +9,12 @@
 
 struct Manager;
 struct Builder;
+struct ShardServer;
 
 /* GPUs shown with a budget of their own; more are left out of the scrape. */
 #define METRICS_MAX_GPUS 64u
+/* The device_kind label's values, in the order of the per-kind arrays below (accel.h's). */
+#define METRICS_DEVICE_KINDS 2u
 
 typedef struct MetricsGpu {
         char device[32]; /* "cuda:0": the local device index, bounded by the node's GPUs */
@@ -22,7 +25,13 @@ typedef struct MetricsGpu {
 typedef struct MetricsSnapshot {
         /* builds */
         unsigned builds_live, builds_pinned, builds_referenced, builds_in_grace;
-        uint64_t fills_started, bytes_filled;
+        uint64_t fills_started;
+        uint64_t materialized_bytes[METRICS_DEVICE_KINDS]; /* by device kind: host, cuda */
+        uint64_t fill_ns[METRICS_DEVICE_KINDS];
+        /* the shard socket */
+        unsigned shard_connections;
+        uint64_t shard_connections_total, shard_refused_total;
+        uint64_t shard_handouts_total, shard_descriptors_total;
         /* memory */
         uint64_t shm_budget_bytes, shm_used_bytes;
         MetricsGpu gpus[METRICS_MAX_GPUS];
@@ -43,11 +52,13 @@ typedef struct MetricsSnapshot {
         unsigned n_methods;
 } MetricsSnapshot;
 
-/* What a scrape reads: the manager (registry, topology, meshes, the build table) and the
- * Build use-case (its counters, the accelerators' budgets; NULL: host builds only). */
+/* What a scrape reads: the manager (registry, topology, meshes, the build table), the
+ * Build use-case (its counters, the accelerators' budgets and fill counters; NULL: host builds
+ * only) and the shard socket (its counters; NULL: none, all zero). */
 typedef struct MetricsSources {
         struct Manager *manager;
         const struct Builder *builder;
+        struct ShardServer *shard_server;
         double start_time_seconds; /* Unix time the process started */
 } MetricsSources;
 

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "accel.h"
 #include "common/log.h"
@@ -21,6 +22,8 @@ struct Accel {
         char cuda_why[256]; /* why cuda is NULL on a node with GPUs */
         AccelDevice *devices;
         size_t n_devices;
+        /* What fills did, by segment kind ([0] host, [1] cuda): one add each per fill. */
+        atomic_uint_fast64_t fill_bytes[2], fill_ns[2];
 };
 
 struct AccelReservation {
@@ -218,6 +221,36 @@ int accel_segment_new(Accel *a, int32_t device, const char *name, uint64_t size,
         return b->ops->segment_new(b, device, name, size, ret, ret_error);
 }
 
+static uint64_t monotonic_ns(void) {
+        struct timespec ts;
+
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * UINT64_C(1000000000) + (uint64_t) ts.tv_nsec;
+}
+
+/* Fills seg by its kind and, when that worked, counts bytes and the time it took. */
+static int fill_counted(Accel *a, ShardSegment *seg, const MaterializeSlice *slices, size_t n,
+                        uint64_t bytes, FamilyError *ret_error) {
+        bool host = shard_segment_is_host(seg);
+        unsigned kind = host ? ACCEL_FILL_KIND_HOST : ACCEL_FILL_KIND_CUDA;
+        uint64_t start = monotonic_ns();
+        int r;
+
+        if (host)
+                r = materialize_host_fill(seg, slices, n);
+        else if (a && a->cuda)
+                r = a->cuda->ops->fill(a->cuda, seg, slices, n, ret_error);
+        else
+                return -EINVAL;
+        if (r < 0 || !a)
+                return r;
+        uint64_t end = monotonic_ns();
+        atomic_fetch_add_explicit(&a->fill_bytes[kind], bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->fill_ns[kind], end > start ? end - start : 0,
+                                  memory_order_relaxed);
+        return 0;
+}
+
 int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout *layout,
                const RankLayout *rank, Dtype dtype, uint64_t seed, FamilyError *ret_error) {
         _cleanup_free_ MaterializeSlice *slices = NULL;
@@ -231,15 +264,25 @@ int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout 
         r = materialize_slices(plan, layout, rank, seed, &slices, &n);
         if (r < 0)
                 return r;
-        return accel_fill_slices(a, seg, slices, n, ret_error);
+        /* The rank's bytes, alignment padding included: what Build and GetStatus count. */
+        return fill_counted(a, seg, slices, n, rank->size_bytes, ret_error);
 }
 
 int accel_fill_slices(Accel *a, ShardSegment *seg, const MaterializeSlice *slices, size_t n,
                       FamilyError *ret_error) {
-        if (shard_segment_is_host(seg))
-                return materialize_host_fill(seg, slices, n);
-        ShardBackend *b = a ? a->cuda : NULL;
-        if (!b)
-                return -EINVAL;
-        return b->ops->fill(b, seg, slices, n, ret_error);
+        uint64_t bytes = 0;
+
+        for (size_t i = 0; i < n; i++)
+                bytes += slices[i].byte_length;
+        return fill_counted(a, seg, slices, n, bytes, ret_error);
+}
+
+void accel_fill_counters(const Accel *a, AccelFillCounters *ret) {
+        *ret = (AccelFillCounters) {};
+        if (!a)
+                return;
+        for (size_t k = 0; k < ELEMENTSOF(ret->bytes); k++) {
+                ret->bytes[k] = atomic_load_explicit(&a->fill_bytes[k], memory_order_relaxed);
+                ret->ns[k] = atomic_load_explicit(&a->fill_ns[k], memory_order_relaxed);
+        }
 }

@@ -15,8 +15,9 @@
  * bytes at once, all or nothing, before anything is allocated; its AccelReservation gives
  * them back when the build goes (failed, or released).
  *
- * Thread safety: everything may be called from any thread; the budgets have one mutex. A NULL
- * Accel (unit tests, fuzzers) is a node of host devices.
+ * Thread safety: everything may be called from any thread; the budgets have one mutex, the fill
+ * counters are relaxed atomics (one add each per fill call). A NULL Accel (unit tests, fuzzers)
+ * is a node of host devices, and counts no fills.
  */
 
 #include <stdint.h>
@@ -71,3 +72,14 @@ int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout 
 /* The same for slices made already (materialize_slices()). */
 int accel_fill_slices(Accel *a, ShardSegment *seg, const MaterializeSlice *slices, size_t n,
                       FamilyError *ret_error);
+
+/* What the fills of a did, by the kind of segment filled: index 0 host, 1 cuda. */
+#define ACCEL_FILL_KIND_HOST 0u
+#define ACCEL_FILL_KIND_CUDA 1u
+typedef struct AccelFillCounters {
+        uint64_t bytes[2]; /* a fill's bytes once it succeeded: accel_fill, the rank's size
+                            * (padding included); accel_fill_slices, the slices' bytes */
+        uint64_t ns[2];    /* the time successful fills took, CLOCK_MONOTONIC */
+} AccelFillCounters;
+/* Any thread; relaxed reads, each number on its own. A NULL Accel counts nothing (zeros). */
+void accel_fill_counters(const Accel *a, AccelFillCounters *ret);

@@ -49,7 +49,8 @@
  * descriptors, with a rate-limited warning, and the connection lives on.
  *
  * The thread owns the loop and the connections outright; other threads touch only the atomic
- * settings and the stop eventfd, whose source ends the loop. All signals are blocked in the
+ * settings, the stop eventfd, whose source ends the loop, and the counters (relaxed atomics the
+ * thread bumps and /metrics reads: shard_server_counters). All signals are blocked in the
  * thread.
  */
 
@@ -147,6 +148,10 @@ struct ShardServer {
         Connection *connections;
         unsigned n_connections;
         RateLimit cap_log, uid_cap_log, inflight_log;
+        /* Written by the thread, read by any (shard_server_counters). */
+        atomic_uint open_connections; /* n_connections */
+        atomic_uint_fast64_t connections_total, refused_total, handouts_total,
+                descriptors_total;
 };
 
 /* This loop iteration's time, CLOCK_MONOTONIC usec. */
@@ -206,6 +211,7 @@ static void connection_free(ShardServer *s, Connection *c) {
         if (c->next)
                 c->next->prev = c->prev;
         s->n_connections--;
+        atomic_store_explicit(&s->open_connections, s->n_connections, memory_order_relaxed);
 
         connection_drop_reply(c);
         free(c->body);
@@ -474,6 +480,9 @@ static int connection_flush(ShardServer *s, Connection *c) {
                         continue;
                 }
                 if (c->n_fds > 0) {
+                        atomic_fetch_add_explicit(&s->handouts_total, 1, memory_order_relaxed);
+                        atomic_fetch_add_explicit(&s->descriptors_total, c->n_fds,
+                                                  memory_order_relaxed);
                         /* The kernel holds the descriptors now, attached to the first byte,
                          * charged to us until the peer reads them (see DESIGN). */
                         for (size_t i = 0; i < c->n_fds; i++)
@@ -685,11 +694,13 @@ static int connection_new(ShardServer *s, int fd, uid_t uid, bool admin) {
                 c->next->prev = c;
         s->connections = c;
         s->n_connections++;
+        atomic_store_explicit(&s->open_connections, s->n_connections, memory_order_relaxed);
         r = sd_event_add_io(s->event, &c->io, fd, EPOLLIN, on_connection_io, c);
         if (r < 0) {
                 connection_free(s, c);
                 return r;
         }
+        atomic_fetch_add_explicit(&s->connections_total, 1, memory_order_relaxed);
         connection_touch(s, c);
         return 0;
 }
@@ -720,6 +731,7 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                                             "closing a new one (%u more closed since the last "
                                             "message)",
                                             max, suppressed);
+                        atomic_fetch_add_explicit(&s->refused_total, 1, memory_order_relaxed);
                         safe_close(fd);
                         continue;
                 }
@@ -739,6 +751,7 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                                             "open, the maximum per user; closing a new one "
                                             "(%u more closed since the last message)",
                                             (unsigned) cred.uid, max_uid, suppressed);
+                        atomic_fetch_add_explicit(&s->refused_total, 1, memory_order_relaxed);
                         safe_close(fd);
                         continue;
                 }
@@ -924,4 +937,16 @@ void shard_server_set_unread_timeout(ShardServer *s, unsigned msec) {
 
 void shard_server_set_admin_gid(ShardServer *s, gid_t gid) {
         atomic_store(&s->admin_gid, (unsigned) gid);
+}
+
+void shard_server_counters(ShardServer *s, ShardServerCounters *ret) {
+        *ret = (ShardServerCounters) {
+                .connections = atomic_load_explicit(&s->open_connections, memory_order_relaxed),
+                .connections_total = atomic_load_explicit(&s->connections_total,
+                                                          memory_order_relaxed),
+                .refused_total = atomic_load_explicit(&s->refused_total, memory_order_relaxed),
+                .handouts_total = atomic_load_explicit(&s->handouts_total, memory_order_relaxed),
+                .descriptors_total = atomic_load_explicit(&s->descriptors_total,
+                                                          memory_order_relaxed),
+        };
 }

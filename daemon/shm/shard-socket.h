@@ -1,6 +1,7 @@
 /* shard-socket.h: the shard socket: tokens in, shard descriptors out over SCM_RIGHTS. */
 #pragma once
 
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "common/macro.h"
@@ -26,6 +27,15 @@
 
 typedef struct ShardServer ShardServer;
 
+/* What the socket has done since it started (/metrics); each number is read on its own. */
+typedef struct ShardServerCounters {
+        unsigned connections;       /* open now */
+        uint64_t connections_total; /* accepted and served (past both caps) */
+        uint64_t refused_total;     /* closed at accept for a connection cap */
+        uint64_t handouts_total;    /* replies whose descriptors the kernel took */
+        uint64_t descriptors_total; /* descriptors those replies carried */
+} ShardServerCounters;
+
 /*
  * Binds path (replacing a stale socket: the API socket's lock already makes this daemon the
  * only one), mode 0660, and starts the socket's own thread, which serves lookups in table (it
@@ -47,3 +57,5 @@ void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n);
 void shard_server_set_unread_timeout(ShardServer *s, unsigned msec);
 /* Members of gid (--admin-group) map any build's shards, as root does; (gid_t) -1: none. */
 void shard_server_set_admin_gid(ShardServer *s, gid_t gid);
+/* Any thread, while s lives: relaxed reads of the counters the socket's thread bumps. */
+void shard_server_counters(ShardServer *s, ShardServerCounters *ret);

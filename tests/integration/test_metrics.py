@@ -8,6 +8,12 @@ OpenMetrics reply, asked for by Accept as Prometheus asks, is checked on its own
 type, counter families without _total and samples with it, # EOF last). Only GET of /metrics
 and / is served. Without --metrics-listen nothing listens on TCP; a bad address or a port in
 use stops the start with a sentence.
+
+The shard socket's counters move by exactly what a client did through it (shard_client.py, as a
+trainer maps shards): replies that carried descriptors and the descriptors they carried, not
+the replies without; connections open while the client holds them, back to 0 once it closed;
+one over the per-uid cap refused. Materialised bytes are counted by device kind (host here,
+cuda on the fake CUDA driver) and the fills' time moves with them.
 """
 
 import os
@@ -20,6 +26,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import shard_client as SC  # noqa: E402
 import test_metrics_common as M  # noqa: E402
 from test_faults_common import SMALL, SMALL_BYTES  # noqa: E402
 
@@ -28,6 +35,21 @@ BUILD = "familyd.v1.FamilyService/Build"
 RELEASE = "familyd.v1.FamilyService/ReleaseBuild"
 RELOAD = "familyd.v1.AdminService/Reload"
 N_RESOLVES = 25
+PER_UID = 16  # SHARD_SOCKET_MAX_CONNECTIONS_PER_UID
+SHARD_GAUGE = "familyd_shard_socket_connections"
+MATERIALIZED = "familyd_materialized_bytes_total"
+FILL_SECONDS = "familyd_fill_seconds_total"
+
+
+def wait_for_value(port, name, want, timeout=10.0, **labels):
+    """Scrapes until name{labels} is want (the daemon sees a close a moment after it
+    happens); the last samples."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = M.parse(M.scrape(port)[1])
+        if M.value(samples, name, **labels) == want or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
 
 
 class TestMetrics(unittest.TestCase):
@@ -107,8 +129,13 @@ class TestMetrics(unittest.TestCase):
                         if k[0] == hist + "_bucket" and dict(k[1])["method"] == RESOLVE)
         self.assertEqual([v for _, v in bounds], sorted(v for _, v in bounds))
 
-        # The Build: one fill per rank, its bytes, and gone again after its release.
-        self.assertEqual(delta("familyd_materialized_bytes_total"), SMALL_BYTES)
+        # The Build: one fill per rank, its bytes (host memory: this node has no GPU), the
+        # time it took, and gone again after its release.
+        self.assertEqual(delta(MATERIALIZED, device_kind="host"), SMALL_BYTES)
+        self.assertEqual(delta(MATERIALIZED, device_kind="cuda"), 0)
+        self.assertIn((MATERIALIZED, frozenset({("device_kind", "cuda")})), after)
+        self.assertGreater(delta(FILL_SECONDS, device_kind="host"), 0)
+        self.assertEqual(delta(FILL_SECONDS, device_kind="cuda"), 0)
         self.assertGreaterEqual(delta("familyd_fills_total"), 1)
         self.assertEqual(M.value(after, "familyd_builds"), 0)
         self.assertEqual(M.value(after, "familyd_shm_used_bytes"), 0)
@@ -173,6 +200,9 @@ class TestMetrics(unittest.TestCase):
         for line in text.splitlines():
             m = re.match(r"# TYPE (\S+) (\S+)$", line)
             if m:
+                # One family per name: a counter's family drops _total, so a gauge "x" and a
+                # counter "x_total" would be one family declared twice.
+                self.assertNotIn(m.group(1), families, line)
                 families[m.group(1)] = m.group(2)
         self.assertEqual(families["familyd_rpc_calls"], "counter")
         self.assertNotIn("familyd_rpc_calls_total", families)
@@ -201,10 +231,79 @@ class TestMetrics(unittest.TestCase):
                 self.assertTrue(name.startswith("familyd_"), name)
                 self.assertEqual(kind == "counter", name.endswith("_total"), line)
         labels = {k for key in M.parse(text) for k, _ in key[1]}
-        self.assertLessEqual(labels, {"method", "code", "le", "device", "state", "result",
-                                      "version"})
+        self.assertLessEqual(labels, {"method", "code", "le", "device", "device_kind", "state",
+                                      "result", "version"})
         self.assertNotIn("bld-", text)
         self.assertNotIn("pid", text)
+
+    def test_shard_socket_handouts(self):
+        res = self.call(BUILD, {"family": "grouped_experts", "config": SMALL,
+                                "materialize": {"enabled": True}, "privateBuild": True})
+        self.assertEqual(res.code, "OK", repr(res))
+        b = res.reply.build
+        self.addCleanup(self.call, RELEASE, build_id=b.build_id)
+        tokens = [s.token for s in b.shards if s.token]
+        self.assertTrue(tokens, repr(b))
+        before = wait_for_value(self.port, SHARD_GAUGE, 0)
+        self.assertEqual(M.value(before, SHARD_GAUGE), 0)
+
+        def delta(samples, name):
+            return M.value(samples, name) - M.value(before, name)
+
+        with SC.ShardClient(b.shard_socket, self.d.protos) as sc:
+            # Two replies with descriptors: every token twice, then the first alone.
+            for ask in (tokens + tokens, tokens[:1]):
+                reply, fds = sc.request(ask)
+                for fd in fds:
+                    os.close(fd)
+                self.assertEqual(reply.code, 0, reply.message)
+                self.assertEqual(len(fds), len(ask))
+            # A reply without descriptors: an unknown token is NOT_FOUND, and no handout.
+            reply, fds = sc.request(["no-such-token"])
+            self.assertNotEqual(reply.code, 0)
+            self.assertEqual(fds, [])
+            held = M.parse(M.scrape(self.port)[1])
+            self.assertEqual(M.value(held, SHARD_GAUGE), 1)
+            self.assertEqual(delta(held, "familyd_shard_socket_connections_accepted_total"), 1)
+            self.assertEqual(delta(held, "familyd_shard_handouts_total"), 2)
+            self.assertEqual(delta(held, "familyd_shard_descriptors_total"),
+                             2 * len(tokens) + 1)
+        after = wait_for_value(self.port, SHARD_GAUGE, 0)
+        self.assertEqual(M.value(after, SHARD_GAUGE), 0)
+        self.assertEqual(delta(after, "familyd_shard_socket_connections_accepted_total"), 1)
+        self.assertEqual(delta(after, "familyd_shard_socket_connections_refused_total"), 0)
+        self.assertEqual(delta(after, "familyd_shard_handouts_total"), 2)
+        self.assertEqual(delta(after, "familyd_shard_descriptors_total"), 2 * len(tokens) + 1)
+
+    def test_shard_socket_refusals(self):
+        """One connection over the per-uid cap is closed at accept, and counted as refused."""
+        before = wait_for_value(self.port, SHARD_GAUGE, 0)
+        self.assertEqual(M.value(before, SHARD_GAUGE), 0)
+        clients = []
+        try:
+            for _ in range(PER_UID):
+                sc = SC.ShardClient(self.d.shard_socket, self.d.protos)
+                clients.append(sc)
+                # Answered: accepted and served (a reply without descriptors).
+                reply, fds = sc.request(["no-such-token"])
+                self.assertNotEqual(reply.code, 0)
+                self.assertEqual(fds, [])
+            over = SC.ShardClient(self.d.shard_socket, self.d.protos)
+            clients.append(over)
+            over.sock.settimeout(5)
+            self.assertEqual(over.sock.recv(1), b"")
+            held = M.parse(M.scrape(self.port)[1])
+            self.assertEqual(M.value(held, SHARD_GAUGE), PER_UID)
+            for name, want in (("familyd_shard_socket_connections_refused_total", 1),
+                               ("familyd_shard_socket_connections_accepted_total", PER_UID)):
+                self.assertEqual(M.value(held, name) - M.value(before, name), want, name)
+        finally:
+            for sc in clients:
+                sc.close()
+        after = wait_for_value(self.port, SHARD_GAUGE, 0)
+        self.assertEqual(M.value(after, SHARD_GAUGE), 0)
+        self.assertEqual(M.value(after, "familyd_shard_handouts_total"),
+                         M.value(before, "familyd_shard_handouts_total"))
 
     def test_unknown_method(self):
         before = M.parse(M.scrape(self.port)[1])
@@ -257,7 +356,7 @@ class TestGpus(unittest.TestCase):
                 else:
                     os.environ[k] = v
         try:
-            s = M.parse(M.scrape(d.metrics_port)[1])
+            s0 = s = M.parse(M.scrape(d.metrics_port)[1])
             budget = {dict(k[1])["device"]: v for k, v in s.items()
                       if k[0] == "familyd_gpu_memory_budget_bytes"}
             self.assertEqual(sorted(budget), ["cuda:0", "cuda:1"])
@@ -274,6 +373,14 @@ class TestGpus(unittest.TestCase):
                     on[key] = on.get(key, 0) + sh.allocation_bytes
             self.assertTrue(on, "no shard on a GPU: %s" % b)
             s = M.parse(M.scrape(d.metrics_port)[1])
+            # Materialised bytes by the kind of device that holds them: the ranks' sizes.
+            for kind in ("host", "cuda"):
+                want = sum(sh.size_bytes for sh in b.shards if sh.device_kind == kind)
+                self.assertEqual(M.value(s, MATERIALIZED, device_kind=kind) -
+                                 M.value(s0, MATERIALIZED, device_kind=kind), want, kind)
+            self.assertEqual(sum(M.value(s, MATERIALIZED, device_kind=k) for k in
+                                 ("host", "cuda")), SMALL_BYTES)
+            self.assertGreater(M.value(s, FILL_SECONDS, device_kind="cuda"), 0)
             for dev in budget:
                 self.assertEqual(M.value(s, "familyd_gpu_memory_used_bytes", device=dev),
                                  on.get(dev, 0), dev)
