@@ -110,6 +110,9 @@ class Units(unittest.TestCase):
         self.assertTrue(get("WatchdogSec"))
         self.assertEqual(get("Restart"), "on-failure")
         self.assertIn("kill -HUP $MAINPID", get("ExecReload"))
+        # The reload is guarded by the check a start would make, first.
+        self.assertRegex(svc[("Service", "ExecReload")][0],
+                         r"^/\S+/familyd --check-config=/\S+/familyd\.conf$")
         self.assertIsNone(get("PrivateNetwork"), "UCX needs the host's network")
         self.assertEqual(get("User"), "familyd")
         self.assertEqual(get("RuntimeDirectory"), "familyd")
