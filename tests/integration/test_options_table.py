@@ -220,16 +220,16 @@ def key_problems(example, help_text, tmp):
             metavar = metavars.get(key)
             if metavar in ("PATH", "DIR"):
                 value = os.path.join(tmp, "path-for-" + key)
-            if key == "cluster-key":
-                # The check reads the key file as a start does: a real one, mode 0600.
-                fd = os.open(value, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.write(fd, (os.urandom(32).hex() + "\n").encode())
-                os.close(fd)
             else:
                 value = VALUE_FOR_METAVAR.get(metavar)
             if value is None:
                 problems.append("no value to try for key %s (metavar %s)" % (key, metavar))
                 continue
+            if key == "cluster-key":
+                # The check reads the key file as a start does: a real one, mode 0600.
+                fd = os.open(value, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.write(fd, (os.urandom(32).hex() + "\n").encode())
+                os.close(fd)
         lines.append("%s = %s" % (key, value))
     if not keys:
         return ["no `#key = value` lines in the example"]
