@@ -27,6 +27,7 @@ LAYERS = {
     "rpc": ["common", "core", "codec", "hw", "shm", "state", "build"],
     "peer": ["common", "core", "codec"],
     "sd": ["common", "core"],
+    "coord": ["common", "core", "codec"],
     "shell": ["common", "core", "codec", "hw", "shm", "state", "build", "rpc", "peer", "sd"],
     "client": ["common"],
 }
@@ -35,7 +36,8 @@ LAYERS = {
 SYSTEM = [
     (re.compile(r"\.pb-c\.h$|^protobuf-c/"), {"codec", "client"},
      "generated protobuf code and protobuf-c belong to codec/"),
-    (re.compile(r"^grpc/"), {"rpc", "client"}, "gRPC belongs to rpc/"),
+    (re.compile(r"^grpc/"), {"rpc", "coord", "client"},
+     "gRPC belongs to rpc/ (and coord/, the etcd client)"),
     (re.compile(r"^(ucp|uct|ucs)/"), {"peer"}, "UCX belongs to peer/"),
     (re.compile(r"^systemd/sd-event\.h$"),
      {"codec", "hw", "shm", "state", "build", "rpc", "peer", "sd", "shell"},
