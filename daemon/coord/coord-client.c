@@ -266,7 +266,7 @@ static int unary_once(CoordClient *c, size_t i, const char *method, grpc_byte_bu
                         r = (int) status;
                         if (status == GRPC_STATUS_OK)
                                 r = recv_bb ? bytes_of_buffer(recv_bb, ret, ret_size) : -EBADMSG;
-                        else if (GRPC_SLICE_LENGTH(details) > 0)
+                        else
                                 log_debug("etcd %s at %s: status %d: %.*s", method, c->endpoints[i],
                                           (int) status, (int) MIN(GRPC_SLICE_LENGTH(details), (size_t) 200),
                                           (const char *) GRPC_SLICE_START_PTR(details));

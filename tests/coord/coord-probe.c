@@ -12,7 +12,8 @@
  *                                                     PREFIX/members/ are decoded as members
  *                                                     ("member NAME" or one refusal log line);
  *                                                     "etcd up"/"etcd down" on reachability
- * Output is line-buffered on stdout; logs go to stderr. Exit 1 on a failed call.
+ * Output is line-buffered on stdout; logs go to stderr (debug too with COORD_PROBE_DEBUG set).
+ * Exit 1 on a failed call.
  */
 
 #include <signal.h>
@@ -31,7 +32,7 @@ static int client_open(const char *endpoints, const char *watch_prefix, uint64_t
                        CoordClient **ret) {
         CoordOptions o = {
                 .endpoints = endpoints,
-                .timeout_ms = 3000,
+                .timeout_ms = 10000, /* generous: CI machines are loaded */
                 .watch_prefix = watch_prefix,
                 .on_event = on_event,
                 .on_reachable = on_reachable,
@@ -189,6 +190,8 @@ int main(int argc, char **argv) {
         setvbuf(stderr, NULL, _IOLBF, 0);
         (void) signal(SIGTERM, on_signal);
         (void) signal(SIGINT, on_signal);
+        if (getenv("COORD_PROBE_DEBUG"))
+                log_set_max_level(LOG_DEBUG);
         if (argc == 6 && streq(argv[1], "put-member"))
                 r = put_member(argv[2], argv[3], argv[4], argv[5]);
         else if (argc == 5 && streq(argv[1], "get-member"))

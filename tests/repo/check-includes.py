@@ -40,7 +40,7 @@ SYSTEM = [
      "gRPC belongs to rpc/ (and coord/, the etcd client)"),
     (re.compile(r"^(ucp|uct|ucs)/"), {"peer"}, "UCX belongs to peer/"),
     (re.compile(r"^systemd/sd-event\.h$"),
-     {"codec", "hw", "shm", "state", "build", "rpc", "peer", "sd", "shell"},
+     {"codec", "hw", "shm", "state", "build", "rpc", "peer", "sd", "coord", "shell"},
      "sd-event is every thread's event loop, in the daemon's layers above core/"),
     (re.compile(r"^systemd/(?!sd-event\.h$)"), {"sd", "shell"},
      "libsystemd belongs to sd/ and the shell"),
