@@ -87,7 +87,7 @@ static int endpoints_parse(const char *list, CoordClient *c) {
         return c->n_endpoints > 0 ? 0 : -EINVAL;
 }
 
-static grpc_channel *channel_new(const char *endpoint) {
+static grpc_channel *channel_new(const char *endpoint, grpc_channel_credentials *creds) {
         grpc_arg args[] = {
                 { .type = GRPC_ARG_INTEGER, .key = (char *) GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
                   .value.integer = 100 },
@@ -104,15 +104,13 @@ static grpc_channel *channel_new(const char *endpoint) {
                   .value.integer = (int) CODEC_ETCD_MAX_MESSAGE_BYTES },
         };
         grpc_channel_args channel_args = { .num_args = ELEMENTSOF(args), .args = args };
-        grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-        grpc_channel *ch = grpc_channel_create(endpoint, creds, &channel_args);
 
-        grpc_channel_credentials_release(creds);
-        return ch;
+        return grpc_channel_create(endpoint, creds, &channel_args);
 }
 
 int coord_client_new(const CoordOptions *o, CoordClient **ret) {
         _cleanup_(coord_client_freep) CoordClient *c = NULL;
+        grpc_channel_credentials *creds = NULL;
         int r;
 
         if (!o || (o->lease_ttl_ms > (uint64_t) COORD_MAX_LEASE_TTL_S * 1000u))
@@ -137,11 +135,18 @@ int coord_client_new(const CoordOptions *o, CoordClient **ret) {
         c->channels = calloc(c->n_endpoints, sizeof(grpc_channel *));
         if (!c->channels)
                 return -ENOMEM;
-        for (size_t i = 0; i < c->n_endpoints; i++) {
-                c->channels[i] = channel_new(c->endpoints[i]);
+        r = coord_credentials_new(o, &creds);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < c->n_endpoints && r >= 0; i++) {
+                c->channels[i] = channel_new(c->endpoints[i], creds);
                 if (!c->channels[i])
-                        return -ENOMEM;
+                        r = -ENOMEM;
         }
+        /* Each channel holds its own reference. */
+        grpc_channel_credentials_release(creds);
+        if (r < 0)
+                return r;
         if (o->watch_prefix) {
                 if (isempty(o->watch_prefix) || strlen(o->watch_prefix) > CODEC_ETCD_MAX_KEY_BYTES)
                         return -EINVAL;

@@ -14,6 +14,7 @@
 #define COORD_MAX_LEASED_KEYS    64u
 #define COORD_MIN_LEASE_TTL_S    2
 #define COORD_MAX_LEASE_TTL_S    3600
+#define COORD_MAX_PEM_BYTES      (256u * 1024u)
 
 typedef struct CoordClient CoordClient;
 
@@ -45,13 +46,19 @@ typedef struct CoordOptions {
         CoordReachableFn on_reachable;
         void *userdata;
         uint64_t lease_ttl_ms;     /* 0: no lease; else rounded up to whole seconds, at least 2 */
+        /* TLS: the CA that signed etcd's certificate (PEM; NULL: plaintext), and this client's
+         * certificate and key (PEM, both or neither) for etcd's --client-cert-auth. */
+        const char *tls_ca_path;
+        const char *tls_cert_path;
+        const char *tls_key_path;
 } CoordOptions;
 
 /* 1: coord_client_create() found the key there already. */
 #define COORD_EXISTS 1
 
 /* Parses the endpoints and makes one channel each; connects nothing yet. -EINVAL for a bad
- * endpoint list (empty, more than COORD_MAX_ENDPOINTS, an entry without ":PORT"). */
+ * endpoint list (empty, more than COORD_MAX_ENDPOINTS, an entry without ":PORT"), a certificate
+ * without its key or either without a CA; a PEM file that cannot be read is logged. */
 int coord_client_new(const CoordOptions *o, CoordClient **ret);
 /* Grants the lease (when asked for) and starts the thread that keeps it alive and watches. */
 int coord_client_start(CoordClient *c);

@@ -76,6 +76,7 @@ void coord_fail_over(CoordClient *c, size_t i);
 int coord_unary(CoordClient *c, const char *method, const uint8_t *req, size_t req_size,
                 uint8_t **ret, size_t *ret_size);
 int coord_lease_grant(CoordClient *c);
+int coord_credentials_new(const CoordOptions *o, grpc_channel_credentials **ret);
 int coord_buffer_read(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_size);
 grpc_byte_buffer *coord_buffer_new(const uint8_t *data, size_t size);
 void *coord_session_run(void *userdata);

@@ -43,8 +43,9 @@ if $tests; then
     # systemd-sysusers and systemd-tmpfiles come with the systemd package (no PID 1 needed);
     # unshare (the journal test's private /run) with util-linux.
     packages+=(systemd util-linux)
-    # test etcd-client: a real etcd (and etcdctl), started by the test on free loopback ports.
-    packages+=(etcd-server etcd-client)
+    # test etcd-client: a real etcd (and etcdctl), started by the test on free loopback ports;
+    # openssl makes its TLS certificates.
+    packages+=(etcd-server etcd-client openssl)
     # npm may come with a Node.js that is not Debian's; ask apt only when there is none.
     command -v npm >/dev/null || packages+=(npm)
 fi

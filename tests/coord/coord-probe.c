@@ -12,6 +12,7 @@
  *                                                     PREFIX/members/ are decoded as members
  *                                                     ("member NAME" or one refusal log line);
  *                                                     "etcd up"/"etcd down" on reachability
+ * TLS: COORD_PROBE_CA (the CA's PEM), COORD_PROBE_CERT and COORD_PROBE_KEY (the client's pair).
  * Output is line-buffered on stdout; logs go to stderr (debug too with COORD_PROBE_DEBUG set).
  * Exit 1 on a failed call.
  */
@@ -38,6 +39,9 @@ static int client_open(const char *endpoints, const char *watch_prefix, uint64_t
                 .on_reachable = on_reachable,
                 .userdata = userdata,
                 .lease_ttl_ms = ttl_ms,
+                .tls_ca_path = getenv("COORD_PROBE_CA"),
+                .tls_cert_path = getenv("COORD_PROBE_CERT"),
+                .tls_key_path = getenv("COORD_PROBE_KEY"),
         };
         int r = coord_client_new(&o, ret);
 

@@ -3,7 +3,8 @@
     with EtcdServer() as etcd:          # one member; etcd.endpoint is "127.0.0.1:PORT"
         etcd.put("k", "v")              # etcdctl, for writes a test makes behind the client's back
         etcd.stop(); etcd.start()       # an outage: same ports, same data dir
-    with EtcdCluster(3) as cluster:     # three members on loopback; cluster.endpoints
+    with EtcdCluster(3, fast_elections=True) as cluster:   # three members; cluster.endpoints
+    with EtcdCluster(1, tls=True) as etcd:  # https only, client certificates required (etcd.tls)
         cluster.members[0].stop()
 
 etcd 3.4 serves its v3 gRPC API in plaintext on the client port. Without /usr/bin/etcd (Debian's
@@ -46,10 +47,48 @@ def free_ports(n):
             s.close()
 
 
+class Tls:
+    """A CA, a server pair for 127.0.0.1 and a client pair, made with openssl in folder."""
+
+    def __init__(self, folder):
+        self.ca = os.path.join(folder, "ca.pem")
+        self.server_cert = os.path.join(folder, "server.pem")
+        self.server_key = os.path.join(folder, "server-key.pem")
+        self.client_cert = os.path.join(folder, "client.pem")
+        self.client_key = os.path.join(folder, "client-key.pem")
+        ca_key = os.path.join(folder, "ca-key.pem")
+        ext = os.path.join(folder, "server.ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+        cext = os.path.join(folder, "client.ext")
+        with open(cext, "w") as f:
+            f.write("extendedKeyUsage=clientAuth\n")
+        run = lambda *a: subprocess.run(["openssl"] + list(a), check=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", ca_key, "-out", self.ca, "-days", "2", "-subj", "/CN=familyd-test-ca")
+        for cert, key, cn, extfile in ((self.server_cert, self.server_key, "127.0.0.1", ext),
+                                       (self.client_cert, self.client_key, "familyd", cext)):
+            csr = cert + ".csr"
+            run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", key, "-out", csr, "-subj", "/CN=" + cn)
+            run("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", ca_key, "-CAcreateserial",
+                "-out", cert, "-days", "2", "-extfile", extfile)
+
+
+def tls_flags(tls):
+    if not tls:
+        return []
+    return ["--cacert", tls.ca, "--cert", tls.client_cert, "--key", tls.client_key]
+
+
 class EtcdMember:
     """One etcd process; start() may be called again after stop() (same ports, same data)."""
 
-    def __init__(self, name, client_port, peer_port, data_dir, initial_cluster, log_path):
+    def __init__(self, name, client_port, peer_port, data_dir, initial_cluster, log_path,
+                 fast_elections=False, tls=None):
+        self.fast_elections = fast_elections
+        self.tls = tls
         self.name = name
         self.client_port = client_port
         self.peer_port = peer_port
@@ -63,15 +102,23 @@ class EtcdMember:
         return "127.0.0.1:%d" % self.client_port
 
     def argv(self):
-        client = "http://127.0.0.1:%d" % self.client_port
+        client = "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.client_port)
         peer = "http://127.0.0.1:%d" % self.peer_port
-        return [ETCD, "--name", self.name, "--data-dir", self.data_dir,
+        argv = [ETCD, "--name", self.name, "--data-dir", self.data_dir,
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", self.initial_cluster,
                 "--initial-cluster-state", "new", "--initial-cluster-token", "familyd-test",
-                "--heartbeat-interval", "50", "--election-timeout", "500",
                 "--logger", "zap", "--log-outputs", "stderr"]
+        if self.tls:
+            # Clients must present a certificate the CA signed.
+            argv += ["--cert-file", self.tls.server_cert, "--key-file", self.tls.server_key,
+                     "--trusted-ca-file", self.tls.ca, "--client-cert-auth"]
+        if self.fast_elections:
+            # A new leader within about a second of losing one; etcd's minimum lease TTL
+            # (1.5 election timeouts, rounded up) drops from 2 s to 1 s with it.
+            argv += ["--heartbeat-interval", "50", "--election-timeout", "500"]
+        return argv
 
     def spawn(self):
         log = open(self.log_path, "ab")
@@ -81,7 +128,8 @@ class EtcdMember:
 
     def healthy(self, timeout=2.0):
         r = subprocess.run([ETCDCTL, "--endpoints", self.endpoint, "--command-timeout",
-                            "%ds" % max(1, int(timeout)), "endpoint", "health"],
+                            "%ds" % max(1, int(timeout))] + tls_flags(self.tls) +
+                           ["endpoint", "health"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            env=dict(os.environ, ETCDCTL_API="3"))
         return r.returncode == 0
@@ -122,18 +170,21 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    """n etcd members on loopback, one temporary folder; a context manager."""
+    """n etcd members on loopback, one temporary folder; a context manager. etcd's own
+    timing (heartbeat 100 ms, election 1 s) unless fast_elections."""
 
-    def __init__(self, n=1):
+    def __init__(self, n=1, fast_elections=False, tls=False):
         require_etcd()
         self.tmpdir = tempfile.mkdtemp(prefix="fd-etcd-")
+        self.tls = Tls(self.tmpdir) if tls else None
         ports = free_ports(2 * n)
         names = ["etcd%d" % i for i in range(n)]
         initial = ",".join("%s=http://127.0.0.1:%d" % (names[i], ports[2 * i + 1])
                            for i in range(n))
         self.members = [EtcdMember(names[i], ports[2 * i], ports[2 * i + 1],
                                    os.path.join(self.tmpdir, names[i]), initial,
-                                   os.path.join(self.tmpdir, names[i] + ".log"))
+                                   os.path.join(self.tmpdir, names[i] + ".log"), fast_elections,
+                                   self.tls)
                         for i in range(n)]
 
     @property
@@ -160,7 +211,7 @@ class EtcdCluster:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def etcdctl(self, *args, check=True, input=None):
-        r = subprocess.run([ETCDCTL, "--endpoints", self.endpoints] + list(args),
+        r = subprocess.run([ETCDCTL, "--endpoints", self.endpoints] + tls_flags(self.tls) + list(args),
                            input=input, capture_output=True,
                            env=dict(os.environ, ETCDCTL_API="3"), timeout=30)
         if check and r.returncode != 0:

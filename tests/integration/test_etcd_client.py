@@ -30,17 +30,19 @@ def probe_bin():
     return os.path.join(SOURCE_ROOT, "build", "tests", "coord", "coord-probe")
 
 
-def probe(*args, timeout=60):
+def probe(*args, timeout=60, env=None):
     return subprocess.run([probe_bin()] + list(args), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
 class Background:
     """A long-running probe (watch, hold) whose stdout lines are collected as they come."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, env=None):
+        # Debug lines too: a failure then shows each call's gRPC status.
         self.proc = subprocess.Popen([probe_bin()] + list(args), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, COORD_PROBE_DEBUG="1", **(env or {})))
         self.lines = []
         self.err_lines = []
         self.cond = threading.Condition()
@@ -72,6 +74,8 @@ class Background:
         rc = self.proc.wait(timeout=30)
         for t in self.readers:
             t.join()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
         return rc
 
 
@@ -149,7 +153,8 @@ class TestEtcdClient(unittest.TestCase):
         line = h.wait_for(lambda ls: ls)[0]
         _, lease, ttl = line.split()
         ttl = int(ttl)
-        # Asked for 1 s: the client asks for at least 2 s, and etcd grants what it is asked.
+        # Asked for 1 s: the client asks for at least 2 s (etcd's own minimum with its default
+        # timing), and etcd grants what it is asked.
         self.assertEqual(ttl, 2, line)
         self.assertNotEqual(int(lease), 0)
         time.sleep(3 * ttl)
@@ -160,6 +165,41 @@ class TestEtcdClient(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, ttl + 2, "key outlived its holder")
             time.sleep(0.1)
         print("alive key gone %.2f s after SIGKILL (TTL %d s)" % (time.monotonic() - t0, ttl))
+
+    def test_lease_recreated_when_etcd_lost_it(self):
+        # Revoked behind the client's back: the next keep-alive answers TTL 0, the client
+        # grants a new lease and puts its key again.
+        h = self.background("hold", self.etcd.endpoint, "/fd/c1/alive/node-a", "2000")
+        lease = int(h.wait_for(lambda ls: ls)[0].split()[1])
+        self.etcd.etcdctl("lease", "revoke", "%x" % lease)
+        t0 = time.monotonic()
+        while True:
+            out = json.loads(self.etcd.etcdctl("get", "/fd/c1/alive/node-a", "-w", "json"))
+            new_lease = int(out["kvs"][0]["lease"]) if out.get("kvs") else lease
+            if new_lease != lease:
+                break
+            self.assertLess(time.monotonic() - t0, 10, h.err_lines)
+            time.sleep(0.1)
+        self.assertNotEqual(new_lease, 0)
+        self.assertEqual(self.etcd.get("/fd/c1/alive/node-a"), b"1")
+        self.assertEqual(len([l for l in h.err_lines if "expired, granting a new one" in l]), 1,
+                         h.err_lines)
+        self.assertEqual(h.stop(), 0)
+
+    def test_lease_kept_through_an_outage(self):
+        h = self.background("hold", self.etcd.endpoint, "/fd/c1/alive/node-a", "2000")
+        h.wait_for(lambda ls: ls)
+        member = self.etcd.members[0]
+        before = len(h.err_lines)
+        member.stop()
+        time.sleep(4)  # longer than the TTL: etcd's new leader renews every lease it holds
+        member.start()
+        time.sleep(6)  # three TTLs on keep-alives alone
+        self.assertEqual(self.etcd.get("/fd/c1/alive/node-a"), b"1")
+        self.assertEqual(h.stop(), 0)
+        down = [l for l in h.err_lines[before:] if "etcd unreachable" in l]
+        up = [l for l in h.err_lines[before:] if "etcd reachable again" in l]
+        self.assertEqual((len(down), len(up)), (1, 1), h.err_lines)
 
     def test_watch_sees_puts_and_deletes_in_order(self):
         ep = self.etcd.endpoint
@@ -182,8 +222,9 @@ class TestEtcdClient(unittest.TestCase):
         rev_a = put_revision(self.etcd, "/fd/c1/a", "1")
         w.wait_for(lambda ls: "put /fd/c1/a %d" % rev_a in ls)
         member = self.etcd.members[0]
+        before = len(w.err_lines)
         member.stop()
-        w.wait_for(lambda ls: "etcd down" in ls)
+        w.wait_for(lambda ls: "etcd down" in ls[ls.index("put /fd/c1/a %d" % rev_a):])
         time.sleep(1)
         member.start()
         # Written at once, before the client's reconnect (up to 2 s of backoff): a watch that
@@ -195,8 +236,9 @@ class TestEtcdClient(unittest.TestCase):
                          ["put /fd/c1/b%d %d" % (i, revs[i]) for i in range(3)])
         self.assertEqual(len([l for l in lines if l.startswith("reset")]), 1, lines)
         self.assertEqual(w.stop(), 0)
-        down = [l for l in w.err_lines if "etcd unreachable" in l]
-        up = [l for l in w.err_lines if "etcd reachable again" in l]
+        # One line at each edge of the outage this test made.
+        down = [l for l in w.err_lines[before:] if "etcd unreachable" in l]
+        up = [l for l in w.err_lines[before:] if "etcd reachable again" in l]
         self.assertEqual((len(down), len(up)), (1, 1), w.err_lines)
 
     def test_bad_endpoints_refused(self):
@@ -215,7 +257,7 @@ class TestEtcdClient(unittest.TestCase):
 class TestEtcdCluster(unittest.TestCase):
     def setUp(self):
         etcd_harness.require_etcd()
-        self.etcd = EtcdCluster(3)
+        self.etcd = EtcdCluster(3, fast_elections=True)
         self.etcd.start()
         self.bg = []
 
@@ -268,6 +310,54 @@ class TestEtcdCluster(unittest.TestCase):
                          ["/fd/c1/b", "/fd/c1/c"], lines)
         self.assertEqual(w.stop(), 0)
         self.assertTrue(any("compacted" in l for l in w.err_lines), w.err_lines)
+
+
+class TestEtcdTls(unittest.TestCase):
+    """etcd serving https only and asking for client certificates (etcd_harness.Tls)."""
+
+    def setUp(self):
+        etcd_harness.require_etcd()
+        self.etcd = EtcdCluster(1, tls=True)
+        self.etcd.start()
+        tls = self.etcd.tls
+        self.env = {"COORD_PROBE_CA": tls.ca, "COORD_PROBE_CERT": tls.client_cert,
+                    "COORD_PROBE_KEY": tls.client_key}
+
+    def tearDown(self):
+        self.etcd.close()
+
+    def test_tls_with_a_client_certificate(self):
+        ep = self.etcd.endpoint
+        r = probe("put-member", ep, "/fd/c1/", "node-a", "0", env=self.env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        w = Background("watch", ep, "/fd/c1/", env=self.env)
+        try:
+            w.wait_for(lambda ls: "member node-a rank=0" in ls)
+            rev = put_revision(self.etcd, "/fd/c1/x", "1")
+            w.wait_for(lambda ls: "put /fd/c1/x %d" % rev in ls)
+        finally:
+            self.assertEqual(w.stop(), 0)
+
+    def test_refused_without_the_right_credentials(self):
+        ep = self.etcd.endpoint
+        for env in ({}, {"COORD_PROBE_CA": self.etcd.tls.ca}):
+            r = probe("get-member", ep, "/fd/c1/", "x", env=env)
+            self.assertEqual(r.returncode, 1, (env, r.stdout))
+            self.assertIn("etcd unreachable", r.stderr)
+        # A certificate without its key, or a pair without a CA: refused before any call.
+        for env in ({"COORD_PROBE_CA": self.etcd.tls.ca, "COORD_PROBE_CERT": self.etcd.tls.client_cert},
+                    {"COORD_PROBE_CERT": self.etcd.tls.client_cert,
+                     "COORD_PROBE_KEY": self.etcd.tls.client_key}):
+            r = probe("get-member", ep, "/fd/c1/", "x", env=env)
+            self.assertEqual(r.returncode, 1, (env, r.stdout))
+            self.assertIn("Failed to make the etcd client", r.stderr)
+        # A CA file that is no PEM: named in the log.
+        bogus = os.path.join(self.etcd.tmpdir, "bogus.pem")
+        with open(bogus, "w") as f:
+            f.write("not a certificate\n")
+        r = probe("get-member", ep, "/fd/c1/", "x", env=dict(self.env, COORD_PROBE_CA=bogus))
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("%s holds no PEM block" % bogus, r.stderr)
 
 
 if __name__ == "__main__":
