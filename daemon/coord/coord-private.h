@@ -57,6 +57,8 @@ struct CoordClient {
         char *watch_prefix, *watch_end;
         int64_t last_revision;     /* the newest revision delivered */
         bool need_sync;            /* the prefix must be re-read before watching */
+        bool watch_trouble_logged; /* a refused answer or a cancel was logged: not again until
+                                    * a watch is created */
 
         /* The thread. */
         grpc_completion_queue *cq;

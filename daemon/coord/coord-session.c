@@ -6,7 +6,8 @@
  * One thread, one completion queue, two bidi streams on it: LeaseKeepAlive and Watch. Each
  * stream has at most one send, one receive and its status batch in flight; a stream is
  * released (its call unref'd, its buffers freed) only when its status has arrived and no
- * batch is pending, and reopened after a backoff (100 ms doubling to 2 s, reset by any answer).
+ * batch is pending, and reopened after a backoff (100 ms doubling to 2 s, reset by a sound
+ * answer: a watch etcd keeps canceling is retried every 2 s and logged once).
  * The queue is polled with a 100 ms deadline: that is the tick for keep-alives (every third of
  * the TTL), retries, and noticing coord_client_free()'s stop flag.
  *
@@ -87,6 +88,7 @@ static int stream_send(CoordStream *s, const uint8_t *data, size_t size) {
 
 static int stream_open(CoordClient *c, CoordStream *s, const uint8_t *first, size_t size) {
         grpc_op ops[1];
+        int r;
 
         s->endpoint = atomic_load(&c->current) % c->n_endpoints;
         s->call = grpc_channel_create_call(c->channels[s->endpoint], NULL, GRPC_PROPAGATE_DEFAULTS,
@@ -111,7 +113,10 @@ static int stream_open(CoordClient *c, CoordStream *s, const uint8_t *first, siz
                 grpc_call_cancel(s->call, NULL);
         }
         stream_recv(s);
-        return stream_send(s, first, size);
+        r = stream_send(s, first, size);
+        if (r < 0)
+                grpc_call_cancel(s->call, NULL); /* useless without its first message */
+        return r;
 }
 
 static void stream_cancel(CoordStream *s) {
@@ -180,8 +185,10 @@ static void watch_handle(CoordClient *c, const uint8_t *data, size_t size) {
 
         r = codec_etcd_watch_decode(data, size, &w);
         if (r < 0) {
-                log_warning_errno(r, "Refusing an answer on the etcd watch of %s, re-reading it: %m",
-                                  c->watch_prefix);
+                if (!c->watch_trouble_logged)
+                        log_warning_errno(r, "Refusing an answer on the etcd watch of %s, re-reading it: %m",
+                                          c->watch_prefix);
+                c->watch_trouble_logged = true;
                 c->need_sync = true;
                 stream_cancel(&c->watch);
                 return;
@@ -194,11 +201,19 @@ static void watch_handle(CoordClient *c, const uint8_t *data, size_t size) {
                 return;
         }
         if (w.canceled) {
-                log_warning("etcd canceled the watch of %s (%s), watching again", c->watch_prefix,
-                            strempty(w.cancel_reason));
+                /* Once until a watch is created again: a cancel that persists (a permission
+                 * taken away) would otherwise log at every retry. */
+                if (!c->watch_trouble_logged)
+                        log_warning("etcd canceled the watch of %s (%s), watching again",
+                                    c->watch_prefix, strempty(w.cancel_reason));
+                c->watch_trouble_logged = true;
                 stream_cancel(&c->watch);
                 return;
         }
+        /* A sound answer: retries start from the shortest backoff again. */
+        c->watch.backoff_ms = 0;
+        if (w.created)
+                c->watch_trouble_logged = false;
         for (size_t i = 0; i < w.n_events; i++) {
                 const EtcdEvent *e = &w.events[i];
 
@@ -216,8 +231,10 @@ static void keepalive_handle(CoordClient *c, const uint8_t *data, size_t size) {
         r = codec_etcd_keepalive_decode(data, size, &id, &ttl);
         if (r < 0 || id != atomic_load(&c->lease_id))
                 return;
-        if (ttl > 0)
+        if (ttl > 0) {
+                c->keepalive.backoff_ms = 0;
                 return;
+        }
         log_warning("etcd lease %llx expired, granting a new one", (unsigned long long) id);
         atomic_store(&c->lease_id, 0);
         stream_cancel(&c->keepalive);
@@ -239,7 +256,6 @@ static void on_complete(CoordClient *c, void *tag, bool success) {
                 if (!success || !s->recv_bb)
                         return; /* the stream is over: its status says why */
                 if (coord_buffer_read(s->recv_bb, &data, &size) >= 0) {
-                        s->backoff_ms = 0;
                         coord_set_reachable(c, true, NULL);
                         if (s == &c->watch)
                                 watch_handle(c, data, size);

@@ -195,6 +195,13 @@ class EtcdCluster:
     def endpoint(self):
         return self.members[0].endpoint
 
+    def through(self, members):
+        """This cluster addressed through members only (writes while the others are down);
+        not to be closed."""
+        view = EtcdCluster.__new__(EtcdCluster)
+        view.tmpdir, view.tls, view.members = self.tmpdir, self.tls, list(members)
+        return view
+
     def start(self):
         # Members of a new cluster wait for each other: start all, then wait for each.
         for m in self.members:

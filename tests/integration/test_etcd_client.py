@@ -277,8 +277,7 @@ class TestEtcdCluster(unittest.TestCase):
         h.wait_for(lambda ls: ls)
         # The first endpoint is where both clients went: stop it.
         self.etcd.members[0].stop()
-        other = EtcdCluster.__new__(EtcdCluster)
-        other.members = self.etcd.members[1:]
+        other = self.etcd.through(self.etcd.members[1:])
         revs = [put_revision(other, "/fd/c1/k%d" % i, str(i)) for i in range(3)]
         w.wait_for(lambda ls: "put /fd/c1/k2 %d" % revs[2] in ls)
         # The lease is kept alive through the other members: the key outlives several TTLs.
@@ -295,8 +294,7 @@ class TestEtcdCluster(unittest.TestCase):
         put_revision(self.etcd, "/fd/c1/a", "1")
         w.wait_for(lambda ls: any(l.startswith("put /fd/c1/a ") for l in ls))
         first.stop()
-        other = EtcdCluster.__new__(EtcdCluster)
-        other.members = self.etcd.members[1:]
+        other = self.etcd.through(self.etcd.members[1:])
         put_revision(other, "/fd/c1/b", "2")
         delete_revision(other, "/fd/c1/a")
         rev = put_revision(other, "/fd/c1/c", "3")
