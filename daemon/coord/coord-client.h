@@ -62,6 +62,8 @@ typedef struct CoordOptions {
 int coord_client_new(const CoordOptions *o, CoordClient **ret);
 /* Grants the lease (when asked for) and starts the thread that keeps it alive and watches. */
 int coord_client_start(CoordClient *c);
+/* Stops and joins the thread (within one call's timeout: a re-read may be under way), so the
+ * callbacks may run, and their userdata must live, until this returns. */
 CoordClient *coord_client_free(CoordClient *c);
 DEFINE_TRIVIAL_CLEANUP_FUNC(CoordClient *, coord_client_free);
 

@@ -169,8 +169,9 @@ static void watch_on_reachable(bool reachable, void *userdata) {
 }
 
 static int watch(const char *endpoints, const char *prefix) {
-        _cleanup_(coord_client_freep) CoordClient *c = NULL;
+        /* Freed after the client: its callbacks read it until coord_client_free() returns. */
         _cleanup_free_ char *members = NULL;
+        _cleanup_(coord_client_freep) CoordClient *c = NULL;
         int r;
 
         if (asprintf(&members, "%smembers/", prefix) < 0)

@@ -141,7 +141,7 @@ class TestEtcdClient(unittest.TestCase):
         w.wait_for(lambda ls: any(l.startswith("reset ") for l in ls))
         self.assertEqual(probe("put-member", ep, "/fd/c1/", "good", "1").returncode, 0)
         w.wait_for(lambda ls: "member good rank=1" in ls)
-        self.assertEqual(w.stop(), 0)
+        self.assertEqual(w.stop(), 0, w.err_lines)
         refusals = [l for l in w.err_lines if "Refusing" in l]
         self.assertEqual(len(refusals), 2, w.err_lines)
         self.assertTrue(any("/fd/c1/members/junk" in l for l in refusals))
@@ -184,7 +184,7 @@ class TestEtcdClient(unittest.TestCase):
         self.assertEqual(self.etcd.get("/fd/c1/alive/node-a"), b"1")
         self.assertEqual(len([l for l in h.err_lines if "expired, granting a new one" in l]), 1,
                          h.err_lines)
-        self.assertEqual(h.stop(), 0)
+        self.assertEqual(h.stop(), 0, h.err_lines)
 
     def test_lease_kept_through_an_outage(self):
         h = self.background("hold", self.etcd.endpoint, "/fd/c1/alive/node-a", "2000")
@@ -196,7 +196,7 @@ class TestEtcdClient(unittest.TestCase):
         member.start()
         time.sleep(6)  # three TTLs on keep-alives alone
         self.assertEqual(self.etcd.get("/fd/c1/alive/node-a"), b"1")
-        self.assertEqual(h.stop(), 0)
+        self.assertEqual(h.stop(), 0, h.err_lines)
         down = [l for l in h.err_lines[before:] if "etcd unreachable" in l]
         up = [l for l in h.err_lines[before:] if "etcd reachable again" in l]
         self.assertEqual((len(down), len(up)), (1, 1), h.err_lines)
@@ -213,7 +213,7 @@ class TestEtcdClient(unittest.TestCase):
         expected.append("put /fd/c1/b %d" % put_revision(self.etcd, "/fd/c1/b", "3"))
         lines = w.wait_for(lambda ls: len([l for l in ls if l.startswith(("put", "delete"))]) >= 4)
         self.assertEqual([l for l in lines if l.startswith(("put", "delete"))], expected)
-        self.assertEqual(w.stop(), 0)
+        self.assertEqual(w.stop(), 0, w.err_lines)
 
     def test_watch_survives_etcd_restart_without_losing_events(self):
         ep = self.etcd.endpoint
@@ -235,7 +235,7 @@ class TestEtcdClient(unittest.TestCase):
         self.assertEqual(events[-6:], ["put /fd/c1/a %d" % rev_a, "etcd down", "etcd up"] +
                          ["put /fd/c1/b%d %d" % (i, revs[i]) for i in range(3)])
         self.assertEqual(len([l for l in lines if l.startswith("reset")]), 1, lines)
-        self.assertEqual(w.stop(), 0)
+        self.assertEqual(w.stop(), 0, w.err_lines)
         # One line at each edge of the outage this test made.
         down = [l for l in w.err_lines[before:] if "etcd unreachable" in l]
         up = [l for l in w.err_lines[before:] if "etcd reachable again" in l]
@@ -283,8 +283,8 @@ class TestEtcdCluster(unittest.TestCase):
         # The lease is kept alive through the other members: the key outlives several TTLs.
         time.sleep(6)
         self.assertEqual(other.get("/fd/c1/alive/n"), b"1")
-        self.assertEqual(w.stop(), 0)
-        self.assertEqual(h.stop(), 0)
+        self.assertEqual(w.stop(), 0, w.err_lines)
+        self.assertEqual(h.stop(), 0, h.err_lines)
 
     def test_compacted_revision_rereads_the_prefix(self):
         first = self.etcd.members[0]
@@ -306,7 +306,7 @@ class TestEtcdCluster(unittest.TestCase):
         last_reset = max(i for i, l in enumerate(lines) if l.startswith("reset "))
         self.assertEqual(sorted(l.split()[1] for l in lines[last_reset + 1:]),
                          ["/fd/c1/b", "/fd/c1/c"], lines)
-        self.assertEqual(w.stop(), 0)
+        self.assertEqual(w.stop(), 0, w.err_lines)
         self.assertTrue(any("compacted" in l for l in w.err_lines), w.err_lines)
 
 
@@ -334,7 +334,7 @@ class TestEtcdTls(unittest.TestCase):
             rev = put_revision(self.etcd, "/fd/c1/x", "1")
             w.wait_for(lambda ls: "put /fd/c1/x %d" % rev in ls)
         finally:
-            self.assertEqual(w.stop(), 0)
+            self.assertEqual(w.stop(), 0, w.err_lines)
 
     def test_refused_without_the_right_credentials(self):
         ep = self.etcd.endpoint
