@@ -34,7 +34,9 @@ typedef struct CoordEvent {
         int64_t mod_revision;   /* RESET: the revision the prefix was read at */
 } CoordEvent;
 
-/* Both run on the client's thread, one at a time. */
+/* on_event runs on the client's thread. on_reachable runs on the thread that saw the edge: the
+ * client's, or a caller's in a unary call; calls are serialized by nothing, so a daemon posts
+ * what it learns to its own loop. */
 typedef void (*CoordEventFn)(const CoordEvent *e, void *userdata);
 typedef void (*CoordReachableFn)(bool reachable, void *userdata);
 
