@@ -45,6 +45,9 @@ if $tests; then
     # systemd-sysusers and systemd-tmpfiles come with the systemd package (no PID 1 needed);
     # unshare (the journal test's private /run) with util-linux.
     packages+=(systemd util-linux)
+    # test etcd-client: a real etcd (and etcdctl), started by the test on free loopback ports;
+    # openssl makes its TLS certificates.
+    packages+=(etcd-server etcd-client openssl)
     # npm may come with a Node.js that is not Debian's; ask apt only when there is none.
     command -v npm >/dev/null || packages+=(npm)
     # promtool checks /metrics (tests metrics, metrics-abuse); the package brings services,
@@ -74,6 +77,13 @@ if (( ${#missing[@]} > 0 )); then
         trap 'rm -f "$policy"' EXIT
     fi
     apt-get update -qq
+    # Packages with init scripts (etcd-server) must not start their service here: a
+    # policy-rc.d that refuses every start, for the install only (none was there before).
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     if $policy_ours; then
         rm -f "$policy"
