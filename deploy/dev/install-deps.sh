@@ -66,7 +66,7 @@ done
 if (( ${#missing[@]} > 0 )); then
     echo "familyd: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    # Packages such as prometheus start their services when installed: not on this machine
+    # Packages such as prometheus and etcd-server start their services when installed: not here
     # (the tests bind free ports of their own). A policy-rc.d that refuses every start, only
     # where none exists, removed afterwards.
     policy=/usr/sbin/policy-rc.d policy_ours=false
@@ -77,13 +77,6 @@ if (( ${#missing[@]} > 0 )); then
         trap 'rm -f "$policy"' EXIT
     fi
     apt-get update -qq
-    # Packages with init scripts (etcd-server) must not start their service here: a
-    # policy-rc.d that refuses every start, for the install only (none was there before).
-    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
-    fi
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     if $policy_ours; then
         rm -f "$policy"
