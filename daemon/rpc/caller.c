@@ -29,11 +29,12 @@
 #include <sys/stat.h>
 
 #include "caller.h"
+#include "common/log.h"
 #include "common/macro.h"
 #include "shm/peer-cred.h"
 
 /* A total this large since the last trim is worth returning once nothing waits. */
-#define CALLER_TRIM_AFTER_BYTES (16ull << 20)
+#define CALLER_TRIM_AFTER_BYTES (8ull << 20)
 
 struct RpcConnection {
         atomic_uint n_ref;
@@ -212,9 +213,12 @@ void caller_table_unqueue(CallerTable *t, RpcConnection *c, size_t size) {
                 trim = true;
         }
         (void) pthread_mutex_unlock(&t->lock);
-        if (trim)
+        if (trim) {
                 /* The replies' buffers were freed just now, by gRPC and by our calls. */
-                (void) malloc_trim(0);
+                int released = malloc_trim(0);
+                log_debug("Reply queue empty again: heap trimmed (%s).",
+                          released ? "memory returned" : "nothing to return");
+        }
 }
 
 uint64_t caller_table_queued(CallerTable *t) {
