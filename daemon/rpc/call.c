@@ -8,10 +8,10 @@
  * send and the close of a watch), hence the atomic count; the steps of one stream are otherwise
  * sequential by construction (one receive or one send outstanding at a time).
  *
- * Each call holds its connection (rpc/caller.c) from arrival: a reply handed to gRPC is counted
- * against the connection's and the daemon's queue bounds until its send completes, so a client
- * that never reads (a zero HTTP/2 window) holds a bounded amount, and a call past a bound is
- * answered RESOURCE_EXHAUSTED instead. A unary call frees its decoded request and reply tree as
+ * Each call holds its connection (rpc/caller.c) from arrival: a reply is packed into a slice
+ * whose bytes count against the connection's and the daemon's queue bounds until gRPC frees
+ * them (the slice's destructor), so a client that never reads holds a bounded amount, whatever
+ * window it advertises, and a call past a bound is answered RESOURCE_EXHAUSTED instead. A unary call frees its decoded request and reply tree as
  * soon as the reply is packed: only the packed bytes wait for the client. A connection the
  * listener took over a cap answers its first call with the refusal and is then shut down.
  */
@@ -68,7 +68,6 @@ typedef struct Call {
         grpc_metadata trailer;
         bool has_trailer;
         RpcConnection *conn; /* NULL: not filed at accept (only the total bound counts) */
-        size_t queued;       /* bytes of c->reply counted against the queue bounds */
         int32_t watch_pid;   /* is_watch: the process whose watch this is (0: unknown) */
         bool close_connection; /* a refused connection: shut it down once answered */
 } Call;
@@ -157,8 +156,6 @@ static WatchSlot counter_take_watch(CallCounter *c, int32_t pid) {
         return slot;
 }
 
-static void call_unqueue(Call *c);
-
 static void call_free(Call *c) {
         if (c->call)
                 grpc_call_unref(c->call);
@@ -169,7 +166,6 @@ static void call_free(Call *c) {
                 grpc_byte_buffer_destroy(c->payload);
         if (c->reply)
                 grpc_byte_buffer_destroy(c->reply);
-        call_unqueue(c);
         c->conn = rpc_connection_unref(c->conn);
         if (c->has_status_details)
                 grpc_slice_unref(c->status_details);
@@ -217,33 +213,54 @@ static int buffer_to_bytes(grpc_byte_buffer *b, grpc_slice *ret) {
         return 0;
 }
 
-static grpc_byte_buffer *bytes_to_buffer(const uint8_t *data, size_t size) {
-        grpc_slice s = grpc_slice_from_copied_buffer((const char *) data, size);
-        grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
-        grpc_slice_unref(s);
-        return b;
+static void error_from_errno(FamilyError *e, int r);
+
+/* A reply's bytes, counted against the queue bounds until gRPC frees them. */
+typedef struct QueuedReply {
+        CallerTable *callers; /* NULL: not counted */
+        RpcConnection *conn;
+        size_t size;
+        uint8_t data[];
+} QueuedReply;
+
+/* The slice's destructor, on whichever thread gRPC drops its last reference. */
+static void queued_reply_free(void *userdata) {
+        QueuedReply *q = userdata;
+        CallerTable *callers = q->callers;
+        RpcConnection *conn = q->conn;
+        size_t size = q->size;
+
+        /* Freed first: the queue may trim the heap once it is empty. */
+        free(q);
+        if (!callers)
+                return;
+        caller_table_unqueue(callers, conn, size);
+        rpc_connection_unref(conn);
+        caller_table_unref(callers);
 }
 
-static grpc_byte_buffer *message_to_buffer(const ProtobufCMessage *m) {
-        size_t size = protobuf_c_message_get_packed_size(m);
-        grpc_slice s = grpc_slice_malloc(size);
-        (void) protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
-        grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
-        grpc_slice_unref(s);
-        return b;
-}
-
-/* Counts a reply of size bytes against the queue bounds: 0, or -ENOBUFS with e set. */
-static int call_queue(Call *c, size_t size, FamilyError *e) {
+/* size bytes for a reply, counted; NULL with e set past a bound (or out of memory). */
+static QueuedReply *call_reply_new(Call *c, size_t size, FamilyError *e) {
         uint64_t queued = 0, limit = 0;
-        int r;
+        QueuedReply *q;
+        int r = 0;
 
-        if (!c->site.callers)
-                return 0;
-        r = caller_table_queue(c->site.callers, c->conn, size, &queued, &limit);
+        if (c->site.callers)
+                r = caller_table_queue(c->site.callers, c->conn, size, &queued, &limit);
         if (r == 0) {
-                c->queued = size;
-                return 0;
+                q = malloc(offsetof(QueuedReply, data) + size);
+                if (!q) {
+                        if (c->site.callers)
+                                caller_table_unqueue(c->site.callers, c->conn, size);
+                        error_from_errno(e, -ENOMEM);
+                        return NULL;
+                }
+                *q = (QueuedReply) { .size = size };
+                if (c->site.callers) {
+                        q->callers = caller_table_ref(c->site.callers);
+                        q->conn = rpc_connection_ref(c->conn);
+                }
+                return q;
         }
         if (r == CALLER_QUEUE_CONNECTION_FULL)
                 (void) family_error_set(e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "QUEUE_LIMIT", NULL,
@@ -257,24 +274,36 @@ static int call_queue(Call *c, size_t size, FamilyError *e) {
                                         "clients to read them, the limit is %" PRIu64
                                         " bytes (--max-queued-bytes)",
                                         queued, limit);
-        return -ENOBUFS;
+        return NULL;
 }
 
-/* The reply's send completed (or never will): its bytes no longer wait. */
-static void call_unqueue(Call *c) {
-        if (c->queued == 0)
-                return;
-        caller_table_unqueue(c->site.callers, c->conn, c->queued);
-        c->queued = 0;
+/* Hands q over to c->reply (replacing the last one); gRPC frees it when done with it. */
+static void call_set_reply(Call *c, QueuedReply *q) {
+        grpc_slice s = grpc_slice_new_with_user_data(q->data, q->size, queued_reply_free, q);
+
+        if (c->reply)
+                grpc_byte_buffer_destroy(c->reply);
+        c->reply = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
 }
 
-/* Drops the reply whose send completed, and gives its bytes back. */
+/* Packs m as c->reply: 0, or -ENOBUFS with e set (past a queue bound, or out of memory). */
+static int call_pack_reply(Call *c, const ProtobufCMessage *m, FamilyError *e) {
+        QueuedReply *q = call_reply_new(c, protobuf_c_message_get_packed_size(m), e);
+
+        if (!q)
+                return -ENOBUFS;
+        (void) protobuf_c_message_pack(m, q->data);
+        call_set_reply(c, q);
+        return 0;
+}
+
+/* The send completed: our reference to the reply goes (gRPC may still hold its own). */
 static void call_drop_reply(Call *c) {
         if (c->reply) {
                 grpc_byte_buffer_destroy(c->reply);
                 c->reply = NULL;
         }
-        call_unqueue(c);
 }
 
 /* A refused connection has been answered: shut it down, so gRPC closes it. */
@@ -333,16 +362,16 @@ static void call_finish(Call *c, ProtobufCMessage *reply, FamilyError *e, bool i
 
         if (initial)
                 ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        if (reply && call_queue(c, protobuf_c_message_get_packed_size(reply), e) < 0)
+        if (reply && call_pack_reply(c, reply, e) < 0)
                 reply = NULL;
+        if (!c->is_watch) {
+                /* The answer is packed: the request and the reply tree (megabytes for a large
+                 * ListBuilds) need not wait with it for a client that may never read. */
+                arena_done(&c->arena);
+                arena_init(&c->arena);
+                c->request = NULL;
+        }
         if (reply) {
-                c->reply = message_to_buffer(reply);
-                if (!c->is_watch) {
-                        /* Only the packed bytes need wait for the client. */
-                        arena_done(&c->arena);
-                        arena_init(&c->arena);
-                        c->request = NULL;
-                }
                 ops[n].op = GRPC_OP_SEND_MESSAGE;
                 ops[n++].data.send_message.send_message = c->reply;
         }
@@ -643,16 +672,14 @@ static void pushed_send(Call *c) {
                 arena_done(&scratch);
                 return;
         }
-        call_drop_reply(c);
-        if (call_queue(c, protobuf_c_message_get_packed_size(reply), &e) < 0) {
+        r = call_pack_reply(c, reply, &e);
+        arena_done(&scratch);
+        if (r < 0) {
                 /* The watch ends with the reason; no send is started on it again. */
-                arena_done(&scratch);
                 c->pushed_sending = true;
                 call_finish(c, NULL, &e, false, false);
                 return;
         }
-        c->reply = message_to_buffer(reply);
-        arena_done(&scratch);
 
         c->pushed_sending = true;
         op.data.send_message.send_message = c->reply;
@@ -714,8 +741,7 @@ static void call_run_watch(Call *c) {
         c->is_watch = true;
         c->watch_pid = pid;
 
-        if (call_handle(c, &reply, &e) < 0 ||
-            call_queue(c, protobuf_c_message_get_packed_size(reply), &e) < 0) {
+        if (call_handle(c, &reply, &e) < 0 || call_pack_reply(c, reply, &e) < 0) {
                 call_finish(c, NULL, &e, true, true);
                 return;
         }
@@ -737,7 +763,6 @@ static void call_run_watch(Call *c) {
         c->on_closed.complete = on_closed;
         call_start_batch(c, ops, 1, &c->on_closed);
 
-        c->reply = message_to_buffer(reply);
         ops[0] = (grpc_op) { .op = GRPC_OP_SEND_INITIAL_METADATA };
         ops[1] = (grpc_op) { .op = GRPC_OP_SEND_MESSAGE };
         ops[1].data.send_message.send_message = c->reply;
@@ -784,8 +809,11 @@ static void on_bidi_received(RpcTag *tag, bool ok) {
                                                   GRPC_SLICE_LENGTH(bytes), &reply, &reply_size);
                 grpc_slice_unref(bytes);
         }
-        if (r >= 0)
-                r = call_queue(c, reply_size, &e);
+        QueuedReply *q = NULL;
+        if (r >= 0) {
+                q = call_reply_new(c, reply_size, &e);
+                r = q ? 0 : -ENOBUFS;
+        }
         if (r < 0) {
                 if (r == -EBADMSG)
                         (void) family_error_set(&e, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
@@ -798,7 +826,9 @@ static void on_bidi_received(RpcTag *tag, bool ok) {
         }
 
         grpc_op op = { .op = GRPC_OP_SEND_MESSAGE };
-        c->reply = bytes_to_buffer(reply, reply_size);
+        if (reply_size > 0)
+                memcpy(q->data, reply, reply_size);
+        call_set_reply(c, q);
         op.data.send_message.send_message = c->reply;
         c->on_sent.complete = on_bidi_sent;
         call_start_batch(c, &op, 1, &c->on_sent);

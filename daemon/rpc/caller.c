@@ -11,12 +11,13 @@
  * nothing to prune.
  *
  * Each entry points to an RpcConnection that the calls on it also hold: the bytes of replies
- * handed to gRPC and not yet taken by the client are counted there and in the table's total,
- * and a call gives its bytes back when its send completes (sent, or dropped with the
- * connection), even after a new connection took the number. A client that stops reading
- * (a zero HTTP/2 window) thus holds at most the per-connection bound. When the total falls back
- * to zero after a large episode, the freed heap is returned to the system (malloc_trim):
- * glibc keeps it otherwise, measured with the test client-memory.
+ * handed to gRPC are counted there and in the table's total from when they are packed until
+ * gRPC frees them (rpc/call.c gives each reply a slice whose destructor gives the bytes back),
+ * even after a new connection took the number: gRPC completes a send once it has framed the
+ * bytes, which for a client that opens a wide window and never reads is long before they leave.
+ * A client that stops reading thus holds at most the per-connection bound. When the total falls back to zero
+ * after a large episode, the freed heap is returned to the system (malloc_trim): glibc keeps
+ * it otherwise, measured with the test client-memory.
  *
  * SO_PEERCRED carries only the primary group; --admin-group is also checked against the
  * supplementary groups (SO_PEERGROUPS), once at accept: a call reads no group list.
@@ -50,6 +51,7 @@ typedef struct CallerEntry {
 } CallerEntry;
 
 struct CallerTable {
+        atomic_uint n_ref;
         pthread_mutex_t lock;
         gid_t admin_gid;
         CallerQueueLimits limits;
@@ -63,11 +65,18 @@ int caller_table_new(gid_t admin_gid, const CallerQueueLimits *limits, CallerTab
         CallerTable *t = calloc(1, sizeof *t);
         if (!t)
                 return -ENOMEM;
+        t->n_ref = 1;
         t->admin_gid = admin_gid;
         t->limits = *limits;
         (void) pthread_mutex_init(&t->lock, NULL);
         *ret = t;
         return 0;
+}
+
+RpcConnection *rpc_connection_ref(RpcConnection *c) {
+        if (c)
+                atomic_fetch_add(&c->n_ref, 1);
+        return c;
 }
 
 RpcConnection *rpc_connection_unref(RpcConnection *c) {
@@ -76,8 +85,14 @@ RpcConnection *rpc_connection_unref(RpcConnection *c) {
         return NULL;
 }
 
-CallerTable *caller_table_free(CallerTable *t) {
-        if (!t)
+CallerTable *caller_table_ref(CallerTable *t) {
+        if (t)
+                atomic_fetch_add(&t->n_ref, 1);
+        return t;
+}
+
+CallerTable *caller_table_unref(CallerTable *t) {
+        if (!t || atomic_fetch_sub(&t->n_ref, 1) != 1)
                 return NULL;
         (void) pthread_mutex_destroy(&t->lock);
         for (size_t i = 0; i < t->n_entries; i++)

@@ -49,7 +49,10 @@ typedef struct RpcConnection RpcConnection;
 
 /* admin_gid: --admin-group's gid, or (gid_t) -1 for none (only root is an admin then). */
 int caller_table_new(gid_t admin_gid, const CallerQueueLimits *limits, CallerTable **ret);
-CallerTable *caller_table_free(CallerTable *t);
+/* Reference-counted: queued replies hold the table until gRPC lets go of their bytes, which
+ * may be after the server is gone. */
+CallerTable *caller_table_ref(CallerTable *t);
+CallerTable *caller_table_unref(CallerTable *t);
 
 /* At accept, before gRPC has the socket: reads the peer's credentials and files them under
  * the descriptor's number, replacing whatever a closed connection left there. refusal: NULL,
@@ -62,6 +65,7 @@ int caller_table_find(CallerTable *t, int fd, RpcCaller *ret);
 
 /* The connection now at fd, with a reference for the caller; NULL when none was filed. */
 RpcConnection *caller_table_connection(CallerTable *t, int fd);
+RpcConnection *rpc_connection_ref(RpcConnection *c);
 RpcConnection *rpc_connection_unref(RpcConnection *c);
 const RpcCaller *rpc_connection_caller(const RpcConnection *c);
 const RpcRefusal *rpc_connection_refusal(const RpcConnection *c);
@@ -75,7 +79,7 @@ bool rpc_connection_is_fd(const RpcConnection *c, int fd);
  */
 int caller_table_queue(CallerTable *t, RpcConnection *c, size_t size, uint64_t *ret_queued,
                        uint64_t *ret_limit);
-/* The reply was sent or dropped: its bytes no longer wait. */
+/* The reply's bytes are freed (sent, or dropped with the call or the connection). */
 void caller_table_unqueue(CallerTable *t, RpcConnection *c, size_t size);
 /* Bytes waiting over all connections. */
 uint64_t caller_table_queued(CallerTable *t);

@@ -262,7 +262,7 @@ Server *server_free(Server *s) {
         (void) pthread_cond_destroy(&s->cond);
         (void) pthread_mutex_destroy(&s->lock);
         call_counter_done(&s->calls);
-        caller_table_free(s->callers);
+        caller_table_unref(s->callers);
         grpc_shutdown();
         return mfree(s);
 }
