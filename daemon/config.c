@@ -12,12 +12,16 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "codec/codec-registry-digest.h"
+#include "core/registry.h"
 #include "core/resource-limits.h"
 #include "common/log.h"
 
 #include "build-config.h"
 
 #define FAMILYD_DEFAULT_REGISTRY "/etc/familyd/registry"
+/* What --check-config reads without =FILE or --config: the file the systemd unit passes. */
+#define FAMILYD_DEFAULT_CONFIG "/etc/familyd/familyd.conf"
 
 /* What an option's value is, and how it is parsed. */
 typedef enum OptionType {
@@ -28,6 +32,7 @@ typedef enum OptionType {
         OPTION_BYTES,     /* uint64_t in [min, max] */
         OPTION_INT64,     /* int64_t in [min, max] (unset: -1) */
         OPTION_LOG_LEVEL, /* a level name: debug, info, notice, warning, err */
+        OPTION_OPTIONAL,  /* an action that may take a value, only after `=` (--check-config) */
 } OptionType;
 
 /* Options that act instead of setting a field. */
@@ -37,6 +42,8 @@ typedef enum OptionAction {
         ACTION_VERSION,      /* print the version and exit */
         ACTION_PRINT_CONFIG, /* print the example config file and exit */
         ACTION_READ_FILE,    /* --config: read the file; not a key itself */
+        ACTION_CHECK_CONFIG, /* check the settings (of =FILE) and their registry, then exit */
+        ACTION_CHECK_REGISTRY, /* load and verify a registry directory, then exit */
 } OptionAction;
 
 typedef struct ConfigOption {
@@ -127,6 +134,11 @@ static const ConfigOption config_options[] = {
         { .name = "node-rank", .metavar = "N", TYPE_INT64(node_rank, 0, INT32_MAX),
           .help = "This node's rank in the cluster order",
           .note = "Without ranks, nodes are ordered by name." },
+        { .name = "metrics-listen", .metavar = "ADDR:PORT",
+          TYPE_STRING(metrics_listen, 255 /* METRICS_MAX_ADDRESS_LENGTH */),
+          .help = "Serve Prometheus metrics over HTTP at ADDR:PORT/metrics",
+          .note = "For example 127.0.0.1:9464; only that address is bound. Off unless given; "
+                  "anyone who reaches the port can read the counters (docs/security.md)." },
         { .name = "listen", .metavar = "ADDR:PORT", TYPE_STRING(listen_address, 0),
           .help = "Peer listener address",
           .note = "Where the other daemons of a cluster reach this one over UCX, for example "
@@ -171,6 +183,11 @@ static const ConfigOption config_options[] = {
         { .name = "forget-after-ms", .metavar = "N", TYPE_UNSIGNED(forget_after_ms, 0, UINT32_MAX),
           DEFAULT(0), .default_text = ": never",
           .help = "Forget a down peer after N ms" },
+        { .name = "max-nodes", .metavar = "N", TYPE_UNSIGNED(max_nodes, 2, 4096),
+          DEFAULT(4096),
+          .help = "Nodes in the cluster, this one included",
+          .note = "A node that would pass it is refused, and so is a peer's whole member list "
+                  "that would." },
         { .name = "fdstore-max", .metavar = "N", TYPE_UNSIGNED(fdstore_max, 0, 1u << 20),
           DEFAULT(4096),
           .help = "Descriptors kept in systemd's fd store",
@@ -230,8 +247,14 @@ static const ConfigOption config_options[] = {
           DEFAULT(LOG_INFO),
           .help = "debug, info, notice, warning or err",
           .note = "Messages less severe than this are not logged." },
-        { .name = "check-config", TYPE_FLAG(check_config),
-          .help = "Check the settings and the registry path, then exit" },
+        { .name = "check-config", .metavar = "FILE", .type = OPTION_OPTIONAL,
+          .action = ACTION_CHECK_CONFIG,
+          .help = "Check the settings of FILE (else of --config, else of "
+                  FAMILYD_DEFAULT_CONFIG ") with the flags given, and load the registry they "
+                  "name as a start would, then exit" },
+        { .name = "check-registry", .metavar = "DIR", TYPE_PATH(check_registry),
+          .action = ACTION_CHECK_REGISTRY,
+          .help = "Load and verify the registry in DIR as a start or a reload would, then exit" },
 };
 
 static const struct {
@@ -278,7 +301,9 @@ static void getopt_tables(void) {
                 const ConfigOption *o = &config_options[i];
                 getopt_options[i] = (struct option) {
                         .name = o->name,
-                        .has_arg = o->type == OPTION_FLAG ? no_argument : required_argument,
+                        .has_arg = o->type == OPTION_FLAG       ? no_argument
+                                   : o->type == OPTION_OPTIONAL ? optional_argument
+                                                                : required_argument,
                         .val = o->short_name ? o->short_name : (int) (OPTION_VAL_BASE + i),
                 };
                 if (o->short_name) {
@@ -383,6 +408,9 @@ static int help(void) {
                 if (o->short_name)
                         (void) snprintf(column, sizeof column, "  -%c --%s%s%s", o->short_name,
                                         o->name, o->metavar ? " " : "", strempty(o->metavar));
+                else if (o->type == OPTION_OPTIONAL)
+                        (void) snprintf(column, sizeof column, "     --%s[=%s]", o->name,
+                                        o->metavar);
                 else
                         (void) snprintf(column, sizeof column, "     --%s%s%s", o->name,
                                         o->metavar ? " " : "", strempty(o->metavar));
@@ -611,6 +639,8 @@ static int config_apply(Config *c, const ConfigSource *src, const ConfigOption *
                 return 0;
         case OPTION_LOG_LEVEL:
                 return parse_log_level(src, o->name, value, field);
+        case OPTION_OPTIONAL:
+                return -EINVAL; /* an action: config_parse handles it */
         }
         return -EINVAL;
 }
@@ -782,43 +812,68 @@ int config_check_paths(const Config *c) {
         return r == -EINVAL ? -EIO : r;
 }
 
-int config_parse(Config *c, int argc, char *argv[]) {
-        /* Flags are applied twice: first to find --config, then again over the file's values,
-         * so that flags win whatever their order. */
-        Config flags;
-        int opt, r;
+int config_log_registry_failure(const char *dir, int error, const LoadDiagnostics *diag) {
+        if (diag->n == 0)
+                return log_error_errno(error, "Failed to load the registry %s: %m", dir);
+        for (size_t i = 0; i < diag->n; i++)
+                log_error("%s", diag->lines[i]);
+        return log_error_errno(error, "Failed to load the registry %s (%zu problem%s).", dir,
+                               diag->n, diag->n == 1 ? "" : "s");
+}
 
-        getopt_tables();
-        config_defaults(c);
-        config_defaults(&flags);
+int config_check_registry(const char *dir) {
+        _cleanup_(load_diagnostics_done) LoadDiagnostics diag = {};
+        _cleanup_(registry_unrefp) Registry *reg = NULL;
+        char digest[REGISTRY_DIGEST_LENGTH + 1];
+        int r;
+
+        /* What manager_new() and manager_reload() do before anything is served: the load,
+         * then the digest the topology carries. */
+        r = registry_load(dir, 1, &reg, &diag);
+        if (r < 0)
+                r = config_log_registry_failure(dir, r, &diag);
+        else {
+                r = codec_registry_digest(reg, digest);
+                if (r < 0)
+                        r = log_error_errno(r, "Failed to digest the registry %s: %m", dir);
+        }
+        /* A problem with the registry is a failed check (1), not a usage error (2). */
+        return r == -EINVAL ? -EIO : r;
+}
+
+/* The first pass over argv: the options that act (--help, --version, --print-config are done
+ * here), the file to read (--config, --check-config=FILE, or the default when checking) and
+ * the directory of --check-registry, into flags. CONFIG_RUN to go on. */
+static int config_parse_actions(Config *flags, int argc, char *argv[]) {
+        const char *check_file = NULL;
+        int opt, r;
 
         optind = 0;
         while ((opt = getopt_long(argc, argv, getopt_short, getopt_options, NULL)) >= 0) {
                 const ConfigOption *o = option_by_val(opt);
 
-                if (!o) { /* '?': getopt_long has said what is wrong */
-                        config_done(&flags);
+                if (!o) /* '?': getopt_long has said what is wrong */
                         return -EINVAL;
-                }
                 switch (o->action) {
                 case ACTION_HELP:
                         r = help();
-                        config_done(&flags);
                         return r < 0 ? r : CONFIG_EXIT;
                 case ACTION_VERSION:
                         printf("familyd %s\n", FAMILYD_VERSION);
-                        config_done(&flags);
                         return CONFIG_EXIT;
                 case ACTION_PRINT_CONFIG:
                         r = print_config();
-                        config_done(&flags);
                         return r < 0 ? r : CONFIG_EXIT;
+                case ACTION_CHECK_CONFIG:
+                        flags->check_config = true;
+                        if (optarg)
+                                check_file = optarg;
+                        break;
                 case ACTION_READ_FILE:
-                        r = config_apply(&flags, &command_line, o, optarg);
-                        if (r < 0) {
-                                config_done(&flags);
+                case ACTION_CHECK_REGISTRY:
+                        r = config_apply(flags, &command_line, o, optarg);
+                        if (r < 0)
                                 return r;
-                        }
                         break;
                 case ACTION_NONE:
                         break;
@@ -826,20 +881,68 @@ int config_parse(Config *c, int argc, char *argv[]) {
         }
         if (optind < argc) {
                 log_error("unexpected argument '%s' (see --help)", argv[optind]);
-                config_done(&flags);
                 return -EINVAL;
         }
+
+        if (check_file) {
+                if (isempty(check_file))
+                        return config_error(&command_line, "check-config", "empty value");
+                if (flags->config_file) {
+                        log_error("--check-config=%s and --config %s: name the file once",
+                                  check_file, flags->config_file);
+                        return -EINVAL;
+                }
+                return set_string(&flags->config_file, check_file);
+        }
+        if (flags->check_config && !flags->config_file)
+                return set_string(&flags->config_file, FAMILYD_DEFAULT_CONFIG);
+        return CONFIG_RUN;
+}
+
+/* The checks of --check-config and --check-registry, once every setting is parsed: those of a
+ * start up to binding anything. */
+static int config_run_checks(const Config *c) {
+        int r;
+
+        if (c->check_config) {
+                r = config_check_paths(c);
+                if (r < 0)
+                        return r;
+                r = config_check_registry(c->registry_path);
+                if (r < 0)
+                        return r;
+        }
+        if (c->check_registry) {
+                r = config_check_registry(c->check_registry);
+                if (r < 0)
+                        return r;
+        }
+        return CONFIG_EXIT;
+}
+
+int config_parse(Config *c, int argc, char *argv[]) {
+        /* Flags are applied twice: first to find --config, then again over the file's values,
+         * so that flags win whatever their order. */
+        _cleanup_(config_done) Config flags = {};
+        int opt, r;
+
+        getopt_tables();
+        config_defaults(c);
+        config_defaults(&flags);
+
+        r = config_parse_actions(&flags, argc, argv);
+        if (r != CONFIG_RUN)
+                return r;
+        c->check_config = flags.check_config;
+        c->check_registry = TAKE_PTR(flags.check_registry);
 
         if (flags.config_file) {
                 /* Flags win: config_parse applies them again after the file. */
                 r = config_parse_file(c, flags.config_file);
-                if (r < 0) {
-                        config_done(&flags);
+                if (r < 0)
                         return r;
-                }
                 c->config_file = TAKE_PTR(flags.config_file);
         }
-        config_done(&flags);
 
         optind = 0;
         while ((opt = getopt_long(argc, argv, getopt_short, getopt_options, NULL)) >= 0) {
@@ -870,12 +973,8 @@ int config_parse(Config *c, int argc, char *argv[]) {
         if (r < 0)
                 return r;
 
-        if (c->check_config) {
-                /* The checks of a start, up to binding anything: 0 means familyd would start
-                 * with these settings (given a registry that loads). */
-                r = config_check_paths(c);
-                return r < 0 ? r : CONFIG_EXIT;
-        }
+        if (c->check_config || c->check_registry)
+                return config_run_checks(c);
         return CONFIG_RUN;
 }
 

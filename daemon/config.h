@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "common/macro.h"
+#include "core/registry.h"
 
 
 /* Where a key was set in the config file ("FILE:LINE"), for errors found after parsing. */
@@ -33,6 +34,7 @@ typedef struct Config {
         unsigned suspect_ms;
         unsigned down_ms;
         unsigned forget_after_ms;
+        unsigned max_nodes; /* --max-nodes: the cluster's nodes, this one included */
         unsigned fdstore_max;
         unsigned threads; /* gRPC completion-queue threads */
         unsigned max_connections;
@@ -45,8 +47,10 @@ typedef struct Config {
         uint64_t max_queued_bytes_per_connection; /* reply bytes not yet taken by the client */
         uint64_t max_queued_bytes;
         char *admin_group; /* NULL: only root is an admin */
+        char *metrics_listen; /* --metrics-listen ADDR:PORT; NULL: no metrics endpoint */
         int log_level;
-        bool check_config; /* --check-config: check the settings, then exit */
+        bool check_config;    /* --check-config[=FILE]: check the settings, then exit */
+        char *check_registry; /* --check-registry DIR: check DIR, then exit; NULL: not asked */
         ConfigOrigin *origins;
         size_t n_origins, allocated_origins;
 } Config;
@@ -54,7 +58,7 @@ typedef struct Config {
 typedef enum ConfigParseResult {
         CONFIG_RUN,  /* go on and run the daemon */
         CONFIG_EXIT, /* done: --help, --version or --print-config printed, or --check-config
-                      * found nothing wrong: exit 0 */
+                      * or --check-registry found nothing wrong: exit 0 */
 } ConfigParseResult;
 
 void config_done(Config *c);
@@ -64,8 +68,10 @@ void config_done(Config *c);
  * file's keys and their checks are one table in config.c, which also makes --help and
  * --print-config (the example config file). 0 or 1 (CONFIG_EXIT) on success; on a usage
  * error, a bad value or an unknown key prints one line to stderr (naming FILE:LINE for the
- * config file) and returns -EINVAL. Reads no file but the config file; with --check-config,
- * also runs config_check_paths() and returns its error.
+ * config file) and returns -EINVAL. Reads no file but the config file; with --check-config
+ * (which reads FILE, else --config's, else /etc/familyd/familyd.conf), also runs
+ * config_check_paths() and config_check_registry() on the settings' registry, and with
+ * --check-registry DIR config_check_registry() on DIR, and returns their error (never -EINVAL).
  */
 int config_parse(Config *c, int argc, char *argv[]);
 
@@ -76,6 +82,17 @@ int config_parse(Config *c, int argc, char *argv[]);
  * start failure, not a usage error.
  */
 int config_check_paths(const Config *c);
+
+/*
+ * Loads and verifies the registry in dir as a start or a reload does, keeping nothing: every
+ * problem is one "FILE:LINE:COLUMN: text" line on stderr, as a start prints them. 0 when
+ * familyd would serve it; else a negative errno other than -EINVAL (a failed check).
+ */
+int config_check_registry(const char *dir);
+
+/* Logs a failed registry_load() of dir: its diagnostics, one per line, then a summary. Returns
+ * error. The one wording for a start, --check-config and --check-registry. */
+int config_log_registry_failure(const char *dir, int error, const LoadDiagnostics *diag);
 
 /* "FILE:LINE" where the config file set key (a long option name), or NULL: set by a flag, or
  * not set. For errors about a value found later ("state-dir at /etc/familyd/familyd.conf:7"). */

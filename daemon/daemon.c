@@ -27,6 +27,8 @@
 #include "rpc/listener.h"
 #include "common/log.h"
 #include "hw/inventory.h"
+#include "metrics/metrics.h"
+#include "metrics/metrics-server.h"
 #include "sd/journal.h"
 #include "core/manager.h"
 #include "peer/peer.h"
@@ -61,6 +63,7 @@ struct Daemon {
         Builder builder; /* the Build use-case over the above (daemon/build/), for the server */
         Notifier *notifier;
         Peer *peer; /* NULL without --listen: this node alone */
+        MetricsServer *metrics; /* NULL without --metrics-listen */
         PeerKeys keys; /* --cluster-key, read before anything is bound; wiped once peers run */
         char *socket_path;       /* where the API socket is: bound here, or inherited */
         char *shard_socket_path; /* the same for the shard socket; Build replies name it */
@@ -160,15 +163,8 @@ static int daemon_load(Daemon *d, const Config *c) {
                 return log_error_errno(r, "Failed to get random bytes: %m");
 
         r = manager_new(&params, &d->manager, &diag);
-        if (r < 0) {
-                if (diag.n == 0)
-                        return log_error_errno(r, "Failed to load the registry %s: %m",
-                                               c->registry_path);
-                for (size_t i = 0; i < diag.n; i++)
-                        log_error("%s", diag.lines[i]);
-                return log_error_errno(r, "Failed to load the registry %s (%zu problem%s).",
-                                       c->registry_path, diag.n, diag.n == 1 ? "" : "s");
-        }
+        if (r < 0) /* the words of --check-config and --check-registry too */
+                return config_log_registry_failure(c->registry_path, r, &diag);
 
         /* The same devices the topology lists for this node: a rank's shard goes to the
          * device the topology assigns to it. */
@@ -279,6 +275,10 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
                 .accel = d->accel,
                 .state = d->state,
         };
+        /* Its hook is set once the server runs (daemon_hook_build_progress). */
+        r = build_progress_table_new(NULL, NULL, &d->builder.progress);
+        if (r < 0)
+                return r;
         r = build_restore(&d->builder);
         if (r < 0)
                 return r;
@@ -291,6 +291,12 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
 static void daemon_hook_topology_changed(void *userdata) {
         Daemon *d = userdata;
         server_notify_watches(d->server);
+}
+
+/* On a build thread or a fill helper: a build's progress reaches its WatchBuild streams. */
+static void daemon_hook_build_progress(void *userdata) {
+        Daemon *d = userdata;
+        server_notify_watches_of(d->server, RPC_WATCH_BUILD_PATH);
 }
 
 static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret_error) {
@@ -385,6 +391,7 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                 },
                 .manager = d->manager,
                 .keys = d->keys.n > 0 ? &d->keys : NULL,
+                .max_nodes = c->max_nodes,
         };
         manager_set_hooks(d->manager, &(ManagerHooks) {
                                               .topology_changed = daemon_hook_topology_changed,
@@ -412,6 +419,7 @@ static void daemon_hook_reload_end(void *userdata, int result) {
         Daemon *d = userdata;
         daemon_reload_keys(d);
         notifier_reload_end(d->notifier, result);
+        metrics_reload_done(result);
 }
 
 static void daemon_reload(Daemon *d) {
@@ -422,6 +430,7 @@ static void daemon_reload(Daemon *d) {
         int r = manager_reload(d->manager, &reg, &diag);
         daemon_reload_keys(d);
         notifier_reload_end(d->notifier, r);
+        metrics_reload_done(r);
         if (r < 0) {
                 for (size_t i = 0; i < diag.n; i++)
                         log_error("%s", diag.lines[i]);
@@ -648,6 +657,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = server_new(&sp, &d->server);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the gRPC server: %m");
+        build_progress_table_set_changed(d->builder.progress, daemon_hook_build_progress, d);
 
         r = daemon_watch(d);
         if (r < 0)
@@ -657,6 +667,14 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (r < 0)
                 return r;
 
+        /* Last, with the signals blocked: its thread reads what the above set up. */
+        if (c->metrics_listen) {
+                MetricsSources src = { .manager = d->manager, .builder = &d->builder };
+                r = metrics_server_new(c->metrics_listen, &src, &d->metrics);
+                if (r < 0)
+                        return r;
+        }
+
         *ret = TAKE_PTR(d);
         return 0;
 }
@@ -664,6 +682,8 @@ int daemon_new(const Config *c, Daemon **ret) {
 Daemon *daemon_free(Daemon *d) {
         if (!d)
                 return NULL;
+        /* First: its thread reads the manager and the builds. */
+        metrics_server_free(d->metrics);
         /* No more topology pushes into a server that is going away; forgetting stays until
          * the server has drained, since a ForgetNode call may still be running. */
         if (d->peer)
@@ -677,6 +697,8 @@ Daemon *daemon_free(Daemon *d) {
          * calls too: the executor, told to stop, answers them at once so the server drains;
          * then the shard server, before the builds whose segments it hands out go. */
         executor_stop(d->executor);
+        /* Fills still under way tell nobody from here on. */
+        build_progress_table_set_changed(d->builder.progress, NULL, NULL);
         server_free(d->server);
         if (d->manager) /* NULL when daemon_new failed before loading the registry */
                 manager_set_hooks(d->manager, NULL);
@@ -684,6 +706,7 @@ Daemon *daemon_free(Daemon *d) {
         executor_free(d->executor);
         /* After the server and the executor: no Build is in flight; before the tables. */
         build_sharing_stop(&d->builder);
+        build_progress_table_free(d->builder.progress);
         shard_server_free(d->shard_server);
         shard_table_unref(d->shards);
         listener_free(d->listener);

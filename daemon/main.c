@@ -14,7 +14,9 @@ int main(int argc, char *argv[]) {
 
         r = config_parse(&config, argc, argv);
         if (r < 0) {
-                notifier_start_failed(r);
+                /* A check (an ExecReload= guard, say) is not the service starting. */
+                if (!config.check_config && !config.check_registry)
+                        notifier_start_failed(r);
                 return r == -EINVAL ? 2 : EXIT_FAILURE;
         }
         if (r == CONFIG_EXIT)

@@ -22,7 +22,7 @@ _familyctl_query() {
 
 _familyctl() {
         local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
-        local verbs="families family resolve mesh meshes topology forget status reload build
+        local verbs="families family resolve mesh meshes topology forget status version reload build
                      builds build-info release pin unpin shard validate keygen"
         local globals="--socket --json --timeout --help --version"
         local verb="" i

@@ -28,6 +28,7 @@ static const Verb verbs[] = {
         { "topology", verb_topology, "topology [--watch] [--devices] show nodes and devices, or watch them change" },
         { "forget",   verb_forget,   "forget NODE                    drop a down node from the topology of every daemon" },
         { "status",   verb_status,   "status                         show the daemon's status" },
+        { "version",  verb_version,  "version                        show familyctl's and the daemon's versions and API" },
         { "reload",   verb_reload,   "reload                         reload the registry (and the cluster key)" },
         { "keygen",   verb_keygen,   "keygen FILE                    write a new cluster key (--cluster-key) to FILE" },
         { "build",    verb_build,    "build FAMILY [KEY=VALUE...]    build a family (--config, --mesh, --materialize)" },

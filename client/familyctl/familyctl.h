@@ -207,6 +207,14 @@ int ctl_json_load(const char *verb, const char *label, const char *path, json_t 
 /* jansson's json_decrefp() releases a _cleanup_(json_decrefp) json_t *. */
 
 /* ---------------------------------------------------------------------------------------- */
+/* familyctl build's progress bar (build-progress.c): started only when stderr is a terminal
+ * and --json is not given (*ret NULL otherwise: nothing to do); the Build then carries its
+ * tag. Stopping clears the bar's line. */
+typedef struct ProgressBar ProgressBar;
+int progress_bar_start(const Context *ctx, ProgressBar **ret);
+const char *progress_bar_tag(const ProgressBar *b);
+ProgressBar *progress_bar_stop(ProgressBar *b);
+
 /* The verbs: each parses its own options from argv (argv[0] is the verb) and returns an exit code. */
 int verb_families(Context *ctx, int argc, char **argv);
 int verb_family(Context *ctx, int argc, char **argv);
@@ -216,6 +224,7 @@ int verb_meshes(Context *ctx, int argc, char **argv);
 int verb_topology(Context *ctx, int argc, char **argv);
 int verb_forget(Context *ctx, int argc, char **argv);
 int verb_status(Context *ctx, int argc, char **argv);
+int verb_version(Context *ctx, int argc, char **argv);
 int verb_reload(Context *ctx, int argc, char **argv);
 int verb_keygen(Context *ctx, int argc, char **argv);
 int verb_build(Context *ctx, int argc, char **argv);

@@ -1,4 +1,4 @@
-/* verbs-admin.c: familyctl status, reload, keygen. */
+/* verbs-admin.c: familyctl status, version, reload, keygen. */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "build-config.h"
 #include "familyctl.h"
 #include "common/macro.h"
 
@@ -51,6 +52,83 @@ static const VerbDef status_verb = {
 
 int verb_status(Context *ctx, int argc, char **argv) {
         return verb_run(ctx, &status_verb, argc, argv);
+}
+
+/* The API this familyctl speaks: the package and revision of the protos it was built with
+ * (proto/familyd/v1/admin.proto, ApiRevision). */
+#define CLIENT_API (familyd__v1__get_status_response__descriptor.package_name)
+#define CLIENT_API_REVISION ((unsigned) FAMILYD__V1__API_REVISION__API_REVISION_CURRENT)
+
+/* A daemon older than GetStatusResponse.api says nothing: it speaks revision 1. */
+static unsigned daemon_api_revision(const Familyd__V1__GetStatusResponse *st) {
+        return st->api_revision > 0 ? st->api_revision : 1;
+}
+
+static const char *daemon_api(const Familyd__V1__GetStatusResponse *st) {
+        return isempty(st->api) ? CLIENT_API : st->api;
+}
+
+static int version_print(VerbRun *v) {
+        const Familyd__V1__GetStatusResponse *st = (const Familyd__V1__GetStatusResponse *) v->response;
+        unsigned theirs = daemon_api_revision(st);
+
+        ctl_print_field("client", "familyctl %s, API %s revision %u", FAMILYD_VERSION, CLIENT_API,
+                        CLIENT_API_REVISION);
+        ctl_print_field("daemon", "familyd %s, API %s revision %u", strempty(st->version),
+                        daemon_api(st), theirs);
+        if (!streq(daemon_api(st), CLIENT_API))
+                ctl_print_field("api", "different APIs: this familyctl cannot talk to the daemon");
+        else if (theirs < CLIENT_API_REVISION)
+                ctl_print_field("api", "the daemon is older: calls added after revision %u "
+                                       "answer UNIMPLEMENTED", theirs);
+        else if (theirs > CLIENT_API_REVISION)
+                ctl_print_field("api", "the daemon is newer: everything this familyctl does works");
+        else
+                ctl_print_field("api", "the same");
+        return EXIT_OK;
+}
+
+static void version_json_side(const char *name, const char *version, const char *api,
+                              unsigned revision, bool last) {
+        printf("  ");
+        ctl_json_string(stdout, name);
+        printf(": {\"version\": ");
+        ctl_json_string(stdout, version);
+        printf(", \"api\": ");
+        ctl_json_string(stdout, api);
+        printf(", \"apiRevision\": %u}%s\n", revision, last ? "" : ",");
+}
+
+static int version_print_json(VerbRun *v) {
+        const Familyd__V1__GetStatusResponse *st = (const Familyd__V1__GetStatusResponse *) v->response;
+
+        printf("{\n");
+        version_json_side("client", FAMILYD_VERSION, CLIENT_API, CLIENT_API_REVISION, false);
+        version_json_side("daemon", strempty(st->version), daemon_api(st),
+                          daemon_api_revision(st), true);
+        printf("}\n");
+        return EXIT_OK;
+}
+
+static const VerbDef version_verb = {
+        .name = "version",
+        .help = "Usage: familyctl version [OPTIONS]\n"
+                "\n"
+                "Shows this familyctl's version and the daemon's, and the API each speaks: the\n"
+                "protobuf package (familyd.v1) and its revision, which only grows as calls and\n"
+                "fields are added (a daemon of an older revision answers newer calls\n"
+                "UNIMPLEMENTED). With --json: {\"client\": {\"version\", \"api\", \"apiRevision\"},\n"
+                "\"daemon\": {...}}. `familyctl --version` shows this familyctl's version alone\n"
+                "and needs no daemon.\n"
+                "\n",
+        .call = status_call,
+        .what = "get the daemon's version",
+        .print = version_print,
+        .print_json = version_print_json,
+};
+
+int verb_version(Context *ctx, int argc, char **argv) {
+        return verb_run(ctx, &version_verb, argc, argv);
 }
 
 static int reload_call(VerbRun *v) {

@@ -357,9 +357,15 @@ static int build_call(VerbRun *v) {
         BuildState *s = v->state;
         Familyd__V1__BuildResponse *resp;
         Familyd__V1__Build *pinned = NULL;
+        ProgressBar *bar = NULL;
         int r;
 
+        /* Without a bar (no terminal, --json, no memory) the Build goes on all the same. */
+        if (s->materialize && progress_bar_start(v->ctx, &bar) >= 0 && bar &&
+            !(s->req->progress_tag = strdup(progress_bar_tag(bar))))
+                bar = progress_bar_stop(bar);
         r = familyd_build(v->ctx->client, s->req, (Familyd__V1__BuildResponse **) &v->response, &v->error);
+        bar = progress_bar_stop(bar);
         if (r < 0 || !s->materialize || s->transient)
                 return r;
         resp = (Familyd__V1__BuildResponse *) v->response;

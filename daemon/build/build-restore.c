@@ -129,6 +129,8 @@ static int build_mesh(Restore *x, StateRecord *rec, Mesh **ret) {
                 r = mesh_table_restore(t, rec->mesh, NULL);
                 if (r < 0)
                         return r;
+                /* Counted like a mesh put back from its own record: ListMeshes shows both. */
+                x->meshes++;
                 log_struct(LOG_NOTICE, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_MESH_ID, rec->mesh->id)),
                            "Mesh %s had no record of its own; put back from build %s.",
                            rec->mesh->id, rec->id);

@@ -57,3 +57,18 @@ size_t build_state_replicas(const BuildState *b);
 /* A rank materialised in GPU memory. */
 bool build_rank_on_gpu(const BuildRankState *rs);
 bool build_state_has_gpu_shards(const BuildState *b);
+
+/* One build's fill in a BuildProgressTable (build.h), from its start to its end. */
+typedef struct BuildProgress BuildProgress;
+struct BuildProgressTable;
+
+/* The fill of build id starts: total_bytes to fill. tag and family are copied. */
+int build_progress_start(struct BuildProgressTable *t, const char *id, const char *tag,
+                         const char *family, uint64_t total_bytes, BuildProgress **ret);
+/* The counter fill_run() adds to (fill_progress_bind()); NULL for NULL. */
+FillProgress *build_progress_fill(BuildProgress *p);
+/* At least done bytes are filled (a segment finished). */
+void build_progress_advance(BuildProgress *p, uint64_t done);
+/* The fill ended: DONE (r >= 0) or FAILED with error's message (else strerror(-r)). p belongs
+ * to the table from now on. Accepts NULL. */
+void build_progress_end(BuildProgress *p, int r, const FamilyError *error);

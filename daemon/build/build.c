@@ -12,6 +12,7 @@ struct BuildDraft {
         BuildState *state;
         uint64_t bytes; /* host bytes reserved in the build table */
         struct BuildDraftShare share; /* a materialising Build's flight, or none */
+        char *progress_tag;           /* BuildRequest.progress_tag, or NULL */
 };
 
 /* The reply is known in full before anything is materialised (tokens and ids have fixed
@@ -225,9 +226,30 @@ bool build_draft_fills(const BuildDraft *d) {
         return build_state_segments(d->state) > 0;
 }
 
+int build_draft_set_progress_tag(BuildDraft *d, const char *tag) {
+        char *s = NULL;
+
+        if (!isempty(tag) && !(s = strdup(tag)))
+                return -ENOMEM;
+        free(d->progress_tag);
+        d->progress_tag = s;
+        return 0;
+}
+
+/* The bytes build_draft_finish() fills here: each segment of its own once (replicas share). */
+static uint64_t draft_fill_bytes(const BuildState *b) {
+        uint64_t total = 0;
+
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && !b->ranks[i].replica)
+                        total += b->layout.ranks[i].size_bytes;
+        return total;
+}
+
 void build_draft_abandon(BuildDraft *d) {
         if (!d)
                 return;
+        free(d->progress_tag);
         build_keep_unreserve(d->builder.state, d->state);
         build_table_cancel(d->builder.manager->builds, d->bytes);
         build_state_free(d->state);
@@ -235,8 +257,10 @@ void build_draft_abandon(BuildDraft *d) {
 }
 
 static int materialize_all(const Builder *builder, BuildState *b, const char *id,
-                           bool (*expired)(void *userdata), void *userdata,
-                           FamilyError *ret_error) {
+                           BuildProgress *progress, bool (*expired)(void *userdata),
+                           void *userdata, FamilyError *ret_error) {
+        uint64_t done = 0;
+
         for (size_t i = 0; i < b->n_ranks; i++) {
                 const RankLayout *rl = &b->layout.ranks[i];
                 BuildRankState *rs = &b->ranks[i];
@@ -271,6 +295,8 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
                                b->seed, ret_error);
                 if (r < 0)
                         return r;
+                done += rl->size_bytes;
+                build_progress_advance(progress, done);
         }
         return 0;
 }
@@ -305,18 +331,17 @@ static void draft_abandon_made(BuildDraft *d, const char *id) {
         build_draft_abandon(d);
 }
 
-int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *userdata,
-                       BuildRecord **ret, FamilyError *ret_error) {
+static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
+                        bool (*expired)(void *userdata), void *userdata, BuildRecord **ret,
+                        FamilyError *ret_error) {
         const Builder *builder = &d->builder;
         Manager *m = builder->manager;
         BuildState *b = d->state;
         uint64_t bytes = d->bytes;
         BuildRecord *rec = NULL;
-        char id[BUILD_TABLE_ID_MAX];
         int r;
 
-        build_table_next_id(m->builds, id);
-        r = materialize_all(builder, b, id, expired, userdata, ret_error);
+        r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
         if (r >= 0 && expired(userdata))
                 r = -ETIMEDOUT;
         if (r < 0) {
@@ -384,6 +409,28 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
                    replicas_text, gpu_bytes_text);
         *ret = rec;
         return 0;
+}
+
+int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *userdata,
+                       BuildRecord **ret, FamilyError *ret_error) {
+        BuildProgress *progress = NULL;
+        char id[BUILD_TABLE_ID_MAX];
+        int r;
+
+        build_table_next_id(d->builder.manager->builds, id);
+        /* Followed from here, by id and tag, while this thread fills (a failure to follow it
+         * costs the watchers, not the Build). */
+        if (d->builder.progress && build_draft_fills(d))
+                (void) build_progress_start(d->builder.progress, id, d->progress_tag,
+                                            d->state->plan.resolved.family,
+                                            draft_fill_bytes(d->state), &progress);
+        free(d->progress_tag);
+        d->progress_tag = NULL;
+        fill_progress_bind(build_progress_fill(progress));
+        r = draft_finish(d, id, progress, expired, userdata, ret, ret_error);
+        fill_progress_bind(NULL);
+        build_progress_end(progress, r, ret_error);
+        return r;
 }
 
 int build_release(const Builder *builder, const char *id, FamilyError *ret_error) {

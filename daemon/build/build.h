@@ -42,6 +42,7 @@
 #include "state/state.h"
 
 typedef struct BuildSharing BuildSharing;
+typedef struct BuildProgressTable BuildProgressTable;
 
 /* What the Build use-case works with; the shell sets it up, adapters pass it by pointer. */
 typedef struct Builder {
@@ -52,6 +53,8 @@ typedef struct Builder {
         /* Shared builds, references and grace (build-share.c, build-watch.c); NULL: every
          * Build is its own and nothing watches processes (build_sharing_start()). */
         BuildSharing *sharing;
+        /* Materialising builds and their progress (WatchBuild); NULL: not followed. */
+        BuildProgressTable *progress;
 } Builder;
 
 /* ---- callers (build-caller.c) ----------------------------------------------------------- */
@@ -138,6 +141,10 @@ int build_error_copy(const FamilyError *from, FamilyError *to);
 /* Gives a draft of build_draft_share() up (taken) and answers every waiter with error. */
 void build_draft_fail(BuildDraft *d, const FamilyError *error);
 
+/* BuildRequest.progress_tag (copied; NULL or "": none): the draft's fill is followed under it
+ * as well as under its id. -ENOMEM. */
+int build_draft_set_progress_tag(BuildDraft *d, const char *tag);
+
 /* True when the draft has shards to fill here: the slow part, which adapters may run off their
  * own threads. */
 bool build_draft_fills(const BuildDraft *d);
@@ -168,6 +175,36 @@ int build_release_held(const Builder *builder, const char *id, const BuildCaller
 /* PinBuild / UnpinBuild; *ret a new reference to the build. NOT_FOUND as build_table_get(). */
 int build_pin(const Builder *builder, const char *id, bool pin, BuildRecord **ret,
               FamilyError *ret_error);
+
+/* ---- progress of materialising builds (build-state.c) ------------------------------------ */
+
+/* A watcher is told again at most this often while a build fills. */
+#define BUILD_PROGRESS_TICK_MS 100u
+/* An ended build stays known this long (a watcher that comes late learns how it ended), and
+ * at most this many ended builds are kept. */
+#define BUILD_PROGRESS_KEEP_MS 60000u
+#define BUILD_PROGRESS_KEEP_ENDED 64u
+
+/*
+ * The builds whose shards build_draft_finish() fills, from the start of the fill until a while
+ * after it ends (DONE or FAILED). changed(userdata) is called when one starts or ends, and at
+ * most every BUILD_PROGRESS_TICK_MS while one fills, on the thread that made the change (a
+ * build thread, or a fill helper), never under the table's lock.
+ */
+int build_progress_table_new(void (*changed)(void *userdata), void *userdata,
+                             BuildProgressTable **ret);
+BuildProgressTable *build_progress_table_free(BuildProgressTable *t);
+/* Replaces the hook (NULL: none) once the calls of the old one under way have returned. */
+void build_progress_table_set_changed(BuildProgressTable *t, void (*changed)(void *userdata),
+                                      void *userdata);
+
+/* A build's progress (by id, else by tag: the latest with it), copied into a; -ENOENT when the
+ * table knows none. */
+int build_progress_find(BuildProgressTable *t, const char *id, const char *tag, Arena *a,
+                        CodecBuildProgress *ret);
+/* The builds filling now, oldest first, copied into a. */
+int build_progress_list(BuildProgressTable *t, Arena *a, CodecBuildProgress **ret,
+                        size_t *ret_n);
 
 /*
  * Re-adopts what the previous run kept (builder->state), before anything is served: meshes

@@ -513,3 +513,46 @@ int codec_shared_parameters_decode(Arena *a, Familyd__V1__SharedParameter *const
         *ret_n = n;
         return 0;
 }
+
+int codec_build_progress_encode(Arena *a, const CodecBuildProgress *p,
+                                Familyd__V1__BuildProgress **ret) {
+        static const Familyd__V1__BuildProgressState states[_CODEC_BUILD_PROGRESS_MAX] = {
+                [CODEC_BUILD_PROGRESS_FILLING] = FAMILYD__V1__BUILD_PROGRESS_STATE__BUILD_PROGRESS_STATE_FILLING,
+                [CODEC_BUILD_PROGRESS_DONE] = FAMILYD__V1__BUILD_PROGRESS_STATE__BUILD_PROGRESS_STATE_DONE,
+                [CODEC_BUILD_PROGRESS_FAILED] = FAMILYD__V1__BUILD_PROGRESS_STATE__BUILD_PROGRESS_STATE_FAILED,
+        };
+        Familyd__V1__BuildProgress *pb = MSG_NEW(a, Familyd__V1__BuildProgress,
+                                                 familyd__v1__build_progress__init);
+
+        if (p->state < 0 || p->state >= _CODEC_BUILD_PROGRESS_MAX)
+                return -EINVAL;
+        if (!pb || !(pb->build_id = arena_strdup(a, strempty(p->build_id))) ||
+            !(pb->progress_tag = arena_strdup(a, strempty(p->progress_tag))) ||
+            !(pb->family = arena_strdup(a, strempty(p->family))) ||
+            !(pb->error = arena_strdup(a, strempty(p->error))))
+                return -ENOMEM;
+        pb->state = states[p->state];
+        pb->bytes_filled = p->bytes_filled;
+        pb->bytes_total = p->bytes_total;
+        pb->bytes_per_second = p->bytes_per_second;
+        pb->elapsed_ms = p->elapsed_ms;
+        pb->started_unix_ms = p->started_unix_ms;
+        *ret = pb;
+        return 0;
+}
+
+int codec_build_progress_list_encode(Arena *a, const CodecBuildProgress *list, size_t n,
+                                     Familyd__V1__BuildProgress ***ret) {
+        Familyd__V1__BuildProgress **pbs = NULL;
+        int r;
+
+        if (n > 0 && !ARRAY_NEW(a, pbs, n))
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                r = codec_build_progress_encode(a, &list[i], &pbs[i]);
+                if (r < 0)
+                        return r;
+        }
+        *ret = pbs;
+        return 0;
+}

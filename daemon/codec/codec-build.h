@@ -9,6 +9,7 @@
  * Nothing here is owned: the pointers live as long as the build they describe.
  */
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,3 +48,27 @@ int codec_build_packed_size(const char *build_id, const CodecBuild *b, const cha
 
 /* True when s is a shard token (CODEC_TOKEN_LENGTH lowercase hex characters). */
 bool codec_token_is_valid(const char *s);
+
+/* Where a materialising build stands (BuildProgress.state). */
+typedef enum CodecBuildProgressState {
+        CODEC_BUILD_PROGRESS_FILLING,
+        CODEC_BUILD_PROGRESS_DONE,
+        CODEC_BUILD_PROGRESS_FAILED,
+        _CODEC_BUILD_PROGRESS_MAX,
+        _CODEC_BUILD_PROGRESS_INVALID = -EINVAL,
+} CodecBuildProgressState;
+
+/* A materialising build's progress, as WatchBuild, GetStatus and ListBuilds carry it; the
+ * strings are borrowed (NULL: empty). */
+typedef struct CodecBuildProgress {
+        const char *build_id;
+        const char *progress_tag;
+        const char *family;
+        const char *error; /* FAILED: the Build's error message */
+        CodecBuildProgressState state;
+        uint64_t bytes_filled;
+        uint64_t bytes_total;
+        uint64_t bytes_per_second;
+        uint64_t elapsed_ms;
+        int64_t started_unix_ms;
+} CodecBuildProgress;

@@ -70,6 +70,12 @@ int codec_shared_parameters_decode(Arena *a, Familyd__V1__SharedParameter *const
  * redeemed. */
 int codec_build_encode(Arena *a, const char *build_id, const CodecBuild *b,
                        const char *shard_socket, Familyd__V1__Build **ret);
+/* A BuildProgress message of p, in a. */
+int codec_build_progress_encode(Arena *a, const CodecBuildProgress *p,
+                                Familyd__V1__BuildProgress **ret);
+/* n of them, as a repeated field's array (NULL when n is 0). */
+int codec_build_progress_list_encode(Arena *a, const CodecBuildProgress *list, size_t n,
+                                     Familyd__V1__BuildProgress ***ret);
 int codec_job_context_encode(Arena *a, const JobContext *c, Familyd__V1__JobContext **ret);
 
 int codec_mesh_spec_decode(const Familyd__V1__Mesh *pb, MeshSpec *ret, FamilyError *ret_error);

@@ -750,7 +750,14 @@ typedef struct FillJob {
         const uint64_t *n_elements;
         const uint64_t *first_chunk; /* n_slices + 1 entries, prefix sums */
         atomic_uint_fast64_t next;
+        FillProgress *progress; /* the caller's binding, or NULL */
 } FillJob;
+
+static _Thread_local FillProgress *fill_progress_bound;
+
+void fill_progress_bind(FillProgress *p) {
+        fill_progress_bound = p;
+}
 
 static void *fill_worker(void *userdata) {
         FillJob *job = userdata;
@@ -772,7 +779,16 @@ static void *fill_worker(void *userdata) {
                 }
                 uint64_t start = (id - job->first_chunk[lo]) * FILL_CHUNK;
                 uint64_t n = job->n_elements[lo] - start;
-                fill_chunk(&job->slices[lo], start, n < FILL_CHUNK ? n : FILL_CHUNK);
+                if (n > FILL_CHUNK)
+                        n = FILL_CHUNK;
+                fill_chunk(&job->slices[lo], start, n);
+                if (job->progress) {
+                        atomic_fetch_add_explicit(&job->progress->bytes,
+                                                  n * dtype_size(job->slices[lo].spec->dtype),
+                                                  memory_order_relaxed);
+                        if (job->progress->on_chunk)
+                                job->progress->on_chunk(job->progress);
+                }
         }
 }
 
@@ -824,6 +840,7 @@ int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
                 .n_slices = n_slices,
                 .n_elements = n_elements,
                 .first_chunk = first_chunk,
+                .progress = fill_progress_bound,
         };
         uint64_t n_chunks = first_chunk[n_slices];
 

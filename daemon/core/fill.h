@@ -1,6 +1,7 @@
 /* fill.h: parameter values when materialising (docs/semantics.md, Build step 6), bit-exact. */
 #pragma once
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/macro.h"
@@ -97,6 +98,19 @@ int fill_slice(const FillSlice *s);
  * thread cannot be started the others do its share.
  */
 int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads);
+
+/*
+ * A fill's progress, for a Build's watchers: fill_run() on a thread bound to one adds the bytes
+ * of each chunk it writes (on whichever thread wrote it) and then calls on_chunk, if set, on
+ * that thread. The bytes only grow; the reader may read them any time.
+ */
+typedef struct FillProgress {
+        atomic_uint_fast64_t bytes;
+        void (*on_chunk)(struct FillProgress *p); /* fast, thread-safe; NULL: none */
+} FillProgress;
+
+/* Binds p (NULL: none) to the calling thread's later fill_run() calls; p must outlive them. */
+void fill_progress_bind(FillProgress *p);
 
 /* n consecutive elements from global index first (a rank-1 slice), on the calling thread. */
 void fill_values(const FillSpec *spec, uint64_t first, size_t n, void *dst);

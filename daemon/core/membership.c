@@ -26,6 +26,7 @@ struct Membership {
         uint64_t revision;
         Tombstone tombstones[MEMBERSHIP_TOMBSTONES];
         size_t next_tombstone;
+        size_t max_nodes;
 };
 
 void member_info_done(MemberInfo *m) {
@@ -78,6 +79,7 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
                 return -ENOMEM;
         m->timeouts = *timeouts;
         m->version = 1;
+        m->max_nodes = FAMILYD_MAX_PEERS;
         m->members = calloc(4, sizeof(Member));
         if (!m->members)
                 return -ENOMEM;
@@ -137,9 +139,75 @@ bool membership_set_local_digest(Membership *m, const char *digest) {
         return member_set_digest(m, &m->members[0], strempty(digest));
 }
 
+void membership_set_max_nodes(Membership *m, size_t max_nodes) {
+        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS : MIN(max_nodes, (size_t) FAMILYD_MAX_PEERS);
+}
+
+size_t membership_max_nodes(const Membership *m) {
+        return m->max_nodes;
+}
+
+bool membership_can_take(const Membership *m, const MemberInfo *const *records, size_t n) {
+        size_t unknown = 0;
+
+        if (n > m->max_nodes)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!membership_find(m, records[i]->name))
+                        unknown++;
+        return m->n_members + unknown <= m->max_nodes;
+}
+
+/* No version a daemon believes comes near the limit: one change a millisecond for 142,000
+ * years. */
+#define MEMBERSHIP_VERSION_CEILING (FAMILYD_MAX_TOPOLOGY_VERSION / 2)
+
+bool membership_version_plausible(const Membership *m, uint64_t version, size_t n_listed) {
+        uint64_t slack = (uint64_t) MEMBERSHIP_VERSION_SLACK_PER_MEMBER *
+                         ((uint64_t) m->n_members + MIN(n_listed, (size_t) FAMILYD_MAX_PEERS) + 1);
+
+        if (version <= m->version)
+                return true;
+        return version < MEMBERSHIP_VERSION_CEILING && version - m->version <= slack;
+}
+
 static void membership_see_version(Membership *m, uint64_t version) {
         if (version > m->version && version <= FAMILYD_MAX_TOPOLOGY_VERSION)
                 m->version = version;
+}
+
+static int cmp_u64_desc(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+        return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The highest version that more than half of the other members that are up claim (0: none). */
+static uint64_t membership_quorum_version(const Membership *m) {
+        _cleanup_free_ uint64_t *claims = calloc(m->n_members, sizeof(uint64_t));
+        size_t n = 0;
+
+        if (!claims)
+                return 0;
+        for (size_t i = 1; i < m->n_members; i++)
+                if (m->members[i].state == NODE_UP)
+                        claims[n++] = m->members[i].claimed_version;
+        if (n == 0)
+                return 0;
+        qsort(claims, n, sizeof(uint64_t), cmp_u64_desc);
+        /* Sorted high to low, claims[n / 2] is claimed (at least) by n / 2 + 1 members. */
+        return claims[n / 2] < MEMBERSHIP_VERSION_CEILING ? claims[n / 2] : 0;
+}
+
+/* Takes a member's version: all of it when plausible, else what a majority backs. True when
+ * some of it was refused. */
+static bool membership_take_version(Membership *m, Member *e, uint64_t version, bool plausible) {
+        e->claimed_version = version;
+        if (plausible) {
+                membership_see_version(m, version);
+                return false;
+        }
+        membership_see_version(m, membership_quorum_version(m));
+        return version > m->version;
 }
 
 static NodeState state_for_age(const MembershipTimeouts *t, int64_t age_ms) {
@@ -222,9 +290,9 @@ static int membership_check_identity(const Membership *m, const MemberInfo *info
                              "forget that node first if it is gone",
                              info->node_rank, holder->info.name,
                              node_state_to_string(holder->state));
-        else if (!existing && m->n_members >= FAMILYD_MAX_PEERS)
-                r = asprintf(ret_reason, "the cluster already has %u members, the limit",
-                             FAMILYD_MAX_PEERS);
+        else if (!existing && m->n_members >= m->max_nodes)
+                r = asprintf(ret_reason, "the cluster already has %zu members, the limit "
+                             "(--max-nodes)", m->max_nodes);
         if (r < 0) {
                 *ret_reason = NULL;
                 return -ENOMEM;
@@ -232,48 +300,32 @@ static int membership_check_identity(const Membership *m, const MemberInfo *info
         return 0;
 }
 
-int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, int64_t now_ms,
-                     MemberVerdict *ret, char **ret_refusal) {
+/* Our own name from another start: a second daemon configured with it. */
+static int membership_heard_self(Membership *m, const MemberInfo *sender, MemberVerdict *ret,
+                                 char **ret_refusal) {
+        if (sender->boot_id == m->members[0].info.boot_id) {
+                *ret = MEMBER_STALE; /* a link to our own address */
+                return 0;
+        }
+        if (ret_refusal &&
+            asprintf(ret_refusal, "node name '%s' is already in use by the live node at %s",
+                     sender->name, m->members[0].info.address) < 0)
+                *ret_refusal = NULL;
+        *ret = MEMBER_REFUSED;
+        return 0;
+}
+
+/* A start we do not know yet, of a new node or of a known name: joined, restarted, or not. */
+static int membership_heard_start(Membership *m, const MemberInfo *sender, Member *e,
+                                  int64_t now_ms, MemberVerdict *ret, char **ret_refusal) {
         _cleanup_free_ char *reason = NULL;
-        Member *e;
         int r;
 
-        membership_see_version(m, version);
-
-        if (streq(sender->name, m->members[0].info.name)) {
-                if (sender->boot_id == m->members[0].info.boot_id) {
-                        *ret = MEMBER_STALE; /* a link to our own address */
-                        return 0;
-                }
-                if (ret_refusal &&
-                    asprintf(ret_refusal, "node name '%s' is already in use by the live node at %s",
-                             sender->name, m->members[0].info.address) < 0)
-                        *ret_refusal = NULL;
-                *ret = MEMBER_REFUSED;
-                return 0;
-        }
-
-        e = membership_lookup(m, sender->name);
-        if (e && e->info.boot_id == sender->boot_id) {
-                (void) member_set_digest(m, e, sender->registry_digest);
-                e->last_heard_ms = MAX(e->last_heard_ms, now_ms);
-                if (e->state != NODE_UP) {
-                        e->state = NODE_UP;
-                        membership_changed(m);
-                }
-                *ret = MEMBER_KNOWN;
-                return 0;
-        }
-        if (sender->partial) {
-                *ret = MEMBER_UNKNOWN;
-                return 0;
-        }
         if (e && sender->started_unix_ms < e->info.started_unix_ms &&
             streq(e->info.address, sender->address)) {
                 *ret = MEMBER_STALE;
                 return 0;
         }
-
         r = membership_check_identity(m, sender, e, &reason);
         if (r < 0)
                 return r;
@@ -281,6 +333,12 @@ int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, 
                 if (ret_refusal)
                         *ret_refusal = TAKE_PTR(reason);
                 *ret = MEMBER_REFUSED;
+                return 0;
+        }
+        /* The start we know still speaks to us: a live node is not replaced on anyone's word,
+         * its own next start included, until that one falls silent. */
+        if (e && e->state == NODE_UP) {
+                *ret = MEMBER_DEFERRED;
                 return 0;
         }
 
@@ -299,8 +357,52 @@ int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, 
                         return r;
                 *ret = MEMBER_JOINED;
         }
-        membership_changed(m);
         return 0;
+}
+
+int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t version,
+                          size_t n_listed, int64_t now_ms, MemberVerdict *ret,
+                          bool *ret_version_refused, char **ret_refusal) {
+        bool plausible = membership_version_plausible(m, version, n_listed), changed = false;
+        bool refused = false;
+        Member *e;
+        int r;
+
+        if (ret_version_refused)
+                *ret_version_refused = false;
+        if (streq(sender->name, m->members[0].info.name))
+                return membership_heard_self(m, sender, ret, ret_refusal);
+
+        e = membership_lookup(m, sender->name);
+        if (e && e->info.boot_id == sender->boot_id) {
+                (void) member_set_digest(m, e, sender->registry_digest);
+                e->last_heard_ms = MAX(e->last_heard_ms, now_ms);
+                changed = e->state != NODE_UP;
+                e->state = NODE_UP;
+                *ret = MEMBER_KNOWN;
+        } else if (sender->partial) {
+                *ret = MEMBER_UNKNOWN;
+                return 0;
+        } else {
+                r = membership_heard_start(m, sender, e, now_ms, ret, ret_refusal);
+                if (r < 0 || (*ret != MEMBER_JOINED && *ret != MEMBER_RESTARTED))
+                        return r;
+                e = membership_lookup(m, sender->name);
+                changed = true;
+        }
+
+        /* A member now: its version counts, as far as the table explains it. */
+        refused = membership_take_version(m, e, version, plausible);
+        if (ret_version_refused)
+                *ret_version_refused = refused;
+        if (changed)
+                membership_changed(m);
+        return 0;
+}
+
+int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, int64_t now_ms,
+                     MemberVerdict *ret, char **ret_refusal) {
+        return membership_heard_from(m, sender, version, 0, now_ms, ret, NULL, ret_refusal);
 }
 
 int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int64_t now_ms,
@@ -326,12 +428,13 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
                 *ret = MEMBER_KNOWN;
                 return 0;
         }
-        if (e && info->started_unix_ms <= e->info.started_unix_ms) {
+        /* Another start of a known node: only the node itself says so (membership_heard). */
+        if (e) {
                 *ret = MEMBER_STALE;
                 return 0;
         }
 
-        r = membership_check_identity(m, info, e, &reason);
+        r = membership_check_identity(m, info, NULL, &reason);
         if (r < 0)
                 return r;
         if (reason) {
@@ -339,19 +442,10 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
                 return 0;
         }
 
-        if (e) {
-                r = member_replace(e, info);
-                if (r < 0)
-                        return r;
-                e->last_heard_ms = heard;
-                e->state = state_for_age(&m->timeouts, now_ms - heard);
-                *ret = MEMBER_RESTARTED;
-        } else {
-                r = membership_add(m, info, heard, now_ms);
-                if (r < 0)
-                        return r;
-                *ret = MEMBER_JOINED;
-        }
+        r = membership_add(m, info, heard, now_ms);
+        if (r < 0)
+                return r;
+        *ret = MEMBER_JOINED;
         membership_changed(m);
         return 0;
 }

@@ -11,6 +11,14 @@
  * the revision (what the topology shows) but not the version (who is in, in which state). The
  * member's own messages are authoritative for it; another member's report only when it heard
  * the member more recently than we did.
+ *
+ * Rules that hold even against a member (a key holder by mistake, stale or compromised):
+ * a version is taken only from a member (never from a refused, stale or unknown sender), and
+ * only as far as the member table can explain (membership_version_plausible()); a restart
+ * (a new start of a known name) is believed only from that node itself, and only once the
+ * start we know is no longer up; another member's report never replaces a start; the table
+ * holds at most max_nodes members (membership_set_max_nodes()), and a list that would take it
+ * past that is refused whole (membership_can_take()).
  */
 
 #include <stdint.h>
@@ -44,6 +52,7 @@ typedef struct Member {
         int64_t last_heard_ms; /* the caller's monotonic clock */
         NodeState state;
         bool local;
+        uint64_t claimed_version; /* the version its last message carried */
 } Member;
 
 typedef enum MemberVerdict {
@@ -53,6 +62,7 @@ typedef enum MemberVerdict {
         MEMBER_STALE,     /* an older start, ourselves, or a forgotten node: ignored */
         MEMBER_REFUSED,   /* its name or node rank is taken by another node */
         MEMBER_UNKNOWN,   /* a partial record of a start we do not know: ask for the whole */
+        MEMBER_DEFERRED,  /* a new start of a node whose known start is still up: not yet */
         _MEMBER_VERDICT_MAX,
         _MEMBER_VERDICT_INVALID = -EINVAL,
 } MemberVerdict;
@@ -64,11 +74,38 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
 Membership *membership_free(Membership *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Membership *, membership_free);
 
-/* A message came straight from `sender`, which knows `version`. On MEMBER_REFUSED,
- * *ret_refusal (malloc'd, may be NULL) says why, in words for the refused node's log. */
+/* The most members the table holds, this node included (--max-nodes; default and ceiling
+ * FAMILYD_MAX_PEERS). */
+void membership_set_max_nodes(Membership *m, size_t max_nodes);
+size_t membership_max_nodes(const Membership *m);
+/* Whether `n` records (a hello's list) fit: false when the ones not known here would take the
+ * table past max_nodes, and the whole list is to be refused. */
+bool membership_can_take(const Membership *m, const MemberInfo *const *records, size_t n);
+
+/* Changes a peer may be ahead of us per member it or we know: a heartbeat interval sees at
+ * most a join, a restart and three state changes of each. */
+#define MEMBERSHIP_VERSION_SLACK_PER_MEMBER 8u
+/* Whether a member's `version` is one its message can explain: at most our version plus
+ * MEMBERSHIP_VERSION_SLACK_PER_MEMBER times (our members + the n_listed its message names +
+ * 1). A larger one is taken only as far as more than half of the other members that are up
+ * claim it (a daemon that rejoins after a partition, or that knows only its seed, catches up;
+ * one member alone among several cannot move it), and never to FAMILYD_MAX_TOPOLOGY_VERSION / 2
+ * or beyond. */
+bool membership_version_plausible(const Membership *m, uint64_t version, size_t n_listed);
+
+/* A message came straight from `sender`, which knows `version`; n_listed: the members the
+ * message names (a hello's). The version is taken only when the sender is (or now becomes) a
+ * member and membership_version_plausible() holds; *ret_version_refused (may be NULL) says
+ * when it did not. On MEMBER_REFUSED, *ret_refusal (malloc'd, may be NULL) says why, in
+ * words for the refused node's log. */
+int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t version,
+                          size_t n_listed, int64_t now_ms, MemberVerdict *ret,
+                          bool *ret_version_refused, char **ret_refusal);
+/* membership_heard_from() with n_listed 0, not asking whether the version was refused. */
 int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, int64_t now_ms,
                      MemberVerdict *ret, char **ret_refusal);
-/* Another member says it heard from `info` age_ms ago. */
+/* Another member says it heard from `info` age_ms ago. Never replaces a start we know (that
+ * takes the node's own word: MEMBER_STALE). */
 int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int64_t now_ms,
                      MemberVerdict *ret);
 /* Applies the timeouts; true when a state changed or a member was forgotten. */

@@ -13,7 +13,9 @@
  * address, and closes. The dialer then creates its endpoint from that worker address (UCX's
  * own wireup runs on the tcp transport's ports, which take garbage without harm). Anything
  * else on the bootstrap port (wrong magic, silence past PEER_HANDSHAKE_MS, an oversized
- * answer) closes that TCP connection only.
+ * answer) closes that TCP connection only. At most PEER_MAX_HANDSHAKES listening handshakes
+ * run at once, PEER_MAX_HANDSHAKES_PER_SOURCE of them from one address: a flood of idle
+ * connections from one host cannot keep a restarted node out.
  *
  * With a cluster key (--cluster-key) the handshake proves it both ways before the address is
  * handed out: the dialer sends "FAMILYK1" and its nonce; the listener its nonce and a proof
@@ -24,7 +26,10 @@
  * recently used out first, since UCX does not say which endpoint an active message came from.
  * Every message is then sealed into a frame on sending and opened on dispatch (peer-frame.c):
  * a frame that names no session or fails its MAC or sequence check is dropped before the
- * callback, so nothing unauthenticated reaches the membership.
+ * callback, so nothing unauthenticated reaches the membership. A session also carries the
+ * identity the caller bound to it (peer_ucx_reply_bind()), and names the endpoint a reply came
+ * back on (peer_ucx_reply_endpoint()): the link, not the message's words, says who speaks.
+ * A message counts as sent (on_sent) when UCX completes its send, not when it is queued.
  *
  * UCX callbacks run inside
  * ucp_worker_progress(), where the UCX documentation forbids progressing again and where
@@ -68,8 +73,12 @@
 #define PEER_HANDSHAKE_MS 5000
 /* The handshake timer fires within this of its deadline (not sd-event's default 250 ms). */
 #define PEER_TIMER_ACCURACY_USEC 1000u
-/* Handshakes in progress on the listening side; more are closed at once. */
+/* Handshakes in progress on the listening side; more are closed at once. One source address
+ * holds at most PEER_MAX_HANDSHAKES_PER_SOURCE of them, so a flood from one host leaves room
+ * for the others (issue 16: 837k idle connections from one address held all 64). */
 #define PEER_MAX_HANDSHAKES 64u
+#define PEER_MAX_HANDSHAKES_PER_SOURCE 8u
+#define PEER_FLOOD_LOG_USEC (10u * 1000000u)
 /* Sessions that others dialed, kept for their messages: room for two links from every member;
  * past it the least recently used goes. */
 #define PEER_MAX_SESSIONS (2u * FAMILYD_MAX_PEERS + PEER_MAX_HANDSHAKES)
@@ -95,6 +104,8 @@ typedef struct PeerSession {
         PeerRole role; /* ours on the link */
         uint64_t next_seq;
         PeerReplayWindow window;
+        char *bound_name; /* who speaks on the link, once the caller believed it */
+        uint64_t bound_boot;
         struct PeerSession *next;
 } PeerSession;
 
@@ -113,6 +124,7 @@ typedef struct PeerHandshake {
         bool proven; /* keyed: the other side proved the key; session holds the link's keys */
         PeerSessionKeys session;
         char remote[PEER_REMOTE_MAX]; /* the other side, for the log */
+        char source[NI_MAXHOST];      /* listening: the other side's host, for its limit */
         struct PeerEndpoint *endpoint; /* dialing only */
         struct PeerHandshake *next;
 } PeerHandshake;
@@ -166,6 +178,8 @@ struct PeerUcx {
         unsigned unauthenticated; /* messages of no session, or with a bad MAC, dropped */
         unsigned replayed;        /* messages seen before or too old, dropped */
         unsigned refused;         /* handshakes that did not prove the key */
+        unsigned flooded;         /* connections closed at once: too many handshakes */
+        uint64_t flood_logged_usec; /* a flood is logged once every PEER_FLOOD_LOG_USEC */
         char *refused_last;       /* the last of them: "host:port: why" */
 };
 
@@ -408,6 +422,7 @@ static void session_free(PeerUcx *u, PeerSession *s) {
                 }
         if (s->role == PEER_ROLE_LISTENER)
                 u->n_listener_sessions--;
+        free(s->bound_name);
         sodium_memzero(s, sizeof *s);
         free(s);
 }
@@ -513,7 +528,8 @@ static uint32_t read_le32(const uint8_t *p) {
                (uint32_t) p[3] << 24;
 }
 
-static int send_on(ucp_ep_h ep, PeerEndpoint *e, PeerSession *s, uint8_t *buf, size_t size);
+static int send_on(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSession *s, uint8_t *buf,
+                   size_t size);
 
 /* The dialer has the worker address: the endpoint comes to life and sends what waited. */
 static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *address) {
@@ -544,7 +560,7 @@ static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *a
                 PeerPending *q = e->pending;
                 e->pending = q->next;
                 e->n_pending--;
-                (void) send_on(e->ep, e, e->session, q->buf, q->size);
+                (void) send_on(u, e->ep, e, e->session, q->buf, q->size);
                 free(q);
         }
         e->pending_tail = &e->pending;
@@ -812,7 +828,8 @@ static int handshake_dial_hello(PeerUcx *u, PeerHandshake *h) {
         return handshake_send(h, data, size, HS_DIAL_HELLO_SENT);
 }
 
-static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, const char *remote) {
+static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, const char *remote,
+                         const char *source) {
         PeerHandshake *h = calloc(1, sizeof *h);
         int r;
 
@@ -825,6 +842,7 @@ static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, cons
         h->dialing = dialing;
         h->endpoint = e;
         (void) snprintf(h->remote, sizeof h->remote, "%s", remote);
+        (void) snprintf(h->source, sizeof h->source, "%s", strempty(source));
         h->next = u->handshakes;
         u->handshakes = h;
         if (dialing)
@@ -849,16 +867,28 @@ static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, cons
         return r < 0 ? r : 0;
 }
 
-/* "host:port" of an accepted connection, for the log. */
-static void remote_name(const struct sockaddr_storage *sa, socklen_t len, char *ret, size_t size) {
-        char host[NI_MAXHOST], port[NI_MAXSERV];
+/* "host:port" of an accepted connection, for the log, and its host alone. */
+static void remote_name(const struct sockaddr_storage *sa, socklen_t len, char *ret, size_t size,
+                        char ret_host[static NI_MAXHOST]) {
+        char port[NI_MAXSERV];
 
-        if (getnameinfo((const struct sockaddr *) sa, len, host, sizeof host, port, sizeof port,
-                        NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+        if (getnameinfo((const struct sockaddr *) sa, len, ret_host, NI_MAXHOST, port,
+                        sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
                 (void) snprintf(ret, size, "an unknown address");
-        else
-                (void) snprintf(ret, size, sa->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host,
-                                port);
+                ret_host[0] = 0;
+        } else
+                (void) snprintf(ret, size, sa->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s",
+                                ret_host, port);
+}
+
+/* Listening handshakes in progress from this host. */
+static unsigned handshakes_from(PeerUcx *u, const char *host) {
+        unsigned n = 0;
+
+        for (PeerHandshake *h = u->handshakes; h; h = h->next)
+                if (!h->dialing && streq(h->source, host))
+                        n++;
+        return n;
 }
 
 static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t revents,
@@ -877,12 +907,19 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                                 log_debug("Accepting on the peer port failed: %m");
                         return 0;
                 }
+                char host[NI_MAXHOST];
                 if (u->n_accepted >= PEER_MAX_HANDSHAKES) {
                         safe_close(fd);
+                        u->flooded++;
                         continue;
                 }
-                remote_name(&sa, sa_len, remote, sizeof remote);
-                (void) handshake_new(u, fd, false, NULL, remote);
+                remote_name(&sa, sa_len, remote, sizeof remote, host);
+                if (handshakes_from(u, host) >= PEER_MAX_HANDSHAKES_PER_SOURCE) {
+                        safe_close(fd);
+                        u->flooded++;
+                        continue;
+                }
+                (void) handshake_new(u, fd, false, NULL, remote, host);
         }
 }
 
@@ -1077,6 +1114,16 @@ static void dispatch_log_drops(PeerUcx *u) {
                             u->unauthenticated, u->unauthenticated == 1 ? "" : "s", u->replayed);
                 u->unauthenticated = u->replayed = 0;
         }
+        uint64_t now = 0;
+        if (u->flooded > 0 && sd_event_now(u->event, CLOCK_MONOTONIC, &now) >= 0 &&
+            (u->flood_logged_usec == 0 || now - u->flood_logged_usec >= PEER_FLOOD_LOG_USEC)) {
+                u->flood_logged_usec = now;
+                log_warning("Closed %u peer connection%s at once: %u handshakes in progress "
+                            "at most, %u from one address.",
+                            u->flooded, u->flooded == 1 ? "" : "s", PEER_MAX_HANDSHAKES,
+                            PEER_MAX_HANDSHAKES_PER_SOURCE);
+                u->flooded = 0;
+        }
         if (u->refused > 0) {
                 log_warning("Refused %u peer connection%s that did not prove the cluster key "
                             "(the last from %s).",
@@ -1139,7 +1186,7 @@ int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoi
         e->ucx = u;
         e->userdata = userdata;
         e->pending_tail = &e->pending;
-        r = handshake_new(u, fd, true, e, address);
+        r = handshake_new(u, fd, true, e, address, NULL);
         if (r < 0) {
                 free(e);
                 return r;
@@ -1161,12 +1208,17 @@ void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep) {
 
 typedef struct PeerSend {
         uint8_t *buf;
+        size_t size;
+        PeerUcx *ucx;
         PeerEndpoint *endpoint; /* NULL for replies */
 } PeerSend;
 
-static void send_finished(PeerSend *s) {
+/* The send is over; sent: UCX completed it (the bytes left this worker). */
+static void send_finished(PeerSend *s, bool sent) {
         PeerEndpoint *e = s->endpoint;
 
+        if (sent && s->ucx->callbacks.on_sent)
+                s->ucx->callbacks.on_sent(s->ucx->callbacks.userdata, s->size);
         free(s->buf);
         free(s);
         if (e) {
@@ -1176,18 +1228,18 @@ static void send_finished(PeerSend *s) {
 }
 
 static void on_sent(void *request, ucs_status_t status, void *user_data) {
-        send_finished(user_data);
+        send_finished(user_data, status == UCS_OK);
         ucp_request_free(request);
 }
 
-static int send_on(ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *buf,
-                   size_t size) {
+static int send_on_numbered(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSession *session,
+                            uint8_t *buf, size_t size, uint64_t seq) {
         PeerSend *s;
 
         if (session) {
                 uint8_t *frame;
-                int r = peer_frame_seal(session_send_key(session), session->keys.id,
-                                        session->next_seq++, buf, size, &frame, &size);
+                int r = peer_frame_seal(session_send_key(session), session->keys.id, seq, buf,
+                                        size, &frame, &size);
                 free(buf);
                 if (r < 0)
                         return r;
@@ -1199,6 +1251,8 @@ static int send_on(ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *
                 return -ENOMEM;
         }
         s->buf = buf;
+        s->size = size;
+        s->ucx = u;
         s->endpoint = e;
         if (e)
                 e->inflight++;
@@ -1214,8 +1268,13 @@ static int send_on(ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *
         if (UCS_PTR_IS_PTR(req))
                 return 0;
         /* Done at once (NULL) or failed: the callback will not run. */
-        send_finished(s);
+        send_finished(s, !UCS_PTR_IS_ERR(req));
         return UCS_PTR_IS_ERR(req) ? errno_from_ucs(UCS_PTR_STATUS(req)) : 0;
+}
+
+static int send_on(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *buf,
+                   size_t size) {
+        return send_on_numbered(u, ep, e, session, buf, size, session ? session->next_seq++ : 0);
 }
 
 int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size) {
@@ -1237,7 +1296,7 @@ int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size) {
                 ep->n_pending++;
                 return 0;
         }
-        return send_on(ep->ep, ep, ep->session, buf, size);
+        return send_on(u, ep->ep, ep, ep->session, buf, size);
 }
 
 int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size) {
@@ -1247,7 +1306,59 @@ int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size) {
                 free(buf);
                 return -ENOTCONN;
         }
-        return send_on(to->ep, NULL, to->session, buf, size);
+        return send_on(u, to->ep, NULL, to->session, buf, size);
+}
+
+PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply) {
+        PeerReplyTo *to = reply;
+
+        if (!to)
+                return NULL;
+        for (PeerEndpoint *e = u->endpoints; e; e = e->next) {
+                if (e->closed || e->failed)
+                        continue;
+                if (u->keys.n > 0 ? (to->session && e->session == to->session)
+                                  : (to->ep && e->ep == to->ep))
+                        return e;
+        }
+        return NULL;
+}
+
+int peer_ucx_reply_check(PeerUcx *u, void *reply, const char *name, uint64_t boot_id,
+                         const char **ret_bound) {
+        PeerReplyTo *to = reply;
+        PeerSession *s = to ? to->session : NULL;
+
+        if (!s || !s->bound_name || (s->bound_boot == boot_id && streq(s->bound_name, name)))
+                return 0;
+        if (ret_bound)
+                *ret_bound = s->bound_name;
+        return -EPERM;
+}
+
+int peer_ucx_reply_bind(PeerUcx *u, void *reply, const char *name, uint64_t boot_id) {
+        PeerReplyTo *to = reply;
+        PeerSession *s = to ? to->session : NULL;
+
+        if (!s || s->bound_name)
+                return 0;
+        s->bound_name = strdup(name);
+        if (!s->bound_name)
+                return -ENOMEM;
+        s->bound_boot = boot_id;
+        return 0;
+}
+
+int peer_ucx_send_numbered(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size, uint64_t seq) {
+        if (!ep->ep || ep->failed) {
+                free(buf);
+                return -ENOTCONN;
+        }
+        return send_on_numbered(u, ep->ep, ep, ep->session, buf, size, seq);
+}
+
+bool peer_ucx_endpoint_ready(PeerEndpoint *ep) {
+        return ep && ep->ep && !ep->failed;
 }
 
 void peer_ucx_set_keys(PeerUcx *u, const PeerKeys *keys) {

@@ -18,6 +18,9 @@ typedef struct PeerUcxCallbacks {
         /* An endpoint this side dialed failed (refused, reset, timed out); it is closed after
          * the call. cause: UCX's words for it. */
         void (*on_failure)(void *userdata, PeerEndpoint *ep, const char *cause);
+        /* A message (a frame, with keys) of `size` bytes left this worker: UCX completed its
+         * send. Messages dropped or failed are never counted. May be NULL. */
+        void (*on_sent)(void *userdata, size_t size);
         void *userdata;
 } PeerUcxCallbacks;
 
@@ -49,6 +52,26 @@ void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep);
  * this endpoint already has too many messages in flight. */
 int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size);
 int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size);
+/* The endpoint this side dialed that the message of `reply` came back on (an answer to what
+ * we sent on it: a refusal, a request for our hello), or NULL when it came on a link another
+ * daemon dialed. With keys the frame's session names it; without, UCX's reply endpoint. */
+PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply);
+
+/* With keys, the link a message came on (its session) carries the identity of the daemon that
+ * speaks on it, bound by the caller once it believed that daemon: a real daemon speaks for one
+ * start of one node per link, so a message in another name or start on a bound link is a lie.
+ * _check: 0 when the link is unbound or bound to this name and boot, -EPERM when bound to
+ * another, with *ret_bound (may be NULL) the name it is bound to. _bind: binds an unbound
+ * link. Without keys there is no link identity: both return 0. */
+int peer_ucx_reply_check(PeerUcx *u, void *reply, const char *name, uint64_t boot_id,
+                         const char **ret_bound);
+int peer_ucx_reply_bind(PeerUcx *u, void *reply, const char *name, uint64_t boot_id);
+
+/* For tests/rogue only: sends buf as a frame numbered seq (a replay or a reordering), or as
+ * is when the link has no session. Takes over buf. */
+int peer_ucx_send_numbered(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size, uint64_t seq);
+/* Whether the endpoint's handshake is done (its UCX endpoint exists). */
+bool peer_ucx_endpoint_ready(PeerEndpoint *ep);
 
 /* Splits "host:port" ("[v6]:port" too); 0 or -EINVAL. */
 int peer_address_split(const char *address, char **ret_host, char **ret_port);

@@ -13,6 +13,18 @@
  * linearly with N. After each change a new Topology snapshot goes to the manager, which pushes
  * it to watchers. Every message names the sender's registry digest: each heartbeat first reads
  * the manager's, so a reload reaches every peer within one interval.
+ *
+ * Rules against a member that errs (issue 16; the membership's own are in membership.h):
+ * - a refusal counts only when it comes back on a link this daemon dialed (peer-ucx.c names
+ *   it) and closes that link alone, which is dialed again after PEER_REFUSED_BACKOFF_MIN_MS,
+ *   doubling to PEER_REFUSED_BACKOFF_MAX_MS (the other side's configuration may change);
+ * - with keys, a link speaks for the one start of one node first believed on it
+ *   (peer_ucx_reply_bind()): a message in another name or start on it is dropped, so a
+ *   restart comes only on the node's own new link;
+ * - a hello or announce whose list would take the table past --max-nodes is refused whole;
+ * - a version the member table cannot explain is logged once per sender and
+ *   PEER_VERSION_LOG_MS;
+ * - the traffic counters count what UCX reports sent (on_sent()), not what was queued.
  */
 
 #include <inttypes.h>
@@ -35,6 +47,12 @@
 
 #define PEER_BACKOFF_MIN_MS 200
 #define PEER_BACKOFF_MAX_MS 5000
+/* A daemon that refused us is asked again after 1 s, doubling up to 30 s. */
+#define PEER_REFUSED_BACKOFF_MIN_MS 1000
+#define PEER_REFUSED_BACKOFF_MAX_MS 30000
+/* A refused version is logged at most once per sender in this long (by hash of its name). */
+#define PEER_VERSION_LOG_MS 10000
+#define PEER_VERSION_LOG_SLOTS 64u
 /* The heartbeat fires within this of its time (not sd-event's default 250 ms). */
 #define PEER_TIMER_ACCURACY_USEC 1000u
 
@@ -42,7 +60,8 @@ typedef struct PeerLink {
         char *address;
         PeerEndpoint *ep; /* NULL while waiting to dial again */
         bool seed;        /* from --peers: dialed even when no member lives there */
-        bool refused;     /* that daemon refused us: not dialed again */
+        bool refused;     /* that daemon refused us: dialed again at retry_at_ms */
+        unsigned refusals; /* in a row, for the backoff */
         bool failing;     /* a failure was logged; the next success is logged too */
         bool reached;     /* heard from since the last failure */
         unsigned failures;
@@ -70,6 +89,8 @@ struct Peer {
         uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
+        int64_t version_logged_ms[PEER_VERSION_LOG_SLOTS];
+        int64_t link_lie_logged_ms;
 
         pthread_t thread;
         bool thread_started;
@@ -131,7 +152,10 @@ static void peer_publish(Peer *p) {
 
 /* --- messages --- */
 
-static void peer_count_sent(Peer *p, size_t size) {
+/* UCX finished sending a message: only bytes that left count (issue 16). */
+static void on_sent(void *userdata, size_t size) {
+        Peer *p = userdata;
+
         atomic_fetch_add_explicit(&p->manager->peer_messages_sent, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&p->manager->peer_bytes_sent, size, memory_order_relaxed);
 }
@@ -181,8 +205,6 @@ static void link_send(Peer *p, PeerLink *l, PeerMessage *m) {
                 log_debug("Peer %s is not reading, dropped a message.", l->address);
         else if (r < 0)
                 log_debug("Sending to peer %s failed: %s", l->address, strerror(-r));
-        else
-                peer_count_sent(p, size);
 }
 
 /* Members per hello, so that one stays well under the peer message limit (a receiver drops
@@ -300,9 +322,11 @@ static void link_heard(Peer *p, const char *address, bool restarted) {
                 return;
         }
         if (l->refused)
-                return;
-        if (l->failing)
+                log_info("Peer %s accepted this node after refusing it.", l->address);
+        else if (l->failing)
                 log_info("Peer %s is reachable again.", l->address);
+        l->refused = false;
+        l->refusals = 0;
         l->reached = true;
         l->failing = false;
         l->failures = 0;
@@ -376,8 +400,7 @@ static void peer_reply(Peer *p, void *reply, PeerMessage *answer) {
 
         if (peer_encode(p, answer, &buf, &size) < 0)
                 return;
-        if (peer_ucx_reply(p->ucx, reply, buf, size) >= 0)
-                peer_count_sent(p, size);
+        (void) peer_ucx_reply(p->ucx, reply, buf, size);
 }
 
 static void peer_refuse(Peer *p, void *reply, const PeerMessage *m, const char *reason) {
@@ -388,10 +411,98 @@ static void peer_refuse(Peer *p, void *reply, const PeerMessage *m, const char *
         peer_reply(p, reply, &answer);
 }
 
+/* A refusal is believed only on the link it answers, and closes that link alone. */
+static void peer_refused(Peer *p, void *reply, const PeerMessage *m) {
+        PeerEndpoint *ep = peer_ucx_reply_endpoint(p->ucx, reply);
+        PeerLink *l = ep ? peer_endpoint_userdata(ep) : NULL;
+
+        if (!l || l->ep != ep) {
+                log_debug("Ignored a refusal in the name of %s (%s) that came on no link this "
+                          "node dialed.", m->sender.name, m->sender.address);
+                return;
+        }
+        unsigned shift = l->refusals < 5 ? l->refusals : 5;
+        l->refused = true;
+        l->refusals++;
+        l->retry_at_ms = now_ms() + MIN((int64_t) PEER_REFUSED_BACKOFF_MAX_MS,
+                                        (int64_t) PEER_REFUSED_BACKOFF_MIN_MS << shift);
+        log_struct(LOG_ERR, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
+                   "Node %s (%s) refused this node: %s. Asking again in %" PRId64 " s; fix the "
+                   "configuration of one of them.",
+                   m->sender.name, l->address, strempty(m->reason),
+                   (l->retry_at_ms - now_ms() + 999) / 1000);
+        peer_ucx_close(p->ucx, l->ep);
+        l->ep = NULL;
+}
+
+/* Whether the members a hello or announce names (and its sender) fit under --max-nodes; when
+ * not, the sender is told and nothing of the message is taken. */
+static bool peer_list_fits(Peer *p, void *reply, const PeerMessage *m) {
+        _cleanup_free_ const MemberInfo **list = NULL;
+        _cleanup_free_ char *reason = NULL;
+
+        /* A sender alone is the membership's to refuse, in its own words. */
+        if ((m->body != PEER_HELLO && m->body != PEER_ANNOUNCE) || m->n_members == 0)
+                return true;
+        list = calloc(m->n_members + 1, sizeof(MemberInfo *));
+        if (!list)
+                return false;
+        list[0] = &m->sender;
+        for (size_t i = 0; i < m->n_members; i++)
+                list[i + 1] = &m->members[i].info;
+        if (membership_can_take(p->membership, list, m->n_members + 1))
+                return true;
+        if (asprintf(&reason, "its list of %zu members would take this cluster past %zu nodes "
+                              "(--max-nodes)",
+                     m->n_members, membership_max_nodes(p->membership)) < 0)
+                reason = NULL;
+        peer_refuse(p, reply, m, strempty(reason));
+        return false;
+}
+
+/* Whether the link a message came on speaks for its sender (keyed links are bound to the
+ * first start of a node we believed on them); a lie is logged once per PEER_VERSION_LOG_MS. */
+static bool peer_link_speaks_for(Peer *p, void *reply, const PeerMessage *m) {
+        const char *bound = NULL;
+        int64_t now;
+
+        if (peer_ucx_reply_check(p->ucx, reply, m->sender.name, m->sender.boot_id, &bound) >= 0)
+                return true;
+        now = now_ms();
+        if (p->link_lie_logged_ms == 0 || now - p->link_lie_logged_ms >= PEER_VERSION_LOG_MS) {
+                p->link_lie_logged_ms = now;
+                log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
+                           "Dropped a peer message in the name of node %s (start %016" PRIx64
+                           ") that came on the link of node %s.",
+                           m->sender.name, m->sender.boot_id, strempty(bound));
+        }
+        return false;
+}
+
+/* Once per sender and PEER_VERSION_LOG_MS. */
+static void peer_log_version_refused(Peer *p, const PeerMessage *m) {
+        uint64_t hash = 5381;
+        int64_t now = now_ms();
+
+        for (const char *c = m->sender.name; *c; c++)
+                hash = hash * 33 + (unsigned char) *c;
+        int64_t *last = &p->version_logged_ms[hash % PEER_VERSION_LOG_SLOTS];
+        if (*last != 0 && now - *last < PEER_VERSION_LOG_MS)
+                return;
+        *last = now;
+        log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
+                   "Refused topology version %" PRIu64 " from node %s (%s): further ahead of "
+                   "this node's %" PRIu64 " than the member table explains; kept until most "
+                   "members report it.",
+                   m->version, m->sender.name, m->sender.address,
+                   membership_version(p->membership));
+}
+
 static void on_message(void *userdata, const uint8_t *data, size_t size, void *reply) {
         _cleanup_(peer_message_done) PeerMessage m = {};
         _cleanup_free_ char *refusal = NULL;
         Peer *p = userdata;
+        bool version_refused;
         MemberVerdict v;
         int r;
 
@@ -400,23 +511,26 @@ static void on_message(void *userdata, const uint8_t *data, size_t size, void *r
                 log_warning("Dropped an undecodable peer message of %zu bytes.", size);
                 return;
         }
-
+        if (!peer_link_speaks_for(p, reply, &m))
+                return;
         if (m.body == PEER_REFUSE) {
-                PeerLink *l = link_find(p, m.sender.address);
-                log_struct(LOG_ERR, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m.sender.name)),
-                           "Node %s (%s) refused this node: %s. Not joining through it; fix the "
-                           "configuration and restart familyd.",
-                           m.sender.name, m.sender.address, m.reason);
-                if (l) {
-                        l->refused = true;
-                        peer_ucx_close(p->ucx, l->ep);
-                        l->ep = NULL;
-                }
+                peer_refused(p, reply, &m);
                 return;
         }
+        if (!peer_list_fits(p, reply, &m))
+                return;
 
-        r = membership_heard(p->membership, &m.sender, m.version, now_ms(), &v, &refusal);
+        r = membership_heard_from(p->membership, &m.sender, m.version,
+                                  m.body == PEER_HELLO || m.body == PEER_ANNOUNCE ? m.n_members : 0,
+                                  now_ms(), &v, &version_refused, &refusal);
         if (r < 0) {
+                log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
+                return;
+        }
+        if (version_refused)
+                peer_log_version_refused(p, &m);
+        if ((v == MEMBER_KNOWN || v == MEMBER_JOINED || v == MEMBER_RESTARTED) &&
+            peer_ucx_reply_bind(p->ucx, reply, m.sender.name, m.sender.boot_id) < 0) {
                 log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
                 return;
         }
@@ -428,6 +542,7 @@ static void on_message(void *userdata, const uint8_t *data, size_t size, void *r
                 peer_reply(p, reply, &(PeerMessage) { .body = PEER_WHO });
                 return;
         case MEMBER_STALE:
+        case MEMBER_DEFERRED:
                 return;
         case MEMBER_JOINED:
         case MEMBER_RESTARTED:
@@ -496,8 +611,12 @@ static void peer_tick(Peer *p) {
         if (membership_tick(p->membership, now))
                 links_prune(p);
         for (PeerLink *l = p->links; l; l = l->next)
-                if (!l->refused && !l->ep && now >= l->retry_at_ms)
+                if (!l->ep && now >= l->retry_at_ms) {
+                        if (l->refused)
+                                log_info("Asking peer %s again, which refused this node.",
+                                         l->address);
                         link_dial(p, l);
+                }
         peer_send_heartbeats(p);
 }
 
@@ -671,11 +790,13 @@ int peer_new(const PeerParams *params, Peer **ret) {
         r = membership_new(&p->self, &params->timeouts, now_ms(), &p->membership);
         if (r < 0)
                 return r;
+        membership_set_max_nodes(p->membership, params->max_nodes);
 
         r = sd_event_new(&p->event);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the peer thread's loop: %m");
-        PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure, .userdata = p };
+        PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure,
+                                .on_sent = on_sent, .userdata = p };
         r = peer_ucx_new(p->event, params->listen_address, params->keys, &cb, &p->ucx);
         if (r < 0)
                 return r;

@@ -17,6 +17,7 @@ typedef struct PeerParams {
         MembershipTimeouts timeouts;
         Manager *manager; /* receives each new topology */
         const PeerKeys *keys; /* NULL or none: peers are not authenticated */
+        unsigned max_nodes;   /* --max-nodes, this node included; 0: FAMILYD_MAX_PEERS */
 } PeerParams;
 
 typedef struct Peer Peer;

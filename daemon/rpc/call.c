@@ -33,6 +33,7 @@
 #include "codec/codec-wire.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
+#include "metrics/metrics.h"
 
 
 typedef struct Call {
@@ -47,6 +48,7 @@ typedef struct Call {
         Arena arena;               /* the decoded request and the reply tree */
         ProtobufCMessage *request; /* decoded, in arena */
 
+        uint64_t arrived_ns; /* metrics_now_ns() when the client's call arrived */
         RpcTag on_arrived;
         RpcTag on_sent;
         RpcTag on_received;
@@ -318,6 +320,8 @@ static void call_close_connection(Call *c) {
 
 /* Fills the status op: code, message, and the google.rpc.Status detail in the trailer. */
 static void call_set_status(Call *c, grpc_op *op, FamilyError *e) {
+        metrics_call_done(c->site.method ? c->site.method->path : NULL, (unsigned) e->status,
+                          c->arrived_ns);
         op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
         op->data.send_status_from_server.status = (grpc_status_code) e->status;
         if (e->status == FAMILY_STATUS_OK)
@@ -672,6 +676,13 @@ static void pushed_send(Call *c) {
                 arena_done(&scratch);
                 return;
         }
+        if (r == RPC_WATCH_LAST) {
+                /* The last reply and OK; the send stays "in flight" for good: no more pushes. */
+                c->pushed_sending = true;
+                call_finish(c, reply, &e, false, false);
+                arena_done(&scratch);
+                return;
+        }
         r = call_pack_reply(c, reply, &e);
         arena_done(&scratch);
         if (r < 0) {
@@ -706,8 +717,14 @@ static void on_watch_sent(RpcTag *tag, bool ok) {
 }
 
 void call_counter_notify_watches(CallCounter *counter) {
+        call_counter_notify_watches_of(counter, NULL);
+}
+
+void call_counter_notify_watches_of(CallCounter *counter, const char *path) {
         (void) pthread_mutex_lock(&counter->lock);
         for (Call *c = counter->pushed; c; c = c->pushed_next) {
+                if (path && !streq(c->site.method->path, path))
+                        continue;
                 if (c->pushed_sending)
                         c->pushed_dirty = true;
                 else
@@ -741,7 +758,16 @@ static void call_run_watch(Call *c) {
         c->is_watch = true;
         c->watch_pid = pid;
 
-        if (call_handle(c, &reply, &e) < 0 || call_pack_reply(c, reply, &e) < 0) {
+        int r = call_handle(c, &reply, &e);
+        if (r < 0) {
+                call_finish(c, NULL, &e, true, true);
+                return;
+        }
+        if (r == RPC_WATCH_LAST) { /* over already: one reply, then OK */
+                call_finish(c, reply, &e, true, true);
+                return;
+        }
+        if (call_pack_reply(c, reply, &e) < 0) {
                 call_finish(c, NULL, &e, true, true);
                 return;
         }
@@ -898,6 +924,7 @@ static void call_refuse(Call *c) {
 static void on_arrived(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_arrived);
 
+        c->arrived_ns = metrics_now_ns();
         if (!ok || atomic_load(c->site.shutting_down)) {
                 call_unref(c);
                 return;

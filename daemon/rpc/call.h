@@ -36,6 +36,8 @@ void call_counter_wait_drained(CallCounter *c);
 /* From any thread: every open watch that pushes changes sends its handler's reply anew (at
  * once, or after the send in flight; a burst of changes costs at most one more send). */
 void call_counter_notify_watches(CallCounter *c);
+/* The same for the watches of one method path only. */
+void call_counter_notify_watches_of(CallCounter *c, const char *path);
 
 typedef struct CallSite {
         grpc_server *server;

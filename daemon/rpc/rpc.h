@@ -88,6 +88,13 @@ extern const RpcService service_reflection_v1alpha;
  */
 #define RPC_PENDING 1
 
+/* A watch handler's last reply: sent, then the stream ends with OK (WatchBuild's final
+ * state); no push reaches it any more. */
+#define RPC_WATCH_LAST 2
+
+/* The watches server_notify_watches_of() names for a build's progress. */
+#define RPC_WATCH_BUILD_PATH "/familyd.v1.FamilyService/WatchBuild"
+
 typedef struct RpcPending RpcPending;
 
 RpcPending *rpc_call_defer(void);

@@ -201,6 +201,10 @@ void server_notify_watches(Server *s) {
         call_counter_notify_watches(&s->calls);
 }
 
+void server_notify_watches_of(Server *s, const char *path) {
+        call_counter_notify_watches_of(&s->calls, path);
+}
+
 static bool calls_live(Server *s) {
         (void) pthread_mutex_lock(&s->calls.lock);
         bool live = s->calls.live > 0;

@@ -39,6 +39,8 @@ int server_new(const ServerParams *params, Server **ret);
 void server_add_connection(Server *s, int fd, const RpcRefusal *refusal);
 /* From any thread: open watches that push changes (WatchTopology) send anew. */
 void server_notify_watches(Server *s);
+/* From any thread: only the open watches of the method path (RPC_WATCH_BUILD_PATH) send anew. */
+void server_notify_watches_of(Server *s, const char *path);
 /* Cancels every call, stops the threads and frees; accepts NULL. */
 Server *server_free(Server *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Server *, server_free);

@@ -37,6 +37,21 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
         reply->fills_started = counters.fills_started;
         reply->bytes_filled = counters.bytes_filled;
         reply->builds_in_grace = counters.builds_in_grace;
+        reply->api = arena_strdup(arena, familyd__v1__get_status_response__descriptor.package_name);
+        if (!reply->api)
+                return -ENOMEM;
+        reply->api_revision = FAMILYD__V1__API_REVISION__API_REVISION_CURRENT;
+        if (ctx->hooks && ctx->hooks->builder && ctx->hooks->builder->progress) {
+                CodecBuildProgress *flying = NULL;
+                size_t n = 0;
+                int r = build_progress_list(ctx->hooks->builder->progress, arena, &flying, &n);
+                if (r >= 0)
+                        r = codec_build_progress_list_encode(arena, flying, n,
+                                                             &reply->builds_in_flight);
+                if (r < 0)
+                        return r;
+                reply->n_builds_in_flight = n;
+        }
         reply->peer_messages_sent = atomic_load_explicit(&m->peer_messages_sent,
                                                          memory_order_relaxed);
         reply->peer_bytes_sent = atomic_load_explicit(&m->peer_bytes_sent, memory_order_relaxed);

@@ -1,4 +1,5 @@
-/* service-build.c: Build, GetBuild, ListBuilds, ReleaseBuild: decode, call build/, encode. */
+/* service-build.c: Build, GetBuild, ListBuilds, WatchBuild, ReleaseBuild: decode, call build/,
+ * encode. */
 
 /*
  * DESIGN: the Build use-case is daemon/build/'s (build.h); what is the gRPC adapter's is when
@@ -13,6 +14,7 @@
 #include "build/build.h"
 #include "codec/codec.h"
 #include "codec/codec-build-holders.h"
+#include "core/repr.h"
 #include "core/resource-limits.h"
 #include "executor.h"
 #include "rpc.h"
@@ -193,7 +195,7 @@ static int caller_of(BuildCaller *ret, int *ret_pidfd, FamilyError *ret_error) {
 }
 
 static int build_shared(RpcContext *ctx, const Builder *builder, const BuildRequest *req,
-                        bool share_group, FamilyError *ret_error) {
+                        bool share_group, const char *progress_tag, FamilyError *ret_error) {
         SharedCall *call;
         BuildDraft *draft = NULL;
         BuildWaiter w = { .share_group = share_group };
@@ -230,6 +232,8 @@ static int build_shared(RpcContext *ctx, const Builder *builder, const BuildRequ
         }
         if (r != BUILD_SHARE_NEW)
                 return RPC_PENDING; /* answered, or answered when its flight lands */
+        /* Without memory for the tag the Build goes on, followed by its id only. */
+        (void) build_draft_set_progress_tag(draft, progress_tag);
 
         /* Nothing to fill here: finish on this worker. Else the fill runs on the executor. */
         if (!build_draft_fills(draft) || !ctx->executor) {
@@ -281,15 +285,21 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         r = share_parse(pb->share, &share_group, ret_error);
         if (r < 0)
                 return r;
+        r = codec_check_length(pb->progress_tag, FAMILYD_MAX_NAME_LENGTH, "progress_tag",
+                               ret_error);
+        if (r < 0)
+                return r;
         r = codec_build_request_decode(pb, &req, ret_error);
         if (r < 0)
                 return r;
         /* A materialising Build is shared and held by its caller; a layout is neither. */
         if (req.materialize.enabled && builder.sharing)
-                return build_shared(ctx, &builder, &req, share_group, ret_error);
+                return build_shared(ctx, &builder, &req, share_group, pb->progress_tag,
+                                    ret_error);
         r = build_draft(&builder, &req, ctx->shard_socket, &draft, ret_error);
         if (r < 0)
                 return r;
+        (void) build_draft_set_progress_tag(draft, pb->progress_tag); /* as in build_shared() */
 
         /* Nothing to fill: finish here. Else the fill runs on the executor. */
         if (!build_draft_fills(draft) || !ctx->executor)
@@ -343,6 +353,7 @@ static int get_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *requ
 
 static int list_builds(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                        ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        Builder builder = builder_of(ctx);
         Familyd__V1__ListBuildsResponse *reply;
         BuildRecord **list = NULL;
         size_t n = 0;
@@ -363,8 +374,66 @@ static int list_builds(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
         if (r < 0)
                 return r;
         reply->n_builds = n;
+        if (builder.progress) {
+                CodecBuildProgress *flying = NULL;
+                r = build_progress_list(builder.progress, arena, &flying, &n);
+                if (r >= 0)
+                        r = codec_build_progress_list_encode(arena, flying, n, &reply->in_flight);
+                if (r < 0)
+                        return r;
+                reply->n_in_flight = n;
+        }
         *ret_reply = &reply->base;
         return 0;
+}
+
+
+/* The build named by id or tag: NOT_FOUND BUILD_NOT_FOUND unless the progress table knows it. */
+static int progress_not_found(const char *id, const char *tag, FamilyError *ret_error) {
+        _cleanup_free_ char *q = repr_string(isempty(id) ? tag : id);
+
+        if (!q)
+                return -ENOMEM;
+        if (isempty(id))
+                return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "BUILD_NOT_FOUND",
+                                        "progress_tag",
+                                        "no build in flight with progress tag %s", q);
+        return family_error_set(ret_error, FAMILY_STATUS_NOT_FOUND, "BUILD_NOT_FOUND",
+                                "build_id", "no build in flight with id %s", q);
+}
+
+/* WatchBuild: the progress now; sent anew while the build fills, and last its end. */
+static int watch_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__WatchBuildRequest *req =
+                (const Familyd__V1__WatchBuildRequest *) request;
+        Builder builder = builder_of(ctx);
+        Familyd__V1__BuildProgress *reply;
+        CodecBuildProgress view;
+        int r;
+
+        r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
+        if (r < 0)
+                return r;
+        r = codec_check_length(req->progress_tag, FAMILYD_MAX_NAME_LENGTH, "progress_tag",
+                               ret_error);
+        if (r < 0)
+                return r;
+        if (isempty(req->build_id) == isempty(req->progress_tag))
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
+                                        NULL, "give exactly one of build_id and progress_tag");
+        r = builder.progress ? build_progress_find(builder.progress, req->build_id,
+                                                   req->progress_tag, arena, &view)
+                             : -ENOENT;
+        if (r == -ENOENT)
+                return progress_not_found(req->build_id, req->progress_tag, ret_error);
+        if (r < 0)
+                return r;
+        r = codec_build_progress_encode(arena, &view, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return view.state == CODEC_BUILD_PROGRESS_FILLING ? 0 : RPC_WATCH_LAST;
 }
 
 static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
@@ -449,6 +518,11 @@ static const RpcMethod methods[] = {
           &familyd__v1__get_build_request__descriptor, get_build, NULL },
         { "/familyd.v1.FamilyService/ListBuilds", RPC_UNARY,
           &familyd__v1__list_builds_request__descriptor, list_builds, NULL },
+        /* The progress now, then anew on each rpc_notify_build_watches(); ends after DONE or
+         * FAILED. */
+        { RPC_WATCH_BUILD_PATH, RPC_WATCH,
+          &familyd__v1__watch_build_request__descriptor, watch_build, NULL,
+          .pushes_changes = true },
         { "/familyd.v1.FamilyService/ReleaseBuild", RPC_UNARY,
           &familyd__v1__release_build_request__descriptor, release_build, NULL,
           .audited = true },

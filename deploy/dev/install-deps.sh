@@ -28,6 +28,8 @@ packages=(
     scdoc
     # The unit's ExecReload= runs /bin/kill, which a minimal Debian lacks.
     procps
+    # --metrics-listen: the embedded HTTP server (daemon/metrics/).
+    libmicrohttpd-dev
 )
 if $tests; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
@@ -47,6 +49,9 @@ if $tests; then
     packages+=(systemd util-linux)
     # npm may come with a Node.js that is not Debian's; ask apt only when there is none.
     command -v npm >/dev/null || packages+=(npm)
+    # promtool checks /metrics (tests metrics, metrics-abuse); the package brings services,
+    # kept from starting below.
+    packages+=(prometheus)
 fi
 if $list; then
     printf '%s\n' "${packages[@]}"
@@ -60,8 +65,22 @@ done
 if (( ${#missing[@]} > 0 )); then
     echo "familyd: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # Packages such as prometheus start their services when installed: not on this machine
+    # (the tests bind free ports of their own). A policy-rc.d that refuses every start, only
+    # where none exists, removed afterwards.
+    policy=/usr/sbin/policy-rc.d policy_ours=false
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\n# install-deps.sh: no service starts while it installs\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        policy_ours=true
+        trap 'rm -f "$policy"' EXIT
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if $policy_ours; then
+        rm -f "$policy"
+        trap - EXIT
+    fi
 fi
 
 # buf stands in for grpcurl (not in Debian): `buf curl` speaks gRPC over a Unix socket and

@@ -1,8 +1,50 @@
-# bench-daemon.sh: sourced by the bench runners. A temporary folder, familyd started in it and
-# probed until it answers, and its stop, which must end it with status 0.
+# bench-daemon.sh: sourced by the bench runners. Their command line and build, a temporary
+# folder, familyd started in it and probed until it answers, and its stop, which must end it
+# with status 0.
 #
 # The runner sets $me (its name, for messages), $familyd and $bench (the bench binary, which
 # answers --socket PATH --probe with 0 once the daemon serves).
+
+# bench_parse_args HELP_LINES "$@": the runners' common command line, [--smoke] [BUILD_DIR]
+# [-- BENCH_ARGS...]; sets $smoke, $build and $bench_args. --help prints lines 2..HELP_LINES of
+# the runner (its header comment).
+bench_parse_args() {
+        local help_lines=$1
+        shift
+        smoke=0
+        build=""
+        bench_args=()
+        while [ $# -gt 0 ]; do
+                case "$1" in
+                --smoke) smoke=1 ;;
+                --) shift; bench_args+=("$@"); break ;;
+                -h|--help) sed -n "2,${help_lines}p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+                -*) echo "$me: unknown option $1" >&2; exit 2 ;;
+                *) build=$1 ;;
+                esac
+                shift
+        done
+}
+
+# bench_build TARGET...: unless $familyd and $bench are both set already (meson test sets them),
+# configures $build (default build-bench under the source root) as a release build without
+# sanitizers when it does not exist (numbers from an ASan build mean little), builds the
+# daemon and TARGETs, and sets the unset ones of $familyd and $bench (from the first TARGET).
+bench_build() {
+        if [ -z "$familyd" ] || [ -z "$bench" ]; then
+                build=${build:-$root/build-bench}
+                if [ ! -f "$build/build.ninja" ]; then
+                        echo "$me: configuring $build (release, no sanitizers)"
+                        meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
+                fi
+                ninja -C "$build" daemon/familyd "$@" >/dev/null
+                familyd=${familyd:-$build/daemon/familyd}
+                bench=${bench:-$build/$1}
+        fi
+        for f in "$familyd" "$bench"; do
+                [ -e "$f" ] || { echo "$me: $f not found" >&2; exit 1; }
+        done
+}
 
 # Makes $tmp (removed at exit, with any daemon still running killed).
 bench_tmp() {

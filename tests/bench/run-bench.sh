@@ -19,35 +19,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
 conformance=${FAMILYD_CONFORMANCE:-$root/tests/conformance}
 
-smoke=0
-build=""
-bench_args=()
-while [ $# -gt 0 ]; do
-        case "$1" in
-        --smoke) smoke=1 ;;
-        --) shift; bench_args+=("$@"); break ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "run-bench.sh: unknown option $1" >&2; exit 2 ;;
-        *) build=$1 ;;
-        esac
-        shift
-done
+me=run-bench.sh
+. "$here/bench-daemon.sh"
+bench_parse_args 14 "$@"
 
 familyd=${FAMILYD_BIN:-}
 bench=${FAMILYD_BENCH:-}
-if [ -z "$familyd" ] || [ -z "$bench" ]; then
-        build=${build:-$root/build-bench}
-        if [ ! -f "$build/build.ninja" ]; then
-                echo "run-bench.sh: configuring $build (release, no sanitizers)"
-                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
-        fi
-        ninja -C "$build" daemon/familyd tests/bench/familyd-bench >/dev/null
-        familyd=${familyd:-$build/daemon/familyd}
-        bench=${bench:-$build/tests/bench/familyd-bench}
-fi
-for f in "$familyd" "$bench"; do
-        [ -x "$f" ] || { echo "run-bench.sh: $f not found" >&2; exit 1; }
-done
+bench_build tests/bench/familyd-bench
 
 registry=${FAMILYD_BENCH_REGISTRY:-}
 if [ -z "$registry" ]; then
@@ -58,8 +36,6 @@ if [ -z "$registry" ]; then
         fi
 fi
 
-me=run-bench.sh
-. "$here/bench-daemon.sh"
 bench_tmp bench
 
 bench_daemon_start "$registry" --host-devices 8 --node-name bench

@@ -20,35 +20,13 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
 
-smoke=0
-build=""
-bench_args=()
-while [ $# -gt 0 ]; do
-        case "$1" in
-        --smoke) smoke=1 ;;
-        --) shift; bench_args+=("$@"); break ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "run-handout-bench.sh: unknown option $1" >&2; exit 2 ;;
-        *) build=$1 ;;
-        esac
-        shift
-done
+me=run-handout-bench.sh
+. "$here/bench-daemon.sh"
+bench_parse_args 16 "$@"
 
 familyd=${FAMILYD_BIN:-}
 bench=${FAMILYD_HANDOUT_BENCH:-}
-if [ -z "$familyd" ] || [ -z "$bench" ]; then
-        build=${build:-$root/build-bench}
-        if [ ! -f "$build/build.ninja" ]; then
-                echo "run-handout-bench.sh: configuring $build (release, no sanitizers)"
-                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
-        fi
-        ninja -C "$build" daemon/familyd tests/bench/handout-bench >/dev/null
-        familyd=${familyd:-$build/daemon/familyd}
-        bench=${bench:-$build/tests/bench/handout-bench}
-fi
-for f in "$familyd" "$bench"; do
-        [ -x "$f" ] || { echo "run-handout-bench.sh: $f not found" >&2; exit 1; }
-done
+bench_build tests/bench/handout-bench
 
 sizes_args=()
 if [ "$smoke" = 1 ]; then
@@ -63,8 +41,6 @@ else
         fi
 fi
 
-me=run-handout-bench.sh
-. "$here/bench-daemon.sh"
 bench_tmp handout
 
 mkdir "$tmp/registry"

@@ -11,8 +11,9 @@
 # single-daemon helpers of bench-daemon.sh do not apply; every daemon must still exit 0 on
 # SIGTERM. UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless already set).
 #
-# The full run (about 3 minutes) prints convergence time, traffic per heartbeat interval and
-# idle CPU; add `-- --check-goals` to fail when traffic per peer is not flat, `-- --json FILE`
+# The full run (about 6 minutes) prints convergence time, traffic per heartbeat interval, idle
+# CPU and what the cluster key costs (joins and idle CPU, keyed against plain); add
+# `-- --check-goals` to fail when a goal is missed, `-- --json FILE`
 # for the raw numbers. --smoke: --quick (2 and 4 daemons, 5 s idle windows), a check that the
 # tables, ratios and goal are printed and that the daemons stop cleanly; the goal is not
 # enforced.
@@ -22,35 +23,14 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
 me=run-topology-bench.sh
+. "$here/bench-daemon.sh"
+bench_parse_args 19 "$@"
 
-smoke=0
-build=""
-bench_args=()
-while [ $# -gt 0 ]; do
-        case "$1" in
-        --smoke) smoke=1 ;;
-        --) shift; bench_args+=("$@"); break ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "$me: unknown option $1" >&2; exit 2 ;;
-        *) build=$1 ;;
-        esac
-        shift
-done
-
+# The "bench" here is the descriptor set the Python clients read.
 familyd=${FAMILYD_BIN:-}
-descriptors=${FAMILYD_DESCRIPTORS:-}
-if [ -z "$familyd" ] || [ -z "$descriptors" ]; then
-        build=${build:-$root/build-bench}
-        if [ ! -f "$build/build.ninja" ]; then
-                echo "$me: configuring $build (release, no sanitizers)"
-                meson setup "$build" "$root" -Dbuildtype=release -Db_sanitize=none >/dev/null
-        fi
-        ninja -C "$build" daemon/familyd proto/familyd.binpb >/dev/null
-        familyd=${familyd:-$build/daemon/familyd}
-        descriptors=${descriptors:-$build/proto/familyd.binpb}
-fi
-[ -x "$familyd" ] || { echo "$me: $familyd not found" >&2; exit 1; }
-[ -f "$descriptors" ] || { echo "$me: $descriptors not found" >&2; exit 1; }
+bench=${FAMILYD_DESCRIPTORS:-}
+bench_build proto/familyd.binpb
+descriptors=$bench
 
 # The bench spawns daemons for minutes: it runs copies, so that a rebuild of the tree meanwhile
 # (ninja relinks familyd in place) cannot give one run two different daemons.
@@ -88,6 +68,11 @@ if [ "$smoke" = 1 ]; then
                    "^goal traffic per peer flat N=4/N=2 <= 1\\.50: $num (met|NOT MET)\$" \
                    "^ratio idle cpu 3 peers/none @1000ms: stat ($num|inf) sched $num " \
                    "^ratio idle cpu 3 peers/none @100ms: stat ($num|inf) sched $num " \
+                   "^100 +4 +keyed +$range +$range *\$" \
+                   "^100 +4 +plain +$range +$range *\$" \
+                   "^ratio auth join N=4 @100ms keyed/plain: $num \([-+][0-9]+ ms\)\$" \
+                   "^ratio auth idle cpu keyed/plain @1000ms: sched $num \(median of 1 windows\)\$" \
+                   "^goal auth idle cpu @100ms keyed/plain <= 1\.10: $num (met|NOT MET)\$" \
                    "^goals (met|NOT MET)\$"; do
                 if ! grep -Eq "$pat" "$out"; then
                         echo "$me: smoke: no line matching /$pat/" >&2

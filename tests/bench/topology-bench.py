@@ -6,7 +6,7 @@
 
 Real daemons (tests/integration/cluster_harness.Cluster, familyd_harness.Daemon) talk UCX over
 tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo); the bench talks to them only through gRPC and reads
-/proc. Three measurements, each printed as a table:
+/proc. Four measurements, each printed as a table:
 
 1. Convergence. The seed (node0) is spawned, and as soon as it serves every other daemon is
    spawned at once, all joining through the seed (a cluster boot). GetTopology is polled on
@@ -30,11 +30,18 @@ tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo); the bench talks to them only throug
    daemons' median [min-max], the lone daemon's, and their ratio. utime+stime counts 10 ms
    ticks; the on-CPU nanoseconds of every thread (/proc/PID/task/*/schedstat) are printed
    beside it, and the ratio of those too, because a lone idle daemon may not use one tick.
+4. The cluster key's cost (issue 16). --auth-reps boots (default 5) of --auth-daemons daemons
+   (default 8) with --cluster-key and as many without (loopback needs no --insecure-peers),
+   alternating, at each converge heartbeat: serving -> agreed is the handshakes, hellos and
+   the version round; then a keyed and a plain cluster at rest side by side over the same
+   windows (--auth-windows, default 5, of 20 s) at each idle heartbeat: on-CPU time of the
+   keyed daemons against the plain ones, per window, and the median of those ratios. The goal:
+   keyed/plain idle CPU <= 1.10 (authentication costs at most 10%).
 
 --quick: sizes 2 and 4, one run at 100 ms, 2 s of traffic, 5 s idle windows with 4 daemons:
-a smoke run (well under a minute). Lines `ratio ...` and `goal ...` summarise; --check-goals
-exits 1 when the one goal (traffic per peer flat within 1.5x from the smallest N to the
-largest) is missed. --json FILE writes every raw number.
+4 daemons and one boot per mode for the key: a smoke run (about a minute). Lines `ratio ...` and `goal ...` summarise; --check-goals
+exits 1 when a goal (traffic per peer flat within 1.5x from the smallest N to the largest;
+the key's idle CPU) is missed. --json FILE writes every raw number.
 
 All daemons and this script share the machine's cores (2 on the CI machine), often with other
 load: convergence times are noisy, CPU time (not wall time) is what the idle figure counts.
@@ -48,15 +55,17 @@ import random
 import socket
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import familyd_harness as H  # noqa: E402
-from cluster_harness import Cluster, REGISTRY  # noqa: E402
+from cluster_harness import Cluster, REGISTRY, new_key, write_key  # noqa: E402
 
 HOST_DEVICES = 2
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+AUTH_IDLE_GOAL = 1.10   # issue 16: authentication costs at most 10% of idle CPU
 
 
 def log(msg):
@@ -101,8 +110,8 @@ def quiet_ports(n):
     return None
 
 
-def make_cluster(n, hb):
-    c = Cluster(n, host_devices=HOST_DEVICES, **timing(hb))
+def make_cluster(n, hb, cluster_key=None):
+    c = Cluster(n, host_devices=HOST_DEVICES, cluster_key=cluster_key, **timing(hb))
     ports = quiet_ports(n)
     if ports:
         for d in c.daemons:
@@ -121,9 +130,9 @@ def view_of(t):
                                            for n in t.nodes))
 
 
-def converge_once(n, hb, timeout=60.0):
+def converge_once(n, hb, timeout=60.0, cluster_key=None):
     """One cluster boot; returns (the Cluster, still running, and a dict of timings)."""
-    c = make_cluster(n, hb)
+    c = make_cluster(n, hb, cluster_key)
     want_world = n * HOST_DEVICES
     clients = [None] * n
     serving = [None] * n
@@ -286,6 +295,97 @@ def ratio(a, b):
 
 
 # ---------------------------------------------------------------------------------------------
+# 4. What the cluster key costs
+
+def auth_joins(n, hb, reps, key):
+    """reps boots of n daemons with the key and as many without, alternating which goes first
+    so that drift hits both alike; returns {"keyed": [...], "plain": [...]} of converge_once's
+    timings."""
+    out = {"keyed": [], "plain": []}
+    for rep in range(reps):
+        order = ["keyed", "plain"] if rep % 2 == 0 else ["plain", "keyed"]
+        for mode in order:
+            log("auth: N=%d heartbeat %d ms, %s boot %d/%d" % (n, hb, mode, rep + 1, reps))
+            c, r = converge_once(n, hb, cluster_key=key if mode == "keyed" else None)
+            shutdown(c)
+            out[mode].append(r)
+    return out
+
+
+def auth_idle(n, hb, seconds, windows, key):
+    """A cluster of n daemons with the key and one of n without (loopback needs no
+    --insecure-peers), at rest side by side: CPU of each daemon over `windows` consecutive
+    windows of `seconds`, so that a burst of other load shows as one odd window."""
+    keyed = plain = None
+    try:
+        keyed = make_cluster(n, hb, key).start()
+        plain = make_cluster(n, hb).start()
+        for c in (keyed, plain):
+            c.wait_agreement(world_size=n * HOST_DEVICES, states=["up"] * n, timeout=60)
+        time.sleep(max(2.0, 2 * hb / 1000.0))
+        pids = [d.proc.pid for d in keyed.daemons + plain.daemons]
+        out = {"n": n, "heartbeat_ms": hb, "windows": []}
+        for _ in range(windows):
+            t1 = [(cpu_ticks(p), cpu_ns(p)) for p in pids]
+            w0 = time.monotonic()
+            time.sleep(seconds)
+            window = time.monotonic() - w0
+            t2 = [(cpu_ticks(p), cpu_ns(p)) for p in pids]
+            ms = [(b[0] - a[0]) * TICK_S * 1000.0 for a, b in zip(t1, t2)]
+            ns = [(b[1] - a[1]) / 1e6 for a, b in zip(t1, t2)]
+            out["windows"].append({"window_s": window, "keyed_ms": ms[:n], "plain_ms": ms[n:],
+                                   "keyed_sched_ms": ns[:n], "plain_sched_ms": ns[n:]})
+        for c in (keyed, plain):
+            c.wait_agreement(world_size=n * HOST_DEVICES, states=["up"] * n, timeout=10)
+        return out
+    finally:
+        for c in (keyed, plain):
+            if c is not None:
+                shutdown(c)
+
+
+def auth_report(joins, idle, goal):
+    """Prints the key's cost; returns whether the idle-CPU goal was met."""
+    print()
+    print("cluster key: boots of N daemons with --cluster-key against without, alternating; "
+          "median [min-max] s")
+    print("%-6s %3s %-7s %-19s %-19s" % ("hb ms", "N", "mode", "spawn->agreed s",
+                                        "serving->agreed s"))
+    for (n, hb), by_mode in sorted(joins.items()):
+        for mode in ("keyed", "plain"):
+            rs = by_mode[mode]
+            print("%-6d %3d %-7s %-19s %-19s" % (
+                hb, n, mode, median_range([r["start_to_agreement_s"] for r in rs]),
+                median_range([r["serving_to_agreement_s"] for r in rs])))
+        k = statistics.median([r["serving_to_agreement_s"] for r in by_mode["keyed"]])
+        p = statistics.median([r["serving_to_agreement_s"] for r in by_mode["plain"]])
+        print("ratio auth join N=%d @%dms keyed/plain: %.2f (%+.0f ms)" % (
+            n, hb, ratio(k, p), (k - p) * 1000.0))
+    met = True
+    for r in idle:
+        qs = []
+        for w in r["windows"]:
+            ks = statistics.median(w["keyed_sched_ms"])
+            ps = statistics.median(w["plain_sched_ms"])
+            qs.append(ratio(ks, ps))
+            print("auth idle @%dms, %d peers, %.0f s: keyed %s ms (sched %s), plain %s ms "
+                  "(sched %s), sched ratio %.3f" % (
+                      r["heartbeat_ms"], r["n"] - 1, w["window_s"],
+                      median_range(w["keyed_ms"], "%.0f"),
+                      median_range(w["keyed_sched_ms"], "%.1f"),
+                      median_range(w["plain_ms"], "%.0f"),
+                      median_range(w["plain_sched_ms"], "%.1f"), qs[-1]))
+        q = statistics.median(qs)
+        print("ratio auth idle cpu keyed/plain @%dms: sched %.3f (median of %d windows)" % (
+            r["heartbeat_ms"], q, len(qs)))
+        ok = q <= goal
+        met = met and ok
+        print("goal auth idle cpu @%dms keyed/plain <= %.2f: %.3f %s" % (
+            r["heartbeat_ms"], goal, q, "met" if ok else "NOT MET"))
+    return met
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -299,7 +399,12 @@ def main():
     ap.add_argument("--idle-daemons", type=int, help="cluster size of the idle run (default 8)")
     ap.add_argument("--idle-seconds", type=float, help="idle window (default 60)")
     ap.add_argument("--idle-heartbeats", help="heartbeats of the idle runs (default 1000,100)")
-    ap.add_argument("--skip", default="", help="comma list of converge,traffic,idle to skip")
+    ap.add_argument("--auth-daemons", type=int, help="cluster size of the key's cost (default 8)")
+    ap.add_argument("--auth-reps", type=int, help="boots per mode for the key's cost (default 5)")
+    ap.add_argument("--auth-windows", type=int,
+                    help="idle windows of the key's cost, the ratio their median (default 5)")
+    ap.add_argument("--skip", default="",
+                    help="comma list of converge,traffic,idle,auth to skip")
     ap.add_argument("--check-goals", action="store_true", help="exit 1 when a goal is missed")
     ap.add_argument("--json", help="write the raw numbers to this file")
     a = ap.parse_args()
@@ -313,6 +418,10 @@ def main():
     idle_n = a.idle_daemons or (4 if q else 8)
     idle_s = a.idle_seconds or (5.0 if q else 60.0)
     idle_hbs = [int(x) for x in (a.idle_heartbeats or "1000,100").split(",")]
+    auth_n = a.auth_daemons or (4 if q else 8)
+    auth_reps = a.auth_reps or (1 if q else 5)
+    auth_windows = a.auth_windows or (1 if q else 5)
+    auth_secs = idle_s if q else min(idle_s, 20.0)
     skip = set(x for x in a.skip.split(",") if x)
     if a.traffic_heartbeat not in boot_hbs and "traffic" not in skip:
         boot_hbs.append(a.traffic_heartbeat)
@@ -438,6 +547,22 @@ def main():
             if any(r["suspect_or_down_after"]):
                 print("note: @%dms some daemon saw a peer suspect or down after the window: %r"
                       % (r["heartbeat_ms"], r["suspect_or_down_after"]))
+
+    # 4
+    if "auth" not in skip:
+        raw["auth_joins"], raw["auth_idle"] = [], []
+        with tempfile.TemporaryDirectory(prefix="fd-authbench-") as tmp:
+            key = write_key(os.path.join(tmp, "cluster.key"), new_key())
+            joins = {}
+            for hb in conv_hbs:
+                joins[(auth_n, hb)] = auth_joins(auth_n, hb, auth_reps, key)
+                raw["auth_joins"].append({"n": auth_n, "heartbeat_ms": hb,
+                                          **joins[(auth_n, hb)]})
+            for hb in idle_hbs:
+                log("auth idle: %d daemons with the key and %d without, heartbeat %d ms, "
+                    "%d windows of %.0f s" % (auth_n, auth_n, hb, auth_windows, auth_secs))
+                raw["auth_idle"].append(auth_idle(auth_n, hb, auth_secs, auth_windows, key))
+        goals_ok = auth_report(joins, raw["auth_idle"], AUTH_IDLE_GOAL) and goals_ok
 
     if a.json:
         with open(a.json, "w") as f:

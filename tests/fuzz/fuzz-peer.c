@@ -7,8 +7,11 @@
  * member of a hello or announce, membership_forget() for a forget; then a tick and the
  * topology every daemon computes. The membership starts with two known members, and the
  * clock moves with the input, so joins, restarts, refusals, states and forgetting all happen.
- * Checks besides "no crash": the version never goes down, the topology numbers its ranks
- * without gaps, and every node in it is a member.
+ * The rules of issue 16 hold as on_message() applies them: the membership is capped at 8
+ * nodes (--max-nodes), a hello that would pass it is refused whole, and versions come only
+ * from members. Checks besides "no crash": the version never goes down, never reaches half the
+ * limit (no input can freeze the topology), the table never passes --max-nodes, the topology
+ * numbers its ranks without gaps, and every node in it is a member.
  */
 
 #include <stdint.h>
@@ -17,6 +20,7 @@
 
 #include "core/membership.h"
 #include "codec/codec-peer.h"
+#include "core/resource-limits.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -40,6 +44,7 @@ static Membership *membership_seeded(void) {
 
         if (membership_new(&self, &t, 0, &m) < 0)
                 abort();
+        membership_set_max_nodes(m, 8);
         (void) membership_heard(m, &b, 1, 0, &v, NULL);
         (void) membership_learn(m, &c, 500, 0, &v);
         return m;
@@ -73,19 +78,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 return 0;
 
         uint64_t before = membership_version(m);
-        if (membership_heard(m, &msg.sender, msg.version, now, &v, &refusal) < 0)
+        bool version_refused;
+        if (membership_heard_from(m, &msg.sender, msg.version, msg.n_members, now, &v,
+                                  &version_refused, &refusal) < 0)
                 return 0;
+        if (v != MEMBER_KNOWN && v != MEMBER_JOINED && v != MEMBER_RESTARTED &&
+            membership_version(m) != before)
+                abort(); /* a version taken from a non-member */
         if ((v == MEMBER_REFUSED) != (refusal != NULL) && v == MEMBER_REFUSED)
                 abort(); /* a refusal always says why */
 
-        if (v != MEMBER_REFUSED && v != MEMBER_STALE && v != MEMBER_UNKNOWN) {
+        if (v == MEMBER_KNOWN || v == MEMBER_JOINED || v == MEMBER_RESTARTED) {
                 switch (msg.body) {
                 case PEER_HELLO:
-                case PEER_ANNOUNCE:
+                case PEER_ANNOUNCE: {
+                        _cleanup_free_ const MemberInfo **list =
+                                calloc(msg.n_members + 1, sizeof(MemberInfo *));
+                        if (!list)
+                                return 0;
+                        for (size_t i = 0; i < msg.n_members; i++)
+                                list[i] = &msg.members[i].info;
+                        if (!membership_can_take(m, list, msg.n_members))
+                                break;
                         for (size_t i = 0; i < msg.n_members; i++)
                                 (void) membership_learn(m, &msg.members[i].info,
                                                         msg.members[i].age_ms, now, &v);
                         break;
+                }
                 case PEER_FORGET:
                         (void) membership_forget(m, msg.forget_name, msg.forget_boot_id, true, now,
                                                  NULL);
@@ -94,7 +113,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         break;
                 }
         }
-        if (membership_version(m) < before)
+        if (membership_version(m) < before ||
+            membership_version(m) >= FAMILYD_MAX_TOPOLOGY_VERSION / 2 ||
+            membership_count(m) > membership_max_nodes(m))
                 abort();
         check_topology(m, now);
         (void) membership_tick(m, now + 1500);

@@ -43,11 +43,14 @@ class TestCommandLine(unittest.TestCase):
         self.assertNotIn("--print-config", run("--help").stdout)
 
     def test_usage_errors_exit_2(self):
+        empty = os.path.join(H.short_tmpdir("fd-cli-"), "empty.conf")
+        self.addCleanup(shutil.rmtree, os.path.dirname(empty), True)
+        open(empty, "w").close()
         for args, text in ((["--host-devices", "0"], "--host-devices"),
                            (["--host-devices", "x"], "--host-devices"),
                            (["--bogus"], "bogus"),
                            (["stray"], "stray"),
-                           (["--check-config", "--threads", "0"], "--threads"),
+                           (["--check-config=" + empty, "--threads", "0"], "--threads"),
                            (["--check-config", "stray"], "stray"),
                            (["--heartbeat-ms", "500", "--suspect-ms", "100"], "suspect")):
             r = run(*args)

@@ -9,6 +9,7 @@ familyctl is $FAMILYCTL (meson passes the built target). Exit codes: 0 ok, 1 dae
 
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -154,6 +155,26 @@ class TestFamilyctl(unittest.TestCase):
         rc, out, err = ctl("mesh", "create", "dp=3")
         self.assertEqual(rc, 1, err)
         self.assertIn("device_mesh size 3 does not match 8 ranks", err)
+
+    def test_version_shows_both_sides_and_their_api(self):
+        with open(os.path.join(H.SOURCE_ROOT, "proto", "familyd", "v1", "admin.proto")) as f:
+            revision = int(re.search(r"API_REVISION_CURRENT = (\d+);", f.read()).group(1))
+        version = os.environ.get("FAMILYD_VERSION", "0.1.0")
+        out = self.ok("version")
+        self.assertRegex(out, r"client +familyctl %s, API familyd\.v1 revision %d\n"
+                         % (re.escape(version), revision))
+        self.assertRegex(out, r"daemon +familyd %s, API familyd\.v1 revision %d\n"
+                         % (re.escape(version), revision))
+        self.assertRegex(out, r"api +the same\n")
+        doc = json.loads(self.ok("--json", "version"))
+        side = {"version": version, "api": "familyd.v1", "apiRevision": revision}
+        self.assertEqual(doc, {"client": side, "daemon": side})
+        # The daemon's side comes from GetStatus.
+        st = json.loads(self.ok("--json", "status"))
+        self.assertEqual((st.get("api"), st.get("apiRevision")), ("familyd.v1", revision))
+        # Without a daemon: exit 3, as every verb that needs one.
+        rc, out, err = ctl("--socket", "/nonexistent/familyd.sock", "version", socket=False)
+        self.assertEqual((rc, out), (3, ""), err)
 
     def test_topology_status_reload(self):
         out = self.ok("topology")

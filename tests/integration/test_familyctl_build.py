@@ -14,6 +14,8 @@ import json
 import mmap
 import shutil
 import os
+import pty
+import select
 import socket
 import struct
 import subprocess
@@ -406,6 +408,69 @@ class TestFamilyctlBuild(unittest.TestCase):
         top = self.ok("--help")
         for verb in ("build FAMILY", "builds", "build-info ID", "release ID", "shard ID RANK"):
             self.assertIn(verb, top)
+
+
+# 64 experts, 1024 wide, 512 intermediate: 384 MiB of float32, a fill of a second or more.
+BIG_KV = ["hidden_size=1024", "moe_intermediate_size=512", "num_experts=64",
+          "initializer_range=0.02"]
+
+
+def ctl_on_terminal(*args, timeout=300):
+    """familyctl with stderr on a pseudo-terminal: (status, stdout, what the terminal got)."""
+    master, slave = pty.openpty()
+    env = dict(os.environ)
+    env.pop("FAMILYD_SOCKET", None)
+    p = subprocess.Popen([CTL, "--socket", D.socket] + list(args), stdout=subprocess.PIPE,
+                         stderr=slave, stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            if p.poll() is not None:
+                break
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:   # EIO: the terminal's last writer is gone
+            break
+        if not data:
+            break
+        seen += data
+    os.close(master)
+    out = p.communicate(timeout=60)[0]
+    return p.returncode, out.decode(), seen.decode("utf-8", "replace")
+
+
+class TestProgressBar(unittest.TestCase):
+    def release(self, out):
+        for line in out.splitlines():
+            if line.startswith("build id "):
+                ctl("release", line.split()[-1], "--force")
+
+    def test_bar_on_a_terminal(self):
+        rc, out, term = ctl_on_terminal("build", "grouped_experts", *BIG_KV, "--materialize",
+                                        "--seed", "11", "--private")
+        self.addCleanup(self.release, out)
+        self.assertEqual(rc, 0, term)
+        self.assertIn("filling [", term)
+        self.assertRegex(term, r"\d+%  [\d.]+ \w*B of 384\.0 MiB  [\d.]+ \w*B/s")
+        # The bar's line is cleared before the answer; the answer itself is unchanged.
+        self.assertTrue(term.endswith("\r\x1b[K"), repr(term[-80:]))
+        self.assertIn("materialized", out)
+        self.assertNotIn("filling", out)
+
+    def test_no_bar_without_a_terminal_or_with_json(self):
+        rc, out, err = ctl("build", "grouped_experts", *BIG_KV, "--materialize", "--seed", "12",
+                           "--private", timeout=300)
+        self.addCleanup(self.release, out)
+        self.assertEqual((rc, err), (0, ""))
+        rc, out, term = ctl_on_terminal("--json", "build", "grouped_experts", *BIG_KV,
+                                        "--materialize", "--seed", "13", "--private")
+        self.assertEqual((rc, term), (0, ""))
+        doc = json.loads(out)
+        ctl("release", doc["build"]["buildId"], "--force")
 
 
 if __name__ == "__main__":

@@ -324,6 +324,12 @@ class StateDirTest(unittest.TestCase):
         d2 = self.start()
         self.assertIn("Mesh %s had no record of its own; put back from build %s."
                       % (mesh_id, on_mesh.build_id), d2.stderr())
+        # Counted as ListMeshes and GetStatus show it: one mesh, though it had no record.
+        self.assertRegex(d2.stderr(), r"Re-adopted 3 builds and 1 mesh from the state dir")
+        meshes = U.ok(self, d2.client.call("familyd.v1.MeshService/ListMeshes")).meshes
+        self.assertEqual([m.mesh_id for m in meshes], [mesh_id])
+        self.assertEqual(U.ok(self, d2.client.call("familyd.v1.AdminService/GetStatus")).meshes,
+                         1)
         self.assertEqual(U.view(self, d2), before)
         self.assertIn("meta-" + mesh_id, self.files())
 

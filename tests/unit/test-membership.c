@@ -130,9 +130,15 @@ static void test_restart_replaces(void **state) {
         assert_int_equal(e->info.n_devices, 1);
         /* The old start speaking from the same address is stale. */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 2001), MEMBER_STALE);
-        /* A restart on the same address is accepted even while the old entry looks up. */
+        /* A new start on the same address while the one we know still looks up waits until
+         * that one falls silent (a forged restart of a live node never takes). */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 4, 3000), 1, 2002),
+                         MEMBER_DEFERRED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 3);
+        membership_tick(m, 2300); /* suspect */
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 4, 3000), 1, 2301),
                          MEMBER_RESTARTED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 4);
 }
 
 static void test_duplicates_refused(void **state) {
@@ -267,12 +273,156 @@ static void test_version_never_wraps(void **state) {
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), UINT64_MAX, 0),
                          MEMBER_JOINED);
         assert_true(membership_version(m) < 10);
-        /* At the limit it stops instead of wrapping to 0. */
+        /* Nor one at the limit, even from the only other member (issue 16: 2^53 froze the
+         * topology of every daemon). */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), FAMILYD_MAX_TOPOLOGY_VERSION,
                                1),
                          MEMBER_KNOWN);
+        assert_true(membership_version(m) < 10);
         membership_tick(m, 2000);
-        assert_int_equal(membership_version(m), FAMILYD_MAX_TOPOLOGY_VERSION);
+        assert_true(membership_version(m) < 10);
+}
+
+static MemberVerdict heard_v(Membership *m, MemberInfo i, uint64_t version, size_t n_listed,
+                             int64_t now, bool *ret_refused) {
+        MemberVerdict v = _MEMBER_VERDICT_INVALID;
+        _cleanup_free_ char *why = NULL;
+
+        assert_int_equal(membership_heard_from(m, &i, version, n_listed, now, &v, ret_refused,
+                                               &why),
+                         0);
+        return v;
+}
+
+/* Versions come only from members: a refused, unknown or stale sender moves nothing. */
+static void test_version_from_non_member_ignored(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", 0);
+        MemberInfo slim = info("node-x", -1, "h:9", 9, 100);
+        bool refused = true;
+
+        assert_int_equal(heard(m, info("node-b", 1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        uint64_t v = membership_version(m);
+        /* A rank squatter, refused. */
+        assert_int_equal(heard_v(m, info("node-c", 1, "h:3", 3, 100), v + 5, 0, 1, &refused),
+                         MEMBER_REFUSED);
+        assert_false(refused);
+        /* A heartbeat of a start nobody knows, with 2^53 (issue 16's attack). */
+        slim.partial = true;
+        slim.n_devices = 0;
+        assert_int_equal(heard(m, slim, FAMILYD_MAX_TOPOLOGY_VERSION, 2), MEMBER_UNKNOWN);
+        /* An older start of a known node. */
+        assert_int_equal(heard(m, info("node-b", 1, "h:2", 7, 50), v + 5, 3), MEMBER_STALE);
+        assert_int_equal(membership_version(m), v);
+        /* The member itself may move it. */
+        assert_int_equal(heard(m, info("node-b", 1, "h:2", 2, 100), v + 5, 4), MEMBER_KNOWN);
+        assert_int_equal(membership_version(m), v + 5);
+}
+
+/* A jump past what the member table explains is refused unless most members back it. */
+static void test_version_jump_refused(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        bool refused = false;
+
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-c", -1, "h:3", 3, 100), 1, 0), MEMBER_JOINED);
+        uint64_t v = membership_version(m);
+        /* Within 8 per member (3 here, +1): taken. */
+        assert_true(membership_version_plausible(m, v + 32, 0));
+        assert_false(membership_version_plausible(m, v + 33, 0));
+        /* A hello's list explains more. */
+        assert_true(membership_version_plausible(m, v + 40, 1));
+        assert_int_equal(heard_v(m, info("node-b", -1, "h:2", 2, 100), v + 32, 0, 1, &refused),
+                         MEMBER_KNOWN);
+        assert_false(refused);
+        v += 32;
+        assert_int_equal(membership_version(m), v);
+
+        /* One member alone far ahead: refused (and said so). */
+        assert_int_equal(heard_v(m, info("node-b", -1, "h:2", 2, 100), v + 1000, 0, 2, &refused),
+                         MEMBER_KNOWN);
+        assert_true(refused);
+        assert_int_equal(membership_version(m), v);
+        /* Both others there (a partition healed): taken, as far as they agree. */
+        assert_int_equal(heard_v(m, info("node-c", -1, "h:3", 3, 100), v + 900, 0, 3, &refused),
+                         MEMBER_KNOWN);
+        assert_false(refused);
+        assert_int_equal(membership_version(m), v + 900);
+        /* Never near the limit, however many say so. */
+        assert_int_equal(heard_v(m, info("node-b", -1, "h:2", 2, 100),
+                                 FAMILYD_MAX_TOPOLOGY_VERSION, 0, 4, &refused),
+                         MEMBER_KNOWN);
+        assert_int_equal(heard_v(m, info("node-c", -1, "h:3", 3, 100),
+                                 FAMILYD_MAX_TOPOLOGY_VERSION, 0, 5, &refused),
+                         MEMBER_KNOWN);
+        assert_true(refused);
+        assert_int_equal(membership_version(m), v + 900);
+
+        /* A daemon that knows only its seed takes the cluster's version. */
+        _cleanup_(membership_freep) Membership *fresh = new_self("node-d", -1);
+        assert_int_equal(heard_v(fresh, info("node-a", -1, "h:1", 1, 100), v + 900, 2, 0,
+                                 &refused),
+                         MEMBER_JOINED);
+        assert_false(refused);
+        assert_int_equal(membership_version(fresh), v + 901);
+}
+
+/* A restart is the node's own word: never another member's, never while the known start lives. */
+static void test_restart_only_from_the_node(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        MemberVerdict v;
+
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        uint64_t version = membership_version(m);
+        /* Another member's report of a later start with 256 devices (issue 16's attack). */
+        MemberInfo forged = info("node-b", -1, "h:2", 66, 5000);
+        assert_int_equal(membership_learn(m, &forged, 0, 10, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+        /* The forged start speaking for itself while the real one is heard. */
+        assert_int_equal(heard(m, forged, 1, 20), MEMBER_DEFERRED);
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 250), MEMBER_KNOWN);
+        membership_tick(m, 400);
+        assert_int_equal(heard(m, forged, 1, 400), MEMBER_DEFERRED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
+        assert_int_equal(membership_version(m), version);
+        /* Even down, a report does not replace it; the node itself does. */
+        membership_tick(m, 2000);
+        assert_int_equal(membership_learn(m, &forged, 0, 2000, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+        assert_int_equal(heard(m, forged, 1, 2001), MEMBER_RESTARTED);
+}
+
+/* --max-nodes: the table never grows past it, and a list that would take it there is refused
+ * whole. */
+static void test_max_nodes(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        _cleanup_free_ char *why = NULL;
+        MemberInfo b = info("node-b", -1, "h:2", 2, 100), c = info("node-c", -1, "h:3", 3, 100),
+                   d = info("node-d", -1, "h:4", 4, 100);
+        const MemberInfo *list[] = { &b, &c, &d };
+        MemberVerdict v;
+
+        assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
+        membership_set_max_nodes(m, 0);
+        assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
+        membership_set_max_nodes(m, 1u << 30);
+        assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
+        membership_set_max_nodes(m, 3);
+        assert_true(membership_can_take(m, list, 2));
+        assert_false(membership_can_take(m, list, 3));
+
+        assert_int_equal(heard(m, b, 1, 0), MEMBER_JOINED);
+        /* Known members cost nothing. */
+        assert_true(membership_can_take(m, list, 2));
+        assert_false(membership_can_take(m, list, 3));
+        assert_int_equal(membership_learn(m, &c, 0, 0, &v), 0);
+        assert_int_equal(v, MEMBER_JOINED);
+        assert_int_equal(membership_learn(m, &d, 0, 0, &v), 0);
+        assert_int_equal(v, MEMBER_REFUSED);
+        assert_int_equal(membership_heard(m, &d, 1, 0, &v, &why), 0);
+        assert_int_equal(v, MEMBER_REFUSED);
+        assert_string_equal(why, "the cluster already has 3 members, the limit (--max-nodes)");
+        assert_int_equal(membership_count(m), 3);
 }
 
 #define DIGEST_A "aaaa456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -358,6 +508,10 @@ int main(void) {
                 cmocka_unit_test(test_partial_records),
                 cmocka_unit_test(test_version_never_wraps),
                 cmocka_unit_test(test_registry_digests),
+                cmocka_unit_test(test_version_from_non_member_ignored),
+                cmocka_unit_test(test_version_jump_refused),
+                cmocka_unit_test(test_restart_only_from_the_node),
+                cmocka_unit_test(test_max_nodes),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "codec/codec-peer.h"
+#include "core/resource-limits.h"
 #include "familyd-v1-peer.pb-c.h"
 
 static Device devices[2] = {
@@ -226,6 +227,60 @@ static void test_hostile(void **state) {
         assert_string_equal(m.sender.registry_digest, DIGEST_B);
 }
 
+/* Devices per node are bounded: a hello naming one member with more is refused whole, with
+ * the sender and every other member (issue 16: 630 members of 256 devices took 3.5 GB). */
+static void test_device_bound(void **state) {
+        enum { N = FAMILYD_MAX_NODE_DEVICES + 1 };
+        Familyd__V1__PeerMember sender = FAMILYD__V1__PEER_MEMBER__INIT, good = sender, big = sender;
+        Familyd__V1__PeerMessage pb = FAMILYD__V1__PEER_MESSAGE__INIT;
+        Familyd__V1__PeerHello hello = FAMILYD__V1__PEER_HELLO__INIT;
+        Familyd__V1__PeerKnown k0 = FAMILYD__V1__PEER_KNOWN__INIT, k1 = k0;
+        Familyd__V1__PeerKnown *list[2] = { &k0, &k1 };
+        static Familyd__V1__Device dev[N];
+        static Familyd__V1__Device *devs[N];
+
+        for (size_t i = 0; i < N; i++) {
+                dev[i] = (Familyd__V1__Device) FAMILYD__V1__DEVICE__INIT;
+                dev[i].kind = "cuda";
+                dev[i].local_index = (int32_t) i;
+                devs[i] = &dev[i];
+        }
+        sender.name = "a";
+        sender.address = "h:1";
+        good.name = "b";
+        good.address = "h:2";
+        good.devices = devs;
+        good.n_devices = 1;
+        big.name = "c";
+        big.address = "h:3";
+        big.devices = devs;
+        big.n_devices = FAMILYD_MAX_NODE_DEVICES;
+        k0.member = &good;
+        k1.member = &big;
+        hello.members = list;
+        hello.n_members = 2;
+        pb.sender = &sender;
+        pb.version = 1;
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HELLO;
+        pb.hello = &hello;
+
+        size_t size = familyd__v1__peer_message__get_packed_size(&pb);
+        _cleanup_free_ uint8_t *buf = malloc(size);
+        _cleanup_(peer_message_done) PeerMessage m = {};
+        familyd__v1__peer_message__pack(&pb, buf);
+        assert_int_equal(codec_peer_decode(buf, size, &m), 0);
+        assert_int_equal(m.n_members, 2);
+        assert_int_equal(m.members[1].info.n_devices, FAMILYD_MAX_NODE_DEVICES);
+
+        big.n_devices = N;
+        expect_refused(&pb);
+        /* And in the sender itself. */
+        big.n_devices = 1;
+        sender.devices = devs;
+        sender.n_devices = N;
+        expect_refused(&pb);
+}
+
 static void test_garbage(void **state) {
         uint8_t junk[512];
         PeerMessage m = {};
@@ -249,6 +304,7 @@ int main(void) {
                 cmocka_unit_test(test_partial_and_who),
                 cmocka_unit_test(test_digest_in_heartbeats),
                 cmocka_unit_test(test_hostile),
+                cmocka_unit_test(test_device_bound),
                 cmocka_unit_test(test_garbage),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

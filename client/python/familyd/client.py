@@ -452,6 +452,28 @@ class Client:
         finally:
             call.cancel()
 
+    def watch_build(self, build_id: Optional[str] = None, progress_tag: Optional[str] = None,
+                    timeout: Optional[float] = None) -> Iterator[Message]:
+        """WatchBuild as a generator: the familyd.v1.BuildProgress of a materialising build,
+        named by its id or by the progress_tag its Build carried (exactly one), as it fills,
+        then its final state (.state DONE or FAILED); the generator ends with the stream.
+        A build is known from the start of its fill until 60 s after its end: before,
+        FamilydError NOT_FOUND BUILD_NOT_FOUND (ask again). Closing the generator cancels the
+        stream; the build goes on."""
+        path, _, resp_cls = self.protos.method("familyd.v1.FamilyService/WatchBuild")
+        fn = self.channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
+                                       response_deserializer=resp_cls.FromString)
+        req = self.protos.cls("familyd.v1.WatchBuildRequest")(build_id=build_id or "",
+                                                               progress_tag=progress_tag or "")
+        call = fn(req, timeout=timeout)
+        try:
+            for progress in call:
+                yield progress
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        finally:
+            call.cancel()
+
     def forget_node(self, node: str) -> Message:
         """ForgetNode: drops a down node and its ranks from the topology of every daemon;
         returns the new familyd.v1.Topology. FamilydError FAILED_PRECONDITION for a node that
@@ -469,11 +491,14 @@ class Client:
                       parameter_dtypes: Optional[Mapping[str, str]] = None,
                       private_build: bool = False, writable: bool = False,
                       source_config: Optional[Values] = None,
-                      share: Optional[str] = None) -> Message:
+                      share: Optional[str] = None,
+                      progress_tag: Optional[str] = None) -> Message:
         """The familyd.v1.BuildRequest that build() sends (see there)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
         if share:
             req.share = share
+        if progress_tag:
+            req.progress_tag = progress_tag
         for k, v in (parameter_dtypes or {}).items():
             req.parameter_dtypes[k] = v
         req.private_build = bool(private_build)
@@ -524,7 +549,7 @@ class Client:
               parameter_dtypes: Optional[Mapping[str, str]] = None,
               private_build: bool = False,
               source_config: Optional[Values] = None,
-              share: Optional[str] = None) -> Build:
+              share: Optional[str] = None, progress_tag: Optional[str] = None) -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -543,7 +568,8 @@ class Client:
         (and mode's writability) is shared: this process then holds a reference to it;
         private_build=True asks for a build of its own. share: who may map the shards,
         "owner" (default: this uid's processes and admins) or "group" (every process that can
-        reach the shard socket; BuildRequest.share).
+        reach the shard socket; BuildRequest.share). progress_tag: a name of the caller's
+        choosing that watch_build() follows the fill by (the id comes only with the answer).
         map_shards=False: the Build without mappings (.message, .layout; fetch_shards() later).
         GPU shards are imported through the CUDA driver (familyd.cuda); a client that cannot
         map device memory gets cuda.DeviceMemoryError and the build is released.
@@ -552,7 +578,8 @@ class Client:
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
                                  arguments, module, module_fqn, context, parameter_dtypes,
                                  private_build, writable=mode == "shared",
-                                 source_config=source_config, share=share)
+                                 source_config=source_config, share=share,
+                                 progress_tag=progress_tag)
         resp = self.call("familyd.v1.FamilyService/Build", req)
         b = Build(self, resp.build, mode=mode, map_shards=False)
         b.shared = resp.shared
