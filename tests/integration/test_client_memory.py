@@ -7,7 +7,7 @@ client left); 4 processes of 64 connections each holding a WatchTopology left ev
 client with "Socket closed".
 
 - Zero window: the same client (python3-h2, SETTINGS_INITIAL_WINDOW_SIZE 0, never a
-  WINDOW_UPDATE, 6 connections x 32 ListBuilds of a ~2 MB reply) against a daemon with
+  WINDOW_UPDATE, 6 connections x 24 ListBuilds of a ~2 MB reply) against a daemon with
   --max-queued-bytes-per-connection 4 MiB and --max-queued-bytes 16 MiB: the calls past a
   bound are answered RESOURCE_EXHAUSTED QUEUE_LIMIT with the sentences of docs/semantics.md;
   the daemon's RSS grows by less than 128 MiB (RSS_BOUND: the 16 MiB of queued replies plus the
@@ -49,7 +49,7 @@ MiB = 1 << 20
 # What the daemon's RSS may grow by while the zero-window client holds its replies: the 16 MiB
 # of queued replies, and the replies built and refused meanwhile (two workers' reply trees,
 # and the allocator's fragments of them: +68 to +91 MiB measured with -O2, glibc). Without
-# the bounds the same client grows it by more than 330 MiB within a minute.
+# the bounds the same client, at 48 calls a connection, grew it by more than 330 MiB in a minute.
 RSS_BOUND = 128 * MiB
 # What may stay above the starting RSS once the client has gone: -18 to +13 MiB measured with
 # -O2 (glibc, the heap trimmed when the queue empties; +29 to +44 MiB without the trim), +12 to
@@ -59,10 +59,10 @@ LIST_BUILDS = "/familyd.v1.FamilyService/ListBuilds"
 HEALTH = "/grpc.health.v1.Health/Check"
 WATCH_TOPOLOGY = "/familyd.v1.MeshService/WatchTopology"
 EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"  # a gRPC frame: not compressed, 0 bytes
-# The measured attack was 6 x 127 calls; 32 a connection keep the test short (each reply is
-# built, ~0.1 s under the sanitizers) and still ask for 384 MB of ~2 MB replies.
+# The measured attack was 6 x 127 calls; 24 a connection keep the test short (each reply is
+# built, ~0.1 s under the sanitizers) and still ask for 288 MB of ~2 MB replies.
 N_CONNECTIONS = 6
-N_CALLS = 32
+N_CALLS = 24
 
 PER_CONN_SENTENCE = (r"^reply queue full: (\d+) bytes of replies wait for this connection to "
                      r"read them, the limit is 4194304 bytes "
