@@ -42,6 +42,10 @@ typedef struct Config {
         unsigned max_watches;
         unsigned max_shards; /* 0: fitted to RLIMIT_NOFILE */
         unsigned max_connections_per_peer;
+        unsigned max_connections_per_uid; /* 0: half of max_connections */
+        unsigned max_watches_per_process;
+        uint64_t max_queued_bytes_per_connection; /* reply bytes not yet taken by the client */
+        uint64_t max_queued_bytes;
         char *admin_group; /* NULL: only root is an admin */
         char *metrics_listen; /* --metrics-listen ADDR:PORT; NULL: no metrics endpoint */
         int log_level;

@@ -503,9 +503,10 @@ static int daemon_setup_loop(Daemon *d) {
 
 static void daemon_accept(Daemon *d) {
         for (;;) {
+                RpcRefusal refusal;
                 int fd, r;
 
-                r = listener_accept(d->listener, &fd);
+                r = listener_accept(d->listener, &fd, &refusal);
                 if (r == -EAGAIN)
                         return;
                 if (r == -EDQUOT)
@@ -521,7 +522,7 @@ static void daemon_accept(Daemon *d) {
                         return;
                 }
                 d->accept_failing = false;
-                server_add_connection(d->server, fd);
+                server_add_connection(d->server, fd, &refusal);
         }
 }
 
@@ -575,6 +576,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         ListenerLimits limits = {
                 .max_connections = daemon_setup_fd_limit(c->max_connections),
                 .max_per_peer = c->max_connections_per_peer,
+                .max_per_uid = c->max_connections_per_uid,
         };
 
         r = daemon_admin_gid(c, &admin_gid);
@@ -630,6 +632,9 @@ int daemon_new(const Config *c, Daemon **ret) {
                 .max_request_bytes = FAMILYD_MAX_REQUEST_BYTES,
                 .connection_idle_ms = c->connection_idle_ms,
                 .max_watches = c->max_watches,
+                .max_watches_per_process = c->max_watches_per_process,
+                .queue_limits = { .per_connection = c->max_queued_bytes_per_connection,
+                                  .total = c->max_queued_bytes },
                 .admin_gid = admin_gid,
                 .hooks = { .reload_begin = daemon_hook_reload_begin,
                            .reload_end = daemon_hook_reload_end,

@@ -7,6 +7,13 @@
  * completion frees the call. Worker threads may run two completions of one call at once (the
  * send and the close of a watch), hence the atomic count; the steps of one stream are otherwise
  * sequential by construction (one receive or one send outstanding at a time).
+ *
+ * Each call holds its connection (rpc/caller.c) from arrival: a reply is packed into a slice
+ * whose bytes count against the connection's and the daemon's queue bounds until gRPC frees
+ * them (the slice's destructor), so a client that never reads holds a bounded amount, whatever
+ * window it advertises, and a call past a bound is answered RESOURCE_EXHAUSTED instead. A unary call frees its decoded request and reply tree as
+ * soon as the reply is packed: only the packed bytes wait for the client. A connection the
+ * listener took over a cap answers its first call with the refusal and is then shut down.
  */
 
 #include <grpc/byte_buffer.h>
@@ -15,6 +22,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <assert.h>
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -61,12 +69,22 @@ typedef struct Call {
         bool has_status_details;
         grpc_metadata trailer;
         bool has_trailer;
+        RpcConnection *conn; /* NULL: not filed at accept (only the total bound counts) */
+        int32_t watch_pid;   /* is_watch: the process whose watch this is (0: unknown) */
+        bool close_connection; /* a refused connection: shut it down once answered */
 } Call;
+
+/* Open watches of one process. */
+typedef struct WatchOwner {
+        int32_t pid;
+        unsigned n;
+} WatchOwner;
 
 static Call *call_unref(Call *c);
 
-void call_counter_init(CallCounter *c, unsigned max_watches) {
-        *c = (CallCounter) { .max_watches = max_watches };
+void call_counter_init(CallCounter *c, unsigned max_watches, unsigned max_watches_per_process) {
+        *c = (CallCounter) { .max_watches = max_watches,
+                             .max_watches_per_process = max_watches_per_process };
         (void) pthread_mutex_init(&c->lock, NULL);
         (void) pthread_cond_init(&c->drained, NULL);
 }
@@ -74,6 +92,7 @@ void call_counter_init(CallCounter *c, unsigned max_watches) {
 void call_counter_done(CallCounter *c) {
         (void) pthread_cond_destroy(&c->drained);
         (void) pthread_mutex_destroy(&c->lock);
+        c->owners = mfree(c->owners);
 }
 
 void call_counter_wait_drained(CallCounter *c) {
@@ -89,25 +108,54 @@ static void counter_add(CallCounter *c) {
         (void) pthread_mutex_unlock(&c->lock);
 }
 
-static void counter_remove(CallCounter *c, bool watch) {
+/* Under c->lock: the entry of pid's watches, or NULL. */
+static WatchOwner *counter_owner(CallCounter *c, int32_t pid) {
+        for (size_t i = 0; i < c->n_owners; i++)
+                if (c->owners[i].pid == pid)
+                        return &c->owners[i];
+        return NULL;
+}
+
+static void counter_remove(CallCounter *c, bool watch, int32_t pid) {
         (void) pthread_mutex_lock(&c->lock);
         if (watch)
                 c->watches--;
+        WatchOwner *o = watch && pid > 0 ? counter_owner(c, pid) : NULL;
+        if (o && --o->n == 0)
+                *o = c->owners[--c->n_owners];
         if (--c->live == 0)
                 (void) pthread_cond_broadcast(&c->drained);
         (void) pthread_mutex_unlock(&c->lock);
 }
 
-/* Takes a watch slot; false when max_watches are open. */
-static bool counter_take_watch(CallCounter *c) {
-        bool ok;
+typedef enum WatchSlot {
+        WATCH_SLOT_TAKEN,
+        WATCH_SLOT_ALL_FULL,     /* max_watches are open */
+        WATCH_SLOT_PROCESS_FULL, /* pid has max_watches_per_process open */
+} WatchSlot;
+
+/* Takes a watch slot for process pid (0: unknown, only max_watches bounds it). */
+static WatchSlot counter_take_watch(CallCounter *c, int32_t pid) {
+        WatchSlot slot = WATCH_SLOT_TAKEN;
 
         (void) pthread_mutex_lock(&c->lock);
-        ok = c->watches < c->max_watches;
-        if (ok)
+        WatchOwner *o = pid > 0 ? counter_owner(c, pid) : NULL;
+        if (c->watches >= c->max_watches)
+                slot = WATCH_SLOT_ALL_FULL;
+        else if (o && o->n >= c->max_watches_per_process)
+                slot = WATCH_SLOT_PROCESS_FULL;
+        else if (pid > 0 && !o && !GREEDY_REALLOC(c->owners, c->allocated_owners,
+                                                   c->n_owners + 1))
+                slot = WATCH_SLOT_ALL_FULL; /* out of memory: refused as if full */
+        else {
+                if (pid > 0 && !o)
+                        c->owners[c->n_owners++] = (WatchOwner) { .pid = pid };
+                if (pid > 0)
+                        counter_owner(c, pid)->n++;
                 c->watches++;
+        }
         (void) pthread_mutex_unlock(&c->lock);
-        return ok;
+        return slot;
 }
 
 static void call_free(Call *c) {
@@ -120,6 +168,7 @@ static void call_free(Call *c) {
                 grpc_byte_buffer_destroy(c->payload);
         if (c->reply)
                 grpc_byte_buffer_destroy(c->reply);
+        c->conn = rpc_connection_unref(c->conn);
         if (c->has_status_details)
                 grpc_slice_unref(c->status_details);
         if (c->has_trailer) {
@@ -129,9 +178,10 @@ static void call_free(Call *c) {
         arena_done(&c->arena);
         CallCounter *counter = c->site.counter;
         bool watch = c->is_watch;
+        int32_t pid = c->watch_pid;
         free(c);
         /* Last: once live reaches zero the server may go away. */
-        counter_remove(counter, watch);
+        counter_remove(counter, watch, pid);
 }
 
 static Call *call_unref(Call *c) {
@@ -165,20 +215,107 @@ static int buffer_to_bytes(grpc_byte_buffer *b, grpc_slice *ret) {
         return 0;
 }
 
-static grpc_byte_buffer *bytes_to_buffer(const uint8_t *data, size_t size) {
-        grpc_slice s = grpc_slice_from_copied_buffer((const char *) data, size);
-        grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
-        grpc_slice_unref(s);
-        return b;
+static void error_from_errno(FamilyError *e, int r);
+
+/* A reply's bytes, counted against the queue bounds until gRPC frees them. */
+typedef struct QueuedReply {
+        CallerTable *callers; /* NULL: not counted */
+        RpcConnection *conn;
+        size_t size;
+        uint8_t data[];
+} QueuedReply;
+
+/* The slice's destructor, on whichever thread gRPC drops its last reference. */
+static void queued_reply_free(void *userdata) {
+        QueuedReply *q = userdata;
+        CallerTable *callers = q->callers;
+        RpcConnection *conn = q->conn;
+        size_t size = q->size;
+
+        /* Freed first: the queue may trim the heap once it is empty. */
+        free(q);
+        if (!callers)
+                return;
+        caller_table_unqueue(callers, conn, size);
+        rpc_connection_unref(conn);
+        caller_table_unref(callers);
 }
 
-static grpc_byte_buffer *message_to_buffer(const ProtobufCMessage *m) {
-        size_t size = protobuf_c_message_get_packed_size(m);
-        grpc_slice s = grpc_slice_malloc(size);
-        (void) protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
-        grpc_byte_buffer *b = grpc_raw_byte_buffer_create(&s, 1);
+/* size bytes for a reply, counted; NULL with e set past a bound (or out of memory). */
+static QueuedReply *call_reply_new(Call *c, size_t size, FamilyError *e) {
+        uint64_t queued = 0, limit = 0;
+        QueuedReply *q;
+        int r = 0;
+
+        if (c->site.callers)
+                r = caller_table_queue(c->site.callers, c->conn, size, &queued, &limit);
+        if (r == 0) {
+                q = malloc(offsetof(QueuedReply, data) + size);
+                if (!q) {
+                        if (c->site.callers)
+                                caller_table_unqueue(c->site.callers, c->conn, size);
+                        error_from_errno(e, -ENOMEM);
+                        return NULL;
+                }
+                *q = (QueuedReply) { .size = size };
+                if (c->site.callers) {
+                        q->callers = caller_table_ref(c->site.callers);
+                        q->conn = rpc_connection_ref(c->conn);
+                }
+                return q;
+        }
+        if (r == CALLER_QUEUE_CONNECTION_FULL)
+                (void) family_error_set(e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "QUEUE_LIMIT", NULL,
+                                        "reply queue full: %" PRIu64 " bytes of replies wait for "
+                                        "this connection to read them, the limit is %" PRIu64
+                                        " bytes (--max-queued-bytes-per-connection)",
+                                        queued, limit);
+        else
+                (void) family_error_set(e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "QUEUE_LIMIT", NULL,
+                                        "reply queue full: %" PRIu64 " bytes of replies wait for "
+                                        "clients to read them, the limit is %" PRIu64
+                                        " bytes (--max-queued-bytes)",
+                                        queued, limit);
+        return NULL;
+}
+
+/* Hands q over to c->reply (replacing the last one); gRPC frees it when done with it. */
+static void call_set_reply(Call *c, QueuedReply *q) {
+        grpc_slice s = grpc_slice_new_with_user_data(q->data, q->size, queued_reply_free, q);
+
+        if (c->reply)
+                grpc_byte_buffer_destroy(c->reply);
+        c->reply = grpc_raw_byte_buffer_create(&s, 1);
         grpc_slice_unref(s);
-        return b;
+}
+
+/* Packs m as c->reply: 0, or -ENOBUFS with e set (past a queue bound, or out of memory). */
+static int call_pack_reply(Call *c, const ProtobufCMessage *m, FamilyError *e) {
+        QueuedReply *q = call_reply_new(c, protobuf_c_message_get_packed_size(m), e);
+
+        if (!q)
+                return -ENOBUFS;
+        (void) protobuf_c_message_pack(m, q->data);
+        call_set_reply(c, q);
+        return 0;
+}
+
+/* The send completed: our reference to the reply goes (gRPC may still hold its own). */
+static void call_drop_reply(Call *c) {
+        if (c->reply) {
+                grpc_byte_buffer_destroy(c->reply);
+                c->reply = NULL;
+        }
+}
+
+/* A refused connection has been answered: shut it down, so gRPC closes it. */
+static int call_fd(Call *c);
+static void call_close_connection(Call *c) {
+        int fd = call_fd(c);
+
+        /* gRPC keeps the descriptor open while this call lives: still the same socket. */
+        if (c->conn && rpc_connection_is_fd(c->conn, fd))
+                (void) shutdown(fd, SHUT_RDWR);
 }
 
 /* Fills the status op: code, message, and the google.rpc.Status detail in the trailer. */
@@ -213,6 +350,10 @@ static void call_set_status(Call *c, grpc_op *op, FamilyError *e) {
 
 static void on_final_sent(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_sent);
+
+        call_drop_reply(c);
+        if (c->close_connection)
+                call_close_connection(c);
         call_unref(c);
 }
 
@@ -225,8 +366,16 @@ static void call_finish(Call *c, ProtobufCMessage *reply, FamilyError *e, bool i
 
         if (initial)
                 ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        if (reply && call_pack_reply(c, reply, e) < 0)
+                reply = NULL;
+        if (!c->is_watch) {
+                /* The answer is packed: the request and the reply tree (megabytes for a large
+                 * ListBuilds) need not wait with it for a client that may never read. */
+                arena_done(&c->arena);
+                arena_init(&c->arena);
+                c->request = NULL;
+        }
         if (reply) {
-                c->reply = message_to_buffer(reply);
                 ops[n].op = GRPC_OP_SEND_MESSAGE;
                 ops[n++].data.send_message.send_message = c->reply;
         }
@@ -527,9 +676,6 @@ static void pushed_send(Call *c) {
                 arena_done(&scratch);
                 return;
         }
-        if (c->reply)
-                grpc_byte_buffer_destroy(c->reply);
-        c->reply = NULL;
         if (r == RPC_WATCH_LAST) {
                 /* The last reply and OK; the send stays "in flight" for good: no more pushes. */
                 c->pushed_sending = true;
@@ -537,8 +683,14 @@ static void pushed_send(Call *c) {
                 arena_done(&scratch);
                 return;
         }
-        c->reply = message_to_buffer(reply);
+        r = call_pack_reply(c, reply, &e);
         arena_done(&scratch);
+        if (r < 0) {
+                /* The watch ends with the reason; no send is started on it again. */
+                c->pushed_sending = true;
+                call_finish(c, NULL, &e, false, false);
+                return;
+        }
 
         c->pushed_sending = true;
         op.data.send_message.send_message = c->reply;
@@ -549,6 +701,8 @@ static void pushed_send(Call *c) {
 static void on_watch_sent(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_sent);
 
+        /* pushed_sending is still set: no pushed_send() runs on this call meanwhile. */
+        call_drop_reply(c);
         if (c->site.method->pushes_changes) {
                 CallCounter *counter = c->site.counter;
                 (void) pthread_mutex_lock(&counter->lock);
@@ -585,15 +739,24 @@ static void call_run_watch(Call *c) {
         _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
         ProtobufCMessage *reply = NULL;
         grpc_op ops[2] = {};
+        int32_t pid = c->conn ? rpc_connection_caller(c->conn)->pid : 0;
 
-        if (!counter_take_watch(c->site.counter)) {
+        WatchSlot slot = counter_take_watch(c->site.counter, pid);
+        if (slot == WATCH_SLOT_ALL_FULL)
                 (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "WATCH_LIMIT", NULL,
                                         "watch limit reached: %u open watches",
                                         c->site.counter->max_watches);
+        else if (slot == WATCH_SLOT_PROCESS_FULL)
+                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "WATCH_LIMIT", NULL,
+                                        "watch limit reached: process %d has %u open watches "
+                                        "(--max-watches-per-process)",
+                                        (int) pid, c->site.counter->max_watches_per_process);
+        if (slot != WATCH_SLOT_TAKEN) {
                 call_finish(c, NULL, &e, true, true);
                 return;
         }
         c->is_watch = true;
+        c->watch_pid = pid;
 
         int r = call_handle(c, &reply, &e);
         if (r < 0) {
@@ -602,6 +765,10 @@ static void call_run_watch(Call *c) {
         }
         if (r == RPC_WATCH_LAST) { /* over already: one reply, then OK */
                 call_finish(c, reply, &e, true, true);
+                return;
+        }
+        if (call_pack_reply(c, reply, &e) < 0) {
+                call_finish(c, NULL, &e, true, true);
                 return;
         }
 
@@ -622,7 +789,6 @@ static void call_run_watch(Call *c) {
         c->on_closed.complete = on_closed;
         call_start_batch(c, ops, 1, &c->on_closed);
 
-        c->reply = message_to_buffer(reply);
         ops[0] = (grpc_op) { .op = GRPC_OP_SEND_INITIAL_METADATA };
         ops[1] = (grpc_op) { .op = GRPC_OP_SEND_MESSAGE };
         ops[1].data.send_message.send_message = c->reply;
@@ -635,10 +801,7 @@ static void bidi_receive(Call *c, bool initial);
 static void on_bidi_sent(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_sent);
 
-        if (c->reply) {
-                grpc_byte_buffer_destroy(c->reply);
-                c->reply = NULL;
-        }
+        call_drop_reply(c);
         if (ok)
                 bidi_receive(c, false);
         call_unref(c);
@@ -672,6 +835,11 @@ static void on_bidi_received(RpcTag *tag, bool ok) {
                                                   GRPC_SLICE_LENGTH(bytes), &reply, &reply_size);
                 grpc_slice_unref(bytes);
         }
+        QueuedReply *q = NULL;
+        if (r >= 0) {
+                q = call_reply_new(c, reply_size, &e);
+                r = q ? 0 : -ENOBUFS;
+        }
         if (r < 0) {
                 if (r == -EBADMSG)
                         (void) family_error_set(&e, FAMILY_STATUS_INVALID_ARGUMENT, "BAD_REQUEST",
@@ -684,7 +852,9 @@ static void on_bidi_received(RpcTag *tag, bool ok) {
         }
 
         grpc_op op = { .op = GRPC_OP_SEND_MESSAGE };
-        c->reply = bytes_to_buffer(reply, reply_size);
+        if (reply_size > 0)
+                memcpy(q->data, reply, reply_size);
+        call_set_reply(c, q);
         op.data.send_message.send_message = c->reply;
         c->on_sent.complete = on_bidi_sent;
         call_start_batch(c, &op, 1, &c->on_sent);
@@ -722,6 +892,35 @@ static void call_run_unknown(Call *c) {
         call_finish(c, NULL, &e, true, true);
 }
 
+/* The connection was taken over a cap: its call gets the reason, then it is closed. */
+static void call_refuse(Call *c) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        const RpcRefusal *refusal = rpc_connection_refusal(c->conn);
+        const RpcCaller *caller = rpc_connection_caller(c->conn);
+
+        if (refusal->kind == RPC_REFUSAL_PEER)
+                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "CONNECTION_LIMIT",
+                                        NULL,
+                                        "connection limit reached: process %d has %u "
+                                        "connections open (--max-connections-per-peer)",
+                                        (int) caller->pid, refusal->limit);
+        else if (refusal->kind == RPC_REFUSAL_UID)
+                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "CONNECTION_LIMIT",
+                                        NULL,
+                                        "connection limit reached: uid %u has %u connections "
+                                        "open (--max-connections-per-uid)",
+                                        caller->uid, refusal->limit);
+        else
+                (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "CONNECTION_LIMIT",
+                                        NULL,
+                                        "connection limit reached: %u connections are open "
+                                        "(--max-connections)",
+                                        refusal->limit);
+        c->close_connection = true;
+        /* Not waiting for the client's close: a stream it keeps open must not delay this. */
+        call_finish(c, NULL, &e, true, false);
+}
+
 static void on_arrived(RpcTag *tag, bool ok) {
         Call *c = container_of(tag, Call, on_arrived);
 
@@ -737,7 +936,11 @@ static void on_arrived(RpcTag *tag, bool ok) {
                 log_error_errno(r, "Failed to re-arm %s, it stops being served: %m",
                                 c->site.method ? c->site.method->path : "the catch-all");
 
-        if (!c->site.method)
+        if (c->site.callers)
+                c->conn = caller_table_connection(c->site.callers, call_fd(c));
+        if (c->conn && rpc_connection_refusal(c->conn)->kind != RPC_REFUSAL_NONE)
+                call_refuse(c);
+        else if (!c->site.method)
                 call_run_unknown(c);
         else
                 switch (c->site.method->kind) {

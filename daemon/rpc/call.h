@@ -23,10 +23,13 @@ typedef struct CallCounter {
         unsigned live;
         unsigned watches;
         unsigned max_watches;
+        unsigned max_watches_per_process;
+        struct WatchOwner *owners; /* open watches by process, at most max_watches entries */
+        size_t n_owners, allocated_owners;
         struct Call *pushed; /* open watches of methods that push changes */
 } CallCounter;
 
-void call_counter_init(CallCounter *c, unsigned max_watches);
+void call_counter_init(CallCounter *c, unsigned max_watches, unsigned max_watches_per_process);
 void call_counter_done(CallCounter *c);
 /* Blocks until no Call is alive. */
 void call_counter_wait_drained(CallCounter *c);

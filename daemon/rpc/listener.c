@@ -11,6 +11,12 @@
  * when the process is out of descriptors a reserve descriptor is given up to accept and close
  * the pending one (the classic reserve-fd trick). Refusals are logged at most once per episode
  * or interval, never once per connection.
+ *
+ * A connection over a cap (--max-connections, per peer, per uid) is not closed bare, which a
+ * client reports only as "Socket closed": it is handed to gRPC marked with its refusal, its
+ * first call is answered RESOURCE_EXHAUSTED with the reason (rpc/call.c), and then it is closed.
+ * At most LISTENER_MAX_REFUSING such connections are open at once; past that, or when the
+ * process is out of descriptors, a connection over a cap is closed bare.
  */
 
 #include <dirent.h>
@@ -36,6 +42,8 @@ typedef struct LogLimit {
 typedef struct Connection {
         ino_t inode;
         pid_t pid; /* 0: unknown (not a Unix socket, or the peer is outside our pid namespace) */
+        uid_t uid; /* (uid_t) -1: unknown */
+        bool refusing; /* over a cap: answers its first call with the refusal, then closes */
 } Connection;
 
 struct Listener {
@@ -47,11 +55,13 @@ struct Listener {
         ListenerLimits limits;
         Connection *conns; /* accepted sockets, live or since closed by gRPC */
         size_t n_conns;
+        size_t n_refusing; /* of them, marked with a refusal */
         size_t allocated;
         bool out_of_fds;   /* an episode of EMFILE/ENFILE is under way (logged once) */
         unsigned n_shed;   /* connections closed during it */
         LogLimit log_cap;  /* --max-connections refusals */
         LogLimit log_peer; /* --max-connections-per-peer refusals */
+        LogLimit log_uid;  /* --max-connections-per-uid refusals */
 };
 
 static Listener *listener_alloc(const ListenerLimits *limits) {
@@ -60,6 +70,8 @@ static Listener *listener_alloc(const ListenerLimits *limits) {
                 return NULL;
         l->fd = l->lock_fd = -1;
         l->limits = *limits;
+        if (l->limits.max_per_uid == 0)
+                l->limits.max_per_uid = MAX(l->limits.max_connections / 2, 1u);
         /* Failure is not fatal: listener_accept tries again, and copes without one. */
         l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC | O_NOCTTY);
         return l;
@@ -236,17 +248,32 @@ static void listener_prune(Listener *l) {
         closedir(d);
 
         qsort(live, n_live, sizeof(ino_t), inode_cmp);
-        size_t kept = 0;
+        size_t kept = 0, refusing = 0;
         for (size_t i = 0; i < l->n_conns; i++)
-                if (bsearch(&l->conns[i].inode, live, n_live, sizeof(ino_t), inode_cmp))
+                if (bsearch(&l->conns[i].inode, live, n_live, sizeof(ino_t), inode_cmp)) {
+                        refusing += l->conns[i].refusing;
                         l->conns[kept++] = l->conns[i];
+                }
         l->n_conns = kept;
+        l->n_refusing = refusing;
+}
+
+/* Connections served (not refusing) in all. */
+static unsigned listener_count_served(const Listener *l) {
+        return (unsigned) (l->n_conns - l->n_refusing);
 }
 
 static unsigned listener_count_peer(const Listener *l, pid_t pid) {
         unsigned n = 0;
         for (size_t i = 0; i < l->n_conns; i++)
-                n += l->conns[i].pid == pid;
+                n += !l->conns[i].refusing && l->conns[i].pid == pid;
+        return n;
+}
+
+static unsigned listener_count_uid(const Listener *l, uid_t uid) {
+        unsigned n = 0;
+        for (size_t i = 0; i < l->n_conns; i++)
+                n += !l->conns[i].refusing && l->conns[i].uid == uid;
         return n;
 }
 
@@ -254,6 +281,52 @@ static bool listener_peer_at_cap(const Listener *l, pid_t pid) {
         /* Peers whose pid we cannot see share pid 0: capping them together would let one
          * container lock out every other, so only --max-connections bounds them. */
         return pid > 0 && listener_count_peer(l, pid) >= l->limits.max_per_peer;
+}
+
+static bool listener_uid_at_cap(const Listener *l, uid_t uid) {
+        return uid != (uid_t) -1 && listener_count_uid(l, uid) >= l->limits.max_per_uid;
+}
+
+/* The cap a connection from pid/uid is over, if any. */
+static RpcRefusal listener_check_caps(const Listener *l, pid_t pid, uid_t uid) {
+        if (listener_count_served(l) >= l->limits.max_connections)
+                return (RpcRefusal) { RPC_REFUSAL_CONNECTIONS, l->limits.max_connections };
+        if (listener_peer_at_cap(l, pid))
+                return (RpcRefusal) { RPC_REFUSAL_PEER, l->limits.max_per_peer };
+        if (listener_uid_at_cap(l, uid))
+                return (RpcRefusal) { RPC_REFUSAL_UID, l->limits.max_per_uid };
+        return (RpcRefusal) {};
+}
+
+/* One line per cause and interval. */
+static void listener_log_refusal(Listener *l, const RpcRefusal *refusal, pid_t pid, uid_t uid) {
+        unsigned suppressed;
+
+        switch (refusal->kind) {
+        case RPC_REFUSAL_CONNECTIONS:
+                if (log_limit_test(&l->log_cap, &suppressed))
+                        log_warning("Refusing a connection: %u connections are open, the limit "
+                                    "(--max-connections); %u more refused since the last "
+                                    "message",
+                                    refusal->limit, suppressed);
+                break;
+        case RPC_REFUSAL_PEER:
+                if (log_limit_test(&l->log_peer, &suppressed))
+                        log_warning("Refusing a connection from pid %d: it has %u connections "
+                                    "open, the limit (--max-connections-per-peer); %u more "
+                                    "refused since the last message",
+                                    (int) pid, refusal->limit, suppressed);
+                break;
+        case RPC_REFUSAL_UID:
+                if (log_limit_test(&l->log_uid, &suppressed))
+                        log_warning("Refusing a connection from uid %u: it has %u connections "
+                                    "open, the limit (--max-connections-per-uid); %u more "
+                                    "refused since the last message",
+                                    (unsigned) uid, refusal->limit, suppressed);
+                break;
+        default:
+                break;
+        }
 }
 
 /*
@@ -288,12 +361,11 @@ static int listener_shed(Listener *l, int error) {
         return -EDQUOT;
 }
 
-int listener_accept(Listener *l, int *ret_fd) {
+int listener_accept(Listener *l, int *ret_fd, RpcRefusal *ret_refusal) {
         _cleanup_close_ int fd = -1;
-        struct ucred cred = {};
+        struct ucred cred = { .uid = (uid_t) -1 };
         socklen_t len = sizeof cred;
         struct stat st;
-        unsigned suppressed;
 
         if (l->reserve_fd < 0)
                 l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC | O_NOCTTY);
@@ -318,32 +390,31 @@ int listener_accept(Listener *l, int *ret_fd) {
         if (fstat(fd, &st) < 0)
                 return -errno;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
-                cred.pid = 0;
+                cred = (struct ucred) { .uid = (uid_t) -1 };
 
-        if (l->n_conns >= l->limits.max_connections || listener_peer_at_cap(l, cred.pid))
+        RpcRefusal refusal = listener_check_caps(l, cred.pid, cred.uid);
+        if (refusal.kind != RPC_REFUSAL_NONE) {
+                /* Stale entries may hold the cap: count again what gRPC still has open. */
                 listener_prune(l);
-
-        if (l->n_conns >= l->limits.max_connections) {
-                if (log_limit_test(&l->log_cap, &suppressed))
-                        log_warning("Refusing a connection: %u connections are open, the limit "
-                                    "(--max-connections); %u more refused since the last "
-                                    "message",
-                                    l->limits.max_connections, suppressed);
-                return -EDQUOT;
+                refusal = listener_check_caps(l, cred.pid, cred.uid);
         }
-        if (listener_peer_at_cap(l, cred.pid)) {
-                if (log_limit_test(&l->log_peer, &suppressed))
-                        log_warning("Refusing a connection from pid %d: it has %u connections "
-                                    "open, the limit (--max-connections-per-peer); %u more "
-                                    "refused since the last message",
-                                    (int) cred.pid, l->limits.max_per_peer, suppressed);
-                return -EDQUOT;
+        if (refusal.kind != RPC_REFUSAL_NONE) {
+                listener_log_refusal(l, &refusal, cred.pid, cred.uid);
+                if (l->n_refusing >= LISTENER_MAX_REFUSING)
+                        return -EDQUOT;
         }
 
         if (!GREEDY_REALLOC(l->conns, l->allocated, l->n_conns + 1))
                 return -ENOMEM;
-        l->conns[l->n_conns++] = (Connection) { .inode = st.st_ino, .pid = cred.pid };
+        l->conns[l->n_conns++] = (Connection) {
+                .inode = st.st_ino,
+                .pid = cred.pid,
+                .uid = cred.uid,
+                .refusing = refusal.kind != RPC_REFUSAL_NONE,
+        };
+        l->n_refusing += refusal.kind != RPC_REFUSAL_NONE;
 
+        *ret_refusal = refusal;
         *ret_fd = TAKE_FD(fd);
         return 0;
 }

@@ -2,12 +2,19 @@
 #pragma once
 
 #include "common/macro.h"
+#include "caller.h"
+
+/* Connections over a cap open at once that wait to answer their first call with the refusal;
+ * past this many, one over a cap is closed bare. */
+#define LISTENER_MAX_REFUSING 32u
 
 typedef struct Listener Listener;
 
 typedef struct ListenerLimits {
         unsigned max_connections; /* live connections in all (--max-connections) */
         unsigned max_per_peer;    /* from one peer pid (--max-connections-per-peer) */
+        unsigned max_per_uid;     /* from one uid (--max-connections-per-uid); 0: half of
+                                   * max_connections */
 } ListenerLimits;
 
 /*
@@ -26,9 +33,11 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Listener *, listener_free);
 
 int listener_fd(const Listener *l);
 /*
- * Accepts one connection: 0 and *ret_fd; -EAGAIN when none is waiting; -EDQUOT when one was
- * taken off the queue and closed (over a cap, or shed while the process is out of file
- * descriptors), already logged; or another negative errno, after which the caller should stop
- * accepting for a while (-EMFILE/-ENFILE: out of descriptors, already logged).
+ * Accepts one connection: 0 and *ret_fd, with *ret_refusal saying whether it is over a cap
+ * (kind RPC_REFUSAL_NONE: served; else hand it to the server marked, so that its first call
+ * gets the reason); -EAGAIN when none is waiting; -EDQUOT when one was taken off the queue and
+ * closed (over a cap with LISTENER_MAX_REFUSING refusals pending, or shed while the process is
+ * out of file descriptors), already logged; or another negative errno, after which the caller
+ * should stop accepting for a while (-EMFILE/-ENFILE: out of descriptors, already logged).
  */
-int listener_accept(Listener *l, int *ret_fd);
+int listener_accept(Listener *l, int *ret_fd, RpcRefusal *ret_refusal);

@@ -86,9 +86,14 @@ int server_new(const ServerParams *params, Server **ret) {
                 return -ENOMEM;
         (void) pthread_mutex_init(&s->lock, NULL);
         (void) pthread_cond_init(&s->cond, NULL);
-        call_counter_init(&s->calls, params->max_watches);
+        call_counter_init(&s->calls, params->max_watches,
+                          params->max_watches_per_process ?: params->max_watches);
         s->hooks = params->hooks;
-        r = caller_table_new(params->admin_gid, &s->callers);
+        CallerQueueLimits queue = {
+                .per_connection = params->queue_limits.per_connection ?: UINT64_MAX,
+                .total = params->queue_limits.total ?: UINT64_MAX,
+        };
+        r = caller_table_new(params->admin_gid, &queue, &s->callers);
         if (r < 0)
                 return r;
 
@@ -177,8 +182,14 @@ int server_new(const ServerParams *params, Server **ret) {
         return 0;
 }
 
-void server_add_connection(Server *s, int fd) {
-        int r = caller_table_add(s->callers, fd);
+void server_add_connection(Server *s, int fd, const RpcRefusal *refusal) {
+        int r = caller_table_add(s->callers, fd, refusal);
+        if (r < 0 && refusal && refusal->kind != RPC_REFUSAL_NONE) {
+                /* Unmarked it would be served past its cap. */
+                log_warning_errno(r, "Failed to file a refused API connection, closing it: %m");
+                safe_close(fd);
+                return;
+        }
         if (r < 0)
                 /* Its calls then cannot name their caller: refused where that matters. */
                 log_warning_errno(r, "Failed to read the credentials of an API connection, "
@@ -255,7 +266,7 @@ Server *server_free(Server *s) {
         (void) pthread_cond_destroy(&s->cond);
         (void) pthread_mutex_destroy(&s->lock);
         call_counter_done(&s->calls);
-        caller_table_free(s->callers);
+        caller_table_unref(s->callers);
         grpc_shutdown();
         return mfree(s);
 }

@@ -27,13 +27,16 @@ typedef struct ServerParams {
         unsigned max_request_bytes;
         unsigned connection_idle_ms;
         unsigned max_watches;
+        unsigned max_watches_per_process; /* 0: max_watches */
+        CallerQueueLimits queue_limits;   /* members 0: unbounded */
         gid_t admin_gid; /* --admin-group, or (gid_t) -1: only root is an admin */
         RpcHooks hooks; /* copied; userdata must outlive the server */
 } ServerParams;
 
 int server_new(const ServerParams *params, Server **ret);
-/* Takes ownership of fd, a connected stream socket. */
-void server_add_connection(Server *s, int fd);
+/* Takes ownership of fd, a connected stream socket. refusal: NULL, or the cap it is over: its
+ * first call is answered RESOURCE_EXHAUSTED with the reason, then the connection is closed. */
+void server_add_connection(Server *s, int fd, const RpcRefusal *refusal);
 /* From any thread: open watches that push changes (WatchTopology) send anew. */
 void server_notify_watches(Server *s);
 /* From any thread: only the open watches of the method path (RPC_WATCH_BUILD_PATH) send anew. */

@@ -38,6 +38,8 @@ if $tests; then
     packages+=(python3-mypy python3-setuptools python3-pip python3-venv)
     # test man-pages renders the pages with man -l and groff's warnings on.
     packages+=(man-db groff-base)
+    # test client-memory speaks raw HTTP/2 (a client that never opens its window).
+    packages+=(python3-h2)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
     # llvm-symbolizer for the coverage report.
     packages+=(clang libclang-rt-14-dev llvm-14)

@@ -1,6 +1,13 @@
 #!/usr/bin/python3
-"""API connections under pressure: out of file descriptors, silent sockets, one greedy peer."""
+"""API connections under pressure: out of file descriptors, silent sockets, one greedy peer.
 
+A connection over a cap (--max-connections, --max-connections-per-peer; per uid in
+test_client_memory.py) is served by gRPC just long enough to answer its first call
+RESOURCE_EXHAUSTED CONNECTION_LIMIT with the sentence of docs/semantics.md, then closed; past
+32 such connections at once, one more is closed bare.
+"""
+
+import json
 import os
 import resource
 import shutil
@@ -24,6 +31,33 @@ import sys, grpc
 ch = grpc.insecure_channel("unix:" + sys.argv[1], options=[("grpc.use_local_subchannel_pool", 1)])
 ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
 """
+
+# A process that opens n connections, all before its first call, then checks health on each:
+# one JSON line, [{"code", "message"}], its pid first.
+HEALTH_CHECKS = """
+import json, os, sys, grpc
+opts = [("grpc.use_local_subchannel_pool", 1)]
+chans = [grpc.insecure_channel("unix:" + sys.argv[1], options=opts) for _ in range(int(sys.argv[2]))]
+for ch in chans:
+    grpc.channel_ready_future(ch).result(timeout=30)
+out = []
+for ch in chans:
+    try:
+        ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+        out.append({"code": "OK", "message": ""})
+    except grpc.RpcError as e:
+        out.append({"code": e.code().name, "message": e.details()})
+print(json.dumps([os.getpid(), out]), flush=True)
+"""
+
+
+def health_checks(path, n):
+    """(pid, results) of a process of its own checking health on n connections of its own."""
+    r = subprocess.run([sys.executable, "-c", HEALTH_CHECKS, path, str(n)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, text=True)
+    if r.returncode != 0:
+        raise AssertionError(r.stderr)
+    return json.loads(r.stdout)
 
 
 class LimitedDaemon(H.Daemon):
@@ -176,34 +210,62 @@ class TestOutOfDescriptors(unittest.TestCase):
 
 
 class TestPerPeerCap(unittest.TestCase):
+    def setUp(self):
+        self.tmp = H.short_tmpdir("fd-peer-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
     def test_one_peer_cannot_take_every_connection(self):
-        tmp = H.short_tmpdir("fd-peer-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        conf = os.path.join(tmp, "familyd.conf")
+        conf = os.path.join(self.tmp, "familyd.conf")
         with open(conf, "w") as f:
             f.write("max-connections-per-peer = 3\n")
-        d = H.Daemon(registry=REGISTRY, tmpdir=tmp, extra_args=["--config", conf,
-                                                                "--max-connections", "8"])
+        d = H.Daemon(registry=REGISTRY, tmpdir=self.tmp, extra_args=["--config", conf,
+                                                                     "--max-connections", "8"])
         with d:
             d.client.close()
-            socks = connect_raw(d.socket, 5)
-            try:
-                served, closed = classify(socks)
-                self.assertLessEqual(len(served), 3)
-                self.assertGreaterEqual(len(closed), 2)
-                self.assertEqual(len(served) + len(closed), 5)
-                # Another process still gets in.
-                r = subprocess.run([sys.executable, "-c", HEALTH_CHECK, d.socket],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
-                self.assertEqual(r.returncode, 0, r.stdout.decode("utf-8", "replace"))
-            finally:
-                close_all(socks)
-            # Closed connections free this process's places.
+            pid, results = health_checks(d.socket, 5)
+            self.assertEqual([r["code"] for r in results],
+                             ["OK"] * 3 + ["RESOURCE_EXHAUSTED"] * 2, results)
+            for r in results[3:]:
+                self.assertEqual(r["message"], "connection limit reached: process %d has 3 "
+                                 "connections open (--max-connections-per-peer)" % pid)
+            # Another process still gets in, and the refused connections are gone.
+            r = subprocess.run([sys.executable, "-c", HEALTH_CHECK, d.socket],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout.decode("utf-8", "replace"))
             self.assertTrue(health_until_ok(d.socket))
             err = d.stderr()
             self.assertIn("--max-connections-per-peer", err)
-            self.assertIn("from pid %d" % os.getpid(), err)
+            self.assertIn("from pid %d" % pid, err)
             self.assertEqual(err.count("Refusing a connection from pid"), 1, err)
+
+    def test_over_max_connections_the_first_call_gets_the_reason(self):
+        d = H.Daemon(registry=REGISTRY, tmpdir=self.tmp,
+                     extra_args=["--max-connections", "4", "--max-connections-per-uid", "8"])
+        with d:
+            d.client.close()
+            _, results = health_checks(d.socket, 6)
+            self.assertEqual([r["code"] for r in results],
+                             ["OK"] * 4 + ["RESOURCE_EXHAUSTED"] * 2, results)
+            for r in results[4:]:
+                self.assertEqual(r["message"], "connection limit reached: 4 connections are "
+                                 "open (--max-connections)")
+            self.assertTrue(health_until_ok(d.socket))
+
+    def test_past_32_refusals_at_once_connections_are_closed_bare(self):
+        d = H.Daemon(registry=REGISTRY, tmpdir=self.tmp,
+                     extra_args=["--max-connections", "2", "--max-connections-per-uid", "2"])
+        with d:
+            d.client.close()
+            socks = connect_raw(d.socket, 2 + 40)
+            try:
+                served, closed = classify(socks)
+                # 2 served and 32 waiting to answer their first call: gRPC speaks on them.
+                self.assertEqual(len(served), 34, "served %d, closed %d"
+                                 % (len(served), len(closed)))
+                self.assertEqual(len(closed), 8)
+            finally:
+                close_all(socks)
+            self.assertTrue(health_until_ok(d.socket))
 
     def test_help_names_the_flag(self):
         r = subprocess.run([H.familyd_bin(), "--help"], stdout=subprocess.PIPE, text=True,
