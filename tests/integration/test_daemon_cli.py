@@ -116,7 +116,8 @@ class TestConnectionCap(unittest.TestCase):
                     refused = e
                     break
             self.assertIsNotNone(refused, "no connection was refused with --max-connections 2")
-            self.assertEqual(refused.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertEqual(refused.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertRegex(refused.details(), r"^connection limit reached: ")
             self.assertLessEqual(len(opened), 2)
             self.assertTrue(d.client.health().ok)
 
