@@ -1324,16 +1324,14 @@ PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply) {
         return NULL;
 }
 
-int peer_ucx_reply_check(PeerUcx *u, void *reply, const char *name, uint64_t boot_id,
-                         const char **ret_bound) {
+const char *peer_ucx_reply_bound(PeerUcx *u, void *reply, uint64_t *ret_boot_id) {
         PeerReplyTo *to = reply;
         PeerSession *s = to ? to->session : NULL;
 
-        if (!s || !s->bound_name || (s->bound_boot == boot_id && streq(s->bound_name, name)))
-                return 0;
-        if (ret_bound)
-                *ret_bound = s->bound_name;
-        return -EPERM;
+        if (!s || !s->bound_name)
+                return NULL;
+        *ret_boot_id = s->bound_boot;
+        return s->bound_name;
 }
 
 int peer_ucx_reply_bind(PeerUcx *u, void *reply, const char *name, uint64_t boot_id) {
