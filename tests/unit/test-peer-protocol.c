@@ -397,6 +397,54 @@ static void test_forget_told_to_peers(void **state) {
         assert_int_equal(protocol_links(a->protocol, NULL), 1);
 }
 
+/* A heartbeat from a start this node does not know is answered with a who, back on the
+ * sender's link; the sender's hello follows and the node joins. */
+static void test_who_asks_for_a_hello(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+
+        /* b's first hello is lost. */
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 1);
+        run(1); /* b's heartbeat, a's who, b's hello */
+        assert_non_null(membership_find(protocol_membership(a->protocol), "node-b"));
+        assert_non_null(membership_find(protocol_membership(b->protocol), "node-a"));
+}
+
+/* A hello whose list would take the table past --max-nodes is refused whole. */
+static void test_hello_past_max_nodes_refused(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        PeerKnown known[8];
+        char names[8][16], addresses[8][32];
+
+        for (size_t i = 0; i < 8; i++) {
+                snprintf(names[i], sizeof names[i], "node-%zu", i);
+                snprintf(addresses[i], sizeof addresses[i], "127.0.0.1:%zu", 8000 + i);
+                known[i] = (PeerKnown) { .info = { .name = names[i], .node_rank = -1,
+                                                   .address = addresses[i], .boot_id = 50 + i,
+                                                   .started_unix_ms = 100,
+                                                   .devices = host_devices, .n_devices = 1 } };
+        }
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = net.eps[0] };
+        PeerMessage hello = { .body = PEER_HELLO, .version = 1, .members = known,
+                              .n_members = 8,
+                              .sender = { .name = b->name, .node_rank = 1, .address = b->address,
+                                          .boot_id = 1001, .started_unix_ms = 100,
+                                          .devices = host_devices, .n_devices = 1 } };
+
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_int_equal(a->refusing, 1);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 1);
+        hello.n_members = 6; /* with its sender and a: 8 */
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_int_equal(a->refusing, 1);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 8);
+        run(1);
+        assert_int_equal(b->refused_us, 1); /* the refusal came back on b's link */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_join_through_seed, setup, teardown),
@@ -407,6 +455,9 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_bound_link_drops_other_names, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_forget_told_to_peers, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_who_asks_for_a_hello, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_hello_past_max_nodes_refused, setup,
+                                                teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
