@@ -20,18 +20,6 @@ static bool peer_string_ok(const char *s, size_t max, bool allow_empty) {
         return allow_empty || n > 0;
 }
 
-void peer_message_done(PeerMessage *m) {
-        if (!m)
-                return;
-        member_info_done(&m->sender);
-        for (size_t i = 0; i < m->n_members; i++)
-                member_info_done(&m->members[i].info);
-        free(m->members);
-        free(m->forget_name);
-        free(m->reason);
-        *m = (PeerMessage) {};
-}
-
 static int device_decode(const Familyd__V1__Device *pb, Device *ret) {
         Device d = {
                 .local_index = pb->local_index,

@@ -2,8 +2,9 @@
 #pragma once
 
 /*
- * DESIGN: pure and single-threaded (the peer thread owns it); time comes in as arguments, so
- * the unit tests drive it with a fake clock. A member's state is this daemon's own observation:
+ * DESIGN: pure and single-threaded (the membership protocol, core/peer-protocol.h, owns it,
+ * on the peer thread); time comes in as arguments, so the unit tests drive it with a fake
+ * clock. A member's state is this daemon's own observation:
  * up while heard within suspect_ms, suspect until down_ms, then down; a down member keeps its
  * ranks until forgotten. Every change to the member set or a state takes the version to
  * max(every version seen) + 1; messages carry the version, so quiet daemons agree on it.

@@ -1,4 +1,4 @@
-/* peer-ucx.c: the UCX worker, the bootstrap listener and the endpoints of the peer thread. */
+/* peer-ucx.c: the UCX worker, its endpoints, receiving, dispatching and sending for the peer thread. */
 
 /*
  * DESIGN: used by the peer thread only (UCS_THREAD_MODE_SINGLE), on that thread's sd-event
@@ -39,6 +39,9 @@
  * ucp_request_free() on a request in flight its callback never fires). An endpoint is freed
  * only when it is closed and no send on it is in flight, so a late send callback never touches
  * freed memory.
+ *
+ * The handshakes and the listener are in peer-handshake.c, the sessions in peer-session.c;
+ * peer-ucx-internal.h holds what the three share.
  */
 
 #include <arpa/inet.h>
@@ -56,142 +59,9 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "peer-auth.h"
-#include "peer-frame.h"
-#include "peer-ucx.h"
-#include "core/resource-limits.h"
+#include "peer-ucx-internal.h"
 
-#define PEER_AM_ID 7
-/* Messages queued on one endpoint before sends are dropped (a stalled peer). */
-#define PEER_MAX_INFLIGHT 64u
-/* The bootstrap handshake: magic, then (answer only) a length and the worker address; with a
- * cluster key, another magic and the proofs first (DESIGN). */
-#define PEER_MAGIC "FAMILYD1"
-#define PEER_MAGIC_KEYED "FAMILYK1"
-#define PEER_MAGIC_SIZE 8u
-#define PEER_MAX_WORKER_ADDRESS 16384u
-#define PEER_HANDSHAKE_MS 5000
-/* The handshake timer fires within this of its deadline (not sd-event's default 250 ms). */
-#define PEER_TIMER_ACCURACY_USEC 1000u
-/* Handshakes in progress on the listening side; more are closed at once. One source address
- * holds at most PEER_MAX_HANDSHAKES_PER_SOURCE of them, so a flood from one host leaves room
- * for the others (issue 16: 837k idle connections from one address held all 64). */
-#define PEER_MAX_HANDSHAKES 64u
-#define PEER_MAX_HANDSHAKES_PER_SOURCE 8u
-#define PEER_FLOOD_LOG_USEC (10u * 1000000u)
-/* Sessions that others dialed, kept for their messages: room for two links from every member;
- * past it the least recently used goes. */
-#define PEER_MAX_SESSIONS (2u * FAMILYD_MAX_PEERS + PEER_MAX_HANDSHAKES)
-#define PEER_REMOTE_MAX 80u
-
-typedef enum HandshakeStage {
-        HS_DIAL_HELLO_SENT,    /* writing the magic (keyed: and our nonce) */
-        HS_DIAL_HEAD,          /* no key: reading the magic and the address length */
-        HS_DIAL_PROOFS,        /* keyed: reading the magic, its nonce and its proofs */
-        HS_DIAL_PROOF_SENT,    /* keyed: writing our proof */
-        HS_DIAL_LENGTH,        /* keyed: reading the address length */
-        HS_DIAL_ADDRESS,       /* reading the worker address */
-        HS_LISTEN_MAGIC,       /* reading the magic */
-        HS_LISTEN_NONCE,       /* keyed: reading the dialer's nonce */
-        HS_LISTEN_PROOFS_SENT, /* keyed: writing the magic, our nonce and proofs */
-        HS_LISTEN_PROOF,       /* keyed: reading the dialer's proof */
-        HS_LISTEN_ANSWER_SENT, /* writing (the magic,) the length and the worker address */
-} HandshakeStage;
-
-/* An authenticated link: its keys, the next number we send, the numbers we received. */
-typedef struct PeerSession {
-        PeerSessionKeys keys;
-        PeerRole role; /* ours on the link */
-        uint64_t next_seq;
-        PeerReplayWindow window;
-        char *bound_name; /* who speaks on the link, once the caller believed it */
-        uint64_t bound_boot;
-        struct PeerSession *next;
-} PeerSession;
-
-typedef struct PeerHandshake {
-        PeerUcx *ucx;
-        int fd;
-        sd_event_source *io;
-        sd_event_source *timeout; /* PEER_HANDSHAKE_MS from the start */
-        bool dialing;  /* ours: send the magic, read the answer */
-        HandshakeStage stage;
-        uint8_t *in;   /* the other side's part so far: have of want bytes */
-        size_t have, want, in_size;
-        uint8_t *out;  /* our part, while it is written: sent of out_size bytes */
-        size_t out_size, sent;
-        uint8_t nonces[2][PEER_NONCE_BYTES]; /* keyed: the dialer's, the listener's */
-        bool proven; /* keyed: the other side proved the key; session holds the link's keys */
-        PeerSessionKeys session;
-        char remote[PEER_REMOTE_MAX]; /* the other side, for the log */
-        char source[NI_MAXHOST];      /* listening: the other side's host, for its limit */
-        struct PeerEndpoint *endpoint; /* dialing only */
-        struct PeerHandshake *next;
-} PeerHandshake;
-
-typedef struct PeerPending {
-        uint8_t *buf;
-        size_t size;
-        struct PeerPending *next;
-} PeerPending;
-
-struct PeerEndpoint {
-        ucp_ep_h ep;              /* NULL while the handshake runs */
-        PeerHandshake *handshake; /* the dialing handshake, until the endpoint exists */
-        PeerPending *pending, **pending_tail; /* sends made before it existed */
-        unsigned n_pending;
-        PeerUcx *ucx;
-        PeerSession *session; /* keyed: from the handshake on */
-        void *userdata;
-        unsigned inflight;
-        bool failed;
-        bool closed;
-        char *failure; /* UCX's cause, until dispatched */
-        PeerEndpoint *next;
-};
-
-typedef struct PeerInbox {
-        uint8_t *data;
-        size_t size;
-        ucp_ep_h reply;
-        struct PeerInbox *next;
-} PeerInbox;
-
-struct PeerUcx {
-        ucp_context_h context;
-        ucp_worker_h worker;
-        int worker_fd;
-        ucp_address_t *address;
-        size_t address_size;
-        int listen_fd;
-        sd_event *event;
-        sd_event_source *listener;
-        PeerUcxCallbacks callbacks;
-        PeerEndpoint *endpoints;
-        PeerInbox *inbox, **inbox_tail;
-        PeerHandshake *handshakes;
-        unsigned n_accepted; /* listening handshakes in progress */
-        unsigned dropped; /* undecodable or oversized messages, for one log line now and then */
-        PeerKeys keys;    /* n == 0: peers are not authenticated */
-        PeerSession *sessions; /* most recently used first */
-        unsigned n_listener_sessions;
-        unsigned unauthenticated; /* messages of no session, or with a bad MAC, dropped */
-        unsigned replayed;        /* messages seen before or too old, dropped */
-        unsigned refused;         /* handshakes that did not prove the key */
-        unsigned flooded;         /* connections closed at once: too many handshakes */
-        uint64_t flood_logged_usec; /* a flood is logged once every PEER_FLOOD_LOG_USEC */
-        char *refused_last;       /* the last of them: "host:port: why" */
-};
-
-/* What peer_ucx_reply() answers on: the endpoint and session a message came in on. */
-typedef struct PeerReplyTo {
-        ucp_ep_h ep;
-        PeerSession *session;
-} PeerReplyTo;
-
-static void session_free(PeerUcx *u, PeerSession *s);
-
-static int errno_from_ucs(ucs_status_t s) {
+int peer_errno_from_ucs(ucs_status_t s) {
         switch (s) {
         case UCS_OK:
                 return 0;
@@ -272,7 +142,7 @@ bool peer_address_is_loopback(const char *address) {
         return loopback;
 }
 
-static int resolve_address(const char *address, bool passive, struct sockaddr_storage *ret,
+int peer_resolve_address(const char *address, bool passive, struct sockaddr_storage *ret,
                            socklen_t *ret_len) {
         _cleanup_free_ char *host = NULL, *port = NULL;
         struct addrinfo hints = {
@@ -301,7 +171,7 @@ static int resolve_address(const char *address, bool passive, struct sockaddr_st
 
 /* --- endpoints --- */
 
-static void endpoint_free_if_done(PeerEndpoint *e) {
+void peer_endpoint_free_if_done(PeerEndpoint *e) {
         if (!e->closed || e->inflight > 0)
                 return;
         for (PeerPending *q = e->pending, *n; q; q = n) {
@@ -317,9 +187,7 @@ static void on_close_done(void *request, ucs_status_t status, void *user_data) {
         ucp_request_free(request);
 }
 
-static void handshake_free(PeerUcx *u, PeerHandshake *h);
-
-static void endpoint_close(PeerUcx *u, PeerEndpoint *e) {
+void peer_endpoint_close(PeerUcx *u, PeerEndpoint *e) {
         ucp_request_param_t p = {
                 .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
                 .flags = UCP_EP_CLOSE_FLAG_FORCE,
@@ -332,7 +200,7 @@ static void endpoint_close(PeerUcx *u, PeerEndpoint *e) {
                         break;
                 }
         if (e->handshake)
-                handshake_free(u, e->handshake);
+                peer_handshake_free(u, e->handshake);
         if (e->ep) {
                 void *req = ucp_ep_close_nbx(e->ep, &p);
                 if (UCS_PTR_IS_ERR(req))
@@ -340,21 +208,21 @@ static void endpoint_close(PeerUcx *u, PeerEndpoint *e) {
                                   ucs_status_string(UCS_PTR_STATUS(req)));
                 e->ep = NULL;
         }
-        session_free(u, e->session);
+        peer_session_free(u, e->session);
         e->session = NULL;
         e->closed = true;
-        endpoint_free_if_done(e);
+        peer_endpoint_free_if_done(e);
 }
 
-static void endpoint_fail(PeerEndpoint *e, const char *cause) {
+void peer_endpoint_fail(PeerEndpoint *e, const char *cause) {
         if (e->failed)
                 return;
         e->failed = true;
         e->failure = strdup(cause);
 }
 
-static void on_endpoint_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
-        endpoint_fail(arg, ucs_status_string(status));
+void peer_on_endpoint_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+        peer_endpoint_fail(arg, ucs_status_string(status));
 }
 
 /* --- receiving --- */
@@ -385,566 +253,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
 }
 
-/* --- sessions --- */
-
-/* A session begins when a handshake proves the key; the dialer's lives with its endpoint, the
- * listener's until PEER_MAX_SESSIONS newer or more recently used ones push it out. */
-static PeerSession *session_new(PeerUcx *u, const PeerSessionKeys *keys, PeerRole role) {
-        PeerSession *s = calloc(1, sizeof *s);
-
-        if (!s)
-                return NULL;
-        s->keys = *keys;
-        s->role = role;
-        s->next_seq = 1;
-        if (role == PEER_ROLE_LISTENER && u->n_listener_sessions >= PEER_MAX_SESSIONS) {
-                PeerSession **oldest = NULL;
-                for (PeerSession **p = &u->sessions; *p; p = &(*p)->next)
-                        if ((*p)->role == PEER_ROLE_LISTENER)
-                                oldest = p;
-                if (oldest)
-                        session_free(u, *oldest);
-        }
-        if (role == PEER_ROLE_LISTENER)
-                u->n_listener_sessions++;
-        s->next = u->sessions;
-        u->sessions = s;
-        return s;
-}
-
-static void session_free(PeerUcx *u, PeerSession *s) {
-        if (!s)
-                return;
-        for (PeerSession **p = &u->sessions; *p; p = &(*p)->next)
-                if (*p == s) {
-                        *p = s->next;
-                        break;
-                }
-        if (s->role == PEER_ROLE_LISTENER)
-                u->n_listener_sessions--;
-        free(s->bound_name);
-        sodium_memzero(s, sizeof *s);
-        free(s);
-}
-
-/* The session a frame names, moved to the front (most recently used). */
-static PeerSession *session_find(PeerUcx *u, const uint8_t *id) {
-        for (PeerSession **p = &u->sessions; *p; p = &(*p)->next) {
-                PeerSession *s = *p;
-                /* The id names the session, it proves nothing: the MAC does. */
-                if (memcmp(s->keys.id, id, PEER_SESSION_ID_BYTES) != 0)
-                        continue;
-                *p = s->next;
-                s->next = u->sessions;
-                u->sessions = s;
-                return s;
-        }
-        return NULL;
-}
-
-static const uint8_t *session_send_key(const PeerSession *s) {
-        return s->role == PEER_ROLE_DIALER ? s->keys.dialer_to_listener : s->keys.listener_to_dialer;
-}
-
-static const uint8_t *session_receive_key(const PeerSession *s) {
-        return s->role == PEER_ROLE_DIALER ? s->keys.listener_to_dialer : s->keys.dialer_to_listener;
-}
-
-/* --- the bootstrap handshake --- */
-
-static void handshake_free(PeerUcx *u, PeerHandshake *h) {
-        for (PeerHandshake **p = &u->handshakes; *p; p = &(*p)->next)
-                if (*p == h) {
-                        *p = h->next;
-                        break;
-                }
-        if (h->endpoint)
-                h->endpoint->handshake = NULL;
-        else
-                u->n_accepted--;
-        sd_event_source_disable_unref(h->io);
-        sd_event_source_disable_unref(h->timeout);
-        safe_close(h->fd);
-        free(h->in);
-        free(h->out);
-        sodium_memzero(h->nonces, sizeof h->nonces);
-        sodium_memzero(&h->session, sizeof h->session);
-        free(h);
-}
-
-/* Ends a handshake that failed; a dialing one fails its endpoint with `cause`. */
-static void handshake_fail(PeerUcx *u, PeerHandshake *h, const char *cause) {
-        if (h->endpoint)
-                endpoint_fail(h->endpoint, cause);
-        handshake_free(u, h);
-}
-
-/* A listening handshake that did not prove the key: counted, logged now and then. */
-static void handshake_refuse(PeerUcx *u, PeerHandshake *h, const char *why) {
-        u->refused++;
-        free(u->refused_last);
-        u->refused_last = NULL;
-        if (asprintf(&u->refused_last, "%s: %s", h->remote, why) < 0)
-                u->refused_last = NULL;
-        handshake_free(u, h);
-}
-
-/* Queues our next part (taking over data) and waits to write. */
-static int handshake_send(PeerHandshake *h, uint8_t *data, size_t size, HandshakeStage next) {
-        if (!data)
-                return -ENOMEM;
-        free(h->out);
-        h->out = data;
-        h->out_size = size;
-        h->sent = 0;
-        h->stage = next;
-        return sd_event_source_set_io_events(h->io, EPOLLOUT);
-}
-
-/* Waits for size bytes of the other side's next part. */
-static int handshake_expect(PeerHandshake *h, size_t size, HandshakeStage next) {
-        if (size > h->in_size)
-                return -EPROTO;
-        h->have = 0;
-        h->want = size;
-        h->stage = next;
-        return sd_event_source_set_io_events(h->io, EPOLLIN);
-}
-
-static uint8_t *concat(const void *a, size_t na, const void *b, size_t nb, size_t *ret_size) {
-        uint8_t *d = malloc(na + nb);
-
-        if (!d)
-                return NULL;
-        memcpy(d, a, na);
-        if (nb > 0)
-                memcpy(d + na, b, nb);
-        *ret_size = na + nb;
-        return d;
-}
-
-static uint32_t read_le32(const uint8_t *p) {
-        return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 |
-               (uint32_t) p[3] << 24;
-}
-
-static int send_on(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSession *s, uint8_t *buf,
-                   size_t size);
-
-/* The dialer has the worker address: the endpoint comes to life and sends what waited. */
-static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *address) {
-        PeerEndpoint *e = h->endpoint;
-        ucp_ep_params_t p = {
-                .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                              UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                .address = (const ucp_address_t *) address,
-                .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                .err_handler = { .cb = on_endpoint_error, .arg = e },
-        };
-
-        if (h->proven) {
-                e->session = session_new(u, &h->session, PEER_ROLE_DIALER);
-                if (!e->session) {
-                        handshake_fail(u, h, strerror(ENOMEM));
-                        return;
-                }
-        }
-        ucs_status_t s = ucp_ep_create(u->worker, &p, &e->ep);
-        if (s != UCS_OK) {
-                e->ep = NULL;
-                handshake_fail(u, h, ucs_status_string(s));
-                return;
-        }
-        handshake_free(u, h);
-        while (e->pending) {
-                PeerPending *q = e->pending;
-                e->pending = q->next;
-                e->n_pending--;
-                (void) send_on(u, e->ep, e, e->session, q->buf, q->size);
-                free(q);
-        }
-        e->pending_tail = &e->pending;
-}
-
-/* Keyed dialer: the listener's nonce and proofs (one per key it holds). Ours follows, made
- * with the first of our keys that one of its proofs shows it holds too. */
-static int handshake_dial_proofs(PeerUcx *u, PeerHandshake *h) {
-        const uint8_t *in = h->in + PEER_MAGIC_SIZE;
-        uint8_t proof[PEER_PROOF_BYTES];
-        int best = -1;
-
-        if (memcmp(h->in, PEER_MAGIC_KEYED, PEER_MAGIC_SIZE) != 0)
-                return -EPROTO;
-        memcpy(h->nonces[1], in, PEER_NONCE_BYTES);
-        for (unsigned j = 0; j < PEER_KEYS_MAX; j++) {
-                int k = peer_auth_verify(&u->keys, PEER_ROLE_LISTENER, h->nonces[0], h->nonces[1],
-                                         in + PEER_NONCE_BYTES + j * PEER_PROOF_BYTES);
-                if (k >= 0 && (best < 0 || k < best))
-                        best = k;
-        }
-        if (best < 0)
-                return -EACCES;
-        /* The session now: a reload may change the keys before the handshake ends. */
-        h->proven = true;
-        peer_auth_session(u->keys.keys[best], h->nonces[0], h->nonces[1], &h->session);
-        peer_auth_proof(u->keys.keys[best], PEER_ROLE_DIALER, h->nonces[0], h->nonces[1], proof);
-        size_t size = 0;
-        uint8_t *out = concat(proof, sizeof proof, NULL, 0, &size);
-        return handshake_send(h, out, size, HS_DIAL_PROOF_SENT);
-}
-
-/* The dialer read a whole part of the answer. */
-static void handshake_dial_received(PeerUcx *u, PeerHandshake *h) {
-        int r = 0;
-
-        switch (h->stage) {
-        case HS_DIAL_HEAD:
-        case HS_DIAL_LENGTH: {
-                /* No key: the magic, then the length; keyed: the length alone. */
-                if (h->stage == HS_DIAL_HEAD && memcmp(h->in, PEER_MAGIC, PEER_MAGIC_SIZE) != 0) {
-                        handshake_fail(u, h, "the handshake answer is not familyd's");
-                        return;
-                }
-                uint32_t len = read_le32(h->in + h->want - 4);
-                if (len == 0 || len > PEER_MAX_WORKER_ADDRESS) {
-                        handshake_fail(u, h, "the handshake answer has a bad length");
-                        return;
-                }
-                r = handshake_expect(h, len, HS_DIAL_ADDRESS);
-                break;
-        }
-        case HS_DIAL_PROOFS:
-                r = handshake_dial_proofs(u, h);
-                if (r == -EPROTO) {
-                        handshake_fail(u, h, "the handshake answer is not that of a familyd "
-                                             "with a cluster key");
-                        return;
-                }
-                if (r == -EACCES) {
-                        handshake_fail(u, h, "the peer does not hold this cluster's key");
-                        return;
-                }
-                break;
-        case HS_DIAL_ADDRESS:
-                handshake_finish_dial(u, h, h->in);
-                return;
-        default:
-                r = -EPROTO;
-        }
-        if (r < 0)
-                handshake_fail(u, h, strerror(-r));
-}
-
-/* Keyed listener: our nonce and a proof with each of our keys (the first twice when we hold
- * one), so a dialer that holds either of them knows us during a rotation. */
-static int handshake_listen_proofs(PeerUcx *u, PeerHandshake *h) {
-        uint8_t out[PEER_MAGIC_SIZE + PEER_NONCE_BYTES + PEER_KEYS_MAX * PEER_PROOF_BYTES];
-        size_t size = 0;
-
-        memcpy(h->nonces[0], h->in, PEER_NONCE_BYTES);
-        peer_auth_nonce(h->nonces[1]);
-        memcpy(out, PEER_MAGIC_KEYED, PEER_MAGIC_SIZE);
-        memcpy(out + PEER_MAGIC_SIZE, h->nonces[1], PEER_NONCE_BYTES);
-        for (unsigned j = 0; j < PEER_KEYS_MAX; j++)
-                peer_auth_proof(u->keys.keys[j < u->keys.n ? j : 0], PEER_ROLE_LISTENER,
-                                h->nonces[0], h->nonces[1],
-                                out + PEER_MAGIC_SIZE + PEER_NONCE_BYTES + j * PEER_PROOF_BYTES);
-        uint8_t *data = concat(out, sizeof out, NULL, 0, &size);
-        return handshake_send(h, data, size, HS_LISTEN_PROOFS_SENT);
-}
-
-/* Our worker address, preceded by the magic when no key is in use (keyed: it went first). */
-static int handshake_listen_answer(PeerUcx *u, PeerHandshake *h, bool magic) {
-        uint8_t head[PEER_MAGIC_SIZE + 4];
-        size_t at = 0, size;
-
-        if (magic) {
-                memcpy(head, PEER_MAGIC, PEER_MAGIC_SIZE);
-                at = PEER_MAGIC_SIZE;
-        }
-        for (unsigned i = 0; i < 4; i++)
-                head[at + i] = (uint8_t) (u->address_size >> (8 * i));
-        uint8_t *data = concat(head, at + 4, u->address, u->address_size, &size);
-        return handshake_send(h, data, size, HS_LISTEN_ANSWER_SENT);
-}
-
-/* The listener read a whole part of the dialer's. */
-static void handshake_listen_received(PeerUcx *u, PeerHandshake *h) {
-        bool keyed = u->keys.n > 0;
-        int r = 0;
-
-        switch (h->stage) {
-        case HS_LISTEN_MAGIC:
-                if (memcmp(h->in, keyed ? PEER_MAGIC_KEYED : PEER_MAGIC, PEER_MAGIC_SIZE) == 0)
-                        r = keyed ? handshake_expect(h, PEER_NONCE_BYTES, HS_LISTEN_NONCE)
-                                  : handshake_listen_answer(u, h, true);
-                else if (keyed && memcmp(h->in, PEER_MAGIC, PEER_MAGIC_SIZE) == 0) {
-                        handshake_refuse(u, h, "a familyd without a cluster key");
-                        return;
-                } else {
-                        log_debug("Closed a peer-port connection from %s that is not a familyd%s.",
-                                  h->remote, keyed ? "" : " without a cluster key");
-                        handshake_free(u, h);
-                        return;
-                }
-                break;
-        case HS_LISTEN_NONCE:
-                r = handshake_listen_proofs(u, h);
-                break;
-        case HS_LISTEN_PROOF: {
-                int k = peer_auth_verify(&u->keys, PEER_ROLE_DIALER, h->nonces[0], h->nonces[1],
-                                         h->in);
-                if (k < 0) {
-                        handshake_refuse(u, h, "a wrong proof");
-                        return;
-                }
-                peer_auth_session(u->keys.keys[k], h->nonces[0], h->nonces[1], &h->session);
-                if (!session_new(u, &h->session, PEER_ROLE_LISTENER))
-                        r = -ENOMEM;
-                else
-                        r = handshake_listen_answer(u, h, false);
-                break;
-        }
-        default:
-                r = -EPROTO;
-        }
-        if (r < 0)
-                handshake_free(u, h);
-}
-
-/* Our part is written: what comes next. */
-static void handshake_sent(PeerUcx *u, PeerHandshake *h) {
-        bool keyed = u->keys.n > 0;
-        int r;
-
-        switch (h->stage) {
-        case HS_DIAL_HELLO_SENT:
-                r = keyed ? handshake_expect(h, PEER_MAGIC_SIZE + PEER_NONCE_BYTES +
-                                                        PEER_KEYS_MAX * PEER_PROOF_BYTES,
-                                             HS_DIAL_PROOFS)
-                          : handshake_expect(h, PEER_MAGIC_SIZE + 4, HS_DIAL_HEAD);
-                break;
-        case HS_DIAL_PROOF_SENT:
-                r = handshake_expect(h, 4, HS_DIAL_LENGTH);
-                break;
-        case HS_LISTEN_PROOFS_SENT:
-                r = handshake_expect(h, PEER_PROOF_BYTES, HS_LISTEN_PROOF);
-                break;
-        default: /* HS_LISTEN_ANSWER_SENT: done */
-                handshake_free(u, h);
-                return;
-        }
-        if (r < 0)
-                handshake_fail(u, h, strerror(-r));
-}
-
-static bool io_would_block(ssize_t n) {
-        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
-}
-
-/* Writes what is queued; true once all of it is out. */
-static bool handshake_write(PeerUcx *u, PeerHandshake *h) {
-        if (h->dialing && h->stage == HS_DIAL_HELLO_SENT && h->sent == 0) {
-                int err = 0;
-                socklen_t len = sizeof err;
-                if (getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-                        err = errno;
-                if (err != 0) {
-                        handshake_fail(u, h, strerror(err));
-                        return false;
-                }
-        }
-        ssize_t n = send(h->fd, h->out + h->sent, h->out_size - h->sent, MSG_NOSIGNAL);
-        if (io_would_block(n))
-                return false;
-        if (n <= 0) {
-                handshake_fail(u, h, strerror(n < 0 ? errno : EPIPE));
-                return false;
-        }
-        h->sent += (size_t) n;
-        return h->sent == h->out_size;
-}
-
-static int on_handshake_io(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
-        PeerHandshake *h = userdata;
-        PeerUcx *u = h->ucx;
-
-        if (h->out) {
-                if (handshake_write(u, h)) {
-                        free(h->out);
-                        h->out = NULL;
-                        handshake_sent(u, h);
-                }
-                return 0;
-        }
-        ssize_t n = recv(h->fd, h->in + h->have, h->want - h->have, 0);
-        if (io_would_block(n))
-                return 0;
-        if (n <= 0 && !h->dialing && h->stage == HS_LISTEN_PROOF) {
-                /* A dialer that cannot check our proofs (another key) hangs up here. */
-                handshake_refuse(u, h, "it hung up before its proof");
-                return 0;
-        }
-        if (n < 0 && errno != ECONNRESET) {
-                handshake_fail(u, h, strerror(errno));
-                return 0;
-        }
-        if (n <= 0) {
-                handshake_fail(u, h, u->keys.n > 0 ? "closed during the handshake (not a familyd "
-                                                     "with a cluster key?)"
-                                                   : "closed during the handshake (not a familyd, "
-                                                     "or one that requires a cluster key?)");
-                return 0;
-        }
-        h->have += (size_t) n;
-        if (h->have < h->want)
-                return 0;
-        if (h->dialing)
-                handshake_dial_received(u, h);
-        else
-                handshake_listen_received(u, h);
-        return 0;
-}
-
-static int on_handshake_timeout(sd_event_source *source, uint64_t usec, void *userdata) {
-        PeerHandshake *h = userdata;
-
-        handshake_fail(h->ucx, h, "no handshake answer in time");
-        return 0;
-}
-
-/* The dialer's first part: the magic, and with a key our nonce. */
-static int handshake_dial_hello(PeerUcx *u, PeerHandshake *h) {
-        uint8_t *data;
-        size_t size = 0;
-
-        if (u->keys.n == 0)
-                data = concat(PEER_MAGIC, PEER_MAGIC_SIZE, NULL, 0, &size);
-        else {
-                peer_auth_nonce(h->nonces[0]);
-                data = concat(PEER_MAGIC_KEYED, PEER_MAGIC_SIZE, h->nonces[0], PEER_NONCE_BYTES,
-                              &size);
-        }
-        return handshake_send(h, data, size, HS_DIAL_HELLO_SENT);
-}
-
-static int handshake_new(PeerUcx *u, int fd, bool dialing, PeerEndpoint *e, const char *remote,
-                         const char *source) {
-        PeerHandshake *h = calloc(1, sizeof *h);
-        int r;
-
-        if (!h) {
-                safe_close(fd);
-                return -ENOMEM;
-        }
-        h->ucx = u;
-        h->fd = fd;
-        h->dialing = dialing;
-        h->endpoint = e;
-        (void) snprintf(h->remote, sizeof h->remote, "%s", remote);
-        (void) snprintf(h->source, sizeof h->source, "%s", strempty(source));
-        h->next = u->handshakes;
-        u->handshakes = h;
-        if (dialing)
-                e->handshake = h;
-        else
-                u->n_accepted++;
-        /* Dialing: at most the worker address (the largest part); listening: a nonce or a
-         * proof, so 64 connections that only say hello cost little. */
-        h->in_size = dialing ? PEER_MAX_WORKER_ADDRESS + PEER_MAGIC_SIZE + 4
-                             : MAX(PEER_NONCE_BYTES, PEER_PROOF_BYTES);
-        h->in = malloc(h->in_size);
-        r = h->in ? sd_event_add_io(u->event, &h->io, fd, EPOLLIN, on_handshake_io, h) : -ENOMEM;
-        if (r >= 0)
-                r = sd_event_add_time_relative(u->event, &h->timeout, CLOCK_MONOTONIC,
-                                               PEER_HANDSHAKE_MS * 1000u,
-                                               PEER_TIMER_ACCURACY_USEC, on_handshake_timeout, h);
-        if (r >= 0)
-                r = dialing ? handshake_dial_hello(u, h)
-                            : handshake_expect(h, PEER_MAGIC_SIZE, HS_LISTEN_MAGIC);
-        if (r < 0)
-                handshake_free(u, h);
-        return r < 0 ? r : 0;
-}
-
-/* "host:port" of an accepted connection, for the log, and its host alone. */
-static void remote_name(const struct sockaddr_storage *sa, socklen_t len, char *ret, size_t size,
-                        char ret_host[static NI_MAXHOST]) {
-        char port[NI_MAXSERV];
-
-        if (getnameinfo((const struct sockaddr *) sa, len, ret_host, NI_MAXHOST, port,
-                        sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-                (void) snprintf(ret, size, "an unknown address");
-                ret_host[0] = 0;
-        } else
-                (void) snprintf(ret, size, sa->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s",
-                                ret_host, port);
-}
-
-/* Listening handshakes in progress from this host. */
-static unsigned handshakes_from(PeerUcx *u, const char *host) {
-        unsigned n = 0;
-
-        for (PeerHandshake *h = u->handshakes; h; h = h->next)
-                if (!h->dialing && streq(h->source, host))
-                        n++;
-        return n;
-}
-
-static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t revents,
-                          void *userdata) {
-        PeerUcx *u = userdata;
-
-        for (;;) {
-                struct sockaddr_storage sa;
-                socklen_t sa_len = sizeof sa;
-                char remote[PEER_REMOTE_MAX];
-                int fd = accept4(listen_fd, (struct sockaddr *) &sa, &sa_len,
-                                 SOCK_CLOEXEC | SOCK_NONBLOCK);
-                if (fd < 0) {
-                        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-                            errno != ECONNABORTED)
-                                log_debug("Accepting on the peer port failed: %m");
-                        return 0;
-                }
-                char host[NI_MAXHOST];
-                if (u->n_accepted >= PEER_MAX_HANDSHAKES) {
-                        safe_close(fd);
-                        u->flooded++;
-                        continue;
-                }
-                remote_name(&sa, sa_len, remote, sizeof remote, host);
-                if (handshakes_from(u, host) >= PEER_MAX_HANDSHAKES_PER_SOURCE) {
-                        safe_close(fd);
-                        u->flooded++;
-                        continue;
-                }
-                (void) handshake_new(u, fd, false, NULL, remote, host);
-        }
-}
-
-static int listener_open(const char *address, int *ret) {
-        struct sockaddr_storage sa;
-        socklen_t sa_len;
-        int fd, one = 1, r;
-
-        r = resolve_address(address, true, &sa, &sa_len);
-        if (r < 0)
-                return log_error_errno(r, "Failed to resolve --listen %s: %m", address);
-        fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-                return log_error_errno(-errno, "Failed to create the peer socket: %m");
-        /* A restarted daemon takes its port back at once, despite connections in TIME_WAIT. */
-        (void) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, (struct sockaddr *) &sa, sa_len) < 0 || listen(fd, 128) < 0) {
-                r = -errno;
-                safe_close(fd);
-                return log_error_errno(r, "Failed to listen for peers on %s: %m", address);
-        }
-        *ret = fd;
-        return 0;
-}
-
 /* --- the worker --- */
 
 int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *keys,
@@ -965,13 +273,13 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
         if (u->keys.n > 0 && sodium_init() < 0)
                 return log_error_errno(-EIO, "Failed to initialise libsodium.");
 
-        r = listener_open(listen_address, &u->listen_fd);
+        r = peer_listener_open(listen_address, &u->listen_fd);
         if (r < 0)
                 return r;
 
         s = ucp_config_read(NULL, NULL, &config);
         if (s != UCS_OK)
-                return log_error_errno(errno_from_ucs(s), "Failed to read the UCX configuration: %s",
+                return log_error_errno(peer_errno_from_ucs(s), "Failed to read the UCX configuration: %s",
                                        ucs_status_string(s));
         ucp_params_t params = {
                 .field_mask = UCP_PARAM_FIELD_FEATURES,
@@ -980,7 +288,7 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
         s = ucp_init(&params, config, &u->context);
         ucp_config_release(config);
         if (s != UCS_OK)
-                return log_error_errno(errno_from_ucs(s), "Failed to initialise UCX: %s",
+                return log_error_errno(peer_errno_from_ucs(s), "Failed to initialise UCX: %s",
                                        ucs_status_string(s));
 
         ucp_worker_params_t wp = {
@@ -989,15 +297,15 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
         };
         s = ucp_worker_create(u->context, &wp, &u->worker);
         if (s != UCS_OK)
-                return log_error_errno(errno_from_ucs(s), "Failed to create a UCX worker: %s",
+                return log_error_errno(peer_errno_from_ucs(s), "Failed to create a UCX worker: %s",
                                        ucs_status_string(s));
         s = ucp_worker_get_efd(u->worker, &u->worker_fd);
         if (s != UCS_OK)
-                return log_error_errno(errno_from_ucs(s), "Failed to get the UCX wakeup fd: %s",
+                return log_error_errno(peer_errno_from_ucs(s), "Failed to get the UCX wakeup fd: %s",
                                        ucs_status_string(s));
         s = ucp_worker_get_address(u->worker, &u->address, &u->address_size);
         if (s != UCS_OK)
-                return log_error_errno(errno_from_ucs(s), "Failed to get the UCX worker address: %s",
+                return log_error_errno(peer_errno_from_ucs(s), "Failed to get the UCX worker address: %s",
                                        ucs_status_string(s));
         if (u->address_size > PEER_MAX_WORKER_ADDRESS)
                 return log_error_errno(-E2BIG, "The UCX worker address is %zu bytes, more than "
@@ -1014,10 +322,10 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
         };
         s = ucp_worker_set_am_recv_handler(u->worker, &ap);
         if (s != UCS_OK)
-                return log_error_errno(errno_from_ucs(s), "Failed to set the UCX message handler: %s",
+                return log_error_errno(peer_errno_from_ucs(s), "Failed to set the UCX message handler: %s",
                                        ucs_status_string(s));
 
-        r = sd_event_add_io(event, &u->listener, u->listen_fd, EPOLLIN, on_listener_io, u);
+        r = sd_event_add_io(event, &u->listener, u->listen_fd, EPOLLIN, peer_on_listener_io, u);
         if (r < 0)
                 return log_error_errno(r, "Failed to watch the peer socket: %m");
 
@@ -1029,9 +337,9 @@ PeerUcx *peer_ucx_free(PeerUcx *u) {
         if (!u)
                 return NULL;
         while (u->endpoints)
-                endpoint_close(u, u->endpoints);
+                peer_endpoint_close(u, u->endpoints);
         while (u->handshakes)
-                handshake_free(u, u->handshakes);
+                peer_handshake_free(u, u->handshakes);
         if (u->worker) {
                 if (u->address)
                         ucp_worker_release_address(u->worker, u->address);
@@ -1047,7 +355,7 @@ PeerUcx *peer_ucx_free(PeerUcx *u) {
                 free(m);
         }
         while (u->sessions)
-                session_free(u, u->sessions);
+                peer_session_free(u, u->sessions);
         peer_keys_wipe(&u->keys);
         free(u->refused_last);
         if (u->context)
@@ -1071,11 +379,11 @@ static void dispatch_one(PeerUcx *u, const PeerInbox *m) {
 
         if (u->keys.n > 0) {
                 if (!peer_frame_session(m->data, m->size, &id) ||
-                    !(reply.session = session_find(u, id))) {
+                    !(reply.session = peer_session_find(u, id))) {
                         u->unauthenticated++;
                         return;
                 }
-                int r = peer_frame_open(session_receive_key(reply.session), &reply.session->window,
+                int r = peer_frame_open(peer_session_receive_key(reply.session), &reply.session->window,
                                         m->data, m->size, &message, &size);
                 if (r == -EALREADY)
                         u->replayed++;
@@ -1138,7 +446,7 @@ static void dispatch_failures(PeerUcx *u) {
                 if (!e->failed)
                         continue;
                 u->callbacks.on_failure(u->callbacks.userdata, e, strempty(e->failure));
-                endpoint_close(u, e);
+                peer_endpoint_close(u, e);
                 /* The callback may have closed others: start over. */
                 n = u->endpoints;
         }
@@ -1167,7 +475,7 @@ int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoi
         PeerEndpoint *e;
         int fd, r;
 
-        r = resolve_address(address, false, &sa, &sa_len);
+        r = peer_resolve_address(address, false, &sa, &sa_len);
         if (r < 0)
                 return r;
         fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -1186,7 +494,7 @@ int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoi
         e->ucx = u;
         e->userdata = userdata;
         e->pending_tail = &e->pending;
-        r = handshake_new(u, fd, true, e, address, NULL);
+        r = peer_handshake_new(u, fd, true, e, address, NULL);
         if (r < 0) {
                 free(e);
                 return r;
@@ -1203,7 +511,7 @@ void *peer_endpoint_userdata(PeerEndpoint *ep) {
 
 void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep) {
         if (ep)
-                endpoint_close(u, ep);
+                peer_endpoint_close(u, ep);
 }
 
 typedef struct PeerSend {
@@ -1223,7 +531,7 @@ static void send_finished(PeerSend *s, bool sent) {
         free(s);
         if (e) {
                 e->inflight--;
-                endpoint_free_if_done(e);
+                peer_endpoint_free_if_done(e);
         }
 }
 
@@ -1238,7 +546,7 @@ static int send_on_numbered(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSessio
 
         if (session) {
                 uint8_t *frame;
-                int r = peer_frame_seal(session_send_key(session), session->keys.id, seq, buf,
+                int r = peer_frame_seal(peer_session_send_key(session), session->keys.id, seq, buf,
                                         size, &frame, &size);
                 free(buf);
                 if (r < 0)
@@ -1269,10 +577,10 @@ static int send_on_numbered(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSessio
                 return 0;
         /* Done at once (NULL) or failed: the callback will not run. */
         send_finished(s, !UCS_PTR_IS_ERR(req));
-        return UCS_PTR_IS_ERR(req) ? errno_from_ucs(UCS_PTR_STATUS(req)) : 0;
+        return UCS_PTR_IS_ERR(req) ? peer_errno_from_ucs(UCS_PTR_STATUS(req)) : 0;
 }
 
-static int send_on(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *buf,
+int peer_send_on(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSession *session, uint8_t *buf,
                    size_t size) {
         return send_on_numbered(u, ep, e, session, buf, size, session ? session->next_seq++ : 0);
 }
@@ -1296,7 +604,7 @@ int peer_ucx_send(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size) {
                 ep->n_pending++;
                 return 0;
         }
-        return send_on(u, ep->ep, ep, ep->session, buf, size);
+        return peer_send_on(u, ep->ep, ep, ep->session, buf, size);
 }
 
 int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size) {
@@ -1306,7 +614,7 @@ int peer_ucx_reply(PeerUcx *u, void *reply, uint8_t *buf, size_t size) {
                 free(buf);
                 return -ENOTCONN;
         }
-        return send_on(u, to->ep, NULL, to->session, buf, size);
+        return peer_send_on(u, to->ep, NULL, to->session, buf, size);
 }
 
 PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply) {
@@ -1322,31 +630,6 @@ PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply) {
                         return e;
         }
         return NULL;
-}
-
-int peer_ucx_reply_check(PeerUcx *u, void *reply, const char *name, uint64_t boot_id,
-                         const char **ret_bound) {
-        PeerReplyTo *to = reply;
-        PeerSession *s = to ? to->session : NULL;
-
-        if (!s || !s->bound_name || (s->bound_boot == boot_id && streq(s->bound_name, name)))
-                return 0;
-        if (ret_bound)
-                *ret_bound = s->bound_name;
-        return -EPERM;
-}
-
-int peer_ucx_reply_bind(PeerUcx *u, void *reply, const char *name, uint64_t boot_id) {
-        PeerReplyTo *to = reply;
-        PeerSession *s = to ? to->session : NULL;
-
-        if (!s || s->bound_name)
-                return 0;
-        s->bound_name = strdup(name);
-        if (!s->bound_name)
-                return -ENOMEM;
-        s->bound_boot = boot_id;
-        return 0;
 }
 
 int peer_ucx_send_numbered(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t size, uint64_t seq) {

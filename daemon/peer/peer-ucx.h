@@ -60,11 +60,9 @@ PeerEndpoint *peer_ucx_reply_endpoint(PeerUcx *u, void *reply);
 /* With keys, the link a message came on (its session) carries the identity of the daemon that
  * speaks on it, bound by the caller once it believed that daemon: a real daemon speaks for one
  * start of one node per link, so a message in another name or start on a bound link is a lie.
- * _check: 0 when the link is unbound or bound to this name and boot, -EPERM when bound to
- * another, with *ret_bound (may be NULL) the name it is bound to. _bind: binds an unbound
- * link. Without keys there is no link identity: both return 0. */
-int peer_ucx_reply_check(PeerUcx *u, void *reply, const char *name, uint64_t boot_id,
-                         const char **ret_bound);
+ * _bound: the name the link is bound to (*ret_boot_id its start), NULL when unbound. _bind:
+ * binds an unbound link. Without keys there is no link identity: NULL, and 0. */
+const char *peer_ucx_reply_bound(PeerUcx *u, void *reply, uint64_t *ret_boot_id);
 int peer_ucx_reply_bind(PeerUcx *u, void *reply, const char *name, uint64_t boot_id);
 
 /* For tests/rogue only: sends buf as a frame numbered seq (a replay or a reordering), or as

@@ -1,30 +1,18 @@
-/* peer.c: membership over UCX: links to every known daemon, heartbeats, hellos, forgetting. */
+/* peer.c: membership over UCX: the peer thread, its loop, and the protocol's sink on peer-ucx. */
 
 /*
- * DESIGN: one thread owns the UCX worker, the links and the Membership; it runs an sd-event
- * loop over the worker's wakeup fd, the bootstrap handshakes (peer-ucx.c), a heartbeat timer
- * and an eventfd that other threads use to hand it commands (forget, stop). Before each sleep
- * the worker is progressed and re-armed, and a change is published. Every daemon dials every
- * member it knows (one outgoing link per address) and sends only on its own links; what arrives
- * on the links others dialed is read, and a refusal is the one thing answered on them. A link's
- * first message is a hello with everything this daemon knows, so one seed teaches a joining
- * node the whole cluster; a join or restart heard directly is announced once to the other
- * links. After that each interval costs one small heartbeat per link: traffic per daemon grows
- * linearly with N. After each change a new Topology snapshot goes to the manager, which pushes
- * it to watchers. Every message names the sender's registry digest: each heartbeat first reads
- * the manager's, so a reload reaches every peer within one interval.
- *
- * Rules against a member that errs (issue 16; the membership's own are in membership.h):
- * - a refusal counts only when it comes back on a link this daemon dialed (peer-ucx.c names
- *   it) and closes that link alone, which is dialed again after PEER_REFUSED_BACKOFF_MIN_MS,
- *   doubling to PEER_REFUSED_BACKOFF_MAX_MS (the other side's configuration may change);
- * - with keys, a link speaks for the one start of one node first believed on it
- *   (peer_ucx_reply_bind()): a message in another name or start on it is dropped, so a
- *   restart comes only on the node's own new link;
- * - a hello or announce whose list would take the table past --max-nodes is refused whole;
- * - a version the member table cannot explain is logged once per sender and
- *   PEER_VERSION_LOG_MS;
- * - the traffic counters count what UCX reports sent (on_sent()), not what was queued.
+ * DESIGN: one thread owns the UCX worker and the membership protocol (core/peer-protocol.h,
+ * which decides what to send when and what to believe); it runs an sd-event loop over the
+ * worker's wakeup fd, the bootstrap handshakes (peer-ucx.c), a heartbeat timer and an eventfd
+ * that other threads use to hand it commands (forget, stop, new keys). This file only moves
+ * bytes: it decodes what arrives and hands it to the protocol with where it came from (the
+ * link this daemon dialed it came back on, the node a keyed link is bound to), and maps the
+ * protocol's sink onto peer-ucx (dial, send, reply, bind, close), the manager (published) and
+ * the log (notes, in this file's sentences). Before each sleep the worker is progressed and
+ * re-armed, and the protocol flushes (eager heartbeats, a new topology for the manager, which
+ * pushes it to watchers). Every message names the sender's registry digest: each heartbeat
+ * first reads the manager's, so a reload reaches every peer within one interval. The traffic
+ * counters count what UCX reports sent (on_sent()), not what was queued (issue 16).
  */
 
 #include <inttypes.h>
@@ -40,34 +28,14 @@
 
 #include "codec/codec-peer.h"
 #include "common/log.h"
+#include "core/peer-protocol.h"
 #include "peer-ucx.h"
 #include "peer.h"
 #include "core/resource-limits.h"
 #include "common/random.h"
 
-#define PEER_BACKOFF_MIN_MS 200
-#define PEER_BACKOFF_MAX_MS 5000
-/* A daemon that refused us is asked again after 1 s, doubling up to 30 s. */
-#define PEER_REFUSED_BACKOFF_MIN_MS 1000
-#define PEER_REFUSED_BACKOFF_MAX_MS 30000
-/* A refused version is logged at most once per sender in this long (by hash of its name). */
-#define PEER_VERSION_LOG_MS 10000
-#define PEER_VERSION_LOG_SLOTS 64u
 /* The heartbeat fires within this of its time (not sd-event's default 250 ms). */
 #define PEER_TIMER_ACCURACY_USEC 1000u
-
-typedef struct PeerLink {
-        char *address;
-        PeerEndpoint *ep; /* NULL while waiting to dial again */
-        bool seed;        /* from --peers: dialed even when no member lives there */
-        bool refused;     /* that daemon refused us: dialed again at retry_at_ms */
-        unsigned refusals; /* in a row, for the backoff */
-        bool failing;     /* a failure was logged; the next success is logged too */
-        bool reached;     /* heard from since the last failure */
-        unsigned failures;
-        int64_t retry_at_ms;
-        struct PeerLink *next;
-} PeerLink;
 
 typedef struct PeerCommand {
         const char *node;
@@ -79,18 +47,10 @@ typedef struct PeerCommand {
 
 struct Peer {
         PeerUcx *ucx;
-        Membership *membership;
+        Protocol *protocol;
         MemberInfo self;
         Manager *manager;
         unsigned heartbeat_ms;
-        PeerLink *links;
-        uint64_t published_version;
-        uint64_t published_revision; /* membership_revision(): digests change it, not versions */
-        uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
-        int64_t eager_at_ms;
-        bool dirty; /* the members changed in a way the version may not show */
-        int64_t version_logged_ms[PEER_VERSION_LOG_SLOTS];
-        int64_t link_lie_logged_ms;
 
         pthread_t thread;
         bool thread_started;
@@ -118,39 +78,152 @@ static int64_t now_unix_ms(void) {
         return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void peer_send_heartbeats(Peer *p);
+/* --- the protocol's sink --- */
 
-static void peer_publish(Peer *p) {
-        _cleanup_(topology_unrefp) Topology *t = NULL;
-        uint64_t v = membership_version(p->membership);
-        uint64_t revision = membership_revision(p->membership);
-        uint64_t changes = membership_changes(p->membership);
+static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
+        Peer *p = userdata;
+        PeerEndpoint *ep = NULL;
+        int r = peer_ucx_connect(p->ucx, address, NULL, &ep);
 
-        /* A change made here goes out at once (at most every quarter interval), so the
-         * others take its version within a round trip instead of a heartbeat interval.
-         * Versions merely taken from peers are not echoed. */
-        if (changes != p->sent_changes) {
-                int64_t now = now_ms();
-                if (now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
-                        p->sent_changes = changes;
-                        p->eager_at_ms = now;
-                        peer_send_heartbeats(p);
-                }
-        }
-        if (v == p->published_version && revision == p->published_revision && !p->dirty)
-                return;
-        int r = membership_topology(p->membership, now_ms(), now_unix_ms(), &t);
-        if (r < 0) {
-                log_error_errno(r, "Failed to build the topology, keeping the old one: %m");
-                return;
-        }
-        manager_set_topology(p->manager, t);
-        p->published_version = v;
-        p->published_revision = revision;
-        p->dirty = false;
+        *ret_endpoint = r < 0 ? NULL : ep;
+        return r;
 }
 
-/* --- messages --- */
+static void sink_send(void *userdata, void *endpoint, const char *address, const PeerMessage *m) {
+        Peer *p = userdata;
+        uint8_t *buf;
+        size_t size;
+
+        int r = codec_peer_encode(m, &buf, &size);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to encode a peer message, ignoring: %m");
+                return;
+        }
+        r = peer_ucx_send(p->ucx, endpoint, buf, size);
+        if (r == -EBUSY)
+                log_debug("Peer %s is not reading, dropped a message.", address);
+        else if (r < 0)
+                log_debug("Sending to peer %s failed: %s", address, strerror(-r));
+}
+
+/* Answers on the endpoint a message came in on (UCP_AM_SEND_FLAG_REPLY). */
+static void sink_reply(void *userdata, void *reply, const PeerMessage *m) {
+        Peer *p = userdata;
+        uint8_t *buf;
+        size_t size;
+
+        if (codec_peer_encode(m, &buf, &size) < 0)
+                return;
+        (void) peer_ucx_reply(p->ucx, reply, buf, size);
+}
+
+static int sink_bind(void *userdata, void *reply, const char *name, uint64_t boot_id) {
+        Peer *p = userdata;
+
+        return peer_ucx_reply_bind(p->ucx, reply, name, boot_id);
+}
+
+static void sink_close(void *userdata, void *endpoint) {
+        Peer *p = userdata;
+
+        peer_ucx_close(p->ucx, endpoint);
+}
+
+static void sink_published(void *userdata, Topology *t) {
+        Peer *p = userdata;
+
+        manager_set_topology(p->manager, t);
+        topology_unref(t);
+}
+
+static void note_member(int level, const MemberInfo *m, const char *format, ...)
+        _printf_(3, 4);
+
+static void note_member(int level, const MemberInfo *m, const char *format, ...) {
+        _cleanup_free_ char *text = NULL;
+        va_list ap;
+
+        va_start(ap, format);
+        if (vasprintf(&text, format, ap) < 0)
+                text = NULL;
+        va_end(ap);
+        log_struct(level, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->name)), "%s",
+                   strempty(text));
+}
+
+/* The protocol's notes, in the log's sentences. */
+static void sink_note(void *userdata, const ProtocolNote *n) {
+        const MemberInfo *m = n->member;
+
+        switch (n->kind) {
+        case PROTOCOL_NOTE_DIAL_FAILED:
+                log_warning_errno(n->error, "Cannot reach peer %s: %m; retrying with backoff.",
+                                  n->address);
+                break;
+        case PROTOCOL_NOTE_LINK_FAILED:
+                log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, n->address)),
+                           "%s peer %s: %s; retrying with backoff.",
+                           n->flag ? "Lost the link to" : "Cannot reach", n->address,
+                           strempty(n->text));
+                break;
+        case PROTOCOL_NOTE_LINK_BACK:
+                if (n->flag)
+                        log_info("Peer %s accepted this node after refusing it.", n->address);
+                else
+                        log_info("Peer %s is reachable again.", n->address);
+                break;
+        case PROTOCOL_NOTE_ASKING_AGAIN:
+                log_info("Asking peer %s again, which refused this node.", n->address);
+                break;
+        case PROTOCOL_NOTE_REFUSED_US:
+                note_member(LOG_ERR, m, "Node %s (%s) refused this node: %s. Asking again in %"
+                            PRIu64 " s; fix the configuration of one of them.",
+                            m->name, n->address, n->text, n->number);
+                break;
+        case PROTOCOL_NOTE_REFUSAL_IGNORED:
+                log_debug("Ignored a refusal in the name of %s (%s) that came on no link this "
+                          "node dialed.", m->name, m->address);
+                break;
+        case PROTOCOL_NOTE_REFUSING:
+                note_member(LOG_WARNING, m, "Refusing node %s at %s: %s.", m->name, m->address,
+                            n->text);
+                break;
+        case PROTOCOL_NOTE_JOINED:
+                note_member(LOG_INFO, m, "Node %s (%s, %zu device%s) %s.", m->name, m->address,
+                            m->n_devices, m->n_devices == 1 ? "" : "s",
+                            n->flag ? "restarted and rejoined" : "joined");
+                break;
+        case PROTOCOL_NOTE_LEARNED:
+                log_info("Learned of node %s (%s) from %s.", m->name, m->address, n->name);
+                break;
+        case PROTOCOL_NOTE_FORGOT:
+                if (n->text)
+                        log_info("Forgot node %s, as %s asked.", n->name, n->text);
+                else
+                        log_info("Forgot node %s, as an operator asked.", n->name);
+                break;
+        case PROTOCOL_NOTE_VERSION_REFUSED:
+                note_member(LOG_WARNING, m, "Refused topology version %" PRIu64 " from node %s "
+                            "(%s): further ahead of this node's %" PRIu64 " than the member "
+                            "table explains; kept until most members report it.",
+                            n->number, m->name, m->address, n->number2);
+                break;
+        case PROTOCOL_NOTE_LINK_LIE:
+                note_member(LOG_WARNING, m, "Dropped a peer message in the name of node %s "
+                            "(start %016" PRIx64 ") that came on the link of node %s.",
+                            m->name, m->boot_id, strempty(n->name));
+                break;
+        case PROTOCOL_NOTE_DIGEST:
+                log_info("Registry digest now %s; telling the peers.",
+                         isempty(n->text) ? "unknown" : n->text);
+                break;
+        default:
+                log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
+                break;
+        }
+}
+
+/* --- from peer-ucx --- */
 
 /* UCX finished sending a message: only bytes that left count (issue 16). */
 static void on_sent(void *userdata, size_t size) {
@@ -160,464 +233,38 @@ static void on_sent(void *userdata, size_t size) {
         atomic_fetch_add_explicit(&p->manager->peer_bytes_sent, size, memory_order_relaxed);
 }
 
-/* The members to tell: everyone but ourselves, with how long ago we heard them. */
-static int peer_known_list(Peer *p, const char *only, PeerKnown **ret, size_t *ret_n) {
-        size_t n = membership_count(p->membership), k = 0;
-        int64_t now = now_ms();
-        PeerKnown *list = calloc(n ? n : 1, sizeof(PeerKnown));
-
-        if (!list)
-                return -ENOMEM;
-        for (size_t i = 1; i < n; i++) {
-                const Member *e = membership_get(p->membership, i);
-                if (only && !streq(e->info.name, only))
-                        continue;
-                list[k].info = e->info; /* borrowed */
-                list[k].age_ms = (uint64_t) MAX(now - e->last_heard_ms, (int64_t) 0);
-                k++;
-        }
-        *ret = list;
-        *ret_n = k;
-        return 0;
-}
-
-static int peer_encode(Peer *p, PeerMessage *m, uint8_t **ret, size_t *ret_size) {
-        m->sender = p->self; /* borrowed */
-        /* Heartbeats are most of the traffic: they name the start, not the devices. */
-        m->sender.partial = m->body == PEER_HEARTBEAT;
-        m->version = membership_version(p->membership);
-        return codec_peer_encode(m, ret, ret_size);
-}
-
-static void link_send(Peer *p, PeerLink *l, PeerMessage *m) {
-        uint8_t *buf;
-        size_t size;
-
-        if (!l->ep)
-                return;
-        int r = peer_encode(p, m, &buf, &size);
-        if (r < 0) {
-                log_warning_errno(r, "Failed to encode a peer message, ignoring: %m");
-                return;
-        }
-        r = peer_ucx_send(p->ucx, l->ep, buf, size);
-        if (r == -EBUSY)
-                log_debug("Peer %s is not reading, dropped a message.", l->address);
-        else if (r < 0)
-                log_debug("Sending to peer %s failed: %s", l->address, strerror(-r));
-}
-
-/* Members per hello, so that one stays well under the peer message limit (a receiver drops
- * larger ones): estimated from the largest member record. */
-static size_t hello_chunk(Peer *p, const PeerKnown *known, size_t n) {
-        size_t biggest = 64;
-
-        for (size_t i = 0; i < n; i++) {
-                size_t r = 128 + REGISTRY_DIGEST_LENGTH + strlen(known[i].info.name) +
-                           strlen(known[i].info.address);
-                for (size_t d = 0; d < known[i].info.n_devices; d++) {
-                        const Device *dev = &known[i].info.devices[d];
-                        r += 64 + strlen(dev->kind) + strlen(dev->name) + strlen(dev->uuid) +
-                             strlen(dev->pci_bus_id);
-                }
-                biggest = MAX(biggest, r);
-        }
-        return MAX((size_t) 1, (size_t) (FAMILYD_MAX_PEER_MESSAGE_BYTES / 2) / biggest);
-}
-
-static void link_send_hello(Peer *p, PeerLink *l) {
-        _cleanup_free_ PeerKnown *known = NULL;
-        size_t n, chunk;
-
-        if (peer_known_list(p, NULL, &known, &n) < 0)
-                return;
-        chunk = hello_chunk(p, known, n);
-        for (size_t at = 0; at == 0 || at < n; at += chunk) {
-                PeerMessage m = { .body = PEER_HELLO, .members = known + at,
-                                  .n_members = MIN(chunk, n - at) };
-                link_send(p, l, &m);
-                if (n == 0)
-                        break;
-        }
-}
-
-/* Tells every link but the member's own that it joined or restarted. */
-static void peer_announce(Peer *p, const char *name) {
-        _cleanup_free_ PeerKnown *known = NULL;
-        PeerMessage m = { .body = PEER_ANNOUNCE };
-
-        if (peer_known_list(p, name, &known, &m.n_members) < 0 || m.n_members == 0)
-                return;
-        m.members = known;
-        for (PeerLink *l = p->links; l; l = l->next)
-                if (!streq(l->address, known[0].info.address))
-                        link_send(p, l, &m);
-}
-
-/* --- links --- */
-
-/* 200 ms, doubling per consecutive failure, at most 5 s. */
-static int64_t backoff_ms(unsigned failures) {
-        unsigned shift = failures > 8 ? 8 : failures;
-        return MIN((int64_t) PEER_BACKOFF_MAX_MS, (int64_t) PEER_BACKOFF_MIN_MS << shift);
-}
-
-static PeerLink *link_find(Peer *p, const char *address) {
-        for (PeerLink *l = p->links; l; l = l->next)
-                if (streq(l->address, address))
-                        return l;
-        return NULL;
-}
-
-static void link_dial(Peer *p, PeerLink *l) {
-        int r = peer_ucx_connect(p->ucx, l->address, l, &l->ep);
-        if (r < 0) {
-                l->ep = NULL;
-                if (!l->failing)
-                        log_warning_errno(r, "Cannot reach peer %s: %m; retrying with backoff.",
-                                          l->address);
-                l->failing = true;
-                l->failures++;
-                l->retry_at_ms = now_ms() + backoff_ms(l->failures);
-                return;
-        }
-        link_send_hello(p, l);
-}
-
-static PeerLink *link_add(Peer *p, const char *address, bool seed) {
-        PeerLink *l;
-
-        if (streq(address, p->self.address))
-                return NULL;
-        l = link_find(p, address);
-        if (l) {
-                l->seed = l->seed || seed;
-                return l;
-        }
-        l = calloc(1, sizeof *l);
-        if (!l || !(l->address = strdup(address))) {
-                free(l);
-                log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
-                return NULL;
-        }
-        l->seed = seed;
-        l->next = p->links;
-        p->links = l;
-        link_dial(p, l);
-        return l;
-}
-
-static void link_free(Peer *p, PeerLink *l) {
-        peer_ucx_close(p->ucx, l->ep);
-        free(l->address);
-        free(l);
-}
-
-/* A member we hear from directly: its link (re)starts now if it was waiting. */
-static void link_heard(Peer *p, const char *address, bool restarted) {
-        PeerLink *l = link_find(p, address);
-
-        if (!l) {
-                (void) link_add(p, address, false);
-                return;
-        }
-        if (l->refused)
-                log_info("Peer %s accepted this node after refusing it.", l->address);
-        else if (l->failing)
-                log_info("Peer %s is reachable again.", l->address);
-        l->refused = false;
-        l->refusals = 0;
-        l->reached = true;
-        l->failing = false;
-        l->failures = 0;
-        if (restarted && l->ep) {
-                /* Our old link went to its previous start. */
-                peer_ucx_close(p->ucx, l->ep);
-                l->ep = NULL;
-        }
-        if (!l->ep)
-                link_dial(p, l);
-}
-
-/* Drops links to addresses no member has, except seeds. */
-static void links_prune(Peer *p) {
-        for (PeerLink **pl = &p->links; *pl;) {
-                PeerLink *l = *pl;
-                bool used = l->seed;
-
-                for (size_t i = 1; !used && i < membership_count(p->membership); i++)
-                        used = streq(membership_get(p->membership, i)->info.address, l->address);
-                if (used) {
-                        pl = &l->next;
-                        continue;
-                }
-                *pl = l->next;
-                link_free(p, l);
-        }
-}
-
 static void on_failure(void *userdata, PeerEndpoint *ep, const char *cause) {
         Peer *p = userdata;
-        PeerLink *l = peer_endpoint_userdata(ep);
 
-        if (!l || l->ep != ep)
-                return;
-        l->ep = NULL; /* closed by the caller */
-        if (!l->failing)
-                log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, l->address)),
-                           "%s peer %s: %s; retrying with backoff.",
-                           l->reached ? "Lost the link to" : "Cannot reach", l->address, cause);
-        l->reached = false;
-        l->failing = true;
-        l->failures++;
-        l->retry_at_ms = now_ms() + backoff_ms(l->failures);
-        (void) p;
-}
-
-/* --- receiving --- */
-
-static void peer_learn(Peer *p, const PeerMessage *m) {
-        for (size_t i = 0; i < m->n_members; i++) {
-                MemberVerdict v;
-                int r = membership_learn(p->membership, &m->members[i].info,
-                                         m->members[i].age_ms, now_ms(), &v);
-                if (r < 0) {
-                        log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
-                        return;
-                }
-                if (v == MEMBER_JOINED || v == MEMBER_RESTARTED) {
-                        log_info("Learned of node %s (%s) from %s.", m->members[i].info.name,
-                                 m->members[i].info.address, m->sender.name);
-                        link_heard(p, m->members[i].info.address, v == MEMBER_RESTARTED);
-                }
-        }
-}
-
-/* Answers on the endpoint a message came in on (UCP_AM_SEND_FLAG_REPLY). */
-static void peer_reply(Peer *p, void *reply, PeerMessage *answer) {
-        uint8_t *buf;
-        size_t size;
-
-        if (peer_encode(p, answer, &buf, &size) < 0)
-                return;
-        (void) peer_ucx_reply(p->ucx, reply, buf, size);
-}
-
-static void peer_refuse(Peer *p, void *reply, const PeerMessage *m, const char *reason) {
-        PeerMessage answer = { .body = PEER_REFUSE, .reason = (char *) reason };
-
-        log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
-                   "Refusing node %s at %s: %s.", m->sender.name, m->sender.address, reason);
-        peer_reply(p, reply, &answer);
-}
-
-/* A refusal is believed only on the link it answers, and closes that link alone. */
-static void peer_refused(Peer *p, void *reply, const PeerMessage *m) {
-        PeerEndpoint *ep = peer_ucx_reply_endpoint(p->ucx, reply);
-        PeerLink *l = ep ? peer_endpoint_userdata(ep) : NULL;
-
-        if (!l || l->ep != ep) {
-                log_debug("Ignored a refusal in the name of %s (%s) that came on no link this "
-                          "node dialed.", m->sender.name, m->sender.address);
-                return;
-        }
-        unsigned shift = l->refusals < 5 ? l->refusals : 5;
-        l->refused = true;
-        l->refusals++;
-        l->retry_at_ms = now_ms() + MIN((int64_t) PEER_REFUSED_BACKOFF_MAX_MS,
-                                        (int64_t) PEER_REFUSED_BACKOFF_MIN_MS << shift);
-        log_struct(LOG_ERR, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
-                   "Node %s (%s) refused this node: %s. Asking again in %" PRId64 " s; fix the "
-                   "configuration of one of them.",
-                   m->sender.name, l->address, strempty(m->reason),
-                   (l->retry_at_ms - now_ms() + 999) / 1000);
-        peer_ucx_close(p->ucx, l->ep);
-        l->ep = NULL;
-}
-
-/* Whether the members a hello or announce names (and its sender) fit under --max-nodes; when
- * not, the sender is told and nothing of the message is taken. */
-static bool peer_list_fits(Peer *p, void *reply, const PeerMessage *m) {
-        _cleanup_free_ const MemberInfo **list = NULL;
-        _cleanup_free_ char *reason = NULL;
-
-        /* A sender alone is the membership's to refuse, in its own words. */
-        if ((m->body != PEER_HELLO && m->body != PEER_ANNOUNCE) || m->n_members == 0)
-                return true;
-        list = calloc(m->n_members + 1, sizeof(MemberInfo *));
-        if (!list)
-                return false;
-        list[0] = &m->sender;
-        for (size_t i = 0; i < m->n_members; i++)
-                list[i + 1] = &m->members[i].info;
-        if (membership_can_take(p->membership, list, m->n_members + 1))
-                return true;
-        if (asprintf(&reason, "its list of %zu members would take this cluster past %zu nodes "
-                              "(--max-nodes)",
-                     m->n_members, membership_max_nodes(p->membership)) < 0)
-                reason = NULL;
-        peer_refuse(p, reply, m, strempty(reason));
-        return false;
-}
-
-/* Whether the link a message came on speaks for its sender (keyed links are bound to the
- * first start of a node we believed on them); a lie is logged once per PEER_VERSION_LOG_MS. */
-static bool peer_link_speaks_for(Peer *p, void *reply, const PeerMessage *m) {
-        const char *bound = NULL;
-        int64_t now;
-
-        if (peer_ucx_reply_check(p->ucx, reply, m->sender.name, m->sender.boot_id, &bound) >= 0)
-                return true;
-        now = now_ms();
-        if (p->link_lie_logged_ms == 0 || now - p->link_lie_logged_ms >= PEER_VERSION_LOG_MS) {
-                p->link_lie_logged_ms = now;
-                log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
-                           "Dropped a peer message in the name of node %s (start %016" PRIx64
-                           ") that came on the link of node %s.",
-                           m->sender.name, m->sender.boot_id, strempty(bound));
-        }
-        return false;
-}
-
-/* Once per sender and PEER_VERSION_LOG_MS. */
-static void peer_log_version_refused(Peer *p, const PeerMessage *m) {
-        uint64_t hash = 5381;
-        int64_t now = now_ms();
-
-        for (const char *c = m->sender.name; *c; c++)
-                hash = hash * 33 + (unsigned char) *c;
-        int64_t *last = &p->version_logged_ms[hash % PEER_VERSION_LOG_SLOTS];
-        if (*last != 0 && now - *last < PEER_VERSION_LOG_MS)
-                return;
-        *last = now;
-        log_struct(LOG_WARNING, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m->sender.name)),
-                   "Refused topology version %" PRIu64 " from node %s (%s): further ahead of "
-                   "this node's %" PRIu64 " than the member table explains; kept until most "
-                   "members report it.",
-                   m->version, m->sender.name, m->sender.address,
-                   membership_version(p->membership));
+        protocol_on_link_failed(p->protocol, ep, cause, now_ms());
 }
 
 static void on_message(void *userdata, const uint8_t *data, size_t size, void *reply) {
         _cleanup_(peer_message_done) PeerMessage m = {};
-        _cleanup_free_ char *refusal = NULL;
         Peer *p = userdata;
-        bool version_refused;
-        MemberVerdict v;
-        int r;
+        ProtocolOrigin origin = { .reply = reply };
 
-        r = codec_peer_decode(data, size, &m);
-        if (r < 0) {
+        if (codec_peer_decode(data, size, &m) < 0) {
                 log_warning("Dropped an undecodable peer message of %zu bytes.", size);
                 return;
         }
-        if (!peer_link_speaks_for(p, reply, &m))
-                return;
-        if (m.body == PEER_REFUSE) {
-                peer_refused(p, reply, &m);
-                return;
-        }
-        if (!peer_list_fits(p, reply, &m))
-                return;
-
-        r = membership_heard_from(p->membership, &m.sender, m.version,
-                                  m.body == PEER_HELLO || m.body == PEER_ANNOUNCE ? m.n_members : 0,
-                                  now_ms(), &v, &version_refused, &refusal);
-        if (r < 0) {
-                log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
-                return;
-        }
-        if (version_refused)
-                peer_log_version_refused(p, &m);
-        if ((v == MEMBER_KNOWN || v == MEMBER_JOINED || v == MEMBER_RESTARTED) &&
-            peer_ucx_reply_bind(p->ucx, reply, m.sender.name, m.sender.boot_id) < 0) {
-                log_error_errno(-ENOMEM, "Out of memory in the peer thread, ignoring.");
-                return;
-        }
-        switch (v) {
-        case MEMBER_REFUSED:
-                peer_refuse(p, reply, &m, strempty(refusal));
-                return;
-        case MEMBER_UNKNOWN:
-                peer_reply(p, reply, &(PeerMessage) { .body = PEER_WHO });
-                return;
-        case MEMBER_STALE:
-        case MEMBER_DEFERRED:
-                return;
-        case MEMBER_JOINED:
-        case MEMBER_RESTARTED:
-                log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_PEER, m.sender.name)),
-                           "Node %s (%s, %zu device%s) %s.", m.sender.name, m.sender.address,
-                           m.sender.n_devices, m.sender.n_devices == 1 ? "" : "s",
-                           v == MEMBER_JOINED ? "joined" : "restarted and rejoined");
-                link_heard(p, m.sender.address, v == MEMBER_RESTARTED);
-                peer_announce(p, m.sender.name);
-                break;
-        default:
-                link_heard(p, m.sender.address, false);
-                break;
-        }
-
-        switch (m.body) {
-        case PEER_HELLO:
-        case PEER_ANNOUNCE:
-                peer_learn(p, &m);
-                break;
-        case PEER_WHO: {
-                PeerLink *l = link_find(p, m.sender.address);
-                if (l)
-                        link_send_hello(p, l);
-                break;
-        }
-        case PEER_FORGET:
-                r = membership_forget(p->membership, m.forget_name, m.forget_boot_id, true,
-                                      now_ms(), NULL);
-                if (r > 0) {
-                        log_info("Forgot node %s, as %s asked.", m.forget_name, m.sender.name);
-                        links_prune(p);
-                }
-                break;
-        default:
-                break;
-        }
+        origin.dialed = peer_ucx_reply_endpoint(p->ucx, reply);
+        origin.bound_name = peer_ucx_reply_bound(p->ucx, reply, &origin.bound_boot_id);
+        protocol_on_message(p->protocol, &origin, &m, now_ms());
 }
 
 /* --- the thread --- */
-
-static void peer_send_heartbeats(Peer *p) {
-        PeerMessage heartbeat = { .body = PEER_HEARTBEAT };
-
-        for (PeerLink *l = p->links; l; l = l->next)
-                if (!l->refused && l->ep)
-                        link_send(p, l, &heartbeat);
-}
 
 /* This node's digest as the manager has it now (a reload since the last heartbeat). */
 static void peer_sync_digest(Peer *p) {
         char digest[REGISTRY_DIGEST_LENGTH + 1];
 
         manager_registry_digest(p->manager, digest);
-        if (!membership_set_local_digest(p->membership, digest))
-                return;
-        memcpy(p->self.registry_digest, digest, sizeof digest);
-        log_info("Registry digest now %s; telling the peers.",
-                 isempty(digest) ? "unknown" : digest);
+        protocol_set_local_digest(p->protocol, digest);
 }
 
-static void peer_tick(Peer *p) {
-        int64_t now = now_ms();
-
-        peer_sync_digest(p);
-        if (membership_tick(p->membership, now))
-                links_prune(p);
-        for (PeerLink *l = p->links; l; l = l->next)
-                if (!l->ep && now >= l->retry_at_ms) {
-                        if (l->refused)
-                                log_info("Asking peer %s again, which refused this node.",
-                                         l->address);
-                        link_dial(p, l);
-                }
-        peer_send_heartbeats(p);
+static void peer_flush(Peer *p) {
+        protocol_flush(p->protocol, now_ms(), now_unix_ms());
 }
 
 static void peer_run_commands(Peer *p) {
@@ -630,23 +277,11 @@ static void peer_run_commands(Peer *p) {
         while (p->commands) {
                 PeerCommand *c = p->commands;
                 p->commands = c->next;
-
-                const Member *e = membership_find(p->membership, c->node);
-                uint64_t boot = e ? e->info.boot_id : 0;
-                c->result = membership_forget(p->membership, c->node, 0, false, now_ms(),
-                                              c->error);
-                if (c->result > 0) {
-                        PeerMessage m = { .body = PEER_FORGET, .forget_name = (char *) c->node,
-                                          .forget_boot_id = boot };
-                        log_info("Forgot node %s, as an operator asked.", c->node);
-                        links_prune(p);
-                        for (PeerLink *l = p->links; l; l = l->next)
-                                link_send(p, l, &m);
-                }
+                c->result = protocol_forget(p->protocol, c->node, now_ms(), c->error);
                 c->done = true;
         }
         /* The caller answers with the topology: it must already show the change. */
-        peer_publish(p);
+        peer_flush(p);
         (void) pthread_cond_broadcast(&p->done);
         (void) pthread_mutex_unlock(&p->lock);
 }
@@ -671,7 +306,7 @@ static int on_prepare(sd_event_source *source, void *userdata) {
         Peer *p = userdata;
 
         peer_ucx_dispatch(p->ucx);
-        peer_publish(p);
+        peer_flush(p);
         return 0;
 }
 
@@ -684,7 +319,8 @@ static int on_heartbeat(sd_event_source *source, uint64_t usec, void *userdata) 
         Peer *p = userdata;
 
         (void) sd_event_source_set_time_relative(source, p->heartbeat_ms * 1000ull);
-        peer_tick(p);
+        peer_sync_digest(p);
+        protocol_tick(p->protocol, now_ms());
         return 0;
 }
 
@@ -714,6 +350,7 @@ static void *peer_thread(void *userdata) {
 static int peer_add_seeds(Peer *p, const char *peers) {
         _cleanup_free_ char *copy = strdup(strempty(peers));
         unsigned n = 0;
+        int r;
 
         if (!copy)
                 return -ENOMEM;
@@ -728,7 +365,9 @@ static int peer_add_seeds(Peer *p, const char *peers) {
                 if (peer_address_split(a, &host, &port) < 0)
                         return log_error_errno(-EINVAL,
                                                "--peers: '%s' is not ADDR:PORT.", a);
-                (void) link_add(p, a, true);
+                r = protocol_add_seed(p->protocol, a, now_ms());
+                if (r < 0)
+                        return r;
         }
         return 0;
 }
@@ -787,10 +426,14 @@ int peer_new(const PeerParams *params, Peer **ret) {
         p->self.started_unix_ms = now_unix_ms();
         manager_registry_digest(p->manager, p->self.registry_digest);
 
-        r = membership_new(&p->self, &params->timeouts, now_ms(), &p->membership);
+        ProtocolParams pp = { .self = &p->self, .timeouts = params->timeouts,
+                              .max_nodes = params->max_nodes, .heartbeat_ms = p->heartbeat_ms };
+        ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
+                              .bind = sink_bind, .close = sink_close,
+                              .published = sink_published, .note = sink_note, .userdata = p };
+        r = protocol_new(&pp, &sink, now_ms(), &p->protocol);
         if (r < 0)
                 return r;
-        membership_set_max_nodes(p->membership, params->max_nodes);
 
         r = sd_event_new(&p->event);
         if (r < 0)
@@ -821,8 +464,7 @@ int peer_new(const PeerParams *params, Peer **ret) {
         r = peer_add_seeds(p, params->peers);
         if (r < 0)
                 return r;
-        p->dirty = true;
-        peer_publish(p);
+        peer_flush(p);
 
         r = -pthread_create(&p->thread, NULL, peer_thread, p);
         if (r < 0)
@@ -850,18 +492,14 @@ Peer *peer_free(Peer *p) {
                 peer_wake(p);
                 (void) pthread_join(p->thread, NULL);
         }
-        while (p->links) {
-                PeerLink *l = p->links;
-                p->links = l->next;
-                link_free(p, l);
-        }
+        /* Closes its endpoints: before the worker goes. */
+        p->protocol = protocol_free(p->protocol);
         /* Before the worker and its wakeup fd go. */
         sd_event_source_disable_unref(p->wakeup);
         peer_ucx_free(p->ucx);
         sd_event_source_disable_unref(p->heartbeat);
         sd_event_source_disable_unref(p->command);
         sd_event_unref(p->event);
-        membership_free(p->membership);
         member_info_done(&p->self);
         peer_keys_wipe(&p->new_keys);
         safe_close(p->event_fd);

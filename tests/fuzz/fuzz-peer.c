@@ -1,24 +1,26 @@
-/* fuzz-peer.c: UCX membership messages, from the wire through the decoder into the membership. */
+/* fuzz-peer.c: UCX membership messages, from the wire through the decoder into the protocol. */
 
 /*
  * An input is what a peer could send: one PeerMessage's bytes. It is decoded as the peer
- * thread decodes it (daemon/rpc/codec-peer.c) and, when valid, applied as on_message() applies
- * it (daemon/peer/peer.c): membership_heard() for the sender, membership_learn() for every
- * member of a hello or announce, membership_forget() for a forget; then a tick and the
- * topology every daemon computes. The membership starts with two known members, and the
- * clock moves with the input, so joins, restarts, refusals, states and forgetting all happen.
- * The rules of issue 16 hold as on_message() applies them: the membership is capped at 8
- * nodes (--max-nodes), a hello that would pass it is refused whole, and versions come only
- * from members. Checks besides "no crash": the version never goes down, never reaches half the
- * limit (no input can freeze the topology), the table never passes --max-nodes, the topology
- * numbers its ranks without gaps, and every node in it is a member.
+ * thread decodes it (codec_peer_decode()) and, when valid, handed to the very protocol the
+ * daemon runs (core/peer-protocol.h) through a sink in memory; the fuzz build has no MAC to
+ * check. The input's first byte says where it came from: the link this daemon dialed to
+ * node-b (so a refusal counts), a keyed link bound to node-b's start, or a link another
+ * daemon dialed. Then ticks and the topology every daemon computes. The protocol starts with
+ * two known members, and the clock moves with the input, so joins, restarts, refusals, states
+ * and forgetting all happen. The rules of issue 16 hold as the protocol applies them: the
+ * membership is capped at 8 nodes (--max-nodes), a hello that would pass it is refused whole,
+ * and versions come only from members. Checks besides "no crash": the version never goes
+ * down, never reaches half the limit (no input can freeze the topology), the table never
+ * passes --max-nodes, the topology numbers its ranks without gaps, every node in it is a
+ * member, and every message the protocol sends decodes again.
  */
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/membership.h"
+#include "core/peer-protocol.h"
 #include "codec/codec-peer.h"
 #include "core/resource-limits.h"
 
@@ -29,9 +31,58 @@ static Device devices[1] = {
           .numa_node = 0 },
 };
 
-static Membership *membership_seeded(void) {
-        static const MembershipTimeouts t = { .suspect_ms = 300, .down_ms = 1000,
-                                              .forget_after_ms = 2000 };
+/* The endpoint of the link this daemon dialed to node-b. */
+static void *dialed_b;
+
+/* What the protocol sends must decode again. */
+static void check_encodes(const PeerMessage *m) {
+        uint8_t *out = NULL;
+        size_t out_size = 0;
+
+        if (codec_peer_encode(m, &out, &out_size) < 0)
+                return; /* out of memory only */
+        PeerMessage again = {};
+        if (codec_peer_decode(out, out_size, &again) != 0)
+                abort();
+        peer_message_done(&again);
+        free(out);
+}
+
+/* The sink: an endpoint is a copy of its address. */
+static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
+        *ret_endpoint = strdup(address);
+        if (*ret_endpoint && streq(address, "127.0.0.1:7001"))
+                dialed_b = *ret_endpoint;
+        return *ret_endpoint ? 0 : -ENOMEM;
+}
+
+static void sink_send(void *userdata, void *endpoint, const char *address, const PeerMessage *m) {
+        check_encodes(m);
+}
+
+static void sink_reply(void *userdata, void *reply, const PeerMessage *m) {
+        check_encodes(m);
+}
+
+static int sink_bind(void *userdata, void *reply, const char *name, uint64_t boot_id) {
+        return 0;
+}
+
+static void sink_close(void *userdata, void *endpoint) {
+        if (endpoint == dialed_b)
+                dialed_b = NULL;
+        free(endpoint);
+}
+
+static void sink_published(void *userdata, Topology *t) {
+        topology_unref(t);
+}
+
+static const ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
+                                   .bind = sink_bind, .close = sink_close,
+                                   .published = sink_published };
+
+static Protocol *protocol_seeded(void) {
         MemberInfo self = { .name = "self", .node_rank = 0, .address = "127.0.0.1:7000",
                             .boot_id = 1, .started_unix_ms = 10, .devices = devices,
                             .n_devices = 1 };
@@ -39,15 +90,20 @@ static Membership *membership_seeded(void) {
                          .boot_id = 2, .started_unix_ms = 10, .devices = devices, .n_devices = 1 };
         MemberInfo c = { .name = "node-c", .node_rank = 5, .address = "127.0.0.1:7002",
                          .boot_id = 3, .started_unix_ms = 10, .devices = devices, .n_devices = 1 };
-        Membership *m = NULL;
-        MemberVerdict v;
+        ProtocolParams params = { .self = &self, .max_nodes = 8, .heartbeat_ms = 100,
+                                  .timeouts = { .suspect_ms = 300, .down_ms = 1000,
+                                                .forget_after_ms = 2000 } };
+        PeerKnown known = { .info = c, .age_ms = 500 };
+        PeerMessage hello = { .body = PEER_HELLO, .sender = b, .version = 1, .members = &known,
+                              .n_members = 1 };
+        Protocol *p = NULL;
 
-        if (membership_new(&self, &t, 0, &m) < 0)
+        if (protocol_new(&params, &sink, 0, &p) < 0)
                 abort();
-        membership_set_max_nodes(m, 8);
-        (void) membership_heard(m, &b, 1, 0, &v, NULL);
-        (void) membership_learn(m, &c, 500, 0, &v);
-        return m;
+        protocol_on_message(p, &(ProtocolOrigin) {}, &hello, 0);
+        if (membership_count(protocol_membership(p)) != 3 || !dialed_b)
+                abort();
+        return p;
 }
 
 static void check_topology(const Membership *m, int64_t now) {
@@ -67,71 +123,48 @@ static void check_topology(const Membership *m, int64_t now) {
                 abort();
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        _cleanup_(peer_message_done) PeerMessage msg = {};
-        _cleanup_(membership_freep) Membership *m = membership_seeded();
-        _cleanup_free_ char *refusal = NULL;
-        int64_t now = 100 + (size > 0 ? data[0] * 20 : 0);
-        MemberVerdict v;
+/* Where the input came from: its first byte's low bits. */
+static ProtocolOrigin origin_of(const uint8_t *data, size_t size) {
+        ProtocolOrigin o = {};
+        unsigned how = size > 0 ? data[0] & 3 : 0;
 
-        if (codec_peer_decode(data, size, &msg) < 0)
-                return 0;
-
-        uint64_t before = membership_version(m);
-        bool version_refused;
-        if (membership_heard_from(m, &msg.sender, msg.version, msg.n_members, now, &v,
-                                  &version_refused, &refusal) < 0)
-                return 0;
-        if (v != MEMBER_KNOWN && v != MEMBER_JOINED && v != MEMBER_RESTARTED &&
-            membership_version(m) != before)
-                abort(); /* a version taken from a non-member */
-        if ((v == MEMBER_REFUSED) != (refusal != NULL) && v == MEMBER_REFUSED)
-                abort(); /* a refusal always says why */
-
-        if (v == MEMBER_KNOWN || v == MEMBER_JOINED || v == MEMBER_RESTARTED) {
-                switch (msg.body) {
-                case PEER_HELLO:
-                case PEER_ANNOUNCE: {
-                        _cleanup_free_ const MemberInfo **list =
-                                calloc(msg.n_members + 1, sizeof(MemberInfo *));
-                        if (!list)
-                                return 0;
-                        for (size_t i = 0; i < msg.n_members; i++)
-                                list[i] = &msg.members[i].info;
-                        if (!membership_can_take(m, list, msg.n_members))
-                                break;
-                        for (size_t i = 0; i < msg.n_members; i++)
-                                (void) membership_learn(m, &msg.members[i].info,
-                                                        msg.members[i].age_ms, now, &v);
-                        break;
-                }
-                case PEER_FORGET:
-                        (void) membership_forget(m, msg.forget_name, msg.forget_boot_id, true, now,
-                                                 NULL);
-                        break;
-                default:
-                        break;
-                }
+        if (how == 1)
+                o.dialed = dialed_b;
+        else if (how == 2) {
+                o.bound_name = "node-b";
+                o.bound_boot_id = 2;
         }
+        return o;
+}
+
+static void check_table(const Membership *m, uint64_t before) {
         if (membership_version(m) < before ||
             membership_version(m) >= FAMILYD_MAX_TOPOLOGY_VERSION / 2 ||
             membership_count(m) > membership_max_nodes(m))
                 abort();
-        check_topology(m, now);
-        (void) membership_tick(m, now + 1500);
-        check_topology(m, now + 1500);
-        (void) membership_tick(m, now + 5000);
-        check_topology(m, now + 5000);
+}
 
-        /* What a daemon sends back out must decode again. */
-        uint8_t *out = NULL;
-        size_t out_size = 0;
-        if (codec_peer_encode(&msg, &out, &out_size) == 0) {
-                PeerMessage again = {};
-                if (codec_peer_decode(out, out_size, &again) != 0)
-                        abort();
-                peer_message_done(&again);
-                free(out);
-        }
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+        _cleanup_(peer_message_done) PeerMessage msg = {};
+        _cleanup_(protocol_freep) Protocol *p = NULL;
+        int64_t now = 100 + (size > 0 ? data[0] * 20 : 0);
+
+        if (codec_peer_decode(data, size, &msg) < 0)
+                return 0;
+        p = protocol_seeded();
+        const Membership *m = protocol_membership(p);
+        ProtocolOrigin o = origin_of(data, size);
+        uint64_t before = membership_version(m);
+
+        protocol_on_message(p, &o, &msg, now);
+        check_table(m, before);
+        protocol_flush(p, now, 1000000 + now);
+        check_topology(m, now);
+        protocol_tick(p, now + 1500);
+        check_table(m, before);
+        check_topology(m, now + 1500);
+        protocol_tick(p, now + 5000);
+        check_topology(m, now + 5000);
+        check_encodes(&msg);
         return 0;
 }

@@ -1,0 +1,17 @@
+/* peer-message.c: freeing a decoded membership message. */
+
+#include <stdlib.h>
+
+#include "peer-message.h"
+
+void peer_message_done(PeerMessage *m) {
+        if (!m)
+                return;
+        member_info_done(&m->sender);
+        for (size_t i = 0; i < m->n_members; i++)
+                member_info_done(&m->members[i].info);
+        free(m->members);
+        free(m->forget_name);
+        free(m->reason);
+        *m = (PeerMessage) {};
+}

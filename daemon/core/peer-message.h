@@ -1,0 +1,42 @@
+/* peer-message.h: the daemons' membership messages, decoded: what the protocol reads and writes. */
+#pragma once
+
+/*
+ * DESIGN: the protocol (peer-protocol.h) speaks these structs; codec/codec-peer.h turns them
+ * into familyd.v1.PeerMessage bytes and back, so the core never sees the wire.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "membership.h"
+
+typedef enum PeerBody {
+        PEER_HEARTBEAT,
+        PEER_HELLO,    /* first message on a new link: the sender's whole member table */
+        PEER_ANNOUNCE, /* members that joined or restarted */
+        PEER_FORGET,
+        PEER_REFUSE,
+        PEER_WHO,      /* the sender does not know the receiver's start: answer with a hello */
+        _PEER_BODY_MAX,
+        _PEER_BODY_INVALID = -EINVAL,
+} PeerBody;
+
+typedef struct PeerKnown {
+        MemberInfo info;
+        uint64_t age_ms;
+} PeerKnown;
+
+typedef struct PeerMessage {
+        PeerBody body;
+        MemberInfo sender;
+        uint64_t version;
+        PeerKnown *members; /* hello, announce */
+        size_t n_members;
+        char *forget_name; /* forget */
+        uint64_t forget_boot_id;
+        char *reason; /* refuse */
+} PeerMessage;
+
+/* Frees what a decoded message owns. */
+void peer_message_done(PeerMessage *m);

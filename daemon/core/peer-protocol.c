@@ -1,0 +1,580 @@
+/* peer-protocol.c: the membership protocol's state machine, driven by a clock and a sink. */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer-protocol.h"
+#include "resource-limits.h"
+
+#define PROTOCOL_VERSION_NOTE_SLOTS 64u
+
+typedef struct ProtocolLink {
+        char *address;
+        void *endpoint;    /* NULL while waiting to dial again */
+        bool seed;         /* from --peers: dialed even when no member lives there */
+        bool refused;      /* that daemon refused us: dialed again at retry_at_ms */
+        unsigned refusals; /* in a row, for the backoff */
+        bool failing;      /* a failure was noted; the next success is noted too */
+        bool reached;      /* heard from since the last failure */
+        unsigned failures;
+        int64_t retry_at_ms;
+        struct ProtocolLink *next;
+} ProtocolLink;
+
+struct Protocol {
+        ProtocolSink sink;
+        Membership *membership;
+        MemberInfo self;
+        unsigned heartbeat_ms;
+        ProtocolLink *links;
+        uint64_t published_version;
+        uint64_t published_revision; /* membership_revision(): digests change it, not versions */
+        uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
+        int64_t eager_at_ms;
+        bool dirty; /* the members changed in a way the version may not show */
+        int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
+        int64_t link_lie_noted_ms;
+};
+
+static void note(Protocol *p, ProtocolNote n) {
+        if (p->sink.note)
+                p->sink.note(p->sink.userdata, &n);
+}
+
+static void note_no_memory(Protocol *p) {
+        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_NO_MEMORY });
+}
+
+/* --- sending --- */
+
+/* The members to tell: everyone but ourselves, with how long ago we heard them. */
+static int known_list(Protocol *p, const char *only, int64_t now, PeerKnown **ret,
+                      size_t *ret_n) {
+        size_t n = membership_count(p->membership), k = 0;
+        PeerKnown *list = calloc(n ? n : 1, sizeof(PeerKnown));
+
+        if (!list)
+                return -ENOMEM;
+        for (size_t i = 1; i < n; i++) {
+                const Member *e = membership_get(p->membership, i);
+                if (only && !streq(e->info.name, only))
+                        continue;
+                list[k].info = e->info; /* borrowed */
+                list[k].age_ms = (uint64_t) MAX(now - e->last_heard_ms, (int64_t) 0);
+                k++;
+        }
+        *ret = list;
+        *ret_n = k;
+        return 0;
+}
+
+/* Names this node, its start and the version in a message about to go out. */
+static void stamp(Protocol *p, PeerMessage *m) {
+        m->sender = p->self; /* borrowed */
+        /* Heartbeats are most of the traffic: they name the start, not the devices. */
+        m->sender.partial = m->body == PEER_HEARTBEAT;
+        m->version = membership_version(p->membership);
+}
+
+static void link_send(Protocol *p, ProtocolLink *l, PeerMessage *m) {
+        if (!l->endpoint)
+                return;
+        stamp(p, m);
+        p->sink.send(p->sink.userdata, l->endpoint, l->address, m);
+}
+
+static void reply(Protocol *p, const ProtocolOrigin *o, PeerMessage *m) {
+        stamp(p, m);
+        p->sink.reply(p->sink.userdata, o->reply, m);
+}
+
+/* Members per hello, so that one stays well under the peer message limit (a receiver drops
+ * larger ones): estimated from the largest member record. */
+static size_t hello_chunk(const PeerKnown *known, size_t n) {
+        size_t biggest = 64;
+
+        for (size_t i = 0; i < n; i++) {
+                size_t r = 128 + REGISTRY_DIGEST_LENGTH + strlen(known[i].info.name) +
+                           strlen(known[i].info.address);
+                for (size_t d = 0; d < known[i].info.n_devices; d++) {
+                        const Device *dev = &known[i].info.devices[d];
+                        r += 64 + strlen(dev->kind) + strlen(dev->name) + strlen(dev->uuid) +
+                             strlen(dev->pci_bus_id);
+                }
+                biggest = MAX(biggest, r);
+        }
+        return MAX((size_t) 1, (size_t) (FAMILYD_MAX_PEER_MESSAGE_BYTES / 2) / biggest);
+}
+
+static void link_send_hello(Protocol *p, ProtocolLink *l, int64_t now) {
+        _cleanup_free_ PeerKnown *known = NULL;
+        size_t n, chunk;
+
+        if (known_list(p, NULL, now, &known, &n) < 0) {
+                note_no_memory(p);
+                return;
+        }
+        chunk = hello_chunk(known, n);
+        for (size_t at = 0; at == 0 || at < n; at += chunk) {
+                PeerMessage m = { .body = PEER_HELLO, .members = known + at,
+                                  .n_members = MIN(chunk, n - at) };
+                link_send(p, l, &m);
+                if (n == 0)
+                        break;
+        }
+}
+
+/* Tells every link but the member's own that it joined or restarted. */
+static void announce(Protocol *p, const char *name, int64_t now) {
+        _cleanup_free_ PeerKnown *known = NULL;
+        PeerMessage m = { .body = PEER_ANNOUNCE };
+
+        if (known_list(p, name, now, &known, &m.n_members) < 0 || m.n_members == 0)
+                return;
+        m.members = known;
+        for (ProtocolLink *l = p->links; l; l = l->next)
+                if (!streq(l->address, known[0].info.address))
+                        link_send(p, l, &m);
+}
+
+static void send_heartbeats(Protocol *p) {
+        PeerMessage heartbeat = { .body = PEER_HEARTBEAT };
+
+        for (ProtocolLink *l = p->links; l; l = l->next)
+                if (!l->refused && l->endpoint)
+                        link_send(p, l, &heartbeat);
+}
+
+/* --- links --- */
+
+/* 200 ms, doubling per consecutive failure, at most 5 s. */
+static int64_t backoff_ms(unsigned failures) {
+        unsigned shift = failures > 8 ? 8 : failures;
+        return MIN((int64_t) PROTOCOL_BACKOFF_MAX_MS, (int64_t) PROTOCOL_BACKOFF_MIN_MS << shift);
+}
+
+static ProtocolLink *link_find(Protocol *p, const char *address) {
+        for (ProtocolLink *l = p->links; l; l = l->next)
+                if (streq(l->address, address))
+                        return l;
+        return NULL;
+}
+
+static ProtocolLink *link_by_endpoint(Protocol *p, void *endpoint) {
+        if (!endpoint)
+                return NULL;
+        for (ProtocolLink *l = p->links; l; l = l->next)
+                if (l->endpoint == endpoint)
+                        return l;
+        return NULL;
+}
+
+static void link_close(Protocol *p, ProtocolLink *l) {
+        if (l->endpoint)
+                p->sink.close(p->sink.userdata, l->endpoint);
+        l->endpoint = NULL;
+}
+
+static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
+        int r = p->sink.dial(p->sink.userdata, l->address, &l->endpoint);
+        if (r < 0) {
+                l->endpoint = NULL;
+                if (!l->failing)
+                        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_DIAL_FAILED,
+                                                 .address = l->address, .error = r });
+                l->failing = true;
+                l->failures++;
+                l->retry_at_ms = now + backoff_ms(l->failures);
+                return;
+        }
+        link_send_hello(p, l, now);
+}
+
+static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64_t now) {
+        ProtocolLink *l;
+
+        if (streq(address, p->self.address))
+                return NULL;
+        l = link_find(p, address);
+        if (l) {
+                l->seed = l->seed || seed;
+                return l;
+        }
+        l = calloc(1, sizeof *l);
+        if (!l || !(l->address = strdup(address))) {
+                free(l);
+                note_no_memory(p);
+                return NULL;
+        }
+        l->seed = seed;
+        l->next = p->links;
+        p->links = l;
+        link_dial(p, l, now);
+        return l;
+}
+
+static void link_free(Protocol *p, ProtocolLink *l) {
+        link_close(p, l);
+        free(l->address);
+        free(l);
+}
+
+/* A member we hear from directly: its link (re)starts now if it was waiting. */
+static void link_heard(Protocol *p, const char *address, bool restarted, int64_t now) {
+        ProtocolLink *l = link_find(p, address);
+
+        if (!l) {
+                (void) link_add(p, address, false, now);
+                return;
+        }
+        if (l->refused || l->failing)
+                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LINK_BACK, .address = l->address,
+                                         .flag = l->refused });
+        l->refused = false;
+        l->refusals = 0;
+        l->reached = true;
+        l->failing = false;
+        l->failures = 0;
+        if (restarted)
+                link_close(p, l); /* our old link went to its previous start */
+        if (!l->endpoint)
+                link_dial(p, l, now);
+}
+
+/* Drops links to addresses no member has, except seeds. */
+static void links_prune(Protocol *p) {
+        for (ProtocolLink **pl = &p->links; *pl;) {
+                ProtocolLink *l = *pl;
+                bool used = l->seed;
+
+                for (size_t i = 1; !used && i < membership_count(p->membership); i++)
+                        used = streq(membership_get(p->membership, i)->info.address, l->address);
+                if (used) {
+                        pl = &l->next;
+                        continue;
+                }
+                *pl = l->next;
+                link_free(p, l);
+        }
+}
+
+void protocol_on_link_failed(Protocol *p, void *endpoint, const char *cause, int64_t now_ms) {
+        ProtocolLink *l = link_by_endpoint(p, endpoint);
+
+        if (!l)
+                return;
+        l->endpoint = NULL; /* the transport closes it */
+        if (!l->failing)
+                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LINK_FAILED, .address = l->address,
+                                         .text = cause, .flag = l->reached });
+        l->reached = false;
+        l->failing = true;
+        l->failures++;
+        l->retry_at_ms = now_ms + backoff_ms(l->failures);
+}
+
+int protocol_add_seed(Protocol *p, const char *address, int64_t now_ms) {
+        if (!link_add(p, address, true, now_ms) && !streq(address, p->self.address))
+                return -ENOMEM;
+        return 0;
+}
+
+/* --- receiving --- */
+
+static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
+        for (size_t i = 0; i < m->n_members; i++) {
+                MemberVerdict v;
+                int r = membership_learn(p->membership, &m->members[i].info,
+                                         m->members[i].age_ms, now, &v);
+                if (r < 0) {
+                        note_no_memory(p);
+                        return;
+                }
+                if (v == MEMBER_JOINED || v == MEMBER_RESTARTED) {
+                        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LEARNED,
+                                                 .member = &m->members[i].info,
+                                                 .name = m->sender.name });
+                        link_heard(p, m->members[i].info.address, v == MEMBER_RESTARTED, now);
+                }
+        }
+}
+
+static void refuse(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                   const char *reason) {
+        PeerMessage answer = { .body = PEER_REFUSE, .reason = (char *) reason };
+
+        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_REFUSING, .member = &m->sender,
+                                 .text = reason });
+        reply(p, o, &answer);
+}
+
+/* A refusal is believed only on the link it answers, and closes that link alone. */
+static void refused(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, int64_t now) {
+        ProtocolLink *l = link_by_endpoint(p, o->dialed);
+
+        if (!l) {
+                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_REFUSAL_IGNORED,
+                                         .member = &m->sender });
+                return;
+        }
+        unsigned shift = l->refusals < 5 ? l->refusals : 5;
+        l->refused = true;
+        l->refusals++;
+        l->retry_at_ms = now + MIN((int64_t) PROTOCOL_REFUSED_BACKOFF_MAX_MS,
+                                   (int64_t) PROTOCOL_REFUSED_BACKOFF_MIN_MS << shift);
+        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_REFUSED_US, .member = &m->sender,
+                                 .address = l->address, .text = strempty(m->reason),
+                                 .number = (uint64_t) (l->retry_at_ms - now + 999) / 1000 });
+        link_close(p, l);
+}
+
+/* Whether the members a hello or announce names (and its sender) fit under --max-nodes; when
+ * not, the sender is told and nothing of the message is taken. */
+static bool list_fits(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m) {
+        _cleanup_free_ const MemberInfo **list = NULL;
+        _cleanup_free_ char *reason = NULL;
+
+        /* A sender alone is the membership's to refuse, in its own words. */
+        if ((m->body != PEER_HELLO && m->body != PEER_ANNOUNCE) || m->n_members == 0)
+                return true;
+        list = calloc(m->n_members + 1, sizeof(MemberInfo *));
+        if (!list)
+                return false;
+        list[0] = &m->sender;
+        for (size_t i = 0; i < m->n_members; i++)
+                list[i + 1] = &m->members[i].info;
+        if (membership_can_take(p->membership, list, m->n_members + 1))
+                return true;
+        if (asprintf(&reason, "its list of %zu members would take this cluster past %zu nodes "
+                              "(--max-nodes)",
+                     m->n_members, membership_max_nodes(p->membership)) < 0)
+                reason = NULL;
+        refuse(p, o, m, strempty(reason));
+        return false;
+}
+
+/* Whether the link a message came on speaks for its sender (keyed links are bound to the
+ * first start of a node we believed on them); a lie is noted once per PROTOCOL_VERSION_NOTE_MS. */
+static bool link_speaks_for(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                            int64_t now) {
+        if (!o->bound_name ||
+            (o->bound_boot_id == m->sender.boot_id && streq(o->bound_name, m->sender.name)))
+                return true;
+        if (p->link_lie_noted_ms == 0 || now - p->link_lie_noted_ms >= PROTOCOL_VERSION_NOTE_MS) {
+                p->link_lie_noted_ms = now;
+                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LINK_LIE, .member = &m->sender,
+                                         .name = o->bound_name });
+        }
+        return false;
+}
+
+/* Once per sender and PROTOCOL_VERSION_NOTE_MS. */
+static void note_version_refused(Protocol *p, const PeerMessage *m, int64_t now) {
+        uint64_t hash = 5381;
+
+        for (const char *c = m->sender.name; *c; c++)
+                hash = hash * 33 + (unsigned char) *c;
+        int64_t *last = &p->version_noted_ms[hash % PROTOCOL_VERSION_NOTE_SLOTS];
+        if (*last != 0 && now - *last < PROTOCOL_VERSION_NOTE_MS)
+                return;
+        *last = now;
+        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_VERSION_REFUSED, .member = &m->sender,
+                                 .number = m->version,
+                                 .number2 = membership_version(p->membership) });
+}
+
+/* What a message asks of us once its sender is believed. */
+static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
+        switch (m->body) {
+        case PEER_HELLO:
+        case PEER_ANNOUNCE:
+                learn(p, m, now);
+                break;
+        case PEER_WHO: {
+                ProtocolLink *l = link_find(p, m->sender.address);
+                if (l)
+                        link_send_hello(p, l, now);
+                break;
+        }
+        case PEER_FORGET:
+                if (membership_forget(p->membership, m->forget_name, m->forget_boot_id, true,
+                                      now, NULL) > 0) {
+                        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT,
+                                                 .name = m->forget_name,
+                                                 .text = m->sender.name });
+                        links_prune(p);
+                }
+                break;
+        default:
+                break;
+        }
+}
+
+void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                         int64_t now) {
+        _cleanup_free_ char *refusal = NULL;
+        bool version_refused;
+        MemberVerdict v;
+
+        if (!link_speaks_for(p, o, m, now))
+                return;
+        if (m->body == PEER_REFUSE) {
+                refused(p, o, m, now);
+                return;
+        }
+        if (!list_fits(p, o, m))
+                return;
+        if (membership_heard_from(p->membership, &m->sender, m->version,
+                                  m->body == PEER_HELLO || m->body == PEER_ANNOUNCE ?
+                                          m->n_members : 0,
+                                  now, &v, &version_refused, &refusal) < 0) {
+                note_no_memory(p);
+                return;
+        }
+        if (version_refused)
+                note_version_refused(p, m, now);
+        if ((v == MEMBER_KNOWN || v == MEMBER_JOINED || v == MEMBER_RESTARTED) &&
+            p->sink.bind(p->sink.userdata, o->reply, m->sender.name, m->sender.boot_id) < 0) {
+                note_no_memory(p);
+                return;
+        }
+        switch (v) {
+        case MEMBER_REFUSED:
+                refuse(p, o, m, strempty(refusal));
+                return;
+        case MEMBER_UNKNOWN:
+                reply(p, o, &(PeerMessage) { .body = PEER_WHO });
+                return;
+        case MEMBER_STALE:
+        case MEMBER_DEFERRED:
+                return;
+        case MEMBER_JOINED:
+        case MEMBER_RESTARTED:
+                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_JOINED, .member = &m->sender,
+                                         .flag = v == MEMBER_RESTARTED });
+                link_heard(p, m->sender.address, v == MEMBER_RESTARTED, now);
+                announce(p, m->sender.name, now);
+                break;
+        default:
+                link_heard(p, m->sender.address, false, now);
+                break;
+        }
+        on_body(p, m, now);
+}
+
+/* --- time and commands --- */
+
+void protocol_tick(Protocol *p, int64_t now) {
+        if (membership_tick(p->membership, now))
+                links_prune(p);
+        for (ProtocolLink *l = p->links; l; l = l->next)
+                if (!l->endpoint && now >= l->retry_at_ms) {
+                        if (l->refused)
+                                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_ASKING_AGAIN,
+                                                         .address = l->address });
+                        link_dial(p, l, now);
+                }
+        send_heartbeats(p);
+}
+
+void protocol_set_local_digest(Protocol *p, const char *digest) {
+        if (!membership_set_local_digest(p->membership, digest))
+                return;
+        snprintf(p->self.registry_digest, sizeof p->self.registry_digest, "%s", digest);
+        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_DIGEST, .text = digest });
+}
+
+int protocol_forget(Protocol *p, const char *node, int64_t now, FamilyError *ret_error) {
+        const Member *e = membership_find(p->membership, node);
+        uint64_t boot = e ? e->info.boot_id : 0;
+        int r = membership_forget(p->membership, node, 0, false, now, ret_error);
+
+        if (r > 0) {
+                PeerMessage m = { .body = PEER_FORGET, .forget_name = (char *) node,
+                                  .forget_boot_id = boot };
+                note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT, .name = node });
+                links_prune(p);
+                for (ProtocolLink *l = p->links; l; l = l->next)
+                        link_send(p, l, &m);
+        }
+        return r;
+}
+
+void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
+        _cleanup_(topology_unrefp) Topology *t = NULL;
+        uint64_t v = membership_version(p->membership);
+        uint64_t revision = membership_revision(p->membership);
+        uint64_t changes = membership_changes(p->membership);
+
+        /* A change made here goes out at once (at most every quarter interval), so the
+         * others take its version within a round trip instead of a heartbeat interval.
+         * Versions merely taken from peers are not echoed. */
+        if (changes != p->sent_changes && now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
+                p->sent_changes = changes;
+                p->eager_at_ms = now;
+                send_heartbeats(p);
+        }
+        if (v == p->published_version && revision == p->published_revision && !p->dirty)
+                return;
+        if (membership_topology(p->membership, now, now_unix, &t) < 0) {
+                note_no_memory(p); /* the old topology stays */
+                return;
+        }
+        p->sink.published(p->sink.userdata, TAKE_PTR(t));
+        p->published_version = v;
+        p->published_revision = revision;
+        p->dirty = false;
+}
+
+/* --- the object --- */
+
+int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t now_ms,
+                 Protocol **ret) {
+        _cleanup_(protocol_freep) Protocol *p = calloc(1, sizeof(Protocol));
+        int r;
+
+        if (!p)
+                return -ENOMEM;
+        p->sink = *sink;
+        p->heartbeat_ms = params->heartbeat_ms;
+        r = member_info_copy(params->self, &p->self);
+        if (r < 0)
+                return r;
+        r = membership_new(&p->self, &params->timeouts, now_ms, &p->membership);
+        if (r < 0)
+                return r;
+        membership_set_max_nodes(p->membership, params->max_nodes);
+        p->dirty = true;
+        *ret = TAKE_PTR(p);
+        return 0;
+}
+
+Protocol *protocol_free(Protocol *p) {
+        if (!p)
+                return NULL;
+        while (p->links) {
+                ProtocolLink *l = p->links;
+                p->links = l->next;
+                link_free(p, l);
+        }
+        membership_free(p->membership);
+        member_info_done(&p->self);
+        return mfree(p);
+}
+
+const Membership *protocol_membership(const Protocol *p) {
+        return p->membership;
+}
+
+size_t protocol_links(const Protocol *p, size_t *ret_connected) {
+        size_t n = 0, up = 0;
+
+        for (const ProtocolLink *l = p->links; l; l = l->next) {
+                n++;
+                up += l->endpoint != NULL;
+        }
+        if (ret_connected)
+                *ret_connected = up;
+        return n;
+}

@@ -1,0 +1,139 @@
+/* peer-protocol.h: the membership protocol: what a daemon sends its peers when, and what it believes. */
+#pragma once
+
+/*
+ * DESIGN: transport-free and single-threaded. The protocol owns the Membership and the links
+ * this daemon dials (which addresses, the backoff after failures and refusals); it is driven by
+ * the caller's monotonic clock (every call takes `now`) and speaks through a ProtocolSink:
+ * dial, send, reply, bind, close, published, and notes for the caller's log (the core never
+ * logs). peer/peer.c maps the sink onto UCX and sd-event; the unit tests and the fuzzer wire
+ * it to memory, so they run the very code the daemon runs.
+ *
+ * Every daemon dials every member it knows (one outgoing link per address) and sends only on
+ * its own links; what arrives on the links others dialed is read, and a refusal is the one
+ * thing answered on them. A link's first message is a hello with everything this daemon knows,
+ * so one seed teaches a joining node the whole cluster; a join or restart heard directly is
+ * announced once to the other links. After that each interval costs one small heartbeat per
+ * link. A change made here goes out eagerly (at most every quarter interval), so the others
+ * take its version within a round trip.
+ *
+ * Rules against a member that errs (issue 16; the membership's own are in membership.h):
+ * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
+ *   it) and closes that link alone, which is dialed again after PROTOCOL_REFUSED_BACKOFF_MIN_MS,
+ *   doubling to PROTOCOL_REFUSED_BACKOFF_MAX_MS (the other side's configuration may change);
+ * - with keys, a link speaks for the one start of one node first believed on it (the sink's
+ *   bind()): a message in another name or start on it is dropped, so a restart comes only on
+ *   the node's own new link;
+ * - a hello or announce whose list would take the table past --max-nodes is refused whole;
+ * - a version the member table cannot explain is noted once per sender and
+ *   PROTOCOL_VERSION_NOTE_MS.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "membership.h"
+#include "peer-message.h"
+
+#define PROTOCOL_BACKOFF_MIN_MS 200
+#define PROTOCOL_BACKOFF_MAX_MS 5000
+/* A daemon that refused us is asked again after 1 s, doubling up to 30 s. */
+#define PROTOCOL_REFUSED_BACKOFF_MIN_MS 1000
+#define PROTOCOL_REFUSED_BACKOFF_MAX_MS 30000
+/* A refused version or a lying link is noted at most once per sender in this long. */
+#define PROTOCOL_VERSION_NOTE_MS 10000
+
+typedef struct Protocol Protocol;
+
+/* What the caller's log should say (the core does not log); fields as each kind says. */
+typedef enum ProtocolNoteKind {
+        PROTOCOL_NOTE_DIAL_FAILED,      /* address, error: first failure in a row */
+        PROTOCOL_NOTE_LINK_FAILED,      /* address, text: the cause, flag: it had been reached */
+        PROTOCOL_NOTE_LINK_BACK,        /* address, flag: it had refused us */
+        PROTOCOL_NOTE_ASKING_AGAIN,     /* address: dialing one that refused us */
+        PROTOCOL_NOTE_REFUSED_US,       /* member: the sender, address, text, number: s to retry */
+        PROTOCOL_NOTE_REFUSAL_IGNORED,  /* member: a refusal on no link this node dialed */
+        PROTOCOL_NOTE_REFUSING,         /* member, text: why */
+        PROTOCOL_NOTE_JOINED,           /* member, flag: restarted */
+        PROTOCOL_NOTE_LEARNED,          /* member, name: from whom */
+        PROTOCOL_NOTE_FORGOT,           /* name, text: who asked (NULL: an operator) */
+        PROTOCOL_NOTE_VERSION_REFUSED,  /* member, number: its version, number2: ours */
+        PROTOCOL_NOTE_LINK_LIE,         /* member, name: the node the link is bound to */
+        PROTOCOL_NOTE_DIGEST,           /* text: this node's new digest */
+        PROTOCOL_NOTE_NO_MEMORY,
+        _PROTOCOL_NOTE_MAX,
+        _PROTOCOL_NOTE_INVALID = -EINVAL,
+} ProtocolNoteKind;
+
+typedef struct ProtocolNote {
+        ProtocolNoteKind kind;
+        const char *address;
+        const char *name;
+        const char *text;
+        const MemberInfo *member;
+        uint64_t number, number2;
+        int error;
+        bool flag;
+} ProtocolNote;
+
+/* Where a message came from, as the transport knows it. */
+typedef struct ProtocolOrigin {
+        void *reply;            /* the transport's handle for reply() and bind() */
+        void *dialed;           /* the endpoint this node dialed that it came back on, or NULL */
+        const char *bound_name; /* with keys: the node its link speaks for, NULL: unbound */
+        uint64_t bound_boot_id;
+} ProtocolOrigin;
+
+typedef struct ProtocolSink {
+        /* Dials address; *ret_endpoint is the transport's handle for send(), close() and
+         * protocol_on_link_failed(). A negative errno: not dialed, tried again with backoff. */
+        int (*dial)(void *userdata, const char *address, void **ret_endpoint);
+        /* Sends on an endpoint from dial(); the message is borrowed for the call. */
+        void (*send)(void *userdata, void *endpoint, const char *address, const PeerMessage *m);
+        /* Answers on the link a message came in on, during protocol_on_message(). */
+        void (*reply)(void *userdata, void *reply, const PeerMessage *m);
+        /* Binds the link a message came on to one start of one node (with keys; else 0). */
+        int (*bind)(void *userdata, void *reply, const char *name, uint64_t boot_id);
+        /* Closes an endpoint from dial(); it is not named again. */
+        void (*close)(void *userdata, void *endpoint);
+        /* A new topology snapshot; the callee takes the reference. */
+        void (*published)(void *userdata, Topology *t);
+        /* May be NULL. */
+        void (*note)(void *userdata, const ProtocolNote *n);
+        void *userdata;
+} ProtocolSink;
+
+typedef struct ProtocolParams {
+        const MemberInfo *self; /* with its address and boot id */
+        MembershipTimeouts timeouts;
+        size_t max_nodes;
+        unsigned heartbeat_ms;
+} ProtocolParams;
+
+int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t now_ms,
+                 Protocol **ret);
+/* Closes every endpoint through the sink. */
+Protocol *protocol_free(Protocol *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Protocol *, protocol_free);
+
+/* A --peers address: dialed even when no member lives there. */
+int protocol_add_seed(Protocol *p, const char *address, int64_t now_ms);
+/* A decoded message from a peer. */
+void protocol_on_message(Protocol *p, const ProtocolOrigin *origin, const PeerMessage *m,
+                         int64_t now_ms);
+/* An endpoint from dial() failed; the transport closes it itself. */
+void protocol_on_link_failed(Protocol *p, void *endpoint, const char *cause, int64_t now_ms);
+/* Every heartbeat interval: the timeouts, the links due to be dialed again, the heartbeats. */
+void protocol_tick(Protocol *p, int64_t now_ms);
+/* This node's registry digest (a reload): every message names it from now on. */
+void protocol_set_local_digest(Protocol *p, const char *digest);
+/* An operator forgets a node that is not up: told to every link. 1 forgotten, or a negative
+ * errno with *ret_error set. */
+int protocol_forget(Protocol *p, const char *node, int64_t now_ms, FamilyError *ret_error);
+/* Sends the eager heartbeats a change made here is due, and publishes a new topology when the
+ * members changed: the last thing before the caller sleeps. */
+void protocol_flush(Protocol *p, int64_t now_ms, int64_t now_unix_ms);
+
+const Membership *protocol_membership(const Protocol *p);
+/* How many links this node dials, and how many of them are connected now. */
+size_t protocol_links(const Protocol *p, size_t *ret_connected);

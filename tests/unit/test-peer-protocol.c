@@ -1,0 +1,463 @@
+/* test-peer-protocol.c: daemons' protocols wired through memory with a fake clock: joins, crashes, refusals. */
+
+/*
+ * The seed of the simulator: each node is a real Protocol (core/peer-protocol.h); its sink
+ * queues copies of what it sends, and the test delivers them in order, as UCX would, between
+ * heartbeat ticks of a clock the test moves. An endpoint is one link a node dialed; a reply
+ * travels back on it, naming it as the dialed link (as peer-ucx does). A crashed node takes
+ * nothing and its links fail, as UCX reports them.
+ */
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/peer-protocol.h"
+
+#define MAX_NODES 4
+#define MAX_QUEUE 4096
+#define HEARTBEAT_MS 100
+
+typedef struct Endpoint {
+        int from, to;
+        bool open;
+} Endpoint;
+
+typedef struct Delivery {
+        int to;
+        Endpoint *ep;
+        bool is_reply; /* travels back on ep, to the node that dialed it */
+        PeerMessage m;
+} Delivery;
+
+typedef struct SimNode {
+        Protocol *protocol;
+        char name[16], address[32];
+        bool crashed;
+        unsigned dials, refused_us, asked_again, refusals_ignored, refusing, learned;
+        uint64_t last_retry_s;
+        uint64_t published_version;
+} SimNode;
+
+static struct {
+        SimNode nodes[MAX_NODES];
+        size_t n_nodes;
+        Endpoint *eps[1024];
+        size_t n_eps;
+        Delivery queue[MAX_QUEUE];
+        size_t head, tail;
+        int64_t now;
+} net;
+
+static Device host_devices[1] = {
+        { .local_index = 0, .kind = "host", .name = "host0", .uuid = "", .pci_bus_id = "",
+          .numa_node = -1 },
+};
+
+static const MembershipTimeouts timeouts = { .suspect_ms = 300, .down_ms = 1000 };
+
+static int node_at(const char *address) {
+        for (size_t i = 0; i < net.n_nodes; i++)
+                if (streq(net.nodes[i].address, address))
+                        return (int) i;
+        return -1;
+}
+
+static int node_of(void *userdata) {
+        return (int) ((SimNode *) userdata - net.nodes);
+}
+
+static void copy_message(const PeerMessage *from, PeerMessage *to) {
+        *to = (PeerMessage) { .body = from->body, .version = from->version,
+                              .n_members = from->n_members,
+                              .forget_boot_id = from->forget_boot_id };
+        assert_int_equal(member_info_copy(&from->sender, &to->sender), 0);
+        to->sender.partial = from->sender.partial;
+        to->members = calloc(from->n_members + 1, sizeof(PeerKnown));
+        assert_non_null(to->members);
+        for (size_t i = 0; i < from->n_members; i++) {
+                assert_int_equal(member_info_copy(&from->members[i].info, &to->members[i].info),
+                                 0);
+                to->members[i].age_ms = from->members[i].age_ms;
+        }
+        to->forget_name = from->forget_name ? strdup(from->forget_name) : NULL;
+        to->reason = from->reason ? strdup(from->reason) : NULL;
+}
+
+static void enqueue(int to, Endpoint *ep, bool is_reply, const PeerMessage *m) {
+        assert_true(net.tail - net.head < MAX_QUEUE);
+        Delivery *d = &net.queue[net.tail++ % MAX_QUEUE];
+        *d = (Delivery) { .to = to, .ep = ep, .is_reply = is_reply };
+        copy_message(m, &d->m);
+}
+
+static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
+        SimNode *n = userdata;
+        int to = node_at(address);
+
+        n->dials++;
+        if (to < 0 || net.nodes[to].crashed)
+                return -ECONNREFUSED;
+        assert_true(net.n_eps < 1024);
+        Endpoint *ep = calloc(1, sizeof *ep);
+        assert_non_null(ep);
+        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true };
+        net.eps[net.n_eps++] = ep;
+        *ret_endpoint = ep;
+        return 0;
+}
+
+static void sink_send(void *userdata, void *endpoint, const char *address, const PeerMessage *m) {
+        Endpoint *ep = endpoint;
+
+        assert_true(ep->open);
+        assert_int_equal(ep->from, node_of(userdata));
+        enqueue(ep->to, ep, false, m);
+}
+
+static void sink_reply(void *userdata, void *reply, const PeerMessage *m) {
+        Delivery *d = reply;
+
+        /* Back on the link the message came on, to its other end. */
+        if (d->is_reply)
+                enqueue(d->ep->to, d->ep, false, m);
+        else
+                enqueue(d->ep->from, d->ep, true, m);
+}
+
+static int sink_bind(void *userdata, void *reply, const char *name, uint64_t boot_id) {
+        return 0;
+}
+
+static void sink_close(void *userdata, void *endpoint) {
+        Endpoint *ep = endpoint;
+
+        assert_true(ep->open);
+        ep->open = false;
+}
+
+static void sink_published(void *userdata, Topology *t) {
+        SimNode *n = userdata;
+
+        n->published_version = t->version;
+        topology_unref(t);
+}
+
+static void sink_note(void *userdata, const ProtocolNote *note) {
+        SimNode *n = userdata;
+
+        switch (note->kind) {
+        case PROTOCOL_NOTE_REFUSED_US:
+                n->refused_us++;
+                n->last_retry_s = note->number;
+                break;
+        case PROTOCOL_NOTE_ASKING_AGAIN:
+                n->asked_again++;
+                break;
+        case PROTOCOL_NOTE_REFUSAL_IGNORED:
+                n->refusals_ignored++;
+                break;
+        case PROTOCOL_NOTE_REFUSING:
+                n->refusing++;
+                break;
+        case PROTOCOL_NOTE_LEARNED:
+                n->learned++;
+                break;
+        default:
+                break;
+        }
+}
+
+/* A node named `name` at 127.0.0.1:7000+i, joining through `seed` (may be NULL). */
+static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
+        SimNode *n = &net.nodes[net.n_nodes];
+        size_t i = net.n_nodes++;
+
+        snprintf(n->name, sizeof n->name, "%s", name);
+        snprintf(n->address, sizeof n->address, "127.0.0.1:%zu", 7000 + i);
+        MemberInfo self = { .name = n->name, .node_rank = rank, .address = n->address,
+                            .boot_id = 1000 + i, .started_unix_ms = 100, .devices = host_devices,
+                            .n_devices = 1 };
+        ProtocolParams params = { .self = &self, .timeouts = timeouts, .max_nodes = 8,
+                                  .heartbeat_ms = HEARTBEAT_MS };
+        ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
+                              .bind = sink_bind, .close = sink_close,
+                              .published = sink_published, .note = sink_note, .userdata = n };
+
+        assert_int_equal(protocol_new(&params, &sink, net.now, &n->protocol), 0);
+        if (seed)
+                assert_int_equal(protocol_add_seed(n->protocol, seed, net.now), 0);
+        return n;
+}
+
+/* Delivers everything queued (and what that sends), each receiver flushing after. */
+static void deliver(void) {
+        while (net.head < net.tail) {
+                Delivery *d = &net.queue[net.head++ % MAX_QUEUE];
+                SimNode *n = &net.nodes[d->to];
+                ProtocolOrigin o = { .reply = d, .dialed = d->is_reply ? d->ep : NULL };
+
+                if (d->ep->open && !n->crashed) {
+                        protocol_on_message(n->protocol, &o, &d->m, net.now);
+                        protocol_flush(n->protocol, net.now, 1000000 + net.now);
+                }
+                peer_message_done(&d->m);
+        }
+}
+
+/* One heartbeat interval for every node that runs. */
+static void run(unsigned intervals) {
+        for (unsigned k = 0; k < intervals; k++) {
+                deliver();
+                net.now += HEARTBEAT_MS;
+                for (size_t i = 0; i < net.n_nodes; i++)
+                        if (!net.nodes[i].crashed) {
+                                protocol_tick(net.nodes[i].protocol, net.now);
+                                protocol_flush(net.nodes[i].protocol, net.now, 1000000 + net.now);
+                        }
+                deliver();
+        }
+}
+
+/* A node crashes: it hears nothing, and the links to it fail as UCX says. */
+static void crash(SimNode *c) {
+        int ci = node_of(c);
+
+        c->crashed = true;
+        for (size_t i = 0; i < net.n_eps; i++) {
+                Endpoint *ep = net.eps[i];
+                if (!ep->open || ep->to != ci)
+                        continue;
+                ep->open = false;
+                protocol_on_link_failed(net.nodes[ep->from].protocol, ep, "reset", net.now);
+        }
+}
+
+static NodeState state_of(const SimNode *at, const SimNode *of) {
+        const Member *m = membership_find(protocol_membership(at->protocol), of->name);
+
+        assert_non_null(m);
+        return m->state;
+}
+
+static int setup(void **state) {
+        memset(&net, 0, sizeof net);
+        net.now = 1000;
+        return 0;
+}
+
+static int teardown(void **state) {
+        deliver();
+        for (size_t i = 0; i < net.n_nodes; i++)
+                protocol_free(net.nodes[i].protocol);
+        for (size_t i = 0; i < net.n_eps; i++)
+                free(net.eps[i]);
+        return 0;
+}
+
+static void test_join_through_seed(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        /* c knew only a: a's hello taught it b, and a's announce taught b of c. */
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                const Membership *m = protocol_membership(net.nodes[i].protocol);
+                size_t connected;
+
+                assert_int_equal(membership_count(m), 3);
+                assert_int_equal(protocol_links(net.nodes[i].protocol, &connected), 2);
+                assert_int_equal(connected, 2);
+                assert_int_equal(membership_version(m),
+                                 membership_version(protocol_membership(a->protocol)));
+                assert_int_equal(net.nodes[i].published_version, membership_version(m));
+        }
+        assert_int_equal(state_of(b, c), NODE_UP);
+        assert_int_equal(state_of(c, b), NODE_UP);
+        assert_int_equal(a->refusing + b->refusing + c->refusing, 0);
+        assert_int_equal(b->learned, 1);
+        assert_int_equal(c->learned, 1);
+}
+
+static void test_crash_suspect_then_down(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        uint64_t before = membership_version(protocol_membership(a->protocol));
+        crash(c);
+        run(2);
+        assert_int_equal(state_of(a, c), NODE_UP);
+        run(2); /* past suspect_ms */
+        assert_int_equal(state_of(a, c), NODE_SUSPECT);
+        assert_int_equal(state_of(b, c), NODE_SUSPECT);
+        run(7); /* past down_ms */
+        assert_int_equal(state_of(a, c), NODE_DOWN);
+        assert_int_equal(state_of(b, c), NODE_DOWN);
+        assert_int_equal(state_of(a, b), NODE_UP);
+        /* The survivors agree on the version, which moved with each change. */
+        assert_true(membership_version(protocol_membership(a->protocol)) > before);
+        assert_int_equal(membership_version(protocol_membership(a->protocol)),
+                         membership_version(protocol_membership(b->protocol)));
+        /* The link to c is dialed again with backoff, and fails while c is gone. */
+        unsigned dials = b->dials;
+        run(20);
+        assert_true(b->dials > dials);
+        assert_true(b->dials < dials + 20);
+}
+
+static void test_refusal_and_backoff(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *x = add_node("node-x", 0, a->address); /* a's node rank: refused */
+
+        run(1);
+        assert_int_equal(a->refusing, 1);
+        assert_int_equal(x->refused_us, 1);
+        assert_int_equal(x->last_retry_s, 1);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 1);
+        size_t connected;
+        assert_int_equal(protocol_links(x->protocol, &connected), 1);
+        assert_int_equal(connected, 0);
+        /* Asked again after 1 s, not before; refused again, then after 2 s. */
+        unsigned dials = x->dials;
+        run(8);
+        assert_int_equal(x->dials, dials);
+        assert_int_equal(x->asked_again, 0);
+        run(3);
+        assert_int_equal(x->asked_again, 1);
+        assert_int_equal(x->dials, dials + 1);
+        assert_int_equal(x->refused_us, 2);
+        assert_int_equal(x->last_retry_s, 2);
+        run(15);
+        assert_int_equal(x->asked_again, 1);
+        run(6);
+        assert_int_equal(x->asked_again, 2);
+        assert_int_equal(x->last_retry_s, 4);
+}
+
+/* A refusal that does not come back on a link this node dialed changes nothing. */
+static void test_refusal_on_foreign_link_ignored(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        MemberInfo liar = { .name = a->name, .node_rank = 0, .address = a->address,
+                            .boot_id = 1000, .started_unix_ms = 100, .devices = host_devices,
+                            .n_devices = 1 };
+        PeerMessage refuse = { .body = PEER_REFUSE, .sender = liar, .reason = "no" };
+        Delivery d = { .to = 1, .ep = net.eps[0], .is_reply = false };
+
+        run(2);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &refuse, net.now);
+        assert_int_equal(b->refusals_ignored, 1);
+        assert_int_equal(b->refused_us, 0);
+        size_t connected;
+        assert_int_equal(protocol_links(b->protocol, &connected), 1);
+        assert_int_equal(connected, 1);
+}
+
+/* A keyed link bound to one node drops a message in another's name. */
+static void test_bound_link_drops_other_names(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        MemberInfo other = { .name = "node-z", .node_rank = 5, .address = "127.0.0.1:7999",
+                             .boot_id = 77, .started_unix_ms = 100, .devices = host_devices,
+                             .n_devices = 1 };
+        PeerMessage hello = { .body = PEER_HELLO, .sender = other };
+        ProtocolOrigin o = { .bound_name = "node-b", .bound_boot_id = 1001 };
+
+        protocol_on_message(a->protocol, &o, &hello, net.now);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 1);
+        o.bound_name = NULL;
+        protocol_on_message(a->protocol, &o, &hello, net.now);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 2);
+        run(1);
+}
+
+/* An operator's forget reaches the other members. */
+static void test_forget_told_to_peers(void **state) {
+        FamilyError error = {};
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        assert_true(protocol_forget(a->protocol, "node-c", net.now, &error) < 0);
+        family_error_done(&error);
+        crash(c);
+        run(12);
+        assert_int_equal(protocol_forget(a->protocol, "node-c", net.now, &error), 1);
+        run(1);
+        assert_null(membership_find(protocol_membership(a->protocol), "node-c"));
+        assert_null(membership_find(protocol_membership(b->protocol), "node-c"));
+        assert_int_equal(protocol_links(a->protocol, NULL), 1);
+}
+
+/* A heartbeat from a start this node does not know is answered with a who, back on the
+ * sender's link; the sender's hello follows and the node joins. */
+static void test_who_asks_for_a_hello(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+
+        /* b's first hello is lost. */
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 1);
+        run(1); /* b's heartbeat, a's who, b's hello */
+        assert_non_null(membership_find(protocol_membership(a->protocol), "node-b"));
+        assert_non_null(membership_find(protocol_membership(b->protocol), "node-a"));
+}
+
+/* A hello whose list would take the table past --max-nodes is refused whole. */
+static void test_hello_past_max_nodes_refused(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        PeerKnown known[8];
+        char names[8][16], addresses[8][32];
+
+        for (size_t i = 0; i < 8; i++) {
+                snprintf(names[i], sizeof names[i], "node-%zu", i);
+                snprintf(addresses[i], sizeof addresses[i], "127.0.0.1:%zu", 8000 + i);
+                known[i] = (PeerKnown) { .info = { .name = names[i], .node_rank = -1,
+                                                   .address = addresses[i], .boot_id = 50 + i,
+                                                   .started_unix_ms = 100,
+                                                   .devices = host_devices, .n_devices = 1 } };
+        }
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = net.eps[0] };
+        PeerMessage hello = { .body = PEER_HELLO, .version = 1, .members = known,
+                              .n_members = 8,
+                              .sender = { .name = b->name, .node_rank = 1, .address = b->address,
+                                          .boot_id = 1001, .started_unix_ms = 100,
+                                          .devices = host_devices, .n_devices = 1 } };
+
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_int_equal(a->refusing, 1);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 1);
+        hello.n_members = 6; /* with its sender and a: 8 */
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_int_equal(a->refusing, 1);
+        assert_int_equal(membership_count(protocol_membership(a->protocol)), 8);
+        run(1);
+        assert_int_equal(b->refused_us, 1); /* the refusal came back on b's link */
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_join_through_seed, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_crash_suspect_then_down, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_refusal_and_backoff, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_refusal_on_foreign_link_ignored, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_bound_link_drops_other_names, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_forget_told_to_peers, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_who_asks_for_a_hello, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_hello_past_max_nodes_refused, setup,
+                                                teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
