@@ -91,8 +91,13 @@ static grpc_channel *channel_new(const char *endpoint, grpc_channel_credentials 
         grpc_arg args[] = {
                 { .type = GRPC_ARG_INTEGER, .key = (char *) GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
                   .value.integer = 100 },
+                /* Not a backoff but gRPC's minimum connect timeout (doc/connection-backoff.md:
+                 * an attempt gets max(its backoff deadline, now + this)). At 100 ms a loaded
+                 * machine's etcd missed it ("timed out before receiving SETTINGS frame") and
+                 * the first call after a start failed; a refused connection still fails at
+                 * once and is retried after the backoff (100 ms doubling to 2 s). */
                 { .type = GRPC_ARG_INTEGER, .key = (char *) GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-                  .value.integer = 100 },
+                  .value.integer = 5000 },
                 { .type = GRPC_ARG_INTEGER, .key = (char *) GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
                   .value.integer = 2000 },
                 /* etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time). */
