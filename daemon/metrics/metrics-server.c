@@ -112,7 +112,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
 }
 
 /* The library's complaints are about scrapers (limits hit, bad requests): debug only. */
-static void on_log(void *cls, const char *fmt, va_list ap) {
+_printf_(2, 0) static void on_log(void *cls, const char *fmt, va_list ap) {
         char line[256];
 
         (void) vsnprintf(line, sizeof line, fmt, ap);
