@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "codec-coord-member.h"
+#include "codec-text.h"
 #include "familyd-coord-v1-member.pb-c.h"
 #include "core/resource-limits.h"
 
@@ -17,27 +18,15 @@ void coord_member_done(CoordMember *m) {
         *m = (CoordMember) {};
 }
 
-/* Anyone with write access to the prefix can put anything there: strings go into logs and
- * topology replies, so printable ASCII only, bounded. */
-static bool member_string_ok(const char *s, size_t max, bool allow_empty) {
-        size_t n = 0;
-
-        if (!s)
-                return allow_empty;
-        for (; s[n]; n++)
-                if (n >= max || (unsigned char) s[n] < 0x20 || (unsigned char) s[n] > 0x7e)
-                        return false;
-        return allow_empty || n > 0;
-}
-
+/* Anyone with write access to the prefix can put anything there (codec-text.h). */
 static bool member_name_ok(const char *s) {
-        return member_string_ok(s, FAMILYD_MAX_NAME_LENGTH, false) && !strchr(s, '/');
+        return codec_text_ok(s, FAMILYD_MAX_NAME_LENGTH, false) && !strchr(s, '/');
 }
 
 static bool device_ok(const Familyd__Coord__V1__CoordDevice *pb, size_t index) {
         return pb && pb->local_index == (int32_t) index && pb->numa_node >= -1 &&
-               member_string_ok(pb->kind, 16, false) && member_string_ok(pb->name, 256, true) &&
-               member_string_ok(pb->uuid, 128, true) && member_string_ok(pb->pci_bus_id, 64, true);
+               codec_text_ok(pb->kind, 16, false) && codec_text_ok(pb->name, 256, true) &&
+               codec_text_ok(pb->uuid, 128, true) && codec_text_ok(pb->pci_bus_id, 64, true);
 }
 
 static bool member_ok(const Familyd__Coord__V1__CoordMember *pb, const char *expected_name) {

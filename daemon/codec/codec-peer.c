@@ -3,22 +3,13 @@
 #include <string.h>
 
 #include "codec-peer.h"
+#include "codec-text.h"
 #include "codec-wire.h"
 #include "codec.h"
 #include "familyd-v1-peer.pb-c.h"
 #include "core/resource-limits.h"
 
-/* Strings from peers go into logs and topology replies: printable ASCII, bounded. */
-static bool peer_string_ok(const char *s, size_t max, bool allow_empty) {
-        size_t n = 0;
-
-        if (!s)
-                return allow_empty;
-        for (; s[n]; n++)
-                if (n >= max || (unsigned char) s[n] < 0x20 || (unsigned char) s[n] > 0x7e)
-                        return false;
-        return allow_empty || n > 0;
-}
+/* Strings from peers go into logs and topology replies: codec_text_ok() (codec-text.h). */
 
 static int device_decode(const Familyd__V1__Device *pb, Device *ret) {
         Device d = {
@@ -28,8 +19,8 @@ static int device_decode(const Familyd__V1__Device *pb, Device *ret) {
         };
 
         if (pb->local_index < 0 || pb->numa_node < -1 ||
-            !peer_string_ok(pb->kind, 16, false) || !peer_string_ok(pb->name, 256, true) ||
-            !peer_string_ok(pb->uuid, 128, true) || !peer_string_ok(pb->pci_bus_id, 64, true))
+            !codec_text_ok(pb->kind, 16, false) || !codec_text_ok(pb->name, 256, true) ||
+            !codec_text_ok(pb->uuid, 128, true) || !codec_text_ok(pb->pci_bus_id, 64, true))
                 return -EBADMSG;
         return device_copy(&(Device) {
                                    .local_index = d.local_index,
@@ -47,8 +38,8 @@ static int member_decode(const Familyd__V1__PeerMember *pb, MemberInfo *ret) {
         _cleanup_(member_info_done) MemberInfo m = {};
         int r;
 
-        if (!pb || !peer_string_ok(pb->name, FAMILYD_MAX_NAME_LENGTH, false) ||
-            !peer_string_ok(pb->address, FAMILYD_MAX_NAME_LENGTH, false) || pb->node_rank < -1 ||
+        if (!pb || !codec_text_ok(pb->name, FAMILYD_MAX_NAME_LENGTH, false) ||
+            !codec_text_ok(pb->address, FAMILYD_MAX_NAME_LENGTH, false) || pb->node_rank < -1 ||
             pb->n_devices > FAMILYD_MAX_NODE_DEVICES ||
             !node_registry_digest_valid(strempty(pb->registry_digest)))
                 return -EBADMSG;
@@ -124,7 +115,7 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                 return known_decode(pb->announce->members, pb->announce->n_members, m);
         case FAMILYD__V1__PEER_MESSAGE__BODY_FORGET:
                 m->body = PEER_FORGET;
-                if (!peer_string_ok(pb->forget->name, FAMILYD_MAX_NAME_LENGTH, false))
+                if (!codec_text_ok(pb->forget->name, FAMILYD_MAX_NAME_LENGTH, false))
                         return -EBADMSG;
                 m->forget_name = strdup(pb->forget->name);
                 m->forget_boot_id = pb->forget->boot_id;
@@ -134,7 +125,7 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                 return 0;
         case FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE:
                 m->body = PEER_REFUSE;
-                if (!peer_string_ok(pb->refuse->reason, FAMILYD_MAX_STATUS_MESSAGE, true))
+                if (!codec_text_ok(pb->refuse->reason, FAMILYD_MAX_STATUS_MESSAGE, true))
                         return -EBADMSG;
                 m->reason = strdup(strempty(pb->refuse->reason));
                 return m->reason ? 0 : -ENOMEM;
