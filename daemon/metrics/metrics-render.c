@@ -75,27 +75,23 @@ static void text_u64(Text *t, const char *name, const char *type, const char *he
         text_printf(t, "%s %" PRIu64 "\n", name, value);
 }
 
+/* Calls per method and status code from first_code on (0: all, 1: all but OK). */
+static void render_calls(Text *t, const MetricsSnapshot *s, const char *name, const char *help,
+                         unsigned first_code) {
+        text_family(t, name, "counter", help);
+        for (unsigned i = 0; i < s->n_methods; i++)
+                for (unsigned c = first_code; c < METRICS_STATUS_CODES; c++)
+                        if (s->methods[i].calls[c] > 0)
+                                text_printf(t, "%s{method=\"%s\",code=\"%s\"} %" PRIu64 "\n",
+                                            name, s->methods[i].name, metrics_status_name(c),
+                                            s->methods[i].calls[c]);
+}
+
 static void render_rpc(Text *t, const MetricsSnapshot *s) {
-        text_family(t, "familyd_rpc_calls_total", "counter",
-                    "gRPC calls answered, by method and status code.");
-        for (unsigned i = 0; i < s->n_methods; i++)
-                for (unsigned c = 0; c < METRICS_STATUS_CODES; c++)
-                        if (s->methods[i].calls[c] > 0)
-                                text_printf(t,
-                                            "familyd_rpc_calls_total{method=\"%s\",code=\"%s\"} "
-                                            "%" PRIu64 "\n",
-                                            s->methods[i].name, metrics_status_name(c),
-                                            s->methods[i].calls[c]);
-        text_family(t, "familyd_rpc_errors_total", "counter",
-                    "gRPC calls answered with a status other than OK, by method and code.");
-        for (unsigned i = 0; i < s->n_methods; i++)
-                for (unsigned c = 1; c < METRICS_STATUS_CODES; c++)
-                        if (s->methods[i].calls[c] > 0)
-                                text_printf(t,
-                                            "familyd_rpc_errors_total{method=\"%s\",code=\"%s\"} "
-                                            "%" PRIu64 "\n",
-                                            s->methods[i].name, metrics_status_name(c),
-                                            s->methods[i].calls[c]);
+        render_calls(t, s, "familyd_rpc_calls_total",
+                     "gRPC calls answered, by method and status code.", 0);
+        render_calls(t, s, "familyd_rpc_errors_total",
+                     "gRPC calls answered with a status other than OK, by method and code.", 1);
 
         text_family(t, "familyd_rpc_duration_seconds", "histogram",
                     "Time from a call's arrival to its status, by method.");
