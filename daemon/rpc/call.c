@@ -13,7 +13,8 @@
  * them (the slice's destructor), so a client that never reads holds a bounded amount, whatever
  * window it advertises, and a call past a bound is answered RESOURCE_EXHAUSTED instead. A unary call frees its decoded request and reply tree as
  * soon as the reply is packed: only the packed bytes wait for the client. A connection the
- * listener took over a cap answers its first call with the refusal and is then shut down.
+ * listener took over a cap answers its first call with the refusal and is closed once the client
+ * has read it.
  */
 
 #include <grpc/byte_buffer.h>
@@ -25,6 +26,8 @@
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -33,6 +36,7 @@
 #include "codec/codec-wire.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
+#include "executor.h"
 #include "metrics/metrics.h"
 
 
@@ -308,14 +312,55 @@ static void call_drop_reply(Call *c) {
         }
 }
 
-/* A refused connection has been answered: shut it down, so gRPC closes it. */
+/* A refused connection has been answered; it is closed once the client has read the answer.
+ * gRPC reports the status sent when it has framed it, which can be before the bytes reach the
+ * socket, and a client whose write fails (a SETTINGS ack, say) may drop what it has not read
+ * yet. So a closer thread waits until nothing sent is left unread in the socket (SIOCOUTQ), at
+ * least CALL_CLOSE_MIN_NSEC and at most CALL_CLOSE_MAX_NSEC, and then shuts the read side only:
+ * gRPC, seeing its read end, closes the transport once its write in progress has finished. */
+#define CALL_CLOSE_POLL_NSEC (5ull * 1000000ull)
+#define CALL_CLOSE_MIN_NSEC (20ull * 1000000ull)
+#define CALL_CLOSE_MAX_NSEC (1000ull * 1000000ull)
+
 static int call_fd(Call *c);
 static void call_close_connection(Call *c) {
         int fd = call_fd(c);
 
         /* gRPC keeps the descriptor open while this call lives: still the same socket. */
         if (c->conn && rpc_connection_is_fd(c->conn, fd))
-                (void) shutdown(fd, SHUT_RDWR);
+                (void) shutdown(fd, SHUT_RD);
+}
+
+static bool call_answer_read(Call *c) {
+        int fd = call_fd(c), unread = 0;
+
+        if (!c->conn || !rpc_connection_is_fd(c->conn, fd))
+                return true; /* gone already */
+        return ioctl(fd, SIOCOUTQ, &unread) < 0 || unread == 0;
+}
+
+/* Runs on the closer thread; holds a reference to the call, so to its socket. */
+static void call_close_job(void *data, bool cancelled) {
+        Call *c = data;
+        unsigned long long waited = 0;
+        const struct timespec poll = { .tv_nsec = (long) CALL_CLOSE_POLL_NSEC };
+
+        while (!cancelled && !executor_stopping(c->site.closer) && waited < CALL_CLOSE_MAX_NSEC &&
+               (waited < CALL_CLOSE_MIN_NSEC || !call_answer_read(c))) {
+                (void) nanosleep(&poll, NULL);
+                waited += CALL_CLOSE_POLL_NSEC;
+        }
+        call_close_connection(c);
+        call_unref(c);
+}
+
+/* Closes now when the closer is busy (over LISTENER_MAX_REFUSING waiting) or stopping. */
+static void call_close_when_read(Call *c) {
+        call_ref(c);
+        if (!c->site.closer || executor_submit(c->site.closer, call_close_job, c) < 0) {
+                call_close_connection(c);
+                call_unref(c);
+        }
 }
 
 /* Fills the status op: code, message, and the google.rpc.Status detail in the trailer. */
@@ -353,7 +398,7 @@ static void on_final_sent(RpcTag *tag, bool ok) {
 
         call_drop_reply(c);
         if (c->close_connection)
-                call_close_connection(c);
+                call_close_when_read(c);
         call_unref(c);
 }
 

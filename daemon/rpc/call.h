@@ -48,6 +48,7 @@ typedef struct CallSite {
         atomic_bool *shutting_down;
         CallCounter *counter;
         CallerTable *callers; /* the server's: the credentials of each connection */
+        struct Executor *closer; /* closes refused connections once answered; NULL: at once */
 } CallSite;
 
 /* Asks gRPC for the next call at this site; a new call re-arms its site at once. */

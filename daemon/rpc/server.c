@@ -8,7 +8,13 @@
 
 #include "call.h"
 #include "common/log.h"
+#include "executor.h"
 #include "server.h"
+
+/* Refused connections waiting for their client to read the answer (rpc/call.c): each waits at
+ * most a second; past the queue they are closed at once. */
+#define SERVER_CLOSER_THREADS 2u
+#define SERVER_CLOSER_QUEUE 64u
 
 static const RpcService *const services[] = {
         &service_family,
@@ -38,6 +44,7 @@ struct Server {
         CallCounter calls;
         RpcHooks hooks;
         CallerTable *callers; /* who is at the other end of each connection */
+        Executor *closer;     /* closes refused connections once their answer is read */
 };
 
 
@@ -96,6 +103,9 @@ int server_new(const ServerParams *params, Server **ret) {
         r = caller_table_new(params->admin_gid, &queue, &s->callers);
         if (r < 0)
                 return r;
+        r = executor_new(SERVER_CLOSER_THREADS, SERVER_CLOSER_QUEUE, &s->closer);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the connection closer: %m");
 
         grpc_init();
 
@@ -141,6 +151,7 @@ int server_new(const ServerParams *params, Server **ret) {
                                 .shutting_down = &s->shutting_down,
                                 .counter = &s->calls,
                                 .callers = s->callers,
+                                .closer = s->closer,
                         };
                         site->registered = grpc_server_register_method(
                                 s->server, m->path, NULL,
@@ -157,6 +168,7 @@ int server_new(const ServerParams *params, Server **ret) {
                 .shutting_down = &s->shutting_down,
                 .counter = &s->calls,
                 .callers = s->callers,
+                .closer = s->closer,
         };
 
         grpc_server_start(s->server);
@@ -231,6 +243,8 @@ Server *server_free(Server *s) {
                 return NULL;
 
         atomic_store(&s->shutting_down, true);
+        if (s->closer)
+                executor_stop(s->closer); /* its calls close at once, so the calls drain */
         if (s->started) {
                 /* The order gRPC wants: shutdown, cancel every call, wait for the shutdown
                  * tag, destroy the server, shut the queue down, drain it to its end. Before the
@@ -259,6 +273,7 @@ Server *server_free(Server *s) {
                         (void) pthread_join(s->threads[i], NULL);
                 grpc_completion_queue_destroy(s->cq);
         }
+        executor_free(s->closer);
         if (s->credentials)
                 grpc_server_credentials_release(s->credentials);
         free(s->sites);

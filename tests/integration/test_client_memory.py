@@ -23,8 +23,9 @@ client with "Socket closed".
   watches past --max-watches-per-process (default 8) get RESOURCE_EXHAUSTED WATCH_LIMIT; a
   uid's connections past --max-connections-per-uid (default half of --max-connections) get
   their first call answered RESOURCE_EXHAUSTED CONNECTION_LIMIT with the sentence (grpcio's
-  status and text, and the ErrorInfo reason), and then the connection is closed (a raw HTTP/2
-  client sees the trailers, then EOF); another uid's process (setpriv) is served meanwhile.
+  status and text, and the ErrorInfo reason), and then the connection is closed once the client
+  has read the answer (a raw HTTP/2 client that waits can still write, then sees the trailers,
+  then EOF); another uid's process (setpriv) is served meanwhile.
 """
 
 import json
@@ -145,6 +146,7 @@ class H2Client:
         self.ended = {}   # stream id -> (grpc-status, grpc-message)
         self.started = []
         self.eof = False
+        self.write_closed = False
         self.lock = threading.Lock()
 
     def call(self, path, payload=EMPTY_MESSAGE):
@@ -182,14 +184,25 @@ class H2Client:
                                 int(h["grpc-status"]),
                                 urllib.parse.unquote(h.get("grpc-message", "")))
             out = self.conn.data_to_send()
-            if out:
+            if out and not self.write_closed:
                 # The daemon reads late while its workers build replies: wait for it.
                 self.sock.settimeout(120)
                 try:
                     self.sock.sendall(out)
                 except OSError:
-                    self.eof = True
+                    # The daemon stopped reading (a refused connection): what it sent is
+                    # still there to read, up to EOF.
+                    self.write_closed = True
                 self.sock.settimeout(0.1)
+
+    def ping(self):
+        """Sends a PING: False when the daemon no longer reads this connection."""
+        self.conn.ping(b"familyd!")
+        try:
+            self.sock.sendall(self.conn.data_to_send())
+        except OSError:
+            return False
+        return True
 
     def close(self):
         self.sock.close()
@@ -442,11 +455,25 @@ class TestCaps(unittest.TestCase):
         raw = H2Client(self.d.socket)
         self.addCleanup(raw.close)
         sid = raw.call(HEALTH)
+        # The connection stays open until its client has read the answer: a client busy
+        # elsewhere can still write (a SETTINGS ack, a PING) before it reads.
+        time.sleep(0.5)
+        self.assertTrue(raw.ping(), "the refused connection was shut before its answer was read")
         raw.pump(10)
         self.assertEqual(raw.ended.get(sid), (8, "connection limit reached: uid 0 has 12 "
                                                 "connections open (--max-connections-per-uid)"),
                          "eof %s, ended %r\n%s" % (raw.eof, raw.ended, self.d.stderr()[-3000:]))
         self.assertTrue(raw.eof, "the refused connection stayed open")
+
+        # A client that never reads is closed a second after the answer went out.
+        idle = H2Client(self.d.socket)
+        self.addCleanup(idle.close)
+        sid = idle.call(HEALTH)
+        time.sleep(3)
+        self.assertFalse(idle.ping(), "a refused connection that is never read stayed open")
+        idle.pump(10)
+        self.assertEqual(idle.ended.get(sid, (None,))[0], 8, idle.ended)
+        self.assertTrue(idle.eof)
         self.assertIn("--max-connections-per-uid", self.d.stderr())
 
         # The holders gone, the uid is served again.
