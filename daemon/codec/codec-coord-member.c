@@ -23,6 +23,13 @@ static bool member_name_ok(const char *s) {
         return codec_text_ok(s, FAMILYD_MAX_NAME_LENGTH, false) && !strchr(s, '/');
 }
 
+bool coord_cluster_name_valid(const char *name) {
+        size_t n = name ? strlen(name) : 0;
+
+        return n > 0 && n <= COORD_MAX_CLUSTER_NAME &&
+               strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
+}
+
 static bool device_ok(const Familyd__Coord__V1__CoordDevice *pb, size_t index) {
         return pb && pb->local_index == (int32_t) index && pb->numa_node >= -1 &&
                codec_text_ok(pb->kind, 16, false) && codec_text_ok(pb->name, 256, true) &&
@@ -33,7 +40,8 @@ static bool member_ok(const Familyd__Coord__V1__CoordMember *pb, const char *exp
         if (!member_name_ok(pb->name) || (expected_name && strcmp(pb->name, expected_name) != 0) ||
             pb->node_rank < -1 || pb->ucx_address.len > COORD_MEMBER_MAX_UCX_ADDRESS ||
             pb->n_devices > FAMILYD_MAX_NODE_DEVICES ||
-            !node_registry_digest_valid(strempty(pb->registry_digest)))
+            !node_registry_digest_valid(strempty(pb->registry_digest)) ||
+            (!isempty(pb->cluster) && !coord_cluster_name_valid(pb->cluster)))
                 return false;
         for (size_t i = 0; i < pb->n_devices; i++)
                 if (!device_ok(pb->devices[i], i))
@@ -53,6 +61,7 @@ static int member_copy(const Familyd__Coord__V1__CoordMember *pb, CoordMember *r
         if (!m.name)
                 return -ENOMEM;
         strcpy(m.registry_digest, strempty(pb->registry_digest)); /* length checked */
+        strcpy(m.cluster, strempty(pb->cluster));                 /* the same */
         if (pb->ucx_address.len > 0) {
                 m.ucx_address = malloc(pb->ucx_address.len);
                 if (!m.ucx_address)
@@ -139,6 +148,7 @@ int codec_coord_member_encode(const CoordMember *m, uint8_t **ret, size_t *ret_s
         pb.n_devices = m->n_devices;
         pb.devices = dev_ptrs;
         pb.registry_digest = (char *) m->registry_digest;
+        pb.cluster = (char *) m->cluster;
         if (!member_ok(&pb, NULL))
                 return -EINVAL;
         n = familyd__coord__v1__coord_member__get_packed_size(&pb);

@@ -20,6 +20,7 @@
  * atomically by every path that sees either).
  */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,8 +51,13 @@ void coord_set_reachable(CoordClient *c, bool reachable, const char *why) {
                 log_warning("etcd unreachable (%s; last tried %s): local calls go on, the "
                             "topology stays as last seen",
                             strempty(why), c->endpoints[i]);
-        if (c->on_reachable)
-                c->on_reachable(reachable, c->userdata);
+        if (c->on_reachable) {
+                char text[COORD_MAX_ENDPOINT_LENGTH + 128];
+
+                (void) snprintf(text, sizeof text, "no answer to %s from %s", strempty(why),
+                                c->endpoints[i]);
+                c->on_reachable(reachable, reachable ? NULL : text, c->userdata);
+        }
 }
 
 void coord_fail_over(CoordClient *c, size_t i) {
@@ -165,13 +171,18 @@ int coord_client_new(const CoordOptions *o, CoordClient **ret) {
         return 0;
 }
 
+void coord_client_stop(CoordClient *c) {
+        if (!c->thread_started)
+                return;
+        atomic_store(&c->stop, true);
+        (void) pthread_join(c->thread, NULL);
+        c->thread_started = false;
+}
+
 CoordClient *coord_client_free(CoordClient *c) {
         if (!c)
                 return NULL;
-        if (c->thread_started) {
-                atomic_store(&c->stop, true);
-                (void) pthread_join(c->thread, NULL);
-        }
+        coord_client_stop(c);
         if (c->cq) {
                 grpc_completion_queue_shutdown(c->cq);
                 while (grpc_completion_queue_next(c->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)

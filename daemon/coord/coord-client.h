@@ -32,13 +32,15 @@ typedef struct CoordEvent {
         const uint8_t *value;   /* PUT only */
         size_t value_size;
         int64_t mod_revision;   /* RESET: the revision the prefix was read at */
+        int64_t create_revision; /* PUT: when the key was created (0 for RESET and DELETE) */
 } CoordEvent;
 
 /* on_event runs on the client's thread. on_reachable runs on the thread that saw the edge: the
  * client's, or a caller's in a unary call; calls are serialized by nothing, so a daemon posts
- * what it learns to its own loop. */
+ * what it learns to its own loop. why: at an outage's start, what failed and where ("no answer
+ * to /etcdserverpb.KV/Put from 127.0.0.1:2379"); NULL at its end. */
 typedef void (*CoordEventFn)(const CoordEvent *e, void *userdata);
-typedef void (*CoordReachableFn)(bool reachable, void *userdata);
+typedef void (*CoordReachableFn)(bool reachable, const char *why, void *userdata);
 
 typedef struct CoordOptions {
         const char *endpoints;     /* "HOST:PORT[,HOST:PORT...]" */
@@ -64,6 +66,9 @@ typedef struct CoordOptions {
 int coord_client_new(const CoordOptions *o, CoordClient **ret);
 /* Grants the lease (when asked for) and starts the thread that keeps it alive and watches. */
 int coord_client_start(CoordClient *c);
+/* Stops the thread, then revokes the lease: every leased key goes at once (a clean stop's
+ * last word). -ENOTCONN: etcd did not answer, and the keys go when the lease expires. */
+int coord_client_revoke(CoordClient *c);
 /* Stops and joins the thread (within one call's timeout: a re-read may be under way), so the
  * callbacks may run, and their userdata must live, until this returns. */
 CoordClient *coord_client_free(CoordClient *c);
@@ -82,6 +87,10 @@ int coord_client_put_leased(CoordClient *c, const char *key, const uint8_t *valu
 /* Puts key only if absent: 0 created, COORD_EXISTS when it was there. */
 int coord_client_create(CoordClient *c, const char *key, const uint8_t *value, size_t size,
                         int64_t *ret_revision);
+/* coord_client_create() under the client's lease: 0 created (and put again under each new
+ * lease, as coord_client_put_leased() does), COORD_EXISTS when it was there. */
+int coord_client_create_leased(CoordClient *c, const char *key, const uint8_t *value,
+                               size_t size);
 /* -ENOENT when absent. */
 int coord_client_get(CoordClient *c, const char *key, EtcdKv *ret);
 int coord_client_range_prefix(CoordClient *c, const char *prefix, EtcdRange *ret);

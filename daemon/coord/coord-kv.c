@@ -10,6 +10,7 @@
 #define METHOD_DELETE_RANGE "/etcdserverpb.KV/DeleteRange"
 #define METHOD_TXN          "/etcdserverpb.KV/Txn"
 #define METHOD_LEASE_GRANT  "/etcdserverpb.Lease/LeaseGrant"
+#define METHOD_LEASE_REVOKE "/etcdserverpb.Lease/LeaseRevoke"
 
 int64_t coord_client_lease_id(CoordClient *c) {
         return atomic_load(&c->lease_id);
@@ -98,8 +99,8 @@ int coord_client_put_leased(CoordClient *c, const char *key, const uint8_t *valu
         return r;
 }
 
-int coord_client_create(CoordClient *c, const char *key, const uint8_t *value, size_t size,
-                        int64_t *ret_revision) {
+static int create_with_lease(CoordClient *c, const char *key, const uint8_t *value, size_t size,
+                             int64_t lease, int64_t *ret_revision) {
         _cleanup_free_ uint8_t *req = NULL, *ans = NULL;
         size_t req_size, ans_size = 0;
         int64_t revision;
@@ -108,7 +109,7 @@ int coord_client_create(CoordClient *c, const char *key, const uint8_t *value, s
 
         if (!key_ok(key) || size > CODEC_ETCD_MAX_VALUE_BYTES)
                 return -EINVAL;
-        r = codec_etcd_create_encode(key, value, size, 0, &req, &req_size);
+        r = codec_etcd_create_encode(key, value, size, lease, &req, &req_size);
         if (r < 0)
                 return r;
         r = coord_unary(c, METHOD_TXN, req, req_size, &ans, &ans_size);
@@ -120,6 +121,45 @@ int coord_client_create(CoordClient *c, const char *key, const uint8_t *value, s
         if (ret_revision)
                 *ret_revision = revision;
         return succeeded ? 0 : COORD_EXISTS;
+}
+
+int coord_client_create(CoordClient *c, const char *key, const uint8_t *value, size_t size,
+                        int64_t *ret_revision) {
+        return create_with_lease(c, key, value, size, 0, ret_revision);
+}
+
+int coord_client_create_leased(CoordClient *c, const char *key, const uint8_t *value,
+                               size_t size) {
+        int r;
+
+        if (c->lease_ttl_s == 0)
+                return -EINVAL;
+        (void) pthread_mutex_lock(&c->lease_lock);
+        r = atomic_load(&c->lease_id) != 0 ?
+                    create_with_lease(c, key, value, size, atomic_load(&c->lease_id), NULL) :
+                    -ENOTCONN;
+        /* Ours from now on: a new lease puts it again. */
+        if (r == 0)
+                r = leased_remember(c, key, value, size);
+        (void) pthread_mutex_unlock(&c->lease_lock);
+        return r;
+}
+
+int coord_client_revoke(CoordClient *c) {
+        _cleanup_free_ uint8_t *req = NULL, *ans = NULL;
+        size_t req_size, ans_size = 0;
+        int64_t id;
+        int r;
+
+        /* No keep-alive or new grant races the revocation. */
+        coord_client_stop(c);
+        id = atomic_exchange(&c->lease_id, 0);
+        if (id == 0)
+                return 0;
+        r = codec_etcd_lease_revoke_encode(id, &req, &req_size);
+        if (r < 0)
+                return r;
+        return coord_unary(c, METHOD_LEASE_REVOKE, req, req_size, &ans, &ans_size);
 }
 
 static int range(CoordClient *c, const char *key, const char *end, EtcdRange *ret) {

@@ -82,3 +82,5 @@ int coord_credentials_new(const CoordOptions *o, grpc_channel_credentials **ret)
 int coord_buffer_read(grpc_byte_buffer *bb, uint8_t **ret, size_t *ret_size);
 grpc_byte_buffer *coord_buffer_new(const uint8_t *data, size_t size);
 void *coord_session_run(void *userdata);
+/* Stops and joins the thread, if it runs. */
+void coord_client_stop(CoordClient *c);

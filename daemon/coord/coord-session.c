@@ -157,6 +157,8 @@ static void deliver(CoordClient *c, CoordEventType type, const EtcdKv *kv, int64
                 e.value = kv->value;
                 e.value_size = kv->value_size;
                 e.mod_revision = kv->mod_revision;
+                if (type == COORD_EVENT_PUT)
+                        e.create_revision = kv->create_revision;
         }
         if (c->on_event)
                 c->on_event(&e, c->userdata);

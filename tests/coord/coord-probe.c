@@ -164,7 +164,7 @@ static void watch_on_event(const CoordEvent *e, void *userdata) {
         }
 }
 
-static void watch_on_reachable(bool reachable, void *userdata) {
+static void watch_on_reachable(bool reachable, const char *why, void *userdata) {
         printf("etcd %s\n", reachable ? "up" : "down");
 }
 

@@ -1,0 +1,37 @@
+/* coordinator-status.c: whether this daemon's coordinator (etcd) answers, for GetStatus and health. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "coordinator-status.h"
+
+static pthread_mutex_t status_lock = PTHREAD_MUTEX_INITIALIZER;
+static CoordinatorStatus status;
+
+void coordinator_status_configure(const char *endpoints, const char *cluster) {
+        (void) pthread_mutex_lock(&status_lock);
+        status = (CoordinatorStatus) { .configured = true, .reachable = true };
+        (void) snprintf(status.endpoints, sizeof status.endpoints, "%s", endpoints ? endpoints : "");
+        (void) snprintf(status.cluster, sizeof status.cluster, "%s", cluster ? cluster : "");
+        (void) pthread_mutex_unlock(&status_lock);
+}
+
+void coordinator_status_set_reachable(bool reachable, const char *why) {
+        (void) pthread_mutex_lock(&status_lock);
+        status.reachable = reachable;
+        if (why)
+                (void) snprintf(status.last_error, sizeof status.last_error, "%s", why);
+        (void) pthread_mutex_unlock(&status_lock);
+}
+
+void coordinator_status_clear(void) {
+        (void) pthread_mutex_lock(&status_lock);
+        status = (CoordinatorStatus) {};
+        (void) pthread_mutex_unlock(&status_lock);
+}
+
+void coordinator_status_get(CoordinatorStatus *ret) {
+        (void) pthread_mutex_lock(&status_lock);
+        *ret = status;
+        (void) pthread_mutex_unlock(&status_lock);
+}
