@@ -18,6 +18,8 @@
 #include "common/log.h"
 #include "peer/peer-key.h"
 #include "peer/peer-ucx.h"
+#include "codec/codec-coord-member.h"
+#include "coord/coord-client.h"
 
 #include "build-config.h"
 
@@ -159,6 +161,28 @@ static const ConfigOption config_options[] = {
         { .name = "insecure-peers", TYPE_FLAG(insecure_peers),
           .help = "Allow --listen on a non-loopback address without --cluster-key",
           .note = "Anyone who reaches the port can then join the cluster." },
+        { .name = "coordinator", .metavar = "URL",
+          TYPE_STRING(coordinator, COORD_MAX_ENDPOINTS * (COORD_MAX_ENDPOINT_LENGTH + 1) + 7),
+          .default_text = "none, the daemons' own membership over UCX",
+          .help = "Keep the cluster's membership in etcd at "
+                  "etcd://HOST:PORT[,HOST:PORT...]",
+          .note = "Each daemon writes its member record and an alive key under "
+                  "/familyd/<cluster>/ and builds the topology from a watch of that prefix "
+                  "(docs/coordinator.md). Not with --listen or --peers: daemons in etcd mode "
+                  "open no links to each other." },
+        { .name = "cluster", .metavar = "NAME", TYPE_STRING(cluster, COORD_MAX_CLUSTER_NAME),
+          .default_text = "familyd",
+          .help = "The cluster's name in etcd",
+          .note = "1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-'; only with --coordinator." },
+        { .name = "coordinator-ca", .metavar = "PATH", TYPE_PATH(coordinator_ca),
+          .default_text = "none, plaintext",
+          .help = "Speak TLS to etcd and check its certificate against this CA (PEM)" },
+        { .name = "coordinator-cert", .metavar = "PATH", TYPE_PATH(coordinator_cert),
+          .help = "This daemon's client certificate for etcd (PEM)",
+          .note = "With --coordinator-key, for etcd's --client-cert-auth; needs --coordinator-ca." },
+        { .name = "coordinator-key", .metavar = "PATH", TYPE_PATH(coordinator_key),
+          .help = "The key of --coordinator-cert (PEM)",
+          .note = "As secret as write access to the cluster's prefix in etcd." },
         { .name = "shm-budget", .metavar = "BYTES", TYPE_BYTES(shm_budget_bytes, 0, UINT64_MAX / 2),
           .default_text = "half of RAM",
           .help = "Shared memory held for shards",
@@ -923,6 +947,78 @@ int config_check_peer_security(const Config *c, PeerKeys *ret_keys) {
         return 0;
 }
 
+#define COORDINATOR_SCHEME "etcd://"
+
+const char *config_coordinator_endpoints(const Config *c) {
+        if (!c->coordinator || strncmp(c->coordinator, COORDINATOR_SCHEME,
+                                       strlen(COORDINATOR_SCHEME)) != 0)
+                return NULL;
+        return c->coordinator + strlen(COORDINATOR_SCHEME);
+}
+
+/* Whether the endpoints of --coordinator are HOST:PORT[,HOST:PORT...], at most
+ * COORD_MAX_ENDPOINTS, each port 1 to 65535. */
+static bool coordinator_endpoints_valid(const char *list) {
+        size_t n = 0;
+
+        if (isempty(list))
+                return false;
+        for (const char *p = list;; n++) {
+                size_t len = strcspn(p, ",");
+                const char *colon = memrchr(p, ':', len);
+                char *end;
+
+                if (n >= COORD_MAX_ENDPOINTS || len == 0 || len > COORD_MAX_ENDPOINT_LENGTH ||
+                    !colon || colon == p || !isdigit((unsigned char) colon[1]))
+                        return false;
+                unsigned long port = strtoul(colon + 1, &end, 10);
+                if (end != p + len || port == 0 || port > 65535)
+                        return false;
+                if (p[len] == '\0')
+                        return true;
+                p += len + 1;
+        }
+}
+
+/* etcd mode's settings among themselves and against the embedded membership's. */
+static int config_check_coordinator(Config *c) {
+        if (!c->coordinator) {
+                const char *alone[] = { "cluster", "coordinator-ca", "coordinator-cert",
+                                        "coordinator-key" };
+                const char *const values[] = { c->cluster, c->coordinator_ca,
+                                               c->coordinator_cert, c->coordinator_key };
+                for (size_t i = 0; i < ELEMENTSOF(alone); i++)
+                        if (values[i])
+                                return config_error(&command_line, alone[i],
+                                                    "needs --coordinator (the cluster's etcd)");
+                return 0;
+        }
+        if (!coordinator_endpoints_valid(config_coordinator_endpoints(c)))
+                return config_error(&command_line, "coordinator",
+                                    "'%s' is not etcd://HOST:PORT[,HOST:PORT...] (at most %u "
+                                    "endpoints, ports 1 to 65535)",
+                                    c->coordinator, COORD_MAX_ENDPOINTS);
+        if (c->listen_address || c->peers)
+                return config_error(&command_line, "coordinator",
+                                    "not with --%s: in etcd mode daemons open no links to each "
+                                    "other, the membership is in etcd",
+                                    c->listen_address ? "listen" : "peers");
+        if (c->cluster && !coord_cluster_name_valid(c->cluster))
+                return config_error(&command_line, "cluster",
+                                    "'%s' is not 1 to %u of A-Z, a-z, 0-9, '.', '_', '-'",
+                                    c->cluster, COORD_MAX_CLUSTER_NAME);
+        if (!c->coordinator_cert != !c->coordinator_key)
+                return config_error(&command_line, c->coordinator_cert ? "coordinator-cert"
+                                                                       : "coordinator-key",
+                                    "--coordinator-cert and --coordinator-key go together");
+        if (c->coordinator_cert && !c->coordinator_ca)
+                return config_error(&command_line, "coordinator-cert",
+                                    "needs --coordinator-ca (a client certificate is for TLS)");
+        if (!c->cluster)
+                return set_string(&c->cluster, "familyd");
+        return 0;
+}
+
 /* The checks of --check-config and --check-registry, once every setting is parsed: those of a
  * start up to binding anything. */
 static int config_run_checks(const Config *c) {
@@ -982,7 +1078,8 @@ int config_parse(Config *c, int argc, char *argv[]) {
                         return r;
         }
 
-        if (c->suspect_ms < c->heartbeat_ms || c->down_ms < c->suspect_ms) {
+        /* In etcd mode only --down-ms counts (the lease's TTL): nobody heartbeats. */
+        if (!c->coordinator && (c->suspect_ms < c->heartbeat_ms || c->down_ms < c->suspect_ms)) {
                 const char *keys[] = { "heartbeat-ms", "suspect-ms", "down-ms" };
                 char where[512] = "";
                 for (size_t i = 0; i < ELEMENTSOF(keys); i++)
@@ -995,6 +1092,10 @@ int config_parse(Config *c, int argc, char *argv[]) {
                 log_error("need --heartbeat-ms <= --suspect-ms <= --down-ms%s", where);
                 return -EINVAL;
         }
+
+        r = config_check_coordinator(c);
+        if (r < 0)
+                return r;
 
         r = config_fill_derived(c);
         if (r < 0)

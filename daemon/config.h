@@ -27,6 +27,11 @@ typedef struct Config {
         char *peers;
         char *cluster_key_file; /* --cluster-key: NULL: peers are not authenticated */
         bool insecure_peers;    /* --insecure-peers: no key on a non-loopback --listen */
+        char *coordinator;      /* --coordinator etcd://HOST:PORT[,...]: NULL: embedded */
+        char *cluster;          /* --cluster: default "familyd" with --coordinator */
+        char *coordinator_ca;   /* --coordinator-ca, -cert, -key: TLS to etcd */
+        char *coordinator_cert;
+        char *coordinator_key;
         uint64_t shm_budget_bytes;
         unsigned max_builds;
         unsigned build_grace_ms; /* a build nothing holds is freed after this long */
@@ -95,6 +100,9 @@ int config_check_registry(const char *dir);
  * binds anything. Logs the one line that says why; the errno of peer_keys_load() or -EPERM. */
 struct PeerKeys;
 int config_check_peer_security(const Config *c, struct PeerKeys *ret_keys);
+
+/* The endpoints of --coordinator, without its etcd:// (points into c->coordinator), or NULL. */
+const char *config_coordinator_endpoints(const Config *c);
 
 /* Logs a failed registry_load() of dir: its diagnostics, one per line, then a summary. Returns
  * error. The one wording for a start, --check-config and --check-registry. */

@@ -19,6 +19,7 @@
 #include <systemd/sd-event.h>
 
 #include "build/build.h"
+#include "cluster/cluster-etcd.h"
 #include "codec/codec-registry-digest.h"
 #include "shm/accel.h"
 #include "daemon.h"
@@ -63,6 +64,7 @@ struct Daemon {
         Builder builder; /* the Build use-case over the above (daemon/build/), for the server */
         Notifier *notifier;
         Peer *peer; /* NULL without --listen: this node alone */
+        ClusterEtcd *cluster; /* with --coordinator instead: the membership in etcd */
         MetricsServer *metrics; /* NULL without --metrics-listen */
         PeerKeys keys; /* --cluster-key, read before anything is bound; wiped once peers run */
         char *socket_path;       /* where the API socket is: bound here, or inherited */
@@ -301,7 +303,37 @@ static void daemon_hook_build_progress(void *userdata) {
 
 static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret_error) {
         Daemon *d = userdata;
+        if (d->cluster)
+                return cluster_etcd_forget(d->cluster, node, ret_error);
         return peer_forget(d->peer, node, ret_error);
+}
+
+/* With --coordinator: the membership is etcd's (daemon/cluster/), no peer links. */
+static int daemon_start_cluster(Daemon *d, const Config *c) {
+        ClusterEtcdParams params = {
+                .endpoints = config_coordinator_endpoints(c),
+                .cluster = c->cluster,
+                .tls_ca_path = c->coordinator_ca,
+                .tls_cert_path = c->coordinator_cert,
+                .tls_key_path = c->coordinator_key,
+                .down_ms = c->down_ms,
+                .forget_after_ms = c->forget_after_ms,
+                .manager = d->manager,
+        };
+        int r;
+
+        manager_set_hooks(d->manager, &(ManagerHooks) {
+                                              .topology_changed = daemon_hook_topology_changed,
+                                              .topology_userdata = d,
+                                              .forget_node = daemon_hook_forget,
+                                              .forget_userdata = d,
+                                      });
+        r = cluster_etcd_new(&params, &d->cluster);
+        if (r < 0) {
+                manager_set_hooks(d->manager, NULL);
+                return r;
+        }
+        return 0;
 }
 
 /* --cluster-key is read and checked, and --listen off loopback without it refused, before
@@ -346,6 +378,8 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
         const Node *local = topology_local_node(t);
         int r;
 
+        if (c->coordinator)
+                return daemon_start_cluster(d, c);
         if (!c->listen_address) {
                 if (c->peers)
                         return log_error_errno(-EINVAL, "--peers needs --listen: a node that "
@@ -674,7 +708,7 @@ Daemon *daemon_free(Daemon *d) {
         metrics_server_free(d->metrics);
         /* No more topology pushes into a server that is going away; forgetting stays until
          * the server has drained, since a ForgetNode call may still be running. */
-        if (d->peer)
+        if (d->peer || d->cluster)
                 manager_set_hooks(d->manager, &(ManagerHooks) {
                                                       .forget_node = daemon_hook_forget,
                                                       .forget_userdata = d,
@@ -691,6 +725,7 @@ Daemon *daemon_free(Daemon *d) {
         if (d->manager) /* NULL when daemon_new failed before loading the registry */
                 manager_set_hooks(d->manager, NULL);
         peer_free(d->peer);
+        cluster_etcd_free(d->cluster);
         executor_free(d->executor);
         /* After the server and the executor: no Build is in flight; before the tables. */
         build_sharing_stop(&d->builder);

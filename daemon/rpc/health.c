@@ -1,14 +1,29 @@
 /* health.c: grpc.health.v1.Health: SERVING for the whole server and for each familyd service. */
 #include "codec/codec.h"
+#include "core/coordinator-status.h"
 #include "core/resource-limits.h"
 #include "rpc.h"
+
+/* The cluster's membership: NOT_SERVING while the coordinator (etcd) does not answer; the
+ * daemon itself (and "") still serves. */
+#define HEALTH_CLUSTER "familyd.cluster"
 
 static const char *const served[] = {
         "",
         "familyd.v1.FamilyService",
         "familyd.v1.MeshService",
         "familyd.v1.AdminService",
+        HEALTH_CLUSTER,
 };
+
+static bool health_serving(const char *service) {
+        CoordinatorStatus st;
+
+        if (!streq(service, HEALTH_CLUSTER))
+                return true;
+        coordinator_status_get(&st);
+        return !st.configured || st.reachable;
+}
 
 static int health_answer(Arena *arena, const ProtobufCMessage *request, bool watch,
                          ProtobufCMessage **ret_reply, FamilyError *ret_error) {
@@ -32,9 +47,10 @@ static int health_answer(Arena *arena, const ProtobufCMessage *request, bool wat
         if (!reply)
                 return -ENOMEM;
         /* Calls are answered only once the daemon is fully up, so an answer means SERVING. */
-        reply->status = known
-                ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
-                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+        reply->status = !known ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
+                        : health_serving(req->service)
+                                ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
         *ret_reply = &reply->base;
         return 0;
 }

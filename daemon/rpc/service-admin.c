@@ -6,7 +6,29 @@
 #include "build/build.h"
 #include "codec/codec.h"
 #include "common/log.h"
+#include "core/coordinator-status.h"
 #include "rpc.h"
+
+/* GetStatus's coordinator: set only in etcd mode. */
+static int status_coordinator(Arena *arena, Familyd__V1__GetStatusResponse *reply) {
+        Familyd__V1__CoordinatorStatus *co;
+        CoordinatorStatus st;
+
+        coordinator_status_get(&st);
+        if (!st.configured)
+                return 0;
+        co = MSG_NEW(arena, Familyd__V1__CoordinatorStatus, familyd__v1__coordinator_status__init);
+        if (!co)
+                return -ENOMEM;
+        co->endpoints = arena_strdup(arena, st.endpoints);
+        co->cluster = arena_strdup(arena, st.cluster);
+        co->last_error = arena_strdup(arena, st.last_error);
+        if (!co->endpoints || !co->cluster || !co->last_error)
+                return -ENOMEM;
+        co->reachable = st.reachable;
+        reply->coordinator = co;
+        return 0;
+}
 
 static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
@@ -52,6 +74,9 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
                         return r;
                 reply->n_builds_in_flight = n;
         }
+        int r = status_coordinator(arena, reply);
+        if (r < 0)
+                return r;
         reply->peer_messages_sent = atomic_load_explicit(&m->peer_messages_sent,
                                                          memory_order_relaxed);
         reply->peer_bytes_sent = atomic_load_explicit(&m->peer_bytes_sent, memory_order_relaxed);
