@@ -143,24 +143,6 @@ static const ConfigOption config_options[] = {
           .help = "Serve Prometheus metrics over HTTP at ADDR:PORT/metrics",
           .note = "For example 127.0.0.1:9464; only that address is bound. Off unless given; "
                   "anyone who reaches the port can read the counters (docs/security.md)." },
-        { .name = "listen", .metavar = "ADDR:PORT", TYPE_STRING(listen_address, 0),
-          .help = "Peer listener address",
-          .note = "Where the other daemons of a cluster reach this one over UCX, for example "
-                  "0.0.0.0:7313. Without --listen and --peers, the node is a cluster of its own." },
-        { .name = "peers", .metavar = "LIST", TYPE_STRING(peers, 0),
-          .help = "Peer daemons, ADDR:PORT[,ADDR:PORT...]",
-          .note = "A full list, or one seed that every other member is learnt from, for "
-                  "example 10.0.0.2:7313,10.0.0.3:7313." },
-        { .name = "cluster-key", .metavar = "PATH", TYPE_PATH(cluster_key_file),
-          .default_text = "none, peers are not authenticated",
-          .help = "Authenticate peers with the key(s) in the file PATH",
-          .note = "Made by `familyctl keygen FILE` and copied to every node: one or two lines of "
-                  "64 hexadecimal characters; with two, the first is used to dial and both are "
-                  "accepted (rotation). The file must belong to familyd's user and not be "
-                  "readable by group or others. Reload and SIGHUP read it again." },
-        { .name = "insecure-peers", TYPE_FLAG(insecure_peers),
-          .help = "Allow --listen on a non-loopback address without --cluster-key",
-          .note = "Anyone who reaches the port can then join the cluster." },
         { .name = "coordinator", .metavar = "URL",
           TYPE_STRING(coordinator, COORD_MAX_ENDPOINTS * (COORD_MAX_ENDPOINT_LENGTH + 1) + 7),
           .default_text = "none, the daemons' own membership over UCX",
@@ -183,6 +165,24 @@ static const ConfigOption config_options[] = {
         { .name = "coordinator-key", .metavar = "PATH", TYPE_PATH(coordinator_key),
           .help = "The key of --coordinator-cert (PEM)",
           .note = "As secret as write access to the cluster's prefix in etcd." },
+        { .name = "listen", .metavar = "ADDR:PORT", TYPE_STRING(listen_address, 0),
+          .help = "Peer listener address",
+          .note = "Where the other daemons of a cluster reach this one over UCX, for example "
+                  "0.0.0.0:7313. Without --listen and --peers, the node is a cluster of its own." },
+        { .name = "peers", .metavar = "LIST", TYPE_STRING(peers, 0),
+          .help = "Peer daemons, ADDR:PORT[,ADDR:PORT...]",
+          .note = "A full list, or one seed that every other member is learnt from, for "
+                  "example 10.0.0.2:7313,10.0.0.3:7313." },
+        { .name = "cluster-key", .metavar = "PATH", TYPE_PATH(cluster_key_file),
+          .default_text = "none, peers are not authenticated",
+          .help = "Authenticate peers with the key(s) in the file PATH",
+          .note = "Made by `familyctl keygen FILE` and copied to every node: one or two lines of "
+                  "64 hexadecimal characters; with two, the first is used to dial and both are "
+                  "accepted (rotation). The file must belong to familyd's user and not be "
+                  "readable by group or others. Reload and SIGHUP read it again." },
+        { .name = "insecure-peers", TYPE_FLAG(insecure_peers),
+          .help = "Allow --listen on a non-loopback address without --cluster-key",
+          .note = "Anyone who reaches the port can then join the cluster." },
         { .name = "shm-budget", .metavar = "BYTES", TYPE_BYTES(shm_budget_bytes, 0, UINT64_MAX / 2),
           .default_text = "half of RAM",
           .help = "Shared memory held for shards",
