@@ -57,6 +57,66 @@ class TestCommandLine(unittest.TestCase):
             self.assertEqual(r.returncode, 2, (args, r.stderr))
             self.assertIn(text, r.stderr, args)
 
+    def test_etcd_mode_refusals_exit_2_with_a_line(self):
+        # etcd mode (--coordinator) against the embedded membership, and its own options: each
+        # refused before anything is read or bound, in one line naming the option.
+        tmp = H.short_tmpdir("fd-cli-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        etcd = ["--coordinator", "etcd://127.0.0.1:2379"]
+        cases = (
+            (etcd + ["--listen", "127.0.0.1:7100"],
+             "--coordinator: not with --listen: in etcd mode daemons open no links to each "
+             "other, the membership is in etcd"),
+            (etcd + ["--peers", "127.0.0.1:7100"],
+             "--coordinator: not with --peers: in etcd mode daemons open no links to each "
+             "other, the membership is in etcd"),
+            (["--cluster", "c1"], "--cluster: needs --coordinator (the cluster's etcd)"),
+            (["--coordinator-ca", "/x/ca.pem"],
+             "--coordinator-ca: needs --coordinator (the cluster's etcd)"),
+            (["--coordinator-cert", "/x/c.pem", "--coordinator-key", "/x/k.pem"],
+             "--coordinator-cert: needs --coordinator (the cluster's etcd)"),
+            (["--coordinator", "http://127.0.0.1:2379"],
+             "--coordinator: 'http://127.0.0.1:2379' is not etcd://HOST:PORT[,HOST:PORT...] "
+             "(at most 16 endpoints, ports 1 to 65535)"),
+            (["--coordinator", "etcd://127.0.0.1"], "is not etcd://HOST:PORT"),
+            (["--coordinator", "etcd://127.0.0.1:2379,"], "is not etcd://HOST:PORT"),
+            (["--coordinator", "etcd://127.0.0.1:0"], "is not etcd://HOST:PORT"),
+            (["--coordinator", "etcd://127.0.0.1:65536"], "is not etcd://HOST:PORT"),
+            (["--coordinator", "etcd://:2379"], "is not etcd://HOST:PORT"),
+            (["--coordinator", "etcd://" + ",".join(["h:1"] * 17)], "is not etcd://HOST:PORT"),
+            (etcd + ["--cluster", "a/b"],
+             "--cluster: 'a/b' is not 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-'"),
+            (etcd + ["--cluster", "x" * 65], "--cluster: must be 1 to 64 bytes"),
+            (etcd + ["--coordinator-ca", "/x/ca.pem", "--coordinator-cert", "/x/c.pem"],
+             "--coordinator-cert: --coordinator-cert and --coordinator-key go together"),
+            (etcd + ["--coordinator-ca", "/x/ca.pem", "--coordinator-key", "/x/k.pem"],
+             "--coordinator-key: --coordinator-cert and --coordinator-key go together"),
+            (etcd + ["--coordinator-cert", "/x/c.pem", "--coordinator-key", "/x/k.pem"],
+             "--coordinator-cert: needs --coordinator-ca (a client certificate is for TLS)"),
+        )
+        for args, text in cases:
+            socket = os.path.join(tmp, "api.sock")
+            r = run("--registry", REGISTRY, "--socket", socket, *args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(text, r.stderr, args)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, (args, r.stderr))
+            self.assertFalse(os.path.exists(socket), args)
+        # The same from a config file, and --check-config says so too.
+        conf = os.path.join(tmp, "familyd.conf")
+        with open(conf, "w") as f:
+            f.write("coordinator = etcd://127.0.0.1:2379\nlisten = 127.0.0.1:7100\n")
+        r = run("--check-config=" + conf, "--registry", REGISTRY)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("not with --listen", r.stderr)
+        # Good settings pass the check (no etcd is asked: that is the start's business), and
+        # --down-ms alone may be below the embedded protocol's --suspect-ms.
+        with open(conf, "w") as f:
+            f.write("coordinator = etcd://127.0.0.1:2379,[::1]:2379\ncluster = a.b_c-1\n"
+                    "down-ms = 2000\ncoordinator-ca = /x/ca.pem\ncoordinator-cert = /x/c.pem\n"
+                    "coordinator-key = /x/k.pem\n")
+        r = run("--check-config=" + conf, "--registry", REGISTRY)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+
     def test_missing_registry_fails_with_a_line(self):
         tmp = H.short_tmpdir("fd-cli-")
         self.addCleanup(shutil.rmtree, tmp, True)
