@@ -57,6 +57,7 @@ static void test_member_round_trip(void **state) {
         assert_string_equal(back.devices[1].uuid, "GPU-2");
         assert_int_equal(back.devices[1].numa_node, -1);
         assert_string_equal(back.registry_digest, DIGEST);
+        assert_string_equal(back.cluster, "");
 }
 
 /* Packs a record protobuf-c would build, bypassing the encoder's own check. */
@@ -67,6 +68,38 @@ static int decode_raw(Familyd__Coord__V1__CoordMember *pb, const char *expected)
 
         (void) familyd__coord__v1__coord_member__pack(pb, buf);
         return codec_coord_member_decode(buf, n, expected, &back);
+}
+
+/* The cluster a record names: empty, or a valid cluster name (what the daemon compares). */
+static void test_member_cluster(void **state) {
+        CoordMember m = member();
+        _cleanup_(coord_member_done) CoordMember back = {};
+        _cleanup_free_ uint8_t *buf = NULL;
+        Familyd__Coord__V1__CoordMember pb = FAMILYD__COORD__V1__COORD_MEMBER__INIT;
+        char long_cluster[COORD_MAX_CLUSTER_NAME + 2];
+        size_t size;
+
+        strcpy(m.cluster, "prod-a.1_x");
+        assert_int_equal(codec_coord_member_encode(&m, &buf, &size), 0);
+        assert_int_equal(codec_coord_member_decode(buf, size, "node-a", &back), 0);
+        assert_string_equal(back.cluster, "prod-a.1_x");
+
+        assert_true(coord_cluster_name_valid("a"));
+        assert_false(coord_cluster_name_valid(""));
+        assert_false(coord_cluster_name_valid("a/b"));
+        assert_false(coord_cluster_name_valid("a b"));
+        memset(long_cluster, 'c', sizeof long_cluster - 1);
+        long_cluster[sizeof long_cluster - 1] = '\0';
+        assert_false(coord_cluster_name_valid(long_cluster));
+        long_cluster[COORD_MAX_CLUSTER_NAME] = '\0';
+        assert_true(coord_cluster_name_valid(long_cluster));
+
+        pb.name = (char *) "n";
+        pb.node_rank = -1;
+        pb.cluster = (char *) "a/b";
+        assert_int_equal(decode_raw(&pb, "n"), -EBADMSG);
+        pb.cluster = (char *) "";
+        assert_int_equal(decode_raw(&pb, "n"), 0);
 }
 
 static void test_member_refusals(void **state) {
@@ -252,6 +285,7 @@ int main(void) {
                 cmocka_unit_test(test_prefix_end),
                 cmocka_unit_test(test_member_round_trip),
                 cmocka_unit_test(test_member_refusals),
+                cmocka_unit_test(test_member_cluster),
                 cmocka_unit_test(test_member_garbage),
                 cmocka_unit_test(test_create_is_a_txn_on_create_revision),
                 cmocka_unit_test(test_range_answers_bounded),

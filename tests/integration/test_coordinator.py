@@ -236,6 +236,38 @@ class TestMembership(unittest.TestCase):
                 dup.cleanup()
             c.wait_agreement(states=["up"] * 3, among=[0, 1, 2])
 
+    def test_member_record_follows_a_reload(self):
+        # node1 serves a copy of the conformance registry; replaced by the example registry and
+        # reloaded, its record in etcd (and so every daemon's topology) carries the new digest.
+        import shutil
+        import signal
+        tmp = H.short_tmpdir("fd-coord-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        reg = os.path.join(tmp, "registry")
+        shutil.copytree(REGISTRY, reg)
+        with EtcdServer() as etcd, EtcdDaemons(etcd.endpoint, 2) as c:
+            c.daemons[1].cleanup()
+            c.daemons[1] = H.Daemon(reg, host_devices=2, node_name="node1",
+                                    extra_args=c.make(1).extra_args, protos=c.protos,
+                                    state_dir=False)
+            c.daemons[1].start()
+            c.wait_agreement(states=["up"] * 2)
+
+            def digests(i):
+                return [n.registry_digest for n in c.topology(i).nodes]
+            before = digests(1)[1]
+            self.assertEqual(len(before), 64)
+            self.assertEqual(digests(0), digests(1))
+            shutil.rmtree(reg)
+            shutil.copytree(os.path.join(H.SOURCE_ROOT, "deploy", "registry"), reg)
+            c.daemons[1].signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and digests(0)[1] == before:
+                time.sleep(0.1)
+            after = digests(1)[1]
+            self.assertNotEqual(after, before)
+            self.assertEqual(digests(0)[1], after)
+
     def test_forget_after_ms_by_the_first_node_up(self):
         with EtcdServer() as etcd, \
                 EtcdDaemons(etcd.endpoint, 3, extra_args=["--forget-after-ms", "1000"]) as c:
