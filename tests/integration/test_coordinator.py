@@ -312,6 +312,12 @@ class TestOutage(unittest.TestCase):
                 res = cl.call("familyd.v1.FamilyService/Build", req)
                 self.assertTrue(res.ok, res)
                 self.assertEqual(c.daemons[i].stderr().count("etcd unreachable"), 1)
+            # ForgetNode needs etcd's word.
+            res = c.client(0).call("familyd.v1.MeshService/ForgetNode", node="node2")
+            self.assertEqual((res.code, res.message), (
+                "UNAVAILABLE", "etcd is unreachable; a node can be forgotten once it is back"))
+            self.assertEqual(c.client(0).error_details(res)[1][0].reason,
+                             "COORDINATOR_UNAVAILABLE")
             etcd.members[0].start()
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and not all(
