@@ -54,7 +54,7 @@ struct ClusterEtcd {
         pthread_cond_t wake;
         ClusterTable *table;
         bool stop;
-        bool published_dirty; /* the table changed after the last topology went out */
+        bool own_record_seen; /* the watch showed members/<name> once: its loss is a deletion */
         pthread_t keeper;
         bool keeper_started;
 };
@@ -78,8 +78,8 @@ static void on_event(const CoordEvent *e, void *userdata) {
         ClusterEtcd *c = userdata;
 
         (void) pthread_mutex_lock(&c->lock);
+        /* The keeper publishes at its next tick: a burst of events is one topology. */
         cluster_table_apply(c->table, e, now_ms(), now_unix_ms());
-        (void) pthread_cond_signal(&c->wake);
         (void) pthread_mutex_unlock(&c->lock);
 }
 
@@ -108,15 +108,15 @@ static int self_encode(ClusterEtcd *c, uint8_t **ret, size_t *ret_size) {
 }
 
 /* members/<name>, written again when the registry digest moved (a reload) or the record is not
- * under the prefix any more (deleted by hand). */
-static void keeper_check_record(ClusterEtcd *c, bool own_record_seen) {
+ * under the prefix any more (deleted by hand after the watch showed it). */
+static void keeper_check_record(ClusterEtcd *c, bool own_record_missing) {
         char digest[REGISTRY_DIGEST_LENGTH + 1];
         _cleanup_free_ uint8_t *value = NULL;
         size_t size;
         int r;
 
         manager_registry_digest(c->manager, digest);
-        if (streq(digest, c->self.registry_digest) && own_record_seen)
+        if (streq(digest, c->self.registry_digest) && !own_record_missing)
                 return;
         memcpy(c->self.registry_digest, digest, sizeof digest);
         r = self_encode(c, &value, &size);
@@ -169,10 +169,12 @@ static void *keeper_run(void *userdata) {
                         continue;
                 next_chores = now_ms() + KEEPER_CHORES_MS;
                 bool own_record = cluster_table_has_own_record(c->table);
+                bool own_record_missing = c->own_record_seen && !own_record;
+                c->own_record_seen = c->own_record_seen || own_record;
                 _cleanup_free_ char *due = cluster_table_next_to_forget(c->table, now_ms(),
                                                                         c->forget_after_ms);
                 (void) pthread_mutex_unlock(&c->lock);
-                keeper_check_record(c, own_record);
+                keeper_check_record(c, own_record_missing);
                 if (due)
                         keeper_forget_due(c, due);
                 (void) pthread_mutex_lock(&c->lock);

@@ -381,6 +381,14 @@ class TestBadRecords(unittest.TestCase):
                     self.assertEqual(log.count(key), 1, (i, key))
             _, after = c.wait_agreement(states=["up"] * 2)
             self.assertEqual(after[1:], before[1:])
+            # A daemon's own record deleted by hand is written again.
+            etcd.delete("/familyd/c1/members/node1")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and etcd.get("/familyd/c1/members/node1") is None:
+                time.sleep(0.1)
+            self.assertIsNotNone(etcd.get("/familyd/c1/members/node1"))
+            _, after = c.wait_agreement(states=["up"] * 2)
+            self.assertEqual(after[1:], before[1:])
             # A good record by hand is taken (and the bad ones still are not).
             etcd.put("/familyd/c1/members/hand", member_record("hand", node_rank=5))
             _, view = c.wait_agreement(states=["up", "up", "down"])
