@@ -202,16 +202,32 @@ VALUE_FOR_METAVAR = {
     "LIST": "127.0.0.1:7314,127.0.0.1:7315",
     "BYTES": "1048576",
     "LEVEL": "info",
+    "URL": "etcd://127.0.0.1:2379",
 }
+
+# The two ways to form a cluster exclude each other (--coordinator refuses --listen and
+# --peers): the example is tried once without each side's keys.
+CLUSTER_MODES = ({"coordinator", "cluster", "coordinator-ca", "coordinator-cert",
+                  "coordinator-key"}, {"listen", "peers"})
 
 
 def key_problems(example, help_text, tmp):
-    """(d): every key of the example, uncommented, through `familyd --check-config`."""
+    """(d): every key of the example, uncommented, through `familyd --check-config`; the keys
+    of one way to form a cluster at a time (CLUSTER_MODES)."""
+    problems = []
+    for n, leave_out in enumerate(CLUSTER_MODES):
+        folder = os.path.join(tmp, "mode-%d" % n)
+        os.makedirs(folder, exist_ok=True)
+        problems += mode_key_problems(example, help_text, folder, leave_out)
+    return sorted(set(problems), key=problems.index)
+
+
+def mode_key_problems(example, help_text, tmp, leave_out):
     metavars = {o.name: o.metavar for o in parse_help(help_text)}
     lines, problems, keys = [], [], []
     for line in example.splitlines():
         m = re.match(r"^#([a-z][a-z0-9-]*) =(?: (.*))?$", line)
-        if not m:
+        if not m or m.group(1) in leave_out:
             lines.append(line)
             continue
         key, value = m.group(1), m.group(2)
