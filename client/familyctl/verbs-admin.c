@@ -35,6 +35,13 @@ static int status_print(VerbRun *v) {
         ctl_print_field("peer traffic", "%" PRIu64 " messages, %" PRIu64 " bytes sent",
                         st->peer_messages_sent, st->peer_bytes_sent);
         ctl_print_field("topology version", "%" PRIu64, st->topology_version);
+        if (st->coordinator)
+                ctl_print_field("coordinator", "etcd %s, cluster %s, %s%s%s",
+                                strempty(st->coordinator->endpoints),
+                                strempty(st->coordinator->cluster),
+                                st->coordinator->reachable ? "reachable" : "unreachable",
+                                isempty(st->coordinator->last_error) ? "" : ": ",
+                                strempty(st->coordinator->last_error));
         return EXIT_OK;
 }
 
@@ -43,7 +50,8 @@ static const VerbDef status_verb = {
         .help = "Usage: familyctl status [OPTIONS]\n"
                 "\n"
                 "Shows the daemon's version, uptime, registry, counts, shared-memory use,\n"
-                "peers, the peer traffic it sent and its topology version.\n"
+                "peers, the peer traffic it sent and its topology version; in etcd mode\n"
+                "(--coordinator) also the coordinator and whether it is reachable.\n"
                 "\n",
         .call = status_call,
         .what = "get status",

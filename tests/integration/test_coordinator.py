@@ -12,6 +12,8 @@ nothing crashes, the rest of the topology stays.
 """
 
 import os
+import re
+import subprocess
 import sys
 import time
 import unittest
@@ -312,6 +314,14 @@ class TestOutage(unittest.TestCase):
                 res = cl.call("familyd.v1.FamilyService/Build", req)
                 self.assertTrue(res.ok, res)
                 self.assertEqual(c.daemons[i].stderr().count("etcd unreachable"), 1)
+            # familyctl status says so too.
+            out = subprocess.run([H.familyctl_bin(), "--socket", c.daemons[0].socket, "status"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertRegex(out.stdout.decode(), r"coordinator +etcd %s, cluster c1, "
+                             r"unreachable: .*from %s" % (re.escape(etcd.endpoint),
+                                                          re.escape(etcd.endpoint)))
             # ForgetNode needs etcd's word.
             res = c.client(0).call("familyd.v1.MeshService/ForgetNode", node="node2")
             self.assertEqual((res.code, res.message), (
