@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include "huge-pages.h"
 #include "segment.h"
@@ -24,11 +26,23 @@ struct ShardSegment {
         void *mapping; /* the daemon's, until shard_segment_unmap() */
         int device;
         bool sealed;
+        uint64_t huge_page_size; /* a hugetlb memfd's page size; 0 on normal pages */
         bool writes_allowed; /* writable handouts: a writable build's segment */
         /* Device segments: how to let go of memory, the backend's handle. */
         const ShardSegmentDeviceOps *ops;
         void *memory;
 };
+
+/* The page size of a hugetlbfs file (a hugetlb memfd is one); 0 for any other. */
+static uint64_t huge_page_size_of(int fd) {
+        struct statfs sfs;
+        struct stat st;
+
+        if (fstatfs(fd, &sfs) < 0 || (uint64_t) sfs.f_type != HUGETLBFS_MAGIC ||
+            fstat(fd, &st) < 0 || st.st_blksize <= 0)
+                return 0;
+        return (uint64_t) st.st_blksize;
+}
 
 static int memfd_new(const char *name, unsigned extra_flags) {
         /* Shard bytes are data: no exec (MFD_NOEXEC_SEAL, Linux 6.3+, implies ALLOW_SEALING);
@@ -70,6 +84,7 @@ static int segment_memfd(ShardSegment *s, const char *name, bool huge) {
         s->fd = TAKE_FD(fd);
         s->mapping = p;
         s->sealed = true;
+        s->huge_page_size = huge ? huge_page_size_of(s->fd) : 0;
         return 0;
 }
 
@@ -205,6 +220,7 @@ int shard_segment_adopt(int fd, int device, ShardSegment **ret) {
         s->size = (uint64_t) st.st_size;
         s->device = device;
         s->sealed = seals >= 0 && (seals & SHARD_SEGMENT_SEALS) == SHARD_SEGMENT_SEALS;
+        s->huge_page_size = huge_page_size_of(fd);
         *ret = s;
         return 0;
 }
@@ -278,6 +294,20 @@ int shard_segment_device(const ShardSegment *s) {
 
 int shard_segment_fd(const ShardSegment *s) {
         return s->fd;
+}
+
+uint64_t shard_segment_huge_page_size(const ShardSegment *s) {
+        return s->huge_page_size;
+}
+
+bool shard_segment_fits(const ShardSegment *s, uint64_t bytes) {
+        uint64_t page = s->huge_page_size;
+
+        if (s->size == bytes)
+                return true;
+        /* A hugetlb segment is its bytes rounded up to whole pages, no more. */
+        return page > 0 && bytes > 0 && bytes <= s->size && s->size - bytes < page &&
+               s->size % page == 0;
 }
 
 bool shard_segment_is_sealed(const ShardSegment *s) {

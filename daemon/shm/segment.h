@@ -111,6 +111,11 @@ int shard_segment_device(const ShardSegment *s);
 /* The segment's own descriptor (O_RDWR; a device segment's exported one), still owned by the
  * segment: for the fd store, which takes host segments only. */
 int shard_segment_fd(const ShardSegment *s);
+/* A hugetlb segment's page size (made here, or adopted: a hugetlbfs file); 0 on normal pages. */
+uint64_t shard_segment_huge_page_size(const ShardSegment *s);
+/* Whether s holds a rank of bytes bytes: its size is bytes, or, on huge pages, bytes rounded up
+ * to whole pages (what a restart finds in the fd store for a rank made on huge pages). */
+bool shard_segment_fits(const ShardSegment *s, uint64_t bytes);
 /* True when sealed against shrinking and growing (always, for a host segment made here; never
  * for a device segment). */
 bool shard_segment_is_sealed(const ShardSegment *s);

@@ -159,6 +159,15 @@ static void test_require_with_pages(void **state) {
         assert_int_equal(shard_segment_adopt(fd, 0, &a), 0);
         assert_int_equal(shard_segment_size(a), 4 * MiB);
         assert_true(shard_segment_is_sealed(a));
+        assert_int_equal(shard_segment_huge_page_size(a), 2 * MiB);
+        assert_int_equal(shard_segment_huge_page_size(s), 2 * MiB);
+        /* It holds a rank of 3 MiB (rounded up), or of exactly 4 MiB; nothing else. */
+        assert_true(shard_segment_fits(a, 3 * MiB));
+        assert_true(shard_segment_fits(a, 2 * MiB + 1));
+        assert_true(shard_segment_fits(a, 4 * MiB));
+        assert_false(shard_segment_fits(a, 2 * MiB));
+        assert_false(shard_segment_fits(a, 4 * MiB + 1));
+        assert_false(shard_segment_fits(a, 0));
         huge_pages_set_mode(HUGE_PAGES_AUTO);
 }
 
@@ -225,6 +234,9 @@ static void test_never(void **state) {
         assert_int_equal(shard_segment_new_host("never", 3 * MiB, 0, &s), 0);
         assert_false(fd_is_hugetlb(shard_segment_fd(s)));
         assert_int_equal(shard_segment_size(s), 3 * MiB);
+        assert_int_equal(shard_segment_huge_page_size(s), 0);
+        assert_true(shard_segment_fits(s, 3 * MiB));
+        assert_false(shard_segment_fits(s, 3 * MiB - 1));
         huge_pages_set_mode(HUGE_PAGES_AUTO);
 }
 
