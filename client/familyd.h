@@ -273,13 +273,39 @@ int familyd_map_mode_from_string(const char *s, FamilydMapMode *ret_mode);
 const char *familyd_map_mode_to_string(FamilydMapMode mode);
 bool familyd_map_mode_fetch_writable(FamilydMapMode mode);
 
-/* mmap()s size bytes of a shard descriptor in mode (above). *ret_ptr belongs to the caller:
- * familyd_shard_unmap(ptr, size) or munmap(). The mapping stays valid after close(fd), and
- * after ReleaseBuild (the memory lives while any descriptor or mapping holds it). -EACCES:
- * FAMILYD_MAP_SHARED of a read-only descriptor. */
+/*
+ * mmap()s size bytes of a shard descriptor in mode (above) and populates the mapping (below)
+ * unless flags has FAMILYD_MAP_LAZY. size is the shard socket's (FamilydShardInfo.size, the
+ * descriptor's: a shard on huge pages is a whole number of them, and only whole ones can be
+ * unmapped). *ret_ptr belongs to the caller: familyd_shard_unmap(ptr, size) or munmap(). The
+ * mapping stays valid after close(fd), and after ReleaseBuild (the memory lives while any
+ * descriptor or mapping holds it). -EACCES: FAMILYD_MAP_SHARED of a read-only descriptor;
+ * -EINVAL: an unknown flag; a failed populate's error (nothing stays mapped then).
+ *
+ * Populated is the default because a trainer reads every byte of its parameters at once (the
+ * first forward pass, a checkpoint, a copy to the GPU): the page tables are filled up front
+ * on up to FAMILYD_POPULATE_MAX_THREADS threads, and the first read runs at memory speed
+ * instead of faulting page by page. FAMILYD_MAP_LAZY maps without touching anything, for
+ * callers that read a little of a large shard (a header, a probe, a debugger).
+ */
+#define FAMILYD_MAP_LAZY (1u << 0)
+int familyd_shard_map_flags(int fd, uint64_t size, FamilydMapMode mode, unsigned flags,
+                            void **ret_ptr);
+/* familyd_shard_map_flags() with flags 0: populated. */
 int familyd_shard_map_mode(int fd, uint64_t size, FamilydMapMode mode, void **ret_ptr);
 /* familyd_shard_map_mode() with FAMILYD_MAP_SHARED when writable, else FAMILYD_MAP_READ_ONLY. */
 int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr);
+/*
+ * Makes size bytes of a mapping at ptr (made in mode) resident in this process's page tables:
+ * MADV_POPULATE_READ (MADV_POPULATE_WRITE for FAMILYD_MAP_SHARED: a private mapping is never
+ * written, which would copy it), split over up to FAMILYD_POPULATE_MAX_THREADS threads of at
+ * least FAMILYD_POPULATE_BYTES_PER_THREAD each, no more than the online CPUs; a kernel without
+ * those advices (before Linux 5.14) gets one byte per page read instead. 0, or a negative
+ * errno of madvise() (-EFAULT: a range not mapped).
+ */
+#define FAMILYD_POPULATE_MAX_THREADS 4
+#define FAMILYD_POPULATE_BYTES_PER_THREAD (64u << 20)
+int familyd_shard_populate(void *ptr, uint64_t size, FamilydMapMode mode);
 int familyd_shard_unmap(void *ptr, uint64_t size);
 
 /* What the shard socket says of each descriptor (ShardFdReply). */

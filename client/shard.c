@@ -382,21 +382,123 @@ bool familyd_map_mode_fetch_writable(FamilydMapMode mode) {
         return mode == FAMILYD_MAP_SHARED;
 }
 
-int familyd_shard_map_mode(int fd, uint64_t size, FamilydMapMode mode, void **ret_ptr) {
-        int prot = PROT_READ, flags = MAP_SHARED;
+/* ---- populating a mapping --------------------------------------------------------------- */
+
+/*
+ * A fresh mapping of a shard has no page table entries: its first read takes a fault per
+ * 4 KiB page (or per huge page), one thread at a time. Populating asks the kernel for all of
+ * them up front (MADV_POPULATE_READ/_WRITE, Linux 5.14+), split over a few threads, each its
+ * own range; on an older kernel each thread reads one byte per page of its range instead.
+ */
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+typedef struct PopulateJob {
+        uint8_t *start;
+        size_t length;
+        int advice;
+        int error; /* 0, or a positive errno */
+} PopulateJob;
+
+static int populate_range(uint8_t *start, size_t length, int advice) {
+        size_t page = (size_t) sysconf(_SC_PAGESIZE);
+        int r;
+
+        do
+                r = madvise(start, length, advice);
+        while (r < 0 && (errno == EINTR || errno == EAGAIN));
+        if (r == 0)
+                return 0;
+        if (errno != EINVAL)
+                return errno;
+        /* A kernel without MADV_POPULATE_*: a read per page faults it in. */
+        for (size_t off = 0; off < length; off += page)
+                (void) *(volatile const uint8_t *) (start + off);
+        return 0;
+}
+
+static void *populate_job_run(void *userdata) {
+        PopulateJob *j = userdata;
+        j->error = populate_range(j->start, j->length, j->advice);
+        return NULL;
+}
+
+int familyd_shard_populate(void *ptr, uint64_t size, FamilydMapMode mode) {
+        PopulateJob jobs[FAMILYD_POPULATE_MAX_THREADS];
+        pthread_t threads[FAMILYD_POPULATE_MAX_THREADS];
+        bool started[FAMILYD_POPULATE_MAX_THREADS] = {};
+        size_t page = (size_t) sysconf(_SC_PAGESIZE), n, per;
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        int r = 0;
+
+        if (!ptr || size == 0 || size > SIZE_MAX || !familyd_map_mode_to_string(mode))
+                return -EINVAL;
+        /* A private mapping is read through (writing would copy every page); a shared
+         * writable one is populated writable, so its first writes do not fault either. */
+        int advice = mode == FAMILYD_MAP_SHARED ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+        n = (size_t) (size / FAMILYD_POPULATE_BYTES_PER_THREAD);
+        n = MAX(n, (size_t) 1);
+        n = MIN(n, (size_t) FAMILYD_POPULATE_MAX_THREADS);
+        n = MIN(n, (size_t) MAX(cpus, 1L));
+        /* Whole 2 MiB pieces per thread: a huge page never straddles two ranges. */
+        per = ((size_t) size / n + (2u << 20) - 1) & ~(size_t) ((2u << 20) - 1);
+        per = MAX(per, page);
+        for (size_t i = 0; i < n; i++) {
+                size_t off = MIN(i * per, (size_t) size);
+                jobs[i] = (PopulateJob) { (uint8_t *) ptr + off, MIN(per, (size_t) size - off),
+                                          advice, 0 };
+        }
+        /* Job 0 runs on this thread; a thread that cannot start has its job run here too. */
+        for (size_t i = 1; i < n; i++)
+                started[i] = jobs[i].length > 0 &&
+                             pthread_create(&threads[i], NULL, populate_job_run, &jobs[i]) == 0;
+        for (size_t i = 0; i < n; i++)
+                if (!started[i] && jobs[i].length > 0)
+                        (void) populate_job_run(&jobs[i]);
+        for (size_t i = 1; i < n; i++)
+                if (started[i])
+                        (void) pthread_join(threads[i], NULL);
+        for (size_t i = 0; i < n && r == 0; i++)
+                r = -jobs[i].error;
+        return r;
+}
+
+int familyd_shard_map_flags(int fd, uint64_t size, FamilydMapMode mode, unsigned flags,
+                            void **ret_ptr) {
+        int prot = PROT_READ, map_flags = MAP_SHARED, r;
         void *p;
 
-        if (fd < 0 || size == 0 || size > SIZE_MAX || !ret_ptr || !familyd_map_mode_to_string(mode))
+        if (fd < 0 || size == 0 || size > SIZE_MAX || !ret_ptr ||
+            !familyd_map_mode_to_string(mode) || (flags & ~FAMILYD_MAP_LAZY))
                 return -EINVAL;
         if (mode != FAMILYD_MAP_READ_ONLY)
                 prot |= PROT_WRITE;
         if (mode == FAMILYD_MAP_PRIVATE)
-                flags = MAP_PRIVATE;
-        p = mmap(NULL, (size_t) size, prot, flags, fd, 0);
+                map_flags = MAP_PRIVATE;
+        p = mmap(NULL, (size_t) size, prot, map_flags, fd, 0);
         if (p == MAP_FAILED)
                 return -errno;
+        /* Huge folios of a memfd under shmem THP `advise` are mapped huge only where the
+         * mapping asks for them too; elsewhere (hugetlb, THP off) this does nothing. */
+        (void) madvise(p, (size_t) size, MADV_HUGEPAGE);
+        if (!(flags & FAMILYD_MAP_LAZY)) {
+                r = familyd_shard_populate(p, size, mode);
+                if (r < 0) {
+                        (void) munmap(p, (size_t) size);
+                        return r;
+                }
+        }
         *ret_ptr = p;
         return 0;
+}
+
+int familyd_shard_map_mode(int fd, uint64_t size, FamilydMapMode mode, void **ret_ptr) {
+        return familyd_shard_map_flags(fd, size, mode, 0, ret_ptr);
 }
 
 int familyd_shard_map(int fd, uint64_t size, bool writable, void **ret_ptr) {

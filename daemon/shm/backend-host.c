@@ -1,10 +1,12 @@
-/* backend-host.c: the host backend: sealed memfds, filled through the daemon's mapping. */
+/* backend-host.c: the host backend: sealed memfds, huge pages where allowed, filled in place. */
 #include <stdatomic.h>
 
 #include "backend.h"
+#include "huge-pages.h"
 
 static uint64_t host_allocation_size(ShardBackend *b, int device, uint64_t size) {
-        return size;
+        /* What a segment will really take: a hugetlb one rounds up to the page size. */
+        return huge_pages_allocation_size(size);
 }
 
 static int host_check_device(ShardBackend *b, int device, FamilyError *ret_error) {

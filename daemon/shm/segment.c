@@ -1,11 +1,16 @@
 /* segment.c: sealed memfd segments for host shards, and the descriptors of device shards. */
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
+#include "huge-pages.h"
 #include "segment.h"
 
 #ifndef MFD_NOEXEC_SEAL
@@ -21,23 +26,109 @@ struct ShardSegment {
         void *mapping; /* the daemon's, until shard_segment_unmap() */
         int device;
         bool sealed;
+        uint64_t huge_page_size; /* a hugetlb memfd's page size; 0 on normal pages */
         bool writes_allowed; /* writable handouts: a writable build's segment */
         /* Device segments: how to let go of memory, the backend's handle. */
         const ShardSegmentDeviceOps *ops;
         void *memory;
 };
 
-static int memfd_new(const char *name) {
+/* The page size of a hugetlbfs file (a hugetlb memfd is one); 0 for any other. */
+static uint64_t huge_page_size_of(int fd) {
+        struct statfs sfs;
+        struct stat st;
+
+        if (fstatfs(fd, &sfs) < 0 || (uint64_t) sfs.f_type != HUGETLBFS_MAGIC ||
+            fstat(fd, &st) < 0 || st.st_blksize <= 0)
+                return 0;
+        return (uint64_t) st.st_blksize;
+}
+
+static int memfd_new(const char *name, unsigned extra_flags) {
         /* Shard bytes are data: no exec (MFD_NOEXEC_SEAL, Linux 6.3+, implies ALLOW_SEALING);
          * older kernels refuse the flag with EINVAL. */
-        int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+        int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL |
+                                            extra_flags);
         if (fd < 0 && errno == EINVAL)
-                fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+                fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | extra_flags);
         return fd < 0 ? -errno : fd;
+}
+
+/* s's memfd of s->size bytes, sealed and mapped for the fill; huge: a hugetlb memfd, whose
+ * pages the shared mapping reserves (-ENOMEM when too few are free), so the fill can never
+ * fault for want of one (SIGBUS). Sets nothing in s on failure. */
+static int segment_memfd(ShardSegment *s, const char *name, bool huge) {
+        _cleanup_close_ int fd = -EBADF;
+        void *p;
+
+        fd = memfd_new(name, huge ? MFD_HUGETLB : 0);
+        if (fd < 0)
+                return fd;
+        if (ftruncate(fd, (off_t) s->size) < 0)
+                return -errno;
+        /* Read-only handouts reopen the inode: see DESIGN in segment.h. */
+        if (fchmod(fd, 0400) < 0)
+                return -errno;
+        /* Sealed before anything is mapped or shared: the size is final from here on. Shared
+         * writable mappings stay allowed (no F_SEAL_WRITE), for the fill and writable
+         * handouts. hugetlb memfds take the same seals (Linux 4.16+). */
+        if (fcntl(fd, F_ADD_SEALS, SHARD_SEGMENT_SEALS | F_SEAL_SEAL) < 0)
+                return -errno;
+        p = mmap(NULL, (size_t) s->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        /* shmem THP in advise mode: the fill's first touch then allocates huge folios, which
+         * clients that ask the same (libfamilyd's populate) map with huge entries too. */
+        if (!huge && huge_pages_shmem_advise())
+                (void) madvise(p, (size_t) s->size, MADV_HUGEPAGE);
+        s->fd = TAKE_FD(fd);
+        s->mapping = p;
+        s->sealed = true;
+        s->huge_page_size = huge ? huge_page_size_of(s->fd) : 0;
+        return 0;
+}
+
+/* Makes s's memfd on huge pages when the mode and the host allow: 0 when it did, 1 when s is
+ * to go on normal pages (auto's fallback is logged), -ENOMEM under require without pages. */
+static int segment_memfd_huge(ShardSegment *s, const char *name, uint64_t size) {
+        HugePagesMode mode = huge_pages_mode();
+        HugePagesHost h = {};
+        char why[160];
+        int r;
+
+        if (mode == HUGE_PAGES_NEVER)
+                return 1;
+        (void) huge_pages_host(&h);
+        if (h.page_size == 0 || h.total == 0) {
+                if (mode == HUGE_PAGES_REQUIRE)
+                        return -ENOMEM;
+                huge_pages_log_fallback(size, "the host has no huge pages reserved "
+                                              "(vm.nr_hugepages is 0)");
+                return 1;
+        }
+        if (size > UINT64_MAX - h.page_size)
+                return -EINVAL;
+        s->size = (size + h.page_size - 1) / h.page_size * h.page_size;
+        if (s->size > (uint64_t) INT64_MAX)
+                return -EINVAL;
+        r = segment_memfd(s, name, true);
+        if (r >= 0)
+                return 0;
+        s->size = size;
+        if (mode == HUGE_PAGES_REQUIRE)
+                return r == -ENOMEM || r == -ENOSPC ? -ENOMEM : r;
+        (void) snprintf(why, sizeof why,
+                        "its %" PRIu64 " huge pages of %" PRIu64 " kB could not be reserved "
+                        "(%" PRIu64 " of %" PRIu64 " free): %s",
+                        (size + h.page_size - 1) / h.page_size, h.page_size / 1024, h.available,
+                        h.total, strerror(-r));
+        huge_pages_log_fallback(size, why);
+        return 1;
 }
 
 int shard_segment_new_host(const char *name, uint64_t size, int device, ShardSegment **ret) {
         _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL;
+        int r;
 
         if (size == 0 || size > (uint64_t) SIZE_MAX || size > (uint64_t) INT64_MAX)
                 return -EINVAL;
@@ -50,24 +141,13 @@ int shard_segment_new_host(const char *name, uint64_t size, int device, ShardSeg
         s->size = size;
         s->device = device;
 
-        s->fd = memfd_new(isempty(name) ? "familyd-shard" : name);
-        if (s->fd < 0)
-                return s->fd;
-        if (ftruncate(s->fd, (off_t) size) < 0)
-                return -errno;
-        /* Read-only handouts reopen the inode: see DESIGN in segment.h. */
-        if (fchmod(s->fd, 0400) < 0)
-                return -errno;
-        /* Sealed before anything is mapped or shared: the size is final from here on. Shared
-         * writable mappings stay allowed (no F_SEAL_WRITE), for the fill and writable handouts. */
-        if (fcntl(s->fd, F_ADD_SEALS, SHARD_SEGMENT_SEALS | F_SEAL_SEAL) < 0)
-                return -errno;
-        s->sealed = true;
-
-        void *p = mmap(NULL, (size_t) size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
-        if (p == MAP_FAILED)
-                return -errno;
-        s->mapping = p;
+        if (isempty(name))
+                name = "familyd-shard";
+        r = segment_memfd_huge(s, name, size);
+        if (r > 0)
+                r = segment_memfd(s, name, false);
+        if (r < 0)
+                return r;
 
         *ret = TAKE_PTR(s);
         return 0;
@@ -140,6 +220,7 @@ int shard_segment_adopt(int fd, int device, ShardSegment **ret) {
         s->size = (uint64_t) st.st_size;
         s->device = device;
         s->sealed = seals >= 0 && (seals & SHARD_SEGMENT_SEALS) == SHARD_SEGMENT_SEALS;
+        s->huge_page_size = huge_page_size_of(fd);
         *ret = s;
         return 0;
 }
@@ -213,6 +294,20 @@ int shard_segment_device(const ShardSegment *s) {
 
 int shard_segment_fd(const ShardSegment *s) {
         return s->fd;
+}
+
+uint64_t shard_segment_huge_page_size(const ShardSegment *s) {
+        return s->huge_page_size;
+}
+
+bool shard_segment_fits(const ShardSegment *s, uint64_t bytes) {
+        uint64_t page = s->huge_page_size;
+
+        if (s->size == bytes)
+                return true;
+        /* A hugetlb segment is its bytes rounded up to whole pages, no more. */
+        return page > 0 && bytes > 0 && bytes <= s->size && s->size - bytes < page &&
+               s->size % page == 0;
 }
 
 bool shard_segment_is_sealed(const ShardSegment *s) {

@@ -18,6 +18,16 @@
  * still can: the mode is all that guards that, no seal does, since writable handouts of the
  * same memfd must keep working).
  *
+ * Huge pages (huge-pages.h, --huge-pages): a host segment is a hugetlb memfd when the mode and
+ * the host allow, its size rounded up to the huge page size (shard_segment_size() is the
+ * rounded size, the handout's size too: a hugetlb mapping is unmapped whole pages only). The
+ * daemon's mapping reserves its pages, so neither the fill nor a client can fault for want of
+ * one. hugetlb memfds take the same seals as normal ones (measured on Linux 6.18: SHRINK, GROW,
+ * WRITE, FUTURE_WRITE, SEAL all accepted), reopen O_RDONLY the same way, and the fd store
+ * keeps them like any memfd. Otherwise a normal memfd, advised MADV_HUGEPAGE when shmem
+ * transparent huge pages are in advise mode. Segments under --state-dir are tmpfs files:
+ * normal pages always (the tmpfs mount's own huge= option decides there).
+ *
  * A device segment (a GPU allocation, shard/backend-cuda.c) is an exported descriptor of the
  * allocation plus the backend's handle, released through the backend when the last reference
  * goes. Such descriptors cannot be sealed and carry no access mode: any process that imports
@@ -48,9 +58,11 @@ typedef struct ShardSegmentDeviceOps {
 typedef struct ShardSegment ShardSegment;
 
 /*
- * A host segment of size bytes (> 0, else -EINVAL), mapped read-write for the daemon, zeroed.
- * name shows in /proc/PID/fd and maps (memfd:NAME); at most 249 bytes. device is the local
- * device index the shard belongs to.
+ * A host segment of size bytes (> 0, else -EINVAL), mapped read-write for the daemon, zeroed;
+ * on huge pages when --huge-pages allows (DESIGN: its size is then rounded up), else on normal
+ * pages. -ENOMEM under --huge-pages require when its huge pages cannot be reserved. name shows
+ * in /proc/PID/fd and maps (memfd:NAME); at most 249 bytes. device is the local device index
+ * the shard belongs to.
  */
 int shard_segment_new_host(const char *name, uint64_t size, int device, ShardSegment **ret);
 
@@ -99,6 +111,11 @@ int shard_segment_device(const ShardSegment *s);
 /* The segment's own descriptor (O_RDWR; a device segment's exported one), still owned by the
  * segment: for the fd store, which takes host segments only. */
 int shard_segment_fd(const ShardSegment *s);
+/* A hugetlb segment's page size (made here, or adopted: a hugetlbfs file); 0 on normal pages. */
+uint64_t shard_segment_huge_page_size(const ShardSegment *s);
+/* Whether s holds a rank of bytes bytes: its size is bytes, or, on huge pages, bytes rounded up
+ * to whole pages (what a restart finds in the fd store for a rank made on huge pages). */
+bool shard_segment_fits(const ShardSegment *s, uint64_t bytes);
 /* True when sealed against shrinking and growing (always, for a host segment made here; never
  * for a device segment). */
 bool shard_segment_is_sealed(const ShardSegment *s);

@@ -15,9 +15,13 @@
  *              recvmsg the reply with its descriptor (SCM_RIGHTS), mmap it PROT_READ/MAP_SHARED.
  *              Timed from the connect to mmap's return. A cold trainer: a fresh connection and
  *              fresh mapping every time, so every page of the read below faults in anew.
- *   map+read   the same, then a sum of every float32 of the mapping, checked against n.
- *   read floor the same sum over resident memory already mapped (the baseline's payload): what
- *              the read costs without page faults, for reading the table.
+ *   map+read   the same, then a sum of every float32 of the mapping, checked against n: a
+ *              lazy mapping, every page faulted by the read.
+ *   map+populate+read  the same with the mapping populated first as libfamilyd and the Python
+ *              client do by default (MADV_POPULATE_READ on up to 4 threads): what a trainer
+ *              gets now. grpc/(map+read) and the floor goal use this one.
+ *   read floor the same sum again over the populated mapping just read, every page resident
+ *              in it: what the read costs without page faults, on the same pages (huge or not).
  *   grpc       a unary call to a gRPC core server in this process (its own completion-queue
  *              thread, its own Unix socket, max message lengths raised on both ends) whose reply
  *              is size bytes of 1.0f: a preallocated, pre-faulted payload referenced, not
@@ -33,8 +37,15 @@
  * double: exact for ones, and memory-bound. From 8 MiB up it runs on every online CPU
  * (--read-threads), as a trainer's tensor library would read, on all three paths alike.
  *
- * Goals: map time flat in the size (map at the largest size / map at the smallest <= 2) and
- * grpc / (map+read) >= 10 at the largest size. --check-goals: exit 1 when one is missed.
+ * A shard on huge pages (the daemon's --huge-pages, run-handout-bench.sh --huge-pages) has a
+ * descriptor of its bytes rounded up to whole 2 MiB pages: it is mapped and unmapped at that
+ * size (RankShard.allocation_bytes), and the "huge" column says which kind each size got.
+ *
+ * Goals: map time flat in the size (map at the largest size / map at the smallest <= 2),
+ * grpc / (map+populate+read) >= 10 and (map+populate+read) / read floor <= 2.5 at the largest
+ * size (--goal-ratio, --goal-floor; the huge-page goals are 20 and 1.3). --fill-compare: a
+ * fresh fill on huge pages against normal pages (--goal-fill, 1.5). --check-goals: exit 1 when
+ * one is missed.
  */
 
 #include <errno.h>
@@ -48,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -92,6 +104,9 @@ typedef struct Options {
         unsigned map_rounds;
         double goal_flat;
         double goal_ratio;
+        double goal_floor; /* (map+populate+read) / read floor at the largest size, at most */
+        double goal_fill;  /* --fill-compare: normal-page Build / huge-page Build, at least */
+        uint64_t fill_compare_mib;
         bool check_goals;
         bool probe;
         bool populate;
@@ -109,13 +124,17 @@ static Options opt = {
         .map_rounds = 20,
         .goal_flat = 2.0,
         .goal_ratio = 10.0,
+        .goal_floor = 2.5,
+        .goal_fill = 1.5,
         .call_timeout_ms = 120000,
 };
 
 typedef struct Result {
         uint64_t size;
         double map_us;       /* median */
-        double map_read_ms;  /* median */
+        double map_read_ms;  /* median: lazy mapping, every page faulted by the read */
+        double map_pop_read_ms; /* median: populated mapping (libfamilyd's default), then read */
+        bool huge;           /* the shard is on huge pages (its descriptor's st_blksize) */
         double grpc_recv_ms; /* median */
         double grpc_ms;      /* median */
         double floor_ms;     /* median: the sum alone, over resident memory */
@@ -433,6 +452,8 @@ typedef struct Built {
         char *token;
         char *shard_socket;
         uint64_t size_bytes;
+        uint64_t alloc_bytes; /* the descriptor's: on huge pages, rounded up to whole pages */
+        uint64_t build_ns;    /* the Build call, its fill of fresh pages included */
 } Built;
 
 static void built_done(Built *b) {
@@ -442,7 +463,7 @@ static void built_done(Built *b) {
         memset(b, 0, sizeof(*b));
 }
 
-static int familyd_build(Familyd *f, uint64_t n_floats, Built *ret) {
+static int familyd_build(Familyd *f, uint64_t n_floats, bool private_build, Built *ret) {
         Familyd__V1__BuildRequest req = FAMILYD__V1__BUILD_REQUEST__INIT;
         Familyd__V1__Config config = FAMILYD__V1__CONFIG__INIT;
         Familyd__V1__Config__FieldsEntry entry = FAMILYD__V1__CONFIG__FIELDS_ENTRY__INIT;
@@ -467,6 +488,8 @@ static int familyd_build(Familyd *f, uint64_t n_floats, Built *ret) {
         req.family = (char *) opt.family;
         req.config = &config;
         req.materialize = &mat;
+        /* --fill-compare builds the same request twice: the second must fill, not share. */
+        req.private_build = private_build;
 
         len = familyd__v1__build_request__get_packed_size(&req);
         buf = malloc(len + 1);
@@ -509,6 +532,7 @@ static int familyd_build(Familyd *f, uint64_t n_floats, Built *ret) {
         ret->token = strdup(shard->token);
         ret->shard_socket = strdup(resp->build->shard_socket);
         ret->size_bytes = shard->size_bytes;
+        ret->alloc_bytes = shard->allocation_bytes ? shard->allocation_bytes : shard->size_bytes;
         if (!ret->build_id || !ret->token || !ret->shard_socket) {
                 built_done(ret);
                 r = -ENOMEM;
@@ -665,28 +689,87 @@ finish:
         return r;
 }
 
-/* The timed handout: fetch + mmap in *ret_map_ns; with read, the sum too, in *ret_read_ns. */
-static int handout_once(const Built *b, bool read, uint64_t *ret_map_ns, uint64_t *ret_total_ns) {
+/*
+ * Populating a mapping as libfamilyd does (familyd_shard_populate(), client/shard.c): the
+ * mapping's page tables filled up front by MADV_POPULATE_READ on up to 4 threads of at least
+ * 64 MiB each, in whole 2 MiB pieces. The bench does not link libfamilyd: the same few lines.
+ */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#define POPULATE_MAX_THREADS 4
+#define POPULATE_BYTES_PER_THREAD (64u << 20)
+
+typedef struct PopulateJob {
+        unsigned char *p;
+        size_t len;
+        int r;
+        pthread_t thread;
+} PopulateJob;
+
+static void *populate_job_run(void *userdata) {
+        PopulateJob *j = userdata;
+        j->r = j->len == 0 || madvise(j->p, j->len, MADV_POPULATE_READ) == 0 ? 0 : -errno;
+        return NULL;
+}
+
+static int populate(void *p, size_t len) {
+        PopulateJob jobs[POPULATE_MAX_THREADS] = {};
+        size_t n = len / POPULATE_BYTES_PER_THREAD, per;
+        int r = 0;
+
+        n = n < 1 ? 1 : n > POPULATE_MAX_THREADS ? POPULATE_MAX_THREADS : n;
+        if (n > read_threads())
+                n = read_threads();
+        per = (len / n + (2u << 20) - 1) & ~(size_t) ((2u << 20) - 1);
+        for (size_t i = 0; i < n; i++) {
+                size_t off = i * per < len ? i * per : len;
+                jobs[i].p = (unsigned char *) p + off;
+                jobs[i].len = len - off < per ? len - off : per;
+                if (i > 0 && pthread_create(&jobs[i].thread, NULL, populate_job_run, &jobs[i]) != 0)
+                        populate_job_run(&jobs[i]), jobs[i].thread = 0;
+        }
+        populate_job_run(&jobs[0]);
+        for (size_t i = 0; i < n; i++) {
+                if (i > 0 && jobs[i].thread)
+                        pthread_join(jobs[i].thread, NULL);
+                if (jobs[i].r < 0 && r == 0)
+                        r = jobs[i].r;
+        }
+        return r;
+}
+
+/* The timed handout: fetch + mmap (+ populate) in *ret_map_ns; with read, the sum too, in
+ * *ret_total_ns. The mapping is the descriptor's size (a hugetlb one unmaps whole pages). */
+static int handout_once(const Built *b, bool read, bool pop, uint64_t *ret_map_ns,
+                        uint64_t *ret_total_ns, uint64_t *ret_floor_ns) {
         uint64_t t0, t1, t2;
         void *p;
         int fd, r;
 
         t0 = now_ns();
-        r = shard_fetch(b->shard_socket, b->token, b->size_bytes, &fd);
+        r = shard_fetch(b->shard_socket, b->token, b->alloc_bytes, &fd);
         if (r < 0)
                 return r;
-        p = mmap(NULL, b->size_bytes, PROT_READ, MAP_SHARED | (opt.populate ? MAP_POPULATE : 0), fd, 0);
+        p = mmap(NULL, b->alloc_bytes, PROT_READ, MAP_SHARED | (opt.populate ? MAP_POPULATE : 0), fd, 0);
+        if (p != MAP_FAILED && pop) {
+                /* As libfamilyd: shmem THP (advise) folios map huge where the mapping asks. */
+                (void) madvise(p, b->alloc_bytes, MADV_HUGEPAGE);
+                r = populate(p, b->alloc_bytes);
+                if (r < 0)
+                        snprintf(last_error, sizeof(last_error), "populate: %s", strerror(-r));
+        }
         t1 = now_ns();
         if (p == MAP_FAILED) {
                 r = -errno;
-                snprintf(last_error, sizeof(last_error), "mmap of %" PRIu64 " bytes: %s", b->size_bytes,
+                snprintf(last_error, sizeof(last_error), "mmap of %" PRIu64 " bytes: %s", b->alloc_bytes,
                          strerror(-r));
                 close(fd);
                 return r;
         }
         close(fd);
         *ret_map_ns = t1 - t0;
-        if (read) {
+        if (read && r >= 0) {
                 Piece whole = { .p = p, .len = b->size_bytes };
                 bool ok;
                 double s = parallel_sum(&whole, 1, b->size_bytes, &ok);
@@ -698,8 +781,14 @@ static int handout_once(const Built *b, bool read, uint64_t *ret_map_ns, uint64_
                                  b->size_bytes / sizeof(float));
                         r = -EBADMSG;
                 }
+                /* The floor: the same read again, every page resident in this mapping. */
+                if (ret_floor_ns && r >= 0) {
+                        t2 = now_ns();
+                        (void) parallel_sum(&whole, 1, b->size_bytes, &ok);
+                        *ret_floor_ns = now_ns() - t2;
+                }
         }
-        munmap(p, b->size_bytes);
+        munmap(p, b->alloc_bytes);
         return r;
 }
 
@@ -993,28 +1082,77 @@ static int grpc_once(grpc_channel *ch, grpc_completion_queue *cq, uint64_t size,
  * size alike. The read rounds (map+read, then gRPC, in turn) go size by size. All builds are
  * released at the end, even after a failure.
  */
+/* One size's read rounds: map+read lazy, map+read populated, gRPC, the floor, in turn. */
+static int measure_reads(const Built *b, grpc_channel *blob_ch, grpc_completion_queue *blob_cq,
+                         const BlobServer *blob, uint64_t *map_ns, Result *res) {
+        uint64_t *lazy_ns, *pop_ns, *recv_ns, *grpc_ns, *floor_ns, scratch;
+        int r = 0;
+
+        lazy_ns = calloc(opt.rounds, sizeof(uint64_t));
+        pop_ns = calloc(opt.rounds, sizeof(uint64_t));
+        recv_ns = calloc(opt.rounds, sizeof(uint64_t));
+        grpc_ns = calloc(opt.rounds, sizeof(uint64_t));
+        floor_ns = calloc(opt.rounds, sizeof(uint64_t));
+        if (!lazy_ns || !pop_ns || !recv_ns || !grpc_ns || !floor_ns)
+                r = -ENOMEM;
+        for (unsigned k = 0; r >= 0 && k < opt.rounds; k++) {
+                r = handout_once(b, true, false, &map_ns[k], &lazy_ns[k], NULL);
+                if (r >= 0)
+                        r = handout_once(b, true, true, &scratch, &pop_ns[k], &floor_ns[k]);
+                if (r >= 0)
+                        r = grpc_once(blob_ch, blob_cq, res->size, &recv_ns[k], &grpc_ns[k]);
+        }
+        if (r >= 0) {
+                res->map_read_ms = median_ns(lazy_ns, opt.rounds) / 1e6;
+                res->map_pop_read_ms = median_ns(pop_ns, opt.rounds) / 1e6;
+                res->grpc_recv_ms = median_ns(recv_ns, opt.rounds) / 1e6;
+                res->grpc_ms = median_ns(grpc_ns, opt.rounds) / 1e6;
+                res->floor_ms = median_ns(floor_ns, opt.rounds) / 1e6;
+        }
+        free(lazy_ns);
+        free(pop_ns);
+        free(recv_ns);
+        free(grpc_ns);
+        free(floor_ns);
+        return r;
+}
+
+/* Whether b's descriptor is a hugetlb file (its block size is the huge page size). */
+static bool built_on_huge_pages(const Built *b) {
+        struct stat st;
+        int fd;
+
+        if (shard_fetch(b->shard_socket, b->token, b->alloc_bytes, &fd) < 0)
+                return false;
+        bool huge = fstat(fd, &st) == 0 && st.st_blksize > 4096;
+        close(fd);
+        return huge;
+}
+
+/*
+ * Every size is built first (untimed) and held, so that the map-only rounds can rotate over the
+ * sizes: the map column is microseconds of IPC, and a noisy machine's drift then falls on every
+ * size alike. The read rounds go size by size. All builds are released at the end, even after
+ * a failure.
+ */
 static int measure_all(Familyd *f, grpc_channel *blob_ch, grpc_completion_queue *blob_cq, const BlobServer *blob,
                        Result *res) {
         size_t n = opt.n_sizes, per_map = opt.rounds + opt.map_rounds;
-        uint64_t *map_ns, *map_read_ns, *recv_ns, *grpc_ns, *floor_ns, scratch;
+        uint64_t *map_ns, scratch;
         Built built[MAX_SIZES] = {};
         int r = 0;
 
         map_ns = calloc(n * per_map, sizeof(uint64_t));
-        map_read_ns = calloc(opt.rounds, sizeof(uint64_t));
-        recv_ns = calloc(opt.rounds, sizeof(uint64_t));
-        grpc_ns = calloc(opt.rounds, sizeof(uint64_t));
-        floor_ns = calloc(opt.rounds, sizeof(uint64_t));
-        if (!map_ns || !map_read_ns || !recv_ns || !grpc_ns || !floor_ns) {
-                r = -ENOMEM;
-                goto finish;
-        }
+        if (!map_ns)
+                return -ENOMEM;
 
         for (size_t i = 0; r >= 0 && i < n; i++) {
                 res[i].size = opt.sizes_mib[i] * MIB;
-                r = familyd_build(f, res[i].size / sizeof(float), &built[i]);
+                r = familyd_build(f, res[i].size / sizeof(float), false, &built[i]);
                 if (r < 0)
                         fprintf(stderr, "handout-bench: Build of %" PRIu64 " MiB failed\n", opt.sizes_mib[i]);
+                else
+                        res[i].huge = built_on_huge_pages(&built[i]);
         }
         if (r < 0)
                 goto finish;
@@ -1022,47 +1160,26 @@ static int measure_all(Familyd *f, grpc_channel *blob_ch, grpc_completion_queue 
         /* Untimed warm-up of both paths (the shard socket, its thread, the gRPC channel). */
         for (size_t i = 0; r >= 0 && i < n; i++)
                 for (int k = 0; r >= 0 && k < 3; k++)
-                        r = handout_once(&built[i], false, &scratch, &scratch);
+                        r = handout_once(&built[i], false, false, &scratch, &scratch, NULL);
         for (int k = 0; r >= 0 && k < 3; k++)
                 r = grpc_once(blob_ch, blob_cq, MIB, &scratch, &scratch);
 
         for (unsigned k = 0; r >= 0 && k < opt.map_rounds; k++)
                 for (size_t i = 0; r >= 0 && i < n; i++)
-                        r = handout_once(&built[i], false, &map_ns[i * per_map + k], &scratch);
+                        r = handout_once(&built[i], false, false, &map_ns[i * per_map + k], &scratch, NULL);
 
         for (size_t i = 0; r >= 0 && i < n; i++) {
-                for (unsigned k = 0; r >= 0 && k < opt.rounds; k++) {
-                        uint64_t t0;
-                        double s;
-
-                        r = handout_once(&built[i], true, &map_ns[i * per_map + opt.map_rounds + k], &map_read_ns[k]);
-                        if (r < 0)
-                                break;
-                        r = grpc_once(blob_ch, blob_cq, res[i].size, &recv_ns[k], &grpc_ns[k]);
-                        if (r < 0)
-                                break;
-                        /* The floor: the same sum over resident memory (the baseline's payload). */
-                        Piece whole = { .p = blob->data, .len = res[i].size };
-                        bool ok;
-                        t0 = now_ns();
-                        s = parallel_sum(&whole, 1, res[i].size, &ok);
-                        floor_ns[k] = now_ns() - t0;
-                        if (s != (double) (res[i].size / sizeof(float))) {
-                                snprintf(last_error, sizeof(last_error), "payload sum %.1f", s);
-                                r = -EBADMSG;
-                        }
-                }
+                r = measure_reads(&built[i], blob_ch, blob_cq, blob,
+                                  &map_ns[i * per_map + opt.map_rounds], &res[i]);
                 if (r < 0) {
                         fprintf(stderr, "handout-bench: %" PRIu64 " MiB failed\n", opt.sizes_mib[i]);
                         break;
                 }
                 res[i].map_us = median_ns(&map_ns[i * per_map], per_map) / 1e3;
-                res[i].map_read_ms = median_ns(map_read_ns, opt.rounds) / 1e6;
-                res[i].grpc_recv_ms = median_ns(recv_ns, opt.rounds) / 1e6;
-                res[i].grpc_ms = median_ns(grpc_ns, opt.rounds) / 1e6;
-                res[i].floor_ms = median_ns(floor_ns, opt.rounds) / 1e6;
-                printf("%" PRIu64 " MiB: map %.1f us, map+read %.3f ms, read floor %.3f ms, grpc recv %.3f ms, "
-                       "grpc %.3f ms\n", opt.sizes_mib[i], res[i].map_us, res[i].map_read_ms, res[i].floor_ms,
+                printf("%" PRIu64 " MiB%s: map %.1f us, map+read %.3f ms, map+populate+read %.3f ms, "
+                       "read floor %.3f ms, grpc recv %.3f ms, grpc %.3f ms\n",
+                       opt.sizes_mib[i], res[i].huge ? " (huge pages)" : "", res[i].map_us,
+                       res[i].map_read_ms, res[i].map_pop_read_ms, res[i].floor_ms,
                        res[i].grpc_recv_ms, res[i].grpc_ms);
                 fflush(stdout);
         }
@@ -1076,19 +1193,60 @@ finish:
                         built_done(&built[i]);
                 }
         free(map_ns);
-        free(map_read_ns);
-        free(recv_ns);
-        free(grpc_ns);
-        free(floor_ns);
         return r;
+}
+
+/*
+ * --fill-compare MIB: the same Build of MIB twice in a row, both held, each timed (the call,
+ * its fill of fresh pages included). Run with just enough huge pages reserved for one of them
+ * (run-handout-bench.sh --huge-pages), the first goes on huge pages and the second, finding
+ * none free, on normal pages (--huge-pages auto): one daemon, one run. Prints both and the
+ * ratio; with both kinds present, the goal normal/huge >= --goal-fill.
+ */
+static int fill_compare(Familyd *f, bool *ret_met) {
+        Built b[2] = {};
+        bool huge[2] = {};
+        double ms[2] = {};
+        int r = 0;
+
+        for (int k = 0; r >= 0 && k < 2; k++) {
+                uint64_t t0 = now_ns();
+                r = familyd_build(f, opt.fill_compare_mib * MIB / sizeof(float), true, &b[k]);
+                ms[k] = (double) (now_ns() - t0) / 1e6;
+                if (r >= 0)
+                        huge[k] = built_on_huge_pages(&b[k]);
+        }
+        for (int k = 0; k < 2; k++)
+                if (b[k].build_id) {
+                        int q = familyd_release(f, b[k].build_id);
+                        if (q < 0 && r >= 0)
+                                r = q;
+                        built_done(&b[k]);
+                }
+        if (r < 0)
+                return r;
+        for (int k = 0; k < 2; k++)
+                printf("fill %" PRIu64 " MiB fresh (Build) #%d on %s pages: %.1f ms, %.2f GB/s\n",
+                       opt.fill_compare_mib, k + 1, huge[k] ? "huge" : "normal", ms[k],
+                       (double) opt.fill_compare_mib * MIB / (ms[k] * 1e6));
+        if (huge[0] == huge[1]) {
+                printf("fill compare: both Builds on %s pages (reserve huge pages for exactly one)\n",
+                       huge[0] ? "huge" : "normal");
+                return 0;
+        }
+        double ratio = huge[0] ? ms[1] / ms[0] : ms[0] / ms[1];
+        *ret_met = ratio >= opt.goal_fill;
+        printf("goal fill normal/huge @%" PRIu64 "MiB >= %.2f: %.3f %s\n", opt.fill_compare_mib,
+               opt.goal_fill, ratio, *ret_met ? "met" : "NOT MET");
+        return 0;
 }
 
 /* ---- output ------------------------------------------------------------------------------- */
 
 static bool print_report(const Result *res, size_t n) {
         const Result *small = &res[0], *large = &res[0];
-        double flat, ratio;
-        bool ok_flat, ok_ratio;
+        double flat, ratio, floor_ratio;
+        bool ok_flat, ok_ratio, ok_floor;
 
         for (size_t i = 0; i < n; i++) {
                 if (res[i].size < small->size)
@@ -1097,30 +1255,41 @@ static bool print_report(const Result *res, size_t n) {
                         large = &res[i];
         }
 
-        printf("\n%9s %10s %13s %14s %13s %10s %11s\n", "size_mib", "map_us", "map+read_ms", "read_floor_ms",
-               "grpc_recv_ms", "grpc_ms", "grpc/(m+r)");
+        printf("\n%9s %5s %10s %13s %13s %14s %13s %10s %11s\n", "size_mib", "huge", "map_us",
+               "map+read_ms", "m+pop+r_ms", "read_floor_ms", "grpc_recv_ms", "grpc_ms", "grpc/(m+r)");
         for (size_t i = 0; i < n; i++)
-                printf("%9" PRIu64 " %10.1f %13.3f %14.3f %13.3f %10.3f %11.2f\n", res[i].size / MIB, res[i].map_us,
-                       res[i].map_read_ms, res[i].floor_ms, res[i].grpc_recv_ms, res[i].grpc_ms,
-                       res[i].grpc_ms / res[i].map_read_ms);
+                printf("%9" PRIu64 " %5s %10.1f %13.3f %13.3f %14.3f %13.3f %10.3f %11.2f\n",
+                       res[i].size / MIB, res[i].huge ? "yes" : "no", res[i].map_us,
+                       res[i].map_read_ms, res[i].map_pop_read_ms, res[i].floor_ms,
+                       res[i].grpc_recv_ms, res[i].grpc_ms, res[i].grpc_ms / res[i].map_pop_read_ms);
         printf("\n");
+        /* map+read here is the populated path: what libfamilyd and the Python client do. */
         for (size_t i = 0; i < n; i++)
                 printf("ratio grpc/(map+read) @%" PRIu64 "MiB %.3f recv/(map+read) %.3f read GB/s map %.2f grpc %.2f\n",
-                       res[i].size / MIB, res[i].grpc_ms / res[i].map_read_ms,
-                       res[i].grpc_recv_ms / res[i].map_read_ms, (double) res[i].size / (res[i].map_read_ms * 1e6),
+                       res[i].size / MIB, res[i].grpc_ms / res[i].map_pop_read_ms,
+                       res[i].grpc_recv_ms / res[i].map_pop_read_ms,
+                       (double) res[i].size / (res[i].map_pop_read_ms * 1e6),
                        (double) res[i].size / (res[i].grpc_ms * 1e6));
+        for (size_t i = 0; i < n; i++)
+                printf("ratio over the read floor @%" PRIu64 "MiB (%s pages) lazy %.3f populated %.3f\n",
+                       res[i].size / MIB, res[i].huge ? "huge" : "4 KiB",
+                       res[i].map_read_ms / res[i].floor_ms, res[i].map_pop_read_ms / res[i].floor_ms);
 
         flat = large->map_us / small->map_us;
-        ratio = large->grpc_ms / large->map_read_ms;
+        ratio = large->grpc_ms / large->map_pop_read_ms;
+        floor_ratio = large->map_pop_read_ms / large->floor_ms;
         ok_flat = flat <= opt.goal_flat;
         ok_ratio = ratio >= opt.goal_ratio;
+        ok_floor = floor_ratio <= opt.goal_floor;
         printf("\ngoals:\n");
         printf("goal map flat map@%" PRIu64 "MiB/map@%" PRIu64 "MiB <= %.2f: %.3f %s\n", large->size / MIB,
                small->size / MIB, opt.goal_flat, flat, ok_flat ? "met" : "NOT MET");
         printf("goal grpc/(map+read) @%" PRIu64 "MiB >= %.2f: %.3f %s\n", large->size / MIB, opt.goal_ratio,
                ratio, ok_ratio ? "met" : "NOT MET");
-        printf("goals %s\n", ok_flat && ok_ratio ? "met" : "NOT MET");
-        return ok_flat && ok_ratio;
+        printf("goal (map+populate+read)/floor @%" PRIu64 "MiB <= %.2f: %.3f %s\n", large->size / MIB,
+               opt.goal_floor, floor_ratio, ok_floor ? "met" : "NOT MET");
+        printf("goals %s\n", ok_flat && ok_ratio && ok_floor ? "met" : "NOT MET");
+        return ok_flat && ok_ratio && ok_floor;
 }
 
 /* ---- main --------------------------------------------------------------------------------- */
@@ -1142,7 +1311,12 @@ static void usage(FILE *out) {
                 "  --field NAME        the int config field that is its length (default n)\n"
                 "  --quick             --sizes 1,16 --rounds 3 --map-rounds 10\n"
                 "  --goal-flat X       goal: map at the largest / map at the smallest <= X (default 2)\n"
-                "  --goal-ratio X      goal: grpc / (map+read) at the largest >= X (default 10)\n"
+                "  --goal-ratio X      goal: grpc / (map+populate+read) at the largest >= X (default 10)\n"
+                "  --goal-floor X      goal: (map+populate+read) / read floor at the largest <= X\n"
+                "                      (default 2.5)\n"
+                "  --fill-compare MIB  first, Build MIB twice, both held, and time each: with huge\n"
+                "                      pages reserved for one only, huge against normal pages\n"
+                "  --goal-fill X       goal: normal-page / huge-page Build time >= X (default 1.5)\n"
                 "  --populate          mmap with MAP_POPULATE: the page faults move into \"map\"\n"
                 "                      (what a trainer could do; map is then not flat by design)\n"
                 "  --read-threads N    threads of the full read, on both paths alike (default:\n"
@@ -1189,7 +1363,8 @@ static int parse_sizes(const char *s) {
 static int parse_args(int argc, char **argv) {
         enum {
                 ARG_SOCKET = 0x100, ARG_SIZES, ARG_ROUNDS, ARG_MAP_ROUNDS, ARG_FAMILY, ARG_PARAMETER,
-                ARG_FIELD, ARG_QUICK, ARG_GOAL_FLAT, ARG_GOAL_RATIO, ARG_CHECK, ARG_PROBE, ARG_POPULATE, ARG_READ_THREADS, ARG_HELP,
+                ARG_FIELD, ARG_QUICK, ARG_GOAL_FLAT, ARG_GOAL_RATIO, ARG_CHECK, ARG_PROBE, ARG_POPULATE, ARG_READ_THREADS,
+                ARG_GOAL_FLOOR, ARG_FILL_COMPARE, ARG_GOAL_FILL, ARG_HELP,
         };
         static const struct option options[] = {
                 { "socket", required_argument, NULL, ARG_SOCKET },
@@ -1206,6 +1381,9 @@ static int parse_args(int argc, char **argv) {
                 { "probe", no_argument, NULL, ARG_PROBE },
                 { "populate", no_argument, NULL, ARG_POPULATE },
                 { "read-threads", required_argument, NULL, ARG_READ_THREADS },
+                { "goal-floor", required_argument, NULL, ARG_GOAL_FLOOR },
+                { "fill-compare", required_argument, NULL, ARG_FILL_COMPARE },
+                { "goal-fill", required_argument, NULL, ARG_GOAL_FILL },
                 { "help", no_argument, NULL, ARG_HELP },
                 {}
         };
@@ -1254,6 +1432,19 @@ static int parse_args(int argc, char **argv) {
                 case ARG_GOAL_RATIO:
                         if (parse_double(optarg, &opt.goal_ratio) < 0)
                                 goto bad;
+                        break;
+                case ARG_GOAL_FLOOR:
+                        if (parse_double(optarg, &opt.goal_floor) < 0)
+                                goto bad;
+                        break;
+                case ARG_GOAL_FILL:
+                        if (parse_double(optarg, &opt.goal_fill) < 0)
+                                goto bad;
+                        break;
+                case ARG_FILL_COMPARE:
+                        if (parse_u64(optarg, &v) < 0 || v == 0 || v >= 4096)
+                                goto bad;
+                        opt.fill_compare_mib = v;
                         break;
                 case ARG_CHECK:
                         opt.check_goals = true;
@@ -1347,12 +1538,19 @@ int main(int argc, char **argv) {
         blob_ch = channel_new(blob.path, true);
         blob_cq = grpc_completion_queue_create_for_pluck(NULL);
 
+        if (opt.fill_compare_mib > 0) {
+                r = fill_compare(&f, &met);
+                if (r < 0) {
+                        fprintf(stderr, "handout-bench: fill compare: %s\n", last_error[0] ? last_error : strerror(-r));
+                        goto finish;
+                }
+        }
         r = measure_all(&f, blob_ch, blob_cq, &blob, results);
         if (r < 0) {
                 fprintf(stderr, "handout-bench: %s\n", last_error[0] ? last_error : strerror(-r));
                 goto finish;
         }
-        met = print_report(results, opt.n_sizes);
+        met = print_report(results, opt.n_sizes) && met;
 
 finish:
         if (blob_ch)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # run-handout-bench.sh: start familyd with a one-parameter registry and run handout-bench.
 #
-#   tests/bench/run-handout-bench.sh [--smoke] [BUILD_DIR] [-- BENCH_ARGS...]
+#   tests/bench/run-handout-bench.sh [--smoke] [--huge-pages[=N]] [BUILD_DIR] [-- BENCH_ARGS...]
 #
 # BUILD_DIR (default: build-bench under the source root) is configured as a release build
 # without sanitizers and built when it does not exist yet. FAMILYD_BIN and
@@ -14,6 +14,13 @@
 # baseline server's payload and the gRPC client's copy are each 1 GiB) it drops 1024 MiB and
 # says so. --smoke: --quick (1 and 16 MiB) and a check that the table and goals are printed; the
 # goals are not enforced. Add `-- --check-goals` to fail when a goal is missed.
+#
+# --huge-pages (root): reserves N 2 MiB huge pages (vm.nr_hugepages) for the run and puts the
+# old value back at exit, so the daemon (--huge-pages auto) makes the shards on huge pages. N
+# defaults to the pages the sizes' shards take (545 for 1, 64 and 1024 MiB): with
+# `-- --fill-compare 1024`, the first of its two Builds then finds huge pages and the second
+# none, which compares a fresh fill on both kinds in one run. Without --huge-pages the run
+# takes the host as it is (on a host without reserved pages: 4 KiB pages).
 
 set -euo pipefail
 
@@ -22,7 +29,20 @@ root=${FAMILYD_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
 
 me=run-handout-bench.sh
 . "$here/bench-daemon.sh"
-bench_parse_args 16 "$@"
+
+# --huge-pages[=N] is this runner's own; the rest is the runners' common command line.
+huge_pages=""
+args=()
+for a in "$@"; do
+        case "$a" in
+        --) args+=("$a"); shift; args+=("$@"); break ;;
+        --huge-pages) huge_pages=auto ;;
+        --huge-pages=*) huge_pages=${a#--huge-pages=} ;;
+        *) args+=("$a") ;;
+        esac
+        shift
+done
+bench_parse_args 23 "${args[@]}"
 
 familyd=${FAMILYD_BIN:-}
 bench=${FAMILYD_HANDOUT_BENCH:-}
@@ -42,6 +62,29 @@ else
 fi
 
 bench_tmp handout
+
+nr_hugepages=/proc/sys/vm/nr_hugepages
+hugepages_saved=""
+handout_cleanup() {
+        bench_cleanup
+        if [ -n "$hugepages_saved" ]; then
+                echo "$hugepages_saved" >"$nr_hugepages" || true
+        fi
+}
+if [ -n "$huge_pages" ]; then
+        if [ "$huge_pages" = auto ]; then
+                # The shards of the sizes run, each rounded up to whole 2 MiB pages.
+                if [ "$smoke" = 1 ]; then huge_pages=9
+                elif [ "${sizes_args[*]}" = "--sizes 1,64" ]; then huge_pages=33
+                else huge_pages=545
+                fi
+        fi
+        hugepages_saved=$(cat "$nr_hugepages")
+        trap handout_cleanup EXIT
+        echo "$huge_pages" >"$nr_hugepages"
+        got=$(awk '/^HugePages_Free:/ { print $2 }' /proc/meminfo)
+        echo "run-handout-bench.sh: vm.nr_hugepages $huge_pages for this run ($got free; was $hugepages_saved)"
+fi
 
 mkdir "$tmp/registry"
 cat >"$tmp/registry/blob.yaml" <<'EOF'

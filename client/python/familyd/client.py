@@ -153,12 +153,13 @@ class Build:
     """
 
     def __init__(self, client: "Client", message: Message, mode: str = "read-only",
-                 map_shards: bool = True) -> None:
+                 map_shards: bool = True, lazy: bool = False) -> None:
         self.client = client
         self.message = message
         self.id = message.build_id
         self.shard_socket = message.shard_socket or client.default_shard_socket()
         self.mode = _shard.check_mode(mode)
+        self.lazy = lazy      # host shards mapped without populating (shard.ShardHandle.map)
         self.writable = mode == "shared"
         self.shared = False   # Build answered a live build (BuildResponse.shared)
         self.layout: Dict[str, Message] = {}
@@ -193,7 +194,7 @@ class Build:
                         continue
                     import numpy as np   # host ranks only: GPU ranks need no numpy
 
-                    mm = h.map(self.mode)
+                    mm = h.map(self.mode, lazy=self.lazy)
                     dtypes = {sl.parameter: self.dtype_of(sl.parameter) for sl in s.slices}
                     rt = RankTensors(s.rank, mm, h.size, list(s.slices), dtypes, h.device_kind,
                                      h.device, self.mode)
@@ -549,7 +550,8 @@ class Client:
               parameter_dtypes: Optional[Mapping[str, str]] = None,
               private_build: bool = False,
               source_config: Optional[Values] = None,
-              share: Optional[str] = None, progress_tag: Optional[str] = None) -> Build:
+              share: Optional[str] = None, progress_tag: Optional[str] = None,
+              lazy: bool = False) -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -571,6 +573,9 @@ class Client:
         reach the shard socket; BuildRequest.share). progress_tag: a name of the caller's
         choosing that watch_build() follows the fill by (the id comes only with the answer).
         map_shards=False: the Build without mappings (.message, .layout; fetch_shards() later).
+        Host shards are mapped populated (every page resident before the first read, filled
+        in on a few threads); lazy=True maps them without touching any page, for a caller
+        that reads little of them.
         GPU shards are imported through the CUDA driver (familyd.cuda); a client that cannot
         map device memory gets cuda.DeviceMemoryError and the build is released.
         """
@@ -581,7 +586,7 @@ class Client:
                                  source_config=source_config, share=share,
                                  progress_tag=progress_tag)
         resp = self.call("familyd.v1.FamilyService/Build", req)
-        b = Build(self, resp.build, mode=mode, map_shards=False)
+        b = Build(self, resp.build, mode=mode, map_shards=False, lazy=lazy)
         b.shared = resp.shared
         if not map_shards:
             return b
@@ -597,12 +602,12 @@ class Client:
         return b
 
     def open_build(self, build_id: str, mode: Optional[str] = None,
-                   writable: bool = False) -> Build:
+                   writable: bool = False, lazy: bool = False) -> Build:
         """An existing build (GetBuild), its local shards mapped like build()'s in mode
-        (default "read-only"; writable=True: "shared"). It takes no reference: the process
-        that built it, or a pin, keeps it."""
+        (default "read-only"; writable=True: "shared"), populated unless lazy. It takes no
+        reference: the process that built it, or a pin, keeps it."""
         mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
-        return Build(self, self.get_build(build_id), mode=mode)
+        return Build(self, self.get_build(build_id), mode=mode, lazy=lazy)
 
     def get_build(self, build_id: str) -> Message:
         """GetBuild: the familyd.v1.Build."""

@@ -7,10 +7,14 @@ success one descriptor per token rides as SCM_RIGHTS with the first bytes of the
 """
 
 import array
+import ctypes
+import ctypes.util
+import errno
 import mmap
 import os
 import socket
 import struct
+import threading
 import time
 from typing import Iterable, List, Optional
 
@@ -52,6 +56,91 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+# Populating a mapping: a fresh one has no page table entries, so its first read faults once per
+# page, one thread at a time. populate() asks the kernel for all of them up front, split over a
+# few threads (ctypes calls madvise() without the GIL): MADV_POPULATE_READ (Linux 5.14+), or
+# _WRITE for a shared writable mapping (a private one is never written: that would copy it);
+# an older kernel gets one byte per page read instead.
+MADV_HUGEPAGE = 14
+MADV_POPULATE_READ = 22
+MADV_POPULATE_WRITE = 23
+POPULATE_MAX_THREADS = 4
+POPULATE_BYTES_PER_THREAD = 64 << 20
+_PIECE = 2 << 20  # ranges are whole 2 MiB pieces: a huge page never straddles two
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer, enough of it to read the address of a (read-only) mapping."""
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _address(mm: mmap.mmap) -> int:
+    """The address of mm's first byte (works for read-only mappings, unlike from_buffer)."""
+    view = _PyBuffer()
+    get = ctypes.pythonapi.PyObject_GetBuffer
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    release = ctypes.pythonapi.PyBuffer_Release
+    release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    if get(mm, ctypes.byref(view), 0) != 0:
+        raise ValueError("cannot read the mapping's address")
+    try:
+        return int(view.buf or 0)
+    finally:
+        release(ctypes.byref(view))
+
+
+def _populate_range(mm: mmap.mmap, addr: int, start: int, length: int, advice: int) -> None:
+    while True:
+        if _libc.madvise(addr + start, length, advice) == 0:
+            return
+        err = ctypes.get_errno()
+        if err in (errno.EINTR, errno.EAGAIN):
+            continue
+        if err != errno.EINVAL:
+            raise OSError(err, "madvise(MADV_POPULATE_*): " + os.strerror(err))
+        break
+    # A kernel without MADV_POPULATE_*: a read per page faults it in.
+    bytes(memoryview(mm)[start:start + length:mmap.PAGESIZE])
+
+
+def populate(mm: mmap.mmap, mode: str = "read-only") -> None:
+    """Makes every page of mm (a mapping made in mode, MODES) resident in this process's page
+    tables, on up to POPULATE_MAX_THREADS threads of at least POPULATE_BYTES_PER_THREAD each
+    and no more than the CPUs. OSError when the kernel refuses (EFAULT: not mapped)."""
+    size = len(mm)
+    if size == 0:
+        return
+    advice = MADV_POPULATE_WRITE if check_mode(mode) == "shared" else MADV_POPULATE_READ
+    addr = _address(mm)
+    n = max(1, min(size // POPULATE_BYTES_PER_THREAD, POPULATE_MAX_THREADS, os.cpu_count() or 1))
+    per = max((size // n + _PIECE - 1) // _PIECE * _PIECE, mmap.PAGESIZE)
+    ranges = [(i * per, min(per, size - i * per)) for i in range(n) if i * per < size]
+    errors: List[BaseException] = []
+
+    def run(start: int, length: int) -> None:
+        try:
+            _populate_range(mm, addr, start, length, advice)
+        except BaseException as e:  # noqa: B902 - handed to the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=r, daemon=True) for r in ranges[1:]]
+    for t in threads:
+        t.start()
+    run(*ranges[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 class ShardHandle:
     """One descriptor from the shard socket: fd (owned; close() it), size, device kind/index.
 
@@ -67,13 +156,17 @@ class ShardHandle:
         self.device = device
         self.writable = writable
 
-    def map(self, mode: Optional[str] = None) -> mmap.mmap:
+    def map(self, mode: Optional[str] = None, lazy: bool = False) -> mmap.mmap:
         """An mmap.mmap of the whole shard in a mapping mode (MODES): "read-only" (MAP_SHARED,
         PROT_READ), "private" (MAP_PRIVATE, PROT_READ | PROT_WRITE: copy-on-write, writes stay
         in this process) or "shared" (MAP_SHARED, PROT_READ | PROT_WRITE: needs a descriptor
         fetched writable, of a build made writable). Default: "shared" when fetched writable,
         else "read-only". The mapping keeps the memory alive after close() and after
-        ReleaseBuild."""
+        ReleaseBuild.
+
+        Populated (populate()) unless lazy: a trainer reads all of its parameters at once, and
+        a populated mapping's first read runs at memory speed instead of faulting page by page.
+        lazy=True maps without touching anything, for callers that read little of a shard."""
         mode = check_mode(mode or ("shared" if self.writable else "read-only"))
         if mode == "shared" and not self.writable:
             raise ValueError("a shared mapping needs a descriptor fetched writable")
@@ -84,7 +177,16 @@ class ShardHandle:
                              "familyd.cuda.DeviceShard" % self.device_kind)
         prot = mmap.PROT_READ | (0 if mode == "read-only" else mmap.PROT_WRITE)
         flags = mmap.MAP_PRIVATE if mode == "private" else mmap.MAP_SHARED
-        return mmap.mmap(self.fd, self.size, flags=flags, prot=prot)
+        mm = mmap.mmap(self.fd, self.size, flags=flags, prot=prot)
+        # Huge folios of a memfd under shmem THP `advise` map huge only where asked for.
+        _libc.madvise(_address(mm), self.size, MADV_HUGEPAGE)
+        if not lazy:
+            try:
+                populate(mm, mode)
+            except BaseException:
+                mm.close()
+                raise
+        return mm
 
     def close(self) -> None:
         """Closes the descriptor (a mapping made from it stays valid)."""
