@@ -10,11 +10,12 @@
  * lock. A chunk is 64 Ki elements (core/fill.c), hundreds of microseconds of work, so a lock per
  * chunk costs nothing measurable.
  *
- * The caller of fill_pool_run() owns its job (on its stack): it links it in, then waits on the
- * job's own condition variable, waking every FILL_POOL_POLL_MS to ask its cancelled() outside
- * the lock (that callback takes other locks: a Build's waiters). Cancelling stops the hand-out;
- * the job is unlinked only once no worker runs one of its chunks, so nothing touches it after
- * the caller returns.
+ * The caller of fill_pool_run() owns its job (on its stack): it links it in, takes chunks of
+ * it itself when it may (caller_runs), and otherwise waits on the job's own condition
+ * variable, waking every FILL_POOL_POLL_MS; it asks its cancelled() outside the lock (that
+ * callback takes other locks: a Build's waiters). Cancelling stops the hand-out; the job is
+ * unlinked only once no thread runs one of its chunks, so nothing touches it after the caller
+ * returns.
  *
  * Groups: a job with a group is taken only by that group's workers (bound to its CPUs); a job
  * without one by any worker. Stopping the pool: workers finish their chunk and return; callers
@@ -286,6 +287,17 @@ int fill_pool_run(FillPool *p, const FillPoolWork *w, bool (*cancelled)(void *us
         for (;;) {
                 if (!job_open(&j) && j.running == 0)
                         break;
+                if (w->caller_runs && job_open(&j)) {
+                        uint64_t chunk = j.next++;
+                        j.running++;
+                        (void) pthread_mutex_unlock(&p->lock);
+                        w->run(w->userdata, chunk);
+                        stopped = cancelled && cancelled(userdata);
+                        (void) pthread_mutex_lock(&p->lock);
+                        j.running--;
+                        j.stop = j.stop || (stopped && job_open(&j));
+                        continue;
+                }
                 struct timespec until = deadline_after_ms(FILL_POOL_POLL_MS);
                 (void) pthread_cond_timedwait(&j.idle, &p->lock, &until);
                 if (!job_open(&j) || !cancelled)
@@ -293,7 +305,7 @@ int fill_pool_run(FillPool *p, const FillPoolWork *w, bool (*cancelled)(void *us
                 (void) pthread_mutex_unlock(&p->lock);
                 stopped = cancelled(userdata);
                 (void) pthread_mutex_lock(&p->lock);
-                j.stop = j.stop || stopped;
+                j.stop = j.stop || (stopped && job_open(&j));
         }
         pool_unlink(p, &j);
         (void) pthread_mutex_unlock(&p->lock);

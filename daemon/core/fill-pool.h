@@ -54,11 +54,15 @@ typedef struct FillPoolWork {
         void *userdata;
         uint64_t n_chunks;
         int group; /* the group whose threads run it; -1 (or one the pool lacks): any thread */
+        /* The calling thread runs chunks too (not for a group: it is not bound to one): a
+         * small fill then costs no wake-up, and a busy pool never stalls it. */
+        bool caller_runs;
 } FillPoolWork;
 
 /*
- * Runs w's chunks on the pool's threads while the calling thread waits, asking cancelled
- * (NULL: never) every FILL_POOL_POLL_MS on the calling thread. Returns 0 when every chunk ran;
+ * Runs w's chunks on the pool's threads (and on the calling thread, with caller_runs) while
+ * the calling thread waits, asking cancelled (NULL: never) on the calling thread after each
+ * chunk it runs and every FILL_POOL_POLL_MS it waits. Returns 0 when every chunk ran;
  * -ECANCELED when cancelled said so before: no chunk is handed out after that, and it returns
  * once the chunks already running have returned (so at most one chunk per thread more).
  */

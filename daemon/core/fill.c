@@ -909,6 +909,8 @@ int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
                 .userdata = &job,
                 .n_chunks = first_chunk[n_slices],
                 .group = ctx->group,
+                /* Not bound to a node: only a fill for any node may run here too. */
+                .caller_runs = ctx->group < 0,
         };
         return fill_pool_run(ctx->pool, &w, ctx->cancelled, ctx->userdata);
 }

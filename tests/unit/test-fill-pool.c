@@ -139,6 +139,40 @@ static void test_pool_round_robin(void **state) {
         fill_pool_free(pool);
 }
 
+static pthread_t caller_thread;
+static _Atomic unsigned on_caller;
+
+static void job_run_where(void *userdata, uint64_t chunk) {
+        on_caller += pthread_equal(pthread_self(), caller_thread) != 0;
+        job_run(userdata, chunk);
+}
+
+/* caller_runs: the calling thread fills chunks of its own job, so a busy pool never stalls it. */
+static void test_pool_caller_runs(void **state) {
+        Job a = { .sleep_us = 2000 }, b = { .sleep_us = 1000 };
+        FillPoolWork wa = { .run = job_run, .userdata = &a, .n_chunks = 300, .group = -1 };
+        FillPoolWork wb = { .run = job_run_where, .userdata = &b, .n_chunks = 20, .group = -1,
+                            .caller_runs = true };
+        FillPool *pool = NULL;
+        pthread_t ta;
+        void *args_a[2] = { &pool, &wa }, *ret;
+
+        assert_int_equal(fill_pool_new(1, NULL, 0, &pool), 0);
+        assert_int_equal(pthread_create(&ta, NULL, run_thread, args_a), 0);
+        while (a.started < 2)
+                (void) usleep(500);
+        caller_thread = pthread_self();
+        on_caller = 0;
+        assert_int_equal(fill_pool_run(pool, &wb, NULL, NULL), 0);
+        assert_int_equal(b.started, 20);
+        /* The one pool thread alternates between a and b; the caller ran the rest of b. */
+        assert_true(on_caller >= 10);
+        assert_true(a.started < 300);
+        assert_int_equal(pthread_join(ta, &ret), 0);
+        assert_int_equal((intptr_t) ret, 0);
+        fill_pool_free(pool);
+}
+
 static bool job_cancelled(void *userdata) {
         Job *j = userdata;
 
@@ -271,6 +305,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_pool_same_bytes),
                 cmocka_unit_test(test_pool_round_robin),
+                cmocka_unit_test(test_pool_caller_runs),
                 cmocka_unit_test(test_pool_cancel),
                 cmocka_unit_test(test_fill_run_cancel),
                 cmocka_unit_test(test_pool_threads_constant),
