@@ -125,3 +125,9 @@ int64_t build_sharing_expire(const Builder *builder);
  * admins, or, shared with the group, everyone (build-share.c). Nothing without an owner. */
 void build_set_shard_access(const Builder *builder, const BuildRecord *rec, bool has_owner,
                             uint32_t owner_uid, bool share_group);
+
+/* Binds the calling thread's next fills (fill_context_bind()) to the builder's pool, on the
+ * threads of the NUMA node of this node's device local_device, reporting to progress and
+ * stopping once cancelled(userdata) (the Build's callers gone, the daemon stopping). */
+void build_fill_bind(const Builder *builder, int32_t local_device, FillProgress *progress,
+                     bool (*cancelled)(void *userdata), void *userdata);

@@ -91,6 +91,12 @@ int build_sharing_start(Builder *builder, uint64_t grace_ms) {
 
         if (!s)
                 return -ENOMEM;
+        /* A shell that did not start the fill threads with its own size gets the default. */
+        r = build_fill_start(builder, 0);
+        if (r < 0) {
+                free(s);
+                return r;
+        }
         (void) pthread_mutex_init(&s->lock, NULL);
         (void) pthread_mutex_init(&s->keep_lock, NULL);
         s->grace_ms = grace_ms;
@@ -115,6 +121,8 @@ int build_sharing_start(Builder *builder, uint64_t grace_ms) {
 void build_sharing_stop(Builder *builder) {
         BuildSharing *s = builder->sharing;
 
+        /* The server and the Build threads have stopped: no fill runs any more. */
+        build_fill_stop(builder);
         if (!s)
                 return;
         /* The server has drained: no flight is left. */

@@ -291,6 +291,9 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
                         return r;
                 rs->allocation_bytes = shard_segment_size(rs->segment);
                 build_count_fill(builder, rl->size_bytes);
+                /* Stopped between chunks once nobody waits for it (-ECANCELED). */
+                build_fill_bind(builder, rs->local_device, build_progress_fill(progress), expired,
+                                userdata);
                 r = accel_fill(builder->accel, rs->segment, &b->plan, &b->layout, rl, b->dtype,
                                b->seed, ret_error);
                 if (r < 0)
@@ -349,7 +352,7 @@ static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
                 draft_abandon_made(d, id);
                 if (family_error_is_set(ret_error))
                         return r; /* a backend's own answer (GPU memory, the CUDA driver) */
-                if (r == -ETIMEDOUT)
+                if (r == -ETIMEDOUT || r == -ECANCELED)
                         return family_error_set(ret_error, FAMILY_STATUS_DEADLINE_EXCEEDED,
                                                 "DEADLINE", NULL,
                                                 "the call ended (deadline or shutdown) while "
@@ -426,9 +429,8 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
                                             draft_fill_bytes(d->state), &progress);
         free(d->progress_tag);
         d->progress_tag = NULL;
-        fill_progress_bind(build_progress_fill(progress));
         r = draft_finish(d, id, progress, expired, userdata, ret, ret_error);
-        fill_progress_bind(NULL);
+        fill_context_bind(NULL);
         build_progress_end(progress, r, ret_error);
         return r;
 }

@@ -43,6 +43,7 @@
 
 typedef struct BuildSharing BuildSharing;
 typedef struct BuildProgressTable BuildProgressTable;
+typedef struct BuildFill BuildFill;
 
 /* What the Build use-case works with; the shell sets it up, adapters pass it by pointer. */
 typedef struct Builder {
@@ -55,7 +56,23 @@ typedef struct Builder {
         BuildSharing *sharing;
         /* Materialising builds and their progress (WatchBuild); NULL: not followed. */
         BuildProgressTable *progress;
+        /* The fill threads (build_fill_start()); NULL: each fill starts threads of its own. */
+        BuildFill *fill;
 } Builder;
+
+/* ---- the fill threads (build-fill.c) ------------------------------------------------------ */
+
+/*
+ * Starts the pool that fills every Build's shards: n_threads threads (--fill-threads; 0: one
+ * per online CPU), grouped by NUMA node and bound to its CPUs where the machine has several.
+ * Does nothing when builder has one already (build_sharing_start() starts one with the default
+ * size for a shell that did not). Logs its failure.
+ */
+int build_fill_start(Builder *builder, unsigned n_threads);
+/* Stops the pool once no Build fills any more (after the Build threads); accepts none. */
+void build_fill_stop(Builder *builder);
+/* The pool's threads; 0 without one. */
+unsigned build_fill_threads(const Builder *builder);
 
 /* ---- callers (build-caller.c) ----------------------------------------------------------- */
 

@@ -21,9 +21,11 @@
  * ifunc; the default clone is SSE2). Every element goes through the same functions whatever its
  * slice. Contiguous runs of a slice are walked row by row: index generation is an add per element.
  *
- * Threads. fill_run() cuts the slices into chunks of FILL_CHUNK local elements; threads take
- * chunks from one atomic counter. A chunk writes only its own bytes of dst, so the split never
- * shows in the result.
+ * Threads. fill_run() cuts the slices into chunks of FILL_CHUNK local elements. In the daemon
+ * the chunks go to the fill pool (fill-pool.c: threads started once, shared round robin by the
+ * fills under way, cancellable between chunks) bound to the Build's thread; without a pool
+ * (tools, tests) threads started for the call take chunks from one atomic counter. A chunk
+ * writes only its own bytes of dst, so the split never shows in the result.
  */
 
 #ifdef __clang__
@@ -750,46 +752,69 @@ typedef struct FillJob {
         const uint64_t *n_elements;
         const uint64_t *first_chunk; /* n_slices + 1 entries, prefix sums */
         atomic_uint_fast64_t next;
+        atomic_bool stop;       /* cancelled: threads take no more chunks */
         FillProgress *progress; /* the caller's binding, or NULL */
 } FillJob;
 
-static _Thread_local FillProgress *fill_progress_bound;
+static _Thread_local FillContext fill_context_bound = { .group = -1 };
 
-void fill_progress_bind(FillProgress *p) {
-        fill_progress_bound = p;
+void fill_context_bind(const FillContext *c) {
+        fill_context_bound = c ? *c : (FillContext) { .group = -1 };
 }
 
-static void *fill_worker(void *userdata) {
-        FillJob *job = userdata;
+void fill_progress_bind(FillProgress *p) {
+        fill_context_bound.progress = p;
+}
+
+/* Chunk id of the job: the slice k with first_chunk[k] <= id < first_chunk[k + 1]. */
+static void fill_job_chunk(FillJob *job, uint64_t id) {
+        size_t lo = 0, hi = job->n_slices;
+
+        while (hi - lo > 1) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (job->first_chunk[mid] <= id)
+                        lo = mid;
+                else
+                        hi = mid;
+        }
+        uint64_t start = (id - job->first_chunk[lo]) * FILL_CHUNK;
+        uint64_t n = job->n_elements[lo] - start;
+        if (n > FILL_CHUNK)
+                n = FILL_CHUNK;
+        fill_chunk(&job->slices[lo], start, n);
+        if (job->progress) {
+                atomic_fetch_add_explicit(&job->progress->bytes,
+                                          n * dtype_size(job->slices[lo].spec->dtype),
+                                          memory_order_relaxed);
+                if (job->progress->on_chunk)
+                        job->progress->on_chunk(job->progress);
+        }
+}
+
+static void fill_pool_chunk(void *userdata, uint64_t chunk) {
+        fill_job_chunk(userdata, chunk);
+}
+
+/* Takes chunks until none is left or the job stops; the calling thread (ctx non-NULL) asks
+ * its binding's cancelled() before each chunk it takes. */
+static void fill_job_work(FillJob *job, const FillContext *ctx) {
         uint64_t total = job->first_chunk[job->n_slices];
 
         for (;;) {
+                if (ctx && ctx->cancelled && ctx->cancelled(ctx->userdata))
+                        atomic_store(&job->stop, true);
+                if (atomic_load_explicit(&job->stop, memory_order_relaxed))
+                        return;
                 uint64_t id = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
-                size_t lo = 0, hi = job->n_slices;
-
                 if (id >= total)
-                        return NULL;
-                /* The slice k with first_chunk[k] <= id < first_chunk[k + 1]. */
-                while (hi - lo > 1) {
-                        size_t mid = lo + (hi - lo) / 2;
-                        if (job->first_chunk[mid] <= id)
-                                lo = mid;
-                        else
-                                hi = mid;
-                }
-                uint64_t start = (id - job->first_chunk[lo]) * FILL_CHUNK;
-                uint64_t n = job->n_elements[lo] - start;
-                if (n > FILL_CHUNK)
-                        n = FILL_CHUNK;
-                fill_chunk(&job->slices[lo], start, n);
-                if (job->progress) {
-                        atomic_fetch_add_explicit(&job->progress->bytes,
-                                                  n * dtype_size(job->slices[lo].spec->dtype),
-                                                  memory_order_relaxed);
-                        if (job->progress->on_chunk)
-                                job->progress->on_chunk(job->progress);
-                }
+                        return;
+                fill_job_chunk(job, id);
         }
+}
+
+static void *fill_worker(void *userdata) {
+        fill_job_work(userdata, NULL);
+        return NULL;
 }
 
 /* Helper threads started by all fill_run() calls of the process together: concurrent fills
@@ -814,10 +839,42 @@ static unsigned fill_helpers_take(unsigned want, bool capped) {
         }
 }
 
+/* Without a pool: helper threads started for this call, joined before it returns. */
+static int fill_run_threads(FillJob *job, unsigned n_threads, const FillContext *ctx) {
+        _cleanup_free_ pthread_t *threads = NULL;
+        uint64_t n_chunks = job->first_chunk[job->n_slices];
+        size_t n_started = 0;
+
+        bool automatic = n_threads == 0;
+        if (automatic) {
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                n_threads = n > 0 ? (unsigned) n : 1;
+        }
+        if (n_threads > FILL_THREADS_MAX)
+                n_threads = FILL_THREADS_MAX;
+        if (n_threads > n_chunks)
+                n_threads = n_chunks > 0 ? (unsigned) n_chunks : 1;
+
+        unsigned helpers = n_threads > 1 ? fill_helpers_take(n_threads - 1, automatic) : 0;
+        if (helpers > 0) {
+                threads = calloc(helpers, sizeof(pthread_t));
+                /* Without memory or threads the calling thread does all the work. */
+                for (size_t t = 0; threads && t < helpers; t++) {
+                        if (pthread_create(&threads[t], NULL, fill_worker, job) != 0)
+                                break;
+                        n_started++;
+                }
+        }
+        fill_job_work(job, ctx);
+        for (size_t t = 0; t < n_started; t++)
+                (void) pthread_join(threads[t], NULL);
+        atomic_fetch_sub(&fill_helpers_running, helpers);
+        return atomic_load(&job->stop) ? -ECANCELED : 0;
+}
+
 int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
         _cleanup_free_ uint64_t *n_elements = NULL, *first_chunk = NULL;
-        _cleanup_free_ pthread_t *threads = NULL;
-        size_t n_started = 0;
+        const FillContext *ctx = &fill_context_bound;
         int r;
 
         if (n_slices > 0 && !slices)
@@ -840,34 +897,20 @@ int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads) {
                 .n_slices = n_slices,
                 .n_elements = n_elements,
                 .first_chunk = first_chunk,
-                .progress = fill_progress_bound,
+                .progress = ctx->progress,
         };
-        uint64_t n_chunks = first_chunk[n_slices];
-
-        bool automatic = n_threads == 0;
-        if (automatic) {
-                long n = sysconf(_SC_NPROCESSORS_ONLN);
-                n_threads = n > 0 ? (unsigned) n : 1;
-        }
-        if (n_threads > FILL_THREADS_MAX)
-                n_threads = FILL_THREADS_MAX;
-        if (n_threads > n_chunks)
-                n_threads = n_chunks > 0 ? (unsigned) n_chunks : 1;
         atomic_init(&job.next, 0);
+        atomic_init(&job.stop, false);
 
-        unsigned helpers = n_threads > 1 ? fill_helpers_take(n_threads - 1, automatic) : 0;
-        if (helpers > 0) {
-                threads = calloc(helpers, sizeof(pthread_t));
-                /* Without memory or threads the calling thread does all the work. */
-                for (size_t t = 0; threads && t < helpers; t++) {
-                        if (pthread_create(&threads[t], NULL, fill_worker, &job) != 0)
-                                break;
-                        n_started++;
-                }
-        }
-        (void) fill_worker(&job);
-        for (size_t t = 0; t < n_started; t++)
-                (void) pthread_join(threads[t], NULL);
-        atomic_fetch_sub(&fill_helpers_running, helpers);
-        return 0;
+        if (!ctx->pool || n_threads != 0)
+                return fill_run_threads(&job, n_threads, ctx);
+        FillPoolWork w = {
+                .run = fill_pool_chunk,
+                .userdata = &job,
+                .n_chunks = first_chunk[n_slices],
+                .group = ctx->group,
+                /* Not bound to a node: only a fill for any node may run here too. */
+                .caller_runs = ctx->group < 0,
+        };
+        return fill_pool_run(ctx->pool, &w, ctx->cancelled, ctx->userdata);
 }

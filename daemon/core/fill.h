@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "common/macro.h"
+#include "fill-pool.h"
 #include "registry.h"
 
 /*
@@ -91,11 +92,15 @@ int fill_slice_check(const FillSlice *s, uint64_t *ret_n_elements);
 int fill_slice(const FillSlice *s);
 
 /*
- * Fills every slice, split in chunks over n_threads threads (0: all online CPUs, shared with the
+ * Fills every slice, split in chunks. With a pool bound to the calling thread
+ * (fill_context_bind()) and n_threads 0, the pool's threads fill while the caller waits;
+ * otherwise over n_threads threads started for the call (0: all online CPUs, shared with the
  * process's other automatic fills, so concurrent Builds do not oversubscribe the cores; the
  * calling thread is one of them). The result is bit-identical for any split. All slices are
- * checked first: on an error nothing is written. Returns 0, a fill_slice_check() error, or -ENOMEM. If a
- * thread cannot be started the others do its share.
+ * checked first: on an error nothing is written. Returns 0, a fill_slice_check() error,
+ * -ENOMEM, or -ECANCELED when the binding's cancelled() said so (the slices then are partly
+ * written: at most one chunk per thread after it said so). If a thread cannot be started the
+ * others do its share.
  */
 int fill_run(const FillSlice *slices, size_t n_slices, unsigned n_threads);
 
@@ -109,7 +114,22 @@ typedef struct FillProgress {
         void (*on_chunk)(struct FillProgress *p); /* fast, thread-safe; NULL: none */
 } FillProgress;
 
-/* Binds p (NULL: none) to the calling thread's later fill_run() calls; p must outlive them. */
+/* What the calling thread's later fill_run() calls run on and answer to (the Build path binds
+ * it around a Build's fill; nothing bound: threads per call, no progress, never cancelled). */
+typedef struct FillContext {
+        FillPool *pool;    /* the daemon's fill threads; NULL: threads started per call */
+        int group;         /* the pool group (NUMA node) that fills; -1: any thread */
+        FillProgress *progress; /* NULL: none */
+        /* Asked on the calling thread between chunks (per call) or every FILL_POOL_POLL_MS
+         * (pool); true stops the fill: -ECANCELED. NULL: never. */
+        bool (*cancelled)(void *userdata);
+        void *userdata;
+} FillContext;
+
+/* Binds a copy of c (NULL: none) to the calling thread; what it points to must outlive the
+ * fills. */
+void fill_context_bind(const FillContext *c);
+/* Binds p (NULL: none) as the bound context's progress; p must outlive the fills. */
 void fill_progress_bind(FillProgress *p);
 
 /* n consecutive elements from global index first (a rank-1 slice), on the calling thread. */

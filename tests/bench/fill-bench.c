@@ -7,6 +7,10 @@
  * faulted buffers ("warm") shows the generators' own speed. After the timed runs every element
  * is compared with a single-threaded recomputation (fill_values), and an FNV-1a checksum of the
  * whole buffer is printed, so a skipped or misplaced chunk fails the run.
+ *
+ * Then many small fills (--small-fills of --small-kib KiB, uniform, warm buffer), as a busy
+ * daemon's Builds are: with threads started and joined per call, against the fill pool
+ * (core/fill-pool.h) started once, same thread count, same run.
  */
 
 #include <errno.h>
@@ -18,6 +22,7 @@
 #include <time.h>
 
 #include "core/fill.h"
+#include "core/fill-pool.h"
 
 static double now(void) {
         struct timespec ts;
@@ -51,10 +56,41 @@ static uint32_t verify(const FillSpec *spec, const float *buf, size_t n, bool *o
         return h;
 }
 
+/* Seconds for n fills of a kib KiB slice; with pool bound to this thread when not NULL. */
+static double small_fills(FillPool *pool, unsigned threads, unsigned long n, unsigned long kib,
+                          bool *ok) {
+        size_t elements = kib * 1024 / sizeof(float);
+        int64_t shape = (int64_t) elements, off = 0;
+        float *buf = malloc(elements * sizeof(float));
+        FillSpec spec;
+
+        *ok = buf && fill_spec_init(&spec, INIT_UNIFORM, -1.0, 1.0, 5, "small.bias",
+                                    DTYPE_FLOAT32) >= 0;
+        if (!*ok) {
+                free(buf);
+                return 0;
+        }
+        FillSlice s = { .spec = &spec, .rank = 1, .shape = &shape, .local_shape = &shape,
+                        .global_offset = &off, .dst = buf };
+        memset(buf, 0, elements * sizeof(float));
+        fill_context_bind(pool ? &(FillContext) { .pool = pool, .group = -1 } : NULL);
+        double t0 = now();
+        for (unsigned long i = 0; i < n && *ok; i++)
+                *ok = fill_run(&s, 1, pool ? 0 : threads) >= 0;
+        double t = now() - t0;
+        fill_context_bind(NULL);
+        *ok = *ok && fill_value(&spec, elements - 1) == buf[elements - 1];
+        free(buf);
+        return t;
+}
+
 int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "size-mib", required_argument, NULL, 's' },
                 { "threads", required_argument, NULL, 't' },
+                { "only", required_argument, NULL, 'o' },
+                { "small-fills", required_argument, NULL, 'n' },
+                { "small-kib", required_argument, NULL, 'k' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -68,12 +104,22 @@ int main(int argc, char *argv[]) {
                 { "uniform(-1,1)", INIT_UNIFORM, -1.0, 1.0, 0.5 },
                 { "normal(0,1)", INIT_NORMAL, 0.0, 1.0, 0.3 },
         };
-        unsigned long size_mib = 1024, threads = 0;
+        unsigned long size_mib = 1024, threads = 0, small_n = 2000, small_kib = 768;
+        const char *only = NULL;
         int c;
         bool all_ok = true, all_goals = true;
 
-        while ((c = getopt_long(argc, argv, "s:t:h", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, "s:t:o:n:k:h", options, NULL)) >= 0)
                 switch (c) {
+                case 'o':
+                        only = optarg;
+                        break;
+                case 'n':
+                        small_n = strtoul(optarg, NULL, 10);
+                        break;
+                case 'k':
+                        small_kib = strtoul(optarg, NULL, 10);
+                        break;
                 case 's':
                         size_mib = strtoul(optarg, NULL, 10);
                         break;
@@ -81,12 +127,15 @@ int main(int argc, char *argv[]) {
                         threads = strtoul(optarg, NULL, 10);
                         break;
                 case 'h':
-                        printf("%s [--size-mib N (1024)] [--threads N (all cores)]\n", argv[0]);
+                        printf("%s [--size-mib N (1024)] [--threads N (all cores)] [--only INIT]\n"
+                               "    [--small-fills N (2000; 0: none)] [--small-kib N (768)]\n",
+                               argv[0]);
                         return EXIT_SUCCESS;
                 default:
                         return EXIT_FAILURE;
                 }
-        if (size_mib == 0 || size_mib > (SIZE_MAX >> 20) / 2) {
+        if (size_mib == 0 || size_mib > (SIZE_MAX >> 20) / 2 || small_kib == 0 ||
+            small_kib > (1ul << 20)) {
                 fprintf(stderr, "bad --size-mib\n");
                 return EXIT_FAILURE;
         }
@@ -123,6 +172,10 @@ int main(int argc, char *argv[]) {
                 bool ok;
                 int r;
 
+                if (only && strncmp(inits[k].name, only, strlen(only)) != 0) {
+                        (void) munmap(buf, size);
+                        continue;
+                }
                 if (!buf) {
                         fprintf(stderr, "mmap: %s\n", strerror(errno));
                         return EXIT_FAILURE;
@@ -155,6 +208,23 @@ int main(int argc, char *argv[]) {
                 all_ok = all_ok && ok;
                 all_goals = all_goals && goal;
                 (void) munmap(buf, size);
+        }
+        if (small_n > 0 && !only) {
+                unsigned t = threads ? (unsigned) threads : (unsigned) (cpus > 0 ? cpus : 1);
+                FillPool *pool = NULL;
+                bool ok_calls, ok_pool;
+
+                if (fill_pool_new(t, NULL, 0, &pool) < 0)
+                        return EXIT_FAILURE;
+                double t_calls = small_fills(NULL, t, small_n, small_kib, &ok_calls);
+                double t_pool = small_fills(pool, t, small_n, small_kib, &ok_pool);
+                fill_pool_free(pool);
+                printf("%lu fills of %lu KiB on %u threads: per-call threads %.1f us/fill, pool "
+                       "%.1f us/fill (%.2fx) %s\n",
+                       small_n, small_kib, t, t_calls * 1e6 / (double) small_n,
+                       t_pool * 1e6 / (double) small_n, t_calls / t_pool,
+                       ok_calls && ok_pool ? "verified" : "MISMATCH");
+                all_ok = all_ok && ok_calls && ok_pool;
         }
         printf("goals %s\n", all_goals ? "met" : "missed");
         return all_ok ? EXIT_SUCCESS : EXIT_FAILURE;

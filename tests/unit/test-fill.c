@@ -10,6 +10,12 @@
 #include "core/fill.h"
 #include "core/layout.h"
 
+/* test_golden_digest(): fnv1a32 of the fills' bytes, as main computed them (2026-12-01). */
+#define GOLDEN_NORMAL_F32 UINT32_C(0x48c8aeba)
+#define GOLDEN_NORMAL_BF16 UINT32_C(0x60f1f2b6)
+#define GOLDEN_NORMAL_F16 UINT32_C(0x0ed27de3)
+#define GOLDEN_UNIFORM_F32 UINT32_C(0x2e3d0e23)
+
 static uint32_t bits_of(float f) {
         uint32_t u;
         memcpy(&u, &f, sizeof(u));
@@ -494,6 +500,93 @@ static void test_normal_statistics(void **state) {
         free(w);
 }
 
+/* One float32 ulp at x (normal range; below it, the subnormals' spacing). */
+static double ulp_float(double x) {
+        int e;
+
+        x = fabs(x);
+        if (x < 0x1p-126)
+                return 0x1p-149;
+        (void) frexp(x, &e);
+        return ldexp(1.0, e - 24);
+}
+
+/*
+ * normal(0, 1) against a libm reference in double (log, cos, sqrt of the same u1, u2): within
+ * the bound docs/semantics.md states, NORMAL_MAX_ULPS of float32. Not at the two angles where
+ * the value is exactly 0 (u2 = 1/4, 3/4): libm's cos(2 * M_PI * u2) is 6e-17 there, off by the
+ * rounding of pi, so no ulp of a value near 0 measures anything.
+ */
+#define NORMAL_MAX_ULPS 0.501
+static void test_normal_ulps(void **state) {
+        const size_t n = 1u << 22;
+        float *v = malloc(n * sizeof(float));
+        FillSpec spec;
+        double max_ulps = 0;
+        uint32_t h = fnv1a32_string("layers.0.w");
+
+        assert_non_null(v);
+        for (uint64_t seed = 0; seed < 2; seed++) {
+                assert_int_equal(fill_spec_init(&spec, INIT_NORMAL, 0, 1, seed, "layers.0.w",
+                                                DTYPE_FLOAT32), 0);
+                fill_values(&spec, 0, n, v);
+                for (size_t i = 0; i < n; i++) {
+                        uint32_t c[4] = { (uint32_t) i, 0, h, 0 }, k[2] = { (uint32_t) seed, 0 }, x[4];
+                        philox4x32_10(c, k, x);
+                        uint32_t m = x[1] >> 8;
+                        if (m == UINT32_C(1) << 22 || m == UINT32_C(3) << 22)
+                                continue;
+                        double u1 = ((x[0] >> 8) + 1) * 0x1p-24, u2 = m * 0x1p-24;
+                        double z = sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+                        double ulps = fabs((double) v[i] - z) / ulp_float(z);
+                        if (ulps > max_ulps)
+                                max_ulps = ulps;
+                }
+        }
+        print_message("normal(0, 1): max error %.9f ulp of float32 over %zu values\n", max_ulps,
+                      2 * n);
+        assert_true(max_ulps <= NORMAL_MAX_ULPS);
+        free(v);
+}
+
+/*
+ * The bytes of fixed fills, hashed: the same in this executable and in test-fill-scalar (this
+ * file with fill.c built without intrinsics, clones or vectorisation), so the vector paths
+ * (AVX-512, AVX2, SSE2, whichever this CPU runs) and the scalar one agree bit for bit, and the
+ * values never change unnoticed.
+ */
+static void test_golden_digest(void **state) {
+        const int64_t shape[2] = { 333, 1025 }, local[2] = { 200, 1000 }, offset[2] = { 77, 13 };
+        static const struct {
+                InitKind kind;
+                double a, b;
+                Dtype dtype;
+                uint32_t digest;
+        } cases[] = {
+                { INIT_NORMAL, 0.0, 1.0, DTYPE_FLOAT32, GOLDEN_NORMAL_F32 },
+                { INIT_NORMAL, 0.5, 0.02, DTYPE_BFLOAT16, GOLDEN_NORMAL_BF16 },
+                { INIT_NORMAL, -1.0, 3.0, DTYPE_FLOAT16, GOLDEN_NORMAL_F16 },
+                { INIT_UNIFORM, -0.25, 0.75, DTYPE_FLOAT32, GOLDEN_UNIFORM_F32 },
+        };
+        uint8_t *buf = malloc(200 * 1000 * 4);
+        uint32_t got[ELEMENTSOF(cases)];
+
+        assert_non_null(buf);
+        for (size_t c = 0; c < ELEMENTSOF(cases); c++) {
+                FillSpec spec;
+                assert_int_equal(fill_spec_init(&spec, cases[c].kind, cases[c].a, cases[c].b, 99,
+                                                "experts.gate_up_proj", cases[c].dtype), 0);
+                FillSlice s = { .spec = &spec, .rank = 2, .shape = shape, .local_shape = local,
+                                .global_offset = offset, .dst = buf };
+                assert_int_equal(fill_run(&s, 1, 0), 0);
+                got[c] = fnv1a32(buf, 200 * 1000 * dtype_size(cases[c].dtype));
+                print_message("case %zu: digest 0x%08x\n", c, got[c]);
+        }
+        free(buf);
+        for (size_t c = 0; c < ELEMENTSOF(cases); c++)
+                assert_int_equal(got[c], cases[c].digest);
+}
+
 static void test_uniform_statistics(void **state) {
         const size_t n = 1u << 20;
         float *v = malloc(n * sizeof(float));
@@ -596,6 +689,8 @@ int main(void) {
                 cmocka_unit_test(test_slice_errors),
                 cmocka_unit_test(test_normal_statistics),
                 cmocka_unit_test(test_uniform_statistics),
+                cmocka_unit_test(test_normal_ulps),
+                cmocka_unit_test(test_golden_digest),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,95 @@
+/* build-fill.c: the Builds' fill threads: one pool for the daemon's life, near each rank's memory. */
+
+/*
+ * DESIGN: the pool (core/fill-pool.c) is started once with the Build use-case and stopped after
+ * the last Build thread has returned. On a machine with several NUMA nodes its threads are
+ * grouped by node and bound to the node's CPUs (hw/numa.c); each rank's fill is handed to the
+ * group of the node its device is on (Device.numa_node, which hwloc found for a GPU's PCI bus
+ * or spread host devices over), so first touch puts the rank's pages on that node. On one node
+ * the threads are not bound and every fill may use all of them, as before.
+ */
+
+#include "build-private.h"
+#include "common/log.h"
+#include "hw/numa.h"
+
+struct BuildFill {
+        FillPool *pool;
+        NumaLayout numa;
+};
+
+static void build_fill_free(BuildFill *f) {
+        if (!f)
+                return;
+        fill_pool_free(f->pool);
+        numa_layout_done(&f->numa);
+        free(f);
+}
+
+int build_fill_start(Builder *builder, unsigned n_threads) {
+        _cleanup_free_ FillPoolGroup *groups = NULL;
+        BuildFill *f;
+        int r;
+
+        if (builder->fill)
+                return 0;
+        f = calloc(1, sizeof *f);
+        if (!f)
+                return -ENOMEM;
+        r = numa_layout_probe(NULL, &f->numa);
+        if (r < 0)
+                (void) log_warning_errno(r, "Failed to read the NUMA nodes, filling on any CPU: %m");
+        groups = calloc(f->numa.n_nodes ? f->numa.n_nodes : 1, sizeof(FillPoolGroup));
+        if (!groups) {
+                build_fill_free(f);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < f->numa.n_nodes; i++)
+                groups[i] = (FillPoolGroup) { .cpus = f->numa.nodes[i].cpus,
+                                              .n_cpus = f->numa.nodes[i].n_cpus };
+        r = fill_pool_new(n_threads, groups, f->numa.n_nodes, &f->pool);
+        if (r < 0) {
+                build_fill_free(f);
+                return log_error_errno(r, "Failed to start the fill threads: %m");
+        }
+        log_debug("Fill threads: %u, in %zu NUMA groups.", fill_pool_threads(f->pool),
+                  fill_pool_groups(f->pool));
+        builder->fill = f;
+        return 0;
+}
+
+void build_fill_stop(Builder *builder) {
+        build_fill_free(builder->fill);
+        builder->fill = NULL;
+}
+
+unsigned build_fill_threads(const Builder *builder) {
+        return builder->fill ? fill_pool_threads(builder->fill->pool) : 0;
+}
+
+/* The NUMA node of this node's device local_device, or -1. */
+static int32_t device_numa(const Builder *builder, int32_t local_device) {
+        _cleanup_(topology_unrefp) Topology *t = manager_topology(builder->manager);
+        const Node *n = t ? topology_local_node(t) : NULL;
+
+        for (size_t i = 0; n && i < n->n_devices; i++)
+                if (n->devices[i].local_index == local_device)
+                        return n->devices[i].numa_node;
+        return -1;
+}
+
+void build_fill_bind(const Builder *builder, int32_t local_device, FillProgress *progress,
+                     bool (*cancelled)(void *userdata), void *userdata) {
+        BuildFill *f = builder->fill;
+        int group = -1;
+
+        if (f && f->numa.n_nodes > 1)
+                group = numa_layout_choose(&f->numa, device_numa(builder, local_device));
+        fill_context_bind(&(FillContext) {
+                .pool = f ? f->pool : NULL,
+                .group = group,
+                .progress = progress,
+                .cancelled = cancelled,
+                .userdata = userdata,
+        });
+}
