@@ -20,6 +20,7 @@
 #include "peer/peer-ucx.h"
 #include "codec/codec-coord-member.h"
 #include "coord/coord-client.h"
+#include "shm/huge-pages.h"
 
 #include "build-config.h"
 
@@ -36,6 +37,7 @@ typedef enum OptionType {
         OPTION_BYTES,     /* uint64_t in [min, max] */
         OPTION_INT64,     /* int64_t in [min, max] (unset: -1) */
         OPTION_LOG_LEVEL, /* a level name: debug, info, notice, warning, err */
+        OPTION_HUGE_PAGES, /* a mode: auto, never, require (shm/huge-pages.h) */
         OPTION_OPTIONAL,  /* an action that may take a value, only after `=` (--check-config) */
 } OptionType;
 
@@ -94,6 +96,7 @@ typedef struct ConfigOption {
 #define TYPE_INT64(field, lo, hi)     .type = OPTION_INT64, .offset = FIELD(field, int64_t), \
                                       .min = (lo), .max = (hi)
 #define TYPE_LOG_LEVEL(field)         .type = OPTION_LOG_LEVEL, .offset = FIELD(field, int)
+#define TYPE_HUGE_PAGES(field)        .type = OPTION_HUGE_PAGES, .offset = FIELD(field, int)
 #define DEFAULT(v)                    .has_value = true, .def = (v)
 #define DEFAULT_STRING(s)             .has_value = true, .def_string = (s)
 
@@ -187,6 +190,14 @@ static const ConfigOption config_options[] = {
           .default_text = "half of RAM",
           .help = "Shared memory held for shards",
           .note = "In bytes." },
+        { .name = "huge-pages", .metavar = "MODE", TYPE_HUGE_PAGES(huge_pages),
+          DEFAULT(HUGE_PAGES_AUTO),
+          .help = "Host shards on huge pages: auto, never or require",
+          .note = "auto: on the huge pages the host has reserved (vm.nr_hugepages) while enough "
+                  "are free, else on normal pages (logged once); require: a Build whose pages "
+                  "cannot be reserved fails, and so does a start without any reserved; never: "
+                  "normal pages only. A shard on huge pages is rounded up to whole pages, in "
+                  "--shm-budget too." },
         { .name = "max-builds", .metavar = "N", TYPE_UNSIGNED(max_builds, 1, 1u << 20),
           DEFAULT(1024),
           .help = "Live builds" },
@@ -222,6 +233,11 @@ static const ConfigOption config_options[] = {
         { .name = "threads", .metavar = "N", TYPE_UNSIGNED(threads, 1, 64),
           DEFAULT(2),
           .help = "gRPC worker threads" },
+        { .name = "fill-threads", .metavar = "N", TYPE_UNSIGNED(fill_threads, 0, 1024),
+          DEFAULT(0), .default_text = ": one per online CPU",
+          .help = "Threads that fill materialised shards",
+          .note = "Started once and shared by every Build; on several NUMA nodes grouped by "
+                  "node and bound to its CPUs." },
         { .name = "max-connections", .metavar = "N", TYPE_UNSIGNED(max_connections, 1, 65536),
           DEFAULT(FAMILYD_MAX_CONNECTIONS),
           .default_text = "; fewer when the open-file limit is too low",
@@ -354,6 +370,8 @@ static const char *option_default_value(const ConfigOption *o, char *buf, size_t
                         if (log_levels[i].level == (int) o->def)
                                 return log_levels[i].name;
                 return buf;
+        case OPTION_HUGE_PAGES:
+                return huge_pages_mode_to_string((HugePagesMode) o->def);
         case OPTION_INT64:
                 (void) snprintf(buf, size, "%" PRId64, (int64_t) o->def);
                 return buf;
@@ -581,6 +599,16 @@ static int parse_log_level(const ConfigSource *src, const char *name, const char
                             s);
 }
 
+static int parse_huge_pages(const ConfigSource *src, const char *name, const char *s,
+                            int *ret) {
+        HugePagesMode m = huge_pages_mode_from_string(s);
+
+        if (m < 0)
+                return config_error(src, name, "unknown mode '%s' (auto, never, require)", s);
+        *ret = (int) m;
+        return 0;
+}
+
 /* Remembers that name was set at src (a config file line), or forgets it (a flag). */
 static int config_set_origin(Config *c, const ConfigSource *src, const char *name) {
         ConfigOrigin *o = NULL;
@@ -665,6 +693,8 @@ static int config_apply(Config *c, const ConfigSource *src, const ConfigOption *
                 return 0;
         case OPTION_LOG_LEVEL:
                 return parse_log_level(src, o->name, value, field);
+        case OPTION_HUGE_PAGES:
+                return parse_huge_pages(src, o->name, value, field);
         case OPTION_OPTIONAL:
                 return -EINVAL; /* an action: config_parse handles it */
         }
@@ -770,6 +800,7 @@ static void config_defaults(Config *c) {
                         *(int64_t *) field = o->has_value ? (int64_t) o->def : -1;
                         break;
                 case OPTION_LOG_LEVEL:
+                case OPTION_HUGE_PAGES:
                         *(int *) field = (int) o->def;
                         break;
                 default:

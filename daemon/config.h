@@ -54,6 +54,8 @@ typedef struct Config {
         char *admin_group; /* NULL: only root is an admin */
         char *metrics_listen; /* --metrics-listen ADDR:PORT; NULL: no metrics endpoint */
         int log_level;
+        int huge_pages; /* HugePagesMode */
+        unsigned fill_threads; /* --fill-threads; 0: one per online CPU */
         bool check_config;    /* --check-config[=FILE]: check the settings, then exit */
         char *check_registry; /* --check-registry DIR: check DIR, then exit; NULL: not asked */
         ConfigOrigin *origins;

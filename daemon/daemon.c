@@ -24,6 +24,7 @@
 #include "shm/accel.h"
 #include "daemon.h"
 #include "rpc/executor.h"
+#include "shm/huge-pages.h"
 #include "sd/listen.h"
 #include "rpc/listener.h"
 #include "common/log.h"
@@ -170,6 +171,11 @@ static int daemon_load(Daemon *d, const Config *c) {
 
         /* The same devices the topology lists for this node: a rank's shard goes to the
          * device the topology assigns to it. */
+        char why[256];
+        huge_pages_set_mode((HugePagesMode) c->huge_pages);
+        r = huge_pages_check((HugePagesMode) c->huge_pages, why, sizeof why);
+        if (r < 0)
+                return log_error_errno(r, "%s", why);
         r = accel_new(inv.devices, inv.n_devices, &d->accel);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up shard memory: %m");
@@ -277,6 +283,9 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
                 .accel = d->accel,
                 .state = d->state,
         };
+        r = build_fill_start(&d->builder, c->fill_threads);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the fill threads: %m");
         /* Its hook is set once the server runs (daemon_hook_build_progress). */
         r = build_progress_table_new(NULL, NULL, &d->builder.progress);
         if (r < 0)

@@ -267,7 +267,8 @@ uint64_t build_host_bytes(const BuildState *b) {
         for (size_t i = 0; i < b->n_ranks; i++)
                 if (b->ranks[i].materialized && !b->ranks[i].replica &&
                     !build_rank_on_gpu(&b->ranks[i]))
-                        total += b->layout.ranks[i].size_bytes;
+                        /* What the segment takes: a hugetlb one is rounded up. */
+                        total += b->ranks[i].allocation_bytes;
         return total;
 }
 

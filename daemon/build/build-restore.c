@@ -256,11 +256,13 @@ static int adopt_segment(Restore *x, const char *id, BuildState *b, size_t i, ch
         }
         if (b->writable)
                 shard_segment_allow_writes(rs->segment);
-        if (shard_segment_size(rs->segment) != rl->size_bytes) {
+        /* On huge pages the segment is the rank's bytes rounded up to whole pages. */
+        if (!shard_segment_fits(rs->segment, rl->size_bytes)) {
                 (void) snprintf(why, why_size, "its shard %s has %" PRIu64 " bytes, not %" PRIu64,
                                 name, shard_segment_size(rs->segment), rl->size_bytes);
                 return -EBADMSG;
         }
+        rs->allocation_bytes = shard_segment_size(rs->segment); /* rounded, as when made */
         return 0;
 }
 

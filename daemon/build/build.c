@@ -6,6 +6,7 @@
 #include "codec/codec-build.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
+#include "shm/huge-pages.h"
 
 struct BuildDraft {
         Builder builder;
@@ -363,6 +364,8 @@ static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
                                                 "out of file descriptors for shard memory");
                 if ((r == -ENOSPC || r == -EDQUOT) && state_mode(state) == STATE_MODE_DIR)
                         return build_keep_dir_full_error(state, bytes, ret_error);
+                if (r == -ENOMEM && huge_pages_mode() == HUGE_PAGES_REQUIRE)
+                        return huge_pages_error(bytes, ret_error);
                 if (r == -ENOMEM || r == -ENOSPC)
                         return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
                                                 "SHM_EXHAUSTED", NULL,

@@ -210,6 +210,66 @@ class HugePagesTest(unittest.TestCase):
         self.assertEqual(self.in_use(), 0)
 
 
+class HugePagesModesTest(unittest.TestCase):
+    """--huge-pages require and never, through the daemon's own option."""
+
+    def daemon(self, mode):
+        d = H.Daemon(registry=REGISTRY, host_devices=1, node_name="huge-node",
+                     extra_args=["--shm-budget", str(64 * MiB), "--huge-pages", mode])
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)   # before the pages go back (cleanups run last first)
+        return d
+
+    def setUp(self):
+        self.addCleanup(write_int, NR_HUGEPAGES, 0)
+
+    def test_require_without_reserved_pages_refuses_to_start(self):
+        write_int(NR_HUGEPAGES, 0)
+        tmp = H.short_tmpdir("fd-huge-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        status, out, _ = H.run_to_exit(
+            [H.familyd_bin(), "--socket", os.path.join(tmp, "s.sock"), "--registry", REGISTRY,
+             "--host-devices", "1", "--huge-pages", "require"], timeout=30)
+        self.assertEqual(status, 1, out)
+        self.assertIn("--huge-pages require: the host has no huge pages reserved "
+                      "(vm.nr_hugepages is 0); reserve some, or use --huge-pages auto", out)
+        self.assertFalse(os.path.exists(os.path.join(tmp, "s.sock")))
+
+    def test_require_fails_a_build_past_the_free_pages(self):
+        write_int(NR_HUGEPAGES, 2)
+        d = self.daemon("require")
+        d.start()
+        c = familyd.Client(d.socket, timeout=30)
+        self.addCleanup(c.close)
+        first = c.build("blob", config={"n": N_FLOATS}, seed=7, private_build=True)
+        self.assertEqual(first.ranks[0].size, 4 * MiB)
+        self.assertEqual(smaps_of(first.ranks[0].mmap).get("KernelPageSize"), 2048)
+        with self.assertRaises(familyd.FamilydError) as cm:
+            c.build("blob", config={"n": N_FLOATS}, seed=8, private_build=True)
+        e = cm.exception
+        self.assertEqual((e.code_name, e.reason), ("RESOURCE_EXHAUSTED", "HUGE_PAGES"), e)
+        # The bytes the segment would take: 3 MiB + 64 rounded up to whole pages.
+        self.assertEqual(e.message, "out of huge pages for %d bytes: 0 of 2 reserved pages of "
+                         "2048 kB free (--huge-pages require)" % (4 * MiB))
+        self.assertNotIn(FALLBACK, d.stderr())
+        first.close()
+        first.release()
+
+    def test_never_stays_on_normal_pages(self):
+        write_int(NR_HUGEPAGES, 2)
+        d = self.daemon("never")
+        d.start()
+        c = familyd.Client(d.socket, timeout=30)
+        self.addCleanup(c.close)
+        b = c.build("blob", config={"n": N_FLOATS}, seed=7, private_build=True)
+        self.assertEqual(b.ranks[0].size, 3 * MiB + 64)
+        self.assertEqual(smaps_of(b.ranks[0].mmap).get("KernelPageSize"), 4)
+        self.assertEqual(meminfo("HugePages_Free"), 2)
+        self.assertNotIn(FALLBACK, d.stderr())   # never is not a fallback
+        b.close()
+        b.release()
+
+
 class HugePagesRestartTest(unittest.TestCase):
     def setUp(self):
         self.tmp = H.short_tmpdir()
