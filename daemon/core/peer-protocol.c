@@ -19,6 +19,9 @@ typedef struct ProtocolLink {
         bool reached;      /* heard from since the last failure */
         unsigned failures;
         int64_t retry_at_ms;
+        bool differs;            /* the member's table digest is not ours */
+        int64_t differs_since_ms; /* since then, or since we last asked it for its table */
+        unsigned pulls;          /* tables asked of it while the difference lasted */
         struct ProtocolLink *next;
 } ProtocolLink;
 
@@ -33,6 +36,7 @@ struct Protocol {
         uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
+        int64_t pulled_at_ms; /* a table was last asked for; 0: never */
         int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
         int64_t link_lie_noted_ms;
 };
@@ -75,6 +79,9 @@ static void stamp(Protocol *p, PeerMessage *m) {
         /* Heartbeats are most of the traffic: they name the start, not the devices. */
         m->sender.partial = m->body == PEER_HEARTBEAT;
         m->version = membership_version(p->membership);
+        m->has_table = true;
+        m->table_digest = membership_digest(p->membership);
+        m->table_members = (uint32_t) membership_count(p->membership);
 }
 
 static void link_send(Protocol *p, ProtocolLink *l, PeerMessage *m) {
@@ -107,10 +114,15 @@ static size_t hello_chunk(const PeerKnown *known, size_t n) {
         return MAX((size_t) 1, (size_t) (FAMILYD_MAX_PEER_MESSAGE_BYTES / 2) / biggest);
 }
 
-static void link_send_hello(Protocol *p, ProtocolLink *l, int64_t now) {
+/* The sender's whole record, and with `table` every member it knows. */
+static void link_send_hello(Protocol *p, ProtocolLink *l, bool table, int64_t now) {
         _cleanup_free_ PeerKnown *known = NULL;
         size_t n, chunk;
 
+        if (!table) {
+                link_send(p, l, &(PeerMessage) { .body = PEER_HELLO });
+                return;
+        }
         if (known_list(p, NULL, now, &known, &n) < 0) {
                 note_no_memory(p);
                 return;
@@ -188,7 +200,8 @@ static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
                 l->retry_at_ms = now + backoff_ms(l->failures);
                 return;
         }
-        link_send_hello(p, l, now);
+        /* The table follows when the other side's digest asks for it (table_check()). */
+        link_send_hello(p, l, false, now);
 }
 
 static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64_t now) {
@@ -384,6 +397,46 @@ static void note_version_refused(Protocol *p, const PeerMessage *m, int64_t now)
                                  .number2 = membership_version(p->membership) });
 }
 
+/* A member whose table differs from ours is asked for it: at once when it knows more nodes,
+ * else once the difference has lasted PROTOCOL_TABLE_ROUNDS heartbeats (doubling per table
+ * asked that did not end it, as a member we refuse or forgot keeps it); at most once per half
+ * heartbeat in all. */
+static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                        int64_t now) {
+        ProtocolLink *l = link_find(p, m->sender.address);
+        int64_t wait;
+
+        if (!m->has_table || !l)
+                return;
+        if (m->table_digest == membership_digest(p->membership)) {
+                l->differs = false;
+                l->pulls = 0;
+                return;
+        }
+        if (!l->differs) {
+                l->differs = true;
+                l->differs_since_ms = now;
+        }
+        if (m->body == PEER_HELLO && m->n_members > 0)
+                return; /* its table is on its way (a long one in several hellos) */
+        wait = ((int64_t) p->heartbeat_ms * PROTOCOL_TABLE_ROUNDS) << MIN(l->pulls, 5u);
+        if (m->table_members <= membership_count(p->membership) &&
+            now - l->differs_since_ms < wait)
+                return;
+        if (p->pulled_at_ms != 0 && now - p->pulled_at_ms < (int64_t) p->heartbeat_ms / 2)
+                return;
+        p->pulled_at_ms = now;
+        l->differs_since_ms = now;
+        l->pulls++;
+        reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_table = true });
+}
+
+/* Whether the others must hear of a member that joined through us: when it knows less than
+ * half our table it will not dial them all soon (a daemon without digests: always). */
+static bool announce_due(Protocol *p, const PeerMessage *m) {
+        return !m->has_table || (size_t) m->table_members * 2 < membership_count(p->membership);
+}
+
 /* What a message asks of us once its sender is believed. */
 static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
         switch (m->body) {
@@ -393,8 +446,9 @@ static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
                 break;
         case PEER_WHO: {
                 ProtocolLink *l = link_find(p, m->sender.address);
+                /* A daemon without digests learns tables from hellos only. */
                 if (l)
-                        link_send_hello(p, l, now);
+                        link_send_hello(p, l, m->want_table || !m->has_table, now);
                 break;
         }
         case PEER_FORGET:
@@ -454,13 +508,15 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_JOINED, .member = &m->sender,
                                          .flag = v == MEMBER_RESTARTED });
                 link_heard(p, m->sender.address, v == MEMBER_RESTARTED, now);
-                announce(p, m->sender.name, now);
+                if (announce_due(p, m))
+                        announce(p, m->sender.name, now);
                 break;
         default:
                 link_heard(p, m->sender.address, false, now);
                 break;
         }
         on_body(p, m, now);
+        table_check(p, o, m, now);
 }
 
 /* --- time and commands --- */
