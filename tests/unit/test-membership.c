@@ -495,6 +495,39 @@ static void test_registry_digests(void **state) {
         assert_string_equal(digest_in(m, "node-c"), DIGEST_B);
 }
 
+/* The digest sums the members' (name, start): order does not matter, a restart and a removal
+ * change it, a state does not. */
+static void test_table_digest(void **state) {
+        _cleanup_(membership_freep) Membership *a = new_self("node-a", -1);
+        _cleanup_(membership_freep) Membership *b = NULL;
+        MemberInfo self_b = info("node-b", -1, "127.0.0.1:7001", 2, 100);
+        MemberInfo self_a = info("node-a", -1, "127.0.0.1:7000", 1, 100);
+        FamilyError error = {};
+        uint64_t d;
+
+        assert_int_equal(membership_new(&self_b, &timeouts, 0, &b), 0);
+        assert_int_equal(membership_digest(a), membership_digest_member("node-a", 1));
+        assert_int_equal(heard(a, self_b, 1, 10), MEMBER_JOINED);
+        assert_int_equal(heard(a, info("node-c", -1, "127.0.0.1:7002", 3, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(b, info("node-c", -1, "127.0.0.1:7002", 3, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(b, self_a, 1, 10), MEMBER_JOINED);
+        assert_int_equal(membership_digest(a), membership_digest(b));
+        d = membership_digest(a);
+        assert_true(membership_tick(a, 2000)); /* b and c down: states are not in it */
+        assert_int_equal(membership_digest(a), d);
+        /* c restarts: another start, another digest. */
+        assert_int_equal(heard(a, info("node-c", -1, "127.0.0.1:7002", 4, 200), 1, 2000),
+                         MEMBER_RESTARTED);
+        assert_true(membership_digest(a) != d);
+        assert_int_equal(membership_digest(a), d - membership_digest_member("node-c", 3) +
+                                                       membership_digest_member("node-c", 4));
+        assert_int_equal(membership_forget(a, "node-b", 0, false, 2000, &error), 1);
+        assert_int_equal(membership_digest(a), membership_digest_member("node-a", 1) +
+                                                       membership_digest_member("node-c", 4));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_join_and_order),
@@ -512,6 +545,7 @@ int main(void) {
                 cmocka_unit_test(test_version_jump_refused),
                 cmocka_unit_test(test_restart_only_from_the_node),
                 cmocka_unit_test(test_max_nodes),
+                cmocka_unit_test(test_table_digest),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
