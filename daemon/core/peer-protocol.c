@@ -37,6 +37,7 @@ struct Protocol {
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
         int64_t pulled_at_ms; /* a table was last asked for; 0: never */
+        uint64_t random;
         int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
         int64_t link_lie_noted_ms;
 };
@@ -150,12 +151,28 @@ static void announce(Protocol *p, const char *name, int64_t now) {
                         link_send(p, l, &m);
 }
 
-static void send_heartbeats(Protocol *p) {
-        PeerMessage heartbeat = { .body = PEER_HEARTBEAT };
+/* xorshift64: which links hear a change first; no secret, only spread. */
+static uint64_t protocol_random(Protocol *p) {
+        p->random ^= p->random << 13;
+        p->random ^= p->random >> 7;
+        p->random ^= p->random << 17;
+        return p->random;
+}
 
-        for (ProtocolLink *l = p->links; l; l = l->next)
-                if (!l->refused && l->endpoint)
-                        link_send(p, l, &heartbeat);
+/* A heartbeat on every connected link, or on about `fanout` of them chosen at random (0:
+ * all). */
+static void send_heartbeats(Protocol *p, size_t fanout) {
+        PeerMessage heartbeat = { .body = PEER_HEARTBEAT };
+        size_t connected;
+
+        (void) protocol_links(p, &connected);
+        for (ProtocolLink *l = p->links; l; l = l->next) {
+                if (l->refused || !l->endpoint)
+                        continue;
+                if (fanout > 0 && connected > fanout && protocol_random(p) % connected >= fanout)
+                        continue;
+                link_send(p, l, &heartbeat);
+        }
 }
 
 /* --- links --- */
@@ -531,7 +548,7 @@ void protocol_tick(Protocol *p, int64_t now) {
                                                          .address = l->address });
                         link_dial(p, l, now);
                 }
-        send_heartbeats(p);
+        send_heartbeats(p, 0);
 }
 
 void protocol_set_local_digest(Protocol *p, const char *digest) {
@@ -563,13 +580,14 @@ void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
         uint64_t revision = membership_revision(p->membership);
         uint64_t changes = membership_changes(p->membership);
 
-        /* A change made here goes out at once (at most every quarter interval), so the
-         * others take its version within a round trip instead of a heartbeat interval.
-         * Versions merely taken from peers are not echoed. */
+        /* A change made here goes out at once (at most every quarter interval) to
+         * PROTOCOL_EAGER_FANOUT links, so those take its version within a round trip and the
+         * rest within a heartbeat interval; versions merely taken from peers are not echoed.
+         * (To every link, a change all N members see cost N^2 messages.) */
         if (changes != p->sent_changes && now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
                 p->sent_changes = changes;
                 p->eager_at_ms = now;
-                send_heartbeats(p);
+                send_heartbeats(p, PROTOCOL_EAGER_FANOUT);
         }
         if (v == p->published_version && revision == p->published_revision && !p->dirty)
                 return;
@@ -601,6 +619,7 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
         if (r < 0)
                 return r;
         membership_set_max_nodes(p->membership, params->max_nodes);
+        p->random = p->self.boot_id | 1;
         p->dirty = true;
         *ret = TAKE_PTR(p);
         return 0;

@@ -20,7 +20,7 @@
  * directly from a node that knows less than half of our table is announced once to the other
  * links; a node that knows the table dials every member itself. After that each interval costs
  * one small heartbeat per link. A change made here goes out eagerly (at most every quarter
- * interval), so the others take its version within a round trip.
+ * interval) to PROTOCOL_EAGER_FANOUT links, so they take its version within a round trip.
  *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
@@ -48,6 +48,9 @@
 /* A member whose table digest differs from ours (and knows no more nodes) is asked for its
  * table after this many heartbeats of difference. */
 #define PROTOCOL_TABLE_ROUNDS 3
+/* A change made here goes out at once to about this many links chosen at random (all of them
+ * in a cluster this small or smaller); the others hear it with the next heartbeat. */
+#define PROTOCOL_EAGER_FANOUT 8
 /* A refused version or a lying link is noted at most once per sender in this long. */
 #define PROTOCOL_VERSION_NOTE_MS 10000
 

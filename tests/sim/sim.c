@@ -218,8 +218,8 @@ static void print_row(const SimRow *r) {
         fflush(stdout);
 }
 
-/* Every run agreed, and a crash was suspected and seen down within a tick of the timeouts
- * (plus a flush and the latency). */
+/* Every run agreed, a crash was suspected and seen down within a tick of the timeouts (plus a
+ * flush and the latency), and a join cost O(N) messages, not one per pair of members. */
 static bool row_within_bounds(const SimOptions *o, const SimRow *r) {
         const SimConfig *c = &o->config;
         double tick = c->heartbeat_ms / 1000.0, slack = 0.1;
@@ -229,11 +229,12 @@ static bool row_within_bounds(const SimOptions *o, const SimRow *r) {
              r->first_suspect_s <= c->suspect_ms / 1000.0 + tick + slack;
         ok = ok && r->all_down_s >= 0 && r->all_down_s <= c->down_ms / 1000.0 + tick + slack;
         ok = ok && r->converge_s >= 0 && r->converge_s <= 30;
+        ok = ok && r->join_msgs <= 20.0 * (double) r->n;
         if (!ok)
                 fprintf(stderr, "familyd-sim: %zu members: out of bounds (agreed: %s, first "
-                        "suspect %.2f s, all down %.2f s, agree %.2f s)\n",
+                        "suspect %.2f s, all down %.2f s, agree %.2f s, join %.0f messages)\n",
                         r->n, r->ok ? "yes" : "no", r->first_suspect_s, r->all_down_s,
-                        r->converge_s);
+                        r->converge_s, r->join_msgs);
         return ok;
 }
 
