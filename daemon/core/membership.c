@@ -163,7 +163,8 @@ bool membership_set_local_digest(Membership *m, const char *digest) {
 }
 
 void membership_set_max_nodes(Membership *m, size_t max_nodes) {
-        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS : MIN(max_nodes, (size_t) FAMILYD_MAX_PEERS);
+        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS :
+                                        MIN(max_nodes, (size_t) MEMBERSHIP_MAX_NODES_CEILING);
 }
 
 size_t membership_max_nodes(const Membership *m) {

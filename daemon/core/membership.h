@@ -72,15 +72,15 @@ typedef struct Membership Membership;
 
 /* The most --max-nodes may say (membership_set_max_nodes()); the default stays
  * FAMILYD_MAX_PEERS. A table digest naming more members is not a daemon's. */
-#define MEMBERSHIP_MAX_NODES_CEILING 1048576u
+#define MEMBERSHIP_MAX_NODES_CEILING 65536u
 
 int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
                    Membership **ret);
 Membership *membership_free(Membership *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Membership *, membership_free);
 
-/* The most members the table holds, this node included (--max-nodes; default and ceiling
- * FAMILYD_MAX_PEERS). */
+/* The most members the table holds, this node included (--max-nodes; default
+ * FAMILYD_MAX_PEERS, ceiling MEMBERSHIP_MAX_NODES_CEILING). */
 void membership_set_max_nodes(Membership *m, size_t max_nodes);
 size_t membership_max_nodes(const Membership *m);
 /* Whether `n` records (a hello's list) fit: false when the ones not known here would take the

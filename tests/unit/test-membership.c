@@ -406,7 +406,9 @@ static void test_max_nodes(void **state) {
         membership_set_max_nodes(m, 0);
         assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
         membership_set_max_nodes(m, 1u << 30);
-        assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
+        assert_int_equal(membership_max_nodes(m), MEMBERSHIP_MAX_NODES_CEILING);
+        membership_set_max_nodes(m, 10000); /* above the default: configurable */
+        assert_int_equal(membership_max_nodes(m), 10000);
         membership_set_max_nodes(m, 3);
         assert_true(membership_can_take(m, list, 2));
         assert_false(membership_can_take(m, list, 3));
