@@ -21,7 +21,6 @@ typedef struct ProtocolLink {
         int64_t retry_at_ms;
         bool differs;            /* the member's table digest is not ours */
         int64_t differs_since_ms; /* since then, or since we last asked it for its table */
-        unsigned pulls;          /* tables asked of it while the difference lasted */
         struct ProtocolLink *next;
 } ProtocolLink;
 
@@ -37,6 +36,8 @@ struct Protocol {
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
         int64_t pulled_at_ms; /* a table was last asked for; 0: never */
+        uint64_t pulled_digest; /* ours then */
+        unsigned fruitless;     /* tables asked for in a row that did not change ours */
         uint64_t random;
         int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
         int64_t link_lie_noted_ms;
@@ -415,19 +416,19 @@ static void note_version_refused(Protocol *p, const PeerMessage *m, int64_t now)
 }
 
 /* A member whose table differs from ours is asked for it: at once when it knows more nodes,
- * else once the difference has lasted PROTOCOL_TABLE_ROUNDS heartbeats (doubling per table
- * asked that did not end it, as a member we refuse or forgot keeps it); at most once per half
- * heartbeat in all. */
+ * else once the difference has lasted PROTOCOL_TABLE_ROUNDS heartbeats. At most once per half
+ * heartbeat in all, doubling up to PROTOCOL_TABLE_BACKOFF times while the tables asked for
+ * change nothing here (they name a member we refuse or forgot). */
 static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
                         int64_t now) {
         ProtocolLink *l = link_find(p, m->sender.address);
-        int64_t wait;
+        uint64_t digest = membership_digest(p->membership);
+        bool fruitless;
 
         if (!m->has_table || !l)
                 return;
-        if (m->table_digest == membership_digest(p->membership)) {
+        if (m->table_digest == digest) {
                 l->differs = false;
-                l->pulls = 0;
                 return;
         }
         if (!l->differs) {
@@ -436,15 +437,18 @@ static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage 
         }
         if (m->body == PEER_HELLO && m->n_members > 0)
                 return; /* its table is on its way (a long one in several hellos) */
-        wait = ((int64_t) p->heartbeat_ms * PROTOCOL_TABLE_ROUNDS) << MIN(l->pulls, 5u);
         if (m->table_members <= membership_count(p->membership) &&
-            now - l->differs_since_ms < wait)
+            now - l->differs_since_ms < (int64_t) p->heartbeat_ms * PROTOCOL_TABLE_ROUNDS)
                 return;
-        if (p->pulled_at_ms != 0 && now - p->pulled_at_ms < (int64_t) p->heartbeat_ms / 2)
+        fruitless = p->pulled_at_ms != 0 && p->pulled_digest == digest;
+        if (p->pulled_at_ms != 0 &&
+            now - p->pulled_at_ms < ((int64_t) p->heartbeat_ms / 2)
+                                            << (fruitless ? p->fruitless : 0))
                 return;
+        p->fruitless = fruitless ? MIN(p->fruitless + 1, (unsigned) PROTOCOL_TABLE_BACKOFF) : 0;
         p->pulled_at_ms = now;
+        p->pulled_digest = digest;
         l->differs_since_ms = now;
-        l->pulls++;
         reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_table = true });
 }
 

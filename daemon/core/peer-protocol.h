@@ -48,6 +48,9 @@
 /* A member whose table digest differs from ours (and knows no more nodes) is asked for its
  * table after this many heartbeats of difference. */
 #define PROTOCOL_TABLE_ROUNDS 3
+/* Tables are asked for at most once per half heartbeat; while they change nothing here, the
+ * wait doubles up to 2^PROTOCOL_TABLE_BACKOFF times (32 s at the default 1 s heartbeat). */
+#define PROTOCOL_TABLE_BACKOFF 6
 /* A change made here goes out at once to about this many links chosen at random (all of them
  * in a cluster this small or smaller); the others hear it with the next heartbeat. */
 #define PROTOCOL_EAGER_FANOUT 8

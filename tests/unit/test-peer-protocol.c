@@ -540,6 +540,37 @@ static void test_hello_past_max_nodes_refused(void **state) {
         assert_int_equal(b->refused_us, 1); /* the refusal came back on b's link */
 }
 
+/* Tables that can never agree (each side refuses the other's member: one node rank, two
+ * nodes) are asked for less and less often, not every few heartbeats forever. */
+static void test_fruitless_asks_back_off(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = NULL };
+        MemberInfo z = { .name = "node-z", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo y = { .name = "node-y", .node_rank = 7, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = z },
+                            net.now);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = y },
+                            net.now);
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        unsigned asks = net.table_asks;
+        run(60);
+        /* Every PROTOCOL_TABLE_ROUNDS heartbeats would be 20 each; doubling waits, about 7. */
+        assert_true(net.table_asks > asks);
+        assert_true(net.table_asks - asks <= 2 * 8);
+        assert_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        assert_null(membership_find(protocol_membership(b->protocol), "node-z"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_join_through_seed, setup, teardown),
@@ -549,6 +580,7 @@ int main(void) {
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_lasting_difference_asks_for_table, setup,
                                                 teardown),
+                cmocka_unit_test_setup_teardown(test_fruitless_asks_back_off, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_crash_suspect_then_down, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_and_backoff, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_on_foreign_link_ignored, setup,
