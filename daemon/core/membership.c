@@ -408,7 +408,15 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
                 e->state = NODE_UP;
                 *ret = MEMBER_KNOWN;
         } else if (sender->partial) {
-                *ret = MEMBER_UNKNOWN;
+                /* Asking a start whose name or rank is taken for its record would tell it ours
+                 * (a who names us): it is refused as its hello would be. */
+                _cleanup_free_ char *reason = NULL;
+                r = membership_check_identity(m, sender, e, &reason);
+                if (r < 0)
+                        return r;
+                *ret = reason ? MEMBER_REFUSED : MEMBER_UNKNOWN;
+                if (reason && ret_refusal)
+                        *ret_refusal = TAKE_PTR(reason);
                 return 0;
         } else {
                 r = membership_heard_start(m, sender, e, now_ms, ret, ret_refusal);

@@ -253,6 +253,13 @@ static void test_partial_records(void **state) {
         uint64_t changes = membership_changes(m);
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
         assert_int_equal(membership_changes(m), changes + 1);
+        /* A heartbeat of another start of the live node-b at another address, before its
+         * hello's refusal reached it: refused too, not asked who (the who would name us). */
+        MemberInfo dup = info("node-b", -1, "h:9", 9, 200);
+        dup.partial = true;
+        dup.n_devices = 0;
+        assert_int_equal(heard(m, dup, 1, 0), MEMBER_REFUSED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
         /* Once known, the slim heartbeat keeps it alive and keeps its devices. */
         membership_tick(m, 500);
         assert_int_equal(membership_find(m, "node-b")->state, NODE_SUSPECT);
