@@ -9,6 +9,7 @@
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include "huge-pages.h"
 #include "segment.h"
@@ -57,6 +58,36 @@ static int memfd_new(const char *name, unsigned extra_flags) {
 /* s's memfd of s->size bytes, sealed and mapped for the fill; huge: a hugetlb memfd, whose
  * pages the shared mapping reserves (-ENOMEM when too few are free), so the fill can never
  * fault for want of one (SIGBUS). Sets nothing in s on failure. */
+/* A shared mapping of fd at an address aligned to a PMD (2 MiB), so that addresses and file
+ * offsets agree modulo a huge page, which shmem THP needs to map huge entries. The kernel
+ * aligns large shmem mappings itself, but not every process places them so (valgrind does its
+ * own placing): a span of anonymous address space is taken and the file mapped inside it. */
+#define SEGMENT_THP_ALIGN ((uintptr_t) 2 << 20)
+static void *segment_map_thp_aligned(int fd, size_t size) {
+        size_t page = (size_t) sysconf(_SC_PAGESIZE);
+        size_t length = (size + page - 1) / page * page;
+        size_t span = length + SEGMENT_THP_ALIGN;
+        uint8_t *area, *start;
+        void *p;
+
+        area = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (area == MAP_FAILED)
+                return MAP_FAILED;
+        start = (uint8_t *) (((uintptr_t) area + SEGMENT_THP_ALIGN - 1) & ~(SEGMENT_THP_ALIGN - 1));
+        p = mmap(start, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (p == MAP_FAILED) {
+                int e = errno;
+                (void) munmap(area, span);
+                errno = e;
+                return MAP_FAILED;
+        }
+        if (start > area)
+                (void) munmap(area, (size_t) (start - area));
+        if (area + span > start + length)
+                (void) munmap(start + length, (size_t) (area + span - (start + length)));
+        return p;
+}
+
 static int segment_memfd(ShardSegment *s, const char *name, bool huge) {
         _cleanup_close_ int fd = -EBADF;
         void *p;
@@ -74,12 +105,14 @@ static int segment_memfd(ShardSegment *s, const char *name, bool huge) {
          * handouts. hugetlb memfds take the same seals (Linux 4.16+). */
         if (fcntl(fd, F_ADD_SEALS, SHARD_SEGMENT_SEALS | F_SEAL_SEAL) < 0)
                 return -errno;
-        p = mmap(NULL, (size_t) s->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED)
-                return -errno;
         /* shmem THP in advise mode: the fill's first touch then allocates huge folios, which
          * clients that ask the same (libfamilyd's populate) map with huge entries too. */
-        if (!huge && huge_pages_shmem_advise())
+        bool thp = !huge && huge_pages_shmem_advise();
+        p = thp ? segment_map_thp_aligned(fd, (size_t) s->size)
+                : mmap(NULL, (size_t) s->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        if (thp)
                 (void) madvise(p, (size_t) s->size, MADV_HUGEPAGE);
         s->fd = TAKE_FD(fd);
         s->mapping = p;
