@@ -22,6 +22,12 @@
  *              gets now. grpc/(map+read) and the floor goal use this one.
  *   read floor the same sum again over the populated mapping just read, every page resident
  *              in it: what the read costs without page faults, on the same pages (huge or not).
+ *   host mapping  a plain memfd of the same bytes made by this process (no familyd), written
+ *              once, then in every round mapped, populated and read exactly as the shard: what
+ *              any fresh mapping of these pages costs on this host, whoever made them. On 4 KiB
+ *              pages that is the page-table entries' cost, which no daemon can avoid (a
+ *              hypervisor that shadows page tables makes the first use of every new entry
+ *              expensive: docs/benchmarks.md). Measured for the sizes not on hugetlb pages.
  *   grpc       a unary call to a gRPC core server in this process (its own completion-queue
  *              thread, its own Unix socket, max message lengths raised on both ends) whose reply
  *              is size bytes of 1.0f: a preallocated, pre-faulted payload referenced, not
@@ -59,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -129,6 +136,12 @@ static Options opt = {
         .call_timeout_ms = 120000,
 };
 
+/* One round of the host mapping (measure_reads()), in its parts. */
+typedef struct HostRound {
+        uint64_t total_ns, populate_ns, read_ns;
+        long populate_faults, read_faults;
+} HostRound;
+
 typedef struct Result {
         uint64_t size;
         double map_us;       /* median */
@@ -138,6 +151,8 @@ typedef struct Result {
         double grpc_recv_ms; /* median */
         double grpc_ms;      /* median */
         double floor_ms;     /* median: the sum alone, over resident memory */
+        double host_ms;      /* median: a plain memfd of this host, mapped as the shard; 0: none */
+        HostRound host_first; /* the host mapping's first round, in its parts */
 } Result;
 
 static double median_ns(uint64_t *v, size_t n) {
@@ -792,6 +807,73 @@ static int handout_once(const Built *b, bool read, bool pop, uint64_t *ret_map_n
         return r;
 }
 
+/* A plain memfd of size bytes of 1.0f, resident, as a shard is (THP asked as the daemon does). */
+static int host_blob_new(size_t size, int *ret_fd) {
+        float *w;
+        int fd, r = 0;
+
+        fd = memfd_create("handout-bench-host", MFD_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t) size) < 0) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (w == MAP_FAILED) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        (void) madvise(w, size, MADV_HUGEPAGE);
+        for (size_t i = 0; i < size / sizeof(float); i++)
+                w[i] = 1.0f;
+        munmap(w, size);
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Minor page faults of this process so far (every thread). */
+static long minor_faults(void) {
+        struct rusage u;
+
+        return getrusage(RUSAGE_SELF, &u) == 0 ? u.ru_minflt : 0;
+}
+
+/*
+ * The host mapping: the memfd mapped, populated and read as handout_once() does a shard. Its
+ * parts are kept apart (the first round's): the populate with its page faults, and the first
+ * read with its own, which are none once populated: what the first read costs over the floor
+ * then is the new page-table entries' first use, not faults.
+ */
+static int host_once(int fd, size_t size, HostRound *ret) {
+        uint64_t t0 = now_ns(), t1, t2;
+        long f0 = minor_faults(), f1;
+        Piece whole;
+        bool ok;
+        void *p;
+        int r;
+
+        p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        (void) madvise(p, size, MADV_HUGEPAGE);
+        r = populate(p, size);
+        t1 = now_ns();
+        f1 = minor_faults();
+        whole = (Piece) { .p = p, .len = size };
+        if (r >= 0 && parallel_sum(&whole, 1, size, &ok) != (double) (size / sizeof(float))) {
+                snprintf(last_error, sizeof(last_error), "host mapping: wrong sum");
+                r = -EBADMSG;
+        }
+        t2 = now_ns();
+        *ret = (HostRound) { .total_ns = t2 - t0, .populate_ns = t1 - t0, .read_ns = t2 - t1,
+                             .populate_faults = f1 - f0, .read_faults = minor_faults() - f1 };
+        munmap(p, size);
+        return r;
+}
+
 /* ---- the gRPC baseline: a server in this process ------------------------------------------ */
 
 typedef struct BlobCall {
@@ -1082,25 +1164,37 @@ static int grpc_once(grpc_channel *ch, grpc_completion_queue *cq, uint64_t size,
  * size alike. The read rounds (map+read, then gRPC, in turn) go size by size. All builds are
  * released at the end, even after a failure.
  */
-/* One size's read rounds: map+read lazy, map+read populated, gRPC, the floor, in turn. */
+/* One size's read rounds: map+read lazy, map+read populated, gRPC, the floor, and (on pages
+ * that are not hugetlb) the host mapping, in turn. */
 static int measure_reads(const Built *b, grpc_channel *blob_ch, grpc_completion_queue *blob_cq,
                          const BlobServer *blob, uint64_t *map_ns, Result *res) {
-        uint64_t *lazy_ns, *pop_ns, *recv_ns, *grpc_ns, *floor_ns, scratch;
-        int r = 0;
+        uint64_t *lazy_ns, *pop_ns, *recv_ns, *grpc_ns, *floor_ns, *host_ns, scratch;
+        int r = 0, host_fd = -1;
 
         lazy_ns = calloc(opt.rounds, sizeof(uint64_t));
         pop_ns = calloc(opt.rounds, sizeof(uint64_t));
         recv_ns = calloc(opt.rounds, sizeof(uint64_t));
         grpc_ns = calloc(opt.rounds, sizeof(uint64_t));
         floor_ns = calloc(opt.rounds, sizeof(uint64_t));
-        if (!lazy_ns || !pop_ns || !recv_ns || !grpc_ns || !floor_ns)
+        host_ns = calloc(opt.rounds, sizeof(uint64_t));
+        if (!lazy_ns || !pop_ns || !recv_ns || !grpc_ns || !floor_ns || !host_ns)
                 r = -ENOMEM;
+        if (r >= 0 && !res->huge)
+                r = host_blob_new(b->size_bytes, &host_fd);
         for (unsigned k = 0; r >= 0 && k < opt.rounds; k++) {
                 r = handout_once(b, true, false, &map_ns[k], &lazy_ns[k], NULL);
                 if (r >= 0)
                         r = handout_once(b, true, true, &scratch, &pop_ns[k], &floor_ns[k]);
                 if (r >= 0)
                         r = grpc_once(blob_ch, blob_cq, res->size, &recv_ns[k], &grpc_ns[k]);
+                if (r >= 0 && host_fd >= 0) {
+                        HostRound h;
+
+                        r = host_once(host_fd, b->size_bytes, &h);
+                        host_ns[k] = h.total_ns;
+                        if (k == 0)
+                                res->host_first = h;
+                }
         }
         if (r >= 0) {
                 res->map_read_ms = median_ns(lazy_ns, opt.rounds) / 1e6;
@@ -1108,7 +1202,11 @@ static int measure_reads(const Built *b, grpc_channel *blob_ch, grpc_completion_
                 res->grpc_recv_ms = median_ns(recv_ns, opt.rounds) / 1e6;
                 res->grpc_ms = median_ns(grpc_ns, opt.rounds) / 1e6;
                 res->floor_ms = median_ns(floor_ns, opt.rounds) / 1e6;
+                res->host_ms = host_fd >= 0 ? median_ns(host_ns, opt.rounds) / 1e6 : 0;
         }
+        if (host_fd >= 0)
+                close(host_fd);
+        free(host_ns);
         free(lazy_ns);
         free(pop_ns);
         free(recv_ns);
@@ -1177,10 +1275,10 @@ static int measure_all(Familyd *f, grpc_channel *blob_ch, grpc_completion_queue 
                 }
                 res[i].map_us = median_ns(&map_ns[i * per_map], per_map) / 1e3;
                 printf("%" PRIu64 " MiB%s: map %.1f us, map+read %.3f ms, map+populate+read %.3f ms, "
-                       "read floor %.3f ms, grpc recv %.3f ms, grpc %.3f ms\n",
+                       "read floor %.3f ms, grpc recv %.3f ms, grpc %.3f ms, host mapping %.3f ms\n",
                        opt.sizes_mib[i], res[i].huge ? " (huge pages)" : "", res[i].map_us,
                        res[i].map_read_ms, res[i].map_pop_read_ms, res[i].floor_ms,
-                       res[i].grpc_recv_ms, res[i].grpc_ms);
+                       res[i].grpc_recv_ms, res[i].grpc_ms, res[i].host_ms);
                 fflush(stdout);
         }
 
@@ -1274,6 +1372,19 @@ static bool print_report(const Result *res, size_t n) {
                 printf("ratio over the read floor @%" PRIu64 "MiB (%s pages) lazy %.3f populated %.3f\n",
                        res[i].size / MIB, res[i].huge ? "huge" : "4 KiB",
                        res[i].map_read_ms / res[i].floor_ms, res[i].map_pop_read_ms / res[i].floor_ms);
+        for (size_t i = 0; i < n; i++)
+                if (res[i].host_ms > 0)
+                        printf("host mapping @%" PRIu64 "MiB (a plain memfd, mapped, populated and read the same way): "
+                               "%.3f over the read floor; familyd populated / host mapping %.3f\n",
+                               res[i].size / MIB, res[i].host_ms / res[i].floor_ms,
+                               res[i].map_pop_read_ms / res[i].host_ms);
+        for (size_t i = 0; i < n; i++)
+                if (res[i].host_ms > 0)
+                        printf("host mapping @%" PRIu64 "MiB in parts: populate %.3f ms (%ld page faults), "
+                               "first read %.3f ms (%ld page faults), read floor %.3f ms\n",
+                               res[i].size / MIB, res[i].host_first.populate_ns / 1e6,
+                               res[i].host_first.populate_faults, res[i].host_first.read_ns / 1e6,
+                               res[i].host_first.read_faults, res[i].floor_ms);
 
         flat = large->map_us / small->map_us;
         ratio = large->grpc_ms / large->map_pop_read_ms;

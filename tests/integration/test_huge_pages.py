@@ -34,6 +34,7 @@ sys.path.insert(0, PYDIR)
 os.environ.setdefault("FAMILYD_DESCRIPTORS", H.descriptor_set_path())
 import familyd  # noqa: E402
 from familyd import shard as fshard  # noqa: E402
+from smaps import mapping_fields as smaps_of  # noqa: E402
 import test_durability_util as U  # noqa: E402
 from fake_manager import FakeManager  # noqa: E402
 from test_durability_fdstore import ManagedDaemon  # noqa: E402
@@ -78,24 +79,6 @@ def meminfo(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return None
-
-
-def smaps_of(mm):
-    """The /proc/self/smaps fields (kB) of the mapping mm, by name."""
-    addr = fshard._address(mm)
-    fields, inside = {}, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                start = int(head.split("-")[0], 16)
-                inside = start == addr
-            elif inside and head.endswith(":") and len(line.split()) >= 2:
-                try:
-                    fields[head[:-1]] = int(line.split()[1])
-                except ValueError:
-                    pass
-    return fields
 
 
 LOCK = None

@@ -24,6 +24,7 @@ sys.path.insert(0, PYDIR)
 os.environ.setdefault("FAMILYD_DESCRIPTORS", H.descriptor_set_path())
 import familyd  # noqa: E402
 from familyd import shard as fshard  # noqa: E402
+from smaps import resident_kib as rss_kib  # noqa: E402
 
 MiB = 1 << 20
 N_FLOATS = 24 * MiB     # 96 MiB: two populating threads' worth (64 MiB each at most)
@@ -49,20 +50,6 @@ C = None
 TMP = None
 LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-
-
-def rss_kib(mm):
-    """Rss (plus hugetlb pages, which Rss leaves out) of the mapping mm, in kB."""
-    addr = fshard._address(mm)
-    fields, inside = {}, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                inside = int(head.split("-")[0], 16) == addr
-            elif inside and head in ("Rss:", "Shared_Hugetlb:", "Private_Hugetlb:"):
-                fields[head] = int(line.split()[1])
-    return sum(fields.values())
 
 
 def mincore_resident(mm):
