@@ -327,6 +327,7 @@ static int daemon_start_cluster(Daemon *d, const Config *c) {
                 .tls_key_path = c->coordinator_key,
                 .down_ms = c->down_ms,
                 .forget_after_ms = c->forget_after_ms,
+                .max_nodes = c->max_nodes,
                 .manager = d->manager,
         };
         int r;

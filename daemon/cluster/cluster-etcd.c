@@ -302,7 +302,7 @@ int cluster_etcd_new(const ClusterEtcdParams *p, ClusterEtcd **ret) {
             asprintf(&c->alive_key, "%salive/%s", c->prefix, local->name) < 0 ||
             asprintf(&c->member_key, "%smembers/%s", c->prefix, local->name) < 0)
                 return -ENOMEM;
-        r = cluster_table_new(c->prefix, p->cluster, local, &c->table);
+        r = cluster_table_new(c->prefix, p->cluster, local, p->max_nodes, &c->table);
         if (r < 0)
                 return r;
         r = cluster_ucx_new(&c->ucx);

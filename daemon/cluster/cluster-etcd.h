@@ -1,6 +1,7 @@
 /* cluster-etcd.h: the daemon's membership in etcd (--coordinator): its records, the topology from the watch. */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -12,6 +13,7 @@ typedef struct ClusterEtcdParams {
         const char *tls_ca_path, *tls_cert_path, *tls_key_path; /* NULL: plaintext */
         uint64_t down_ms;         /* the lease's TTL, rounded up to whole seconds, at least 2 s */
         uint64_t forget_after_ms; /* 0: never */
+        size_t max_nodes;         /* --max-nodes: members a topology takes, oldest records first */
         Manager *manager;         /* receives each new topology; this node from its config */
 } ClusterEtcdParams;
 

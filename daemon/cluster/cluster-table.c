@@ -17,12 +17,14 @@ typedef struct ClusterEntry {
         int64_t changed_ms;      /* CLOCK_MONOTONIC: when alive last changed here */
         int64_t changed_unix_ms;
         bool rank_refusal_logged; /* for this value of the record */
+        bool full_refusal_logged; /* likewise: past max_nodes */
 } ClusterEntry;
 
 struct ClusterTable {
         char *prefix, *members_prefix, *alive_prefix;
         char *cluster;
         Node local;
+        size_t max_nodes;
         ClusterEntry *entries;
         size_t n_entries, allocated;
         uint64_t version;
@@ -40,7 +42,7 @@ static void entry_done(ClusterEntry *e) {
 }
 
 int cluster_table_new(const char *prefix, const char *cluster, const Node *local,
-                      ClusterTable **ret) {
+                      size_t max_nodes, ClusterTable **ret) {
         _cleanup_(cluster_table_freep) ClusterTable *t = calloc(1, sizeof(ClusterTable));
         int r;
 
@@ -56,6 +58,7 @@ int cluster_table_new(const char *prefix, const char *cluster, const Node *local
                 return r;
         t->local.state = NODE_UP;
         t->local.local = true;
+        t->max_nodes = max_nodes > 0 ? max_nodes : FAMILYD_MAX_PEERS;
         t->dirty = true;
         *ret = TAKE_PTR(t);
         return 0;
@@ -153,6 +156,7 @@ static void apply_member(ClusterTable *t, const CoordEvent *e, const char *name,
         coord_member_done(&entry->record);
         entry->has_record = ok;
         entry->rank_refusal_logged = false;
+        entry->full_refusal_logged = false;
         if (ok) {
                 entry->record = m;
                 m = (CoordMember) {};
@@ -236,8 +240,9 @@ static const char *rank_holder(const Node *nodes, size_t n, int64_t rank) {
         return NULL;
 }
 
-/* Oldest record first: of two holding one node rank, the older stays. The local node holds its
- * own rank whatever its record's age: it cannot leave its own topology. */
+/* Oldest record first: of two holding one node rank, the older stays, and past max_nodes the
+ * newer records wait. The local node holds its own rank and its place whatever its record's
+ * age: it cannot leave its own topology. */
 static int collect_nodes(ClusterTable *t, int64_t now_unix_ms, Node *nodes, size_t *n) {
         _cleanup_free_ ClusterEntry **order = calloc(MAX(t->n_entries, (size_t) 1),
                                                      sizeof(ClusterEntry *));
@@ -264,6 +269,15 @@ static int collect_nodes(ClusterTable *t, int64_t now_unix_ms, Node *nodes, size
                         e->rank_refusal_logged = true;
                         continue;
                 }
+                if (*n >= t->max_nodes) {
+                        if (!e->full_refusal_logged)
+                                log_warning("Refusing the member record %s%s: the cluster has "
+                                            "--max-nodes %zu members with older records, ignoring",
+                                            t->members_prefix, e->name, t->max_nodes);
+                        e->full_refusal_logged = true;
+                        continue;
+                }
+                e->full_refusal_logged = false; /* a member now: a later refusal is news */
                 r = node_of_entry(e, now_unix_ms, &nodes[*n]);
                 if (r < 0)
                         return r;

@@ -6,12 +6,14 @@
  * the member record of `members/<name>` when one decoded, and whether `alive/<name>` exists.
  * Single-threaded: the owner (cluster-etcd.c) holds its lock around every call. Each record
  * is refused at most once per value with one log line: bytes that do not decode (coord layer),
- * a record of another cluster, a node rank an older record (lower create_revision) holds. The
+ * a record of another cluster, a node rank an older record (lower create_revision) holds, a
+ * record past max_nodes members (the local node and the oldest records are the members). The
  * version is the newest mod_revision seen under the prefix (an event's, or after a re-read the
  * newest key's), never lower than before.
  */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "coord/coord-client.h"
@@ -19,9 +21,11 @@
 
 typedef struct ClusterTable ClusterTable;
 
-/* prefix: "/familyd/<cluster>/"; local: this node as its own configuration says (copied). */
+/* prefix: "/familyd/<cluster>/"; local: this node as its own configuration says (copied);
+ * max_nodes: the most members a topology takes, the local node included (--max-nodes; 0:
+ * FAMILYD_MAX_PEERS). */
 int cluster_table_new(const char *prefix, const char *cluster, const Node *local,
-                      ClusterTable **ret);
+                      size_t max_nodes, ClusterTable **ret);
 ClusterTable *cluster_table_free(ClusterTable *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(ClusterTable *, cluster_table_free);
 

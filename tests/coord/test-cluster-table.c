@@ -16,13 +16,17 @@
 static Device host = { .local_index = 0, .kind = "host", .name = "host0", .uuid = "",
                        .pci_bus_id = "", .numa_node = -1 };
 
-static ClusterTable *table_new(const char *local, int64_t rank) {
+static ClusterTable *table_new_max(const char *local, int64_t rank, size_t max_nodes) {
         Node n = { .name = (char *) local, .address = (char *) "", .node_rank = rank,
                    .devices = &host, .n_devices = 1 };
         ClusterTable *t = NULL;
 
-        assert_int_equal(cluster_table_new(PREFIX, "c1", &n, &t), 0);
+        assert_int_equal(cluster_table_new(PREFIX, "c1", &n, max_nodes, &t), 0);
         return t;
+}
+
+static ClusterTable *table_new(const char *local, int64_t rank) {
+        return table_new_max(local, rank, 0);
 }
 
 /* members/<name>: a record of cluster `cluster`, created at create_revision, put at rev. */
@@ -143,6 +147,34 @@ static void test_refusals(void **state) {
         assert_int_equal(top->version, 28);
 }
 
+/* --max-nodes 3: the local node and the two oldest records; a newer one waits for a place. */
+static void test_max_nodes(void **state) {
+        _cleanup_(cluster_table_freep) ClusterTable *t = table_new_max("local", -1, 3);
+        _cleanup_(topology_unrefp) Topology *top = NULL;
+
+        put_member(t, "local", -1, "c1", 1, 1, 0); /* its own record is the newest but stays */
+        put_member(t, "d", -1, "c1", 40, 40, 0);
+        put_member(t, "b", -1, "c1", 20, 41, 0);
+        put_member(t, "c", -1, "c1", 30, 42, 0);
+        put_member(t, "a", -1, "c1", 10, 43, 0);
+        top = topology(t);
+        assert_int_equal(top->n_nodes, 3);
+        assert_string_equal(top->nodes[0].name, "a");
+        assert_string_equal(top->nodes[1].name, "b");
+        assert_string_equal(top->nodes[2].name, "local");
+
+        /* "a" forgotten: "c", the oldest waiting, takes its place; "d" still waits. */
+        cluster_table_apply(t, &(CoordEvent) { .type = COORD_EVENT_DELETE,
+                                               .key = PREFIX "members/a", .mod_revision = 44 },
+                            0, 0);
+        topology_unref(top);
+        top = topology(t);
+        assert_int_equal(top->n_nodes, 3);
+        assert_string_equal(top->nodes[0].name, "b");
+        assert_string_equal(top->nodes[1].name, "c");
+        assert_string_equal(top->nodes[2].name, "local");
+}
+
 static void test_forgetting_is_for_the_first_node_up(void **state) {
         _cleanup_(cluster_table_freep) ClusterTable *t = table_new("n1", 1);
         _cleanup_free_ char *due = NULL;
@@ -171,6 +203,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_states_order_and_version),
                 cmocka_unit_test(test_refusals),
+                cmocka_unit_test(test_max_nodes),
                 cmocka_unit_test(test_forgetting_is_for_the_first_node_up),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -404,6 +404,31 @@ class TestBadRecords(unittest.TestCase):
             _, view = c.wait_agreement(states=["up", "up", "down"])
             self.assertEqual([n[0] for n in view[2]], ["node0", "node1", "hand"])
 
+    def test_records_past_max_nodes_wait(self):
+        with EtcdServer() as etcd, EtcdDaemons(etcd.endpoint, 2, extra_args=["--max-nodes", "3"]) as c:
+            c.wait_agreement(states=["up"] * 2)
+            etcd.put("/familyd/c1/members/hand", member_record("hand", node_rank=5))
+            _, view = c.wait_agreement(states=["up", "up", "down"])
+            etcd.put("/familyd/c1/members/extra", member_record("extra", node_rank=6))
+            line = ("Refusing the member record /familyd/c1/members/extra: the cluster has "
+                    "--max-nodes 3 members with older records, ignoring")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not all(
+                    line in c.daemons[i].stderr() for i in range(2)):
+                time.sleep(0.1)
+            for i in range(2):
+                self.assertEqual(c.daemons[i].stderr().count(line), 1, i)
+            _, view = c.wait_agreement(states=["up", "up", "down"])
+            self.assertEqual([n[0] for n in view[2]], ["node0", "node1", "hand"])
+            # A forgotten member frees its place: the waiting record takes it.
+            etcd.delete("/familyd/c1/members/hand")
+            deadline = time.monotonic() + 10
+            names = None
+            while time.monotonic() < deadline and names != ["node0", "node1", "extra"]:
+                _, view = c.wait_agreement(states=["up", "up", "down"])
+                names = [n[0] for n in view[2]]
+            self.assertEqual(names, ["node0", "node1", "extra"])
+
 
 if __name__ == "__main__":
     unittest.main()
