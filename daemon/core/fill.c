@@ -4,14 +4,15 @@
  * DESIGN
  *
  * Determinism. An element's bits depend on its global index only. The generators use integer
- * operations and the IEEE-754 basic operations (+ - * /, int<->float conversions), which
- * are correctly rounded: a scalar, SSE2, AVX2 or AVX-512 instruction gives the same bits. Two
- * things could break that and are ruled out here: contraction of a*b+c into an FMA (off for
- * this file by pragma, for GCC and clang; GCC ignores `#pragma STDC FP_CONTRACT`), and libm,
- * whose vector variants (libmvec) may round differently from the scalar ones. So the normal
- * init uses no libm at all: ln and cos are evaluated by the double-precision polynomials below
- * (error ~1e-15, far below float32's 6e-8), and so is sqrt (Newton steps).
- * Nor -ffast-math: every operation is evaluated as written.
+ * operations and the IEEE-754 float32 basic operations (+ - * sqrt, int<->float conversions),
+ * which are correctly rounded: a scalar, SSE2, AVX2 or AVX-512 instruction gives the same bits.
+ * Two things could break that and are ruled out here: contraction of a*b+c into an FMA (off for
+ * this file by pragma, for GCC and clang; GCC ignores `#pragma STDC FP_CONTRACT`), so a CPU
+ * without FMA computes the same, and libm, whose vector variants (libmvec) may round
+ * differently from the scalar ones. So the normal init uses no libm at all: ln and cos are
+ * float32 polynomials below, with exact argument reductions (error bound: docs/semantics.md,
+ * measured by test-fill), and sqrt is the IEEE instruction. Nor -ffast-math: every operation
+ * is evaluated as written.
  *
  * Speed. Values are produced per batch of up to FILL_BATCH global indices (a multiple of
  * FILL_BLOCK; a partial block computes padding lanes and drops them), one Philox call per element
@@ -255,7 +256,7 @@ int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t se
 typedef struct GenParams {
         uint32_t k0, k1, h;
         float low, span; /* uniform: low, (float) high - (float) low */
-        double mean, std;
+        float mean, std;  /* normal: rounded to float32 */
 } GenParams;
 
 static GenParams gen_params(const FillSpec *spec) {
@@ -267,8 +268,8 @@ static GenParams gen_params(const FillSpec *spec) {
                 .h = spec->name_hash,
                 .low = low,
                 .span = high - low,
-                .mean = spec->a,
-                .std = spec->b,
+                .mean = (float) spec->a,
+                .std = (float) spec->b,
         };
 }
 
@@ -385,110 +386,103 @@ _fill_clones_ static void uniform_from_bits(const GenParams *p, const uint32_t *
                 }
 }
 
-#define LN2 0.693147180559945309417232121458176568
-#define TWO_PI_2M24 (6.283185307179586476925286766559 / 16777216.0) /* exact power-of-two scaling */
-
 /*
- * -2 ln(n * 2^-24) for n in [1, 2^24]. n = 2^e * f with f in [sqrt(1/2), sqrt(2)), taken
- * from the bits of (float) n (exact); ln f = 2 atanh(s), s = (f - 1) / (f + 1), |s| <= 0.1716,
- * series through s^17: relative truncation error < 1e-15.
+ * -2 ln(n * 2^-24) for n in [1, 2^24], in float32. n = 2^k' * f with f in [sqrt(1/2), sqrt(2)),
+ * taken from the bits of (float) n (exact); t = f - 1 is exact (Sterbenz) and
+ * ln f = t + t^2 * Q(t), Q a degree-8 fit of (ln(1 + t) - t) / t^2 on [sqrt(1/2) - 1, sqrt(2) - 1]
+ * with float32 coefficients (|error| < 3.1e-8, so < 1.3e-8 relative in ln f): relative accuracy
+ * near u = 1, where ln u is t itself. k ln 2 is split Cody-Waite style: k * LN2_HI is exact
+ * (LN2_HI has 17 significant bits, |k| <= 24).
  */
-static inline __attribute__((always_inline)) double minus_two_ln_u(uint32_t n) {
+#define LN2_HI 0x1.62e300p-1f /* 0.693138122558593750 */
+#define LN2_LO 0x1.2fefa4p-17f /* ln 2 - LN2_HI, rounded */
+
+static inline __attribute__((always_inline)) float minus_two_ln_u(uint32_t n) {
         uint32_t bits = float_bits((float) (int32_t) n);
         uint32_t mant = bits & UINT32_C(0x7fffff);
         /* The reduction in integers (sqrt(2) is 0x3fb504f3): gcc if-converts integer selects at
          * every vector width, while a select between f and f * 0.5 stays a branch ("could trap"). */
         uint32_t big = mant > UINT32_C(0x3504f3);
-        double e = (double) ((int32_t) (bits >> 23) - 127 - 24 + (int32_t) big);
-        double f = (double) bits_float(mant | (big ? UINT32_C(0x3f000000) : UINT32_C(0x3f800000)));
+        float k = (float) ((int32_t) (bits >> 23) - 127 - 24 + (int32_t) big);
+        float t = bits_float(mant | (big ? UINT32_C(0x3f000000) : UINT32_C(0x3f800000))) - 1.0f;
 
-        double s = (f - 1.0) / (f + 1.0);
-        double s2 = s * s;
-        double q = 1.0 / 17.0;
-        q = q * s2 + 1.0 / 15.0;
-        q = q * s2 + 1.0 / 13.0;
-        q = q * s2 + 1.0 / 11.0;
-        q = q * s2 + 1.0 / 9.0;
-        q = q * s2 + 1.0 / 7.0;
-        q = q * s2 + 1.0 / 5.0;
-        q = q * s2 + 1.0 / 3.0;
-        q = q * s2 + 1.0;
-        double ln_f = 2.0 * s * q;
-        double ln_u = ln_f + e * LN2;
-        return -2.0 * ln_u;
+        float q = -0x1.4136acp-4f;
+        q = q * t + 0x1.069f1ap-3f;
+        q = q * t - 0x1.0c8b34p-3f;
+        q = q * t + 0x1.229882p-3f;
+        q = q * t - 0x1.548196p-3f;
+        q = q * t + 0x1.99a3b6p-3f;
+        q = q * t - 0x1.00022cp-2f;
+        q = q * t + 0x1.55554ep-2f;
+        q = q * t - 0x1.fffffep-2f;
+        float t2 = t * t;
+        float lo = t2 * q + k * LN2_LO;
+        float ln_u = k * LN2_HI + (t + lo);
+        return -2.0f * ln_u;
 }
 
 /*
- * cos(2 pi m 2^-24) for m in [0, 2^24). The quadrant and the octant reflection are exact in
- * integers; sin and cos on [0, pi/4] are Taylor polynomials (through x^15 and x^16: error
- * < 1e-15).
+ * cos(2 pi m 2^-24) for m in [0, 2^24), in float32, as sin((pi/2) g): cos(2 pi u) =
+ * sin((pi/2) (1 - 4u)), and sin((pi/2) x) = sin((pi/2) (-2 - x)) folds 1 - 4u from (-3, 1] into
+ * [-1, 1]. Both steps are exact in integers (4u is m in units of 2^-22), so g = T 2^-22 is exact,
+ * and the zeros of cos (u = 1/4, 3/4) are g = 0 exactly: the value stays relatively accurate
+ * next to them. sin((pi/2) g) = g * S(g^2), S a degree-4 fit of sin((pi/2) sqrt(y)) / sqrt(y) on
+ * [0, 1] with float32 coefficients (|error| < 4.4e-8, the rounding of pi/2 itself).
  */
-static inline __attribute__((always_inline)) double cos_two_pi_u(uint32_t m) {
-        uint32_t r = m & UINT32_C(0x3fffff);
-        uint32_t rr = r > UINT32_C(0x200000) ? UINT32_C(0x400000) - r : r;
-        double q = (double) (int32_t) (m >> 22);
-        bool refl = (double) (int32_t) r > 2097152.0; /* as above, on doubles for the selects below */
-        double x = (double) (int32_t) rr * TWO_PI_2M24;
-        double x2 = x * x;
+static inline __attribute__((always_inline)) float cos_two_pi_u(uint32_t m) {
+        int32_t t = (INT32_C(1) << 22) - (int32_t) m;
+        t = t < -(INT32_C(1) << 22) ? -(INT32_C(1) << 23) - t : t;
+        float g = (float) t * 0x1p-22f;
+        float y = g * g;
 
-        double sp = -1.0 / 1307674368000.0;
-        sp = sp * x2 + 1.0 / 6227020800.0;
-        sp = sp * x2 - 1.0 / 39916800.0;
-        sp = sp * x2 + 1.0 / 362880.0;
-        sp = sp * x2 - 1.0 / 5040.0;
-        sp = sp * x2 + 1.0 / 120.0;
-        sp = sp * x2 - 1.0 / 6.0;
-        sp = sp * x2 + 1.0;
-        double sn = sp * x;
-
-        double cp = 1.0 / 20922789888000.0;
-        cp = cp * x2 - 1.0 / 87178291200.0;
-        cp = cp * x2 + 1.0 / 479001600.0;
-        cp = cp * x2 - 1.0 / 3628800.0;
-        cp = cp * x2 + 1.0 / 40320.0;
-        cp = cp * x2 - 1.0 / 720.0;
-        cp = cp * x2 + 1.0 / 24.0;
-        cp = cp * x2 - 0.5;
-        double cs = cp * x2 + 1.0;
-
-        /* Angle 2 pi (q/4 + f), f = r 2^-24 in [0, 1/4); reflected: f' = 1/4 - f. */
-        double c = refl ? sn : cs; /* cos(2 pi f) */
-        double s = refl ? cs : sn; /* sin(2 pi f) */
-        double v = q == 1.0 || q == 3.0 ? s : c;
-        return v * (q == 1.0 || q == 2.0 ? -1.0 : 1.0);
+        float s = 0x1.413080p-13f;
+        s = s * y - 0x1.328aeep-8f;
+        s = s * y + 0x1.466b8ap-4f;
+        s = s * y - 0x1.4abbdap-1f;
+        s = s * y + 0x1.921fb6p+0f;
+        return g * s;
 }
 
 /*
- * sqrt(t) for t in [0, 34] by Newton's iteration for 1/sqrt(t) from the classic bit-level seed
- * (relative error 3.4e-2, squared by each step: 4 steps reach rounding noise), then t * y.
- * GCC keeps a libm call for sqrt() on the errno path unless the whole build has -fno-math-errno,
- * which blocks vectorising and would let libm in; this is a few multiplies, all IEEE basic ops.
+ * sqrt is correctly rounded (IEEE), so every width agrees. Declared const here (never given a
+ * negative, it never sets errno): without that GCC keeps a libm call on the errno path next to
+ * the instruction, which stops vectorising, and `#pragma GCC optimize("no-math-errno")` does not
+ * reach builtins. So the compilers emit sqrtss/vsqrtps; a call, if one ever remained (-O0), goes
+ * to libm's sqrtf, correctly rounded too.
  */
-static inline __attribute__((always_inline)) double sqrt_newton(double t) {
-        uint64_t bits;
-        double y;
+extern float sqrtf(float t) __attribute__((const, nothrow, leaf));
 
-        memcpy(&bits, &t, sizeof(bits));
-        bits = UINT64_C(0x5fe6eb50c7b537a9) - (bits >> 1);
-        memcpy(&y, &bits, sizeof(y));
-        double half = 0.5 * t;
-#define STEP() y = y * (1.5 - half * (y * y))
-        STEP(); STEP(); STEP(); STEP(); /* unrolled: see philox_x0x1() */
-#undef STEP
-        return t * y;
+static inline __attribute__((always_inline)) float normal_value(float mean, float std, uint32_t x0,
+                                                                uint32_t x1) {
+        float rad = sqrtf(minus_two_ln_u((x0 >> 8) + 1));
+        float z = rad * cos_two_pi_u(x1 >> 8);
+        float t = std * z;
+        return mean + t;
 }
 
 _fill_clones_ static void normal_from_bits(const GenParams *p, const uint32_t *restrict x0,
                                            const uint32_t *restrict x1, size_t n, float *restrict out) {
-        const double mean = p->mean, std = p->std;
+        const float mean = p->mean, std = p->std;
 
         for (size_t b = 0; b < n; b += FILL_BLOCK, x0 += FILL_BLOCK, x1 += FILL_BLOCK, out += FILL_BLOCK)
-                for (size_t j = 0; j < FILL_BLOCK; j++) {
-                        double rad = sqrt_newton(minus_two_ln_u((x0[j] >> 8) + 1));
-                        double z = rad * cos_two_pi_u(x1[j] >> 8);
-                        double t = std * z;
-                        out[j] = (float) (mean + t);
-                }
+                for (size_t j = 0; j < FILL_BLOCK; j++)
+                        out[j] = normal_value(mean, std, x0[j], x1[j]);
+}
+
+void fill_normal_from_bits(float mean, float std, const uint32_t *x0, const uint32_t *x1, size_t n,
+                           float *out) {
+        GenParams p = { .mean = mean, .std = std };
+        size_t whole = n / FILL_BLOCK * FILL_BLOCK;
+        uint32_t y0[FILL_BLOCK] = {}, y1[FILL_BLOCK] = {};
+        float v[FILL_BLOCK];
+
+        normal_from_bits(&p, x0, x1, whole, out);
+        if (whole == n)
+                return;
+        memcpy(y0, x0 + whole, (n - whole) * sizeof(uint32_t));
+        memcpy(y1, x1 + whole, (n - whole) * sizeof(uint32_t));
+        normal_from_bits(&p, y0, y1, FILL_BLOCK, v);
+        memcpy(out + whole, v, (n - whole) * sizeof(float));
 }
 
 /* n values for the indices idx[0..n), n a multiple of FILL_BLOCK and at most FILL_BATCH. */
