@@ -275,10 +275,10 @@ static GenParams gen_params(const FillSpec *spec) {
 
 /* ---- Stage 1: Philox x0, x1 for a batch of indices. ---- */
 
-static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, size_t n,
+static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, uint64_t first, size_t n,
                            uint32_t *restrict x0, uint32_t *restrict x1) {
         for (size_t j = 0; j < n; j++)
-                philox_x0x1(idx[j], p->h, p->k0, p->k1, &x0[j], &x1[j]);
+                philox_x0x1(idx ? idx[j] : first + j, p->h, p->k0, p->k1, &x0[j], &x1[j]);
 }
 
 #if FILL_X86_INTRINSICS
@@ -287,14 +287,16 @@ static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, siz
  * halves and yields the full 64-bit product, so a round is two multiplies, two shifts and two
  * three-way xors with no shuffles (gcc's own vectorisation of the C widens to 64x64 multiplies
  * on AVX-512, three times the work). Lane 0 of idx is i itself: low half lo32(i), and
- * hi32(i) is i >> 32. n is a multiple of 8.
+ * hi32(i) is i >> 32. n is a multiple of 8. The indices are idx[0..n), or first + [0, n) when idx
+ * is NULL (a contiguous run: no index array to write and read back).
  */
 __attribute__((target("avx512f"))) static void philox_batch_avx512(const GenParams *p,
-                                                                   const uint64_t *restrict idx, size_t n,
+                                                                   const uint64_t *restrict idx,
+                                                                   uint64_t first, size_t n,
                                                                    uint32_t *restrict x0,
                                                                    uint32_t *restrict x1) {
         const __m512i m0 = _mm512_set1_epi64(PHILOX_M0), m1 = _mm512_set1_epi64(PHILOX_M1);
-        const __m512i c2_0 = _mm512_set1_epi64(p->h);
+        const __m512i c2_0 = _mm512_set1_epi64(p->h), lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
         __m512i k0[10], k1[10];
 
         for (uint32_t r = 0; r < 10; r++) {
@@ -302,7 +304,8 @@ __attribute__((target("avx512f"))) static void philox_batch_avx512(const GenPara
                 k1[r] = _mm512_set1_epi64(p->k1 + r * PHILOX_W1);
         }
         for (size_t j = 0; j < n; j += 8) {
-                __m512i c0 = _mm512_loadu_si512(idx + j);
+                __m512i c0 = idx ? _mm512_loadu_si512(idx + j)
+                                 : _mm512_add_epi64(_mm512_set1_epi64((long long) (first + j)), lanes);
                 __m512i c1 = _mm512_srli_epi64(c0, 32);
                 __m512i c2 = c2_0, c3 = _mm512_setzero_si512();
 
@@ -325,10 +328,10 @@ __attribute__((target("avx2"))) static inline __m128i low_halves_avx2(__m256i v)
 }
 
 __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p, const uint64_t *restrict idx,
-                                                              size_t n, uint32_t *restrict x0,
+                                                              uint64_t first, size_t n, uint32_t *restrict x0,
                                                               uint32_t *restrict x1) {
         const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
-        const __m256i c2_0 = _mm256_set1_epi64x(p->h);
+        const __m256i c2_0 = _mm256_set1_epi64x(p->h), lanes = _mm256_setr_epi64x(0, 1, 2, 3);
         __m256i k0[10], k1[10];
 
         for (uint32_t r = 0; r < 10; r++) {
@@ -336,7 +339,8 @@ __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p
                 k1[r] = _mm256_set1_epi64x(p->k1 + r * PHILOX_W1);
         }
         for (size_t j = 0; j < n; j += 4) {
-                __m256i c0 = _mm256_loadu_si256((const __m256i *) (idx + j));
+                __m256i c0 = idx ? _mm256_loadu_si256((const __m256i *) (idx + j))
+                                 : _mm256_add_epi64(_mm256_set1_epi64x((long long) (first + j)), lanes);
                 __m256i c1 = _mm256_srli_epi64(c0, 32);
                 __m256i c2 = c2_0, c3 = _mm256_setzero_si256();
 
@@ -355,19 +359,20 @@ __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p
 }
 #endif
 
-/* n is a multiple of FILL_BLOCK. Every path computes the same integers. */
-static void philox_batch(const GenParams *p, const uint64_t *idx, size_t n, uint32_t *x0, uint32_t *x1) {
+/* n is a multiple of FILL_BLOCK; idx NULL: first + [0, n). Every path computes the same integers. */
+static void philox_batch(const GenParams *p, const uint64_t *idx, uint64_t first, size_t n, uint32_t *x0,
+                         uint32_t *x1) {
 #if FILL_X86_INTRINSICS
         if (__builtin_cpu_supports("avx512f")) {
-                philox_batch_avx512(p, idx, n, x0, x1);
+                philox_batch_avx512(p, idx, first, n, x0, x1);
                 return;
         }
         if (__builtin_cpu_supports("avx2")) {
-                philox_batch_avx2(p, idx, n, x0, x1);
+                philox_batch_avx2(p, idx, first, n, x0, x1);
                 return;
         }
 #endif
-        philox_batch_c(p, idx, n, x0, x1);
+        philox_batch_c(p, idx, first, n, x0, x1);
 }
 
 /* ---- Stage 2: values from the bits. ---- */
@@ -485,11 +490,13 @@ void fill_normal_from_bits(float mean, float std, const uint32_t *x0, const uint
         memcpy(out + whole, v, (n - whole) * sizeof(float));
 }
 
-/* n values for the indices idx[0..n), n a multiple of FILL_BLOCK and at most FILL_BATCH. */
-static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *idx, size_t n, float *out) {
+/* n values for the indices idx[0..n) (NULL: first + [0, n)), n a multiple of FILL_BLOCK and at
+ * most FILL_BATCH. */
+static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *idx, uint64_t first, size_t n,
+                     float *out) {
         uint32_t x0[FILL_BATCH], x1[FILL_BATCH];
 
-        philox_batch(p, idx, n, x0, x1);
+        philox_batch(p, idx, first, n, x0, x1);
         if (spec->kind == INIT_UNIFORM)
                 uniform_from_bits(p, x0, n, out);
         else
@@ -514,7 +521,7 @@ float fill_value(const FillSpec *spec, uint64_t i) {
         for (size_t j = 0; j < FILL_BLOCK; j++)
                 idx[j] = i;
         p = gen_params(spec);
-        generate(spec, &p, idx, FILL_BLOCK, out);
+        generate(spec, &p, idx, 0, FILL_BLOCK, out);
         return out[0];
 }
 
@@ -602,6 +609,7 @@ static void walker_init(Walker *w, const SliceGeom *g, uint64_t start) {
         }
 }
 
+/* The next n global indices into idx; NULL: only steps over them. */
 static void walker_take(Walker *w, uint64_t *idx, size_t n) {
         const SliceGeom *g = w->g;
 
@@ -610,7 +618,7 @@ static void walker_take(Walker *w, uint64_t *idx, size_t n) {
                 if (k > n - filled)
                         k = n - filled;
                 uint64_t first = w->base + w->o;
-                for (size_t j = 0; j < k; j++)
+                for (size_t j = 0; idx && j < k; j++)
                         idx[filled + j] = first + j;
                 filled += k;
                 w->o += k;
@@ -693,13 +701,17 @@ static void fill_chunk(const FillSlice *s, uint64_t start, uint64_t n) {
                 size_t m = n < FILL_BATCH ? (size_t) n : FILL_BATCH;
                 size_t n_blocks = (m + FILL_BLOCK - 1) / FILL_BLOCK;
 
-                walker_take(&w, idx, m);
-                for (size_t j = m; j < n_blocks * FILL_BLOCK; j++)
+                /* Within one run (the common case) the indices are first + [0, m): no array. */
+                bool run = w.o + m <= g.inner;
+                uint64_t first = w.base + w.o;
+
+                walker_take(&w, run ? NULL : idx, m);
+                for (size_t j = m; !run && j < n_blocks * FILL_BLOCK; j++)
                         idx[j] = idx[m - 1]; /* padding lanes: computed, dropped */
                 if (spec->dtype == DTYPE_FLOAT32 && m == n_blocks * FILL_BLOCK)
-                        generate(spec, &p, idx, m, (float *) (void *) dst);
+                        generate(spec, &p, run ? NULL : idx, first, m, (float *) (void *) dst);
                 else {
-                        generate(spec, &p, idx, n_blocks * FILL_BLOCK, tmp);
+                        generate(spec, &p, run ? NULL : idx, first, n_blocks * FILL_BLOCK, tmp);
                         store_converted(dst, tmp, m, spec->dtype);
                 }
                 dst += m * size;
