@@ -518,7 +518,7 @@ static float normal_expected(uint32_t x0, uint32_t x1, float mean, float std) {
         uint32_t n1 = (x0 >> 8) + 1;
         int e;
         float f = frexpf((float) n1, &e); /* n1 = f 2^e, f in [1/2, 1) */
-        if (f < (float) M_SQRT1_2) {
+        if (f <= (float) M_SQRT1_2) { /* fill.c halves only above float32 sqrt(2) */
                 f = f * 2.0f;
                 e = e - 1;
         }
@@ -553,6 +553,9 @@ static void test_normal_bit_exact(void **state) {
         static const uint32_t words[] = {
                 0, 0xff, 0x100, 0x3fffff00, 0x40000000, 0x400000ff, 0x7fffff00, 0x80000000,
                 0xbfffff00, 0xc0000000, 0xc0000100, 0xffffff00, 0xfffffeff, 0xffffffff, 0x12345678,
+                /* u1's reduction at float32 sqrt(2) (mantissa 0x3504f3) and just above it */
+                UINT32_C(0xb504f2) << 8, UINT32_C(0xb504f3) << 8, UINT32_C(0x5a8279) << 8,
+                UINT32_C(0x5a827a) << 8,
         };
         FillSpec spec;
 
