@@ -20,7 +20,8 @@
  * on x86-64, chosen by CPU at run time, else portable C; integers, so all agree), then the
  * float stage in plain C that gcc vectorises (cloned for AVX2 and AVX-512 on x86-64 gcc by
  * ifunc; the default clone is SSE2). Every element goes through the same functions whatever its
- * slice. Contiguous runs of a slice are walked row by row: index generation is an add per element.
+ * slice. Contiguous runs of a slice are walked row by row; a batch inside one run needs no index
+ * array at all (Philox adds the lane to the run's first index).
  *
  * Threads. fill_run() cuts the slices into chunks of FILL_CHUNK local elements. In the daemon
  * the chunks go to the fill pool (fill-pool.c: threads started once, shared round robin by the
