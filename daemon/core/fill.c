@@ -393,8 +393,9 @@ _fill_clones_ static void uniform_from_bits(const GenParams *p, const uint32_t *
 }
 
 /*
- * -2 ln(n * 2^-24) for n in [1, 2^24], in float32. n = 2^k' * f with f in [sqrt(1/2), sqrt(2)),
- * taken from the bits of (float) n (exact); t = f - 1 is exact (Sterbenz) and
+ * -2 ln(n * 2^-24) for n in [1, 2^24], in float32. n = 2^(k + 24) * f with f in about
+ * [sqrt(1/2), sqrt(2)) (halved above float32 sqrt(2) exactly), taken from the bits of (float) n
+ * (exact); t = f - 1 is exact (Sterbenz) and
  * ln f = t + t^2 * Q(t), Q a degree-8 fit of (ln(1 + t) - t) / t^2 on [sqrt(1/2) - 1, sqrt(2) - 1]
  * with float32 coefficients (|error| < 3.1e-8, so < 1.3e-8 relative in ln f): relative accuracy
  * near u = 1, where ln u is t itself. k ln 2 is split Cody-Waite style: k * LN2_HI is exact
