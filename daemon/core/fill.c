@@ -4,14 +4,15 @@
  * DESIGN
  *
  * Determinism. An element's bits depend on its global index only. The generators use integer
- * operations and the IEEE-754 basic operations (+ - * /, int<->float conversions), which
- * are correctly rounded: a scalar, SSE2, AVX2 or AVX-512 instruction gives the same bits. Two
- * things could break that and are ruled out here: contraction of a*b+c into an FMA (off for
- * this file by pragma, for GCC and clang; GCC ignores `#pragma STDC FP_CONTRACT`), and libm,
- * whose vector variants (libmvec) may round differently from the scalar ones. So the normal
- * init uses no libm at all: ln and cos are evaluated by the double-precision polynomials below
- * (error ~1e-15, far below float32's 6e-8), and so is sqrt (Newton steps).
- * Nor -ffast-math: every operation is evaluated as written.
+ * operations and the IEEE-754 float32 basic operations (+ - * sqrt, int<->float conversions),
+ * which are correctly rounded: a scalar, SSE2, AVX2 or AVX-512 instruction gives the same bits.
+ * Two things could break that and are ruled out here: contraction of a*b+c into an FMA (off for
+ * this file by pragma, for GCC and clang; GCC ignores `#pragma STDC FP_CONTRACT`), so a CPU
+ * without FMA computes the same, and libm, whose vector variants (libmvec) may round
+ * differently from the scalar ones. So the normal init uses no libm at all: ln and cos are
+ * float32 polynomials below, with exact argument reductions (error bound: docs/semantics.md,
+ * measured by test-fill), and sqrt is the IEEE instruction. Nor -ffast-math: every operation
+ * is evaluated as written.
  *
  * Speed. Values are produced per batch of up to FILL_BATCH global indices (a multiple of
  * FILL_BLOCK; a partial block computes padding lanes and drops them), one Philox call per element
@@ -19,7 +20,8 @@
  * on x86-64, chosen by CPU at run time, else portable C; integers, so all agree), then the
  * float stage in plain C that gcc vectorises (cloned for AVX2 and AVX-512 on x86-64 gcc by
  * ifunc; the default clone is SSE2). Every element goes through the same functions whatever its
- * slice. Contiguous runs of a slice are walked row by row: index generation is an add per element.
+ * slice. Contiguous runs of a slice are walked row by row; a batch inside one run needs no index
+ * array at all (Philox adds the lane to the run's first index).
  *
  * Threads. fill_run() cuts the slices into chunks of FILL_CHUNK local elements. In the daemon
  * the chunks go to the fill pool (fill-pool.c: threads started once, shared round robin by the
@@ -255,7 +257,7 @@ int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t se
 typedef struct GenParams {
         uint32_t k0, k1, h;
         float low, span; /* uniform: low, (float) high - (float) low */
-        double mean, std;
+        float mean, std;  /* normal: rounded to float32 */
 } GenParams;
 
 static GenParams gen_params(const FillSpec *spec) {
@@ -267,17 +269,17 @@ static GenParams gen_params(const FillSpec *spec) {
                 .h = spec->name_hash,
                 .low = low,
                 .span = high - low,
-                .mean = spec->a,
-                .std = spec->b,
+                .mean = (float) spec->a,
+                .std = (float) spec->b,
         };
 }
 
 /* ---- Stage 1: Philox x0, x1 for a batch of indices. ---- */
 
-static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, size_t n,
+static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, uint64_t first, size_t n,
                            uint32_t *restrict x0, uint32_t *restrict x1) {
         for (size_t j = 0; j < n; j++)
-                philox_x0x1(idx[j], p->h, p->k0, p->k1, &x0[j], &x1[j]);
+                philox_x0x1(idx ? idx[j] : first + j, p->h, p->k0, p->k1, &x0[j], &x1[j]);
 }
 
 #if FILL_X86_INTRINSICS
@@ -286,14 +288,16 @@ static void philox_batch_c(const GenParams *p, const uint64_t *restrict idx, siz
  * halves and yields the full 64-bit product, so a round is two multiplies, two shifts and two
  * three-way xors with no shuffles (gcc's own vectorisation of the C widens to 64x64 multiplies
  * on AVX-512, three times the work). Lane 0 of idx is i itself: low half lo32(i), and
- * hi32(i) is i >> 32. n is a multiple of 8.
+ * hi32(i) is i >> 32. n is a multiple of 8. The indices are idx[0..n), or first + [0, n) when idx
+ * is NULL (a contiguous run: no index array to write and read back).
  */
 __attribute__((target("avx512f"))) static void philox_batch_avx512(const GenParams *p,
-                                                                   const uint64_t *restrict idx, size_t n,
+                                                                   const uint64_t *restrict idx,
+                                                                   uint64_t first, size_t n,
                                                                    uint32_t *restrict x0,
                                                                    uint32_t *restrict x1) {
         const __m512i m0 = _mm512_set1_epi64(PHILOX_M0), m1 = _mm512_set1_epi64(PHILOX_M1);
-        const __m512i c2_0 = _mm512_set1_epi64(p->h);
+        const __m512i c2_0 = _mm512_set1_epi64(p->h), lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
         __m512i k0[10], k1[10];
 
         for (uint32_t r = 0; r < 10; r++) {
@@ -301,7 +305,8 @@ __attribute__((target("avx512f"))) static void philox_batch_avx512(const GenPara
                 k1[r] = _mm512_set1_epi64(p->k1 + r * PHILOX_W1);
         }
         for (size_t j = 0; j < n; j += 8) {
-                __m512i c0 = _mm512_loadu_si512(idx + j);
+                __m512i c0 = idx ? _mm512_loadu_si512(idx + j)
+                                 : _mm512_add_epi64(_mm512_set1_epi64((long long) (first + j)), lanes);
                 __m512i c1 = _mm512_srli_epi64(c0, 32);
                 __m512i c2 = c2_0, c3 = _mm512_setzero_si512();
 
@@ -324,10 +329,10 @@ __attribute__((target("avx2"))) static inline __m128i low_halves_avx2(__m256i v)
 }
 
 __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p, const uint64_t *restrict idx,
-                                                              size_t n, uint32_t *restrict x0,
+                                                              uint64_t first, size_t n, uint32_t *restrict x0,
                                                               uint32_t *restrict x1) {
         const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
-        const __m256i c2_0 = _mm256_set1_epi64x(p->h);
+        const __m256i c2_0 = _mm256_set1_epi64x(p->h), lanes = _mm256_setr_epi64x(0, 1, 2, 3);
         __m256i k0[10], k1[10];
 
         for (uint32_t r = 0; r < 10; r++) {
@@ -335,7 +340,8 @@ __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p
                 k1[r] = _mm256_set1_epi64x(p->k1 + r * PHILOX_W1);
         }
         for (size_t j = 0; j < n; j += 4) {
-                __m256i c0 = _mm256_loadu_si256((const __m256i *) (idx + j));
+                __m256i c0 = idx ? _mm256_loadu_si256((const __m256i *) (idx + j))
+                                 : _mm256_add_epi64(_mm256_set1_epi64x((long long) (first + j)), lanes);
                 __m256i c1 = _mm256_srli_epi64(c0, 32);
                 __m256i c2 = c2_0, c3 = _mm256_setzero_si256();
 
@@ -354,19 +360,20 @@ __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p
 }
 #endif
 
-/* n is a multiple of FILL_BLOCK. Every path computes the same integers. */
-static void philox_batch(const GenParams *p, const uint64_t *idx, size_t n, uint32_t *x0, uint32_t *x1) {
+/* n is a multiple of FILL_BLOCK; idx NULL: first + [0, n). Every path computes the same integers. */
+static void philox_batch(const GenParams *p, const uint64_t *idx, uint64_t first, size_t n, uint32_t *x0,
+                         uint32_t *x1) {
 #if FILL_X86_INTRINSICS
         if (__builtin_cpu_supports("avx512f")) {
-                philox_batch_avx512(p, idx, n, x0, x1);
+                philox_batch_avx512(p, idx, first, n, x0, x1);
                 return;
         }
         if (__builtin_cpu_supports("avx2")) {
-                philox_batch_avx2(p, idx, n, x0, x1);
+                philox_batch_avx2(p, idx, first, n, x0, x1);
                 return;
         }
 #endif
-        philox_batch_c(p, idx, n, x0, x1);
+        philox_batch_c(p, idx, first, n, x0, x1);
 }
 
 /* ---- Stage 2: values from the bits. ---- */
@@ -385,117 +392,113 @@ _fill_clones_ static void uniform_from_bits(const GenParams *p, const uint32_t *
                 }
 }
 
-#define LN2 0.693147180559945309417232121458176568
-#define TWO_PI_2M24 (6.283185307179586476925286766559 / 16777216.0) /* exact power-of-two scaling */
-
 /*
- * -2 ln(n * 2^-24) for n in [1, 2^24]. n = 2^e * f with f in [sqrt(1/2), sqrt(2)), taken
- * from the bits of (float) n (exact); ln f = 2 atanh(s), s = (f - 1) / (f + 1), |s| <= 0.1716,
- * series through s^17: relative truncation error < 1e-15.
+ * -2 ln(n * 2^-24) for n in [1, 2^24], in float32. n = 2^(k + 24) * f with f in about
+ * [sqrt(1/2), sqrt(2)) (halved above float32 sqrt(2) exactly), taken from the bits of (float) n
+ * (exact); t = f - 1 is exact (Sterbenz) and
+ * ln f = t + t^2 * Q(t), Q a degree-8 fit of (ln(1 + t) - t) / t^2 on [sqrt(1/2) - 1, sqrt(2) - 1]
+ * with float32 coefficients (|error| < 3.1e-8, so < 1.3e-8 relative in ln f): relative accuracy
+ * near u = 1, where ln u is t itself. k ln 2 is split Cody-Waite style: k * LN2_HI is exact
+ * (LN2_HI has 17 significant bits, |k| <= 24).
  */
-static inline __attribute__((always_inline)) double minus_two_ln_u(uint32_t n) {
+#define LN2_HI 0x1.62e300p-1f /* 0.693138122558593750 */
+#define LN2_LO 0x1.2fefa4p-17f /* ln 2 - LN2_HI, rounded */
+
+static inline __attribute__((always_inline)) float minus_two_ln_u(uint32_t n) {
         uint32_t bits = float_bits((float) (int32_t) n);
         uint32_t mant = bits & UINT32_C(0x7fffff);
         /* The reduction in integers (sqrt(2) is 0x3fb504f3): gcc if-converts integer selects at
          * every vector width, while a select between f and f * 0.5 stays a branch ("could trap"). */
         uint32_t big = mant > UINT32_C(0x3504f3);
-        double e = (double) ((int32_t) (bits >> 23) - 127 - 24 + (int32_t) big);
-        double f = (double) bits_float(mant | (big ? UINT32_C(0x3f000000) : UINT32_C(0x3f800000)));
+        float k = (float) ((int32_t) (bits >> 23) - 127 - 24 + (int32_t) big);
+        float t = bits_float(mant | (big ? UINT32_C(0x3f000000) : UINT32_C(0x3f800000))) - 1.0f;
 
-        double s = (f - 1.0) / (f + 1.0);
-        double s2 = s * s;
-        double q = 1.0 / 17.0;
-        q = q * s2 + 1.0 / 15.0;
-        q = q * s2 + 1.0 / 13.0;
-        q = q * s2 + 1.0 / 11.0;
-        q = q * s2 + 1.0 / 9.0;
-        q = q * s2 + 1.0 / 7.0;
-        q = q * s2 + 1.0 / 5.0;
-        q = q * s2 + 1.0 / 3.0;
-        q = q * s2 + 1.0;
-        double ln_f = 2.0 * s * q;
-        double ln_u = ln_f + e * LN2;
-        return -2.0 * ln_u;
+        float q = -0x1.4136acp-4f;
+        q = q * t + 0x1.069f1ap-3f;
+        q = q * t - 0x1.0c8b34p-3f;
+        q = q * t + 0x1.229882p-3f;
+        q = q * t - 0x1.548196p-3f;
+        q = q * t + 0x1.99a3b6p-3f;
+        q = q * t - 0x1.00022cp-2f;
+        q = q * t + 0x1.55554ep-2f;
+        q = q * t - 0x1.fffffep-2f;
+        float t2 = t * t;
+        float lo = t2 * q + k * LN2_LO;
+        float ln_u = k * LN2_HI + (t + lo);
+        return -2.0f * ln_u;
 }
 
 /*
- * cos(2 pi m 2^-24) for m in [0, 2^24). The quadrant and the octant reflection are exact in
- * integers; sin and cos on [0, pi/4] are Taylor polynomials (through x^15 and x^16: error
- * < 1e-15).
+ * cos(2 pi m 2^-24) for m in [0, 2^24), in float32, as sin((pi/2) g): cos(2 pi u) =
+ * sin((pi/2) (1 - 4u)), and sin((pi/2) x) = sin((pi/2) (-2 - x)) folds 1 - 4u from (-3, 1] into
+ * [-1, 1]. Both steps are exact in integers (4u is m in units of 2^-22), so g = T 2^-22 is exact,
+ * and the zeros of cos (u = 1/4, 3/4) are g = 0 exactly: the value stays relatively accurate
+ * next to them. sin((pi/2) g) = g * S(g^2), S a degree-4 fit of sin((pi/2) sqrt(y)) / sqrt(y) on
+ * [0, 1] with float32 coefficients (|error| < 4.4e-8, the rounding of pi/2 itself).
  */
-static inline __attribute__((always_inline)) double cos_two_pi_u(uint32_t m) {
-        uint32_t r = m & UINT32_C(0x3fffff);
-        uint32_t rr = r > UINT32_C(0x200000) ? UINT32_C(0x400000) - r : r;
-        double q = (double) (int32_t) (m >> 22);
-        bool refl = (double) (int32_t) r > 2097152.0; /* as above, on doubles for the selects below */
-        double x = (double) (int32_t) rr * TWO_PI_2M24;
-        double x2 = x * x;
+static inline __attribute__((always_inline)) float cos_two_pi_u(uint32_t m) {
+        int32_t t = (INT32_C(1) << 22) - (int32_t) m;
+        t = t < -(INT32_C(1) << 22) ? -(INT32_C(1) << 23) - t : t;
+        float g = (float) t * 0x1p-22f;
+        float y = g * g;
 
-        double sp = -1.0 / 1307674368000.0;
-        sp = sp * x2 + 1.0 / 6227020800.0;
-        sp = sp * x2 - 1.0 / 39916800.0;
-        sp = sp * x2 + 1.0 / 362880.0;
-        sp = sp * x2 - 1.0 / 5040.0;
-        sp = sp * x2 + 1.0 / 120.0;
-        sp = sp * x2 - 1.0 / 6.0;
-        sp = sp * x2 + 1.0;
-        double sn = sp * x;
-
-        double cp = 1.0 / 20922789888000.0;
-        cp = cp * x2 - 1.0 / 87178291200.0;
-        cp = cp * x2 + 1.0 / 479001600.0;
-        cp = cp * x2 - 1.0 / 3628800.0;
-        cp = cp * x2 + 1.0 / 40320.0;
-        cp = cp * x2 - 1.0 / 720.0;
-        cp = cp * x2 + 1.0 / 24.0;
-        cp = cp * x2 - 0.5;
-        double cs = cp * x2 + 1.0;
-
-        /* Angle 2 pi (q/4 + f), f = r 2^-24 in [0, 1/4); reflected: f' = 1/4 - f. */
-        double c = refl ? sn : cs; /* cos(2 pi f) */
-        double s = refl ? cs : sn; /* sin(2 pi f) */
-        double v = q == 1.0 || q == 3.0 ? s : c;
-        return v * (q == 1.0 || q == 2.0 ? -1.0 : 1.0);
+        float s = 0x1.413080p-13f;
+        s = s * y - 0x1.328aeep-8f;
+        s = s * y + 0x1.466b8ap-4f;
+        s = s * y - 0x1.4abbdap-1f;
+        s = s * y + 0x1.921fb6p+0f;
+        return g * s;
 }
 
 /*
- * sqrt(t) for t in [0, 34] by Newton's iteration for 1/sqrt(t) from the classic bit-level seed
- * (relative error 3.4e-2, squared by each step: 4 steps reach rounding noise), then t * y.
- * GCC keeps a libm call for sqrt() on the errno path unless the whole build has -fno-math-errno,
- * which blocks vectorising and would let libm in; this is a few multiplies, all IEEE basic ops.
+ * sqrt is correctly rounded (IEEE), so every width agrees. Declared const here (never given a
+ * negative, it never sets errno): without that GCC keeps a libm call on the errno path next to
+ * the instruction, which stops vectorising, and `#pragma GCC optimize("no-math-errno")` does not
+ * reach builtins. So the compilers emit sqrtss/vsqrtps; a call, if one ever remained (-O0), goes
+ * to libm's sqrtf, correctly rounded too.
  */
-static inline __attribute__((always_inline)) double sqrt_newton(double t) {
-        uint64_t bits;
-        double y;
+extern float sqrtf(float t) __attribute__((const, nothrow, leaf));
 
-        memcpy(&bits, &t, sizeof(bits));
-        bits = UINT64_C(0x5fe6eb50c7b537a9) - (bits >> 1);
-        memcpy(&y, &bits, sizeof(y));
-        double half = 0.5 * t;
-#define STEP() y = y * (1.5 - half * (y * y))
-        STEP(); STEP(); STEP(); STEP(); /* unrolled: see philox_x0x1() */
-#undef STEP
-        return t * y;
+static inline __attribute__((always_inline)) float normal_value(float mean, float std, uint32_t x0,
+                                                                uint32_t x1) {
+        float rad = sqrtf(minus_two_ln_u((x0 >> 8) + 1));
+        float z = rad * cos_two_pi_u(x1 >> 8);
+        float t = std * z;
+        return mean + t;
 }
 
 _fill_clones_ static void normal_from_bits(const GenParams *p, const uint32_t *restrict x0,
                                            const uint32_t *restrict x1, size_t n, float *restrict out) {
-        const double mean = p->mean, std = p->std;
+        const float mean = p->mean, std = p->std;
 
         for (size_t b = 0; b < n; b += FILL_BLOCK, x0 += FILL_BLOCK, x1 += FILL_BLOCK, out += FILL_BLOCK)
-                for (size_t j = 0; j < FILL_BLOCK; j++) {
-                        double rad = sqrt_newton(minus_two_ln_u((x0[j] >> 8) + 1));
-                        double z = rad * cos_two_pi_u(x1[j] >> 8);
-                        double t = std * z;
-                        out[j] = (float) (mean + t);
-                }
+                for (size_t j = 0; j < FILL_BLOCK; j++)
+                        out[j] = normal_value(mean, std, x0[j], x1[j]);
 }
 
-/* n values for the indices idx[0..n), n a multiple of FILL_BLOCK and at most FILL_BATCH. */
-static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *idx, size_t n, float *out) {
+void fill_normal_from_bits(float mean, float std, const uint32_t *x0, const uint32_t *x1, size_t n,
+                           float *out) {
+        GenParams p = { .mean = mean, .std = std };
+        size_t whole = n / FILL_BLOCK * FILL_BLOCK;
+        uint32_t y0[FILL_BLOCK] = {}, y1[FILL_BLOCK] = {};
+        float v[FILL_BLOCK];
+
+        normal_from_bits(&p, x0, x1, whole, out);
+        if (whole == n)
+                return;
+        memcpy(y0, x0 + whole, (n - whole) * sizeof(uint32_t));
+        memcpy(y1, x1 + whole, (n - whole) * sizeof(uint32_t));
+        normal_from_bits(&p, y0, y1, FILL_BLOCK, v);
+        memcpy(out + whole, v, (n - whole) * sizeof(float));
+}
+
+/* n values for the indices idx[0..n) (NULL: first + [0, n)), n a multiple of FILL_BLOCK and at
+ * most FILL_BATCH. */
+static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *idx, uint64_t first, size_t n,
+                     float *out) {
         uint32_t x0[FILL_BATCH], x1[FILL_BATCH];
 
-        philox_batch(p, idx, n, x0, x1);
+        philox_batch(p, idx, first, n, x0, x1);
         if (spec->kind == INIT_UNIFORM)
                 uniform_from_bits(p, x0, n, out);
         else
@@ -520,7 +523,7 @@ float fill_value(const FillSpec *spec, uint64_t i) {
         for (size_t j = 0; j < FILL_BLOCK; j++)
                 idx[j] = i;
         p = gen_params(spec);
-        generate(spec, &p, idx, FILL_BLOCK, out);
+        generate(spec, &p, idx, 0, FILL_BLOCK, out);
         return out[0];
 }
 
@@ -608,6 +611,7 @@ static void walker_init(Walker *w, const SliceGeom *g, uint64_t start) {
         }
 }
 
+/* The next n global indices into idx; NULL: only steps over them. */
 static void walker_take(Walker *w, uint64_t *idx, size_t n) {
         const SliceGeom *g = w->g;
 
@@ -616,7 +620,7 @@ static void walker_take(Walker *w, uint64_t *idx, size_t n) {
                 if (k > n - filled)
                         k = n - filled;
                 uint64_t first = w->base + w->o;
-                for (size_t j = 0; j < k; j++)
+                for (size_t j = 0; idx && j < k; j++)
                         idx[filled + j] = first + j;
                 filled += k;
                 w->o += k;
@@ -699,13 +703,17 @@ static void fill_chunk(const FillSlice *s, uint64_t start, uint64_t n) {
                 size_t m = n < FILL_BATCH ? (size_t) n : FILL_BATCH;
                 size_t n_blocks = (m + FILL_BLOCK - 1) / FILL_BLOCK;
 
-                walker_take(&w, idx, m);
-                for (size_t j = m; j < n_blocks * FILL_BLOCK; j++)
+                /* Within one run (the common case) the indices are first + [0, m): no array. */
+                bool run = w.o + m <= g.inner;
+                uint64_t first = w.base + w.o;
+
+                walker_take(&w, run ? NULL : idx, m);
+                for (size_t j = m; !run && j < n_blocks * FILL_BLOCK; j++)
                         idx[j] = idx[m - 1]; /* padding lanes: computed, dropped */
                 if (spec->dtype == DTYPE_FLOAT32 && m == n_blocks * FILL_BLOCK)
-                        generate(spec, &p, idx, m, (float *) (void *) dst);
+                        generate(spec, &p, run ? NULL : idx, first, m, (float *) (void *) dst);
                 else {
-                        generate(spec, &p, idx, n_blocks * FILL_BLOCK, tmp);
+                        generate(spec, &p, run ? NULL : idx, first, n_blocks * FILL_BLOCK, tmp);
                         store_converted(dst, tmp, m, spec->dtype);
                 }
                 dst += m * size;

@@ -11,8 +11,8 @@
 /*
  * Every element's value is a pure function of (init, seed, parameter name, dtype, global
  * row-major index i): Philox4x32-10 with counter (lo32(i), hi32(i), fnv1a32(name), 0) and key
- * (lo32(seed), hi32(seed)). Only integer operations and correctly rounded IEEE-754 additions,
- * multiplications, divisions, square roots and conversions are used, with contraction off and no
+ * (lo32(seed), hi32(seed)). Only integer operations and correctly rounded IEEE-754 float32
+ * additions, multiplications, square roots and conversions are used, with contraction off and no
  * libm, so the bits never depend on slicing, thread count, vector width or the CPU's ISA.
  */
 
@@ -62,9 +62,16 @@ int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t se
 
 /*
  * One element's float32 value before the dtype conversion, through the same code as the bulk
- * fill (normal: z and mean + std * z in double, rounded once to float32; see fill.c).
+ * fill (normal: z and mean + std * z in float32 by fill.c's own polynomials; see fill.c).
  */
 float fill_value(const FillSpec *spec, uint64_t i);
+
+/*
+ * normal(mean, std) of n elements from their Philox words x0[i], x1[i] (u1 from x0, u2 from x1),
+ * through the very code of the bulk fill: for tests that measure it over whole grids of u1, u2.
+ */
+void fill_normal_from_bits(float mean, float std, const uint32_t *x0, const uint32_t *x1, size_t n,
+                           float *out);
 
 /* Dimensions of a logical shape; a larger rank is refused with -E2BIG. */
 #define FILL_RANK_MAX 64

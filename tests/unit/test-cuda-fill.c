@@ -150,7 +150,7 @@ static void test_params_refuse(void **state) {
         MaterializeSlice m = {};
         FillKernelParams p;
 
-        /* normal: fill.c's polynomials in double, never on the device */
+        /* normal: fill.c's float32 polynomials, never on the device */
         assert_int_equal(fill_spec_init(&m.spec, INIT_NORMAL, 0, 1, 0, "w", DTYPE_FLOAT32), 0);
         shape[0] = local[0] = 4;
         offset[0] = 0;
