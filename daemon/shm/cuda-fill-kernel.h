@@ -13,7 +13,7 @@
  * and sums, never contracted: on the device __fmul_rn and __fadd_rn, which nvcc never fuses
  * into an FMA whatever -fmad says (the PTX is built with -fmad=false as well); here plain
  * operators with contraction off. Only constant patterns and uniform run on the device:
- * normal needs fill.c's polynomials in double and is filled through host memory.
+ * normal needs fill.c's float32 polynomials (no contraction) and is filled through host memory.
  */
 
 #ifdef __CUDACC__
