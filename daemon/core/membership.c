@@ -27,7 +27,29 @@ struct Membership {
         Tombstone tombstones[MEMBERSHIP_TOMBSTONES];
         size_t next_tombstone;
         size_t max_nodes;
+        uint64_t digest; /* membership_digest() */
 };
+
+uint64_t membership_digest_member(const char *name, uint64_t boot_id) {
+        uint64_t h = UINT64_C(14695981039346656037);
+
+        for (const char *c = name; *c; c++)
+                h = (h ^ (unsigned char) *c) * UINT64_C(1099511628211);
+        for (unsigned i = 0; i < 8; i++)
+                h = (h ^ ((boot_id >> (8 * i)) & 0xff)) * UINT64_C(1099511628211);
+        /* FNV-1a spreads its last bytes poorly across the word: one multiply-xorshift more. */
+        h ^= h >> 32;
+        h *= UINT64_C(0x9E3779B97F4A7C15);
+        return h ^ (h >> 29);
+}
+
+static uint64_t member_digest(const Member *e) {
+        return membership_digest_member(e->info.name, e->info.boot_id);
+}
+
+uint64_t membership_digest(const Membership *m) {
+        return m->digest;
+}
 
 void member_info_done(MemberInfo *m) {
         if (!m)
@@ -91,6 +113,7 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
         m->members[0].state = NODE_UP;
         m->members[0].last_heard_ms = now_ms;
         m->n_members = 1;
+        m->digest = member_digest(&m->members[0]);
 
         *ret = TAKE_PTR(m);
         return 0;
@@ -140,7 +163,8 @@ bool membership_set_local_digest(Membership *m, const char *digest) {
 }
 
 void membership_set_max_nodes(Membership *m, size_t max_nodes) {
-        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS : MIN(max_nodes, (size_t) FAMILYD_MAX_PEERS);
+        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS :
+                                        MIN(max_nodes, (size_t) MEMBERSHIP_MAX_NODES_CEILING);
 }
 
 size_t membership_max_nodes(const Membership *m) {
@@ -260,16 +284,19 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
                 return r;
         e->state = state_for_age(&m->timeouts, now_ms - last_heard_ms);
         m->n_members++;
+        m->digest += member_digest(e);
         return 0;
 }
 
-static int member_replace(Member *e, const MemberInfo *info) {
+static int member_replace(Membership *m, Member *e, const MemberInfo *info) {
         MemberInfo copy;
         int r = member_info_copy(info, &copy);
         if (r < 0)
                 return r;
+        m->digest -= member_digest(e);
         member_info_done(&e->info);
         e->info = copy;
+        m->digest += member_digest(e);
         return 0;
 }
 
@@ -345,7 +372,7 @@ static int membership_heard_start(Membership *m, const MemberInfo *sender, Membe
         /* Speaking to us proves it lives, even if we had forgotten it. */
         tombstone_drop(m, sender->name);
         if (e) {
-                r = member_replace(e, sender);
+                r = member_replace(m, e, sender);
                 if (r < 0)
                         return r;
                 e->last_heard_ms = now_ms;
@@ -381,7 +408,15 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
                 e->state = NODE_UP;
                 *ret = MEMBER_KNOWN;
         } else if (sender->partial) {
-                *ret = MEMBER_UNKNOWN;
+                /* Asking a start whose name or rank is taken for its record would tell it ours
+                 * (a who names us): it is refused as its hello would be. */
+                _cleanup_free_ char *reason = NULL;
+                r = membership_check_identity(m, sender, e, &reason);
+                if (r < 0)
+                        return r;
+                *ret = reason ? MEMBER_REFUSED : MEMBER_UNKNOWN;
+                if (reason && ret_refusal)
+                        *ret_refusal = TAKE_PTR(reason);
                 return 0;
         } else {
                 r = membership_heard_start(m, sender, e, now_ms, ret, ret_refusal);
@@ -453,6 +488,7 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
 static void membership_remove(Membership *m, size_t i) {
         Tombstone *t = &m->tombstones[m->next_tombstone];
 
+        m->digest -= member_digest(&m->members[i]);
         free(t->name);
         t->name = TAKE_PTR(m->members[i].info.name);
         t->boot_id = m->members[i].info.boot_id;

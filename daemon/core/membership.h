@@ -70,13 +70,17 @@ typedef enum MemberVerdict {
 
 typedef struct Membership Membership;
 
+/* The most --max-nodes may say (membership_set_max_nodes()); the default stays
+ * FAMILYD_MAX_PEERS. A table digest naming more members is not a daemon's. */
+#define MEMBERSHIP_MAX_NODES_CEILING 65536u
+
 int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
                    Membership **ret);
 Membership *membership_free(Membership *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Membership *, membership_free);
 
-/* The most members the table holds, this node included (--max-nodes; default and ceiling
- * FAMILYD_MAX_PEERS). */
+/* The most members the table holds, this node included (--max-nodes; default
+ * FAMILYD_MAX_PEERS, ceiling MEMBERSHIP_MAX_NODES_CEILING). */
 void membership_set_max_nodes(Membership *m, size_t max_nodes);
 size_t membership_max_nodes(const Membership *m);
 /* Whether `n` records (a hello's list) fit: false when the ones not known here would take the
@@ -129,6 +133,10 @@ uint64_t membership_revision(const Membership *m);
 bool membership_set_local_digest(Membership *m, const char *digest);
 /* How many changes this daemon made itself (not versions taken from peers). */
 uint64_t membership_changes(const Membership *m);
+/* The table summarised for peers: the sum of membership_digest_member() over every member,
+ * this node included, kept as members come and go. */
+uint64_t membership_digest(const Membership *m);
+uint64_t membership_digest_member(const char *name, uint64_t boot_id);
 /* Counts the other members by state. */
 void membership_count_states(const Membership *m, unsigned counts[_NODE_STATE_MAX]);
 

@@ -52,6 +52,7 @@ static struct {
         Delivery queue[MAX_QUEUE];
         size_t head, tail;
         int64_t now;
+        unsigned tables, table_asks, announces; /* hellos with members, who(table), announces */
 } net;
 
 static Device host_devices[1] = {
@@ -75,7 +76,10 @@ static int node_of(void *userdata) {
 static void copy_message(const PeerMessage *from, PeerMessage *to) {
         *to = (PeerMessage) { .body = from->body, .version = from->version,
                               .n_members = from->n_members,
-                              .forget_boot_id = from->forget_boot_id };
+                              .forget_boot_id = from->forget_boot_id,
+                              .want_table = from->want_table, .has_table = from->has_table,
+                              .table_digest = from->table_digest,
+                              .table_members = from->table_members };
         assert_int_equal(member_info_copy(&from->sender, &to->sender), 0);
         to->sender.partial = from->sender.partial;
         to->members = calloc(from->n_members + 1, sizeof(PeerKnown));
@@ -90,6 +94,9 @@ static void copy_message(const PeerMessage *from, PeerMessage *to) {
 }
 
 static void enqueue(int to, Endpoint *ep, bool is_reply, const PeerMessage *m) {
+        net.tables += m->body == PEER_HELLO && m->n_members > 0;
+        net.table_asks += m->body == PEER_WHO && m->want_table;
+        net.announces += m->body == PEER_ANNOUNCE;
         assert_true(net.tail - net.head < MAX_QUEUE);
         Delivery *d = &net.queue[net.tail++ % MAX_QUEUE];
         *d = (Delivery) { .to = to, .ep = ep, .is_reply = is_reply };
@@ -266,7 +273,8 @@ static void test_join_through_seed(void **state) {
         SimNode *c = add_node("node-c", 2, a->address);
 
         run(3);
-        /* c knew only a: a's hello taught it b, and a's announce taught b of c. */
+        /* c knew only a: a's table (c's digest asked for it) or b's own hello taught it b; a's
+         * announce taught b of c, which knew less than half of a's table. */
         for (size_t i = 0; i < net.n_nodes; i++) {
                 const Membership *m = protocol_membership(net.nodes[i].protocol);
                 size_t connected;
@@ -282,7 +290,94 @@ static void test_join_through_seed(void **state) {
         assert_int_equal(state_of(c, b), NODE_UP);
         assert_int_equal(a->refusing + b->refusing + c->refusing, 0);
         assert_int_equal(b->learned, 1);
-        assert_int_equal(c->learned, 1);
+        assert_true(c->learned <= 1);
+        assert_true(net.table_asks >= 1);
+}
+
+/* Tables travel only where digests differ: none at rest, and a join costs one table (the
+ * joiner asks its seed), not one per link. */
+static void test_table_only_where_digests_differ(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        unsigned tables = net.tables, asks = net.table_asks;
+        run(20);
+        assert_int_equal(net.tables, tables);
+        assert_int_equal(net.table_asks, asks);
+        SimNode *d = add_node("node-d", 3, b->address);
+        run(3);
+        for (size_t i = 0; i < net.n_nodes; i++)
+                assert_int_equal(membership_count(protocol_membership(net.nodes[i].protocol)), 4);
+        assert_int_equal(net.table_asks, asks + 1);
+        assert_int_equal(net.tables, tables + 1);
+        assert_int_equal(state_of(d, c), NODE_UP);
+        assert_int_equal(state_of(c, d), NODE_UP);
+}
+
+/* A member that joins knowing the table dials everyone itself: it is not announced. One that
+ * knows less than half of it is. */
+static void test_announce_only_for_newcomers(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+        Delivery d = { .to = 1, .ep = NULL };
+        MemberInfo w = { .name = "node-w", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo v = { .name = "node-v", .node_rank = 8, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        (void) c;
+        unsigned announces = net.announces;
+        PeerMessage hello = { .body = PEER_HELLO, .version = 1, .sender = w, .has_table = true,
+                              .table_members = 4 };
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_non_null(membership_find(protocol_membership(b->protocol), "node-w"));
+        assert_int_equal(net.announces, announces);
+        hello.sender = v;
+        hello.table_members = 1;
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_int_equal(net.announces, announces + 2); /* to a and c */
+        run(1);
+}
+
+/* Two members whose tables differ but are as large are asked for them once the difference
+ * has lasted PROTOCOL_TABLE_ROUNDS heartbeats; then they agree. */
+static void test_lasting_difference_asks_for_table(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = NULL };
+        MemberInfo z = { .name = "node-z", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo y = { .name = "node-y", .node_rank = 8, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        unsigned asks = net.table_asks;
+        /* a hears of z, b of y, and their announces are lost. */
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = z },
+                            net.now);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = y },
+                            net.now);
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        run(PROTOCOL_TABLE_ROUNDS - 1);
+        assert_int_equal(net.table_asks, asks);
+        assert_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        run(3);
+        assert_true(net.table_asks > asks);
+        assert_non_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        assert_non_null(membership_find(protocol_membership(b->protocol), "node-z"));
+        assert_int_equal(membership_digest(protocol_membership(a->protocol)),
+                         membership_digest(protocol_membership(b->protocol)));
 }
 
 static void test_crash_suspect_then_down(void **state) {
@@ -445,9 +540,47 @@ static void test_hello_past_max_nodes_refused(void **state) {
         assert_int_equal(b->refused_us, 1); /* the refusal came back on b's link */
 }
 
+/* Tables that can never agree (each side refuses the other's member: one node rank, two
+ * nodes) are asked for less and less often, not every few heartbeats forever. */
+static void test_fruitless_asks_back_off(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = NULL };
+        MemberInfo z = { .name = "node-z", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo y = { .name = "node-y", .node_rank = 7, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = z },
+                            net.now);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = y },
+                            net.now);
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        unsigned asks = net.table_asks;
+        run(60);
+        /* Every PROTOCOL_TABLE_ROUNDS heartbeats would be 20 each; doubling waits, about 7. */
+        assert_true(net.table_asks > asks);
+        assert_true(net.table_asks - asks <= 2 * 8);
+        assert_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        assert_null(membership_find(protocol_membership(b->protocol), "node-z"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_join_through_seed, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_table_only_where_digests_differ, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_announce_only_for_newcomers, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_lasting_difference_asks_for_table, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_fruitless_asks_back_off, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_crash_suspect_then_down, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_and_backoff, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_on_foreign_link_ignored, setup,
