@@ -19,6 +19,7 @@ typedef struct ProtocolLink {
         bool reached;      /* heard from since the last failure */
         unsigned failures;
         int64_t retry_at_ms;
+        int64_t dialed_at_ms;    /* when the endpoint was made */
         bool differs;            /* the member's table digest is not ours */
         int64_t differs_since_ms; /* since then, or since we last asked it for its table */
         struct ProtocolLink *next;
@@ -218,6 +219,7 @@ static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
                 l->retry_at_ms = now + backoff_ms(l->failures);
                 return;
         }
+        l->dialed_at_ms = now;
         /* The table follows when the other side's digest asks for it (table_check()). */
         link_send_hello(p, l, false, now);
 }
@@ -251,8 +253,10 @@ static void link_free(Protocol *p, ProtocolLink *l) {
         free(l);
 }
 
-/* A member we hear from directly: its link (re)starts now if it was waiting. */
-static void link_heard(Protocol *p, const char *address, bool restarted, int64_t now) {
+/* A member we hear from directly: its link (re)starts now if it was waiting. A link made at or
+ * before `stale_ms` (INT64_MIN: none) may reach a previous start of the member, and is made
+ * anew. */
+static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64_t now) {
         ProtocolLink *l = link_find(p, address);
 
         if (!l) {
@@ -267,7 +271,7 @@ static void link_heard(Protocol *p, const char *address, bool restarted, int64_t
         l->reached = true;
         l->failing = false;
         l->failures = 0;
-        if (restarted)
+        if (l->endpoint && l->dialed_at_ms <= stale_ms)
                 link_close(p, l); /* our old link went to its previous start */
         if (!l->endpoint)
                 link_dial(p, l, now);
@@ -326,7 +330,8 @@ static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
                         note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LEARNED,
                                                  .member = &m->members[i].info,
                                                  .name = m->sender.name });
-                        link_heard(p, m->members[i].info.address, v == MEMBER_RESTARTED, now);
+                        link_heard(p, m->members[i].info.address,
+                                   v == MEMBER_RESTARTED ? INT64_MAX : INT64_MIN, now);
                 }
         }
 }
@@ -458,6 +463,17 @@ static bool announce_due(Protocol *p, const PeerMessage *m) {
         return !m->has_table || (size_t) m->table_members * 2 < membership_count(p->membership);
 }
 
+/* When the start we know of the sender's node was last heard of (INT64_MIN: none, or this
+ * very start). On a restart, our link to that address is made anew only when it is older than
+ * that: a link made since reaches the new start already, and UCX may have paired it with the
+ * new start's own link to us (one connection between two workers for both directions), so
+ * closing it would cut the new start's messages to us too. */
+static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
+        const Member *e = membership_find(p->membership, sender->name);
+
+        return e && e->info.boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
+}
+
 /* What a message asks of us once its sender is believed. */
 static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
         switch (m->body) {
@@ -489,6 +505,7 @@ static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
 void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
                          int64_t now) {
         _cleanup_free_ char *refusal = NULL;
+        int64_t previous_heard;
         bool version_refused;
         MemberVerdict v;
 
@@ -500,6 +517,7 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
         }
         if (!list_fits(p, o, m))
                 return;
+        previous_heard = last_heard_of(p, &m->sender);
         if (membership_heard_from(p->membership, &m->sender, m->version,
                                   m->body == PEER_HELLO || m->body == PEER_ANNOUNCE ?
                                           m->n_members : 0,
@@ -528,12 +546,13 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
         case MEMBER_RESTARTED:
                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_JOINED, .member = &m->sender,
                                          .flag = v == MEMBER_RESTARTED });
-                link_heard(p, m->sender.address, v == MEMBER_RESTARTED, now);
+                link_heard(p, m->sender.address,
+                           v == MEMBER_RESTARTED ? previous_heard : INT64_MIN, now);
                 if (announce_due(p, m))
                         announce(p, m->sender.name, now);
                 break;
         default:
-                link_heard(p, m->sender.address, false, now);
+                link_heard(p, m->sender.address, INT64_MIN, now);
                 break;
         }
         on_body(p, m, now);

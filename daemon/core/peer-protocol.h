@@ -22,6 +22,11 @@
  * one small heartbeat per link. A change made here goes out eagerly (at most every quarter
  * interval) to PROTOCOL_EAGER_FANOUT links, so they take its version within a round trip.
  *
+ * A restart, once believed, makes our link to the node's address anew only when that link is
+ * older than the last news of the previous start: a link made since (after the old one failed)
+ * reaches the new start already, and closing it would also cut the new start's own link to us,
+ * which UCX may carry on the same connection (it pairs two workers' endpoints to each other).
+ *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
  *   it) and closes that link alone, which is dialed again after PROTOCOL_REFUSED_BACKOFF_MIN_MS,

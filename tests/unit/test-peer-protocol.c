@@ -26,6 +26,8 @@
 typedef struct Endpoint {
         int from, to;
         bool open;
+        int64_t made;    /* net.now when dialed */
+        unsigned closes; /* by the node that dialed it (sink_close) */
 } Endpoint;
 
 typedef struct Delivery {
@@ -113,7 +115,7 @@ static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
         assert_true(net.n_eps < 1024);
         Endpoint *ep = calloc(1, sizeof *ep);
         assert_non_null(ep);
-        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true };
+        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true, .made = net.now };
         net.eps[net.n_eps++] = ep;
         *ret_endpoint = ep;
         return 0;
@@ -146,6 +148,7 @@ static void sink_close(void *userdata, void *endpoint) {
 
         assert_true(ep->open);
         ep->open = false;
+        ep->closes++;
 }
 
 static void sink_published(void *userdata, Topology *t) {
@@ -180,16 +183,12 @@ static void sink_note(void *userdata, const ProtocolNote *note) {
         }
 }
 
-/* A node named `name` at 127.0.0.1:7000+i, joining through `seed` (may be NULL). */
-static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
-        SimNode *n = &net.nodes[net.n_nodes];
-        size_t i = net.n_nodes++;
-
-        snprintf(n->name, sizeof n->name, "%s", name);
-        snprintf(n->address, sizeof n->address, "127.0.0.1:%zu", 7000 + i);
+/* Node n's protocol, its start number `start` (1: the first), joining through `seed`. */
+static void start_node(SimNode *n, int64_t rank, unsigned start, const char *seed) {
+        size_t i = (size_t) node_of(n);
         MemberInfo self = { .name = n->name, .node_rank = rank, .address = n->address,
-                            .boot_id = 1000 + i, .started_unix_ms = 100, .devices = host_devices,
-                            .n_devices = 1 };
+                            .boot_id = 1000 * start + i, .started_unix_ms = 100 * start,
+                            .devices = host_devices, .n_devices = 1 };
         ProtocolParams params = { .self = &self, .timeouts = timeouts, .max_nodes = 8,
                                   .heartbeat_ms = HEARTBEAT_MS };
         ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
@@ -199,7 +198,24 @@ static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
         assert_int_equal(protocol_new(&params, &sink, net.now, &n->protocol), 0);
         if (seed)
                 assert_int_equal(protocol_add_seed(n->protocol, seed, net.now), 0);
+}
+
+/* A node named `name` at 127.0.0.1:7000+i, joining through `seed` (may be NULL). */
+static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
+        SimNode *n = &net.nodes[net.n_nodes++];
+
+        snprintf(n->name, sizeof n->name, "%s", name);
+        snprintf(n->address, sizeof n->address, "127.0.0.1:%zu", 7000 + (size_t) node_of(n));
+        start_node(n, rank, 1, seed);
         return n;
+}
+
+/* A crashed (or hung) node starts again at the same address: a new start, its old links
+ * closed as the kernel closes a dead process's connections. */
+static void restart(SimNode *n, int64_t rank, unsigned start, const char *seed) {
+        protocol_free(n->protocol);
+        n->crashed = false;
+        start_node(n, rank, start, seed);
 }
 
 /* Delivers everything queued (and what that sends), each receiver flushing after. */
@@ -408,6 +424,60 @@ static void test_crash_suspect_then_down(void **state) {
         assert_true(b->dials < dials + 20);
 }
 
+/* A node restarts at its address after its links failed: the links the others made to the
+ * address since they last heard its previous start reach the new start already, and are kept
+ * when the restart is believed (closing one cut the new start's own link under UCX, which pairs
+ * the two directions between two workers: rogue-peer's node2 stayed down). */
+static void test_restart_keeps_links_made_since(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        crash(c);
+        run(1);
+        int64_t restarted_at = net.now;
+        restart(c, 2, 2, NULL); /* dials nobody: the others' links come back first */
+        run(10);
+        for (size_t i = 0; i < net.n_eps; i++) {
+                const Endpoint *ep = net.eps[i];
+                if (ep->to == node_of(c) && ep->made >= restarted_at) {
+                        assert_int_equal(ep->closes, 0);
+                        assert_true(ep->open);
+                }
+        }
+        assert_int_equal(state_of(a, c), NODE_UP);
+        assert_int_equal(state_of(b, c), NODE_UP);
+        assert_int_equal(membership_find(protocol_membership(a->protocol), "node-c")->info.boot_id,
+                         2002);
+        assert_int_equal(state_of(c, a), NODE_UP);
+        assert_int_equal(state_of(c, b), NODE_UP);
+}
+
+/* A node that hung (its links never failed) and came back as a new start: the link made while
+ * the old start still spoke is made anew, once the restart is believed. */
+static void test_restart_remakes_older_links(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *c = add_node("node-c", 1, a->address);
+
+        run(3);
+        Endpoint *old = NULL;
+        for (size_t i = 0; i < net.n_eps; i++)
+                if (net.eps[i]->from == node_of(a) && net.eps[i]->to == node_of(c))
+                        old = net.eps[i];
+        assert_non_null(old);
+        c->crashed = true; /* silent, its connections open */
+        run(5);            /* past suspect_ms: a restart is believed */
+        assert_int_equal(state_of(a, c), NODE_SUSPECT);
+        unsigned dials = a->dials;
+        restart(c, 1, 2, a->address);
+        run(3);
+        assert_int_equal(old->closes, 1);
+        assert_true(a->dials > dials);
+        assert_int_equal(state_of(a, c), NODE_UP);
+        assert_int_equal(state_of(c, a), NODE_UP);
+}
+
 static void test_refusal_and_backoff(void **state) {
         SimNode *a = add_node("node-a", 0, NULL);
         SimNode *x = add_node("node-x", 0, a->address); /* a's node rank: refused */
@@ -582,6 +652,10 @@ int main(void) {
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_fruitless_asks_back_off, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_crash_suspect_then_down, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_restart_keeps_links_made_since, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_restart_remakes_older_links, setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_and_backoff, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_on_foreign_link_ignored, setup,
                                                 teardown),
