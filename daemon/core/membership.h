@@ -48,8 +48,25 @@ typedef struct MembershipTimeouts {
         uint64_t forget_after_ms; /* after going down; 0: never */
 } MembershipTimeouts;
 
+/* Member records shared between tables (membership_set_records()): one immutable copy of each
+ * distinct record, counted by reference, so that N simulated nodes holding the same N members
+ * keep N records, not N^2 (tests/sim). A daemon holds one table and shares nothing. */
+typedef struct MemberRecords MemberRecords;
+typedef struct MemberRecord MemberRecord;
+
+int member_records_new(MemberRecords **ret);
+/* Every table that used it must be freed first. */
+MemberRecords *member_records_free(MemberRecords *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(MemberRecords *, member_records_free);
+/* Distinct records held, and bytes they take (names, addresses, devices). */
+size_t member_records_count(const MemberRecords *r);
+size_t member_records_bytes(const MemberRecords *r);
+
 typedef struct Member {
+        /* With shared records, info's name, address and devices belong to `record`; the
+         * registry digest is the member's own. */
         MemberInfo info;
+        MemberRecord *record; /* NULL: info is owned */
         int64_t last_heard_ms; /* the caller's monotonic clock */
         NodeState state;
         bool local;
@@ -79,6 +96,9 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
 Membership *membership_free(Membership *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Membership *, membership_free);
 
+/* Keeps the table's other members in `records` (shared with other tables); call before any
+ * member but this node is added. NULL: each member's record is its own copy (the default). */
+void membership_set_records(Membership *m, MemberRecords *records);
 /* The most members the table holds, this node included (--max-nodes; default
  * FAMILYD_MAX_PEERS, ceiling MEMBERSHIP_MAX_NODES_CEILING). */
 void membership_set_max_nodes(Membership *m, size_t max_nodes);

@@ -642,6 +642,7 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
         if (r < 0)
                 return r;
         membership_set_max_nodes(p->membership, params->max_nodes);
+        membership_set_records(p->membership, params->records);
         p->random = p->self.boot_id | 1;
         p->dirty = true;
         *ret = TAKE_PTR(p);

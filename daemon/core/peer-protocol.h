@@ -127,6 +127,7 @@ typedef struct ProtocolParams {
         MembershipTimeouts timeouts;
         size_t max_nodes;
         unsigned heartbeat_ms;
+        MemberRecords *records; /* shared member records (tests/sim); NULL: the table's own */
 } ProtocolParams;
 
 int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t now_ms,

@@ -417,6 +417,7 @@ int sim_start(Sim *s, size_t i, int64_t seed) {
                 .timeouts = { .suspect_ms = s->config.suspect_ms, .down_ms = s->config.down_ms },
                 .max_nodes = s->config.max_nodes,
                 .heartbeat_ms = s->config.heartbeat_ms,
+                .records = s->records,
         };
         ProtocolSink sink = sim_sink;
 
@@ -517,7 +518,8 @@ int sim_new(const SimConfig *config, Sim **ret) {
                         return -ENOMEM;
                 }
         }
-        if (!sim_devices && devices_make(config->devices) < 0) {
+        if ((!sim_devices && devices_make(config->devices) < 0) ||
+            (!config->own_records && member_records_new(&s->records) < 0)) {
                 sim_free(s);
                 return -ENOMEM;
         }
@@ -546,6 +548,7 @@ Sim *sim_free(Sim *s) {
                 device_done(&sim_devices[d]);
         sim_devices = mfree(sim_devices);
         sim_n_devices = 0;
+        member_records_free(s->records); /* after every node's table */
         free(s->heap);
         free(s->watch.seen_down);
         free(s->nodes);

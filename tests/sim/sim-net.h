@@ -13,7 +13,9 @@
  * Events (deliveries, each node's heartbeat tick, the flush an event loop does before it
  * sleeps) run in time order from one heap; time is in microseconds, the protocol sees ms.
  * Identical bytes a node sends in a row (a heartbeat or an announce to every link) share one
- * buffer, so in-flight memory stays per sender, not per link.
+ * buffer, so in-flight memory stays per sender, not per link. The nodes' member tables share
+ * one copy of each member record (membership_set_records()), so N nodes hold N records, not
+ * N^2; --own-records measures the daemon's way, a copy per table.
  */
 
 #include <stdbool.h>
@@ -30,6 +32,7 @@ typedef struct SimConfig {
         unsigned devices;          /* per node, as a GPU node reports them */
         double loss;               /* per message */
         uint64_t seed;
+        bool own_records;          /* each node copies every member record, as daemons do */
 } SimConfig;
 
 typedef struct SimCounters {
@@ -66,6 +69,7 @@ typedef struct Sim {
         size_t n_nodes; /* started at least once */
         int64_t now_us;
         SimCounters total;
+        MemberRecords *records; /* shared between the nodes' tables; NULL with own_records */
         uint64_t false_suspicions; /* a live, reachable member newly suspect at some node */
         bool count_suspicions;
         SimWatch watch;

@@ -270,7 +270,7 @@ static void usage(void) {
                "[--down-ms N]\n"
                "            [--latency-us N] [--jitter-us N] [--flush-us N] [--devices N]\n"
                "            [--start-spread-ms N] [--rest-s N] [--partition-s N] [--loss-s N]\n"
-               "            [--seed N] [--check]\n");
+               "            [--seed N] [--own-records] [--check]\n");
 }
 
 static int parse_options(int argc, char **argv, SimOptions *o) {
@@ -288,6 +288,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
                 { "partition-s", required_argument, NULL, 'p' },
                 { "loss-s", required_argument, NULL, 'L' },
                 { "seed", required_argument, NULL, 'x' },
+                { "own-records", no_argument, NULL, 'o' },
                 { "check", no_argument, NULL, 'c' },
                 { "help", no_argument, NULL, 'H' },
                 {},
@@ -310,6 +311,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
                 case 'p': r = parse_unsigned(optarg, &o->partition_s); break;
                 case 'L': r = parse_unsigned(optarg, &o->loss_s); break;
                 case 'x': r = parse_unsigned(optarg, &seed); break;
+                case 'o': o->config.own_records = true; break;
                 case 'c': o->check = true; break;
                 case 'H': usage(); exit(EXIT_SUCCESS);
                 default: return -EINVAL;

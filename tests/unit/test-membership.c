@@ -506,6 +506,60 @@ static void test_registry_digests(void **state) {
 
 /* The digest sums the members' (name, start): order does not matter, a restart and a removal
  * change it, a state does not. */
+/* Tables sharing records (the simulator's N nodes) keep one copy of each distinct record; each
+ * member keeps its own registry digest; a restart, a forget and the tables' end release them. */
+static void test_shared_records(void **state) {
+        MemberRecords *records = NULL;
+        Membership *m1 = new_self("node-a", -1), *m2 = new_self("node-z", -1);
+        MemberInfo b = info("node-b", -1, "h:2", 2, 100), c = info("node-c", -1, "h:3", 3, 100);
+        MemberVerdict v;
+
+        assert_int_equal(member_records_new(&records), 0);
+        membership_set_records(m1, records);
+        membership_set_records(m2, records);
+        memcpy(b.registry_digest, DIGEST_A, sizeof b.registry_digest);
+        assert_int_equal(heard(m1, b, 1, 0), MEMBER_JOINED);
+        memcpy(b.registry_digest, DIGEST_B, sizeof b.registry_digest);
+        assert_int_equal(membership_learn(m2, &b, 0, 0, &v), 0);
+        assert_int_equal(v, MEMBER_JOINED);
+        assert_int_equal(heard(m2, c, 1, 0), MEMBER_JOINED);
+        assert_int_equal(member_records_count(records), 2);
+        assert_true(member_records_bytes(records) > 2 * sizeof(Device) * 2);
+        /* The same record, each table's own digest of it. */
+        assert_ptr_equal(membership_find(m1, "node-b")->info.name,
+                         membership_find(m2, "node-b")->info.name);
+        assert_string_equal(digest_in(m1, "node-b"), DIGEST_A);
+        assert_string_equal(digest_in(m2, "node-b"), DIGEST_B);
+
+        /* The same name and start from another address is another record. */
+        MemberInfo b2 = info("node-b", -1, "h:9", 2, 100);
+        Membership *m3 = new_self("node-y", -1);
+        membership_set_records(m3, records);
+        assert_int_equal(heard(m3, b2, 1, 0), MEMBER_JOINED);
+        assert_int_equal(member_records_count(records), 3);
+        assert_string_equal(membership_find(m3, "node-b")->info.address, "h:9");
+        membership_free(m3);
+        assert_int_equal(member_records_count(records), 2);
+
+        /* A restart in one table takes a new record; the other keeps the old. */
+        membership_tick(m1, 2000);
+        assert_int_equal(heard(m1, info("node-b", -1, "h:2", 4, 2000), 1, 2000),
+                         MEMBER_RESTARTED);
+        assert_int_equal(member_records_count(records), 3);
+        assert_int_equal(membership_find(m2, "node-b")->info.boot_id, 2);
+        /* Forgotten: its reference goes, the tombstone keeps the name. */
+        membership_tick(m2, 2000);
+        assert_int_equal(membership_forget(m2, "node-c", 0, false, 2000, NULL), 1);
+        assert_int_equal(member_records_count(records), 2);
+        assert_int_equal(membership_learn(m2, &c, 0, 2001, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+
+        membership_free(m1);
+        membership_free(m2);
+        assert_int_equal(member_records_count(records), 0);
+        member_records_free(records);
+}
+
 static void test_table_digest(void **state) {
         _cleanup_(membership_freep) Membership *a = new_self("node-a", -1);
         _cleanup_(membership_freep) Membership *b = NULL;
@@ -555,6 +609,7 @@ int main(void) {
                 cmocka_unit_test(test_restart_only_from_the_node),
                 cmocka_unit_test(test_max_nodes),
                 cmocka_unit_test(test_table_digest),
+                cmocka_unit_test(test_shared_records),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
