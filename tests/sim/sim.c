@@ -171,6 +171,49 @@ static uint64_t phase_loss(Sim *s, const SimOptions *o, double loss) {
         return s->false_suspicions;
 }
 
+/* Bytes per member entry per simulated node, measured (docs/scale.md): every node holds an
+ * entry for every member and a link to it (the protocol's ProtocolLink, its address, the
+ * simulated endpoint), so a size takes about N^2 of them; each member record itself once with
+ * shared records, or once per table with --own-records (about 1 KiB with 8 GPUs). */
+#define SIM_ENTRY_BYTES 480.0
+#define SIM_RECORD_BYTES_PER_DEVICE 220.0
+
+static double estimated_bytes(const SimOptions *o, size_t n) {
+        double entry = SIM_ENTRY_BYTES;
+
+        if (o->config.own_records)
+                entry += SIM_RECORD_BYTES_PER_DEVICE * o->config.devices;
+        return (double) n * (double) n * entry;
+}
+
+static double available_bytes(void) {
+        FILE *f = fopen("/proc/meminfo", "re");
+        char line[256];
+        double kib = 0;
+
+        if (!f)
+                return 1e18;
+        while (fgets(line, sizeof line, f))
+                if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1)
+                        break;
+        fclose(f);
+        return kib > 0 ? kib * 1024.0 : 1e18;
+}
+
+/* Whether a size fits in the memory free now; when not, its row says so. */
+static bool size_fits(const SimOptions *o, size_t n) {
+        double need = estimated_bytes(o, n), have = available_bytes();
+
+        if (need <= 0.8 * have)
+                return true;
+        printf("| %zu | not run: needs about %.1f GiB (%zu^2 member entries and links of about "
+               "%.0f bytes), %.1f GiB free | | | | | | | | | | | | | | | |\n",
+               n, need / 1073741824.0, n, need / ((double) n * (double) n),
+               have / 1073741824.0);
+        fflush(stdout);
+        return false;
+}
+
 static int run_size(const SimOptions *o, size_t n, SimRow *row) {
         SimConfig config = o->config;
         Sim *s;
@@ -345,6 +388,10 @@ int main(int argc, char **argv) {
         print_header(&o);
         for (size_t i = 0; i < o.n_sizes; i++) {
                 SimRow row;
+                if (!size_fits(&o, o.sizes[i])) {
+                        ok = false;
+                        continue;
+                }
                 if (run_size(&o, o.sizes[i], &row) < 0) {
                         fprintf(stderr, "familyd-sim: out of memory\n");
                         return EXIT_FAILURE;
