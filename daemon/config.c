@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "codec/codec-registry-digest.h"
+#include "core/membership.h"
 #include "core/registry.h"
 #include "core/resource-limits.h"
 #include "common/log.h"
@@ -220,7 +221,8 @@ static const ConfigOption config_options[] = {
         { .name = "forget-after-ms", .metavar = "N", TYPE_UNSIGNED(forget_after_ms, 0, UINT32_MAX),
           DEFAULT(0), .default_text = ": never",
           .help = "Forget a down peer after N ms" },
-        { .name = "max-nodes", .metavar = "N", TYPE_UNSIGNED(max_nodes, 2, 4096),
+        { .name = "max-nodes", .metavar = "N",
+          TYPE_UNSIGNED(max_nodes, 2, MEMBERSHIP_MAX_NODES_CEILING),
           DEFAULT(4096),
           .help = "Nodes in the cluster, this one included",
           .note = "A node that would pass it is refused, and so is a peer's whole member list "

@@ -102,6 +102,13 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         if (pb->version > FAMILYD_MAX_TOPOLOGY_VERSION)
                 return -EBADMSG;
         m->version = pb->version;
+        if (pb->table) {
+                if (pb->table->members == 0 || pb->table->members > MEMBERSHIP_MAX_NODES_CEILING)
+                        return -EBADMSG;
+                m->has_table = true;
+                m->table_digest = pb->table->digest;
+                m->table_members = pb->table->members;
+        }
 
         switch (pb->body_case) {
         case FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT:
@@ -122,6 +129,7 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                 return m->forget_name ? 0 : -ENOMEM;
         case FAMILYD__V1__PEER_MESSAGE__BODY_WHO:
                 m->body = PEER_WHO;
+                m->want_table = pb->who->table;
                 return 0;
         case FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE:
                 m->body = PEER_REFUSE;
@@ -214,6 +222,14 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
         if (r < 0)
                 return r;
         pb->version = m->version;
+        if (m->has_table) {
+                pb->table = MSG_NEW(a, Familyd__V1__PeerTableDigest,
+                                    familyd__v1__peer_table_digest__init);
+                if (!pb->table)
+                        return -ENOMEM;
+                pb->table->digest = m->table_digest;
+                pb->table->members = m->table_members;
+        }
 
         switch (m->body) {
         case PEER_HEARTBEAT:
@@ -245,7 +261,10 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
         case PEER_WHO:
                 pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_WHO;
                 pb->who = MSG_NEW(a, Familyd__V1__PeerWho, familyd__v1__peer_who__init);
-                return pb->who ? 0 : -ENOMEM;
+                if (!pb->who)
+                        return -ENOMEM;
+                pb->who->table = m->want_table;
+                return 0;
         case PEER_REFUSE:
                 pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE;
                 pb->refuse = MSG_NEW(a, Familyd__V1__PeerRefuse, familyd__v1__peer_refuse__init);

@@ -1,4 +1,5 @@
 /* membership.c: who is in the cluster, in which state, and the agreed topology version. */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,30 @@ struct Membership {
         Tombstone tombstones[MEMBERSHIP_TOMBSTONES];
         size_t next_tombstone;
         size_t max_nodes;
+        uint64_t digest; /* membership_digest() */
+        MemberRecords *records; /* NULL: members own their records */
 };
+
+uint64_t membership_digest_member(const char *name, uint64_t boot_id) {
+        uint64_t h = UINT64_C(14695981039346656037);
+
+        for (const char *c = name; *c; c++)
+                h = (h ^ (unsigned char) *c) * UINT64_C(1099511628211);
+        for (unsigned i = 0; i < 8; i++)
+                h = (h ^ ((boot_id >> (8 * i)) & 0xff)) * UINT64_C(1099511628211);
+        /* FNV-1a spreads its last bytes poorly across the word: one multiply-xorshift more. */
+        h ^= h >> 32;
+        h *= UINT64_C(0x9E3779B97F4A7C15);
+        return h ^ (h >> 29);
+}
+
+static uint64_t member_digest(const Member *e) {
+        return membership_digest_member(e->info.name, e->info.boot_id);
+}
+
+uint64_t membership_digest(const Membership *m) {
+        return m->digest;
+}
 
 void member_info_done(MemberInfo *m) {
         if (!m)
@@ -70,6 +94,217 @@ int member_info_copy(const MemberInfo *from, MemberInfo *ret) {
         return 0;
 }
 
+/* --- shared records --- */
+
+struct MemberRecord {
+        MemberInfo info; /* registry_digest unused: each member keeps its own */
+        uint64_t hash;
+        size_t n_ref;
+        size_t bytes;
+        MemberRecord *next; /* in its bucket */
+};
+
+struct MemberRecords {
+        MemberRecord **buckets;
+        size_t n_buckets; /* a power of two */
+        size_t n, bytes;
+};
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                h = (h ^ ((const unsigned char *) p)[i]) * UINT64_C(1099511628211);
+        return h;
+}
+
+static uint64_t hash_string(uint64_t h, const char *s) {
+        return hash_bytes(h, strempty(s), strlen(strempty(s)) + 1);
+}
+
+/* Over everything a record holds but the registry digest (an attribute of the member). */
+static uint64_t record_hash(const MemberInfo *info) {
+        uint64_t h = membership_digest_member(strempty(info->name), info->boot_id);
+
+        h = hash_string(h, info->address);
+        h = hash_bytes(h, &info->node_rank, sizeof info->node_rank);
+        h = hash_bytes(h, &info->started_unix_ms, sizeof info->started_unix_ms);
+        for (size_t i = 0; i < info->n_devices; i++) {
+                const Device *d = &info->devices[i];
+                h = hash_string(hash_string(h, d->kind), d->name);
+                h = hash_string(hash_string(h, d->uuid), d->pci_bus_id);
+                h = hash_bytes(h, &d->memory_bytes, sizeof d->memory_bytes);
+        }
+        return hash_bytes(h, &info->n_devices, sizeof info->n_devices);
+}
+
+static bool device_equal(const Device *a, const Device *b) {
+        return a->local_index == b->local_index && a->memory_bytes == b->memory_bytes &&
+               a->numa_node == b->numa_node && streq(strempty(a->kind), strempty(b->kind)) &&
+               streq(strempty(a->name), strempty(b->name)) &&
+               streq(strempty(a->uuid), strempty(b->uuid)) &&
+               streq(strempty(a->pci_bus_id), strempty(b->pci_bus_id));
+}
+
+static bool record_equal(const MemberInfo *a, const MemberInfo *b) {
+        if (a->boot_id != b->boot_id || a->node_rank != b->node_rank ||
+            a->started_unix_ms != b->started_unix_ms || a->n_devices != b->n_devices ||
+            !streq(strempty(a->name), strempty(b->name)) ||
+            !streq(strempty(a->address), strempty(b->address)))
+                return false;
+        for (size_t i = 0; i < a->n_devices; i++)
+                if (!device_equal(&a->devices[i], &b->devices[i]))
+                        return false;
+        return true;
+}
+
+static size_t record_bytes(const MemberInfo *info) {
+        size_t n = sizeof(MemberRecord) + strlen(info->name) + strlen(info->address) + 2 +
+                   info->n_devices * sizeof(Device);
+
+        for (size_t i = 0; i < info->n_devices; i++) {
+                const Device *d = &info->devices[i];
+                n += strlen(strempty(d->kind)) + strlen(strempty(d->name)) +
+                     strlen(strempty(d->uuid)) + strlen(strempty(d->pci_bus_id)) + 4;
+        }
+        return n;
+}
+
+int member_records_new(MemberRecords **ret) {
+        MemberRecords *r = calloc(1, sizeof(MemberRecords));
+
+        if (!r)
+                return -ENOMEM;
+        r->n_buckets = 1024;
+        r->buckets = calloc(r->n_buckets, sizeof(MemberRecord *));
+        if (!r->buckets) {
+                free(r);
+                return -ENOMEM;
+        }
+        *ret = r;
+        return 0;
+}
+
+MemberRecords *member_records_free(MemberRecords *r) {
+        if (!r)
+                return NULL;
+        for (size_t b = 0; b < r->n_buckets; b++)
+                while (r->buckets[b]) {
+                        MemberRecord *e = r->buckets[b];
+                        r->buckets[b] = e->next;
+                        member_info_done(&e->info);
+                        free(e);
+                }
+        free(r->buckets);
+        return mfree(r);
+}
+
+size_t member_records_count(const MemberRecords *r) {
+        return r->n;
+}
+
+size_t member_records_bytes(const MemberRecords *r) {
+        return r->bytes + r->n_buckets * sizeof(MemberRecord *);
+}
+
+/* Twice the buckets once there are more records than buckets (a failure keeps the old). */
+static void records_grow(MemberRecords *r) {
+        size_t n = r->n_buckets * 2;
+        MemberRecord **grown;
+
+        if (r->n <= r->n_buckets || !(grown = calloc(n, sizeof(MemberRecord *))))
+                return;
+        for (size_t b = 0; b < r->n_buckets; b++)
+                while (r->buckets[b]) {
+                        MemberRecord *e = r->buckets[b];
+                        r->buckets[b] = e->next;
+                        e->next = grown[e->hash & (n - 1)];
+                        grown[e->hash & (n - 1)] = e;
+                }
+        free(r->buckets);
+        r->buckets = grown;
+        r->n_buckets = n;
+}
+
+/* The shared record equal to `info`, made when there is none; one reference more. */
+static int records_take(MemberRecords *r, const MemberInfo *info, MemberRecord **ret) {
+        uint64_t h = record_hash(info);
+        MemberRecord *e;
+        int k;
+
+        for (e = r->buckets[h & (r->n_buckets - 1)]; e; e = e->next)
+                if (e->hash == h && record_equal(&e->info, info)) {
+                        e->n_ref++;
+                        *ret = e;
+                        return 0;
+                }
+        e = calloc(1, sizeof(MemberRecord));
+        if (!e)
+                return -ENOMEM;
+        k = member_info_copy(info, &e->info);
+        if (k < 0) {
+                free(e);
+                return k;
+        }
+        e->info.registry_digest[0] = 0;
+        e->info.partial = false;
+        e->hash = h;
+        e->n_ref = 1;
+        e->bytes = record_bytes(&e->info);
+        e->next = r->buckets[h & (r->n_buckets - 1)];
+        r->buckets[h & (r->n_buckets - 1)] = e;
+        r->n++;
+        r->bytes += e->bytes;
+        records_grow(r);
+        *ret = e;
+        return 0;
+}
+
+static void records_release(MemberRecords *r, MemberRecord *rec) {
+        if (--rec->n_ref > 0)
+                return;
+        for (MemberRecord **p = &r->buckets[rec->hash & (r->n_buckets - 1)]; *p; p = &(*p)->next)
+                if (*p == rec) {
+                        *p = rec->next;
+                        break;
+                }
+        r->n--;
+        r->bytes -= rec->bytes;
+        member_info_done(&rec->info);
+        free(rec);
+}
+
+/* Sets e's record to a copy of `info` (shared when the table shares records). */
+static int member_store(Membership *m, Member *e, const MemberInfo *info) {
+        MemberRecord *rec;
+        int r;
+
+        if (!m->records) {
+                e->record = NULL;
+                return member_info_copy(info, &e->info);
+        }
+        r = records_take(m->records, info, &rec);
+        if (r < 0)
+                return r;
+        e->record = rec;
+        e->info = rec->info; /* borrowed */
+        memcpy(e->info.registry_digest, info->registry_digest, sizeof e->info.registry_digest);
+        e->info.registry_digest[REGISTRY_DIGEST_LENGTH] = 0;
+        return 0;
+}
+
+static void member_drop(Membership *m, Member *e) {
+        if (e->record)
+                records_release(m->records, e->record);
+        else
+                member_info_done(&e->info);
+        e->record = NULL;
+        e->info = (MemberInfo) {};
+}
+
+void membership_set_records(Membership *m, MemberRecords *records) {
+        assert(m->n_members == 1);
+        m->records = records;
+}
+
 int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
                    Membership **ret) {
         _cleanup_(membership_freep) Membership *m = calloc(1, sizeof(Membership));
@@ -91,6 +326,7 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
         m->members[0].state = NODE_UP;
         m->members[0].last_heard_ms = now_ms;
         m->n_members = 1;
+        m->digest = member_digest(&m->members[0]);
 
         *ret = TAKE_PTR(m);
         return 0;
@@ -100,7 +336,7 @@ Membership *membership_free(Membership *m) {
         if (!m)
                 return NULL;
         for (size_t i = 0; i < m->n_members; i++)
-                member_info_done(&m->members[i].info);
+                member_drop(m, &m->members[i]);
         free(m->members);
         for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
                 free(m->tombstones[i].name);
@@ -140,7 +376,8 @@ bool membership_set_local_digest(Membership *m, const char *digest) {
 }
 
 void membership_set_max_nodes(Membership *m, size_t max_nodes) {
-        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS : MIN(max_nodes, (size_t) FAMILYD_MAX_PEERS);
+        m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS :
+                                        MIN(max_nodes, (size_t) MEMBERSHIP_MAX_NODES_CEILING);
 }
 
 size_t membership_max_nodes(const Membership *m) {
@@ -255,21 +492,25 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
         }
         Member *e = &m->members[m->n_members];
         *e = (Member) { .last_heard_ms = last_heard_ms };
-        int r = member_info_copy(info, &e->info);
+        int r = member_store(m, e, info);
         if (r < 0)
                 return r;
         e->state = state_for_age(&m->timeouts, now_ms - last_heard_ms);
         m->n_members++;
+        m->digest += member_digest(e);
         return 0;
 }
 
-static int member_replace(Member *e, const MemberInfo *info) {
-        MemberInfo copy;
-        int r = member_info_copy(info, &copy);
+static int member_replace(Membership *m, Member *e, const MemberInfo *info) {
+        Member copy = {};
+        int r = member_store(m, &copy, info);
         if (r < 0)
                 return r;
-        member_info_done(&e->info);
-        e->info = copy;
+        m->digest -= member_digest(e);
+        member_drop(m, e);
+        e->info = copy.info;
+        e->record = copy.record;
+        m->digest += member_digest(e);
         return 0;
 }
 
@@ -345,7 +586,7 @@ static int membership_heard_start(Membership *m, const MemberInfo *sender, Membe
         /* Speaking to us proves it lives, even if we had forgotten it. */
         tombstone_drop(m, sender->name);
         if (e) {
-                r = member_replace(e, sender);
+                r = member_replace(m, e, sender);
                 if (r < 0)
                         return r;
                 e->last_heard_ms = now_ms;
@@ -381,7 +622,15 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
                 e->state = NODE_UP;
                 *ret = MEMBER_KNOWN;
         } else if (sender->partial) {
-                *ret = MEMBER_UNKNOWN;
+                /* Asking a start whose name or rank is taken for its record would tell it ours
+                 * (a who names us): it is refused as its hello would be. */
+                _cleanup_free_ char *reason = NULL;
+                r = membership_check_identity(m, sender, e, &reason);
+                if (r < 0)
+                        return r;
+                *ret = reason ? MEMBER_REFUSED : MEMBER_UNKNOWN;
+                if (reason && ret_refusal)
+                        *ret_refusal = TAKE_PTR(reason);
                 return 0;
         } else {
                 r = membership_heard_start(m, sender, e, now_ms, ret, ret_refusal);
@@ -453,12 +702,13 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
 static void membership_remove(Membership *m, size_t i) {
         Tombstone *t = &m->tombstones[m->next_tombstone];
 
+        m->digest -= member_digest(&m->members[i]);
         free(t->name);
-        t->name = TAKE_PTR(m->members[i].info.name);
+        t->name = strdup(m->members[i].info.name); /* NULL: this one not remembered */
         t->boot_id = m->members[i].info.boot_id;
         m->next_tombstone = (m->next_tombstone + 1) % MEMBERSHIP_TOMBSTONES;
 
-        member_info_done(&m->members[i].info);
+        member_drop(m, &m->members[i]);
         memmove(&m->members[i], &m->members[i + 1], (m->n_members - i - 1) * sizeof(Member));
         m->n_members--;
 }

@@ -48,8 +48,25 @@ typedef struct MembershipTimeouts {
         uint64_t forget_after_ms; /* after going down; 0: never */
 } MembershipTimeouts;
 
+/* Member records shared between tables (membership_set_records()): one immutable copy of each
+ * distinct record, counted by reference, so that N simulated nodes holding the same N members
+ * keep N records, not N^2 (tests/sim). A daemon holds one table and shares nothing. */
+typedef struct MemberRecords MemberRecords;
+typedef struct MemberRecord MemberRecord;
+
+int member_records_new(MemberRecords **ret);
+/* Every table that used it must be freed first. */
+MemberRecords *member_records_free(MemberRecords *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(MemberRecords *, member_records_free);
+/* Distinct records held, and bytes they take (names, addresses, devices). */
+size_t member_records_count(const MemberRecords *r);
+size_t member_records_bytes(const MemberRecords *r);
+
 typedef struct Member {
+        /* With shared records, info's name, address and devices belong to `record`; the
+         * registry digest is the member's own. */
         MemberInfo info;
+        MemberRecord *record; /* NULL: info is owned */
         int64_t last_heard_ms; /* the caller's monotonic clock */
         NodeState state;
         bool local;
@@ -70,13 +87,20 @@ typedef enum MemberVerdict {
 
 typedef struct Membership Membership;
 
+/* The most --max-nodes may say (membership_set_max_nodes()); the default stays
+ * FAMILYD_MAX_PEERS. A table digest naming more members is not a daemon's. */
+#define MEMBERSHIP_MAX_NODES_CEILING 65536u
+
 int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
                    Membership **ret);
 Membership *membership_free(Membership *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Membership *, membership_free);
 
-/* The most members the table holds, this node included (--max-nodes; default and ceiling
- * FAMILYD_MAX_PEERS). */
+/* Keeps the table's other members in `records` (shared with other tables); call before any
+ * member but this node is added. NULL: each member's record is its own copy (the default). */
+void membership_set_records(Membership *m, MemberRecords *records);
+/* The most members the table holds, this node included (--max-nodes; default
+ * FAMILYD_MAX_PEERS, ceiling MEMBERSHIP_MAX_NODES_CEILING). */
 void membership_set_max_nodes(Membership *m, size_t max_nodes);
 size_t membership_max_nodes(const Membership *m);
 /* Whether `n` records (a hello's list) fit: false when the ones not known here would take the
@@ -129,6 +153,10 @@ uint64_t membership_revision(const Membership *m);
 bool membership_set_local_digest(Membership *m, const char *digest);
 /* How many changes this daemon made itself (not versions taken from peers). */
 uint64_t membership_changes(const Membership *m);
+/* The table summarised for peers: the sum of membership_digest_member() over every member,
+ * this node included, kept as members come and go. */
+uint64_t membership_digest(const Membership *m);
+uint64_t membership_digest_member(const char *name, uint64_t boot_id);
 /* Counts the other members by state. */
 void membership_count_states(const Membership *m, unsigned counts[_NODE_STATE_MAX]);
 

@@ -13,11 +13,12 @@
 
 typedef enum PeerBody {
         PEER_HEARTBEAT,
-        PEER_HELLO,    /* first message on a new link: the sender's whole member table */
+        PEER_HELLO,    /* first message on a new link: the sender, and its table when asked */
         PEER_ANNOUNCE, /* members that joined or restarted */
         PEER_FORGET,
         PEER_REFUSE,
-        PEER_WHO,      /* the sender does not know the receiver's start: answer with a hello */
+        PEER_WHO,      /* the sender does not know the receiver's start (or, with want_table,
+                        * its table): answer with a hello */
         _PEER_BODY_MAX,
         _PEER_BODY_INVALID = -EINVAL,
 } PeerBody;
@@ -36,6 +37,12 @@ typedef struct PeerMessage {
         char *forget_name; /* forget */
         uint64_t forget_boot_id;
         char *reason; /* refuse */
+        bool want_table; /* who: send the whole table in the hello */
+        /* The sender's table summarised (membership_digest()); has_table: the sender sent it
+         * (daemons before it did not). */
+        bool has_table;
+        uint64_t table_digest;
+        uint32_t table_members;
 } PeerMessage;
 
 /* Frees what a decoded message owns. */

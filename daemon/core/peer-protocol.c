@@ -19,6 +19,9 @@ typedef struct ProtocolLink {
         bool reached;      /* heard from since the last failure */
         unsigned failures;
         int64_t retry_at_ms;
+        int64_t dialed_at_ms;    /* when the endpoint was made */
+        bool differs;            /* the member's table digest is not ours */
+        int64_t differs_since_ms; /* since then, or since we last asked it for its table */
         struct ProtocolLink *next;
 } ProtocolLink;
 
@@ -33,6 +36,10 @@ struct Protocol {
         uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
+        int64_t pulled_at_ms; /* a table was last asked for; 0: never */
+        uint64_t pulled_digest; /* ours then */
+        unsigned fruitless;     /* tables asked for in a row that did not change ours */
+        uint64_t random;
         int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
         int64_t link_lie_noted_ms;
 };
@@ -75,6 +82,9 @@ static void stamp(Protocol *p, PeerMessage *m) {
         /* Heartbeats are most of the traffic: they name the start, not the devices. */
         m->sender.partial = m->body == PEER_HEARTBEAT;
         m->version = membership_version(p->membership);
+        m->has_table = true;
+        m->table_digest = membership_digest(p->membership);
+        m->table_members = (uint32_t) membership_count(p->membership);
 }
 
 static void link_send(Protocol *p, ProtocolLink *l, PeerMessage *m) {
@@ -107,10 +117,15 @@ static size_t hello_chunk(const PeerKnown *known, size_t n) {
         return MAX((size_t) 1, (size_t) (FAMILYD_MAX_PEER_MESSAGE_BYTES / 2) / biggest);
 }
 
-static void link_send_hello(Protocol *p, ProtocolLink *l, int64_t now) {
+/* The sender's whole record, and with `table` every member it knows. */
+static void link_send_hello(Protocol *p, ProtocolLink *l, bool table, int64_t now) {
         _cleanup_free_ PeerKnown *known = NULL;
         size_t n, chunk;
 
+        if (!table) {
+                link_send(p, l, &(PeerMessage) { .body = PEER_HELLO });
+                return;
+        }
         if (known_list(p, NULL, now, &known, &n) < 0) {
                 note_no_memory(p);
                 return;
@@ -138,12 +153,28 @@ static void announce(Protocol *p, const char *name, int64_t now) {
                         link_send(p, l, &m);
 }
 
-static void send_heartbeats(Protocol *p) {
-        PeerMessage heartbeat = { .body = PEER_HEARTBEAT };
+/* xorshift64: which links hear a change first; no secret, only spread. */
+static uint64_t protocol_random(Protocol *p) {
+        p->random ^= p->random << 13;
+        p->random ^= p->random >> 7;
+        p->random ^= p->random << 17;
+        return p->random;
+}
 
-        for (ProtocolLink *l = p->links; l; l = l->next)
-                if (!l->refused && l->endpoint)
-                        link_send(p, l, &heartbeat);
+/* A heartbeat on every connected link, or on about `fanout` of them chosen at random (0:
+ * all). */
+static void send_heartbeats(Protocol *p, size_t fanout) {
+        PeerMessage heartbeat = { .body = PEER_HEARTBEAT };
+        size_t connected;
+
+        (void) protocol_links(p, &connected);
+        for (ProtocolLink *l = p->links; l; l = l->next) {
+                if (l->refused || !l->endpoint)
+                        continue;
+                if (fanout > 0 && connected > fanout && protocol_random(p) % connected >= fanout)
+                        continue;
+                link_send(p, l, &heartbeat);
+        }
 }
 
 /* --- links --- */
@@ -188,7 +219,9 @@ static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
                 l->retry_at_ms = now + backoff_ms(l->failures);
                 return;
         }
-        link_send_hello(p, l, now);
+        l->dialed_at_ms = now;
+        /* The table follows when the other side's digest asks for it (table_check()). */
+        link_send_hello(p, l, false, now);
 }
 
 static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64_t now) {
@@ -220,8 +253,10 @@ static void link_free(Protocol *p, ProtocolLink *l) {
         free(l);
 }
 
-/* A member we hear from directly: its link (re)starts now if it was waiting. */
-static void link_heard(Protocol *p, const char *address, bool restarted, int64_t now) {
+/* A member we hear from directly: its link (re)starts now if it was waiting. A link made at or
+ * before `stale_ms` (INT64_MIN: none) may reach a previous start of the member, and is made
+ * anew. */
+static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64_t now) {
         ProtocolLink *l = link_find(p, address);
 
         if (!l) {
@@ -236,7 +271,7 @@ static void link_heard(Protocol *p, const char *address, bool restarted, int64_t
         l->reached = true;
         l->failing = false;
         l->failures = 0;
-        if (restarted)
+        if (l->endpoint && l->dialed_at_ms <= stale_ms)
                 link_close(p, l); /* our old link went to its previous start */
         if (!l->endpoint)
                 link_dial(p, l, now);
@@ -295,7 +330,8 @@ static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
                         note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LEARNED,
                                                  .member = &m->members[i].info,
                                                  .name = m->sender.name });
-                        link_heard(p, m->members[i].info.address, v == MEMBER_RESTARTED, now);
+                        link_heard(p, m->members[i].info.address,
+                                   v == MEMBER_RESTARTED ? INT64_MAX : INT64_MIN, now);
                 }
         }
 }
@@ -384,6 +420,60 @@ static void note_version_refused(Protocol *p, const PeerMessage *m, int64_t now)
                                  .number2 = membership_version(p->membership) });
 }
 
+/* A member whose table differs from ours is asked for it: at once when it knows more nodes,
+ * else once the difference has lasted PROTOCOL_TABLE_ROUNDS heartbeats. At most once per half
+ * heartbeat in all, doubling up to PROTOCOL_TABLE_BACKOFF times while the tables asked for
+ * change nothing here (they name a member we refuse or forgot). */
+static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                        int64_t now) {
+        ProtocolLink *l = link_find(p, m->sender.address);
+        uint64_t digest = membership_digest(p->membership);
+        bool fruitless;
+
+        if (!m->has_table || !l)
+                return;
+        if (m->table_digest == digest) {
+                l->differs = false;
+                return;
+        }
+        if (!l->differs) {
+                l->differs = true;
+                l->differs_since_ms = now;
+        }
+        if (m->body == PEER_HELLO && m->n_members > 0)
+                return; /* its table is on its way (a long one in several hellos) */
+        if (m->table_members <= membership_count(p->membership) &&
+            now - l->differs_since_ms < (int64_t) p->heartbeat_ms * PROTOCOL_TABLE_ROUNDS)
+                return;
+        fruitless = p->pulled_at_ms != 0 && p->pulled_digest == digest;
+        if (p->pulled_at_ms != 0 &&
+            now - p->pulled_at_ms < ((int64_t) p->heartbeat_ms / 2)
+                                            << (fruitless ? p->fruitless : 0))
+                return;
+        p->fruitless = fruitless ? MIN(p->fruitless + 1, (unsigned) PROTOCOL_TABLE_BACKOFF) : 0;
+        p->pulled_at_ms = now;
+        p->pulled_digest = digest;
+        l->differs_since_ms = now;
+        reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_table = true });
+}
+
+/* Whether the others must hear of a member that joined through us: when it knows less than
+ * half our table it will not dial them all soon (a daemon without digests: always). */
+static bool announce_due(Protocol *p, const PeerMessage *m) {
+        return !m->has_table || (size_t) m->table_members * 2 < membership_count(p->membership);
+}
+
+/* When the start we know of the sender's node was last heard of (INT64_MIN: none, or this
+ * very start). On a restart, our link to that address is made anew only when it is older than
+ * that: a link made since reaches the new start already, and UCX may have paired it with the
+ * new start's own link to us (one connection between two workers for both directions), so
+ * closing it would cut the new start's messages to us too. */
+static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
+        const Member *e = membership_find(p->membership, sender->name);
+
+        return e && e->info.boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
+}
+
 /* What a message asks of us once its sender is believed. */
 static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
         switch (m->body) {
@@ -393,8 +483,9 @@ static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
                 break;
         case PEER_WHO: {
                 ProtocolLink *l = link_find(p, m->sender.address);
+                /* A daemon without digests learns tables from hellos only. */
                 if (l)
-                        link_send_hello(p, l, now);
+                        link_send_hello(p, l, m->want_table || !m->has_table, now);
                 break;
         }
         case PEER_FORGET:
@@ -414,6 +505,7 @@ static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
 void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
                          int64_t now) {
         _cleanup_free_ char *refusal = NULL;
+        int64_t previous_heard;
         bool version_refused;
         MemberVerdict v;
 
@@ -425,6 +517,7 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
         }
         if (!list_fits(p, o, m))
                 return;
+        previous_heard = last_heard_of(p, &m->sender);
         if (membership_heard_from(p->membership, &m->sender, m->version,
                                   m->body == PEER_HELLO || m->body == PEER_ANNOUNCE ?
                                           m->n_members : 0,
@@ -453,14 +546,17 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
         case MEMBER_RESTARTED:
                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_JOINED, .member = &m->sender,
                                          .flag = v == MEMBER_RESTARTED });
-                link_heard(p, m->sender.address, v == MEMBER_RESTARTED, now);
-                announce(p, m->sender.name, now);
+                link_heard(p, m->sender.address,
+                           v == MEMBER_RESTARTED ? previous_heard : INT64_MIN, now);
+                if (announce_due(p, m))
+                        announce(p, m->sender.name, now);
                 break;
         default:
-                link_heard(p, m->sender.address, false, now);
+                link_heard(p, m->sender.address, INT64_MIN, now);
                 break;
         }
         on_body(p, m, now);
+        table_check(p, o, m, now);
 }
 
 /* --- time and commands --- */
@@ -475,7 +571,7 @@ void protocol_tick(Protocol *p, int64_t now) {
                                                          .address = l->address });
                         link_dial(p, l, now);
                 }
-        send_heartbeats(p);
+        send_heartbeats(p, 0);
 }
 
 void protocol_set_local_digest(Protocol *p, const char *digest) {
@@ -507,13 +603,14 @@ void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
         uint64_t revision = membership_revision(p->membership);
         uint64_t changes = membership_changes(p->membership);
 
-        /* A change made here goes out at once (at most every quarter interval), so the
-         * others take its version within a round trip instead of a heartbeat interval.
-         * Versions merely taken from peers are not echoed. */
+        /* A change made here goes out at once (at most every quarter interval) to
+         * PROTOCOL_EAGER_FANOUT links, so those take its version within a round trip and the
+         * rest within a heartbeat interval; versions merely taken from peers are not echoed.
+         * (To every link, a change all N members see cost N^2 messages.) */
         if (changes != p->sent_changes && now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
                 p->sent_changes = changes;
                 p->eager_at_ms = now;
-                send_heartbeats(p);
+                send_heartbeats(p, PROTOCOL_EAGER_FANOUT);
         }
         if (v == p->published_version && revision == p->published_revision && !p->dirty)
                 return;
@@ -545,6 +642,8 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
         if (r < 0)
                 return r;
         membership_set_max_nodes(p->membership, params->max_nodes);
+        membership_set_records(p->membership, params->records);
+        p->random = p->self.boot_id | 1;
         p->dirty = true;
         *ret = TAKE_PTR(p);
         return 0;

@@ -10,12 +10,22 @@
  * it to memory, so they run the very code the daemon runs.
  *
  * Every daemon dials every member it knows (one outgoing link per address) and sends only on
- * its own links; what arrives on the links others dialed is read, and a refusal is the one
- * thing answered on them. A link's first message is a hello with everything this daemon knows,
- * so one seed teaches a joining node the whole cluster; a join or restart heard directly is
- * announced once to the other links. After that each interval costs one small heartbeat per
- * link. A change made here goes out eagerly (at most every quarter interval), so the others
- * take its version within a round trip.
+ * its own links; what arrives on the links others dialed is read, and a refusal and a who are
+ * the things answered on them. A link's first message is a hello with this daemon's record.
+ * Every message carries a digest of the sender's member table (names and starts): a receiver
+ * whose table differs asks the sender for its table (a who with want_table, answered by a hello
+ * with every member), at once when the sender knows more nodes, else when the difference lasts
+ * PROTOCOL_TABLE_ROUNDS heartbeats; so one seed teaches a joining node the whole cluster, and
+ * tables travel only where they differ (a join costs O(N) records, not O(N^2)). A join heard
+ * directly from a node that knows less than half of our table is announced once to the other
+ * links; a node that knows the table dials every member itself. After that each interval costs
+ * one small heartbeat per link. A change made here goes out eagerly (at most every quarter
+ * interval) to PROTOCOL_EAGER_FANOUT links, so they take its version within a round trip.
+ *
+ * A restart, once believed, makes our link to the node's address anew only when that link is
+ * older than the last news of the previous start: a link made since (after the old one failed)
+ * reaches the new start already, and closing it would also cut the new start's own link to us,
+ * which UCX may carry on the same connection (it pairs two workers' endpoints to each other).
  *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
@@ -40,6 +50,15 @@
 /* A daemon that refused us is asked again after 1 s, doubling up to 30 s. */
 #define PROTOCOL_REFUSED_BACKOFF_MIN_MS 1000
 #define PROTOCOL_REFUSED_BACKOFF_MAX_MS 30000
+/* A member whose table digest differs from ours (and knows no more nodes) is asked for its
+ * table after this many heartbeats of difference. */
+#define PROTOCOL_TABLE_ROUNDS 3
+/* Tables are asked for at most once per half heartbeat; while they change nothing here, the
+ * wait doubles up to 2^PROTOCOL_TABLE_BACKOFF times (32 s at the default 1 s heartbeat). */
+#define PROTOCOL_TABLE_BACKOFF 6
+/* A change made here goes out at once to about this many links chosen at random (all of them
+ * in a cluster this small or smaller); the others hear it with the next heartbeat. */
+#define PROTOCOL_EAGER_FANOUT 8
 /* A refused version or a lying link is noted at most once per sender in this long. */
 #define PROTOCOL_VERSION_NOTE_MS 10000
 
@@ -108,6 +127,7 @@ typedef struct ProtocolParams {
         MembershipTimeouts timeouts;
         size_t max_nodes;
         unsigned heartbeat_ms;
+        MemberRecords *records; /* shared member records (tests/sim); NULL: the table's own */
 } ProtocolParams;
 
 int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t now_ms,

@@ -17,7 +17,7 @@
 /* --- sessions --- */
 
 /* A session begins when a handshake proves the key; the dialer's lives with its endpoint, the
- * listener's until PEER_MAX_SESSIONS newer or more recently used ones push it out. */
+ * listener's until max_listener_sessions newer or more recently used ones push it out. */
 PeerSession *peer_session_new(PeerUcx *u, const PeerSessionKeys *keys, PeerRole role) {
         PeerSession *s = calloc(1, sizeof *s);
 
@@ -26,7 +26,7 @@ PeerSession *peer_session_new(PeerUcx *u, const PeerSessionKeys *keys, PeerRole 
         s->keys = *keys;
         s->role = role;
         s->next_seq = 1;
-        if (role == PEER_ROLE_LISTENER && u->n_listener_sessions >= PEER_MAX_SESSIONS) {
+        if (role == PEER_ROLE_LISTENER && u->n_listener_sessions >= u->max_listener_sessions) {
                 PeerSession **oldest = NULL;
                 for (PeerSession **p = &u->sessions; *p; p = &(*p)->next)
                         if ((*p)->role == PEER_ROLE_LISTENER)

@@ -35,8 +35,9 @@
 #define PEER_MAX_HANDSHAKES 64u
 #define PEER_MAX_HANDSHAKES_PER_SOURCE 8u
 #define PEER_FLOOD_LOG_USEC (10u * 1000000u)
-/* Sessions that others dialed, kept for their messages: room for two links from every member;
- * past it the least recently used goes. */
+/* Sessions that others dialed, kept for their messages: room for two links from every member
+ * (--max-nodes, peer_ucx_set_max_nodes(); this many by default); past it the least recently
+ * used goes. */
 #define PEER_MAX_SESSIONS (2u * FAMILYD_MAX_PEERS + PEER_MAX_HANDSHAKES)
 #define PEER_REMOTE_MAX 80u
 
@@ -131,6 +132,7 @@ struct PeerUcx {
         PeerKeys keys;    /* n == 0: peers are not authenticated */
         PeerSession *sessions; /* most recently used first */
         unsigned n_listener_sessions;
+        unsigned max_listener_sessions; /* PEER_MAX_SESSIONS, or sized by --max-nodes */
         unsigned unauthenticated; /* messages of no session, or with a bad MAC, dropped */
         unsigned replayed;        /* messages seen before or too old, dropped */
         unsigned refused;         /* handshakes that did not prove the key */

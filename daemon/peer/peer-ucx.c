@@ -265,6 +265,7 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
         if (!u)
                 return -ENOMEM;
         u->worker_fd = u->listen_fd = -1;
+        u->max_listener_sessions = PEER_MAX_SESSIONS;
         u->event = sd_event_ref(event);
         u->callbacks = *callbacks;
         u->inbox_tail = &u->inbox;
@@ -642,6 +643,12 @@ int peer_ucx_send_numbered(PeerUcx *u, PeerEndpoint *ep, uint8_t *buf, size_t si
 
 bool peer_ucx_endpoint_ready(PeerEndpoint *ep) {
         return ep && ep->ep && !ep->failed;
+}
+
+void peer_ucx_set_max_nodes(PeerUcx *u, unsigned max_nodes) {
+        unsigned n = max_nodes == 0 ? FAMILYD_MAX_PEERS : max_nodes;
+
+        u->max_listener_sessions = 2u * n + PEER_MAX_HANDSHAKES;
 }
 
 void peer_ucx_set_keys(PeerUcx *u, const PeerKeys *keys) {

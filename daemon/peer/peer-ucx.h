@@ -33,6 +33,8 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
 /* New handshakes use these keys (a rotation); links already authenticated keep their
  * sessions. Both the old and the new set must hold at least one key. */
 void peer_ucx_set_keys(PeerUcx *u, const PeerKeys *keys);
+/* Room for the sessions of two links from each of max_nodes members (0: FAMILYD_MAX_PEERS). */
+void peer_ucx_set_max_nodes(PeerUcx *u, unsigned max_nodes);
 PeerUcx *peer_ucx_free(PeerUcx *u);
 DEFINE_TRIVIAL_CLEANUP_FUNC(PeerUcx *, peer_ucx_free);
 

@@ -443,6 +443,7 @@ int peer_new(const PeerParams *params, Peer **ret) {
         r = peer_ucx_new(p->event, params->listen_address, params->keys, &cb, &p->ucx);
         if (r < 0)
                 return r;
+        peer_ucx_set_max_nodes(p->ucx, params->max_nodes);
 
         p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (p->event_fd < 0)

@@ -7,12 +7,15 @@ Real daemons on loopback (cluster_harness.Cluster), judged through gRPC and thei
 """
 
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import Cluster, free_port  # noqa: E402
+import familyd_harness as H  # noqa: E402
+from cluster_harness import REGISTRY, Cluster, free_port  # noqa: E402
 
 
 def wait_for(predicate, timeout, step=0.1):
@@ -95,6 +98,20 @@ class TestMaxNodes(unittest.TestCase):
                                      "(--max-nodes)" in third.stderr(), 15), third.stderr())
             self.assertEqual(c.wait_agreement(timeout=10)[1][1], 2)
             third.stop()
+
+    def test_limit_above_4096_up_to_the_ceiling(self):
+        # --max-nodes goes past the default 4096, up to MEMBERSHIP_MAX_NODES_CEILING (65536).
+        with tempfile.NamedTemporaryFile(suffix=".conf") as conf:
+            def check(n):
+                return subprocess.run([H.familyd_bin(), "--check-config=" + conf.name,
+                                       "--registry", REGISTRY, "--max-nodes", str(n)],
+                                      capture_output=True, text=True, timeout=30)
+            self.assertEqual(check(65536).returncode, 0, check(65536).stderr)
+            past = check(65537)
+            self.assertEqual(past.returncode, 2)
+            self.assertIn("--max-nodes: '65537' is not an integer in [2, 65536]", past.stderr)
+        with Cluster(2, host_devices=1, extra_args=["--max-nodes", "10000"]) as c:
+            self.assertEqual(c.wait_agreement(world_size=2, timeout=20)[1][1], 2)
 
 
 if __name__ == "__main__":

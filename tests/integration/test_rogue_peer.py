@@ -67,7 +67,13 @@ class RogueCase(unittest.TestCase):
 
     def holds(self, c, attack, world_size=None, timeout=20):
         """After an attack: every daemon agrees, the version is sane, memory is bounded."""
-        _, view = c.wait_agreement(world_size=world_size, timeout=timeout)
+        try:
+            _, view = c.wait_agreement(world_size=world_size, timeout=timeout)
+        except AssertionError:
+            for i, d in enumerate(c.daemons):
+                sys.stderr.write("--- daemon %d's log, after %s ---\n%s\n" % (
+                    i, attack, d.stderr()[-6000:]))
+            raise
         self.assertLess(view[0], VERSION_CEILING, "after %s: version %d" % (attack, view[0]))
         for i, d in enumerate(c.daemons):
             if d.alive() and i < len(self.rss0):

@@ -253,6 +253,13 @@ static void test_partial_records(void **state) {
         uint64_t changes = membership_changes(m);
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
         assert_int_equal(membership_changes(m), changes + 1);
+        /* A heartbeat of another start of the live node-b at another address, before its
+         * hello's refusal reached it: refused too, not asked who (the who would name us). */
+        MemberInfo dup = info("node-b", -1, "h:9", 9, 200);
+        dup.partial = true;
+        dup.n_devices = 0;
+        assert_int_equal(heard(m, dup, 1, 0), MEMBER_REFUSED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
         /* Once known, the slim heartbeat keeps it alive and keeps its devices. */
         membership_tick(m, 500);
         assert_int_equal(membership_find(m, "node-b")->state, NODE_SUSPECT);
@@ -406,7 +413,9 @@ static void test_max_nodes(void **state) {
         membership_set_max_nodes(m, 0);
         assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
         membership_set_max_nodes(m, 1u << 30);
-        assert_int_equal(membership_max_nodes(m), FAMILYD_MAX_PEERS);
+        assert_int_equal(membership_max_nodes(m), MEMBERSHIP_MAX_NODES_CEILING);
+        membership_set_max_nodes(m, 10000); /* above the default: configurable */
+        assert_int_equal(membership_max_nodes(m), 10000);
         membership_set_max_nodes(m, 3);
         assert_true(membership_can_take(m, list, 2));
         assert_false(membership_can_take(m, list, 3));
@@ -495,6 +504,93 @@ static void test_registry_digests(void **state) {
         assert_string_equal(digest_in(m, "node-c"), DIGEST_B);
 }
 
+/* The digest sums the members' (name, start): order does not matter, a restart and a removal
+ * change it, a state does not. */
+/* Tables sharing records (the simulator's N nodes) keep one copy of each distinct record; each
+ * member keeps its own registry digest; a restart, a forget and the tables' end release them. */
+static void test_shared_records(void **state) {
+        MemberRecords *records = NULL;
+        Membership *m1 = new_self("node-a", -1), *m2 = new_self("node-z", -1);
+        MemberInfo b = info("node-b", -1, "h:2", 2, 100), c = info("node-c", -1, "h:3", 3, 100);
+        MemberVerdict v;
+
+        assert_int_equal(member_records_new(&records), 0);
+        membership_set_records(m1, records);
+        membership_set_records(m2, records);
+        memcpy(b.registry_digest, DIGEST_A, sizeof b.registry_digest);
+        assert_int_equal(heard(m1, b, 1, 0), MEMBER_JOINED);
+        memcpy(b.registry_digest, DIGEST_B, sizeof b.registry_digest);
+        assert_int_equal(membership_learn(m2, &b, 0, 0, &v), 0);
+        assert_int_equal(v, MEMBER_JOINED);
+        assert_int_equal(heard(m2, c, 1, 0), MEMBER_JOINED);
+        assert_int_equal(member_records_count(records), 2);
+        assert_true(member_records_bytes(records) > 2 * sizeof(Device) * 2);
+        /* The same record, each table's own digest of it. */
+        assert_ptr_equal(membership_find(m1, "node-b")->info.name,
+                         membership_find(m2, "node-b")->info.name);
+        assert_string_equal(digest_in(m1, "node-b"), DIGEST_A);
+        assert_string_equal(digest_in(m2, "node-b"), DIGEST_B);
+
+        /* The same name and start from another address is another record. */
+        MemberInfo b2 = info("node-b", -1, "h:9", 2, 100);
+        Membership *m3 = new_self("node-y", -1);
+        membership_set_records(m3, records);
+        assert_int_equal(heard(m3, b2, 1, 0), MEMBER_JOINED);
+        assert_int_equal(member_records_count(records), 3);
+        assert_string_equal(membership_find(m3, "node-b")->info.address, "h:9");
+        membership_free(m3);
+        assert_int_equal(member_records_count(records), 2);
+
+        /* A restart in one table takes a new record; the other keeps the old. */
+        membership_tick(m1, 2000);
+        assert_int_equal(heard(m1, info("node-b", -1, "h:2", 4, 2000), 1, 2000),
+                         MEMBER_RESTARTED);
+        assert_int_equal(member_records_count(records), 3);
+        assert_int_equal(membership_find(m2, "node-b")->info.boot_id, 2);
+        /* Forgotten: its reference goes, the tombstone keeps the name. */
+        membership_tick(m2, 2000);
+        assert_int_equal(membership_forget(m2, "node-c", 0, false, 2000, NULL), 1);
+        assert_int_equal(member_records_count(records), 2);
+        assert_int_equal(membership_learn(m2, &c, 0, 2001, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+
+        membership_free(m1);
+        membership_free(m2);
+        assert_int_equal(member_records_count(records), 0);
+        member_records_free(records);
+}
+
+static void test_table_digest(void **state) {
+        _cleanup_(membership_freep) Membership *a = new_self("node-a", -1);
+        _cleanup_(membership_freep) Membership *b = NULL;
+        MemberInfo self_b = info("node-b", -1, "127.0.0.1:7001", 2, 100);
+        MemberInfo self_a = info("node-a", -1, "127.0.0.1:7000", 1, 100);
+        FamilyError error = {};
+        uint64_t d;
+
+        assert_int_equal(membership_new(&self_b, &timeouts, 0, &b), 0);
+        assert_int_equal(membership_digest(a), membership_digest_member("node-a", 1));
+        assert_int_equal(heard(a, self_b, 1, 10), MEMBER_JOINED);
+        assert_int_equal(heard(a, info("node-c", -1, "127.0.0.1:7002", 3, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(b, info("node-c", -1, "127.0.0.1:7002", 3, 100), 1, 10),
+                         MEMBER_JOINED);
+        assert_int_equal(heard(b, self_a, 1, 10), MEMBER_JOINED);
+        assert_int_equal(membership_digest(a), membership_digest(b));
+        d = membership_digest(a);
+        assert_true(membership_tick(a, 2000)); /* b and c down: states are not in it */
+        assert_int_equal(membership_digest(a), d);
+        /* c restarts: another start, another digest. */
+        assert_int_equal(heard(a, info("node-c", -1, "127.0.0.1:7002", 4, 200), 1, 2000),
+                         MEMBER_RESTARTED);
+        assert_true(membership_digest(a) != d);
+        assert_int_equal(membership_digest(a), d - membership_digest_member("node-c", 3) +
+                                                       membership_digest_member("node-c", 4));
+        assert_int_equal(membership_forget(a, "node-b", 0, false, 2000, &error), 1);
+        assert_int_equal(membership_digest(a), membership_digest_member("node-a", 1) +
+                                                       membership_digest_member("node-c", 4));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_join_and_order),
@@ -512,6 +608,8 @@ int main(void) {
                 cmocka_unit_test(test_version_jump_refused),
                 cmocka_unit_test(test_restart_only_from_the_node),
                 cmocka_unit_test(test_max_nodes),
+                cmocka_unit_test(test_table_digest),
+                cmocka_unit_test(test_shared_records),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

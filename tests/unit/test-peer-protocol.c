@@ -26,6 +26,8 @@
 typedef struct Endpoint {
         int from, to;
         bool open;
+        int64_t made;    /* net.now when dialed */
+        unsigned closes; /* by the node that dialed it (sink_close) */
 } Endpoint;
 
 typedef struct Delivery {
@@ -52,6 +54,7 @@ static struct {
         Delivery queue[MAX_QUEUE];
         size_t head, tail;
         int64_t now;
+        unsigned tables, table_asks, announces; /* hellos with members, who(table), announces */
 } net;
 
 static Device host_devices[1] = {
@@ -75,7 +78,10 @@ static int node_of(void *userdata) {
 static void copy_message(const PeerMessage *from, PeerMessage *to) {
         *to = (PeerMessage) { .body = from->body, .version = from->version,
                               .n_members = from->n_members,
-                              .forget_boot_id = from->forget_boot_id };
+                              .forget_boot_id = from->forget_boot_id,
+                              .want_table = from->want_table, .has_table = from->has_table,
+                              .table_digest = from->table_digest,
+                              .table_members = from->table_members };
         assert_int_equal(member_info_copy(&from->sender, &to->sender), 0);
         to->sender.partial = from->sender.partial;
         to->members = calloc(from->n_members + 1, sizeof(PeerKnown));
@@ -90,6 +96,9 @@ static void copy_message(const PeerMessage *from, PeerMessage *to) {
 }
 
 static void enqueue(int to, Endpoint *ep, bool is_reply, const PeerMessage *m) {
+        net.tables += m->body == PEER_HELLO && m->n_members > 0;
+        net.table_asks += m->body == PEER_WHO && m->want_table;
+        net.announces += m->body == PEER_ANNOUNCE;
         assert_true(net.tail - net.head < MAX_QUEUE);
         Delivery *d = &net.queue[net.tail++ % MAX_QUEUE];
         *d = (Delivery) { .to = to, .ep = ep, .is_reply = is_reply };
@@ -106,7 +115,7 @@ static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
         assert_true(net.n_eps < 1024);
         Endpoint *ep = calloc(1, sizeof *ep);
         assert_non_null(ep);
-        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true };
+        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true, .made = net.now };
         net.eps[net.n_eps++] = ep;
         *ret_endpoint = ep;
         return 0;
@@ -139,6 +148,7 @@ static void sink_close(void *userdata, void *endpoint) {
 
         assert_true(ep->open);
         ep->open = false;
+        ep->closes++;
 }
 
 static void sink_published(void *userdata, Topology *t) {
@@ -173,16 +183,12 @@ static void sink_note(void *userdata, const ProtocolNote *note) {
         }
 }
 
-/* A node named `name` at 127.0.0.1:7000+i, joining through `seed` (may be NULL). */
-static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
-        SimNode *n = &net.nodes[net.n_nodes];
-        size_t i = net.n_nodes++;
-
-        snprintf(n->name, sizeof n->name, "%s", name);
-        snprintf(n->address, sizeof n->address, "127.0.0.1:%zu", 7000 + i);
+/* Node n's protocol, its start number `start` (1: the first), joining through `seed`. */
+static void start_node(SimNode *n, int64_t rank, unsigned start, const char *seed) {
+        size_t i = (size_t) node_of(n);
         MemberInfo self = { .name = n->name, .node_rank = rank, .address = n->address,
-                            .boot_id = 1000 + i, .started_unix_ms = 100, .devices = host_devices,
-                            .n_devices = 1 };
+                            .boot_id = 1000 * start + i, .started_unix_ms = 100 * start,
+                            .devices = host_devices, .n_devices = 1 };
         ProtocolParams params = { .self = &self, .timeouts = timeouts, .max_nodes = 8,
                                   .heartbeat_ms = HEARTBEAT_MS };
         ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
@@ -192,7 +198,24 @@ static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
         assert_int_equal(protocol_new(&params, &sink, net.now, &n->protocol), 0);
         if (seed)
                 assert_int_equal(protocol_add_seed(n->protocol, seed, net.now), 0);
+}
+
+/* A node named `name` at 127.0.0.1:7000+i, joining through `seed` (may be NULL). */
+static SimNode *add_node(const char *name, int64_t rank, const char *seed) {
+        SimNode *n = &net.nodes[net.n_nodes++];
+
+        snprintf(n->name, sizeof n->name, "%s", name);
+        snprintf(n->address, sizeof n->address, "127.0.0.1:%zu", 7000 + (size_t) node_of(n));
+        start_node(n, rank, 1, seed);
         return n;
+}
+
+/* A crashed (or hung) node starts again at the same address: a new start, its old links
+ * closed as the kernel closes a dead process's connections. */
+static void restart(SimNode *n, int64_t rank, unsigned start, const char *seed) {
+        protocol_free(n->protocol);
+        n->crashed = false;
+        start_node(n, rank, start, seed);
 }
 
 /* Delivers everything queued (and what that sends), each receiver flushing after. */
@@ -266,7 +289,8 @@ static void test_join_through_seed(void **state) {
         SimNode *c = add_node("node-c", 2, a->address);
 
         run(3);
-        /* c knew only a: a's hello taught it b, and a's announce taught b of c. */
+        /* c knew only a: a's table (c's digest asked for it) or b's own hello taught it b; a's
+         * announce taught b of c, which knew less than half of a's table. */
         for (size_t i = 0; i < net.n_nodes; i++) {
                 const Membership *m = protocol_membership(net.nodes[i].protocol);
                 size_t connected;
@@ -282,7 +306,94 @@ static void test_join_through_seed(void **state) {
         assert_int_equal(state_of(c, b), NODE_UP);
         assert_int_equal(a->refusing + b->refusing + c->refusing, 0);
         assert_int_equal(b->learned, 1);
-        assert_int_equal(c->learned, 1);
+        assert_true(c->learned <= 1);
+        assert_true(net.table_asks >= 1);
+}
+
+/* Tables travel only where digests differ: none at rest, and a join costs one table (the
+ * joiner asks its seed), not one per link. */
+static void test_table_only_where_digests_differ(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        unsigned tables = net.tables, asks = net.table_asks;
+        run(20);
+        assert_int_equal(net.tables, tables);
+        assert_int_equal(net.table_asks, asks);
+        SimNode *d = add_node("node-d", 3, b->address);
+        run(3);
+        for (size_t i = 0; i < net.n_nodes; i++)
+                assert_int_equal(membership_count(protocol_membership(net.nodes[i].protocol)), 4);
+        assert_int_equal(net.table_asks, asks + 1);
+        assert_int_equal(net.tables, tables + 1);
+        assert_int_equal(state_of(d, c), NODE_UP);
+        assert_int_equal(state_of(c, d), NODE_UP);
+}
+
+/* A member that joins knowing the table dials everyone itself: it is not announced. One that
+ * knows less than half of it is. */
+static void test_announce_only_for_newcomers(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+        Delivery d = { .to = 1, .ep = NULL };
+        MemberInfo w = { .name = "node-w", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo v = { .name = "node-v", .node_rank = 8, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        (void) c;
+        unsigned announces = net.announces;
+        PeerMessage hello = { .body = PEER_HELLO, .version = 1, .sender = w, .has_table = true,
+                              .table_members = 4 };
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_non_null(membership_find(protocol_membership(b->protocol), "node-w"));
+        assert_int_equal(net.announces, announces);
+        hello.sender = v;
+        hello.table_members = 1;
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &hello, net.now);
+        assert_int_equal(net.announces, announces + 2); /* to a and c */
+        run(1);
+}
+
+/* Two members whose tables differ but are as large are asked for them once the difference
+ * has lasted PROTOCOL_TABLE_ROUNDS heartbeats; then they agree. */
+static void test_lasting_difference_asks_for_table(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = NULL };
+        MemberInfo z = { .name = "node-z", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo y = { .name = "node-y", .node_rank = 8, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        unsigned asks = net.table_asks;
+        /* a hears of z, b of y, and their announces are lost. */
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = z },
+                            net.now);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = y },
+                            net.now);
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        run(PROTOCOL_TABLE_ROUNDS - 1);
+        assert_int_equal(net.table_asks, asks);
+        assert_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        run(3);
+        assert_true(net.table_asks > asks);
+        assert_non_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        assert_non_null(membership_find(protocol_membership(b->protocol), "node-z"));
+        assert_int_equal(membership_digest(protocol_membership(a->protocol)),
+                         membership_digest(protocol_membership(b->protocol)));
 }
 
 static void test_crash_suspect_then_down(void **state) {
@@ -311,6 +422,60 @@ static void test_crash_suspect_then_down(void **state) {
         run(20);
         assert_true(b->dials > dials);
         assert_true(b->dials < dials + 20);
+}
+
+/* A node restarts at its address after its links failed: the links the others made to the
+ * address since they last heard its previous start reach the new start already, and are kept
+ * when the restart is believed (closing one cut the new start's own link under UCX, which pairs
+ * the two directions between two workers: rogue-peer's node2 stayed down). */
+static void test_restart_keeps_links_made_since(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        crash(c);
+        run(1);
+        int64_t restarted_at = net.now;
+        restart(c, 2, 2, NULL); /* dials nobody: the others' links come back first */
+        run(10);
+        for (size_t i = 0; i < net.n_eps; i++) {
+                const Endpoint *ep = net.eps[i];
+                if (ep->to == node_of(c) && ep->made >= restarted_at) {
+                        assert_int_equal(ep->closes, 0);
+                        assert_true(ep->open);
+                }
+        }
+        assert_int_equal(state_of(a, c), NODE_UP);
+        assert_int_equal(state_of(b, c), NODE_UP);
+        assert_int_equal(membership_find(protocol_membership(a->protocol), "node-c")->info.boot_id,
+                         2002);
+        assert_int_equal(state_of(c, a), NODE_UP);
+        assert_int_equal(state_of(c, b), NODE_UP);
+}
+
+/* A node that hung (its links never failed) and came back as a new start: the link made while
+ * the old start still spoke is made anew, once the restart is believed. */
+static void test_restart_remakes_older_links(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *c = add_node("node-c", 1, a->address);
+
+        run(3);
+        Endpoint *old = NULL;
+        for (size_t i = 0; i < net.n_eps; i++)
+                if (net.eps[i]->from == node_of(a) && net.eps[i]->to == node_of(c))
+                        old = net.eps[i];
+        assert_non_null(old);
+        c->crashed = true; /* silent, its connections open */
+        run(5);            /* past suspect_ms: a restart is believed */
+        assert_int_equal(state_of(a, c), NODE_SUSPECT);
+        unsigned dials = a->dials;
+        restart(c, 1, 2, a->address);
+        run(3);
+        assert_int_equal(old->closes, 1);
+        assert_true(a->dials > dials);
+        assert_int_equal(state_of(a, c), NODE_UP);
+        assert_int_equal(state_of(c, a), NODE_UP);
 }
 
 static void test_refusal_and_backoff(void **state) {
@@ -445,10 +610,52 @@ static void test_hello_past_max_nodes_refused(void **state) {
         assert_int_equal(b->refused_us, 1); /* the refusal came back on b's link */
 }
 
+/* Tables that can never agree (each side refuses the other's member: one node rank, two
+ * nodes) are asked for less and less often, not every few heartbeats forever. */
+static void test_fruitless_asks_back_off(void **state) {
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        Delivery d = { .to = 0, .ep = NULL };
+        MemberInfo z = { .name = "node-z", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+        MemberInfo y = { .name = "node-y", .node_rank = 7, .address = "127.0.0.1:7991",
+                         .boot_id = 91, .started_unix_ms = 100, .devices = host_devices,
+                         .n_devices = 1 };
+
+        run(3);
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = z },
+                            net.now);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d },
+                            &(PeerMessage) { .body = PEER_HELLO, .version = 1, .sender = y },
+                            net.now);
+        while (net.head < net.tail)
+                peer_message_done(&net.queue[net.head++ % MAX_QUEUE].m);
+        unsigned asks = net.table_asks;
+        run(60);
+        /* Every PROTOCOL_TABLE_ROUNDS heartbeats would be 20 each; doubling waits, about 7. */
+        assert_true(net.table_asks > asks);
+        assert_true(net.table_asks - asks <= 2 * 8);
+        assert_null(membership_find(protocol_membership(a->protocol), "node-y"));
+        assert_null(membership_find(protocol_membership(b->protocol), "node-z"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_join_through_seed, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_table_only_where_digests_differ, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_announce_only_for_newcomers, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_lasting_difference_asks_for_table, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_fruitless_asks_back_off, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_crash_suspect_then_down, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_restart_keeps_links_made_since, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_restart_remakes_older_links, setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_and_backoff, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_on_foreign_link_ignored, setup,
                                                 teardown),
