@@ -226,7 +226,8 @@ static const ConfigOption config_options[] = {
           DEFAULT(4096),
           .help = "Nodes in the cluster, this one included",
           .note = "A node that would pass it is refused, and so is a peer's whole member list "
-                  "that would." },
+                  "that would; in etcd mode the oldest records are the members and a newer one "
+                  "waits for a place." },
         { .name = "fdstore-max", .metavar = "N", TYPE_UNSIGNED(fdstore_max, 0, 1u << 20),
           DEFAULT(4096),
           .help = "Descriptors kept in systemd's fd store",
