@@ -7,6 +7,8 @@
 #include "name-index.h"
 
 #define NAME_INDEX_MIN_SLOTS 8u
+/* Marks a used slot in its hash (the top bit: the slots are chosen by the low ones). */
+#define NAME_INDEX_USED (UINT64_C(1) << 63)
 
 uint64_t name_index_hash(const char *name) {
         uint64_t h = UINT64_C(14695981039346656037);
@@ -19,6 +21,10 @@ uint64_t name_index_hash(const char *name) {
         return h ^ (h >> 29);
 }
 
+static uint64_t slot_hash(const char *name) {
+        return name_index_hash(name) | NAME_INDEX_USED;
+}
+
 static size_t slot_of(const NameIndex *x, uint64_t hash) {
         return (size_t) hash & (x->n_slots - 1);
 }
@@ -26,9 +32,9 @@ static size_t slot_of(const NameIndex *x, uint64_t hash) {
 static void slot_place(NameIndex *x, uint64_t hash, uintptr_t value) {
         size_t i = slot_of(x, hash);
 
-        while (x->slots[i].used)
+        while (x->slots[i].hash != 0)
                 i = (i + 1) & (x->n_slots - 1);
-        x->slots[i] = (NameIndexSlot) { .hash = hash, .value = value, .used = true };
+        x->slots[i] = (NameIndexSlot) { .hash = hash, .value = value };
 }
 
 int name_index_reserve(NameIndex *x, size_t n) {
@@ -49,7 +55,7 @@ int name_index_reserve(NameIndex *x, size_t n) {
         }
         x->n_slots = want;
         for (size_t i = 0; i < n_old; i++)
-                if (old[i].used)
+                if (old[i].hash != 0)
                         slot_place(x, old[i].hash, old[i].value);
         free(old);
         return 0;
@@ -59,7 +65,7 @@ int name_index_put(NameIndex *x, const char *name, uintptr_t value) {
         int r = name_index_reserve(x, x->n + 1);
         if (r < 0)
                 return r;
-        slot_place(x, name_index_hash(name), value);
+        slot_place(x, slot_hash(name), value);
         x->n++;
         return 0;
 }
@@ -70,8 +76,8 @@ bool name_index_find(const NameIndex *x, const char *name, NameIndexKey key, con
 
         if (x->n == 0)
                 return false;
-        h = name_index_hash(name);
-        for (size_t i = slot_of(x, h); x->slots[i].used; i = (i + 1) & (x->n_slots - 1))
+        h = slot_hash(name);
+        for (size_t i = slot_of(x, h); x->slots[i].hash != 0; i = (i + 1) & (x->n_slots - 1))
                 if (x->slots[i].hash == h && streq(key(userdata, x->slots[i].value), name)) {
                         *ret_value = x->slots[i].value;
                         return true;
@@ -85,8 +91,8 @@ static size_t slot_find(const NameIndex *x, const char *name, uintptr_t value) {
 
         if (x->n == 0)
                 return x->n_slots;
-        h = name_index_hash(name);
-        for (size_t i = slot_of(x, h); x->slots[i].used; i = (i + 1) & (x->n_slots - 1))
+        h = slot_hash(name);
+        for (size_t i = slot_of(x, h); x->slots[i].hash != 0; i = (i + 1) & (x->n_slots - 1))
                 if (x->slots[i].hash == h && x->slots[i].value == value)
                         return i;
         return x->n_slots;
@@ -109,7 +115,7 @@ bool name_index_remove(NameIndex *x, const char *name, uintptr_t value) {
         if (hole == x->n_slots)
                 return false;
         mask = x->n_slots - 1;
-        for (size_t i = (hole + 1) & mask; x->slots[i].used; i = (i + 1) & mask) {
+        for (size_t i = (hole + 1) & mask; x->slots[i].hash != 0; i = (i + 1) & mask) {
                 size_t home = slot_of(x, x->slots[i].hash);
 
                 if (((i - home) & mask) >= ((i - hole) & mask)) {

@@ -13,7 +13,7 @@
  * Open addressing with linear probing and backward-shift removal (no tombstones), FNV-1a
  * with a final mix. The slots are a power of two, at least twice the entries: the index grows
  * with its owner's array and never past four times its largest count (bounded by the owner's
- * own limit, e.g. --max-nodes). Not thread-safe; single-threaded like its owners.
+ * own limit, e.g. --max-nodes), 16 bytes a slot. Not thread-safe; single-threaded like its owners.
  */
 
 #include <stdbool.h>
@@ -24,9 +24,8 @@
 typedef const char *(*NameIndexKey)(const void *userdata, uintptr_t value);
 
 typedef struct NameIndexSlot {
-        uint64_t hash;
+        uint64_t hash; /* the name's, with NAME_INDEX_USED set; 0: a free slot */
         uintptr_t value;
-        bool used;
 } NameIndexSlot;
 
 typedef struct NameIndex {
