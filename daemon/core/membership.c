@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "membership.h"
+#include "name-index.h"
 #include "resource-limits.h"
 
 /* A forgotten start is remembered for a while, so that a peer's older table does not bring it
@@ -21,6 +22,7 @@ struct Membership {
         Member *members; /* [0] is this node */
         size_t n_members;
         size_t allocated;
+        NameIndex by_name; /* name -> position in members, kept in step with it */
         MembershipTimeouts timeouts;
         uint64_t version;
         uint64_t changes;
@@ -327,6 +329,9 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
         m->members[0].last_heard_ms = now_ms;
         m->n_members = 1;
         m->digest = member_digest(&m->members[0]);
+        r = name_index_put(&m->by_name, m->members[0].info.name, 0);
+        if (r < 0)
+                return r;
 
         *ret = TAKE_PTR(m);
         return 0;
@@ -338,16 +343,24 @@ Membership *membership_free(Membership *m) {
         for (size_t i = 0; i < m->n_members; i++)
                 member_drop(m, &m->members[i]);
         free(m->members);
+        name_index_done(&m->by_name);
         for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
                 free(m->tombstones[i].name);
         return mfree(m);
 }
 
+static const char *member_name_at(const void *userdata, uintptr_t i) {
+        const Membership *m = userdata;
+
+        return m->members[i].info.name;
+}
+
 static Member *membership_lookup(Membership *m, const char *name) {
-        for (size_t i = 0; i < m->n_members; i++)
-                if (streq(m->members[i].info.name, name))
-                        return &m->members[i];
-        return NULL;
+        uintptr_t i;
+
+        if (!name_index_find(&m->by_name, name, member_name_at, m, &i))
+                return NULL;
+        return &m->members[i];
 }
 
 const Member *membership_find(const Membership *m, const char *name) {
@@ -495,6 +508,11 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
         int r = member_store(m, e, info);
         if (r < 0)
                 return r;
+        r = name_index_put(&m->by_name, e->info.name, m->n_members);
+        if (r < 0) {
+                member_drop(m, e);
+                return r;
+        }
         e->state = state_for_age(&m->timeouts, now_ms - last_heard_ms);
         m->n_members++;
         m->digest += member_digest(e);
@@ -708,9 +726,13 @@ static void membership_remove(Membership *m, size_t i) {
         t->boot_id = m->members[i].info.boot_id;
         m->next_tombstone = (m->next_tombstone + 1) % MEMBERSHIP_TOMBSTONES;
 
+        (void) name_index_remove(&m->by_name, m->members[i].info.name, i);
         member_drop(m, &m->members[i]);
         memmove(&m->members[i], &m->members[i + 1], (m->n_members - i - 1) * sizeof(Member));
         m->n_members--;
+        /* The order is the topology's: the rest shift down, and their positions with them. */
+        for (size_t j = i; j < m->n_members; j++)
+                (void) name_index_move(&m->by_name, m->members[j].info.name, j + 1, j);
 }
 
 bool membership_tick(Membership *m, int64_t now_ms) {
@@ -740,13 +762,12 @@ bool membership_tick(Membership *m, int64_t now_ms) {
 
 int membership_forget(Membership *m, const char *name, uint64_t boot_id, bool from_peer,
                       int64_t now_ms, FamilyError *ret_error) {
+        Member *e = membership_lookup(m, name);
+
         (void) now_ms;
+        if (e) {
+                size_t i = (size_t) (e - m->members);
 
-        for (size_t i = 0; i < m->n_members; i++) {
-                Member *e = &m->members[i];
-
-                if (!streq(e->info.name, name))
-                        continue;
                 if (from_peer && (e->local || e->state == NODE_UP ||
                                   (boot_id != 0 && boot_id != e->info.boot_id)))
                         return 0;

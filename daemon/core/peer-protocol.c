@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "name-index.h"
 #include "peer-protocol.h"
 #include "resource-limits.h"
 
@@ -31,6 +32,7 @@ struct Protocol {
         MemberInfo self;
         unsigned heartbeat_ms;
         ProtocolLink *links;
+        NameIndex links_by_address; /* address -> (uintptr_t) ProtocolLink * */
         uint64_t published_version;
         uint64_t published_revision; /* membership_revision(): digests change it, not versions */
         uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
@@ -185,11 +187,17 @@ static int64_t backoff_ms(unsigned failures) {
         return MIN((int64_t) PROTOCOL_BACKOFF_MAX_MS, (int64_t) PROTOCOL_BACKOFF_MIN_MS << shift);
 }
 
+static const char *link_address_at(const void *userdata, uintptr_t value) {
+        (void) userdata;
+        return ((const ProtocolLink *) value)->address;
+}
+
 static ProtocolLink *link_find(Protocol *p, const char *address) {
-        for (ProtocolLink *l = p->links; l; l = l->next)
-                if (streq(l->address, address))
-                        return l;
-        return NULL;
+        uintptr_t l;
+
+        if (!name_index_find(&p->links_by_address, address, link_address_at, NULL, &l))
+                return NULL;
+        return (ProtocolLink *) l;
 }
 
 static ProtocolLink *link_by_endpoint(Protocol *p, void *endpoint) {
@@ -235,7 +243,10 @@ static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64
                 return l;
         }
         l = calloc(1, sizeof *l);
-        if (!l || !(l->address = strdup(address))) {
+        if (!l || !(l->address = strdup(address)) ||
+            name_index_put(&p->links_by_address, l->address, (uintptr_t) l) < 0) {
+                if (l)
+                        free(l->address);
                 free(l);
                 note_no_memory(p);
                 return NULL;
@@ -249,6 +260,7 @@ static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64
 
 static void link_free(Protocol *p, ProtocolLink *l) {
         link_close(p, l);
+        (void) name_index_remove(&p->links_by_address, l->address, (uintptr_t) l);
         free(l->address);
         free(l);
 }
@@ -277,14 +289,29 @@ static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64
                 link_dial(p, l, now);
 }
 
-/* Drops links to addresses no member has, except seeds. */
+static const char *member_address_at(const void *userdata, uintptr_t i) {
+        return membership_get(userdata, i)->info.address;
+}
+
+/* Drops links to addresses no member has, except seeds: one index of the members' addresses,
+ * then one lookup per link (not a scan of the members per link). */
 static void links_prune(Protocol *p) {
+        _cleanup_(name_index_done) NameIndex addresses = {};
+        size_t n = membership_count(p->membership);
+        uintptr_t unused;
+
+        if (name_index_reserve(&addresses, n) < 0) {
+                note_no_memory(p);
+                return; /* the links stay until the next change */
+        }
+        for (size_t i = 1; i < n; i++)
+                (void) name_index_put(&addresses, membership_get(p->membership, i)->info.address,
+                                      i); /* reserved: cannot fail */
         for (ProtocolLink **pl = &p->links; *pl;) {
                 ProtocolLink *l = *pl;
-                bool used = l->seed;
+                bool used = l->seed || name_index_find(&addresses, l->address, member_address_at,
+                                                       p->membership, &unused);
 
-                for (size_t i = 1; !used && i < membership_count(p->membership); i++)
-                        used = streq(membership_get(p->membership, i)->info.address, l->address);
                 if (used) {
                         pl = &l->next;
                         continue;
@@ -657,6 +684,7 @@ Protocol *protocol_free(Protocol *p) {
                 p->links = l->next;
                 link_free(p, l);
         }
+        name_index_done(&p->links_by_address);
         membership_free(p->membership);
         member_info_done(&p->self);
         return mfree(p);
