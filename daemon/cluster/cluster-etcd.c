@@ -28,6 +28,7 @@
 #include "cluster-table.h"
 #include "cluster-ucx.h"
 #include "codec/codec-coord-member.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/random.h"
 #include "coord/coord-client.h"
@@ -58,20 +59,6 @@ struct ClusterEtcd {
         pthread_t keeper;
         bool keeper_started;
 };
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t now_unix_ms(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_REALTIME, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* On the coord client's thread. */
 static void on_event(const CoordEvent *e, void *userdata) {

@@ -27,6 +27,7 @@
 #include <stdio.h>
 
 #include "codec/codec-peer.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "core/peer-protocol.h"
 #include "peer-ucx.h"
@@ -65,18 +66,6 @@ struct Peer {
         bool keys_pending;
         bool stop;
 };
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t now_unix_ms(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_REALTIME, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* --- the protocol's sink --- */
 

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "codec/codec-peer.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/random.h"
 #include "peer/peer-key.h"
@@ -64,18 +65,6 @@ typedef struct Rogue {
         bool failed;
         unsigned answers;
 } Rogue;
-
-static int64_t now_ms(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t now_unix_ms(void) {
-        struct timespec ts;
-        (void) clock_gettime(CLOCK_REALTIME, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *body_name(PeerBody b) {
         static const char *const names[] = { "HEARTBEAT", "HELLO", "ANNOUNCE", "FORGET",

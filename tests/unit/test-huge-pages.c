@@ -23,6 +23,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "test-smaps.h"
+
 #include "common/macro.h"
 #include "core/error.h"
 #include "shm/huge-pages.h"
@@ -238,26 +240,6 @@ static void test_never(void **state) {
         assert_true(shard_segment_fits(s, 3 * MiB));
         assert_false(shard_segment_fits(s, 3 * MiB - 1));
         huge_pages_set_mode(HUGE_PAGES_AUTO);
-}
-
-/* The kB of field in the /proc/self/smaps entry of the mapping that starts at p. */
-static uint64_t smaps_kib(const void *p, const char *field) {
-        FILE *f = fopen("/proc/self/smaps", "re");
-        unsigned long start, end;
-        uint64_t v = UINT64_MAX;
-        char line[512];
-        bool in = false;
-
-        assert_non_null(f);
-        while (fgets(line, sizeof line, f)) {
-                if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
-                        in = start == (unsigned long) (uintptr_t) p;
-                else if (in && strncmp(line, field, strlen(field)) == 0 &&
-                         line[strlen(field)] == ':')
-                        v = strtoull(line + strlen(field) + 1, NULL, 10);
-        }
-        fclose(f);
-        return v;
 }
 
 /* shmem THP in advise mode: a normal segment's fill gets huge folios (MADV_HUGEPAGE). */

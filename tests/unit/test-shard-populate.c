@@ -23,6 +23,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "test-smaps.h"
+
 #include "familyd.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -41,26 +43,6 @@ static int shard_memfd(uint64_t size, bool huge) {
         memset(p, 0x11, size);
         assert_int_equal(munmap(p, size), 0);
         return fd;
-}
-
-/* The kB of field in the /proc/self/smaps entry of the mapping that starts at p. */
-static uint64_t smaps_kib(const void *p, const char *field) {
-        FILE *f = fopen("/proc/self/smaps", "re");
-        unsigned long start, end;
-        uint64_t v = UINT64_MAX;
-        char line[512];
-        bool in = false;
-
-        assert_non_null(f);
-        while (fgets(line, sizeof line, f)) {
-                if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
-                        in = start == (unsigned long) (uintptr_t) p;
-                else if (in && strncmp(line, field, strlen(field)) == 0 &&
-                         line[strlen(field)] == ':')
-                        v = strtoull(line + strlen(field) + 1, NULL, 10);
-        }
-        fclose(f);
-        return v;
 }
 
 static void test_populated_by_default(void **state) {
