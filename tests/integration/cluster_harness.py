@@ -59,7 +59,53 @@ def free_port():
     raise RuntimeError("no free port below %d" % lo)
 
 
-class Cluster:
+class DaemonViews:
+    """What a set of daemons (self.daemons: familyd_harness.Daemon) sees of the cluster, and
+    waiting for them to agree; shared by the embedded protocol's Cluster and etcd mode's tests."""
+
+    def client(self, i):
+        return self.daemons[i].client
+
+    def topology(self, i):
+        res = self.client(i).call("familyd.v1.MeshService/GetTopology")
+        assert res.ok, res
+        return res.reply
+
+    def status(self, i):
+        res = self.client(i).call("familyd.v1.AdminService/GetStatus")
+        assert res.ok, res
+        return res.reply
+
+    def view(self, i):
+        """What daemon i sees, reduced to what every daemon must agree on."""
+        t = self.topology(i)
+        return (t.version, t.world_size,
+                tuple((n.name, n.first_rank, len(n.devices), n.state) for n in t.nodes))
+
+    def live(self):
+        return [i for i, d in enumerate(self.daemons) if d.alive()]
+
+    def wait_agreement(self, world_size=None, states=None, timeout=30.0, among=None):
+        """Waits until every live daemon (or those in `among`) reports the same version, world
+        size and node list; returns (seconds waited, the common view)."""
+        among = self.live() if among is None else among
+        t0 = time.monotonic()
+        views = None
+        while time.monotonic() - t0 < timeout:
+            views = [self.view(i) for i in among]
+            same = all(v == views[0] for v in views)
+            if same and (world_size is None or views[0][1] == world_size) and \
+                    (states is None or [n[3] for n in views[0][2]] == states):
+                return time.monotonic() - t0, views[0]
+            time.sleep(0.05)
+        raise AssertionError("no agreement within %.0f s:\n%s" % (
+            timeout, "\n".join("  %d: %r" % (i, v) for i, v in zip(among, views or []))))
+
+    def states(self, i):
+        return {n.name: n.state for n in self.topology(i).nodes}
+
+
+class Cluster(DaemonViews):
     def __init__(self, n, host_devices=2, heartbeat_ms=100, suspect_ms=1000, down_ms=2500,
                  forget_after_ms=None, seeds="first", registry=REGISTRY, extra_args=(),
                  names=None, cluster_key=None):
@@ -110,44 +156,6 @@ class Cluster:
         self.daemons[i] = self.make(i)
         self.daemons[i].start()
         return self.daemons[i]
-
-    def client(self, i):
-        return self.daemons[i].client
-
-    def topology(self, i):
-        res = self.client(i).call("familyd.v1.MeshService/GetTopology")
-        assert res.ok, res
-        return res.reply
-
-    def status(self, i):
-        res = self.client(i).call("familyd.v1.AdminService/GetStatus")
-        assert res.ok, res
-        return res.reply
-
-    def view(self, i):
-        """What daemon i sees, reduced to what every daemon must agree on."""
-        t = self.topology(i)
-        return (t.version, t.world_size,
-                tuple((n.name, n.first_rank, len(n.devices), n.state) for n in t.nodes))
-
-    def live(self):
-        return [i for i, d in enumerate(self.daemons) if d.alive()]
-
-    def wait_agreement(self, world_size=None, states=None, timeout=30.0, among=None):
-        """Waits until every live daemon (or those in `among`) reports the same version, world
-        size and node list; returns (seconds waited, the common view)."""
-        among = self.live() if among is None else among
-        t0 = time.monotonic()
-        views = None
-        while time.monotonic() - t0 < timeout:
-            views = [self.view(i) for i in among]
-            same = all(v == views[0] for v in views)
-            if same and (world_size is None or views[0][1] == world_size) and \
-                    (states is None or [n[3] for n in views[0][2]] == states):
-                return time.monotonic() - t0, views[0]
-            time.sleep(0.05)
-        raise AssertionError("no agreement within %.0f s:\n%s" % (
-            timeout, "\n".join("  %d: %r" % (i, v) for i, v in zip(among, views or []))))
 
     def stop(self):
         for d in self.daemons:

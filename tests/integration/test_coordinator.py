@@ -20,6 +20,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+from cluster_harness import DaemonViews  # noqa: E402
 from etcd_harness import EtcdCluster, EtcdServer  # noqa: E402
 
 os.environ.setdefault("UCX_TLS", "tcp")
@@ -56,7 +57,7 @@ def member_record(name, node_rank=-1, cluster="c1"):
             + string(8, cluster))
 
 
-class EtcdDaemons:
+class EtcdDaemons(DaemonViews):
     """n familyd daemons in etcd mode against etcd (endpoints), cluster c1, 2 host devices each."""
 
     def __init__(self, endpoints, n, cluster="c1", extra_args=()):
@@ -81,43 +82,6 @@ class EtcdDaemons:
         self.daemons[i].cleanup()
         self.daemons[i] = self.make(i)
         self.daemons[i].start()
-
-    def client(self, i):
-        return self.daemons[i].client
-
-    def topology(self, i):
-        res = self.client(i).call("familyd.v1.MeshService/GetTopology")
-        assert res.ok, res
-        return res.reply
-
-    def status(self, i):
-        res = self.client(i).call("familyd.v1.AdminService/GetStatus")
-        assert res.ok, res
-        return res.reply
-
-    def view(self, i):
-        t = self.topology(i)
-        return (t.version, t.world_size,
-                tuple((n.name, n.first_rank, len(n.devices), n.state) for n in t.nodes))
-
-    def live(self):
-        return [i for i, d in enumerate(self.daemons) if d.alive()]
-
-    def wait_agreement(self, states=None, timeout=20.0, among=None):
-        among = self.live() if among is None else among
-        t0 = time.monotonic()
-        views = None
-        while time.monotonic() - t0 < timeout:
-            views = [self.view(i) for i in among]
-            if all(v == views[0] for v in views) and \
-                    (states is None or [n[3] for n in views[0][2]] == states):
-                return time.monotonic() - t0, views[0]
-            time.sleep(0.05)
-        raise AssertionError("no agreement within %.0f s:\n%s" % (
-            timeout, "\n".join("  %d: %r" % (i, v) for i, v in zip(among, views or []))))
-
-    def states(self, i):
-        return {n.name: n.state for n in self.topology(i).nodes}
 
     def close(self, check=True):
         try:
