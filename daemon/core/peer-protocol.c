@@ -30,6 +30,7 @@ struct Protocol {
         ProtocolSink sink;
         Membership *membership;
         MemberInfo self;
+        ProtocolMode mode;
         unsigned heartbeat_ms;
         ProtocolLink *links;
         NameIndex links_by_address; /* address -> (uintptr_t) ProtocolLink * */
@@ -662,6 +663,9 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
                 return -ENOMEM;
         p->sink = *sink;
         p->heartbeat_ms = params->heartbeat_ms;
+        if (params->mode < 0 || params->mode >= _PROTOCOL_MODE_MAX)
+                return -EINVAL;
+        p->mode = params->mode;
         r = member_info_copy(params->self, &p->self);
         if (r < 0)
                 return r;
@@ -688,6 +692,26 @@ Protocol *protocol_free(Protocol *p) {
         membership_free(p->membership);
         member_info_done(&p->self);
         return mfree(p);
+}
+
+static const char *const protocol_mode_names[_PROTOCOL_MODE_MAX] = {
+        [PROTOCOL_ALL_TO_ALL] = "all-to-all",
+        [PROTOCOL_SWIM] = "swim",
+};
+
+const char *protocol_mode_to_string(ProtocolMode mode) {
+        return mode >= 0 && mode < _PROTOCOL_MODE_MAX ? protocol_mode_names[mode] : NULL;
+}
+
+ProtocolMode protocol_mode_from_string(const char *s) {
+        for (ProtocolMode m = 0; m < _PROTOCOL_MODE_MAX; m++)
+                if (s && streq(s, protocol_mode_names[m]))
+                        return m;
+        return _PROTOCOL_MODE_INVALID;
+}
+
+unsigned protocol_tick_interval_ms(const Protocol *p) {
+        return p->mode == PROTOCOL_SWIM ? MAX(p->heartbeat_ms / 2, 1u) : p->heartbeat_ms;
 }
 
 const Membership *protocol_membership(const Protocol *p) {

@@ -122,8 +122,20 @@ typedef struct ProtocolSink {
         void *userdata;
 } ProtocolSink;
 
+/* How members watch each other (--membership). */
+typedef enum ProtocolMode {
+        PROTOCOL_ALL_TO_ALL, /* a heartbeat on every link each interval; states are our own */
+        PROTOCOL_SWIM,       /* probes, indirect probes and gossiped verdicts (SWIM) */
+        _PROTOCOL_MODE_MAX,
+        _PROTOCOL_MODE_INVALID = -EINVAL,
+} ProtocolMode;
+
+const char *protocol_mode_to_string(ProtocolMode mode); /* "all-to-all" | "swim" */
+ProtocolMode protocol_mode_from_string(const char *s);  /* _PROTOCOL_MODE_INVALID if neither */
+
 typedef struct ProtocolParams {
         const MemberInfo *self; /* with its address and boot id */
+        ProtocolMode mode;
         MembershipTimeouts timeouts;
         size_t max_nodes;
         unsigned heartbeat_ms;
@@ -143,8 +155,12 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *origin, const PeerMe
                          int64_t now_ms);
 /* An endpoint from dial() failed; the transport closes it itself. */
 void protocol_on_link_failed(Protocol *p, void *endpoint, const char *cause, int64_t now_ms);
-/* Every heartbeat interval: the timeouts, the links due to be dialed again, the heartbeats. */
+/* Every protocol_tick_interval_ms(): the timeouts, the links due to be dialed again, the
+ * heartbeats (all-to-all) or the probes (swim). */
 void protocol_tick(Protocol *p, int64_t now_ms);
+/* How often protocol_tick() wants calling: the heartbeat interval (all-to-all), half of it
+ * (swim: a probe's direct and indirect halves). */
+unsigned protocol_tick_interval_ms(const Protocol *p);
 /* This node's registry digest (a reload): every message names it from now on. */
 void protocol_set_local_digest(Protocol *p, const char *digest);
 /* An operator forgets a node that is not up: told to every link. 1 forgotten, or a negative

@@ -307,7 +307,8 @@ static int on_wakeup(sd_event_source *source, int fd, uint32_t revents, void *us
 static int on_heartbeat(sd_event_source *source, uint64_t usec, void *userdata) {
         Peer *p = userdata;
 
-        (void) sd_event_source_set_time_relative(source, p->heartbeat_ms * 1000ull);
+        (void) sd_event_source_set_time_relative(
+                source, protocol_tick_interval_ms(p->protocol) * 1000ull);
         peer_sync_digest(p);
         protocol_tick(p->protocol, now_ms());
         return 0;
@@ -416,7 +417,8 @@ int peer_new(const PeerParams *params, Peer **ret) {
         manager_registry_digest(p->manager, p->self.registry_digest);
 
         ProtocolParams pp = { .self = &p->self, .timeouts = params->timeouts,
-                              .max_nodes = params->max_nodes, .heartbeat_ms = p->heartbeat_ms };
+                              .max_nodes = params->max_nodes, .heartbeat_ms = p->heartbeat_ms,
+                              .mode = params->mode };
         ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
                               .bind = sink_bind, .close = sink_close,
                               .published = sink_published, .note = sink_note, .userdata = p };
@@ -442,7 +444,7 @@ int peer_new(const PeerParams *params, Peer **ret) {
                 r = sd_event_source_set_prepare(p->wakeup, on_prepare);
         if (r >= 0)
                 r = sd_event_add_time_relative(p->event, &p->heartbeat, CLOCK_MONOTONIC,
-                                               p->heartbeat_ms * 1000ull,
+                                               protocol_tick_interval_ms(p->protocol) * 1000ull,
                                                PEER_TIMER_ACCURACY_USEC, on_heartbeat, p);
         if (r >= 0)
                 r = sd_event_source_set_enabled(p->heartbeat, SD_EVENT_ON);

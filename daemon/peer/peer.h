@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/manager.h"
 #include "core/membership.h"
+#include "core/peer-protocol.h"
 #include "peer-key.h"
 
 typedef struct PeerParams {
@@ -14,6 +15,7 @@ typedef struct PeerParams {
         const char *peers;          /* "host:port[,host:port...]": a full list or one seed */
         const MemberInfo *self;     /* name, node rank, devices (address and boot are set here) */
         unsigned heartbeat_ms;
+        ProtocolMode mode; /* --membership */
         MembershipTimeouts timeouts;
         Manager *manager; /* receives each new topology */
         const PeerKeys *keys; /* NULL or none: peers are not authenticated */

@@ -321,7 +321,8 @@ static void run_event(Sim *s, SimEvent *e) {
                         break;
                 protocol_tick(n->protocol, now_ms(s));
                 protocol_flush(n->protocol, now_ms(s), SIM_UNIX_BASE_MS + now_ms(s));
-                heap_push(s, (SimEvent) { .at_us = s->now_us + s->config.heartbeat_ms * 1000,
+                heap_push(s, (SimEvent) { .at_us = s->now_us +
+                                                   protocol_tick_interval_ms(n->protocol) * 1000,
                                           .kind = SIM_EVENT_TICK, .node = e->node,
                                           .incarnation = e->incarnation });
                 break;
@@ -417,6 +418,7 @@ int sim_start(Sim *s, size_t i, int64_t seed) {
                 .timeouts = { .suspect_ms = s->config.suspect_ms, .down_ms = s->config.down_ms },
                 .max_nodes = s->config.max_nodes,
                 .heartbeat_ms = s->config.heartbeat_ms,
+                .mode = s->config.mode,
                 .records = s->records,
         };
         ProtocolSink sink = sim_sink;

@@ -27,6 +27,7 @@
 typedef struct SimConfig {
         size_t max_nodes;          /* capacity: members plus joiners */
         unsigned heartbeat_ms, suspect_ms, down_ms;
+        ProtocolMode mode;         /* --membership */
         unsigned latency_us, jitter_us; /* one way: latency + uniform [0, jitter) */
         unsigned flush_us;         /* an event loop's batch: a flush at most this long after */
         unsigned devices;          /* per node, as a GPU node reports them */
