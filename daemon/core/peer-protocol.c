@@ -813,16 +813,21 @@ static void gossip_take(Protocol *p, const PeerMessage *m, int64_t now) {
         }
 }
 
-/* Closes links not sent on for PROTOCOL_SWIM_LINK_IDLE_PERIODS and failed ones once their
- * backoff is over (made again when next needed); seeds are dialed again as with all-to-all. */
+/* Past PROTOCOL_SWIM_LINKS links, closes those not sent on for PROTOCOL_SWIM_LINK_IDLE_PERIODS
+ * (made again when next needed); failed ones go once their backoff is over. Seeds stay, and are
+ * dialed again as with all-to-all. Below the bound no live link is closed: closing one may cut
+ * the other side's link to us that UCX pairs with it, without an error reaching it. */
 static void swim_links(Protocol *p, int64_t now) {
         int64_t idle = (int64_t) p->heartbeat_ms * PROTOCOL_SWIM_LINK_IDLE_PERIODS;
+        size_t n = protocol_links(p, NULL);
 
         for (ProtocolLink **pl = &p->links; *pl;) {
                 ProtocolLink *l = *pl;
                 bool due = !l->endpoint && now >= l->retry_at_ms;
+                bool stale = l->endpoint && n > PROTOCOL_SWIM_LINKS &&
+                             now - l->used_at_ms >= idle;
 
-                if (l->seed || (!due && (!l->endpoint || now - l->used_at_ms < idle))) {
+                if (l->seed || (!due && !stale)) {
                         if (due)
                                 link_dial(p, l, now);
                         pl = &l->next;
@@ -830,6 +835,7 @@ static void swim_links(Protocol *p, int64_t now) {
                 }
                 *pl = l->next;
                 link_free(p, l);
+                n--;
         }
 }
 
@@ -973,9 +979,14 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                 link_heard(p, m->sender.address, INT64_MIN, now);
                 break;
         }
-        /* Its own word on its incarnation lifts a suspicion it has refuted. */
-        if (p->mode == PROTOCOL_SWIM)
+        /* Its own word on its incarnation lifts a suspicion it has refuted; one it has not
+         * refuted yet is told again, so that our answer carries it to the member. */
+        if (p->mode == PROTOCOL_SWIM) {
+                const Member *e = membership_find(p->membership, m->sender.name);
                 verdict_take(p, m->sender.name, m->sender.boot_id, m->incarnation, NODE_UP, now);
+                if (e && e->info.boot_id == m->sender.boot_id && e->state != NODE_UP)
+                        gossip_news(p, m->sender.name, m->sender.boot_id, false);
+        }
         on_body(p, o, m, now);
         table_check(p, o, m, now);
 }

@@ -31,19 +31,20 @@
  * probes (Das, Gupta, Motivala 2002): every heartbeat interval a daemon pings one member chosen
  * at random; without an ack within half an interval it asks PROTOCOL_SWIM_HELPERS others to
  * ping it (ping_req) and passes their acks on; still without one at the end of the interval it
- * holds the member suspect (membership_verdict()) and tells it so in one last ping. States are
- * verdicts, shared by gossip (core/gossip.h): each probe message carries up to
- * PROTOCOL_GOSSIP_PER_MESSAGE of the newest verdicts, each told PROTOCOL_GOSSIP_TELL log2 N
- * times; a member that hears itself suspected or down raises its incarnation, which refutes
- * it. A suspicion that lasts membership_suspicion_ms() is down. So a quiet cluster costs each
- * daemon about one ping and one ack per interval whatever N, and a verdict reaches everyone in
- * O(log N) intervals. Links are made when a message is to go out and closed after
- * PROTOCOL_SWIM_LINK_IDLE_PERIODS quiet intervals; a link's first message is a hello only to a
- * seed, and a who is answered on the link it came on. Joins and restarts are believed only
- * from the node itself, as with all-to-all: a seed answers a newcomer's hello with its table,
- * and the newcomer, once it knows a table, says hello to every member (one message each); a
- * member that still holds an older start of it up probes that start next, so it is suspected
- * within a period and the new start believed on its next word. Tables still meet by digest.
+ * holds the member suspect (membership_verdict()). States are verdicts, shared by gossip
+ * (core/gossip.h): each probe message carries up to PROTOCOL_GOSSIP_PER_MESSAGE of the newest
+ * verdicts, each told PROTOCOL_GOSSIP_TELL log2 N times, and a ping names the state its sender
+ * holds for the receiver; a member that hears itself suspected or down raises its incarnation,
+ * which refutes it. A suspicion that lasts membership_suspicion_ms() is down. So a quiet
+ * cluster costs each daemon about one ping and one ack per interval whatever N, and a verdict
+ * reaches everyone in O(log N) intervals. Links are made when a message is to go out, and past
+ * PROTOCOL_SWIM_LINKS closed after PROTOCOL_SWIM_LINK_IDLE_PERIODS quiet intervals; a link's
+ * first message is a hello only to a seed, and a who is answered on the link it came on. Joins
+ * and restarts are believed only from the node itself, as with all-to-all: a seed answers a
+ * newcomer's hello with its table, and the newcomer, once it knows a table, says hello to
+ * every member (one message each); a member that still holds an older start of it up probes
+ * that start next, so it is suspected within a period and the new start believed on its next
+ * word. Tables still meet by digest.
  *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
@@ -84,9 +85,11 @@
 /* swim: ping_reqs being answered for others at once (older ones are forgotten). */
 #define PROTOCOL_SWIM_RELAYS 16
 /* swim: news items per probe message, and each told this many times log2(members). */
-#define PROTOCOL_GOSSIP_PER_MESSAGE 16
+#define PROTOCOL_GOSSIP_PER_MESSAGE PEER_MAX_GOSSIP
 #define PROTOCOL_GOSSIP_TELL 3
-/* swim: a link not sent on for this many probe periods is closed (seeds excepted). */
+/* swim: past this many links, one not sent on for PROTOCOL_SWIM_LINK_IDLE_PERIODS probe
+ * periods is closed (seeds excepted). */
+#define PROTOCOL_SWIM_LINKS 256
 #define PROTOCOL_SWIM_LINK_IDLE_PERIODS 30
 
 typedef struct Protocol Protocol;
