@@ -259,6 +259,40 @@ static void test_swim_unknown_pinger_answered(void **state) {
         drop_queued();
 }
 
+/* A member we hold down speaks to us (it never heard): our answer tells it, so it refutes. */
+static void test_swim_answer_tells_held_state(void **state) {
+        start_cluster(4);
+        run(10);
+        SimNode *a = &net.nodes[0], *c = &net.nodes[2];
+        crash(c);
+        run(30); /* down at a, and the news of it told out */
+        assert_int_equal(state_of(a, c), NODE_DOWN);
+        MemberInfo self = { .name = c->name, .node_rank = 2, .address = c->address,
+                            .boot_id = 1002, .started_unix_ms = 100, .partial = true };
+        Delivery d = { .to = 0 };
+        PeerMessage ping = { .body = PEER_PING, .version = 1, .sender = self,
+                             .probe = { .name = a->name, .boot_id = 1000, .seq = 3 } };
+        bool told = false;
+
+        for (size_t i = 0; i < net.n_eps && !d.ep; i++)
+                if (net.eps[i]->to == 0)
+                        d.ep = net.eps[i];
+        assert_non_null(d.ep);
+        d.ep->open = true;
+        size_t tail = net.tail;
+        protocol_on_message(a->protocol, &(ProtocolOrigin) { .reply = &d }, &ping, net.now);
+        for (size_t q = tail; q < net.tail; q++) {
+                const PeerMessage *m = &net.queue[q % MAX_QUEUE].m;
+                if (m->body != PEER_ACK)
+                        continue;
+                for (size_t u = 0; u < m->n_updates; u++)
+                        told = told || (streq(m->updates[u].name, c->name) &&
+                                        m->updates[u].state == NODE_DOWN);
+        }
+        assert_true(told);
+        drop_queued();
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_swim_join_and_rest, swim_setup, teardown),
@@ -273,6 +307,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_swim_restart_before_detection, swim_setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_swim_forget_gossiped, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_answer_tells_held_state, swim_setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_swim_unknown_pinger_answered, swim_setup,
                                                 teardown),
         };
