@@ -82,7 +82,8 @@ static const ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply 
                                    .bind = sink_bind, .close = sink_close,
                                    .published = sink_published };
 
-static Protocol *protocol_seeded(void) {
+/* mode: --membership swim for a probe, and for every input of odd length. */
+static Protocol *protocol_seeded(ProtocolMode mode) {
         MemberInfo self = { .name = "self", .node_rank = 0, .address = "127.0.0.1:7000",
                             .boot_id = 1, .started_unix_ms = 10, .devices = devices,
                             .n_devices = 1 };
@@ -90,7 +91,7 @@ static Protocol *protocol_seeded(void) {
                          .boot_id = 2, .started_unix_ms = 10, .devices = devices, .n_devices = 1 };
         MemberInfo c = { .name = "node-c", .node_rank = 5, .address = "127.0.0.1:7002",
                          .boot_id = 3, .started_unix_ms = 10, .devices = devices, .n_devices = 1 };
-        ProtocolParams params = { .self = &self, .max_nodes = 8, .heartbeat_ms = 100,
+        ProtocolParams params = { .self = &self, .mode = mode, .max_nodes = 8, .heartbeat_ms = 100,
                                   .timeouts = { .suspect_ms = 300, .down_ms = 1000,
                                                 .forget_after_ms = 2000 } };
         PeerKnown known = { .info = c, .age_ms = 500 };
@@ -101,7 +102,9 @@ static Protocol *protocol_seeded(void) {
         if (protocol_new(&params, &sink, 0, &p) < 0)
                 abort();
         protocol_on_message(p, &(ProtocolOrigin) {}, &hello, 0);
-        if (membership_count(protocol_membership(p)) != 3 || !dialed_b)
+        /* swim dials no one back: links are made when a message is to go out. */
+        if (membership_count(protocol_membership(p)) != 3 ||
+            (mode == PROTOCOL_ALL_TO_ALL && !dialed_b))
                 abort();
         return p;
 }
@@ -151,7 +154,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
         if (codec_peer_decode(data, size, &msg) < 0)
                 return 0;
-        p = protocol_seeded();
+        p = protocol_seeded(msg.body == PEER_PING || msg.body == PEER_ACK ||
+                                            msg.body == PEER_PING_REQ || (size & 1) ?
+                                    PROTOCOL_SWIM :
+                                    PROTOCOL_ALL_TO_ALL);
         const Membership *m = protocol_membership(p);
         ProtocolOrigin o = origin_of(data, size);
         uint64_t before = membership_version(m);

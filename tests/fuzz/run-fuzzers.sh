@@ -47,7 +47,7 @@ declare -A REQUIRED=(
         [request]="rpc/service-family.c:resolve rpc/service-mesh.c:create_mesh rpc/service-build.c:build build/build.c:build_draft rpc/service-validate.c:validate rpc/service-family.c:get_family core/resolve.c:resolve_family core/build-plan.c:build_plan core/layout.c:layout_compute core/validate.c:validate_model core/mesh.c:mesh_new rpc/service-build.c:release_build rpc/service-mesh.c:delete_mesh codec/codec-status.c:codec_status_encode"
         [expr]="core/expr.c:expr_parse core/expr.c:expr_to_string core/expr.c:expr_eval core/expr.c:expr_foreach_field"
         [config]="config.c:config_parse config.c:config_parse_file config.c:config_apply config.c:config_fill_derived"
-        [peer]="codec/codec-peer.c:codec_peer_decode core/peer-protocol.c:protocol_on_message core/membership.c:membership_heard_from core/membership.c:membership_learn core/membership.c:membership_forget core/membership.c:membership_tick core/membership.c:membership_topology"
+        [peer]="codec/codec-peer.c:codec_peer_decode core/peer-protocol.c:protocol_on_message core/membership.c:membership_heard_from core/membership.c:membership_learn core/membership.c:membership_forget core/membership.c:membership_tick core/membership.c:membership_topology core/membership.c:membership_verdict"
         [shard-socket]="shm/shard-socket.c:on_listener_io shm/shard-socket.c:connection_read shm/shard-socket.c:connection_handle_frame shm/shard-socket.c:connection_answer shm/shard-socket.c:connection_flush shm/shard-table.c:shard_table_lookup_many_as shm/segment.c:shard_segment_open"
 )
 
