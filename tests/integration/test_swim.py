@@ -26,21 +26,25 @@ HEARTBEAT_MS, SUSPECT_MS, DOWN_MS = 200, 600, 2000
 TIMING = dict(heartbeat_ms=HEARTBEAT_MS, suspect_ms=SUSPECT_MS, down_ms=DOWN_MS)
 NAMES = ["node%d" % i for i in range(N)]
 
-# A crash is down at every other daemon within DOWN_BOUND_S of the kill:
-#   --down-ms                  a member is suspect after a failed direct and indirect probe
-#                              (at most --suspect-ms after it went silent), down once the
-#                              suspicion has lasted --down-ms minus --suspect-ms;
-#   + (N - 1) heartbeats       until the dead node's turn comes in some daemon's probe order
-#                              (each daemon probes every member once per N - 1 heartbeats);
-#   + log2(N) heartbeats       the verdict's gossip reaching every daemon on the probes;
-#   + 2 s of slack             four ASan daemons sharing two cores with another engineer.
-# All-to-all meets it as well (down at --down-ms after the last heartbeat, seen by each daemon
-# itself); the bound is what swim must keep.
-SLACK_MS = 2000
-DOWN_BOUND_S = (DOWN_MS + (N - 1) * HEARTBEAT_MS + math.ceil(math.log2(N)) * HEARTBEAT_MS
+# A crash is down at every other daemon within DOWN_BOUND_S of the kill, the sum of:
+#   PROBE_WAIT heartbeats   until some survivor's probe picks the dead node: each heartbeat each
+#                           of the N - 1 survivors pings one member at random, so all of them
+#                           miss it with probability (1 - 1/(N-1))^(N-1), 0.30 at N = 4, and 8
+#                           heartbeats in a row with less than 1e-4;
+#   + 1 heartbeat           the probe: no ack directly, nor through the k helpers;
+#   + the suspicion         max(--down-ms - --suspect-ms, ceil(log2(N+1)) heartbeats): the
+#                           suspecter holds it down;
+#   + log2(N) heartbeats    the verdict gossiped to the others on their probes;
+#   + 1 s of slack          four ASan daemons on two cores shared with other work.
+# 1.6 + 0.2 + 1.4 + 0.4 + 1 = 4.6 s here. All-to-all meets it too (down at --down-ms after the
+# last heartbeat, at each daemon by itself); the bound is what swim must keep.
+PROBE_WAIT = 8
+SLACK_MS = 1000
+SUSPICION_MS = max(DOWN_MS - SUSPECT_MS, math.ceil(math.log2(N + 1)) * HEARTBEAT_MS)
+DOWN_BOUND_S = ((PROBE_WAIT + 1 + math.ceil(math.log2(N))) * HEARTBEAT_MS + SUSPICION_MS
                 + SLACK_MS) / 1000
-# Nobody can call it down sooner than a suspicion of --down-ms minus --suspect-ms.
-DOWN_EARLIEST_S = (DOWN_MS - SUSPECT_MS) / 1000 - 0.2
+# Nobody holds it down before a whole suspicion has passed.
+DOWN_EARLIEST_S = SUSPICION_MS / 1000 - 0.2
 
 
 def mode_line(mode):
@@ -169,6 +173,38 @@ class TestSwimCluster(unittest.TestCase):
             c.daemons[N - 1].kill()
             c.wait_agreement(states=["up"] * (N - 1) + ["down"], among=list(range(N - 1)),
                              timeout=DOWN_BOUND_S + 10)
+
+
+# Until the swim core is merged, --membership swim runs the all-to-all code (at twice the rate:
+# it ticks every half heartbeat), so this is the one test that tells the modes apart by what
+# they do rather than what they log.
+@unittest.skip("until the swim core (daemon/core/peer-protocol.c) is merged")
+class TestTraffic(unittest.TestCase):
+    """At rest a swim daemon sends about one ping and one ack per heartbeat, whatever N; an
+    all-to-all daemon one heartbeat per peer (N - 1): measured on both, same N and timers."""
+
+    def per_heartbeat(self, membership, seconds=3.0):
+        """Messages one daemon sends per heartbeat at rest, the mean over the cluster."""
+        with Cluster(N, host_devices=DEVICES, membership=membership, **TIMING) as c:
+            c.wait_agreement(world_size=N * DEVICES, states=["up"] * N, timeout=30)
+            time.sleep(10 * HEARTBEAT_MS / 1000)     # joins and their gossip are over
+            a = [c.status(i) for i in range(N)]
+            time.sleep(seconds)
+            b = [c.status(i) for i in range(N)]
+            heartbeats = seconds * 1000 / HEARTBEAT_MS
+            return sum(y.peer_messages_sent - x.peer_messages_sent
+                       for x, y in zip(a, b)) / N / heartbeats
+
+    def test_swim_sends_less_than_a_heartbeat_per_peer(self):
+        swim = self.per_heartbeat("swim")
+        all_to_all = self.per_heartbeat("all-to-all")
+        print("messages per daemon and heartbeat at rest, N=%d: swim %.2f, all-to-all %.2f"
+              % (N, swim, all_to_all))
+        self.assertGreater(all_to_all, 0.8 * (N - 1))
+        # A ping and an ack (2) against N - 1 = 3: well apart even with a send skipped now and
+        # then, or a probe's indirect half.
+        self.assertLess(swim, 2.5)
+        self.assertLess(swim, 0.85 * all_to_all)
 
 
 class TestMembershipOption(unittest.TestCase):
