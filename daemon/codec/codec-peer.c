@@ -89,6 +89,66 @@ static int known_decode(Familyd__V1__PeerKnown **pb, size_t n, PeerMessage *m) {
                         return r;
                 m->members[i].age_ms = pb[i]->age_ms;
                 m->n_members++;
+                if ((unsigned) pb[i]->state > FAMILYD__V1__PEER_STATE__PEER_STATE_DOWN ||
+                    pb[i]->incarnation > FAMILYD_MAX_TOPOLOGY_VERSION)
+                        return -EBADMSG;
+                m->members[i].state = (NodeState) pb[i]->state;
+                m->members[i].incarnation = pb[i]->incarnation;
+        }
+        return 0;
+}
+
+/* States on the wire are numbered as NodeState; FORGOTTEN only where `forgotten` may be set. */
+static int state_decode(Familyd__V1__PeerState pb, bool forgotten_ok, NodeState *ret,
+                        bool *ret_forgotten) {
+        if (pb == FAMILYD__V1__PEER_STATE__PEER_STATE_FORGOTTEN && forgotten_ok) {
+                *ret = NODE_DOWN;
+                *ret_forgotten = true;
+                return 0;
+        }
+        if ((unsigned) pb > FAMILYD__V1__PEER_STATE__PEER_STATE_DOWN)
+                return -EBADMSG;
+        *ret = (NodeState) pb;
+        return 0;
+}
+
+static int probe_decode(const Familyd__V1__PeerProbe *pb, PeerProbe *ret) {
+        bool unused;
+
+        if (!codec_text_ok(pb->name, FAMILYD_MAX_NAME_LENGTH, false) ||
+            pb->incarnation > FAMILYD_MAX_TOPOLOGY_VERSION ||
+            state_decode(pb->state, false, &ret->state, &unused) < 0)
+                return -EBADMSG;
+        ret->boot_id = pb->boot_id;
+        ret->seq = pb->seq;
+        ret->incarnation = pb->incarnation;
+        ret->name = strdup(pb->name);
+        return ret->name ? 0 : -ENOMEM;
+}
+
+/* Gossip rides on probes only: verdicts about members. */
+static int gossip_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
+        if (pb->n_updates > PEER_MAX_GOSSIP)
+                return -EBADMSG;
+        if (pb->n_updates > 0) {
+                m->updates = calloc(pb->n_updates, sizeof(PeerUpdate));
+                if (!m->updates)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < pb->n_updates; i++) {
+                const Familyd__V1__PeerUpdate *u = pb->updates[i];
+                PeerUpdate *d = &m->updates[i];
+
+                if (!u || !codec_text_ok(u->name, FAMILYD_MAX_NAME_LENGTH, false) ||
+                    u->incarnation > FAMILYD_MAX_TOPOLOGY_VERSION ||
+                    state_decode(u->state, true, &d->state, &d->forgotten) < 0)
+                        return -EBADMSG;
+                d->boot_id = u->boot_id;
+                d->incarnation = u->incarnation;
+                d->name = strdup(u->name);
+                if (!d->name)
+                        return -ENOMEM;
+                m->n_updates++;
         }
         return 0;
 }
@@ -102,6 +162,14 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         if (pb->version > FAMILYD_MAX_TOPOLOGY_VERSION)
                 return -EBADMSG;
         m->version = pb->version;
+        if (pb->incarnation > FAMILYD_MAX_TOPOLOGY_VERSION)
+                return -EBADMSG;
+        m->incarnation = pb->incarnation;
+        if (pb->n_updates > 0 &&
+            pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_PING &&
+            pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_ACK &&
+            pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_PING_REQ)
+                return -EBADMSG;
         if (pb->table) {
                 if (pb->table->members == 0 || pb->table->members > MEMBERSHIP_MAX_NODES_CEILING)
                         return -EBADMSG;
@@ -137,6 +205,19 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                         return -EBADMSG;
                 m->reason = strdup(strempty(pb->refuse->reason));
                 return m->reason ? 0 : -ENOMEM;
+        case FAMILYD__V1__PEER_MESSAGE__BODY_PING:
+        case FAMILYD__V1__PEER_MESSAGE__BODY_ACK:
+        case FAMILYD__V1__PEER_MESSAGE__BODY_PING_REQ: {
+                const Familyd__V1__PeerProbe *probe =
+                        pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_PING ? pb->ping :
+                        pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_ACK  ? pb->ack :
+                                                                                pb->ping_req;
+                m->body = pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_PING ? PEER_PING :
+                          pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_ACK  ? PEER_ACK :
+                                                                                  PEER_PING_REQ;
+                r = probe_decode(probe, &m->probe);
+                return r < 0 ? r : gossip_decode(pb, m);
+        }
         default:
                 return -EBADMSG;
         }
@@ -209,9 +290,41 @@ static int known_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerKnown *
                 if (r < 0)
                         return r;
                 list[i]->age_ms = m->members[i].age_ms;
+                list[i]->state = (Familyd__V1__PeerState) m->members[i].state;
+                list[i]->incarnation = m->members[i].incarnation;
         }
         *ret = list;
         *ret_n = m->n_members;
+        return 0;
+}
+
+static int probe_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage *pb,
+                        Familyd__V1__PeerProbe **ret) {
+        Familyd__V1__PeerProbe *probe =
+                MSG_NEW(a, Familyd__V1__PeerProbe, familyd__v1__peer_probe__init);
+
+        if (!probe || !(probe->name = arena_strdup(a, m->probe.name)))
+                return -ENOMEM;
+        probe->boot_id = m->probe.boot_id;
+        probe->seq = m->probe.seq;
+        probe->state = (Familyd__V1__PeerState) m->probe.state;
+        probe->incarnation = m->probe.incarnation;
+        *ret = probe;
+        if (!ARRAY_NEW(a, pb->updates, m->n_updates))
+                return -ENOMEM;
+        for (size_t i = 0; i < m->n_updates; i++) {
+                const PeerUpdate *u = &m->updates[i];
+                Familyd__V1__PeerUpdate *e =
+                        MSG_NEW(a, Familyd__V1__PeerUpdate, familyd__v1__peer_update__init);
+                if (!e || !(e->name = arena_strdup(a, u->name)))
+                        return -ENOMEM;
+                e->boot_id = u->boot_id;
+                e->incarnation = u->incarnation;
+                e->state = u->forgotten ? FAMILYD__V1__PEER_STATE__PEER_STATE_FORGOTTEN :
+                                          (Familyd__V1__PeerState) u->state;
+                pb->updates[i] = e;
+        }
+        pb->n_updates = m->n_updates;
         return 0;
 }
 
@@ -222,6 +335,7 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
         if (r < 0)
                 return r;
         pb->version = m->version;
+        pb->incarnation = m->incarnation;
         if (m->has_table) {
                 pb->table = MSG_NEW(a, Familyd__V1__PeerTableDigest,
                                     familyd__v1__peer_table_digest__init);
@@ -272,6 +386,15 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
                         return -ENOMEM;
                 pb->refuse->reason = arena_strdup(a, m->reason);
                 return pb->refuse->reason ? 0 : -ENOMEM;
+        case PEER_PING:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_PING;
+                return probe_encode(a, m, pb, &pb->ping);
+        case PEER_ACK:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_ACK;
+                return probe_encode(a, m, pb, &pb->ack);
+        case PEER_PING_REQ:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_PING_REQ;
+                return probe_encode(a, m, pb, &pb->ping_req);
         default:
                 return -EINVAL;
         }

@@ -32,6 +32,7 @@ struct Membership {
         size_t max_nodes;
         uint64_t digest; /* membership_digest() */
         MemberRecords *records; /* NULL: members own their records */
+        unsigned verdict_period_ms; /* 0: states by silence; else by verdict (swim) */
 };
 
 uint64_t membership_digest_member(const char *name, uint64_t boot_id) {
@@ -513,7 +514,9 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
                 member_drop(m, e);
                 return r;
         }
-        e->state = state_for_age(&m->timeouts, now_ms - last_heard_ms);
+        e->state = m->verdict_period_ms ? NODE_UP
+                                        : state_for_age(&m->timeouts, now_ms - last_heard_ms);
+        e->state_since_ms = now_ms;
         m->n_members++;
         m->digest += member_digest(e);
         return 0;
@@ -609,6 +612,8 @@ static int membership_heard_start(Membership *m, const MemberInfo *sender, Membe
                         return r;
                 e->last_heard_ms = now_ms;
                 e->state = NODE_UP;
+                e->state_since_ms = now_ms;
+                e->incarnation = 0;
                 *ret = MEMBER_RESTARTED;
         } else {
                 r = membership_add(m, sender, now_ms, now_ms);
@@ -636,8 +641,11 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
         if (e && e->info.boot_id == sender->boot_id) {
                 (void) member_set_digest(m, e, sender->registry_digest);
                 e->last_heard_ms = MAX(e->last_heard_ms, now_ms);
-                changed = e->state != NODE_UP;
-                e->state = NODE_UP;
+                /* By verdict, only a higher incarnation lifts a suspicion (the caller's). */
+                if (!m->verdict_period_ms) {
+                        changed = e->state != NODE_UP;
+                        e->state = NODE_UP;
+                }
                 *ret = MEMBER_KNOWN;
         } else if (sender->partial) {
                 /* Asking a start whose name or rank is taken for its record would tell it ours
@@ -735,8 +743,75 @@ static void membership_remove(Membership *m, size_t i) {
                 (void) name_index_move(&m->by_name, m->members[j].info.name, j + 1, j);
 }
 
+void membership_set_verdicts(Membership *m, unsigned heartbeat_ms) {
+        assert(m->n_members == 1);
+        m->verdict_period_ms = MAX(heartbeat_ms, 1u);
+}
+
+uint64_t membership_suspicion_ms(const Membership *m) {
+        uint64_t periods = 0;
+
+        while (periods < 64 && (UINT64_C(1) << periods) < (uint64_t) m->n_members + 1)
+                periods++;
+        return MAX(m->timeouts.down_ms - MIN(m->timeouts.suspect_ms, m->timeouts.down_ms),
+                   periods * m->verdict_period_ms);
+}
+
+static bool membership_tick_verdicts(Membership *m, int64_t now_ms) {
+        int64_t suspicion = (int64_t) membership_suspicion_ms(m);
+        bool changed = false;
+
+        for (size_t i = 1; i < m->n_members;) {
+                Member *e = &m->members[i];
+                int64_t since = now_ms - e->state_since_ms;
+
+                if (e->state == NODE_DOWN && m->timeouts.forget_after_ms > 0 &&
+                    since >= (int64_t) m->timeouts.forget_after_ms) {
+                        membership_remove(m, i);
+                        changed = true;
+                        continue;
+                }
+                if (e->state == NODE_SUSPECT && since >= suspicion) {
+                        e->state = NODE_DOWN;
+                        e->state_since_ms = now_ms;
+                        changed = true;
+                }
+                i++;
+        }
+        if (changed)
+                membership_changed(m);
+        return changed;
+}
+
+/* Whether a verdict (state, incarnation) overrides what we hold: the higher incarnation, and
+ * at equal ones the graver state. */
+static bool verdict_wins(const Member *e, NodeState state, uint64_t incarnation) {
+        if (incarnation != e->incarnation)
+                return incarnation > e->incarnation;
+        return state > e->state;
+}
+
+int membership_verdict(Membership *m, const char *name, uint64_t boot_id, uint64_t incarnation,
+                       NodeState state, int64_t now_ms) {
+        Member *e = membership_lookup(m, name);
+
+        if (!e || e->local || e->info.boot_id != boot_id || state < 0 ||
+            state >= _NODE_STATE_MAX || !verdict_wins(e, state, incarnation))
+                return 0;
+        e->incarnation = incarnation;
+        if (e->state == state)
+                return 2;
+        e->state = state;
+        e->state_since_ms = now_ms;
+        membership_changed(m);
+        return 1;
+}
+
 bool membership_tick(Membership *m, int64_t now_ms) {
         bool changed = false;
+
+        if (m->verdict_period_ms)
+                return membership_tick_verdicts(m, now_ms);
 
         for (size_t i = 1; i < m->n_members;) {
                 Member *e = &m->members[i];

@@ -71,6 +71,8 @@ typedef struct Member {
         NodeState state;
         bool local;
         uint64_t claimed_version; /* the version its last message carried */
+        uint64_t incarnation;     /* verdicts (swim): raised by the member to refute them */
+        int64_t state_since_ms;   /* verdicts (swim): when the state last changed here */
 } Member;
 
 typedef enum MemberVerdict {
@@ -135,6 +137,26 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
                      MemberVerdict *ret);
 /* Applies the timeouts; true when a state changed or a member was forgotten. */
 bool membership_tick(Membership *m, int64_t now_ms);
+
+/*
+ * States by verdict (--membership swim) instead of by silence: a member stays in the state the
+ * verdicts about it say (membership_verdict()), whenever we last heard from it; a suspect
+ * member is down once the suspicion has lasted membership_suspicion_ms(), a down member is
+ * forgotten forget_after_ms later (if set). heartbeat_ms: the probe period. Call before any
+ * member but this node is added.
+ */
+void membership_set_verdicts(Membership *m, unsigned heartbeat_ms);
+/* down_ms - suspect_ms, and at least ceil(log2(members + 1)) probe periods: time for the
+ * suspect to hear of it and its refutation to spread. */
+uint64_t membership_suspicion_ms(const Membership *m);
+/*
+ * A verdict about one start of a member, from our probes or gossip: of two about one start the
+ * higher incarnation wins; at equal incarnations suspect beats up and down beats both. Ignored
+ * for this node, an unknown name and another start (0). Returns 1 when it changed the member's
+ * state (the version moves) and 2 when it raised only the incarnation (worth passing on).
+ */
+int membership_verdict(Membership *m, const char *name, uint64_t boot_id, uint64_t incarnation,
+                       NodeState state, int64_t now_ms);
 
 /* Forgets a node that is not up. boot_id 0 matches any start; from_peer: a peer's request,
  * ignored (returns 0) rather than refused when the node is up here or unknown. Returns 1 when

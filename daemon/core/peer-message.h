@@ -19,14 +19,39 @@ typedef enum PeerBody {
         PEER_REFUSE,
         PEER_WHO,      /* the sender does not know the receiver's start (or, with want_table,
                         * its table): answer with a hello */
+        PEER_PING,     /* swim: are you alive? (probe: the receiver as the sender knows it) */
+        PEER_ACK,      /* swim: the member probe names answered probe.seq */
+        PEER_PING_REQ, /* swim: ping probe's member for the sender */
         _PEER_BODY_MAX,
         _PEER_BODY_INVALID = -EINVAL,
 } PeerBody;
 
+/* Gossip carries at most this many verdicts per message (swim). */
+#define PEER_MAX_GOSSIP 64
+
 typedef struct PeerKnown {
         MemberInfo info;
         uint64_t age_ms;
+        NodeState state; /* swim: the sender's verdict */
+        uint64_t incarnation;
 } PeerKnown;
+
+/* A verdict about one start of a member (swim); forgotten: an operator forgot it. */
+typedef struct PeerUpdate {
+        char *name;
+        uint64_t boot_id;
+        uint64_t incarnation;
+        NodeState state;
+        bool forgotten;
+} PeerUpdate;
+
+typedef struct PeerProbe {
+        char *name;
+        uint64_t boot_id;
+        uint32_t seq;
+        NodeState state;
+        uint64_t incarnation;
+} PeerProbe;
 
 typedef struct PeerMessage {
         PeerBody body;
@@ -34,6 +59,10 @@ typedef struct PeerMessage {
         uint64_t version;
         PeerKnown *members; /* hello, announce */
         size_t n_members;
+        PeerProbe probe;    /* ping, ack, ping_req */
+        PeerUpdate *updates; /* swim probes: gossiped verdicts */
+        size_t n_updates;
+        uint64_t incarnation; /* swim: the sender's */
         char *forget_name; /* forget */
         uint64_t forget_boot_id;
         char *reason; /* refuse */

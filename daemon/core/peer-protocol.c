@@ -1,9 +1,11 @@
 /* peer-protocol.c: the membership protocol's state machine, driven by a clock and a sink. */
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gossip.h"
 #include "name-index.h"
 #include "peer-protocol.h"
 #include "resource-limits.h"
@@ -23,8 +25,24 @@ typedef struct ProtocolLink {
         int64_t dialed_at_ms;    /* when the endpoint was made */
         bool differs;            /* the member's table digest is not ours */
         int64_t differs_since_ms; /* since then, or since we last asked it for its table */
+        int64_t used_at_ms;       /* swim: last sent on */
         struct ProtocolLink *next;
 } ProtocolLink;
+
+/* swim: where this daemon's probe of the period stands. */
+typedef enum SwimPhase {
+        SWIM_IDLE,     /* answered, or none */
+        SWIM_DIRECT,   /* pinged, waiting for its ack */
+        SWIM_INDIRECT, /* others asked to ping it */
+} SwimPhase;
+
+/* swim: a ping_req being answered: the ack of our ping goes back to the requester. */
+typedef struct SwimRelay {
+        char *requester; /* its address; NULL: the slot is free */
+        char *target;
+        uint64_t target_boot_id;
+        uint32_t their_seq, our_seq;
+} SwimRelay;
 
 struct Protocol {
         ProtocolSink sink;
@@ -45,6 +63,22 @@ struct Protocol {
         uint64_t random;
         int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
         int64_t link_lie_noted_ms;
+
+        /* swim */
+        uint64_t incarnation; /* ours: raised to refute a suspicion of us */
+        uint32_t seq;
+        unsigned ticks;
+        SwimPhase phase;
+        char *probe_name; /* the member probed this period */
+        uint64_t probe_boot_id;
+        uint32_t probe_seq;
+        char *probe_next; /* a member to probe next period (it may have restarted) */
+        SwimRelay relays[PROTOCOL_SWIM_RELAYS];
+        size_t next_relay;
+        Gossip gossip;
+        bool differs; /* a member's table digest differs from ours (links are few) */
+        int64_t differs_since_ms;
+        bool greeted; /* said hello to every member of the first table we got */
 };
 
 static void note(Protocol *p, ProtocolNote n) {
@@ -72,6 +106,8 @@ static int known_list(Protocol *p, const char *only, int64_t now, PeerKnown **re
                         continue;
                 list[k].info = e->info; /* borrowed */
                 list[k].age_ms = (uint64_t) MAX(now - e->last_heard_ms, (int64_t) 0);
+                list[k].state = e->state;
+                list[k].incarnation = e->incarnation;
                 k++;
         }
         *ret = list;
@@ -82,9 +118,11 @@ static int known_list(Protocol *p, const char *only, int64_t now, PeerKnown **re
 /* Names this node, its start and the version in a message about to go out. */
 static void stamp(Protocol *p, PeerMessage *m) {
         m->sender = p->self; /* borrowed */
-        /* Heartbeats are most of the traffic: they name the start, not the devices. */
-        m->sender.partial = m->body == PEER_HEARTBEAT;
+        /* Heartbeats and probes are most of the traffic: they name the start, not the devices. */
+        m->sender.partial = m->body == PEER_HEARTBEAT || m->body == PEER_PING ||
+                            m->body == PEER_ACK || m->body == PEER_PING_REQ;
         m->version = membership_version(p->membership);
+        m->incarnation = p->incarnation;
         m->has_table = true;
         m->table_digest = membership_digest(p->membership);
         m->table_members = (uint32_t) membership_count(p->membership);
@@ -120,13 +158,23 @@ static size_t hello_chunk(const PeerKnown *known, size_t n) {
         return MAX((size_t) 1, (size_t) (FAMILYD_MAX_PEER_MESSAGE_BYTES / 2) / biggest);
 }
 
-/* The sender's whole record, and with `table` every member it knows. */
-static void link_send_hello(Protocol *p, ProtocolLink *l, bool table, int64_t now) {
+/* On our link l, or (NULL) as the answer to o. */
+static void send_or_reply(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, PeerMessage *m) {
+        if (l)
+                link_send(p, l, m);
+        else
+                reply(p, o, m);
+}
+
+/* The sender's whole record, and with `table` every member it knows: on our link l, or (l
+ * NULL) as the answer to o. */
+static void send_hello(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, bool table,
+                       int64_t now) {
         _cleanup_free_ PeerKnown *known = NULL;
         size_t n, chunk;
 
         if (!table) {
-                link_send(p, l, &(PeerMessage) { .body = PEER_HELLO });
+                send_or_reply(p, l, o, &(PeerMessage) { .body = PEER_HELLO });
                 return;
         }
         if (known_list(p, NULL, now, &known, &n) < 0) {
@@ -137,7 +185,7 @@ static void link_send_hello(Protocol *p, ProtocolLink *l, bool table, int64_t no
         for (size_t at = 0; at == 0 || at < n; at += chunk) {
                 PeerMessage m = { .body = PEER_HELLO, .members = known + at,
                                   .n_members = MIN(chunk, n - at) };
-                link_send(p, l, &m);
+                send_or_reply(p, l, o, &m);
                 if (n == 0)
                         break;
         }
@@ -229,8 +277,11 @@ static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
                 return;
         }
         l->dialed_at_ms = now;
-        /* The table follows when the other side's digest asks for it (table_check()). */
-        link_send_hello(p, l, false, now);
+        l->used_at_ms = now;
+        /* The table follows when the other side's digest asks for it (table_check()). With
+         * swim only a seed needs our record first: the others know us from tables. */
+        if (p->mode == PROTOCOL_ALL_TO_ALL || l->seed)
+                send_hello(p, l, NULL, false, now);
 }
 
 static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64_t now) {
@@ -273,7 +324,8 @@ static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64
         ProtocolLink *l = link_find(p, address);
 
         if (!l) {
-                (void) link_add(p, address, false, now);
+                if (p->mode == PROTOCOL_ALL_TO_ALL) /* swim: links are made on demand */
+                        (void) link_add(p, address, false, now);
                 return;
         }
         if (l->refused || l->failing)
@@ -345,15 +397,21 @@ int protocol_add_seed(Protocol *p, const char *address, int64_t now_ms) {
 
 /* --- receiving --- */
 
+static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64_t incarnation,
+                         NodeState state, int64_t now);
+
 static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
         for (size_t i = 0; i < m->n_members; i++) {
+                const MemberInfo *info = &m->members[i].info;
                 MemberVerdict v;
-                int r = membership_learn(p->membership, &m->members[i].info,
-                                         m->members[i].age_ms, now, &v);
+                int r = membership_learn(p->membership, info, m->members[i].age_ms, now, &v);
                 if (r < 0) {
                         note_no_memory(p);
                         return;
                 }
+                if (p->mode == PROTOCOL_SWIM && (v == MEMBER_KNOWN || v == MEMBER_JOINED))
+                        verdict_take(p, info->name, info->boot_id, m->members[i].incarnation,
+                                     m->members[i].state, now);
                 if (v == MEMBER_JOINED || v == MEMBER_RESTARTED) {
                         note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LEARNED,
                                                  .member = &m->members[i].info,
@@ -456,22 +514,28 @@ static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage 
                         int64_t now) {
         ProtocolLink *l = link_find(p, m->sender.address);
         uint64_t digest = membership_digest(p->membership);
-        bool fruitless;
+        bool fruitless, *differs = l ? &l->differs : &p->differs;
+        int64_t *since = l ? &l->differs_since_ms : &p->differs_since_ms;
 
-        if (!m->has_table || !l)
+        /* swim: most members have no link here; one difference for all of them. */
+        if (p->mode == PROTOCOL_SWIM) {
+                differs = &p->differs;
+                since = &p->differs_since_ms;
+        }
+        if (!m->has_table || (!l && p->mode == PROTOCOL_ALL_TO_ALL))
                 return;
         if (m->table_digest == digest) {
-                l->differs = false;
+                *differs = false;
                 return;
         }
-        if (!l->differs) {
-                l->differs = true;
-                l->differs_since_ms = now;
+        if (!*differs) {
+                *differs = true;
+                *since = now;
         }
         if (m->body == PEER_HELLO && m->n_members > 0)
                 return; /* its table is on its way (a long one in several hellos) */
         if (m->table_members <= membership_count(p->membership) &&
-            now - l->differs_since_ms < (int64_t) p->heartbeat_ms * PROTOCOL_TABLE_ROUNDS)
+            now - *since < (int64_t) p->heartbeat_ms * PROTOCOL_TABLE_ROUNDS)
                 return;
         fruitless = p->pulled_at_ms != 0 && p->pulled_digest == digest;
         if (p->pulled_at_ms != 0 &&
@@ -481,7 +545,7 @@ static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage 
         p->fruitless = fruitless ? MIN(p->fruitless + 1, (unsigned) PROTOCOL_TABLE_BACKOFF) : 0;
         p->pulled_at_ms = now;
         p->pulled_digest = digest;
-        l->differs_since_ms = now;
+        *since = now;
         reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_table = true });
 }
 
@@ -502,8 +566,306 @@ static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
         return e && e->info.boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
 }
 
+/* --- swim: probes and gossip --- */
+
+/* How many times each news item is told: PROTOCOL_GOSSIP_TELL x ceil(log2(members + 1)). */
+static unsigned gossip_limit(Protocol *p) {
+        unsigned log2n = 1;
+
+        while (log2n < 32 && ((size_t) 1 << log2n) < membership_count(p->membership) + 1)
+                log2n++;
+        return PROTOCOL_GOSSIP_TELL * log2n;
+}
+
+static void gossip_news(Protocol *p, const char *name, uint64_t boot_id, bool forgotten) {
+        if (gossip_add(&p->gossip, name, boot_id, forgotten) < 0)
+                note_no_memory(p);
+}
+
+static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64_t incarnation,
+                         NodeState state, int64_t now) {
+        if (membership_verdict(p->membership, name, boot_id, incarnation, state, now) > 0)
+                gossip_news(p, name, boot_id, false);
+}
+
+/* A suspicion or down verdict about this very start: raise our incarnation above it. */
+static void refute(Protocol *p, uint64_t boot_id, NodeState state, uint64_t incarnation) {
+        if (boot_id != p->self.boot_id || state == NODE_UP || incarnation < p->incarnation)
+                return;
+        p->incarnation = incarnation + 1;
+        gossip_news(p, p->self.name, p->self.boot_id, false);
+}
+
+typedef struct GossipOut {
+        PeerUpdate updates[PROTOCOL_GOSSIP_PER_MESSAGE];
+} GossipOut;
+
+/* Puts the news due next into m (borrowing from the table and the queue until gossip_told()). */
+static void gossip_attach(Protocol *p, PeerMessage *m, GossipOut *out) {
+        GossipItem *items[PROTOCOL_GOSSIP_PER_MESSAGE];
+        size_t n = gossip_pick(&p->gossip, PROTOCOL_GOSSIP_PER_MESSAGE, items);
+
+        m->updates = out->updates;
+        for (size_t i = 0; i < n; i++) {
+                GossipItem *it = items[i];
+                const Member *e = membership_find(p->membership, it->name);
+
+                if (it->forgotten) {
+                        out->updates[m->n_updates++] = (PeerUpdate) {
+                                .name = it->name, .boot_id = it->boot_id, .forgotten = true };
+                        continue;
+                }
+                if (!e || e->info.boot_id != it->boot_id) {
+                        it->told = UINT_MAX - 1; /* stale: dropped by gossip_told() */
+                        continue;
+                }
+                uint64_t incarnation = e->local ? p->incarnation : e->incarnation;
+                NodeState state = e->local ? NODE_UP : e->state;
+                out->updates[m->n_updates++] = (PeerUpdate) {
+                        .name = e->info.name, .boot_id = it->boot_id,
+                        .incarnation = incarnation, .state = state };
+        }
+}
+
+/* Our link to address, dialed now if there is none: NULL when it cannot carry a message. */
+static ProtocolLink *swim_link(Protocol *p, const char *address, int64_t now) {
+        ProtocolLink *l = link_find(p, address);
+
+        if (!l)
+                l = link_add(p, address, false, now);
+        else if (!l->endpoint && !l->refused)
+                link_dial(p, l, now);
+        if (!l || !l->endpoint || l->refused)
+                return NULL;
+        l->used_at_ms = now;
+        return l;
+}
+
+/* A probe message with the news due, to address (l NULL: as the answer to o). */
+static void swim_send(Protocol *p, const char *address, const ProtocolOrigin *o, PeerMessage *m,
+                      int64_t now) {
+        ProtocolLink *l = address ? swim_link(p, address, now) : NULL;
+        GossipOut out;
+
+        if (address && !l)
+                return;
+        gossip_attach(p, m, &out);
+        send_or_reply(p, l, o, m);
+        gossip_told(&p->gossip, gossip_limit(p));
+}
+
+static void swim_ping(Protocol *p, const Member *e, uint32_t seq, int64_t now) {
+        PeerMessage m = { .body = PEER_PING,
+                          .probe = { .name = e->info.name, .boot_id = e->info.boot_id,
+                                     .seq = seq, .state = e->state,
+                                     .incarnation = e->incarnation } };
+
+        swim_send(p, e->info.address, NULL, &m, now);
+}
+
+/* This period's member to probe: one named to us as possibly restarted, else one at random. */
+static const Member *probe_target(Protocol *p) {
+        size_t n = membership_count(p->membership);
+        const Member *e = p->probe_next ? membership_find(p->membership, p->probe_next) : NULL;
+
+        p->probe_next = mfree(p->probe_next);
+        if (e && !e->local)
+                return e;
+        return n < 2 ? NULL : membership_get(p->membership, 1 + protocol_random(p) % (n - 1));
+}
+
+static void probe_start(Protocol *p, int64_t now) {
+        const Member *e = probe_target(p);
+
+        p->phase = SWIM_IDLE;
+        p->probe_name = mfree(p->probe_name);
+        if (!e)
+                return;
+        p->probe_name = strdup(e->info.name);
+        if (!p->probe_name) {
+                note_no_memory(p);
+                return;
+        }
+        p->probe_boot_id = e->info.boot_id;
+        p->probe_seq = ++p->seq;
+        p->phase = SWIM_DIRECT;
+        swim_ping(p, e, p->probe_seq, now);
+}
+
+static const Member *probed(Protocol *p) {
+        const Member *e = p->probe_name ? membership_find(p->membership, p->probe_name) : NULL;
+
+        return e && e->info.boot_id == p->probe_boot_id ? e : NULL;
+}
+
+/* No ack in half a period: PROTOCOL_SWIM_HELPERS up members are asked to ping it for us. */
+static void probe_indirect(Protocol *p, int64_t now) {
+        const Member *t = probed(p);
+        size_t n = membership_count(p->membership), asked = 0;
+
+        p->phase = SWIM_INDIRECT;
+        if (!t || t->state == NODE_DOWN || n < 3)
+                return;
+        for (unsigned tries = 0; asked < PROTOCOL_SWIM_HELPERS && tries < 4 * PROTOCOL_SWIM_HELPERS;
+             tries++) {
+                const Member *h = membership_get(p->membership, 1 + protocol_random(p) % (n - 1));
+                PeerMessage m = { .body = PEER_PING_REQ,
+                                  .probe = { .name = t->info.name, .boot_id = t->info.boot_id,
+                                             .seq = p->probe_seq, .state = t->state,
+                                             .incarnation = t->incarnation } };
+
+                if (h == t || h->state != NODE_UP)
+                        continue;
+                swim_send(p, h->info.address, NULL, &m, now);
+                asked++;
+        }
+}
+
+/* No ack at all within the period: the member is suspect (it hears so from gossip, or from
+ * the state in the next ping it gets from a member that holds it suspect). */
+static void probe_failed(Protocol *p, int64_t now) {
+        const Member *t = probed(p);
+
+        p->phase = SWIM_IDLE;
+        if (!t || t->state != NODE_UP)
+                return; /* suspect or down already: its timer runs */
+        verdict_take(p, t->info.name, t->info.boot_id, t->incarnation, NODE_SUSPECT, now);
+}
+
+/* A ping_req: we ping the member, and its ack goes back to the requester. */
+static void swim_relay(Protocol *p, const PeerMessage *m, int64_t now) {
+        const Member *t = membership_find(p->membership, m->probe.name);
+        SwimRelay *r = &p->relays[p->next_relay++ % PROTOCOL_SWIM_RELAYS];
+
+        if (!t || t->local || t->info.boot_id != m->probe.boot_id)
+                return;
+        free(r->requester);
+        free(r->target);
+        *r = (SwimRelay) { .requester = strdup(m->sender.address), .target = strdup(t->info.name),
+                           .target_boot_id = t->info.boot_id, .their_seq = m->probe.seq,
+                           .our_seq = ++p->seq };
+        if (!r->requester || !r->target) {
+                r->requester = mfree(r->requester);
+                r->target = mfree(r->target);
+                note_no_memory(p);
+                return;
+        }
+        swim_ping(p, t, r->our_seq, now);
+}
+
+/* An ack: of our probe, or of a ping we sent for another member's ping_req. */
+static void swim_acked(Protocol *p, const PeerMessage *m, int64_t now) {
+        const PeerProbe *a = &m->probe;
+
+        if (p->phase != SWIM_IDLE && a->seq == p->probe_seq && p->probe_name &&
+            streq(a->name, p->probe_name) && a->boot_id == p->probe_boot_id) {
+                p->phase = SWIM_IDLE;
+                verdict_take(p, a->name, a->boot_id, a->incarnation, NODE_UP, now);
+                return;
+        }
+        for (size_t i = 0; i < PROTOCOL_SWIM_RELAYS; i++) {
+                SwimRelay *r = &p->relays[i];
+                if (!r->requester || r->our_seq != a->seq || r->target_boot_id != a->boot_id ||
+                    !streq(r->target, a->name))
+                        continue;
+                PeerMessage ack = { .body = PEER_ACK,
+                                    .probe = { .name = r->target, .boot_id = a->boot_id,
+                                               .seq = r->their_seq,
+                                               .incarnation = a->incarnation } };
+                swim_send(p, r->requester, NULL, &ack, now);
+                r->requester = mfree(r->requester);
+                r->target = mfree(r->target);
+                return;
+        }
+}
+
+/* A ping is answered whoever sent it (even a start we do not know yet). */
+static void swim_answer(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                        int64_t now) {
+        PeerMessage ack = { .body = PEER_ACK,
+                            .probe = { .name = p->self.name, .boot_id = p->self.boot_id,
+                                       .seq = m->probe.seq } };
+
+        if (streq(m->probe.name, p->self.name))
+                refute(p, m->probe.boot_id, m->probe.state, m->probe.incarnation);
+        ack.probe.incarnation = p->incarnation;
+        swim_send(p, NULL, o, &ack, now);
+}
+
+/* The verdicts a probe message carries. */
+static void gossip_take(Protocol *p, const PeerMessage *m, int64_t now) {
+        for (size_t i = 0; i < m->n_updates; i++) {
+                const PeerUpdate *u = &m->updates[i];
+
+                if (streq(u->name, p->self.name)) {
+                        if (!u->forgotten)
+                                refute(p, u->boot_id, u->state, u->incarnation);
+                } else if (u->forgotten) {
+                        if (membership_forget(p->membership, u->name, u->boot_id, true, now,
+                                              NULL) <= 0)
+                                continue;
+                        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT, .name = u->name,
+                                                 .text = m->sender.name });
+                        links_prune(p);
+                        gossip_news(p, u->name, u->boot_id, true);
+                } else
+                        verdict_take(p, u->name, u->boot_id, u->incarnation, u->state, now);
+        }
+}
+
+/* Closes links not sent on for PROTOCOL_SWIM_LINK_IDLE_PERIODS and failed ones once their
+ * backoff is over (made again when next needed); seeds are dialed again as with all-to-all. */
+static void swim_links(Protocol *p, int64_t now) {
+        int64_t idle = (int64_t) p->heartbeat_ms * PROTOCOL_SWIM_LINK_IDLE_PERIODS;
+
+        for (ProtocolLink **pl = &p->links; *pl;) {
+                ProtocolLink *l = *pl;
+                bool due = !l->endpoint && now >= l->retry_at_ms;
+
+                if (l->seed || (!due && (!l->endpoint || now - l->used_at_ms < idle))) {
+                        if (due)
+                                link_dial(p, l, now);
+                        pl = &l->next;
+                        continue;
+                }
+                *pl = l->next;
+                link_free(p, l);
+        }
+}
+
+/* Every half period; a probe starts on every other tick. */
+static void swim_tick(Protocol *p, int64_t now) {
+        bool period = p->ticks++ % 2 == 0;
+
+        if (membership_tick(p->membership, now))
+                links_prune(p);
+        swim_links(p, now);
+        if (!period) {
+                if (p->phase == SWIM_DIRECT)
+                        probe_indirect(p, now);
+                return;
+        }
+        if (p->phase != SWIM_IDLE)
+                probe_failed(p, now);
+        probe_start(p, now);
+}
+
+/* Once we know a table: every member hears our start from us (a join or a restart is believed
+ * only from the node itself), as with all-to-all a node that knows the table dials everyone. */
+static void swim_greet(Protocol *p, int64_t now) {
+        size_t n = membership_count(p->membership);
+
+        p->greeted = true;
+        for (size_t i = 1; i < n; i++) {
+                ProtocolLink *l = swim_link(p, membership_get(p->membership, i)->info.address,
+                                            now);
+                if (l)
+                        send_hello(p, l, NULL, false, now);
+        }
+}
+
 /* What a message asks of us once its sender is believed. */
-static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
+static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, int64_t now) {
         switch (m->body) {
         case PEER_HELLO:
         case PEER_ANNOUNCE:
@@ -511,11 +873,26 @@ static void on_body(Protocol *p, const PeerMessage *m, int64_t now) {
                 break;
         case PEER_WHO: {
                 ProtocolLink *l = link_find(p, m->sender.address);
-                /* A daemon without digests learns tables from hellos only. */
-                if (l)
-                        link_send_hello(p, l, m->want_table || !m->has_table, now);
+                /* A daemon without digests learns tables from hellos only. swim: answered on
+                 * the link it came on (we may have none to the sender). */
+                if (p->mode == PROTOCOL_SWIM)
+                        send_hello(p, NULL, o, m->want_table || !m->has_table, now);
+                else if (l)
+                        send_hello(p, l, NULL, m->want_table || !m->has_table, now);
                 break;
         }
+        case PEER_PING:
+                gossip_take(p, m, now);
+                swim_answer(p, o, m, now);
+                break;
+        case PEER_ACK:
+                gossip_take(p, m, now);
+                swim_acked(p, m, now);
+                break;
+        case PEER_PING_REQ:
+                gossip_take(p, m, now);
+                swim_relay(p, m, now);
+                break;
         case PEER_FORGET:
                 if (membership_forget(p->membership, m->forget_name, m->forget_boot_id, true,
                                       now, NULL) > 0) {
@@ -566,9 +943,17 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                 return;
         case MEMBER_UNKNOWN:
                 reply(p, o, &(PeerMessage) { .body = PEER_WHO });
+                if (m->body == PEER_PING)
+                        swim_answer(p, o, m, now);
+                return;
+        case MEMBER_DEFERRED:
+                /* swim: the start we hold up may be gone (nobody may probe it soon). */
+                if (p->mode == PROTOCOL_SWIM && !p->probe_next)
+                        p->probe_next = strdup(m->sender.name); /* NULL: at random */
+                if (m->body == PEER_PING)
+                        swim_answer(p, o, m, now);
                 return;
         case MEMBER_STALE:
-        case MEMBER_DEFERRED:
                 return;
         case MEMBER_JOINED:
         case MEMBER_RESTARTED:
@@ -576,20 +961,32 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                                          .flag = v == MEMBER_RESTARTED });
                 link_heard(p, m->sender.address,
                            v == MEMBER_RESTARTED ? previous_heard : INT64_MIN, now);
-                if (announce_due(p, m))
+                if (p->mode == PROTOCOL_SWIM) {
+                        /* It joined through us and knows little: our table, on its link (we
+                         * dial no one back); it greets the others itself (swim_greet()). */
+                        if (announce_due(p, m) && m->body == PEER_HELLO)
+                                send_hello(p, NULL, o, true, now);
+                } else if (announce_due(p, m))
                         announce(p, m->sender.name, now);
                 break;
         default:
                 link_heard(p, m->sender.address, INT64_MIN, now);
                 break;
         }
-        on_body(p, m, now);
+        /* Its own word on its incarnation lifts a suspicion it has refuted. */
+        if (p->mode == PROTOCOL_SWIM)
+                verdict_take(p, m->sender.name, m->sender.boot_id, m->incarnation, NODE_UP, now);
+        on_body(p, o, m, now);
         table_check(p, o, m, now);
 }
 
 /* --- time and commands --- */
 
 void protocol_tick(Protocol *p, int64_t now) {
+        if (p->mode == PROTOCOL_SWIM) {
+                swim_tick(p, now);
+                return;
+        }
         if (membership_tick(p->membership, now))
                 links_prune(p);
         for (ProtocolLink *l = p->links; l; l = l->next)
@@ -619,8 +1016,11 @@ int protocol_forget(Protocol *p, const char *node, int64_t now, FamilyError *ret
                                   .forget_boot_id = boot };
                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT, .name = node });
                 links_prune(p);
-                for (ProtocolLink *l = p->links; l; l = l->next)
-                        link_send(p, l, &m);
+                if (p->mode == PROTOCOL_SWIM)
+                        gossip_news(p, node, boot, true);
+                else
+                        for (ProtocolLink *l = p->links; l; l = l->next)
+                                link_send(p, l, &m);
         }
         return r;
 }
@@ -635,7 +1035,10 @@ void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
          * PROTOCOL_EAGER_FANOUT links, so those take its version within a round trip and the
          * rest within a heartbeat interval; versions merely taken from peers are not echoed.
          * (To every link, a change all N members see cost N^2 messages.) */
-        if (changes != p->sent_changes && now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
+        if (p->mode == PROTOCOL_SWIM && !p->greeted && membership_count(p->membership) > 2)
+                swim_greet(p, now);
+        if (p->mode == PROTOCOL_ALL_TO_ALL && changes != p->sent_changes &&
+            now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
                 p->sent_changes = changes;
                 p->eager_at_ms = now;
                 send_heartbeats(p, PROTOCOL_EAGER_FANOUT);
@@ -674,7 +1077,14 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
                 return r;
         membership_set_max_nodes(p->membership, params->max_nodes);
         membership_set_records(p->membership, params->records);
-        p->random = p->self.boot_id | 1;
+        if (p->mode == PROTOCOL_SWIM)
+                membership_set_verdicts(p->membership, p->heartbeat_ms);
+        /* splitmix64 of the boot id: xorshift from seeds that differ in a few low bits (1, 2,
+         * 3...) runs in step for many draws, and daemons would probe the same members. */
+        uint64_t z = p->self.boot_id + UINT64_C(0x9E3779B97F4A7C15);
+        z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+        p->random = (z ^ (z >> 31)) | 1;
         p->dirty = true;
         *ret = TAKE_PTR(p);
         return 0;
@@ -689,6 +1099,13 @@ Protocol *protocol_free(Protocol *p) {
                 link_free(p, l);
         }
         name_index_done(&p->links_by_address);
+        gossip_done(&p->gossip);
+        for (size_t i = 0; i < PROTOCOL_SWIM_RELAYS; i++) {
+                free(p->relays[i].requester);
+                free(p->relays[i].target);
+        }
+        free(p->probe_name);
+        free(p->probe_next);
         membership_free(p->membership);
         member_info_done(&p->self);
         return mfree(p);

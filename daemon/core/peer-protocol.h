@@ -27,6 +27,24 @@
  * reaches the new start already, and closing it would also cut the new start's own link to us,
  * which UCX may carry on the same connection (it pairs two workers' endpoints to each other).
  *
+ * With PROTOCOL_SWIM (--membership swim) the heartbeats to every link give way to SWIM's
+ * probes (Das, Gupta, Motivala 2002): every heartbeat interval a daemon pings one member chosen
+ * at random; without an ack within half an interval it asks PROTOCOL_SWIM_HELPERS others to
+ * ping it (ping_req) and passes their acks on; still without one at the end of the interval it
+ * holds the member suspect (membership_verdict()) and tells it so in one last ping. States are
+ * verdicts, shared by gossip (core/gossip.h): each probe message carries up to
+ * PROTOCOL_GOSSIP_PER_MESSAGE of the newest verdicts, each told PROTOCOL_GOSSIP_TELL log2 N
+ * times; a member that hears itself suspected or down raises its incarnation, which refutes
+ * it. A suspicion that lasts membership_suspicion_ms() is down. So a quiet cluster costs each
+ * daemon about one ping and one ack per interval whatever N, and a verdict reaches everyone in
+ * O(log N) intervals. Links are made when a message is to go out and closed after
+ * PROTOCOL_SWIM_LINK_IDLE_PERIODS quiet intervals; a link's first message is a hello only to a
+ * seed, and a who is answered on the link it came on. Joins and restarts are believed only
+ * from the node itself, as with all-to-all: a seed answers a newcomer's hello with its table,
+ * and the newcomer, once it knows a table, says hello to every member (one message each); a
+ * member that still holds an older start of it up probes that start next, so it is suspected
+ * within a period and the new start believed on its next word. Tables still meet by digest.
+ *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
  *   it) and closes that link alone, which is dialed again after PROTOCOL_REFUSED_BACKOFF_MIN_MS,
@@ -61,6 +79,15 @@
 #define PROTOCOL_EAGER_FANOUT 8
 /* A refused version or a lying link is noted at most once per sender in this long. */
 #define PROTOCOL_VERSION_NOTE_MS 10000
+/* swim: members asked to ping a member that did not answer us directly. */
+#define PROTOCOL_SWIM_HELPERS 3
+/* swim: ping_reqs being answered for others at once (older ones are forgotten). */
+#define PROTOCOL_SWIM_RELAYS 16
+/* swim: news items per probe message, and each told this many times log2(members). */
+#define PROTOCOL_GOSSIP_PER_MESSAGE 16
+#define PROTOCOL_GOSSIP_TELL 3
+/* swim: a link not sent on for this many probe periods is closed (seeds excepted). */
+#define PROTOCOL_SWIM_LINK_IDLE_PERIODS 30
 
 typedef struct Protocol Protocol;
 

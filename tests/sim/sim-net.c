@@ -251,13 +251,16 @@ static void sink_published(void *userdata, Topology *t) {
                 const Node *node = &t->nodes[i];
                 size_t j = node_index(node->name);
                 bool suspect = node->state == NODE_SUSPECT;
+                uint8_t seen = node->state == NODE_UP ? 0 : node->state == NODE_SUSPECT ? 1 : 2;
 
                 if (node->local || j >= s->config.max_nodes)
                         continue;
-                if (suspect && !n->suspected[j] && s->count_suspicions && s->nodes[j].up &&
-                    s->nodes[j].group == n->group)
+                bool live = s->count_suspicions && s->nodes[j].up && s->nodes[j].group == n->group;
+                if (suspect && n->suspected[j] != 1 && live)
                         s->false_suspicions++;
-                n->suspected[j] = suspect;
+                if (seen == 2 && n->suspected[j] != 2 && live)
+                        s->false_downs++;
+                n->suspected[j] = seen;
                 if ((int64_t) j != s->watch.node)
                         continue;
                 if (node->state != NODE_UP && s->watch.first_suspect_us < 0)

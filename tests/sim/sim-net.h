@@ -48,7 +48,7 @@ typedef struct SimNode {
         bool up;
         int group;            /* partitions: messages cross only within a group */
         bool flush_pending;
-        uint8_t *suspected;   /* per member index: it was suspect when last published */
+        uint8_t *suspected;   /* per member index: 1 suspect, 2 down when last published */
         SimCounters sent;
         uint64_t last_buffer_hash;
         struct SimBuffer *last_buffer;
@@ -72,6 +72,7 @@ typedef struct Sim {
         SimCounters total;
         MemberRecords *records; /* shared between the nodes' tables; NULL with own_records */
         uint64_t false_suspicions; /* a live, reachable member newly suspect at some node */
+        uint64_t false_downs;      /* ... newly down at some node */
         bool count_suspicions;
         SimWatch watch;
         uint64_t rng;

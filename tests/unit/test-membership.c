@@ -2,6 +2,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -591,6 +592,89 @@ static void test_table_digest(void **state) {
                                                        membership_digest_member("node-c", 4));
 }
 
+/* By verdict (swim): silence changes nothing; verdicts order by incarnation, then gravity; a
+ * suspicion that lasts membership_suspicion_ms() is down; the member's own word does not lift a
+ * suspicion unless its incarnation is higher (the caller's verdict). */
+static void test_verdicts(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        const Member *c;
+
+        membership_set_verdicts(m, 100);
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 0),
+                         MEMBER_JOINED);
+        c = membership_find(m, "node-c");
+        assert_false(membership_tick(m, 5000)); /* silent for 5 s: still up */
+        assert_int_equal(c->state, NODE_UP);
+        /* Another start, an unknown name, this node: ignored. */
+        assert_int_equal(membership_verdict(m, "node-c", 8, 0, NODE_SUSPECT, 5000), 0);
+        assert_int_equal(membership_verdict(m, "node-x", 7, 0, NODE_SUSPECT, 5000), 0);
+        assert_int_equal(membership_verdict(m, "node-a", 1, 9, NODE_DOWN, 5000), 0);
+        /* Up at the same incarnation does not beat up; suspect does. */
+        assert_int_equal(membership_verdict(m, "node-c", 7, 0, NODE_UP, 5000), 0);
+        uint64_t v = membership_version(m);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 0, NODE_SUSPECT, 5000), 1);
+        assert_int_equal(c->state, NODE_SUSPECT);
+        assert_true(membership_version(m) > v);
+        /* Its own message at the same incarnation does not lift it. */
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 5100),
+                         MEMBER_KNOWN);
+        assert_int_equal(c->state, NODE_SUSPECT);
+        /* Up at a higher incarnation does (a refutation); suspect at a lower one then not. */
+        assert_int_equal(membership_verdict(m, "node-c", 7, 1, NODE_UP, 5200), 1);
+        assert_int_equal(c->state, NODE_UP);
+        assert_int_equal(c->incarnation, 1);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 0, NODE_SUSPECT, 5200), 0);
+        /* A higher incarnation in the same state: passed on, no change. */
+        assert_int_equal(membership_verdict(m, "node-c", 7, 2, NODE_UP, 5200), 2);
+        /* Suspect for membership_suspicion_ms() (700: down 1000 - suspect 300; log2(3) x 100
+         * is less), then down. */
+        assert_int_equal(membership_suspicion_ms(m), 700);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 2, NODE_SUSPECT, 6000), 1);
+        assert_false(membership_tick(m, 6699));
+        assert_int_equal(c->state, NODE_SUSPECT);
+        assert_true(membership_tick(m, 6700));
+        assert_int_equal(c->state, NODE_DOWN);
+        /* Down beats suspect at the same incarnation; up at a higher one revives it. */
+        assert_int_equal(membership_verdict(m, "node-c", 7, 2, NODE_SUSPECT, 6800), 0);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 3, NODE_UP, 6800), 1);
+        assert_int_equal(c->state, NODE_UP);
+}
+
+/* The suspicion lasts at least ceil(log2(members + 1)) probe periods. */
+static void test_suspicion_grows_with_log_n(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        char name[16], address[32];
+
+        membership_set_verdicts(m, 1000);
+        assert_int_equal(membership_suspicion_ms(m), 1000); /* 1 member: log2 2 = 1 period */
+        for (unsigned i = 0; i < 20; i++) {
+                MemberVerdict v;
+                snprintf(name, sizeof name, "n%u", i);
+                snprintf(address, sizeof address, "10.0.0.%u:7000", i);
+                MemberInfo n = info(name, -1, address, 10 + i, 100);
+                assert_int_equal(membership_learn(m, &n, 0, 0, &v), 0);
+        }
+        assert_int_equal(membership_suspicion_ms(m), 5000); /* 21 members: log2 32 = 5 */
+}
+
+/* A down member is forgotten forget_after_ms after it went down. */
+static void test_verdicts_forget_after(void **state) {
+        static const MembershipTimeouts t = { .suspect_ms = 300, .down_ms = 1000,
+                                              .forget_after_ms = 2000 };
+        MemberInfo self = info("node-a", -1, "127.0.0.1:7000", 1, 100);
+        _cleanup_(membership_freep) Membership *m = NULL;
+
+        assert_int_equal(membership_new(&self, &t, 0, &m), 0);
+        membership_set_verdicts(m, 100);
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 0),
+                         MEMBER_JOINED);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 0, NODE_DOWN, 1000), 1);
+        assert_false(membership_tick(m, 2999));
+        assert_non_null(membership_find(m, "node-c"));
+        assert_true(membership_tick(m, 3000));
+        assert_null(membership_find(m, "node-c"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_join_and_order),
@@ -610,6 +694,9 @@ int main(void) {
                 cmocka_unit_test(test_max_nodes),
                 cmocka_unit_test(test_table_digest),
                 cmocka_unit_test(test_shared_records),
+                cmocka_unit_test(test_verdicts),
+                cmocka_unit_test(test_suspicion_grows_with_log_n),
+                cmocka_unit_test(test_verdicts_forget_after),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

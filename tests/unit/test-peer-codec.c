@@ -227,6 +227,101 @@ static void test_hostile(void **state) {
         assert_string_equal(m.sender.registry_digest, DIGEST_B);
 }
 
+/* swim: probes with gossiped verdicts (a forgotten start among them) round-trip. */
+static void test_probe_round_trip(void **state) {
+        PeerUpdate updates[2] = {
+                { .name = "c", .boot_id = 9, .incarnation = 4, .state = NODE_SUSPECT },
+                { .name = "d", .boot_id = 10, .forgotten = true },
+        };
+        PeerMessage m = { .body = PEER_PING_REQ, .sender = member("a"), .version = 3,
+                          .incarnation = 2, .updates = updates, .n_updates = 2,
+                          .probe = { .name = "b", .boot_id = 77, .seq = 5, .state = NODE_DOWN,
+                                     .incarnation = 6 } };
+        _cleanup_(peer_message_done) PeerMessage back = {};
+        _cleanup_free_ uint8_t *buf = NULL;
+        size_t size;
+
+        m.sender.partial = true;
+        assert_int_equal(codec_peer_encode(&m, &buf, &size), 0);
+        assert_int_equal(codec_peer_decode(buf, size, &back), 0);
+        assert_int_equal(back.body, PEER_PING_REQ);
+        assert_int_equal(back.incarnation, 2);
+        assert_string_equal(back.probe.name, "b");
+        assert_int_equal(back.probe.boot_id, 77);
+        assert_int_equal(back.probe.seq, 5);
+        assert_int_equal(back.probe.state, NODE_DOWN);
+        assert_int_equal(back.probe.incarnation, 6);
+        assert_int_equal(back.n_updates, 2);
+        assert_string_equal(back.updates[0].name, "c");
+        assert_int_equal(back.updates[0].state, NODE_SUSPECT);
+        assert_int_equal(back.updates[0].incarnation, 4);
+        assert_false(back.updates[0].forgotten);
+        assert_true(back.updates[1].forgotten);
+        assert_int_equal(back.updates[1].boot_id, 10);
+}
+
+/* swim fields refused whole: a state past DOWN, FORGOTTEN in a probe, verdicts on a body that
+ * is not a probe, more than PEER_MAX_GOSSIP of them, a bad name, an incarnation past 2^53. */
+static void test_probe_hostile(void **state) {
+        Familyd__V1__PeerMember sender = FAMILYD__V1__PEER_MEMBER__INIT;
+        Familyd__V1__PeerMessage pb = FAMILYD__V1__PEER_MESSAGE__INIT;
+        Familyd__V1__PeerProbe probe = FAMILYD__V1__PEER_PROBE__INIT;
+        Familyd__V1__PeerHeartbeat hb = FAMILYD__V1__PEER_HEARTBEAT__INIT;
+        Familyd__V1__PeerUpdate update = FAMILYD__V1__PEER_UPDATE__INIT;
+        Familyd__V1__PeerUpdate *many[PEER_MAX_GOSSIP + 1];
+
+        sender.name = "a";
+        sender.address = "h:1";
+        sender.partial = true;
+        pb.sender = &sender;
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_PING;
+        pb.ping = &probe;
+        probe.name = "b";
+        update.name = "c";
+        for (size_t i = 0; i < ELEMENTSOF(many); i++)
+                many[i] = &update;
+
+        probe.state = 4;
+        expect_refused(&pb);
+        probe.state = FAMILYD__V1__PEER_STATE__PEER_STATE_FORGOTTEN;
+        expect_refused(&pb);
+        probe.state = FAMILYD__V1__PEER_STATE__PEER_STATE_SUSPECT;
+        probe.name = "b\x01";
+        expect_refused(&pb);
+        probe.name = "b";
+        probe.incarnation = UINT64_MAX;
+        expect_refused(&pb);
+        probe.incarnation = 1;
+        pb.incarnation = UINT64_MAX;
+        expect_refused(&pb);
+        pb.incarnation = 1;
+        pb.updates = many;
+        pb.n_updates = PEER_MAX_GOSSIP + 1;
+        expect_refused(&pb);
+        pb.n_updates = 1;
+        update.state = 9;
+        expect_refused(&pb);
+        update.state = FAMILYD__V1__PEER_STATE__PEER_STATE_FORGOTTEN; /* fine in an update */
+        update.name = "";
+        expect_refused(&pb);
+        update.name = "c";
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_HEARTBEAT;
+        pb.heartbeat = &hb;
+        expect_refused(&pb); /* verdicts ride on probes only */
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_PING;
+        pb.ping = &probe;
+
+        size_t size = familyd__v1__peer_message__get_packed_size(&pb);
+        _cleanup_free_ uint8_t *buf = malloc(size);
+        _cleanup_(peer_message_done) PeerMessage m = {};
+        familyd__v1__peer_message__pack(&pb, buf);
+        assert_int_equal(codec_peer_decode(buf, size, &m), 0);
+        assert_int_equal(m.body, PEER_PING);
+        assert_int_equal(m.n_updates, 1);
+        assert_true(m.updates[0].forgotten);
+        assert_int_equal(m.probe.state, NODE_SUSPECT);
+}
+
 /* Devices per node are bounded: a hello naming one member with more is refused whole, with
  * the sender and every other member (issue 16: 630 members of 256 devices took 3.5 GB). */
 static void test_device_bound(void **state) {
@@ -306,6 +401,8 @@ int main(void) {
                 cmocka_unit_test(test_hostile),
                 cmocka_unit_test(test_device_bound),
                 cmocka_unit_test(test_garbage),
+                cmocka_unit_test(test_probe_round_trip),
+                cmocka_unit_test(test_probe_hostile),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

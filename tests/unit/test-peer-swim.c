@@ -1,0 +1,280 @@
+/* test-peer-swim.c: the membership protocol with --membership swim: probes, indirect probes, gossiped verdicts. */
+
+/* Nodes are real Protocols wired through memory by peer-net.h, ticking every half heartbeat. */
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "peer-net.h"
+
+static int swim_setup(void **state) {
+        setup(state);
+        net.mode = PROTOCOL_SWIM;
+        return 0;
+}
+
+/* a, and the others joining through it. */
+static void start_cluster(size_t n) {
+        static const char *const names[] = { "node-a", "node-b", "node-c", "node-d",
+                                             "node-e", "node-f" };
+        SimNode *a = add_node(names[0], 0, NULL);
+
+        for (size_t i = 1; i < n; i++)
+                (void) add_node(names[i], (int64_t) i, a->address);
+}
+
+static void assert_agreed(void) {
+        const Membership *first = NULL;
+
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                const Membership *m;
+                if (net.nodes[i].crashed)
+                        continue;
+                m = protocol_membership(net.nodes[i].protocol);
+                if (!first)
+                        first = m;
+                assert_int_equal(membership_count(m), membership_count(first));
+                assert_int_equal(membership_digest(m), membership_digest(first));
+                assert_int_equal(membership_version(m), membership_version(first));
+        }
+}
+
+static unsigned sent_total(const SimNode *n) {
+        unsigned sum = 0;
+
+        for (size_t b = 0; b < _PEER_BODY_MAX; b++)
+                sum += n->sent[b];
+        return sum;
+}
+
+/* They agree; at rest each sends one ping and one ack per interval, not a heartbeat per
+ * member, and no tables. */
+static void test_swim_join_and_rest(void **state) {
+        start_cluster(5);
+        run(10);
+        assert_agreed();
+        for (size_t i = 0; i < net.n_nodes; i++)
+                for (size_t j = 0; j < net.n_nodes; j++)
+                        if (i != j)
+                                assert_int_equal(state_of(&net.nodes[i], &net.nodes[j]), NODE_UP);
+        for (size_t i = 0; i < net.n_nodes; i++)
+                memset(net.nodes[i].sent, 0, sizeof net.nodes[i].sent);
+        unsigned tables = net.tables;
+        run(20);
+        unsigned total = 0;
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                SimNode *n = &net.nodes[i];
+                assert_int_equal(n->sent[PEER_PING], 20);
+                assert_int_equal(n->sent[PEER_HEARTBEAT], 0);
+                assert_int_equal(n->sent[PEER_PING_REQ], 0);
+                total += sent_total(n);
+        }
+        assert_int_equal(total, 2 * 20 * net.n_nodes); /* a ping and its ack */
+        assert_int_equal(net.tables, tables);
+        assert_agreed();
+}
+
+/* A crashed member: suspected by a prober within a few intervals, then down everywhere once
+ * the suspicion has lasted membership_suspicion_ms() (7 intervals here). */
+static void test_swim_crash_suspect_then_down(void **state) {
+        start_cluster(5);
+        run(10);
+        SimNode *c = &net.nodes[2];
+        crash(c);
+        unsigned suspected_after = 0;
+        for (unsigned k = 1; k <= 8 && !suspected_after; k++) {
+                run(1);
+                for (size_t i = 0; i < net.n_nodes; i++)
+                        if (&net.nodes[i] != c && state_of(&net.nodes[i], c) != NODE_UP)
+                                suspected_after = k;
+        }
+        assert_true(suspected_after > 0);
+        run(7 + 8);
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                if (&net.nodes[i] == c)
+                        continue;
+                assert_int_equal(state_of(&net.nodes[i], c), NODE_DOWN);
+                for (size_t j = 0; j < net.n_nodes; j++)
+                        if (j != i && &net.nodes[j] != c)
+                                assert_int_equal(state_of(&net.nodes[i], &net.nodes[j]),
+                                                 NODE_UP);
+        }
+        assert_agreed();
+}
+
+/* a cannot reach c, but the others can: a's probes of c go through them (ping_req), and c is
+ * never suspected. */
+static void test_swim_indirect_probe(void **state) {
+        start_cluster(5);
+        run(10);
+        SimNode *a = &net.nodes[0], *c = &net.nodes[2];
+        net.cut[0][2] = net.cut[2][0] = true;
+        for (unsigned k = 0; k < 40; k++) {
+                run(1);
+                for (size_t i = 0; i < net.n_nodes; i++)
+                        if (&net.nodes[i] != c)
+                                assert_int_equal(state_of(&net.nodes[i], c), NODE_UP);
+        }
+        assert_true(a->sent[PEER_PING_REQ] > 0);
+}
+
+/* c is cut off long enough to be suspected, then heard again before the suspicion runs out: it
+ * raises its incarnation, which lifts the suspicion everywhere; nobody saw it down. */
+static void test_swim_refutes_suspicion(void **state) {
+        start_cluster(5);
+        run(10);
+        SimNode *c = &net.nodes[2];
+        bool suspected = false;
+        for (size_t i = 0; i < net.n_nodes; i++)
+                net.cut[i][2] = net.cut[2][i] = true;
+        for (unsigned k = 0; k < 6 && !suspected; k++) {
+                run(1);
+                for (size_t i = 0; i < net.n_nodes; i++)
+                        suspected = suspected ||
+                                    (&net.nodes[i] != c && state_of(&net.nodes[i], c) != NODE_UP);
+        }
+        assert_true(suspected);
+        memset(net.cut, 0, sizeof net.cut);
+        for (unsigned k = 0; k < 12; k++) {
+                run(1);
+                for (size_t i = 0; i < net.n_nodes; i++)
+                        if (&net.nodes[i] != c)
+                                assert_int_not_equal(state_of(&net.nodes[i], c), NODE_DOWN);
+        }
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                if (&net.nodes[i] == c)
+                        continue;
+                assert_int_equal(state_of(&net.nodes[i], c), NODE_UP);
+                assert_true(membership_find(protocol_membership(net.nodes[i].protocol), c->name)
+                                    ->incarnation > 0);
+        }
+        assert_agreed();
+}
+
+/* Two halves cut apart for longer than the down verdicts are gossiped: each holds the other
+ * down. Healed, the probes of down members carry that verdict to them (a ping names the state
+ * the prober holds), they refute it, and all are up again. */
+static void test_swim_partition_heals(void **state) {
+        start_cluster(6);
+        run(10);
+        for (size_t i = 0; i < 3; i++)
+                for (size_t j = 3; j < 6; j++)
+                        net.cut[i][j] = net.cut[j][i] = true;
+        run(60);
+        assert_int_equal(state_of(&net.nodes[0], &net.nodes[4]), NODE_DOWN);
+        assert_int_equal(state_of(&net.nodes[4], &net.nodes[0]), NODE_DOWN);
+        memset(net.cut, 0, sizeof net.cut);
+        run(40);
+        for (size_t i = 0; i < net.n_nodes; i++)
+                for (size_t j = 0; j < net.n_nodes; j++)
+                        if (i != j)
+                                assert_int_equal(state_of(&net.nodes[i], &net.nodes[j]), NODE_UP);
+        assert_agreed();
+}
+
+/* Every other node holds start `boot` of c, up; and they agree. */
+static void assert_everyone_holds(const SimNode *c, uint64_t boot) {
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                const SimNode *at = &net.nodes[i];
+                if (at == c)
+                        continue;
+                assert_int_equal(membership_find(protocol_membership(at->protocol), c->name)
+                                         ->info.boot_id,
+                                 boot);
+                assert_int_equal(state_of(at, c), NODE_UP);
+        }
+        assert_agreed();
+}
+
+/* A restart after the old start is down everywhere: believed at once from its greeting. */
+static void test_swim_restart_after_down(void **state) {
+        start_cluster(5);
+        run(10);
+        SimNode *a = &net.nodes[0], *c = &net.nodes[2];
+        crash(c);
+        run(25);
+        assert_int_equal(state_of(a, c), NODE_DOWN);
+        restart(c, 2, 2, a->address);
+        run(3);
+        assert_everyone_holds(c, 2002);
+}
+
+/* A restart before anyone noticed the crash: the members that hold the old start up probe it
+ * at once, suspect it, and then believe the new start. */
+static void test_swim_restart_before_detection(void **state) {
+        start_cluster(5);
+        run(10);
+        SimNode *a = &net.nodes[0], *c = &net.nodes[2];
+        crash(c);
+        restart(c, 2, 2, a->address);
+        run(6);
+        assert_everyone_holds(c, 2002);
+}
+
+/* ForgetNode at one daemon reaches every other by gossip. */
+static void test_swim_forget_gossiped(void **state) {
+        start_cluster(5);
+        run(10);
+        SimNode *a = &net.nodes[0], *c = &net.nodes[2];
+        FamilyError error = {};
+        crash(c);
+        run(25);
+        assert_int_equal(protocol_forget(a->protocol, c->name, net.now, &error), 1);
+        family_error_done(&error);
+        run(10);
+        for (size_t i = 0; i < net.n_nodes; i++)
+                if (&net.nodes[i] != c)
+                        assert_null(membership_find(protocol_membership(net.nodes[i].protocol),
+                                                    c->name));
+        assert_agreed();
+}
+
+/* A ping from a start we do not know is answered (an ack, so its prober does not suspect us)
+ * and asked for its record (a who). */
+static void test_swim_unknown_pinger_answered(void **state) {
+        start_cluster(3);
+        run(10);
+        SimNode *b = &net.nodes[1];
+        MemberInfo w = { .name = "node-w", .node_rank = 7, .address = "127.0.0.1:7990",
+                         .boot_id = 90, .started_unix_ms = 100, .partial = true };
+        Delivery d = { .to = 1 };
+        PeerMessage ping = { .body = PEER_PING, .version = 1, .sender = w,
+                             .probe = { .name = b->name, .boot_id = 1001, .seq = 7 } };
+        unsigned acks = b->sent[PEER_ACK], whos = b->sent[PEER_WHO];
+
+        for (size_t i = 0; i < net.n_eps && !d.ep; i++)
+                if (net.eps[i]->to == 1 && net.eps[i]->open)
+                        d.ep = net.eps[i]; /* an answer on it is b's */
+        assert_non_null(d.ep);
+
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &ping, net.now);
+        assert_int_equal(b->sent[PEER_WHO], whos + 1);
+        assert_int_equal(b->sent[PEER_ACK], acks + 1);
+        drop_queued();
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_swim_join_and_rest, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_crash_suspect_then_down, swim_setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_swim_indirect_probe, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_refutes_suspicion, swim_setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_swim_partition_heals, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_restart_after_down, swim_setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_swim_restart_before_detection, swim_setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_swim_forget_gossiped, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_unknown_pinger_answered, swim_setup,
+                                                teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
