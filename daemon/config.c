@@ -14,6 +14,7 @@
 #include "config.h"
 #include "codec/codec-registry-digest.h"
 #include "core/membership.h"
+#include "core/peer-protocol.h"
 #include "core/registry.h"
 #include "core/resource-limits.h"
 #include "common/log.h"
@@ -39,6 +40,7 @@ typedef enum OptionType {
         OPTION_INT64,     /* int64_t in [min, max] (unset: -1) */
         OPTION_LOG_LEVEL, /* a level name: debug, info, notice, warning, err */
         OPTION_HUGE_PAGES, /* a mode: auto, never, require (shm/huge-pages.h) */
+        OPTION_MEMBERSHIP, /* a protocol: all-to-all, swim (core/peer-protocol.h) */
         OPTION_OPTIONAL,  /* an action that may take a value, only after `=` (--check-config) */
 } OptionType;
 
@@ -98,6 +100,7 @@ typedef struct ConfigOption {
                                       .min = (lo), .max = (hi)
 #define TYPE_LOG_LEVEL(field)         .type = OPTION_LOG_LEVEL, .offset = FIELD(field, int)
 #define TYPE_HUGE_PAGES(field)        .type = OPTION_HUGE_PAGES, .offset = FIELD(field, int)
+#define TYPE_MEMBERSHIP(field)        .type = OPTION_MEMBERSHIP, .offset = FIELD(field, int)
 #define DEFAULT(v)                    .has_value = true, .def = (v)
 #define DEFAULT_STRING(s)             .has_value = true, .def_string = (s)
 
@@ -208,6 +211,14 @@ static const ConfigOption config_options[] = {
           .note = "A trainer that asks again within it gets the same build back; 0 frees at "
                   "once. Builds waiting out this period give way to new Builds that need their "
                   "memory or slots, oldest first." },
+        { .name = "membership", .metavar = "MODE", TYPE_MEMBERSHIP(membership),
+          DEFAULT(PROTOCOL_ALL_TO_ALL),
+          .help = "The daemons' membership protocol: all-to-all or swim",
+          .note = "all-to-all: every daemon heartbeats every other each --heartbeat-ms. swim, "
+                  "for thousands of nodes: each daemon probes one member per --heartbeat-ms, "
+                  "through k others when it does not answer, and gossips verdicts on the "
+                  "probes (docs/scale.md). Every daemon of a cluster must use the same mode. "
+                  "Not swim with --coordinator." },
         { .name = "heartbeat-ms", .metavar = "N", TYPE_UNSIGNED(heartbeat_ms, 10, 3600000),
           DEFAULT(1000),
           .help = "Peer heartbeat interval",
@@ -375,6 +386,8 @@ static const char *option_default_value(const ConfigOption *o, char *buf, size_t
                 return buf;
         case OPTION_HUGE_PAGES:
                 return huge_pages_mode_to_string((HugePagesMode) o->def);
+        case OPTION_MEMBERSHIP:
+                return protocol_mode_to_string((ProtocolMode) o->def);
         case OPTION_INT64:
                 (void) snprintf(buf, size, "%" PRId64, (int64_t) o->def);
                 return buf;
@@ -612,6 +625,16 @@ static int parse_huge_pages(const ConfigSource *src, const char *name, const cha
         return 0;
 }
 
+static int parse_membership(const ConfigSource *src, const char *name, const char *s,
+                            int *ret) {
+        ProtocolMode m = protocol_mode_from_string(s);
+
+        if (m < 0)
+                return config_error(src, name, "unknown mode '%s' (all-to-all, swim)", s);
+        *ret = (int) m;
+        return 0;
+}
+
 /* Remembers that name was set at src (a config file line), or forgets it (a flag). */
 static int config_set_origin(Config *c, const ConfigSource *src, const char *name) {
         ConfigOrigin *o = NULL;
@@ -698,6 +721,8 @@ static int config_apply(Config *c, const ConfigSource *src, const ConfigOption *
                 return parse_log_level(src, o->name, value, field);
         case OPTION_HUGE_PAGES:
                 return parse_huge_pages(src, o->name, value, field);
+        case OPTION_MEMBERSHIP:
+                return parse_membership(src, o->name, value, field);
         case OPTION_OPTIONAL:
                 return -EINVAL; /* an action: config_parse handles it */
         }
@@ -804,6 +829,7 @@ static void config_defaults(Config *c) {
                         break;
                 case OPTION_LOG_LEVEL:
                 case OPTION_HUGE_PAGES:
+                case OPTION_MEMBERSHIP:
                         *(int *) field = (int) o->def;
                         break;
                 default:
@@ -1037,6 +1063,12 @@ static int config_check_coordinator(Config *c) {
                                     "not with --%s: in etcd mode daemons open no links to each "
                                     "other, the membership is in etcd",
                                     c->listen_address ? "listen" : "peers");
+        /* all-to-all is the default, spelled out (the example config file's line); swim asks
+         * for a protocol etcd mode does not run. */
+        if (c->membership == PROTOCOL_SWIM)
+                return config_error(&command_line, "membership",
+                                    "swim not with --coordinator: in etcd mode daemons run no "
+                                    "membership protocol, the membership is in etcd");
         if (c->cluster && !coord_cluster_name_valid(c->cluster))
                 return config_error(&command_line, "cluster",
                                     "'%s' is not 1 to %u of A-Z, a-z, 0-9, '.', '_', '-'",

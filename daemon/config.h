@@ -35,6 +35,7 @@ typedef struct Config {
         uint64_t shm_budget_bytes;
         unsigned max_builds;
         unsigned build_grace_ms; /* a build nothing holds is freed after this long */
+        int membership; /* ProtocolMode: --membership all-to-all | swim */
         unsigned heartbeat_ms;
         unsigned suspect_ms;
         unsigned down_ms;

@@ -415,6 +415,7 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                 .peers = c->peers,
                 .self = &self,
                 .heartbeat_ms = c->heartbeat_ms,
+                .mode = (ProtocolMode) c->membership,
                 .timeouts = {
                         .suspect_ms = c->suspect_ms,
                         .down_ms = c->down_ms,
@@ -437,6 +438,10 @@ static int daemon_start_peers(Daemon *d, const Config *c) {
                 return log_error_errno(r, "Failed to start the peer layer on %s: %m",
                                        c->listen_address);
         }
+        /* Every daemon of a cluster must run the same protocol: the log says which. */
+        log_info("Membership: %s, heartbeat %u ms, suspect after %u ms, down after %u ms.",
+                 protocol_mode_to_string(params.mode), c->heartbeat_ms, c->suspect_ms,
+                 c->down_ms);
         return 0;
 }
 

@@ -5,7 +5,8 @@
         c.topology(2).world_size
 
 Each daemon is a familyd_harness.Daemon with --listen on a free loopback port and --peers naming
-the seed (or a full list). cluster_key=PATH gives every daemon --cluster-key PATH; a list gives
+the seed (or a full list); membership="swim" gives every daemon --membership swim (None: the
+default, all-to-all). cluster_key=PATH gives every daemon --cluster-key PATH; a list gives
 daemon i its own (None: no key); write_key() makes such a file. UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo), the only
 connection manager on this machine.
 """
@@ -13,6 +14,7 @@ connection manager on this machine.
 import os
 import random
 import socket
+import threading
 import time
 
 import familyd_harness as H
@@ -108,7 +110,7 @@ class DaemonViews:
 class Cluster(DaemonViews):
     def __init__(self, n, host_devices=2, heartbeat_ms=100, suspect_ms=1000, down_ms=2500,
                  forget_after_ms=None, seeds="first", registry=REGISTRY, extra_args=(),
-                 names=None, cluster_key=None):
+                 names=None, cluster_key=None, membership=None):
         self.n = n
         self.protos = H.Protos()
         self.ports = [free_port() for _ in range(n)]
@@ -116,6 +118,8 @@ class Cluster(DaemonViews):
                        "--down-ms", str(down_ms)]
         if forget_after_ms is not None:
             self.timing += ["--forget-after-ms", str(forget_after_ms)]
+        if membership is not None:
+            self.timing += ["--membership", membership]
         self.host_devices = host_devices
         self.registry = registry
         self.extra_args = list(extra_args)
@@ -196,3 +200,45 @@ def write_key(path, *keys):
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
+
+
+class TopologyWatch:
+    """Follows WatchTopology on one daemon in a thread: seen is [(time.monotonic(), Topology)],
+    every topology the daemon streamed, in order."""
+
+    def __init__(self, client, timeout=300):
+        self.seen = []
+        self.call = client.stream("familyd.v1.MeshService/WatchTopology", timeout=timeout)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            for t in self.call:
+                self.seen.append((time.monotonic(), t))
+        except Exception:
+            pass    # cancelled, or the daemon went away
+
+    def first(self, predicate, timeout, after=0.0):
+        """(monotonic time, Topology) of the first topology seen at or after `after` for which
+        predicate holds, waiting up to timeout seconds; None if none came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for when, t in list(self.seen):
+                if when >= after and predicate(t):
+                    return when, t
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def close(self):
+        self.call.cancel()
+        self.thread.join(5)
+
+
+def state_of(topology, name):
+    """The state of node name in topology, or None when it is not there."""
+    for n in topology.nodes:
+        if n.name == name:
+            return n.state
+    return None

@@ -52,7 +52,11 @@ class TestCommandLine(unittest.TestCase):
                            (["stray"], "stray"),
                            (["--check-config=" + empty, "--threads", "0"], "--threads"),
                            (["--check-config", "stray"], "stray"),
-                           (["--heartbeat-ms", "500", "--suspect-ms", "100"], "suspect")):
+                           (["--heartbeat-ms", "500", "--suspect-ms", "100"], "suspect"),
+                           (["--membership", "gossip"],
+                            "--membership: unknown mode 'gossip' (all-to-all, swim)"),
+                           (["--membership", ""], "--membership: unknown mode ''"),
+                           (["--membership", "SWIM"], "--membership: unknown mode 'SWIM'")):
             r = run(*args)
             self.assertEqual(r.returncode, 2, (args, r.stderr))
             self.assertIn(text, r.stderr, args)
@@ -93,6 +97,9 @@ class TestCommandLine(unittest.TestCase):
              "--coordinator-key: --coordinator-cert and --coordinator-key go together"),
             (etcd + ["--coordinator-cert", "/x/c.pem", "--coordinator-key", "/x/k.pem"],
              "--coordinator-cert: needs --coordinator-ca (a client certificate is for TLS)"),
+            (etcd + ["--membership", "swim"],
+             "--membership: swim not with --coordinator: in etcd mode daemons run no "
+             "membership protocol, the membership is in etcd"),
         )
         for args, text in cases:
             socket = os.path.join(tmp, "api.sock")
@@ -108,13 +115,41 @@ class TestCommandLine(unittest.TestCase):
         r = run("--check-config=" + conf, "--registry", REGISTRY)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("not with --listen", r.stderr)
+        with open(conf, "w") as f:
+            f.write("coordinator = etcd://127.0.0.1:2379\nmembership = swim\n")
+        r = run("--check-config=" + conf, "--registry", REGISTRY)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--membership: swim not with --coordinator", r.stderr)
         # Good settings pass the check (no etcd is asked: that is the start's business), and
         # --down-ms alone may be below the embedded protocol's --suspect-ms.
         with open(conf, "w") as f:
             f.write("coordinator = etcd://127.0.0.1:2379,[::1]:2379\ncluster = a.b_c-1\n"
                     "down-ms = 2000\ncoordinator-ca = /x/ca.pem\ncoordinator-cert = /x/c.pem\n"
-                    "coordinator-key = /x/k.pem\n")
+                    "coordinator-key = /x/k.pem\nmembership = all-to-all\n")
         r = run("--check-config=" + conf, "--registry", REGISTRY)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+
+    def test_membership_modes_check_and_bad_ones_name_the_line(self):
+        # Both modes pass the check (with and without peers); an unknown one in the file names
+        # FILE:LINE and is a usage error, and a flag wins over the file.
+        tmp = H.short_tmpdir("fd-cli-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        conf = os.path.join(tmp, "familyd.conf")
+        for mode in ("all-to-all", "swim"):
+            with open(conf, "w") as f:
+                f.write("listen = 127.0.0.1:7100\npeers = 127.0.0.1:7101\nmembership = %s\n"
+                        % mode)
+            r = run("--check-config=" + conf, "--registry", REGISTRY)
+            self.assertEqual((r.returncode, r.stderr), (0, ""), mode)
+        with open(conf, "w") as f:
+            f.write("# mode\nmembership = all-to-all\nmembership = gossip\n")
+        r = run("--check-config=" + conf, "--registry", REGISTRY)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr.strip(), "familyd: error: %s:3: membership: unknown mode "
+                         "'gossip' (all-to-all, swim)" % conf)
+        with open(conf, "w") as f:
+            f.write("coordinator = etcd://127.0.0.1:2379\nmembership = swim\n")
+        r = run("--check-config=" + conf, "--registry", REGISTRY, "--membership", "all-to-all")
         self.assertEqual((r.returncode, r.stderr), (0, ""))
 
     def test_missing_registry_fails_with_a_line(self):
