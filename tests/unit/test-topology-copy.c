@@ -120,6 +120,41 @@ static void test_copy_borrows_nothing(void **state) {
         assert_int_equal(dev, 1);
 }
 
+/* Builds a topology of nodes with the given ranks (names "n<i>") and checks its order. */
+static void check_order(const int64_t *ranks, size_t n, const char *const *expected) {
+        _cleanup_(topology_unrefp) Topology *t = NULL;
+        Node nodes[8] = {};
+        char names[8][8];
+
+        assert_true(n <= ELEMENTSOF(nodes));
+        for (size_t i = 0; i < n; i++) {
+                snprintf(names[i], sizeof names[i], "n%zu", i);
+                nodes[i] = (Node) { .name = names[i], .node_rank = ranks[i] };
+        }
+        assert_int_equal(topology_new_copy(nodes, n, "n0", 1, &t), 0);
+        for (size_t i = 0; i < n; i++)
+                assert_string_equal(t->nodes[i].name, expected[i]);
+}
+
+/* Dense ranks are placed, anything else sorted: the order is the same rule either way. */
+static void test_order(void **state) {
+        /* Dense, reversed, with unranked nodes after them by name. */
+        check_order((int64_t[]) { -1, 2, 1, -1, 0, 3 }, 6,
+                    (const char *const[]) { "n4", "n2", "n1", "n5", "n0", "n3" });
+        /* Dense but starting at 1, one missing. */
+        check_order((int64_t[]) { 3, 1, 4 }, 3, (const char *const[]) { "n1", "n0", "n2" });
+        /* Sparse. */
+        check_order((int64_t[]) { 1000000, 7, -1, 0 }, 4,
+                    (const char *const[]) { "n3", "n1", "n0", "n2" });
+        /* A repeated rank (no table allows one): sorted, the name breaking the tie. */
+        check_order((int64_t[]) { 1, 0, 1, -1, 0 }, 5,
+                    (const char *const[]) { "n1", "n4", "n0", "n2", "n3" });
+        /* Nothing ranked: by name. */
+        check_order((int64_t[]) { -1, -1, -1 }, 3, (const char *const[]) { "n0", "n1", "n2" });
+        /* One ranked node. */
+        check_order((int64_t[]) { -1, 5 }, 2, (const char *const[]) { "n1", "n0" });
+}
+
 static void test_no_nodes(void **state) {
         _cleanup_(topology_unrefp) Topology *t = NULL;
 
@@ -292,6 +327,7 @@ static void test_with_local_digest_stands_alone(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_copy_borrows_nothing),
+                cmocka_unit_test(test_order),
                 cmocka_unit_test(test_no_nodes),
                 cmocka_unit_test(test_publish_many_members),
                 cmocka_unit_test(test_new_takes_over),
