@@ -893,47 +893,29 @@ void membership_count_states(const Membership *m, unsigned counts[_NODE_STATE_MA
                 counts[m->members[i].state]++;
 }
 
+/* The nodes borrow the members' strings and devices: topology_new_copy() copies them into the
+ * topology's one block, so a change costs a few allocations, not several per member. */
 int membership_topology(const Membership *m, int64_t now_ms, int64_t now_unix_ms,
                         Topology **ret) {
-        Node *nodes = calloc(m->n_members, sizeof(Node));
-        size_t n = 0;
-        int r = 0;
+        _cleanup_free_ Node *nodes = reallocarray(NULL, MAX(m->n_members, (size_t) 1),
+                                                  sizeof(Node));
 
         if (!nodes)
                 return -ENOMEM;
-        for (size_t i = 0; i < m->n_members && r >= 0; i++) {
+        for (size_t i = 0; i < m->n_members; i++) {
                 const Member *e = &m->members[i];
-                Node *node = &nodes[n++];
 
-                node->node_rank = e->info.node_rank;
-                node->state = e->local ? NODE_UP : e->state;
-                node->last_seen_unix_ms = now_unix_ms - (now_ms - e->last_heard_ms);
-                memcpy(node->registry_digest, e->info.registry_digest,
-                       sizeof node->registry_digest);
-                node->name = strdup(e->info.name);
-                node->address = strdup(e->info.address);
-                if (!node->name || !node->address) {
-                        r = -ENOMEM;
-                        break;
-                }
-                if (e->info.n_devices > 0) {
-                        node->devices = calloc(e->info.n_devices, sizeof(Device));
-                        if (!node->devices) {
-                                r = -ENOMEM;
-                                break;
-                        }
-                }
-                for (size_t d = 0; d < e->info.n_devices && r >= 0; d++) {
-                        r = device_copy(&e->info.devices[d], &node->devices[d]);
-                        if (r >= 0)
-                                node->n_devices++;
-                }
+                nodes[i] = (Node) {
+                        .name = e->info.name,
+                        .address = e->info.address,
+                        .node_rank = e->info.node_rank,
+                        .devices = e->info.devices,
+                        .n_devices = e->info.n_devices,
+                        .state = e->local ? NODE_UP : e->state,
+                        .last_seen_unix_ms = now_unix_ms - (now_ms - e->last_heard_ms),
+                };
+                memcpy(nodes[i].registry_digest, e->info.registry_digest,
+                       sizeof nodes[i].registry_digest);
         }
-        if (r < 0) {
-                for (size_t i = 0; i < n; i++)
-                        node_done(&nodes[i]);
-                free(nodes);
-                return r;
-        }
-        return topology_new(nodes, n, m->members[0].info.name, m->version, ret);
+        return topology_new_copy(nodes, m->n_members, m->members[0].info.name, m->version, ret);
 }

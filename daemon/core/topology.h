@@ -41,7 +41,12 @@ typedef struct Node {
         char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* "": not announced yet */
 } Node;
 
-/* Immutable once built; replaced as a whole on change. */
+/*
+ * Immutable once built; replaced as a whole on change. The ownership rule: a topology is one
+ * allocation holding the struct, its nodes, their devices and every string they point to
+ * (topology.c), freed by the last topology_unref(). Its nodes' and devices' fields must never
+ * be freed or replaced (no node_done() on them); copy a node out with node_copy().
+ */
 typedef struct Topology {
         atomic_uint n_ref;
         uint64_t version;
@@ -63,8 +68,14 @@ bool node_registry_digest_valid(const char *digest);
 /*
  * Orders nodes[0..n) (configured node ranks first, ascending; then the others by name), numbers
  * the global ranks in that order (devices by local index), and marks the node named local_name
- * as local. Takes over the nodes array and its contents, also on failure.
+ * as local. The nodes are borrowed: their strings and devices are copied into the topology's
+ * block (NULL strings become ""), their first_rank and local are ignored. -EINVAL for devices
+ * missing, -ENOMEM.
  */
+int topology_new_copy(const Node *nodes, size_t n, const char *local_name, uint64_t version,
+                      Topology **ret);
+/* topology_new_copy() for nodes built with node_copy()/device_copy(): takes over the nodes
+ * array and its contents (node_done() and free() them), also on failure. */
 int topology_new(Node *nodes, size_t n, const char *local_name, uint64_t version,
                  Topology **ret);
 
