@@ -67,25 +67,25 @@ int gossip_add(Gossip *g, const char *name, uint64_t boot_id, bool forgotten) {
         return 0;
 }
 
-static bool gossip_before(const GossipItem *a, const GossipItem *b) {
-        return a->told < b->told || (a->told == b->told && a->order > b->order);
+static int gossip_compare(const void *a, const void *b) {
+        const GossipItem *x = a, *y = b;
+
+        if (x->told != y->told)
+                return x->told < y->told ? -1 : 1;
+        return x->order > y->order ? -1 : x->order < y->order;
 }
 
 size_t gossip_pick(Gossip *g, size_t max, GossipItem **ret) {
-        size_t k = 0;
+        size_t k = MIN(max, g->n);
 
+        /* Least told first, the newest among equals: the first k after sorting (the order of
+         * the items is otherwise free). */
+        if (g->n > 1)
+                qsort(g->items, g->n, sizeof *g->items, gossip_compare);
         for (size_t i = 0; i < g->n; i++)
-                g->items[i].picked = false;
-        while (k < max) {
-                GossipItem *best = NULL;
-                for (size_t i = 0; i < g->n; i++)
-                        if (!g->items[i].picked && (!best || gossip_before(&g->items[i], best)))
-                                best = &g->items[i];
-                if (!best)
-                        break;
-                best->picked = true;
-                ret[k++] = best;
-        }
+                g->items[i].picked = i < k;
+        for (size_t i = 0; i < k; i++)
+                ret[i] = &g->items[i];
         return k;
 }
 

@@ -51,6 +51,7 @@ struct Protocol {
         ProtocolMode mode;
         unsigned heartbeat_ms;
         ProtocolLink *links;
+        size_t n_links;
         NameIndex links_by_address; /* address -> (uintptr_t) ProtocolLink * */
         uint64_t published_version;
         uint64_t published_revision; /* membership_revision(): digests change it, not versions */
@@ -306,12 +307,14 @@ static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64
         l->seed = seed;
         l->next = p->links;
         p->links = l;
+        p->n_links++;
         link_dial(p, l, now);
         return l;
 }
 
 static void link_free(Protocol *p, ProtocolLink *l) {
         link_close(p, l);
+        p->n_links--;
         (void) name_index_remove(&p->links_by_address, l->address, (uintptr_t) l);
         free(l->address);
         free(l);
@@ -819,7 +822,7 @@ static void gossip_take(Protocol *p, const PeerMessage *m, int64_t now) {
  * the other side's link to us that UCX pairs with it, without an error reaching it. */
 static void swim_links(Protocol *p, int64_t now) {
         int64_t idle = (int64_t) p->heartbeat_ms * PROTOCOL_SWIM_LINK_IDLE_PERIODS;
-        size_t n = protocol_links(p, NULL);
+        size_t n = p->n_links;
 
         for (ProtocolLink **pl = &p->links; *pl;) {
                 ProtocolLink *l = *pl;
@@ -1147,13 +1150,12 @@ const Membership *protocol_membership(const Protocol *p) {
 }
 
 size_t protocol_links(const Protocol *p, size_t *ret_connected) {
-        size_t n = 0, up = 0;
+        size_t up = 0;
 
-        for (const ProtocolLink *l = p->links; l; l = l->next) {
-                n++;
-                up += l->endpoint != NULL;
-        }
-        if (ret_connected)
+        if (ret_connected) {
+                for (const ProtocolLink *l = p->links; l; l = l->next)
+                        up += l->endpoint != NULL;
                 *ret_connected = up;
-        return n;
+        }
+        return p->n_links;
 }
