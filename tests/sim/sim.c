@@ -3,7 +3,7 @@
 /*
  * For each size: N nodes start from one seed (node i at i/N of --start-spread-ms), and run until
  * they agree; then at rest; one node joins the settled cluster; one crashes (first suspect, all
- * see it down) and restarts; the cluster splits in two halves for twice --down-ms and heals;
+ * see it down; under --crash-loss percent of loss) and restarts; the cluster splits in two halves for twice --down-ms and heals;
  * then --loss-s seconds at 1% and at 5% loss, counting suspicions of live members. One markdown
  * table per run on stdout. With --check, exit 1 when a run does not agree or a crash is seen
  * later than the timeouts allow (the CI test sim-small).
@@ -24,6 +24,7 @@ typedef struct SimOptions {
         size_t sizes[16];
         size_t n_sizes;
         unsigned start_spread_ms, rest_s, loss_s, partition_s;
+        unsigned crash_loss_percent; /* loss while a crash is being detected */
         bool check;
 } SimOptions;
 
@@ -130,8 +131,10 @@ static void phase_crash(Sim *s, const SimOptions *o, size_t n, SimRow *row) {
 
         sim_watch(s, (int64_t) victim);
         sim_crash(s, victim);
+        s->config.loss = o->crash_loss_percent / 100.0;
         while (s->watch.all_down_us < 0 && s->now_us < limit)
                 sim_run_until(s, s->now_us + 50000);
+        s->config.loss = 0;
         row->first_suspect_s = s->watch.first_suspect_us < 0 ? -1 :
                                        seconds(s->watch.first_suspect_us - t0);
         row->all_down_s = s->watch.all_down_us < 0 ? -1 : seconds(s->watch.all_down_us - t0);
@@ -243,9 +246,11 @@ static void print_header(const SimOptions *o) {
 
         printf("familyd-sim: membership %s; heartbeat %u ms, suspect %u ms, down %u ms; latency "
                "%u us + jitter < %u us; %u devices per node; start spread %u ms; rest %u s; "
-               "partition %u s; loss windows %u s; seed %" PRIu64 "\n\n",
-               protocol_mode_to_string(c->mode), c->heartbeat_ms, c->suspect_ms, c->down_ms, c->latency_us, c->jitter_us,
-               c->devices, o->start_spread_ms, o->rest_s, o->partition_s, o->loss_s, c->seed);
+               "partition %u s; loss windows %u s; loss while a crash is detected %u%%; seed %"
+               PRIu64 "\n\n",
+               protocol_mode_to_string(c->mode), c->heartbeat_ms, c->suspect_ms, c->down_ms,
+               c->latency_us, c->jitter_us, c->devices, o->start_spread_ms, o->rest_s,
+               o->partition_s, o->loss_s, o->crash_loss_percent, c->seed);
         printf("| members | agree s (rounds) | start msgs/node | start KiB/node | mem KiB/node "
                "| rest B/node/s | rest msgs/node/s | join s | join msgs | join KiB "
                "| first suspect s | all down s | restart s | heal s | false susp. 1%% "
@@ -333,7 +338,8 @@ static void usage(void) {
                "[--down-ms N]\n"
                "            [--latency-us N] [--jitter-us N] [--flush-us N] [--devices N]\n"
                "            [--start-spread-ms N] [--rest-s N] [--partition-s N] [--loss-s N]\n"
-               "            [--seed N] [--own-records] [--membership all-to-all|swim] [--check]\n");
+               "            [--seed N] [--own-records] [--membership all-to-all|swim]\n"
+               "            [--crash-loss PERCENT] [--check]\n");
 }
 
 static int parse_options(int argc, char **argv, SimOptions *o) {
@@ -353,6 +359,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
                 { "seed", required_argument, NULL, 'x' },
                 { "own-records", no_argument, NULL, 'o' },
                 { "membership", required_argument, NULL, 'm' },
+                { "crash-loss", required_argument, NULL, 'C' },
                 { "check", no_argument, NULL, 'c' },
                 { "help", no_argument, NULL, 'H' },
                 {},
@@ -376,6 +383,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
                 case 'L': r = parse_unsigned(optarg, &o->loss_s); break;
                 case 'x': r = parse_unsigned(optarg, &seed); break;
                 case 'o': o->config.own_records = true; break;
+                case 'C': r = parse_unsigned(optarg, &o->crash_loss_percent); break;
                 case 'm':
                         o->config.mode = protocol_mode_from_string(optarg);
                         r = o->config.mode < 0 ? -EINVAL : 0;
@@ -387,6 +395,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
         }
         o->config.seed = seed;
         if (r == 0 && (optind < argc || o->config.heartbeat_ms == 0 || o->rest_s == 0 ||
+                       o->crash_loss_percent > 50 ||
                        o->config.suspect_ms >= o->config.down_ms))
                 r = -EINVAL;
         return r;
