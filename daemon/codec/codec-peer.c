@@ -57,6 +57,12 @@ static int member_decode(const Familyd__V1__PeerMember *pb, MemberInfo *ret) {
         strcpy(m.registry_digest, strempty(pb->registry_digest)); /* length checked above */
         m.boot_id = pb->boot_id;
         m.started_unix_ms = pb->started_unix_ms;
+        if (pb->record_mac.len != 0 && pb->record_mac.len != MEMBER_RECORD_MAC_BYTES)
+                return -EBADMSG;
+        if (pb->record_mac.len == MEMBER_RECORD_MAC_BYTES) {
+                memcpy(m.record_mac, pb->record_mac.data, MEMBER_RECORD_MAC_BYTES);
+                m.has_record_mac = true;
+        }
         if (pb->n_devices > 0) {
                 m.devices = calloc(pb->n_devices, sizeof(Device));
                 if (!m.devices)
@@ -263,6 +269,10 @@ static int member_encode(Arena *a, const MemberInfo *m, Familyd__V1__PeerMember 
         pb->boot_id = m->boot_id;
         pb->started_unix_ms = m->started_unix_ms;
         pb->partial = m->partial;
+        if (m->has_record_mac && !m->partial) {
+                pb->record_mac.data = (uint8_t *) m->record_mac; /* read only by the packer */
+                pb->record_mac.len = MEMBER_RECORD_MAC_BYTES;
+        }
         size_t n_devices = m->partial ? 0 : m->n_devices;
         if (!ARRAY_NEW(a, pb->devices, n_devices))
                 return -ENOMEM;
@@ -398,6 +408,33 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
         default:
                 return -EINVAL;
         }
+}
+
+int codec_peer_record_bytes(const MemberInfo *m, uint8_t **ret, size_t *ret_size) {
+        static const char label[] = "familyd record v1";
+        MemberInfo bare = *m;
+        Familyd__V1__PeerMember *pb;
+        _cleanup_(arena_done) Arena arena;
+        uint8_t *buf;
+        size_t size;
+        int r;
+
+        arena_init(&arena);
+        bare.partial = false;
+        bare.has_record_mac = false;
+        bare.registry_digest[0] = 0;
+        r = member_encode(&arena, &bare, &pb);
+        if (r < 0)
+                return r;
+        size = familyd__v1__peer_member__get_packed_size(pb);
+        buf = malloc(sizeof label + size);
+        if (!buf)
+                return -ENOMEM;
+        memcpy(buf, label, sizeof label); /* with its NUL: the label ends there */
+        (void) familyd__v1__peer_member__pack(pb, buf + sizeof label);
+        *ret = buf;
+        *ret_size = sizeof label + size;
+        return 0;
 }
 
 int codec_peer_encode(const PeerMessage *m, uint8_t **ret, size_t *ret_size) {

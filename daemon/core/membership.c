@@ -78,6 +78,8 @@ int member_info_copy(const MemberInfo *from, MemberInfo *ret) {
 
         memcpy(c.registry_digest, from->registry_digest, sizeof c.registry_digest);
         c.registry_digest[REGISTRY_DIGEST_LENGTH] = 0;
+        memcpy(c.record_mac, from->record_mac, sizeof c.record_mac);
+        c.has_record_mac = from->has_record_mac;
 
         if (!c.name || !c.address)
                 return -ENOMEM;
@@ -703,10 +705,17 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
                 *ret = MEMBER_KNOWN;
                 return 0;
         }
-        /* Another start of a known node: only the node itself says so (membership_heard). */
-        if (e) {
+        /* Another start of a known node: only the node itself says so (membership_heard), or
+         * its own MAC over the record. */
+        if (e && !info->proven) {
                 *ret = MEMBER_STALE;
                 return 0;
+        }
+        if (e) {
+                r = membership_heard_start(m, info, e, heard, ret, NULL);
+                if (r >= 0 && *ret == MEMBER_RESTARTED)
+                        membership_changed(m);
+                return r;
         }
 
         r = membership_check_identity(m, info, NULL, &reason);

@@ -27,6 +27,9 @@
 #include "error.h"
 #include "topology.h"
 
+/* A record's MAC under the cluster key (peer/peer-auth.h), made by the node itself. */
+#define MEMBER_RECORD_MAC_BYTES 32
+
 typedef struct MemberInfo {
         char *name;
         int64_t node_rank; /* -1: not configured */
@@ -37,6 +40,11 @@ typedef struct MemberInfo {
         size_t n_devices;
         bool partial; /* devices left out (a heartbeat): identifies a known start only */
         char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* "": not known yet */
+        /* With a cluster key: the node's own MAC over its record (name, rank, address, start,
+         * devices; not the registry digest), relayed with it in other members' tables. */
+        uint8_t record_mac[MEMBER_RECORD_MAC_BYTES];
+        bool has_record_mac;
+        bool proven; /* a relayed record whose MAC the caller verified (not kept, not sent) */
 } MemberInfo;
 
 void member_info_done(MemberInfo *m);
@@ -132,7 +140,9 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
 int membership_heard(Membership *m, const MemberInfo *sender, uint64_t version, int64_t now_ms,
                      MemberVerdict *ret, char **ret_refusal);
 /* Another member says it heard from `info` age_ms ago. Never replaces a start we know (that
- * takes the node's own word: MEMBER_STALE). */
+ * takes the node's own word: MEMBER_STALE), unless `info->proven`: the node's own MAC over the
+ * record, verified by the caller, is its word, and the record replaces a start that is not up
+ * here as the node's own message would (MEMBER_RESTARTED, or MEMBER_DEFERRED while it is). */
 int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int64_t now_ms,
                      MemberVerdict *ret);
 /* Applies the timeouts; true when a state changed or a member was forgotten. */

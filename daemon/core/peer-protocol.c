@@ -400,14 +400,34 @@ int protocol_add_seed(Protocol *p, const char *address, int64_t now_ms) {
 
 /* --- receiving --- */
 
+/* When the start we know of the sender's node was last heard of (INT64_MIN: none, or this
+ * very start). On a restart, our link to that address is made anew only when it is older than
+ * that: a link made since reaches the new start already, and UCX may have paired it with the
+ * new start's own link to us (one connection between two workers for both directions), so
+ * closing it would cut the new start's messages to us too. */
+static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
+        const Member *e = membership_find(p->membership, sender->name);
+
+        return e && e->info.boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
+}
+
 static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64_t incarnation,
                          NodeState state, int64_t now);
 
 static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
         for (size_t i = 0; i < m->n_members; i++) {
-                const MemberInfo *info = &m->members[i].info;
+                MemberInfo proven = m->members[i].info; /* borrowed */
+                const MemberInfo *info = &proven;
+                int64_t previous_heard;
                 MemberVerdict v;
-                int r = membership_learn(p->membership, info, m->members[i].age_ms, now, &v);
+                int r;
+
+                /* A record with its node's own MAC is the node's word (a restart it could not
+                 * tell us itself). */
+                proven.proven = proven.has_record_mac && p->sink.verify &&
+                                p->sink.verify(p->sink.userdata, &proven);
+                previous_heard = last_heard_of(p, info);
+                r = membership_learn(p->membership, info, m->members[i].age_ms, now, &v);
                 if (r < 0) {
                         note_no_memory(p);
                         return;
@@ -420,7 +440,7 @@ static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
                                                  .member = &m->members[i].info,
                                                  .name = m->sender.name });
                         link_heard(p, m->members[i].info.address,
-                                   v == MEMBER_RESTARTED ? INT64_MAX : INT64_MIN, now);
+                                   v == MEMBER_RESTARTED ? previous_heard : INT64_MIN, now);
                 }
         }
 }
@@ -558,16 +578,6 @@ static bool announce_due(Protocol *p, const PeerMessage *m) {
         return !m->has_table || (size_t) m->table_members * 2 < membership_count(p->membership);
 }
 
-/* When the start we know of the sender's node was last heard of (INT64_MIN: none, or this
- * very start). On a restart, our link to that address is made anew only when it is older than
- * that: a link made since reaches the new start already, and UCX may have paired it with the
- * new start's own link to us (one connection between two workers for both directions), so
- * closing it would cut the new start's messages to us too. */
-static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
-        const Member *e = membership_find(p->membership, sender->name);
-
-        return e && e->info.boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
-}
 
 /* --- swim: probes and gossip --- */
 
@@ -1011,6 +1021,11 @@ void protocol_tick(Protocol *p, int64_t now) {
                         link_dial(p, l, now);
                 }
         send_heartbeats(p, 0);
+}
+
+void protocol_set_record_mac(Protocol *p, const uint8_t mac[MEMBER_RECORD_MAC_BYTES]) {
+        memcpy(p->self.record_mac, mac, MEMBER_RECORD_MAC_BYTES);
+        p->self.has_record_mac = true;
 }
 
 void protocol_set_local_digest(Protocol *p, const char *digest) {

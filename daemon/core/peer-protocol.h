@@ -147,6 +147,9 @@ typedef struct ProtocolSink {
         void (*close)(void *userdata, void *endpoint);
         /* A new topology snapshot; the callee takes the reference. */
         void (*published)(void *userdata, Topology *t);
+        /* Whether a relayed record's record_mac is its node's own under the cluster key. NULL:
+         * no key, no record is proven. */
+        bool (*verify)(void *userdata, const MemberInfo *record);
         /* May be NULL. */
         void (*note)(void *userdata, const ProtocolNote *n);
         void *userdata;
@@ -191,6 +194,8 @@ void protocol_tick(Protocol *p, int64_t now_ms);
 /* How often protocol_tick() wants calling: the heartbeat interval (all-to-all), half of it
  * (swim: a probe's direct and indirect halves). */
 unsigned protocol_tick_interval_ms(const Protocol *p);
+/* This node's MAC over its own record (a new cluster key): its hellos carry it from now on. */
+void protocol_set_record_mac(Protocol *p, const uint8_t mac[MEMBER_RECORD_MAC_BYTES]);
 /* This node's registry digest (a reload): every message names it from now on. */
 void protocol_set_local_digest(Protocol *p, const char *digest);
 /* An operator forgets a node that is not up: told to every link. 1 forgotten, or a negative

@@ -10,6 +10,7 @@
  */
 
 #include <errno.h>
+#include <stddef.h>
 #include <sodium.h>
 #include <string.h>
 
@@ -59,6 +60,19 @@ int peer_auth_verify(const PeerKeys *keys, PeerRole role,
 
         for (unsigned i = 0; i < keys->n; i++)
                 if (crypto_auth_verify(proof, t, n, keys->keys[i]) == 0)
+                        return (int) i;
+        return -EACCES;
+}
+
+void peer_auth_record_mac(const uint8_t key[PEER_KEY_BYTES], const uint8_t *record, size_t size,
+                          uint8_t ret[PEER_PROOF_BYTES]) {
+        (void) crypto_auth(ret, record, size, key);
+}
+
+int peer_auth_record_verify(const PeerKeys *keys, const uint8_t *record, size_t size,
+                            const uint8_t mac[PEER_PROOF_BYTES]) {
+        for (unsigned i = 0; i < keys->n; i++)
+                if (crypto_auth_verify(mac, record, size, keys->keys[i]) == 0)
                         return (int) i;
         return -EACCES;
 }

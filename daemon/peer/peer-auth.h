@@ -37,6 +37,14 @@ int peer_auth_verify(const PeerKeys *keys, PeerRole role,
                      const uint8_t listener_nonce[PEER_NONCE_BYTES],
                      const uint8_t proof[PEER_PROOF_BYTES]);
 
+/* A node's MAC over its own record (codec_peer_record_bytes(): labelled, so it can never pass
+ * for a proof or a frame): crypto_auth under key. */
+void peer_auth_record_mac(const uint8_t key[PEER_KEY_BYTES], const uint8_t *record, size_t size,
+                          uint8_t ret[PEER_PROOF_BYTES]);
+/* Which of keys made mac over record (an index), or -EACCES: none. */
+int peer_auth_record_verify(const PeerKeys *keys, const uint8_t *record, size_t size,
+                            const uint8_t mac[PEER_PROOF_BYTES]);
+
 /* The session both ends derive from the key they proved and both nonces (crypto_generichash
  * keyed with the cluster key; the id unkeyed over the nonces). */
 void peer_auth_session(const uint8_t key[PEER_KEY_BYTES],

@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "core/peer-protocol.h"
+#include "peer-record.h"
 #include "peer-ucx.h"
 #include "peer.h"
 #include "core/resource-limits.h"
@@ -62,12 +63,19 @@ struct Peer {
         pthread_mutex_t lock; /* commands and stop */
         pthread_cond_t done;
         PeerCommand *commands;
+        PeerKeys keys;     /* the thread's: our record's MAC, and relayed ones checked */
         PeerKeys new_keys; /* from peer_set_keys(), for the thread to take */
         bool keys_pending;
         bool stop;
 };
 
 /* --- the protocol's sink --- */
+
+static bool sink_verify(void *userdata, const MemberInfo *record) {
+        Peer *p = userdata;
+
+        return peer_record_verify(&p->keys, record);
+}
 
 static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
         Peer *p = userdata;
@@ -260,8 +268,13 @@ static void peer_run_commands(Peer *p) {
         (void) pthread_mutex_lock(&p->lock);
         if (p->keys_pending) {
                 peer_ucx_set_keys(p->ucx, &p->new_keys);
+                peer_keys_wipe(&p->keys);
+                p->keys = p->new_keys;
                 peer_keys_wipe(&p->new_keys);
                 p->keys_pending = false;
+                /* Our record's MAC under the new first key (no memory: the old one stays). */
+                if (peer_record_sign(&p->keys, &p->self) >= 0 && p->self.has_record_mac)
+                        protocol_set_record_mac(p->protocol, p->self.record_mac);
         }
         while (p->commands) {
                 PeerCommand *c = p->commands;
@@ -415,13 +428,19 @@ int peer_new(const PeerParams *params, Peer **ret) {
                 return r;
         p->self.started_unix_ms = now_unix_ms();
         manager_registry_digest(p->manager, p->self.registry_digest);
+        if (params->keys)
+                p->keys = *params->keys;
+        r = peer_record_sign(&p->keys, &p->self);
+        if (r < 0)
+                return r;
 
         ProtocolParams pp = { .self = &p->self, .timeouts = params->timeouts,
                               .max_nodes = params->max_nodes, .heartbeat_ms = p->heartbeat_ms,
                               .mode = params->mode };
         ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
                               .bind = sink_bind, .close = sink_close,
-                              .published = sink_published, .note = sink_note, .userdata = p };
+                              .published = sink_published, .note = sink_note,
+                              .verify = p->keys.n > 0 ? sink_verify : NULL, .userdata = p };
         r = protocol_new(&pp, &sink, now_ms(), &p->protocol);
         if (r < 0)
                 return r;
@@ -494,6 +513,7 @@ Peer *peer_free(Peer *p) {
         sd_event_unref(p->event);
         member_info_done(&p->self);
         peer_keys_wipe(&p->new_keys);
+        peer_keys_wipe(&p->keys);
         safe_close(p->event_fd);
         (void) pthread_cond_destroy(&p->done);
         (void) pthread_mutex_destroy(&p->lock);

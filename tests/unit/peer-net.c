@@ -155,6 +155,11 @@ static void sink_note(void *userdata, const ProtocolNote *note) {
         }
 }
 
+static bool sink_verify(void *userdata, const MemberInfo *record) {
+        return record->has_record_mac && record->record_mac[0] == 0xaa &&
+               record->record_mac[1] == (uint8_t) record->boot_id;
+}
+
 /* Node n's protocol, its start number `start` (1: the first), joining through `seed`. */
 static void start_node(SimNode *n, int64_t rank, unsigned start, const char *seed) {
         size_t i = (size_t) node_of(n);
@@ -165,7 +170,14 @@ static void start_node(SimNode *n, int64_t rank, unsigned start, const char *see
                                   .heartbeat_ms = HEARTBEAT_MS, .mode = net.mode };
         ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
                               .bind = sink_bind, .close = sink_close,
-                              .published = sink_published, .note = sink_note, .userdata = n };
+                              .published = sink_published, .note = sink_note,
+                              .verify = net.macs ? sink_verify : NULL, .userdata = n };
+
+        if (net.macs) {
+                self.has_record_mac = true;
+                self.record_mac[0] = 0xaa;
+                self.record_mac[1] = (uint8_t) self.boot_id;
+        }
 
         assert_int_equal(protocol_new(&params, &sink, net.now, &n->protocol), 0);
         if (seed)

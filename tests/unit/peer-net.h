@@ -55,6 +55,9 @@ typedef struct PeerNet {
         int64_t now;
         unsigned tables, table_asks, announces; /* hellos with members, who(table), announces */
         bool cut[MAX_NODES][MAX_NODES]; /* [from][to]: messages lost (the link stays up) */
+        /* Nodes started from now on MAC their records, and every node checks relayed ones: a
+         * stand-in for the cluster key (record_mac = 0xaa, the boot id's low byte). */
+        bool macs;
 } PeerNet;
 
 extern PeerNet net;

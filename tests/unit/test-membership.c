@@ -400,6 +400,40 @@ static void test_restart_only_from_the_node(void **state) {
         assert_int_equal(heard(m, forged, 1, 2001), MEMBER_RESTARTED);
 }
 
+/* A relayed record proven by its node's own MAC (the caller verified it) is the node's word: it
+ * replaces a start that is no longer up here, waits while that start is up, and never replaces
+ * a newer start; an unproven one never replaces any. */
+static void test_restart_from_proven_record(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+        MemberVerdict v;
+
+        assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        MemberInfo restarted = info("node-b", -1, "h:2", 3, 5000);
+        restarted.proven = true;
+        /* b is up here: the proven restart waits. */
+        assert_int_equal(membership_learn(m, &restarted, 0, 100, &v), 0);
+        assert_int_equal(v, MEMBER_DEFERRED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
+        membership_tick(m, 2000); /* b down */
+        uint64_t version = membership_version(m);
+        restarted.proven = false;
+        assert_int_equal(membership_learn(m, &restarted, 0, 2000, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+        restarted.proven = true;
+        assert_int_equal(membership_learn(m, &restarted, 0, 2000, &v), 0);
+        assert_int_equal(v, MEMBER_RESTARTED);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 3);
+        assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
+        assert_true(membership_version(m) > version);
+        /* An older start, proven or not, does not come back. */
+        MemberInfo older = info("node-b", -1, "h:2", 2, 100);
+        older.proven = true;
+        membership_tick(m, 4000);
+        assert_int_equal(membership_learn(m, &older, 0, 4000, &v), 0);
+        assert_int_equal(v, MEMBER_STALE);
+        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 3);
+}
+
 /* --max-nodes: the table never grows past it, and a list that would take it there is refused
  * whole. */
 static void test_max_nodes(void **state) {
@@ -691,6 +725,7 @@ int main(void) {
                 cmocka_unit_test(test_version_from_non_member_ignored),
                 cmocka_unit_test(test_version_jump_refused),
                 cmocka_unit_test(test_restart_only_from_the_node),
+                cmocka_unit_test(test_restart_from_proven_record),
                 cmocka_unit_test(test_max_nodes),
                 cmocka_unit_test(test_table_digest),
                 cmocka_unit_test(test_shared_records),

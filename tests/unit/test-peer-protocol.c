@@ -187,6 +187,35 @@ static void test_restart_keeps_links_made_since(void **state) {
 
 /* A node that hung (its links never failed) and came back as a new start: the link made while
  * the old start still spoke is made anew, once the restart is believed. */
+/* c restarts where b cannot hear it: b learns the new start only from a's table, and believes
+ * it only when the record carries c's own MAC (the cluster key's stand-in in peer-net). */
+static void restart_heard_only_through_a(bool macs) {
+        net.macs = macs;
+        SimNode *a = add_node("node-a", 0, NULL);
+        SimNode *b = add_node("node-b", 1, a->address);
+        SimNode *c = add_node("node-c", 2, a->address);
+
+        run(3);
+        crash(c);
+        run(12); /* down at b */
+        assert_int_equal(state_of(b, c), NODE_DOWN);
+        net.cut[1][2] = net.cut[2][1] = true;
+        restart(c, 2, 2, a->address);
+        run(3 * PROTOCOL_TABLE_ROUNDS + 3);
+        assert_int_equal(membership_find(protocol_membership(a->protocol), c->name)->info.boot_id,
+                         2002);
+        assert_int_equal(membership_find(protocol_membership(b->protocol), c->name)->info.boot_id,
+                         macs ? 2002 : 1002);
+}
+
+static void test_restart_from_relayed_record_with_mac(void **state) {
+        restart_heard_only_through_a(true);
+}
+
+static void test_restart_not_from_relayed_record_without_mac(void **state) {
+        restart_heard_only_through_a(false);
+}
+
 static void test_restart_remakes_older_links(void **state) {
         SimNode *a = add_node("node-a", 0, NULL);
         SimNode *c = add_node("node-c", 1, a->address);
@@ -385,6 +414,10 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_crash_suspect_then_down, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_restart_keeps_links_made_since, setup,
                                                 teardown),
+                cmocka_unit_test_setup_teardown(test_restart_from_relayed_record_with_mac, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_restart_not_from_relayed_record_without_mac,
+                                                setup, teardown),
                 cmocka_unit_test_setup_teardown(test_restart_remakes_older_links, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_refusal_and_backoff, setup, teardown),
