@@ -805,7 +805,8 @@ int membership_verdict(Membership *m, const char *name, uint64_t boot_id, uint64
         Member *e = membership_lookup(m, name);
 
         if (!e || e->local || e->info.boot_id != boot_id || state < 0 ||
-            state >= _NODE_STATE_MAX || !verdict_wins(e, state, incarnation))
+            state >= _NODE_STATE_MAX || incarnation > e->incarnation + MEMBERSHIP_INCARNATION_SLACK ||
+            !verdict_wins(e, state, incarnation))
                 return 0;
         e->incarnation = incarnation;
         if (e->state == state)

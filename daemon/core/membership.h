@@ -159,10 +159,15 @@ void membership_set_verdicts(Membership *m, unsigned heartbeat_ms);
 /* down_ms - suspect_ms, and at least ceil(log2(members + 1)) probe periods: time for the
  * suspect to hear of it and its refutation to spread. */
 uint64_t membership_suspicion_ms(const Membership *m);
+/* Only a member raises its incarnation, by one per refutation: a verdict further ahead of the
+ * incarnation we hold is a lie (a member's, to freeze a node in a state it cannot refute). */
+#define MEMBERSHIP_INCARNATION_SLACK 16u
+
 /*
  * A verdict about one start of a member, from our probes or gossip: of two about one start the
  * higher incarnation wins; at equal incarnations suspect beats up and down beats both. Ignored
- * for this node, an unknown name and another start (0). Returns 1 when it changed the member's
+ * for this node, an unknown name, another start, and an incarnation more than
+ * MEMBERSHIP_INCARNATION_SLACK ahead of ours (0). Returns 1 when it changed the member's
  * state (the version moves) and 2 when it raised only the incarnation (worth passing on).
  */
 int membership_verdict(Membership *m, const char *name, uint64_t boot_id, uint64_t incarnation,

@@ -601,9 +601,11 @@ static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64
                 gossip_news(p, name, boot_id, false);
 }
 
-/* A suspicion or down verdict about this very start: raise our incarnation above it. */
+/* A suspicion or down verdict about this very start: raise our incarnation above it (not one
+ * further ahead than a member can have seen: a lie, MEMBERSHIP_INCARNATION_SLACK). */
 static void refute(Protocol *p, uint64_t boot_id, NodeState state, uint64_t incarnation) {
-        if (boot_id != p->self.boot_id || state == NODE_UP || incarnation < p->incarnation)
+        if (boot_id != p->self.boot_id || state == NODE_UP || incarnation < p->incarnation ||
+            incarnation > p->incarnation + MEMBERSHIP_INCARNATION_SLACK)
                 return;
         p->incarnation = incarnation + 1;
         gossip_news(p, p->self.name, p->self.boot_id, false);

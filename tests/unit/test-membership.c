@@ -672,6 +672,15 @@ static void test_verdicts(void **state) {
         assert_int_equal(membership_verdict(m, "node-c", 7, 2, NODE_SUSPECT, 6800), 0);
         assert_int_equal(membership_verdict(m, "node-c", 7, 3, NODE_UP, 6800), 1);
         assert_int_equal(c->state, NODE_UP);
+        /* A verdict further ahead than a member can be is a lie: ignored, whatever its state. */
+        assert_int_equal(membership_verdict(m, "node-c", 7, 3 + MEMBERSHIP_INCARNATION_SLACK + 1,
+                                            NODE_DOWN, 6900),
+                         0);
+        assert_int_equal(membership_verdict(m, "node-c", 7, UINT64_C(1) << 52, NODE_UP, 6900), 0);
+        assert_int_equal(c->incarnation, 3);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 3 + MEMBERSHIP_INCARNATION_SLACK,
+                                            NODE_SUSPECT, 6900),
+                         1);
 }
 
 /* The suspicion lasts at least ceil(log2(members + 1)) probe periods. */

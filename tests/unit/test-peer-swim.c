@@ -293,6 +293,39 @@ static void test_swim_answer_tells_held_state(void **state) {
         drop_queued();
 }
 
+/* The incarnation in b's ack to a ping from a, whose probe says b is down at `incarnation`. */
+static uint64_t ack_incarnation_after_down_at(uint64_t incarnation) {
+        SimNode *a = &net.nodes[0], *b = &net.nodes[1];
+        MemberInfo sender = { .name = a->name, .node_rank = 0, .address = a->address,
+                              .boot_id = 1000, .started_unix_ms = 100, .partial = true };
+        Delivery d = { .to = 1 };
+        PeerMessage ping = { .body = PEER_PING, .version = 1, .sender = sender,
+                             .probe = { .name = b->name, .boot_id = 1001, .seq = 5,
+                                        .state = NODE_DOWN, .incarnation = incarnation } };
+        uint64_t answered = UINT64_MAX;
+
+        for (size_t i = 0; i < net.n_eps && !d.ep; i++)
+                if (net.eps[i]->to == 1 && net.eps[i]->from == 0 && net.eps[i]->open)
+                        d.ep = net.eps[i];
+        assert_non_null(d.ep);
+        size_t tail = net.tail;
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &ping, net.now);
+        for (size_t q = tail; q < net.tail; q++)
+                if (net.queue[q % MAX_QUEUE].m.body == PEER_ACK)
+                        answered = net.queue[q % MAX_QUEUE].m.probe.incarnation;
+        drop_queued();
+        return answered;
+}
+
+/* b refutes a verdict at its incarnation, not one further ahead than a member can have seen:
+ * a lie that would take it past what the others believe (MEMBERSHIP_INCARNATION_SLACK). */
+static void test_swim_refutes_only_plausible_verdicts(void **state) {
+        start_cluster(3);
+        run(10);
+        assert_int_equal(ack_incarnation_after_down_at(MEMBERSHIP_INCARNATION_SLACK + 1), 0);
+        assert_int_equal(ack_incarnation_after_down_at(0), 1);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_swim_join_and_rest, swim_setup, teardown),
@@ -307,6 +340,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_swim_restart_before_detection, swim_setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_swim_forget_gossiped, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_refutes_only_plausible_verdicts,
+                                                swim_setup, teardown),
                 cmocka_unit_test_setup_teardown(test_swim_answer_tells_held_state, swim_setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_swim_unknown_pinger_answered, swim_setup,
