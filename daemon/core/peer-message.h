@@ -27,7 +27,7 @@ typedef enum PeerBody {
 } PeerBody;
 
 /* Gossip carries at most this many verdicts per message (swim). */
-#define PEER_MAX_GOSSIP 64
+#define PEER_MAX_GOSSIP 256
 
 typedef struct PeerKnown {
         MemberInfo info;
