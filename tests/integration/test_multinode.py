@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import unittest
 
@@ -19,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 import shard_client as SC  # noqa: E402
-from cluster_harness import Cluster, REGISTRY, free_port  # noqa: E402
+from cluster_harness import Cluster, REGISTRY, TopologyWatch, free_port, state_of  # noqa: E402
 
 GE = "grouped_experts"
 GE_CFG = {"num_experts": 8, "hidden_size": 16, "moe_intermediate_size": 8,
@@ -29,44 +28,6 @@ HEARTBEAT_MS, SUSPECT_MS, DOWN_MS = 100, 1000, 2500
 
 def names_and_states(topology):
     return [(n.name, n.state) for n in topology.nodes]
-
-
-class WatchRecorder:
-    """Follows WatchTopology on one daemon in a thread: [(seconds since start, Topology)]."""
-
-    def __init__(self, client):
-        self.seen = []
-        self.t0 = time.monotonic()
-        self.call = client.stream("familyd.v1.MeshService/WatchTopology", timeout=120)
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        try:
-            for t in self.call:
-                self.seen.append((time.monotonic() - self.t0, t))
-        except Exception:
-            pass
-
-    def first(self, predicate, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for when, t in list(self.seen):
-                if predicate(t):
-                    return when, t
-            time.sleep(0.02)
-        return None
-
-    def close(self):
-        self.call.cancel()
-        self.thread.join(5)
-
-
-def state_of(topology, name):
-    for n in topology.nodes:
-        if n.name == name:
-            return n.state
-    return None
 
 
 class TestMembership(unittest.TestCase):
@@ -111,7 +72,7 @@ class TestMembership(unittest.TestCase):
     def test_kill_suspect_down_restart(self):
         with Cluster(4, host_devices=2) as c:
             _, before = c.wait_agreement(world_size=8, states=["up"] * 4, timeout=20)
-            watch = WatchRecorder(c.client(0))
+            watch = TopologyWatch(c.client(0), timeout=120)
             try:
                 t_kill = time.monotonic()
                 c.daemons[3].kill()
@@ -119,8 +80,8 @@ class TestMembership(unittest.TestCase):
                 down = watch.first(lambda t: state_of(t, "node3") == "down", 20)
                 self.assertIsNotNone(suspect, "WatchTopology never showed node3 suspect")
                 self.assertIsNotNone(down, "WatchTopology never showed node3 down")
-                t_suspect = suspect[0] - (t_kill - watch.t0)
-                t_down = down[0] - (t_kill - watch.t0)
+                t_suspect = suspect[0] - t_kill
+                t_down = down[0] - t_kill
                 print("node3 suspect after %.2f s, down after %.2f s (timeouts %.1f / %.1f s)"
                       % (t_suspect, t_down, SUSPECT_MS / 1000, DOWN_MS / 1000))
                 self.assertGreaterEqual(t_suspect, SUSPECT_MS / 1000 - 0.3)
