@@ -10,19 +10,29 @@ void gossip_done(Gossip *g) {
         for (size_t i = 0; i < g->n; i++)
                 free(g->items[i].name);
         free(g->items);
+        name_index_done(&g->by_name);
         *g = (Gossip) {};
 }
 
+static const char *item_name_at(const void *userdata, uintptr_t i) {
+        const Gossip *g = userdata;
+
+        return g->items[i].name;
+}
+
+/* The last item takes the place of item i. */
 static void gossip_remove(Gossip *g, size_t i) {
+        (void) name_index_remove(&g->by_name, g->items[i].name, i);
         free(g->items[i].name);
         g->items[i] = g->items[--g->n];
+        if (i < g->n)
+                (void) name_index_move(&g->by_name, g->items[i].name, g->n, i);
 }
 
 static GossipItem *gossip_find(Gossip *g, const char *name) {
-        for (size_t i = 0; i < g->n; i++)
-                if (streq(g->items[i].name, name))
-                        return &g->items[i];
-        return NULL;
+        uintptr_t i;
+
+        return name_index_find(&g->by_name, name, item_name_at, g, &i) ? &g->items[i] : NULL;
 }
 
 /* The item told most often (the oldest among equals): the first to go when full. */
@@ -41,6 +51,8 @@ int gossip_add(Gossip *g, const char *name, uint64_t boot_id, bool forgotten) {
         GossipItem *e = gossip_find(g, name);
 
         if (!e) {
+                if (name_index_reserve(&g->by_name, MIN(g->n + 1, (size_t) GOSSIP_MAX_ITEMS)) < 0)
+                        return -ENOMEM;
                 char *copy = strdup(name);
                 if (!copy)
                         return -ENOMEM;
@@ -56,8 +68,9 @@ int gossip_add(Gossip *g, const char *name, uint64_t boot_id, bool forgotten) {
                         g->items = grown;
                         g->allocated = n;
                 }
-                e = &g->items[g->n++];
+                e = &g->items[g->n];
                 *e = (GossipItem) { .name = copy };
+                (void) name_index_put(&g->by_name, copy, g->n++); /* reserved */
         }
         e->boot_id = boot_id;
         e->forgotten = forgotten;
@@ -67,25 +80,56 @@ int gossip_add(Gossip *g, const char *name, uint64_t boot_id, bool forgotten) {
         return 0;
 }
 
-static int gossip_compare(const void *a, const void *b) {
-        const GossipItem *x = a, *y = b;
+/* Whether a is to be told before b: told less often, or newer among equals. */
+static bool gossip_before(const GossipItem *a, const GossipItem *b) {
+        return a->told != b->told ? a->told < b->told : a->order > b->order;
+}
 
-        if (x->told != y->told)
-                return x->told < y->told ? -1 : 1;
-        return x->order > y->order ? -1 : x->order < y->order;
+static void swap_items(GossipItem **a, GossipItem **b) {
+        GossipItem *t = *a;
+
+        *a = *b;
+        *b = t;
+}
+
+/* h[0..n) is a heap whose top is the item to be told last of them. */
+static void heap_down(GossipItem **h, size_t n, size_t i) {
+        for (size_t c; (c = 2 * i + 1) < n; i = c) {
+                if (c + 1 < n && gossip_before(h[c], h[c + 1]))
+                        c++;
+                if (!gossip_before(h[i], h[c]))
+                        break;
+                swap_items(&h[i], &h[c]);
+        }
+}
+
+static void heap_up(GossipItem **h, size_t i) {
+        for (size_t parent; i > 0 && gossip_before(h[parent = (i - 1) / 2], h[i]); i = parent)
+                swap_items(&h[parent], &h[i]);
 }
 
 size_t gossip_pick(Gossip *g, size_t max, GossipItem **ret) {
-        size_t k = MIN(max, g->n);
+        size_t k = 0;
 
-        /* Least told first, the newest among equals: the first k after sorting (the order of
-         * the items is otherwise free). */
-        if (g->n > 1)
-                qsort(g->items, g->n, sizeof *g->items, gossip_compare);
-        for (size_t i = 0; i < g->n; i++)
-                g->items[i].picked = i < k;
+        /* The first `max` in telling order, kept in a heap in ret (the items stay where they
+         * are, and so does the name index), then sorted: O(n log max). */
+        for (size_t i = 0; i < g->n; i++) {
+                GossipItem *e = &g->items[i];
+                e->picked = false;
+                if (k < max) {
+                        ret[k] = e;
+                        heap_up(ret, k++);
+                } else if (max > 0 && gossip_before(e, ret[0])) {
+                        ret[0] = e;
+                        heap_down(ret, k, 0);
+                }
+        }
+        for (size_t n = k; n > 1; n--) {
+                swap_items(&ret[0], &ret[n - 1]);
+                heap_down(ret, n - 1, 0);
+        }
         for (size_t i = 0; i < k; i++)
-                ret[i] = &g->items[i];
+                ret[i]->picked = true;
         return k;
 }
 

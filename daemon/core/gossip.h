@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "name-index.h"
+
 #define GOSSIP_MAX_ITEMS 1024
 
 typedef struct GossipItem {
@@ -32,6 +34,7 @@ typedef struct Gossip {
         GossipItem *items;
         size_t n, allocated;
         uint64_t next_order;
+        NameIndex by_name; /* name -> position in items, kept in step with them */
 } Gossip;
 
 void gossip_done(Gossip *g);

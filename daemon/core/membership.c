@@ -23,6 +23,10 @@ struct Membership {
         size_t n_members;
         size_t allocated;
         NameIndex by_name; /* name -> position in members, kept in step with it */
+        /* node rank -> position + 1 (0: none), for ranks below n_ranks (at most max_nodes);
+         * a larger rank is looked up by a scan. Kept in step with members. */
+        uint32_t *by_rank;
+        size_t n_ranks;
         MembershipTimeouts timeouts;
         uint64_t version;
         uint64_t changes;
@@ -49,7 +53,7 @@ uint64_t membership_digest_member(const char *name, uint64_t boot_id) {
 }
 
 static uint64_t member_digest(const Member *e) {
-        return membership_digest_member(e->info.name, e->info.boot_id);
+        return membership_digest_member(e->info->name, e->info->boot_id);
 }
 
 uint64_t membership_digest(const Membership *m) {
@@ -99,14 +103,15 @@ int member_info_copy(const MemberInfo *from, MemberInfo *ret) {
         return 0;
 }
 
-/* --- shared records --- */
+/* --- records --- */
 
 struct MemberRecord {
-        MemberInfo info; /* registry_digest unused: each member keeps its own */
+        MemberInfo info; /* first: a Member's info points here */
         uint64_t hash;
         size_t n_ref;
         size_t bytes;
-        MemberRecord *next; /* in its bucket */
+        MemberRecords *owner; /* NULL: a member's own, in no table */
+        MemberRecord *next;   /* in its bucket */
 };
 
 struct MemberRecords {
@@ -114,6 +119,10 @@ struct MemberRecords {
         size_t n_buckets; /* a power of two */
         size_t n, bytes;
 };
+
+static MemberRecord *record_of(const Member *e) {
+        return (MemberRecord *) e->info;
+}
 
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
         for (size_t i = 0; i < n; i++)
@@ -125,13 +134,16 @@ static uint64_t hash_string(uint64_t h, const char *s) {
         return hash_bytes(h, strempty(s), strlen(strempty(s)) + 1);
 }
 
-/* Over everything a record holds but the registry digest (an attribute of the member). */
+/* Over everything a record holds. */
 static uint64_t record_hash(const MemberInfo *info) {
         uint64_t h = membership_digest_member(strempty(info->name), info->boot_id);
 
         h = hash_string(h, info->address);
+        h = hash_string(h, info->registry_digest);
         h = hash_bytes(h, &info->node_rank, sizeof info->node_rank);
         h = hash_bytes(h, &info->started_unix_ms, sizeof info->started_unix_ms);
+        if (info->has_record_mac)
+                h = hash_bytes(h, info->record_mac, sizeof info->record_mac);
         for (size_t i = 0; i < info->n_devices; i++) {
                 const Device *d = &info->devices[i];
                 h = hash_string(hash_string(h, d->kind), d->name);
@@ -152,8 +164,11 @@ static bool device_equal(const Device *a, const Device *b) {
 static bool record_equal(const MemberInfo *a, const MemberInfo *b) {
         if (a->boot_id != b->boot_id || a->node_rank != b->node_rank ||
             a->started_unix_ms != b->started_unix_ms || a->n_devices != b->n_devices ||
+            a->has_record_mac != b->has_record_mac ||
+            (a->has_record_mac && memcmp(a->record_mac, b->record_mac, sizeof a->record_mac)) ||
             !streq(strempty(a->name), strempty(b->name)) ||
-            !streq(strempty(a->address), strempty(b->address)))
+            !streq(strempty(a->address), strempty(b->address)) ||
+            !streq(a->registry_digest, b->registry_digest))
                 return false;
         for (size_t i = 0; i < a->n_devices; i++)
                 if (!device_equal(&a->devices[i], &b->devices[i]))
@@ -188,6 +203,11 @@ int member_records_new(MemberRecords **ret) {
         return 0;
 }
 
+static void record_free(MemberRecord *rec) {
+        member_info_done(&rec->info);
+        free(rec);
+}
+
 MemberRecords *member_records_free(MemberRecords *r) {
         if (!r)
                 return NULL;
@@ -195,8 +215,7 @@ MemberRecords *member_records_free(MemberRecords *r) {
                 while (r->buckets[b]) {
                         MemberRecord *e = r->buckets[b];
                         r->buckets[b] = e->next;
-                        member_info_done(&e->info);
-                        free(e);
+                        record_free(e);
                 }
         free(r->buckets);
         return mfree(r);
@@ -229,18 +248,20 @@ static void records_grow(MemberRecords *r) {
         r->n_buckets = n;
 }
 
-/* The shared record equal to `info`, made when there is none; one reference more. */
+/* A record equal to `info` (not partial, not proven): the one `r` holds, made there when there
+ * is none, or with r NULL a new one of the caller's own; one reference more. */
 static int records_take(MemberRecords *r, const MemberInfo *info, MemberRecord **ret) {
-        uint64_t h = record_hash(info);
+        uint64_t h = r ? record_hash(info) : 0;
         MemberRecord *e;
         int k;
 
-        for (e = r->buckets[h & (r->n_buckets - 1)]; e; e = e->next)
-                if (e->hash == h && record_equal(&e->info, info)) {
-                        e->n_ref++;
-                        *ret = e;
-                        return 0;
-                }
+        if (r)
+                for (e = r->buckets[h & (r->n_buckets - 1)]; e; e = e->next)
+                        if (e->hash == h && record_equal(&e->info, info)) {
+                                e->n_ref++;
+                                *ret = e;
+                                return 0;
+                        }
         e = calloc(1, sizeof(MemberRecord));
         if (!e)
                 return -ENOMEM;
@@ -249,65 +270,105 @@ static int records_take(MemberRecords *r, const MemberInfo *info, MemberRecord *
                 free(e);
                 return k;
         }
-        e->info.registry_digest[0] = 0;
         e->info.partial = false;
         e->hash = h;
         e->n_ref = 1;
-        e->bytes = record_bytes(&e->info);
-        e->next = r->buckets[h & (r->n_buckets - 1)];
-        r->buckets[h & (r->n_buckets - 1)] = e;
-        r->n++;
-        r->bytes += e->bytes;
-        records_grow(r);
+        e->owner = r;
+        if (r) {
+                e->bytes = record_bytes(&e->info);
+                e->next = r->buckets[h & (r->n_buckets - 1)];
+                r->buckets[h & (r->n_buckets - 1)] = e;
+                r->n++;
+                r->bytes += e->bytes;
+                records_grow(r);
+        }
         *ret = e;
         return 0;
 }
 
-static void records_release(MemberRecords *r, MemberRecord *rec) {
+static void records_release(MemberRecord *rec) {
+        MemberRecords *r = rec->owner;
+
         if (--rec->n_ref > 0)
                 return;
-        for (MemberRecord **p = &r->buckets[rec->hash & (r->n_buckets - 1)]; *p; p = &(*p)->next)
-                if (*p == rec) {
-                        *p = rec->next;
-                        break;
-                }
-        r->n--;
-        r->bytes -= rec->bytes;
-        member_info_done(&rec->info);
-        free(rec);
+        if (r) {
+                for (MemberRecord **p = &r->buckets[rec->hash & (r->n_buckets - 1)]; *p;
+                     p = &(*p)->next)
+                        if (*p == rec) {
+                                *p = rec->next;
+                                break;
+                        }
+                r->n--;
+                r->bytes -= rec->bytes;
+        }
+        record_free(rec);
 }
 
-/* Sets e's record to a copy of `info` (shared when the table shares records). */
+/* Sets e's record to one equal to `info` (shared when the table shares records). */
 static int member_store(Membership *m, Member *e, const MemberInfo *info) {
         MemberRecord *rec;
-        int r;
+        int r = records_take(m->records, info, &rec);
 
-        if (!m->records) {
-                e->record = NULL;
-                return member_info_copy(info, &e->info);
-        }
-        r = records_take(m->records, info, &rec);
         if (r < 0)
                 return r;
-        e->record = rec;
-        e->info = rec->info; /* borrowed */
-        memcpy(e->info.registry_digest, info->registry_digest, sizeof e->info.registry_digest);
-        e->info.registry_digest[REGISTRY_DIGEST_LENGTH] = 0;
+        e->info = &rec->info;
         return 0;
 }
 
-static void member_drop(Membership *m, Member *e) {
-        if (e->record)
-                records_release(m->records, e->record);
-        else
-                member_info_done(&e->info);
-        e->record = NULL;
-        e->info = (MemberInfo) {};
+static void member_drop(Member *e) {
+        if (e->info)
+                records_release(record_of(e));
+        e->info = NULL;
 }
 
 void membership_set_records(Membership *m, MemberRecords *records) {
         assert(m->n_members == 1);
-        m->records = records;
+        m->records = records; /* this node's record stays its own */
+}
+
+/* --- the rank index --- */
+
+static bool rank_indexed(const Membership *m, int64_t rank) {
+        return rank >= 0 && (uint64_t) rank < m->n_ranks;
+}
+
+/* Member i holds its rank now (added, or moved to position i). */
+static void ranks_put(Membership *m, size_t i) {
+        int64_t rank = m->members[i].info->node_rank;
+
+        if (rank < 0)
+                return;
+        if ((uint64_t) rank >= m->n_ranks && (uint64_t) rank < m->max_nodes) {
+                /* Grown, then filled from the table: every rank below n_ranks is indexed. */
+                size_t n = MIN(MAX((size_t) rank + 1, 2 * m->n_ranks), m->max_nodes);
+                uint32_t *grown = calloc(n, sizeof(uint32_t));
+                if (!grown)
+                        return; /* looked up by a scan */
+                free(m->by_rank);
+                m->by_rank = grown;
+                m->n_ranks = n;
+                for (size_t j = 0; j < m->n_members; j++)
+                        if (rank_indexed(m, m->members[j].info->node_rank) &&
+                            !m->by_rank[m->members[j].info->node_rank])
+                                m->by_rank[m->members[j].info->node_rank] = (uint32_t) j + 1;
+        }
+        if (rank_indexed(m, rank) && !m->by_rank[rank])
+                m->by_rank[rank] = (uint32_t) i + 1;
+}
+
+/* Member i no longer holds its rank (it leaves, or takes another record): another member
+ * holding the same rank, if any, takes the slot. */
+static void ranks_drop(Membership *m, size_t i) {
+        int64_t rank = m->members[i].info->node_rank;
+
+        if (!rank_indexed(m, rank) || m->by_rank[rank] != i + 1)
+                return;
+        m->by_rank[rank] = 0;
+        for (size_t j = 0; j < m->n_members; j++)
+                if (j != i && m->members[j].info->node_rank == rank) {
+                        m->by_rank[rank] = (uint32_t) j + 1;
+                        break;
+                }
 }
 
 int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
@@ -324,7 +385,7 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
         if (!m->members)
                 return -ENOMEM;
         m->allocated = 4;
-        r = member_info_copy(self, &m->members[0].info);
+        r = member_store(m, &m->members[0], self); /* its own: no shared records yet */
         if (r < 0)
                 return r;
         m->members[0].local = true;
@@ -332,9 +393,10 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
         m->members[0].last_heard_ms = now_ms;
         m->n_members = 1;
         m->digest = member_digest(&m->members[0]);
-        r = name_index_put(&m->by_name, m->members[0].info.name, 0);
+        r = name_index_put(&m->by_name, m->members[0].info->name, 0);
         if (r < 0)
                 return r;
+        ranks_put(m, 0);
 
         *ret = TAKE_PTR(m);
         return 0;
@@ -344,8 +406,9 @@ Membership *membership_free(Membership *m) {
         if (!m)
                 return NULL;
         for (size_t i = 0; i < m->n_members; i++)
-                member_drop(m, &m->members[i]);
+                member_drop(&m->members[i]);
         free(m->members);
+        free(m->by_rank);
         name_index_done(&m->by_name);
         for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
                 free(m->tombstones[i].name);
@@ -355,7 +418,7 @@ Membership *membership_free(Membership *m) {
 static const char *member_name_at(const void *userdata, uintptr_t i) {
         const Membership *m = userdata;
 
-        return m->members[i].info.name;
+        return m->members[i].info->name;
 }
 
 static Member *membership_lookup(Membership *m, const char *name) {
@@ -378,11 +441,19 @@ static void membership_changed(Membership *m) {
         m->revision++;
 }
 
-/* A member's digest as `digest` says; true when that changed it. */
+/* A member's digest as `digest` says: its record replaced by one with that digest. True when
+ * that changed it; with no memory the old record stays (the digest is heard again). */
 static bool member_set_digest(Membership *m, Member *e, const char *digest) {
-        if (strncmp(e->info.registry_digest, digest, sizeof e->info.registry_digest) == 0)
+        MemberRecord *rec = record_of(e);
+        MemberInfo with = *e->info; /* borrowed but for the digest */
+
+        if (strncmp(e->info->registry_digest, digest, sizeof with.registry_digest) == 0)
                 return false;
-        (void) snprintf(e->info.registry_digest, sizeof e->info.registry_digest, "%s", digest);
+        (void) snprintf(with.registry_digest, sizeof with.registry_digest, "%s", digest);
+        if (records_take(rec->owner, &with, &rec) < 0)
+                return false;
+        member_drop(e);
+        e->info = &rec->info;
         m->revision++;
         return true;
 }
@@ -394,6 +465,17 @@ bool membership_set_local_digest(Membership *m, const char *digest) {
 void membership_set_max_nodes(Membership *m, size_t max_nodes) {
         m->max_nodes = max_nodes == 0 ? FAMILYD_MAX_PEERS :
                                         MIN(max_nodes, (size_t) MEMBERSHIP_MAX_NODES_CEILING);
+}
+
+int membership_reserve(Membership *m, size_t n) {
+        if (n > m->allocated) {
+                Member *grown = reallocarray(m->members, n, sizeof(Member));
+                if (!grown)
+                        return -ENOMEM;
+                m->members = grown;
+                m->allocated = n;
+        }
+        return name_index_reserve(&m->by_name, n);
 }
 
 size_t membership_max_nodes(const Membership *m) {
@@ -489,9 +571,17 @@ static void tombstone_drop(Membership *m, const char *name) {
 static const Member *rank_holder(const Membership *m, int64_t node_rank, const char *name) {
         if (node_rank < 0)
                 return NULL;
+        if (rank_indexed(m, node_rank)) {
+                uint32_t at = m->by_rank[node_rank];
+                if (!at)
+                        return NULL;
+                if (!streq(m->members[at - 1].info->name, name))
+                        return &m->members[at - 1];
+                /* `name` holds it: only a scan finds another holder (none, but for a bug). */
+        }
         for (size_t i = 0; i < m->n_members; i++)
-                if (m->members[i].info.node_rank == node_rank &&
-                    !streq(m->members[i].info.name, name))
+                if (m->members[i].info->node_rank == node_rank &&
+                    !streq(m->members[i].info->name, name))
                         return &m->members[i];
         return NULL;
 }
@@ -511,9 +601,9 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
         int r = member_store(m, e, info);
         if (r < 0)
                 return r;
-        r = name_index_put(&m->by_name, e->info.name, m->n_members);
+        r = name_index_put(&m->by_name, e->info->name, m->n_members);
         if (r < 0) {
-                member_drop(m, e);
+                member_drop(e);
                 return r;
         }
         e->state = m->verdict_period_ms ? NODE_UP
@@ -521,6 +611,7 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
         e->state_since_ms = now_ms;
         m->n_members++;
         m->digest += member_digest(e);
+        ranks_put(m, m->n_members - 1);
         return 0;
 }
 
@@ -530,10 +621,11 @@ static int member_replace(Membership *m, Member *e, const MemberInfo *info) {
         if (r < 0)
                 return r;
         m->digest -= member_digest(e);
-        member_drop(m, e);
+        ranks_drop(m, (size_t) (e - m->members));
+        member_drop(e);
         e->info = copy.info;
-        e->record = copy.record;
         m->digest += member_digest(e);
+        ranks_put(m, (size_t) (e - m->members));
         return 0;
 }
 
@@ -544,15 +636,15 @@ static int membership_check_identity(const Membership *m, const MemberInfo *info
         int r = 0;
 
         *ret_reason = NULL;
-        if (existing && existing->state == NODE_UP && !streq(existing->info.address, info->address))
+        if (existing && existing->state == NODE_UP && !streq(existing->info->address, info->address))
                 r = asprintf(ret_reason,
                              "node name '%s' is already in use by the live node at %s",
-                             info->name, existing->info.address);
+                             info->name, existing->info->address);
         else if (holder)
                 r = asprintf(ret_reason,
                              "node rank %" PRId64 " is already taken by node '%s' (%s); "
                              "forget that node first if it is gone",
-                             info->node_rank, holder->info.name,
+                             info->node_rank, holder->info->name,
                              node_state_to_string(holder->state));
         else if (!existing && m->n_members >= m->max_nodes)
                 r = asprintf(ret_reason, "the cluster already has %zu members, the limit "
@@ -567,13 +659,13 @@ static int membership_check_identity(const Membership *m, const MemberInfo *info
 /* Our own name from another start: a second daemon configured with it. */
 static int membership_heard_self(Membership *m, const MemberInfo *sender, MemberVerdict *ret,
                                  char **ret_refusal) {
-        if (sender->boot_id == m->members[0].info.boot_id) {
+        if (sender->boot_id == m->members[0].info->boot_id) {
                 *ret = MEMBER_STALE; /* a link to our own address */
                 return 0;
         }
         if (ret_refusal &&
             asprintf(ret_refusal, "node name '%s' is already in use by the live node at %s",
-                     sender->name, m->members[0].info.address) < 0)
+                     sender->name, m->members[0].info->address) < 0)
                 *ret_refusal = NULL;
         *ret = MEMBER_REFUSED;
         return 0;
@@ -585,8 +677,8 @@ static int membership_heard_start(Membership *m, const MemberInfo *sender, Membe
         _cleanup_free_ char *reason = NULL;
         int r;
 
-        if (e && sender->started_unix_ms < e->info.started_unix_ms &&
-            streq(e->info.address, sender->address)) {
+        if (e && sender->started_unix_ms < e->info->started_unix_ms &&
+            streq(e->info->address, sender->address)) {
                 *ret = MEMBER_STALE;
                 return 0;
         }
@@ -636,11 +728,11 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
 
         if (ret_version_refused)
                 *ret_version_refused = false;
-        if (streq(sender->name, m->members[0].info.name))
+        if (streq(sender->name, m->members[0].info->name))
                 return membership_heard_self(m, sender, ret, ret_refusal);
 
         e = membership_lookup(m, sender->name);
-        if (e && e->info.boot_id == sender->boot_id) {
+        if (e && e->info->boot_id == sender->boot_id) {
                 (void) member_set_digest(m, e, sender->registry_digest);
                 e->last_heard_ms = MAX(e->last_heard_ms, now_ms);
                 /* By verdict, only a higher incarnation lifts a suspicion (the caller's). */
@@ -689,14 +781,14 @@ int membership_learn(Membership *m, const MemberInfo *info, uint64_t age_ms, int
         Member *e;
         int r;
 
-        if (info->partial || streq(info->name, m->members[0].info.name) ||
+        if (info->partial || streq(info->name, m->members[0].info->name) ||
             is_tombstoned(m, info->name, info->boot_id)) {
                 *ret = MEMBER_STALE;
                 return 0;
         }
 
         e = membership_lookup(m, info->name);
-        if (e && e->info.boot_id == info->boot_id) {
+        if (e && e->info->boot_id == info->boot_id) {
                 /* Fresher news moves last_heard (the next tick turns it into a state) and
                  * brings the digest the member had then. */
                 if (heard > e->last_heard_ms && !isempty(info->registry_digest))
@@ -739,17 +831,22 @@ static void membership_remove(Membership *m, size_t i) {
 
         m->digest -= member_digest(&m->members[i]);
         free(t->name);
-        t->name = strdup(m->members[i].info.name); /* NULL: this one not remembered */
-        t->boot_id = m->members[i].info.boot_id;
+        t->name = strdup(m->members[i].info->name); /* NULL: this one not remembered */
+        t->boot_id = m->members[i].info->boot_id;
         m->next_tombstone = (m->next_tombstone + 1) % MEMBERSHIP_TOMBSTONES;
 
-        (void) name_index_remove(&m->by_name, m->members[i].info.name, i);
-        member_drop(m, &m->members[i]);
+        (void) name_index_remove(&m->by_name, m->members[i].info->name, i);
+        ranks_drop(m, i);
+        member_drop(&m->members[i]);
         memmove(&m->members[i], &m->members[i + 1], (m->n_members - i - 1) * sizeof(Member));
         m->n_members--;
         /* The order is the topology's: the rest shift down, and their positions with them. */
-        for (size_t j = i; j < m->n_members; j++)
-                (void) name_index_move(&m->by_name, m->members[j].info.name, j + 1, j);
+        for (size_t j = i; j < m->n_members; j++) {
+                int64_t rank = m->members[j].info->node_rank;
+                (void) name_index_move(&m->by_name, m->members[j].info->name, j + 1, j);
+                if (rank_indexed(m, rank) && m->by_rank[rank] == j + 2)
+                        m->by_rank[rank] = (uint32_t) j + 1;
+        }
 }
 
 void membership_set_verdicts(Membership *m, unsigned heartbeat_ms) {
@@ -804,7 +901,7 @@ int membership_verdict(Membership *m, const char *name, uint64_t boot_id, uint64
                        NodeState state, int64_t now_ms) {
         Member *e = membership_lookup(m, name);
 
-        if (!e || e->local || e->info.boot_id != boot_id || state < 0 ||
+        if (!e || e->local || e->info->boot_id != boot_id || state < 0 ||
             state >= _NODE_STATE_MAX || incarnation > e->incarnation + MEMBERSHIP_INCARNATION_SLACK ||
             !verdict_wins(e, state, incarnation))
                 return 0;
@@ -854,7 +951,7 @@ int membership_forget(Membership *m, const char *name, uint64_t boot_id, bool fr
                 size_t i = (size_t) (e - m->members);
 
                 if (from_peer && (e->local || e->state == NODE_UP ||
-                                  (boot_id != 0 && boot_id != e->info.boot_id)))
+                                  (boot_id != 0 && boot_id != e->info->boot_id)))
                         return 0;
                 if (e->local)
                         return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
@@ -916,16 +1013,16 @@ int membership_topology(const Membership *m, int64_t now_ms, int64_t now_unix_ms
                 const Member *e = &m->members[i];
 
                 nodes[i] = (Node) {
-                        .name = e->info.name,
-                        .address = e->info.address,
-                        .node_rank = e->info.node_rank,
-                        .devices = e->info.devices,
-                        .n_devices = e->info.n_devices,
+                        .name = e->info->name,
+                        .address = e->info->address,
+                        .node_rank = e->info->node_rank,
+                        .devices = e->info->devices,
+                        .n_devices = e->info->n_devices,
                         .state = e->local ? NODE_UP : e->state,
                         .last_seen_unix_ms = now_unix_ms - (now_ms - e->last_heard_ms),
                 };
-                memcpy(nodes[i].registry_digest, e->info.registry_digest,
+                memcpy(nodes[i].registry_digest, e->info->registry_digest,
                        sizeof nodes[i].registry_digest);
         }
-        return topology_new_copy(nodes, m->n_members, m->members[0].info.name, m->version, ret);
+        return topology_new_copy(nodes, m->n_members, m->members[0].info->name, m->version, ret);
 }

@@ -57,8 +57,9 @@ typedef struct MembershipTimeouts {
 } MembershipTimeouts;
 
 /* Member records shared between tables (membership_set_records()): one immutable copy of each
- * distinct record, counted by reference, so that N simulated nodes holding the same N members
- * keep N records, not N^2 (tests/sim). A daemon holds one table and shares nothing. */
+ * distinct record (its registry digest and MAC included), counted by reference, so that N
+ * simulated nodes holding the same N members keep N records, not N^2 (tests/sim). A daemon
+ * holds one table and shares nothing: each of its members has a record of its own. */
 typedef struct MemberRecords MemberRecords;
 typedef struct MemberRecord MemberRecord;
 
@@ -71,16 +72,16 @@ size_t member_records_count(const MemberRecords *r);
 size_t member_records_bytes(const MemberRecords *r);
 
 typedef struct Member {
-        /* With shared records, info's name, address and devices belong to `record`; the
-         * registry digest is the member's own. */
-        MemberInfo info;
-        MemberRecord *record; /* NULL: info is owned */
+        /* Its record (name, address, devices, registry digest, MAC): immutable, and shared
+         * with other tables when they share records; a change (a new digest, a restart) puts
+         * another record in its place. */
+        const MemberInfo *info;
         int64_t last_heard_ms; /* the caller's monotonic clock */
-        NodeState state;
-        bool local;
         uint64_t claimed_version; /* the version its last message carried */
         uint64_t incarnation;     /* verdicts (swim): raised by the member to refute them */
         int64_t state_since_ms;   /* verdicts (swim): when the state last changed here */
+        NodeState state;
+        bool local;
 } Member;
 
 typedef enum MemberVerdict {
@@ -112,6 +113,9 @@ void membership_set_records(Membership *m, MemberRecords *records);
 /* The most members the table holds, this node included (--max-nodes; default
  * FAMILYD_MAX_PEERS, ceiling MEMBERSHIP_MAX_NODES_CEILING). */
 void membership_set_max_nodes(Membership *m, size_t max_nodes);
+/* Room for `n` members without growing (a simulator that knows its size: the table would
+ * otherwise grow to the next power of two): -ENOMEM, the table unchanged. */
+int membership_reserve(Membership *m, size_t n);
 size_t membership_max_nodes(const Membership *m);
 /* Whether `n` records (a hello's list) fit: false when the ones not known here would take the
  * table past max_nodes, and the whole list is to be refused. */

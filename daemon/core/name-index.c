@@ -44,7 +44,7 @@ int name_index_reserve(NameIndex *x, size_t n) {
 
         if (n > SIZE_MAX / 4)
                 return -ENOMEM;
-        while (want < 2 * n)
+        while (2 * want < 3 * n)
                 want *= 2;
         if (want <= x->n_slots)
                 return 0;

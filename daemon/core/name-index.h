@@ -11,9 +11,10 @@
  * share a name; a lookup finds one of them.
  *
  * Open addressing with linear probing and backward-shift removal (no tombstones), FNV-1a
- * with a final mix. The slots are a power of two, at least twice the entries: the index grows
- * with its owner's array and never past four times its largest count (bounded by the owner's
- * own limit, e.g. --max-nodes), 16 bytes a slot. Not thread-safe; single-threaded like its owners.
+ * with a final mix. The slots are a power of two, at least 1.5 times the entries (at most two
+ * thirds full: a miss probes about 5 slots): the index grows with its owner's array and never
+ * past three times its largest count (bounded by the owner's own limit, e.g. --max-nodes), 16
+ * bytes a slot. Not thread-safe; single-threaded like its owners.
  */
 
 #include <stdbool.h>

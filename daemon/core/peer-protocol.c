@@ -103,9 +103,9 @@ static int known_list(Protocol *p, const char *only, int64_t now, PeerKnown **re
                 return -ENOMEM;
         for (size_t i = 1; i < n; i++) {
                 const Member *e = membership_get(p->membership, i);
-                if (only && !streq(e->info.name, only))
+                if (only && !streq(e->info->name, only))
                         continue;
-                list[k].info = e->info; /* borrowed */
+                list[k].info = *e->info; /* borrowed */
                 list[k].age_ms = (uint64_t) MAX(now - e->last_heard_ms, (int64_t) 0);
                 list[k].state = e->state;
                 list[k].incarnation = e->incarnation;
@@ -346,7 +346,7 @@ static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64
 }
 
 static const char *member_address_at(const void *userdata, uintptr_t i) {
-        return membership_get(userdata, i)->info.address;
+        return membership_get(userdata, i)->info->address;
 }
 
 /* Drops links to addresses no member has, except seeds: one index of the members' addresses,
@@ -361,7 +361,7 @@ static void links_prune(Protocol *p) {
                 return; /* the links stay until the next change */
         }
         for (size_t i = 1; i < n; i++)
-                (void) name_index_put(&addresses, membership_get(p->membership, i)->info.address,
+                (void) name_index_put(&addresses, membership_get(p->membership, i)->info->address,
                                       i); /* reserved: cannot fail */
         for (ProtocolLink **pl = &p->links; *pl;) {
                 ProtocolLink *l = *pl;
@@ -408,7 +408,7 @@ int protocol_add_seed(Protocol *p, const char *address, int64_t now_ms) {
 static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
         const Member *e = membership_find(p->membership, sender->name);
 
-        return e && e->info.boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
+        return e && e->info->boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
 }
 
 static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64_t incarnation,
@@ -630,14 +630,14 @@ static void gossip_attach(Protocol *p, PeerMessage *m, GossipOut *out) {
                                 .name = it->name, .boot_id = it->boot_id, .forgotten = true };
                         continue;
                 }
-                if (!e || e->info.boot_id != it->boot_id) {
+                if (!e || e->info->boot_id != it->boot_id) {
                         it->told = UINT_MAX - 1; /* stale: dropped by gossip_told() */
                         continue;
                 }
                 uint64_t incarnation = e->local ? p->incarnation : e->incarnation;
                 NodeState state = e->local ? NODE_UP : e->state;
                 out->updates[m->n_updates++] = (PeerUpdate) {
-                        .name = e->info.name, .boot_id = it->boot_id,
+                        .name = e->info->name, .boot_id = it->boot_id,
                         .incarnation = incarnation, .state = state };
         }
 }
@@ -671,11 +671,11 @@ static void swim_send(Protocol *p, const char *address, const ProtocolOrigin *o,
 
 static void swim_ping(Protocol *p, const Member *e, uint32_t seq, int64_t now) {
         PeerMessage m = { .body = PEER_PING,
-                          .probe = { .name = e->info.name, .boot_id = e->info.boot_id,
+                          .probe = { .name = e->info->name, .boot_id = e->info->boot_id,
                                      .seq = seq, .state = e->state,
                                      .incarnation = e->incarnation } };
 
-        swim_send(p, e->info.address, NULL, &m, now);
+        swim_send(p, e->info->address, NULL, &m, now);
 }
 
 /* This period's member to probe: one named to us as possibly restarted, else one at random. */
@@ -696,12 +696,12 @@ static void probe_start(Protocol *p, int64_t now) {
         p->probe_name = mfree(p->probe_name);
         if (!e)
                 return;
-        p->probe_name = strdup(e->info.name);
+        p->probe_name = strdup(e->info->name);
         if (!p->probe_name) {
                 note_no_memory(p);
                 return;
         }
-        p->probe_boot_id = e->info.boot_id;
+        p->probe_boot_id = e->info->boot_id;
         p->probe_seq = ++p->seq;
         p->phase = SWIM_DIRECT;
         swim_ping(p, e, p->probe_seq, now);
@@ -710,7 +710,7 @@ static void probe_start(Protocol *p, int64_t now) {
 static const Member *probed(Protocol *p) {
         const Member *e = p->probe_name ? membership_find(p->membership, p->probe_name) : NULL;
 
-        return e && e->info.boot_id == p->probe_boot_id ? e : NULL;
+        return e && e->info->boot_id == p->probe_boot_id ? e : NULL;
 }
 
 /* No ack in half a period: PROTOCOL_SWIM_HELPERS up members are asked to ping it for us. */
@@ -725,13 +725,13 @@ static void probe_indirect(Protocol *p, int64_t now) {
              tries++) {
                 const Member *h = membership_get(p->membership, 1 + protocol_random(p) % (n - 1));
                 PeerMessage m = { .body = PEER_PING_REQ,
-                                  .probe = { .name = t->info.name, .boot_id = t->info.boot_id,
+                                  .probe = { .name = t->info->name, .boot_id = t->info->boot_id,
                                              .seq = p->probe_seq, .state = t->state,
                                              .incarnation = t->incarnation } };
 
                 if (h == t || h->state != NODE_UP)
                         continue;
-                swim_send(p, h->info.address, NULL, &m, now);
+                swim_send(p, h->info->address, NULL, &m, now);
                 asked++;
         }
 }
@@ -744,7 +744,7 @@ static void probe_failed(Protocol *p, int64_t now) {
         p->phase = SWIM_IDLE;
         if (!t || t->state != NODE_UP)
                 return; /* suspect or down already: its timer runs */
-        verdict_take(p, t->info.name, t->info.boot_id, t->incarnation, NODE_SUSPECT, now);
+        verdict_take(p, t->info->name, t->info->boot_id, t->incarnation, NODE_SUSPECT, now);
 }
 
 /* A ping_req: we ping the member, and its ack goes back to the requester. */
@@ -752,12 +752,12 @@ static void swim_relay(Protocol *p, const PeerMessage *m, int64_t now) {
         const Member *t = membership_find(p->membership, m->probe.name);
         SwimRelay *r = &p->relays[p->next_relay++ % PROTOCOL_SWIM_RELAYS];
 
-        if (!t || t->local || t->info.boot_id != m->probe.boot_id)
+        if (!t || t->local || t->info->boot_id != m->probe.boot_id)
                 return;
         free(r->requester);
         free(r->target);
-        *r = (SwimRelay) { .requester = strdup(m->sender.address), .target = strdup(t->info.name),
-                           .target_boot_id = t->info.boot_id, .their_seq = m->probe.seq,
+        *r = (SwimRelay) { .requester = strdup(m->sender.address), .target = strdup(t->info->name),
+                           .target_boot_id = t->info->boot_id, .their_seq = m->probe.seq,
                            .our_seq = ++p->seq };
         if (!r->requester || !r->target) {
                 r->requester = mfree(r->requester);
@@ -854,12 +854,20 @@ static void swim_links(Protocol *p, int64_t now) {
         }
 }
 
+/* The timeouts; links to addresses no member lives at any more go (only a forgotten member
+ * leaves: an O(N) pass on every state change would cost O(N) per change at 10,000 members). */
+static void tick_members(Protocol *p, int64_t now) {
+        size_t before = membership_count(p->membership);
+
+        if (membership_tick(p->membership, now) && membership_count(p->membership) < before)
+                links_prune(p);
+}
+
 /* Every half period; a probe starts on every other tick. */
 static void swim_tick(Protocol *p, int64_t now) {
         bool period = p->ticks++ % 2 == 0;
 
-        if (membership_tick(p->membership, now))
-                links_prune(p);
+        tick_members(p, now);
         swim_links(p, now);
         if (!period) {
                 if (p->phase == SWIM_DIRECT)
@@ -878,7 +886,7 @@ static void swim_greet(Protocol *p, int64_t now) {
 
         p->greeted = true;
         for (size_t i = 1; i < n; i++) {
-                ProtocolLink *l = swim_link(p, membership_get(p->membership, i)->info.address,
+                ProtocolLink *l = swim_link(p, membership_get(p->membership, i)->info->address,
                                             now);
                 if (l)
                         send_hello(p, l, NULL, false, now);
@@ -999,7 +1007,7 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
         if (p->mode == PROTOCOL_SWIM) {
                 const Member *e = membership_find(p->membership, m->sender.name);
                 verdict_take(p, m->sender.name, m->sender.boot_id, m->incarnation, NODE_UP, now);
-                if (e && e->info.boot_id == m->sender.boot_id && e->state != NODE_UP)
+                if (e && e->info->boot_id == m->sender.boot_id && e->state != NODE_UP)
                         gossip_news(p, m->sender.name, m->sender.boot_id, false);
         }
         on_body(p, o, m, now);
@@ -1013,8 +1021,7 @@ void protocol_tick(Protocol *p, int64_t now) {
                 swim_tick(p, now);
                 return;
         }
-        if (membership_tick(p->membership, now))
-                links_prune(p);
+        tick_members(p, now);
         for (ProtocolLink *l = p->links; l; l = l->next)
                 if (!l->endpoint && now >= l->retry_at_ms) {
                         if (l->refused)
@@ -1039,7 +1046,7 @@ void protocol_set_local_digest(Protocol *p, const char *digest) {
 
 int protocol_forget(Protocol *p, const char *node, int64_t now, FamilyError *ret_error) {
         const Member *e = membership_find(p->membership, node);
-        uint64_t boot = e ? e->info.boot_id : 0;
+        uint64_t boot = e ? e->info->boot_id : 0;
         int r = membership_forget(p->membership, node, 0, false, now, ret_error);
 
         if (r > 0) {
@@ -1076,11 +1083,14 @@ void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
         }
         if (v == p->published_version && revision == p->published_revision && !p->dirty)
                 return;
-        if (membership_topology(p->membership, now, now_unix, &t) < 0) {
-                note_no_memory(p); /* the old topology stays */
-                return;
-        }
-        p->sink.published(p->sink.userdata, TAKE_PTR(t));
+        if (p->sink.published) {
+                if (membership_topology(p->membership, now, now_unix, &t) < 0) {
+                        note_no_memory(p); /* the old topology stays */
+                        return;
+                }
+                p->sink.published(p->sink.userdata, TAKE_PTR(t));
+        } else
+                p->sink.changed(p->sink.userdata, p->membership);
         p->published_version = v;
         p->published_revision = revision;
         p->dirty = false;
@@ -1108,6 +1118,11 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
                 return r;
         membership_set_max_nodes(p->membership, params->max_nodes);
         membership_set_records(p->membership, params->records);
+        if (params->reserve > 0) {
+                r = membership_reserve(p->membership, params->reserve);
+                if (r < 0)
+                        return r;
+        }
         if (p->mode == PROTOCOL_SWIM)
                 membership_set_verdicts(p->membership, p->heartbeat_ms);
         /* splitmix64 of the boot id: xorshift from seeds that differ in a few low bits (1, 2,

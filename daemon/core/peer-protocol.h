@@ -145,8 +145,11 @@ typedef struct ProtocolSink {
         int (*bind)(void *userdata, void *reply, const char *name, uint64_t boot_id);
         /* Closes an endpoint from dial(); it is not named again. */
         void (*close)(void *userdata, void *endpoint);
-        /* A new topology snapshot; the callee takes the reference. */
+        /* A new topology snapshot; the callee takes the reference. NULL: changed() instead. */
         void (*published)(void *userdata, Topology *t);
+        /* With no published(): the members changed; the callee reads them from the table (a
+         * simulator of thousands of nodes, where a snapshot each would copy N records). */
+        void (*changed)(void *userdata, const Membership *m);
         /* Whether a relayed record's record_mac is its node's own under the cluster key. NULL:
          * no key, no record is proven. */
         bool (*verify)(void *userdata, const MemberInfo *record);
@@ -173,6 +176,8 @@ typedef struct ProtocolParams {
         size_t max_nodes;
         unsigned heartbeat_ms;
         MemberRecords *records; /* shared member records (tests/sim); NULL: the table's own */
+        size_t reserve;         /* room for this many members from the start (tests/sim); 0:
+                                 * the table grows as they come */
 } ProtocolParams;
 
 int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t now_ms,

@@ -18,12 +18,13 @@ typedef struct SimBuffer {
         uint8_t data[];
 } SimBuffer;
 
-/* A simulated connection: node `from` dialed node `to` in its start `to_incarnation`. */
+/* A simulated connection: node `from` dialed node `to` in its start `to_incarnation`. Held by
+ * the dialer until it closes it or learns it failed, and by each event that names it. */
 typedef struct SimEndpoint {
         uint32_t from, to;
         uint32_t from_incarnation, to_incarnation;
+        uint32_t n_ref;
         bool open;
-        struct SimEndpoint *next_free; /* all endpoints, freed at the end */
 } SimEndpoint;
 
 typedef enum SimEventKind {
@@ -49,7 +50,6 @@ typedef struct SimOrigin {
         bool is_reply;
 } SimOrigin;
 
-static SimEndpoint *all_endpoints;
 static Device *sim_devices;
 static size_t sim_n_devices;
 
@@ -74,6 +74,17 @@ static void buffer_unref(SimBuffer *b) {
                 free(b);
 }
 
+static void endpoint_unref(SimEndpoint *ep) {
+        if (ep && --ep->n_ref == 0)
+                free(ep);
+}
+
+/* The dialer lets go of an open endpoint: closed, or failed. */
+static void endpoint_close(SimEndpoint *ep) {
+        ep->open = false;
+        endpoint_unref(ep);
+}
+
 /* --- the event heap, ordered by time then sequence --- */
 
 static bool event_before(const SimEvent *a, const SimEvent *b) {
@@ -92,6 +103,8 @@ static void heap_push(Sim *s, SimEvent e) {
                 s->heap_allocated = n;
         }
         e.seq = s->seq++;
+        if (e.ep)
+                e.ep->n_ref++;
         size_t i = s->n_heap++;
         while (i > 0 && event_before(&e, &s->heap[(i - 1) / 2])) {
                 s->heap[i] = s->heap[(i - 1) / 2];
@@ -207,8 +220,7 @@ static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
         *ep = (SimEndpoint) { .from = (uint32_t) (n - s->nodes), .to = (uint32_t) to,
                               .from_incarnation = n->incarnation,
                               .to_incarnation = s->nodes[to].incarnation, .open = true,
-                              .next_free = all_endpoints };
-        all_endpoints = ep;
+                              .n_ref = 1 };
         *ret_endpoint = ep;
         return 0;
 }
@@ -235,49 +247,48 @@ static int sink_bind(void *userdata, void *reply, const char *name, uint64_t boo
 }
 
 static void sink_close(void *userdata, void *endpoint) {
-        SimEndpoint *ep = endpoint;
-
         (void) userdata;
-        ep->open = false;
+        endpoint_close(endpoint);
 }
 
-/* What a published topology shows: new suspicions of live members, the watched member. */
-static void sink_published(void *userdata, Topology *t) {
+/* What the table shows after a change: new suspicions of live members, the watched member.
+ * Read from the table, not from a topology (no copy of N records per change; the sim's node
+ * index is the member's node rank). */
+static void sink_changed(void *userdata, const Membership *m) {
         SimNode *n = userdata;
         Sim *s = the_sim;
         size_t observer = (size_t) (n - s->nodes);
 
-        for (size_t i = 0; i < t->n_nodes; i++) {
-                const Node *node = &t->nodes[i];
-                size_t j = node_index(node->name);
-                bool suspect = node->state == NODE_SUSPECT;
-                uint8_t seen = node->state == NODE_UP ? 0 : node->state == NODE_SUSPECT ? 1 : 2;
+        for (size_t i = 1; i < membership_count(m); i++) {
+                const Member *e = membership_get(m, i);
+                size_t j = (size_t) e->info->node_rank;
+                uint8_t seen = e->state == NODE_UP ? 0 : e->state == NODE_SUSPECT ? 1 : 2;
 
-                if (node->local || j >= s->config.max_nodes)
+                if (j >= s->config.max_nodes)
                         continue;
-                bool live = s->count_suspicions && s->nodes[j].up && s->nodes[j].group == n->group;
-                if (suspect && n->suspected[j] != 1 && live)
-                        s->false_suspicions++;
-                if (seen == 2 && n->suspected[j] != 2 && live)
-                        s->false_downs++;
-                n->suspected[j] = seen;
+                if (seen != n->suspected[j]) {
+                        bool live = s->count_suspicions && s->nodes[j].up &&
+                                    s->nodes[j].group == n->group;
+                        s->false_suspicions += seen == 1 && live;
+                        s->false_downs += seen == 2 && live;
+                        n->suspected[j] = seen;
+                }
                 if ((int64_t) j != s->watch.node)
                         continue;
-                if (node->state != NODE_UP && s->watch.first_suspect_us < 0)
+                if (seen != 0 && s->watch.first_suspect_us < 0)
                         s->watch.first_suspect_us = s->now_us;
-                if (node->state == NODE_DOWN && !s->watch.seen_down[observer]) {
+                if (seen == 2 && !s->watch.seen_down[observer]) {
                         s->watch.seen_down[observer] = 1;
                         s->watch.down_seen++;
                         if (s->watch.down_seen == s->watch.expected)
                                 s->watch.all_down_us = s->now_us;
                 }
         }
-        topology_unref(t);
 }
 
 static const ProtocolSink sim_sink = {
         .dial = sink_dial, .send = sink_send, .reply = sink_reply, .bind = sink_bind,
-        .close = sink_close, .published = sink_published,
+        .close = sink_close, .changed = sink_changed,
 };
 
 /* --- events --- */
@@ -337,13 +348,15 @@ static void run_event(Sim *s, SimEvent *e) {
                 break;
         case SIM_EVENT_LINK_FAILED:
                 if (current && e->ep->open) {
-                        e->ep->open = false;
+                        /* The transport closes it itself: the protocol does not. */
                         protocol_on_link_failed(n->protocol, e->ep, "reset", now_ms(s));
+                        endpoint_close(e->ep);
                         schedule_flush(s, n);
                 }
                 break;
         }
         buffer_unref(e->buffer);
+        endpoint_unref(e->ep);
 }
 
 void sim_run_until(Sim *s, int64_t until_us) {
@@ -363,15 +376,17 @@ static uint64_t table_hash(const Membership *m) {
         for (size_t i = 0; i < membership_count(m); i++) {
                 const Member *e = membership_get(m, i);
                 uint64_t h = 14695981039346656037u;
-                for (const char *c = e->info.name; *c; c++)
+                for (const char *c = e->info->name; *c; c++)
                         h = (h ^ (unsigned char) *c) * 1099511628211u;
-                h = (h ^ e->info.boot_id) * 1099511628211u;
+                h = (h ^ e->info->boot_id) * 1099511628211u;
                 h = (h ^ (uint64_t) (e->local ? NODE_UP : e->state)) * 1099511628211u;
                 sum += h * 0x9E3779B97F4A7C15u;
         }
         return sum;
 }
 
+/* Counts and versions first (cheap, and where tables differ while they converge), then the
+ * tables' hashes (O(N) each). */
 bool sim_agreed(const Sim *s) {
         const Membership *first = NULL;
         uint64_t hash = 0;
@@ -380,13 +395,18 @@ bool sim_agreed(const Sim *s) {
                 if (!s->nodes[i].up)
                         continue;
                 const Membership *m = protocol_membership(s->nodes[i].protocol);
-                if (!first) {
+                if (!first)
                         first = m;
-                        hash = table_hash(m);
-                        continue;
-                }
-                if (membership_count(m) != membership_count(first) ||
-                    membership_version(m) != membership_version(first) || table_hash(m) != hash)
+                else if (membership_count(m) != membership_count(first) ||
+                         membership_version(m) != membership_version(first))
+                        return false;
+        }
+        if (first)
+                hash = table_hash(first);
+        for (size_t i = 0; i < s->n_nodes; i++) {
+                const Membership *m = s->nodes[i].up ? protocol_membership(s->nodes[i].protocol)
+                                                     : NULL;
+                if (m && m != first && table_hash(m) != hash)
                         return false;
         }
         return true;
@@ -423,6 +443,7 @@ int sim_start(Sim *s, size_t i, int64_t seed) {
                 .heartbeat_ms = s->config.heartbeat_ms,
                 .mode = s->config.mode,
                 .records = s->records,
+                .reserve = s->config.max_nodes,
         };
         ProtocolSink sink = sim_sink;
 
@@ -543,11 +564,7 @@ Sim *sim_free(Sim *s) {
         while (s->n_heap > 0) {
                 SimEvent e = heap_pop(s);
                 buffer_unref(e.buffer);
-        }
-        while (all_endpoints) {
-                SimEndpoint *ep = all_endpoints;
-                all_endpoints = ep->next_free;
-                free(ep);
+                endpoint_unref(e.ep);
         }
         for (size_t d = 0; d < sim_n_devices; d++)
                 device_done(&sim_devices[d]);

@@ -178,14 +178,18 @@ static uint64_t phase_loss(Sim *s, const SimOptions *o, double loss, uint64_t *r
 }
 
 /* Bytes per member entry per simulated node, measured (docs/scale.md): every node holds an
- * entry for every member and a link to it (the protocol's ProtocolLink, its address, the
- * simulated endpoint), so a size takes about N^2 of them; each member record itself once with
- * shared records, or once per table with --own-records (about 1 KiB with 8 GPUs). */
-#define SIM_ENTRY_BYTES 480.0
+ * entry for every member (Member, its name and rank index slots: about 100 bytes), swim its
+ * links of the moment (a newcomer greets every member it knows: the links of a cold start), and
+ * all-to-all a link to every member for good (ProtocolLink, its address, its index slots and
+ * the simulated endpoint: about 190 bytes); each member record itself once with shared records,
+ * or once per table with --own-records (about 1 KiB with 8 GPUs). */
+#define SIM_ENTRY_BYTES_SWIM 160.0
+#define SIM_ENTRY_BYTES_ALL_TO_ALL 350.0
 #define SIM_RECORD_BYTES_PER_DEVICE 220.0
 
 static double estimated_bytes(const SimOptions *o, size_t n) {
-        double entry = SIM_ENTRY_BYTES;
+        double entry = o->config.mode == PROTOCOL_SWIM ? SIM_ENTRY_BYTES_SWIM
+                                                       : SIM_ENTRY_BYTES_ALL_TO_ALL;
 
         if (o->config.own_records)
                 entry += SIM_RECORD_BYTES_PER_DEVICE * o->config.devices;

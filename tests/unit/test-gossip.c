@@ -51,6 +51,45 @@ static void test_news_replaces(void **state) {
         gossip_done(&g);
 }
 
+/* One item per name however the items moved: sorted by a pick, swapped by drops and by the
+ * most told going when full (the name index follows them). */
+static void test_one_item_per_name(void **state) {
+        Gossip g = {};
+        GossipItem *picked[GOSSIP_MAX_ITEMS];
+        char name[16];
+
+        for (unsigned i = 0; i < 40; i++) {
+                snprintf(name, sizeof name, "n%u", i);
+                assert_int_equal(gossip_add(&g, name, i, false), 0);
+        }
+        assert_int_equal(gossip_pick(&g, 10, picked), 10);
+        gossip_told(&g, 1); /* the 10 newest dropped: the others swapped into their places */
+        assert_int_equal(gossip_pending(&g), 30);
+        for (unsigned i = 0; i < 40; i++) {
+                snprintf(name, sizeof name, "n%u", i);
+                assert_int_equal(gossip_add(&g, name, 100 + i, false), 0);
+        }
+        assert_int_equal(gossip_pending(&g), 40);
+        assert_int_equal(gossip_pick(&g, GOSSIP_MAX_ITEMS, picked), 40);
+        for (size_t i = 0; i < 40; i++) {
+                unsigned k;
+                assert_int_equal(sscanf(picked[i]->name, "n%u", &k), 1);
+                assert_int_equal(picked[i]->boot_id, 100 + k);
+                for (size_t j = 0; j < i; j++)
+                        assert_string_not_equal(picked[i]->name, picked[j]->name);
+        }
+        gossip_told(&g, 100);
+        /* Full: each new name pushes out the most told; news about a kept one replaces it. */
+        for (unsigned i = 40; i < GOSSIP_MAX_ITEMS + 20; i++) {
+                snprintf(name, sizeof name, "n%u", i);
+                assert_int_equal(gossip_add(&g, name, i, false), 0);
+        }
+        assert_int_equal(gossip_pending(&g), GOSSIP_MAX_ITEMS);
+        assert_int_equal(gossip_add(&g, "n1000", 7, true), 0);
+        assert_int_equal(gossip_pending(&g), GOSSIP_MAX_ITEMS);
+        gossip_done(&g);
+}
+
 /* At most GOSSIP_MAX_ITEMS wait: past that the most told goes first. */
 static void test_bounded(void **state) {
         Gossip g = {};
@@ -75,6 +114,7 @@ int main(void) {
                 cmocka_unit_test(test_pick_order_and_limit),
                 cmocka_unit_test(test_news_replaces),
                 cmocka_unit_test(test_bounded),
+                cmocka_unit_test(test_one_item_per_name),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,19 +127,19 @@ static void test_restart_replaces(void **state) {
         assert_int_equal(heard(m, again, 1, 2000), MEMBER_RESTARTED);
         const Member *e = membership_find(m, "node-b");
         assert_int_equal(e->state, NODE_UP);
-        assert_int_equal(e->info.boot_id, 3);
-        assert_int_equal(e->info.n_devices, 1);
+        assert_int_equal(e->info->boot_id, 3);
+        assert_int_equal(e->info->n_devices, 1);
         /* The old start speaking from the same address is stale. */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 2001), MEMBER_STALE);
         /* A new start on the same address while the one we know still looks up waits until
          * that one falls silent (a forged restart of a live node never takes). */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 4, 3000), 1, 2002),
                          MEMBER_DEFERRED);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 3);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 3);
         membership_tick(m, 2300); /* suspect */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 4, 3000), 1, 2301),
                          MEMBER_RESTARTED);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 4);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 4);
 }
 
 static void test_duplicates_refused(void **state) {
@@ -168,6 +168,51 @@ static void test_duplicates_refused(void **state) {
         assert_non_null(why3);
         assert_null(membership_find(m, "node-c"));
         assert_int_equal(membership_count(m), 2);
+}
+
+/* Who holds a rank stays right as members shift down (a forget), restart with another rank,
+ * and hold ranks past --max-nodes (looked up by a scan rather than the index). */
+static char *rank_refusal(Membership *m, const char *name, int64_t rank, int64_t now) {
+        MemberInfo i = info(name, rank, "h:99", 99, 200);
+        MemberVerdict v;
+        char *why = NULL;
+
+        assert_int_equal(membership_heard(m, &i, 1, now, &v, &why), 0);
+        return v == MEMBER_REFUSED ? why : NULL;
+}
+
+static void test_rank_holders(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", 0);
+        _cleanup_free_ char *why = NULL, *why2 = NULL, *why3 = NULL, *why4 = NULL;
+
+        membership_set_max_nodes(m, 8);
+        assert_int_equal(heard(m, info("node-b", 1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-c", 2, "h:3", 3, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-d", 3, "h:4", 4, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-e", 20, "h:5", 5, 100), 1, 0), MEMBER_JOINED);
+        assert_int_equal(heard(m, info("node-h", 6, "h:8", 10, 100), 1, 0), MEMBER_JOINED);
+        why = rank_refusal(m, "node-x", 20, 10);
+        assert_non_null(why);
+        assert_non_null(strstr(why, "node rank 20 is already taken by node 'node-e'"));
+
+        /* node-b forgotten: node-c, node-d, node-e and node-h move down a place. */
+        membership_tick(m, 2000);
+        assert_int_equal(membership_forget(m, "node-b", 0, false, 2000, NULL), 1);
+        why2 = rank_refusal(m, "node-x", 3, 2001);
+        assert_non_null(why2);
+        assert_non_null(strstr(why2, "node rank 3 is already taken by node 'node-d'"));
+        assert_int_equal(heard(m, info("node-f", 1, "h:6", 6, 2000), 1, 2001), MEMBER_JOINED);
+
+        /* node-d restarts with rank 5: 3 is free, 5 is its. */
+        assert_int_equal(heard(m, info("node-d", 5, "h:4", 7, 2500), 1, 2501), MEMBER_RESTARTED);
+        why3 = rank_refusal(m, "node-x", 5, 2502);
+        assert_non_null(why3);
+        assert_non_null(strstr(why3, "node rank 5 is already taken by node 'node-d'"));
+        assert_int_equal(heard(m, info("node-g", 3, "h:7", 8, 2500), 1, 2503), MEMBER_JOINED);
+        why4 = rank_refusal(m, "node-x", 0, 2504);
+        assert_non_null(why4);
+        assert_non_null(strstr(why4, "node rank 0 is already taken by node 'node-a'"));
+        assert_int_equal(membership_count(m), 7);
 }
 
 static void test_learn(void **state) {
@@ -260,13 +305,13 @@ static void test_partial_records(void **state) {
         dup.partial = true;
         dup.n_devices = 0;
         assert_int_equal(heard(m, dup, 1, 0), MEMBER_REFUSED);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 2);
         /* Once known, the slim heartbeat keeps it alive and keeps its devices. */
         membership_tick(m, 500);
         assert_int_equal(membership_find(m, "node-b")->state, NODE_SUSPECT);
         assert_int_equal(heard(m, slim, 1, 600), MEMBER_KNOWN);
         assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
-        assert_int_equal(membership_find(m, "node-b")->info.n_devices, 2);
+        assert_int_equal(membership_find(m, "node-b")->info->n_devices, 2);
         /* A higher version taken from a peer is not a change of ours. */
         changes = membership_changes(m);
         assert_int_equal(heard(m, slim, 99, 700), MEMBER_KNOWN);
@@ -390,7 +435,7 @@ static void test_restart_only_from_the_node(void **state) {
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 250), MEMBER_KNOWN);
         membership_tick(m, 400);
         assert_int_equal(heard(m, forged, 1, 400), MEMBER_DEFERRED);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 2);
         assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
         assert_int_equal(membership_version(m), version);
         /* Even down, a report does not replace it; the node itself does. */
@@ -413,7 +458,7 @@ static void test_restart_from_proven_record(void **state) {
         /* b is up here: the proven restart waits. */
         assert_int_equal(membership_learn(m, &restarted, 0, 100, &v), 0);
         assert_int_equal(v, MEMBER_DEFERRED);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 2);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 2);
         membership_tick(m, 2000); /* b down */
         uint64_t version = membership_version(m);
         restarted.proven = false;
@@ -422,7 +467,7 @@ static void test_restart_from_proven_record(void **state) {
         restarted.proven = true;
         assert_int_equal(membership_learn(m, &restarted, 0, 2000, &v), 0);
         assert_int_equal(v, MEMBER_RESTARTED);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 3);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 3);
         assert_int_equal(membership_find(m, "node-b")->state, NODE_UP);
         assert_true(membership_version(m) > version);
         /* An older start, proven or not, does not come back. */
@@ -431,7 +476,7 @@ static void test_restart_from_proven_record(void **state) {
         membership_tick(m, 4000);
         assert_int_equal(membership_learn(m, &older, 0, 4000, &v), 0);
         assert_int_equal(v, MEMBER_STALE);
-        assert_int_equal(membership_find(m, "node-b")->info.boot_id, 3);
+        assert_int_equal(membership_find(m, "node-b")->info->boot_id, 3);
 }
 
 /* --max-nodes: the table never grows past it, and a list that would take it there is refused
@@ -473,7 +518,7 @@ static void test_max_nodes(void **state) {
 #define DIGEST_B "bbbb456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 static const char *digest_in(const Membership *m, const char *name) {
-        return membership_find(m, name)->info.registry_digest;
+        return membership_find(m, name)->info->registry_digest;
 }
 
 /* A member's digest comes with its records, follows its heartbeats, reaches the topology and
@@ -541,8 +586,9 @@ static void test_registry_digests(void **state) {
 
 /* The digest sums the members' (name, start): order does not matter, a restart and a removal
  * change it, a state does not. */
-/* Tables sharing records (the simulator's N nodes) keep one copy of each distinct record; each
- * member keeps its own registry digest; a restart, a forget and the tables' end release them. */
+/* Tables sharing records (the simulator's N nodes) keep one copy of each distinct record (its
+ * registry digest included); a new digest, a restart, a forget and the tables' end release
+ * them. */
 static void test_shared_records(void **state) {
         MemberRecords *records = NULL;
         Membership *m1 = new_self("node-a", -1), *m2 = new_self("node-z", -1);
@@ -554,15 +600,21 @@ static void test_shared_records(void **state) {
         membership_set_records(m2, records);
         memcpy(b.registry_digest, DIGEST_A, sizeof b.registry_digest);
         assert_int_equal(heard(m1, b, 1, 0), MEMBER_JOINED);
-        memcpy(b.registry_digest, DIGEST_B, sizeof b.registry_digest);
         assert_int_equal(membership_learn(m2, &b, 0, 0, &v), 0);
         assert_int_equal(v, MEMBER_JOINED);
         assert_int_equal(heard(m2, c, 1, 0), MEMBER_JOINED);
         assert_int_equal(member_records_count(records), 2);
         assert_true(member_records_bytes(records) > 2 * sizeof(Device) * 2);
-        /* The same record, each table's own digest of it. */
-        assert_ptr_equal(membership_find(m1, "node-b")->info.name,
-                         membership_find(m2, "node-b")->info.name);
+        /* The same record in both tables. */
+        assert_ptr_equal(membership_find(m1, "node-b")->info,
+                         membership_find(m2, "node-b")->info);
+
+        /* A new digest in one table is another record; the other table keeps its own. */
+        memcpy(b.registry_digest, DIGEST_B, sizeof b.registry_digest);
+        assert_int_equal(heard(m2, b, 1, 1), MEMBER_KNOWN);
+        assert_int_equal(member_records_count(records), 3);
+        assert_ptr_not_equal(membership_find(m1, "node-b")->info,
+                             membership_find(m2, "node-b")->info);
         assert_string_equal(digest_in(m1, "node-b"), DIGEST_A);
         assert_string_equal(digest_in(m2, "node-b"), DIGEST_B);
 
@@ -571,17 +623,18 @@ static void test_shared_records(void **state) {
         Membership *m3 = new_self("node-y", -1);
         membership_set_records(m3, records);
         assert_int_equal(heard(m3, b2, 1, 0), MEMBER_JOINED);
-        assert_int_equal(member_records_count(records), 3);
-        assert_string_equal(membership_find(m3, "node-b")->info.address, "h:9");
+        assert_int_equal(member_records_count(records), 4);
+        assert_string_equal(membership_find(m3, "node-b")->info->address, "h:9");
         membership_free(m3);
-        assert_int_equal(member_records_count(records), 2);
+        assert_int_equal(member_records_count(records), 3);
 
-        /* A restart in one table takes a new record; the other keeps the old. */
+        /* A restart in one table takes a new record, and lets go of the old; the other table
+         * keeps its own. */
         membership_tick(m1, 2000);
         assert_int_equal(heard(m1, info("node-b", -1, "h:2", 4, 2000), 1, 2000),
                          MEMBER_RESTARTED);
         assert_int_equal(member_records_count(records), 3);
-        assert_int_equal(membership_find(m2, "node-b")->info.boot_id, 2);
+        assert_int_equal(membership_find(m2, "node-b")->info->boot_id, 2);
         /* Forgotten: its reference goes, the tombstone keeps the name. */
         membership_tick(m2, 2000);
         assert_int_equal(membership_forget(m2, "node-c", 0, false, 2000, NULL), 1);
@@ -738,6 +791,7 @@ int main(void) {
                 cmocka_unit_test(test_max_nodes),
                 cmocka_unit_test(test_table_digest),
                 cmocka_unit_test(test_shared_records),
+                cmocka_unit_test(test_rank_holders),
                 cmocka_unit_test(test_verdicts),
                 cmocka_unit_test(test_suspicion_grows_with_log_n),
                 cmocka_unit_test(test_verdicts_forget_after),

@@ -179,7 +179,7 @@ static void test_restart_keeps_links_made_since(void **state) {
         }
         assert_int_equal(state_of(a, c), NODE_UP);
         assert_int_equal(state_of(b, c), NODE_UP);
-        assert_int_equal(membership_find(protocol_membership(a->protocol), "node-c")->info.boot_id,
+        assert_int_equal(membership_find(protocol_membership(a->protocol), "node-c")->info->boot_id,
                          2002);
         assert_int_equal(state_of(c, a), NODE_UP);
         assert_int_equal(state_of(c, b), NODE_UP);
@@ -202,9 +202,9 @@ static void restart_heard_only_through_a(bool macs) {
         net.cut[1][2] = net.cut[2][1] = true;
         restart(c, 2, 2, a->address);
         run(3 * PROTOCOL_TABLE_ROUNDS + 3);
-        assert_int_equal(membership_find(protocol_membership(a->protocol), c->name)->info.boot_id,
+        assert_int_equal(membership_find(protocol_membership(a->protocol), c->name)->info->boot_id,
                          2002);
-        assert_int_equal(membership_find(protocol_membership(b->protocol), c->name)->info.boot_id,
+        assert_int_equal(membership_find(protocol_membership(b->protocol), c->name)->info->boot_id,
                          macs ? 2002 : 1002);
 }
 

@@ -185,7 +185,7 @@ static void assert_everyone_holds(const SimNode *c, uint64_t boot) {
                 if (at == c)
                         continue;
                 assert_int_equal(membership_find(protocol_membership(at->protocol), c->name)
-                                         ->info.boot_id,
+                                         ->info->boot_id,
                                  boot);
                 assert_int_equal(state_of(at, c), NODE_UP);
         }

@@ -229,15 +229,15 @@ static void test_publish_many_members(void **state) {
                 assert_non_null(e);
                 assert_int_equal(n->node_rank, (int64_t) i + 1);
                 assert_int_equal(n->first_rank, (int64_t) (i * DEVICES_PER_MEMBER));
-                assert_ptr_not_equal(n->name, e->info.name);
-                assert_string_equal(n->address, e->info.address);
-                assert_ptr_not_equal(n->address, e->info.address);
+                assert_ptr_not_equal(n->name, e->info->name);
+                assert_string_equal(n->address, e->info->address);
+                assert_ptr_not_equal(n->address, e->info->address);
                 assert_int_equal(n->local, e->local);
                 assert_int_equal(n->n_devices, DEVICES_PER_MEMBER);
-                assert_ptr_not_equal(n->devices, e->info.devices);
+                assert_ptr_not_equal(n->devices, e->info->devices);
                 for (size_t d = 0; d < n->n_devices; d++) {
-                        assert_string_equal(n->devices[d].uuid, e->info.devices[d].uuid);
-                        assert_ptr_not_equal(n->devices[d].uuid, e->info.devices[d].uuid);
+                        assert_string_equal(n->devices[d].uuid, e->info->devices[d].uuid);
+                        assert_ptr_not_equal(n->devices[d].uuid, e->info->devices[d].uuid);
                         assert_string_equal(n->devices[d].name, "NVIDIA H100 80GB HBM3");
                         assert_string_equal(n->devices[d].pci_bus_id, "0000:18:00.0");
                 }
