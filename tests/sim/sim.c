@@ -224,6 +224,12 @@ static bool size_fits(const SimOptions *o, size_t n) {
         return false;
 }
 
+/* A line on stderr per phase: a 10,000-member run takes an hour before its row. */
+static void progress(const Sim *s, size_t n, const char *what, double w0) {
+        fprintf(stderr, "familyd-sim: %zu members: %s at %.2f simulated s, %.0f s of wall time\n",
+                n, what, (double) s->now_us / 1e6, wall_now() - w0);
+}
+
 static int run_size(const SimOptions *o, size_t n, SimRow *row) {
         SimConfig config = o->config;
         Sim *s;
@@ -234,10 +240,14 @@ static int run_size(const SimOptions *o, size_t n, SimRow *row) {
                 return -ENOMEM;
         *row = (SimRow) { .n = n };
         phase_start(s, o, n, row);
+        progress(s, n, "started", w0);
         phase_rest(s, o, n, row);
         phase_join(s, n, row);
+        progress(s, n, "joined", w0);
         phase_crash(s, o, n, row);
+        progress(s, n, "crash detected, restarted", w0);
         phase_partition(s, o, row);
+        progress(s, n, "partition healed", w0);
         row->false_1 = phase_loss(s, o, 0.01, &row->down_1);
         row->false_5 = phase_loss(s, o, 0.05, &row->down_5);
         row->wall_s = wall_now() - w0;
