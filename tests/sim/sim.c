@@ -183,7 +183,7 @@ static uint64_t phase_loss(Sim *s, const SimOptions *o, double loss, uint64_t *r
  * all-to-all a link to every member for good (ProtocolLink, its address, its index slots and
  * the simulated endpoint: about 190 bytes); each member record itself once with shared records,
  * or once per table with --own-records (about 1 KiB with 8 GPUs). */
-#define SIM_ENTRY_BYTES_SWIM 160.0
+#define SIM_ENTRY_BYTES_SWIM 175.0
 #define SIM_ENTRY_BYTES_ALL_TO_ALL 350.0
 #define SIM_RECORD_BYTES_PER_DEVICE 220.0
 
