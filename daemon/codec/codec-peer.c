@@ -132,9 +132,12 @@ static int probe_decode(const Familyd__V1__PeerProbe *pb, PeerProbe *ret) {
         return ret->name ? 0 : -ENOMEM;
 }
 
-/* Gossip rides on probes only: verdicts about members. */
+/* Verdicts about members: gossip on probes, or an answer to a who with buckets. */
 static int gossip_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
-        if (pb->n_updates > PEER_MAX_GOSSIP)
+        size_t max = pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS ? PEER_MAX_VERDICTS
+                                                                             : PEER_MAX_GOSSIP;
+
+        if (pb->n_updates > max)
                 return -EBADMSG;
         if (pb->n_updates > 0) {
                 m->updates = calloc(pb->n_updates, sizeof(PeerUpdate));
@@ -159,6 +162,22 @@ static int gossip_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         return 0;
 }
 
+/* A who's buckets: a power of two of them, at most PEER_MAX_VERDICT_BUCKETS. */
+static int buckets_decode(const Familyd__V1__PeerWho *pb, PeerMessage *m) {
+        size_t n = pb->n_verdicts;
+
+        if (n == 0)
+                return 0;
+        if (n > PEER_MAX_VERDICT_BUCKETS || (n & (n - 1)) != 0)
+                return -EBADMSG;
+        m->want_verdicts = malloc(n * sizeof(uint64_t));
+        if (!m->want_verdicts)
+                return -ENOMEM;
+        memcpy(m->want_verdicts, pb->verdicts, n * sizeof(uint64_t));
+        m->n_want_verdicts = n;
+        return 0;
+}
+
 static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         int r;
 
@@ -174,7 +193,8 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         if (pb->n_updates > 0 &&
             pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_PING &&
             pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_ACK &&
-            pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_PING_REQ)
+            pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_PING_REQ &&
+            pb->body_case != FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS)
                 return -EBADMSG;
         if (pb->table) {
                 if (pb->table->members == 0 || pb->table->members > MEMBERSHIP_MAX_NODES_CEILING)
@@ -182,6 +202,7 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                 m->has_table = true;
                 m->table_digest = pb->table->digest;
                 m->table_members = pb->table->members;
+                m->verdict_digest = pb->table->verdicts;
         }
 
         switch (pb->body_case) {
@@ -204,7 +225,7 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         case FAMILYD__V1__PEER_MESSAGE__BODY_WHO:
                 m->body = PEER_WHO;
                 m->want_table = pb->who->table;
-                return 0;
+                return buckets_decode(pb->who, m);
         case FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE:
                 m->body = PEER_REFUSE;
                 if (!codec_text_ok(pb->refuse->reason, FAMILYD_MAX_STATUS_MESSAGE, true))
@@ -224,6 +245,9 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                 r = probe_decode(probe, &m->probe);
                 return r < 0 ? r : gossip_decode(pb, m);
         }
+        case FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS:
+                m->body = PEER_VERDICTS;
+                return gossip_decode(pb, m);
         default:
                 return -EBADMSG;
         }
@@ -308,18 +332,7 @@ static int known_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerKnown *
         return 0;
 }
 
-static int probe_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage *pb,
-                        Familyd__V1__PeerProbe **ret) {
-        Familyd__V1__PeerProbe *probe =
-                MSG_NEW(a, Familyd__V1__PeerProbe, familyd__v1__peer_probe__init);
-
-        if (!probe || !(probe->name = arena_strdup(a, m->probe.name)))
-                return -ENOMEM;
-        probe->boot_id = m->probe.boot_id;
-        probe->seq = m->probe.seq;
-        probe->state = (Familyd__V1__PeerState) m->probe.state;
-        probe->incarnation = m->probe.incarnation;
-        *ret = probe;
+static int updates_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage *pb) {
         if (!ARRAY_NEW(a, pb->updates, m->n_updates))
                 return -ENOMEM;
         for (size_t i = 0; i < m->n_updates; i++) {
@@ -338,6 +351,21 @@ static int probe_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage
         return 0;
 }
 
+static int probe_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage *pb,
+                        Familyd__V1__PeerProbe **ret) {
+        Familyd__V1__PeerProbe *probe =
+                MSG_NEW(a, Familyd__V1__PeerProbe, familyd__v1__peer_probe__init);
+
+        if (!probe || !(probe->name = arena_strdup(a, m->probe.name)))
+                return -ENOMEM;
+        probe->boot_id = m->probe.boot_id;
+        probe->seq = m->probe.seq;
+        probe->state = (Familyd__V1__PeerState) m->probe.state;
+        probe->incarnation = m->probe.incarnation;
+        *ret = probe;
+        return updates_encode(a, m, pb);
+}
+
 static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage *pb) {
         int r;
 
@@ -353,6 +381,7 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
                         return -ENOMEM;
                 pb->table->digest = m->table_digest;
                 pb->table->members = m->table_members;
+                pb->table->verdicts = m->verdict_digest;
         }
 
         switch (m->body) {
@@ -388,6 +417,8 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
                 if (!pb->who)
                         return -ENOMEM;
                 pb->who->table = m->want_table;
+                pb->who->verdicts = m->want_verdicts;
+                pb->who->n_verdicts = m->n_want_verdicts;
                 return 0;
         case PEER_REFUSE:
                 pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_REFUSE;
@@ -405,6 +436,11 @@ static int peer_encode(Arena *a, const PeerMessage *m, Familyd__V1__PeerMessage 
         case PEER_PING_REQ:
                 pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_PING_REQ;
                 return probe_encode(a, m, pb, &pb->ping_req);
+        case PEER_VERDICTS:
+                pb->body_case = FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS;
+                pb->verdicts = MSG_NEW(a, Familyd__V1__PeerVerdicts,
+                                       familyd__v1__peer_verdicts__init);
+                return pb->verdicts ? updates_encode(a, m, pb) : -ENOMEM;
         default:
                 return -EINVAL;
         }

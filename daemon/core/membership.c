@@ -35,6 +35,7 @@ struct Membership {
         size_t next_tombstone;
         size_t max_nodes;
         uint64_t digest; /* membership_digest() */
+        uint64_t verdicts; /* membership_verdict_digest() */
         MemberRecords *records; /* NULL: members own their records */
         unsigned verdict_period_ms; /* 0: states by silence; else by verdict (swim) */
 };
@@ -58,6 +59,53 @@ static uint64_t member_digest(const Member *e) {
 
 uint64_t membership_digest(const Membership *m) {
         return m->digest;
+}
+
+uint64_t membership_verdict_member(const char *name, uint64_t boot_id, uint64_t incarnation,
+                                   NodeState state) {
+        uint64_t h = membership_digest_member(name, boot_id);
+
+        /* splitmix64's finaliser over the start's hash, the incarnation and the state. */
+        h ^= incarnation * UINT64_C(0xD6E8FEB86659FD93) + (uint64_t) state + 1;
+        h = (h ^ (h >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+        h = (h ^ (h >> 27)) * UINT64_C(0x94D049BB133111EB);
+        return h ^ (h >> 31);
+}
+
+static uint64_t member_verdict(const Member *e) {
+        return membership_verdict_member(e->info->name, e->info->boot_id, e->incarnation,
+                                         e->state);
+}
+
+/* A member's state and incarnation, the verdict digest kept in step. */
+static void member_set_verdict(Membership *m, Member *e, NodeState state, uint64_t incarnation) {
+        m->verdicts -= member_verdict(e);
+        e->state = state;
+        e->incarnation = incarnation;
+        m->verdicts += member_verdict(e);
+}
+
+uint64_t membership_verdict_digest(const Membership *m) {
+        return m->verdicts;
+}
+
+unsigned membership_verdict_bucket(const Member *e, unsigned n_buckets) {
+        unsigned bits = 0;
+
+        while ((1u << bits) < n_buckets)
+                bits++;
+        return bits == 0 ? 0 : (unsigned) (member_digest(e) >> (64 - bits));
+}
+
+void membership_verdict_buckets(const Membership *m, unsigned n_buckets, uint64_t *ret) {
+        memset(ret, 0, n_buckets * sizeof(uint64_t));
+        for (size_t i = 0; i < m->n_members; i++)
+                ret[membership_verdict_bucket(&m->members[i], n_buckets)] +=
+                        member_verdict(&m->members[i]);
+}
+
+void membership_set_local_incarnation(Membership *m, uint64_t incarnation) {
+        member_set_verdict(m, &m->members[0], NODE_UP, incarnation);
 }
 
 void member_info_done(MemberInfo *m) {
@@ -393,6 +441,7 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
         m->members[0].last_heard_ms = now_ms;
         m->n_members = 1;
         m->digest = member_digest(&m->members[0]);
+        m->verdicts = member_verdict(&m->members[0]);
         r = name_index_put(&m->by_name, m->members[0].info->name, 0);
         if (r < 0)
                 return r;
@@ -611,6 +660,7 @@ static int membership_add(Membership *m, const MemberInfo *info, int64_t last_he
         e->state_since_ms = now_ms;
         m->n_members++;
         m->digest += member_digest(e);
+        m->verdicts += member_verdict(e);
         ranks_put(m, m->n_members - 1);
         return 0;
 }
@@ -621,10 +671,12 @@ static int member_replace(Membership *m, Member *e, const MemberInfo *info) {
         if (r < 0)
                 return r;
         m->digest -= member_digest(e);
+        m->verdicts -= member_verdict(e);
         ranks_drop(m, (size_t) (e - m->members));
         member_drop(e);
         e->info = copy.info;
         m->digest += member_digest(e);
+        m->verdicts += member_verdict(e);
         ranks_put(m, (size_t) (e - m->members));
         return 0;
 }
@@ -705,9 +757,8 @@ static int membership_heard_start(Membership *m, const MemberInfo *sender, Membe
                 if (r < 0)
                         return r;
                 e->last_heard_ms = now_ms;
-                e->state = NODE_UP;
+                member_set_verdict(m, e, NODE_UP, 0);
                 e->state_since_ms = now_ms;
-                e->incarnation = 0;
                 *ret = MEMBER_RESTARTED;
         } else {
                 r = membership_add(m, sender, now_ms, now_ms);
@@ -738,7 +789,7 @@ int membership_heard_from(Membership *m, const MemberInfo *sender, uint64_t vers
                 /* By verdict, only a higher incarnation lifts a suspicion (the caller's). */
                 if (!m->verdict_period_ms) {
                         changed = e->state != NODE_UP;
-                        e->state = NODE_UP;
+                        member_set_verdict(m, e, NODE_UP, e->incarnation);
                 }
                 *ret = MEMBER_KNOWN;
         } else if (sender->partial) {
@@ -830,6 +881,7 @@ static void membership_remove(Membership *m, size_t i) {
         Tombstone *t = &m->tombstones[m->next_tombstone];
 
         m->digest -= member_digest(&m->members[i]);
+        m->verdicts -= member_verdict(&m->members[i]);
         free(t->name);
         t->name = strdup(m->members[i].info->name); /* NULL: this one not remembered */
         t->boot_id = m->members[i].info->boot_id;
@@ -878,7 +930,7 @@ static bool membership_tick_verdicts(Membership *m, int64_t now_ms) {
                         continue;
                 }
                 if (e->state == NODE_SUSPECT && since >= suspicion) {
-                        e->state = NODE_DOWN;
+                        member_set_verdict(m, e, NODE_DOWN, e->incarnation);
                         e->state_since_ms = now_ms;
                         changed = true;
                 }
@@ -905,10 +957,11 @@ int membership_verdict(Membership *m, const char *name, uint64_t boot_id, uint64
             state >= _NODE_STATE_MAX || incarnation > e->incarnation + MEMBERSHIP_INCARNATION_SLACK ||
             !verdict_wins(e, state, incarnation))
                 return 0;
-        e->incarnation = incarnation;
-        if (e->state == state)
+        if (e->state == state) {
+                member_set_verdict(m, e, state, incarnation);
                 return 2;
-        e->state = state;
+        }
+        member_set_verdict(m, e, state, incarnation);
         e->state_since_ms = now_ms;
         membership_changed(m);
         return 1;
@@ -932,7 +985,7 @@ bool membership_tick(Membership *m, int64_t now_ms) {
                         continue;
                 }
                 if (s != e->state) {
-                        e->state = s;
+                        member_set_verdict(m, e, s, e->incarnation);
                         changed = true;
                 }
                 i++;

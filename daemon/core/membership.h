@@ -198,6 +198,20 @@ uint64_t membership_changes(const Membership *m);
  * this node included, kept as members come and go. */
 uint64_t membership_digest(const Membership *m);
 uint64_t membership_digest_member(const char *name, uint64_t boot_id);
+/*
+ * The members' verdicts summarised (swim): the sum of membership_verdict_member() over every
+ * member, this node included with its incarnation (membership_set_local_incarnation()), kept
+ * as members, states and incarnations change. Equal tables of equal verdicts have equal sums.
+ */
+uint64_t membership_verdict_digest(const Membership *m);
+uint64_t membership_verdict_member(const char *name, uint64_t boot_id, uint64_t incarnation,
+                                   NodeState state);
+/* A member's bucket of n_buckets (a power of two): the top bits of its start's digest. */
+unsigned membership_verdict_bucket(const Member *e, unsigned n_buckets);
+/* The verdict digest of each of n_buckets buckets into ret[n_buckets]: O(members). */
+void membership_verdict_buckets(const Membership *m, unsigned n_buckets, uint64_t *ret);
+/* This node's incarnation (raised to refute a suspicion of it), as the verdict digest counts it. */
+void membership_set_local_incarnation(Membership *m, uint64_t incarnation);
 /* Counts the other members by state. */
 void membership_count_states(const Membership *m, unsigned counts[_NODE_STATE_MAX]);
 

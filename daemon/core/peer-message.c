@@ -17,5 +17,6 @@ void peer_message_done(PeerMessage *m) {
         free(m->updates);
         free(m->forget_name);
         free(m->reason);
+        free(m->want_verdicts);
         *m = (PeerMessage) {};
 }

@@ -22,12 +22,17 @@ typedef enum PeerBody {
         PEER_PING,     /* swim: are you alive? (probe: the receiver as the sender knows it) */
         PEER_ACK,      /* swim: the member probe names answered probe.seq */
         PEER_PING_REQ, /* swim: ping probe's member for the sender */
+        PEER_VERDICTS, /* swim: verdicts asked for by a who with buckets, in updates */
         _PEER_BODY_MAX,
         _PEER_BODY_INVALID = -EINVAL,
 } PeerBody;
 
 /* Gossip carries at most this many verdicts per message (swim). */
 #define PEER_MAX_GOSSIP 256
+/* An answer to a who with buckets carries at most this many (a longer one is split). */
+#define PEER_MAX_VERDICTS 4096
+/* A who asks for verdicts in at most this many buckets (a power of two). */
+#define PEER_MAX_VERDICT_BUCKETS 1024
 
 typedef struct PeerKnown {
         MemberInfo info;
@@ -60,18 +65,23 @@ typedef struct PeerMessage {
         PeerKnown *members; /* hello, announce */
         size_t n_members;
         PeerProbe probe;    /* ping, ack, ping_req */
-        PeerUpdate *updates; /* swim probes: gossiped verdicts */
+        PeerUpdate *updates; /* swim probes: gossiped verdicts; verdicts: those asked for */
         size_t n_updates;
         uint64_t incarnation; /* swim: the sender's */
         char *forget_name; /* forget */
         uint64_t forget_boot_id;
         char *reason; /* refuse */
         bool want_table; /* who: send the whole table in the hello */
+        /* who (swim): send verdicts where they differ from these, the asker's verdict digest of
+         * each of n_want_verdicts buckets (membership_verdict_buckets()); 0: none asked. */
+        uint64_t *want_verdicts;
+        size_t n_want_verdicts;
         /* The sender's table summarised (membership_digest()); has_table: the sender sent it
          * (daemons before it did not). */
         bool has_table;
         uint64_t table_digest;
         uint32_t table_members;
+        uint64_t verdict_digest; /* swim: membership_verdict_digest(); 0: not sent */
 } PeerMessage;
 
 /* Frees what a decoded message owns. */

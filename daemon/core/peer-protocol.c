@@ -9,6 +9,7 @@
 #include "name-index.h"
 #include "peer-protocol.h"
 #include "resource-limits.h"
+#include "verdict-sync.h"
 
 #define PROTOCOL_VERSION_NOTE_SLOTS 64u
 
@@ -26,6 +27,7 @@ typedef struct ProtocolLink {
         bool differs;            /* the member's table digest is not ours */
         int64_t differs_since_ms; /* since then, or since we last asked it for its table */
         int64_t used_at_ms;       /* swim: last sent on */
+        uint64_t answered_boot_id; /* the start that last answered on it (0: none) */
         struct ProtocolLink *next;
 } ProtocolLink;
 
@@ -80,6 +82,9 @@ struct Protocol {
         bool differs; /* a member's table digest differs from ours (links are few) */
         int64_t differs_since_ms;
         bool greeted; /* said hello to every member of the first table we got */
+        VerdictPull verdict_pull;
+        int64_t answers_at_ms; /* the heartbeat in which pulls were last answered */
+        unsigned answers;      /* how many in it */
 };
 
 static void note(Protocol *p, ProtocolNote n) {
@@ -127,6 +132,8 @@ static void stamp(Protocol *p, PeerMessage *m) {
         m->has_table = true;
         m->table_digest = membership_digest(p->membership);
         m->table_members = (uint32_t) membership_count(p->membership);
+        if (p->mode == PROTOCOL_SWIM)
+                m->verdict_digest = membership_verdict_digest(p->membership);
 }
 
 static void link_send(Protocol *p, ProtocolLink *l, PeerMessage *m) {
@@ -279,6 +286,7 @@ static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
         }
         l->dialed_at_ms = now;
         l->used_at_ms = now;
+        l->answered_boot_id = 0;
         /* The table follows when the other side's digest asks for it (table_check()). With
          * swim only a seed needs our record first: the others know us from tables. */
         if (p->mode == PROTOCOL_ALL_TO_ALL || l->seed)
@@ -320,11 +328,16 @@ static void link_free(Protocol *p, ProtocolLink *l) {
         free(l);
 }
 
-/* A member we hear from directly: its link (re)starts now if it was waiting. A link made at or
- * before `stale_ms` (INT64_MIN: none) may reach a previous start of the member, and is made
- * anew. */
-static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64_t now) {
+/* A member we hear from directly: its link (re)starts now if it was waiting. On a restart to
+ * start `boot_id` (stale_ms not INT64_MIN), a link made at or before `stale_ms` may reach a
+ * previous start of the member, and is made anew; with swim, so is any link the new start has
+ * not answered on: a daemon hears few members directly, so when it last heard the old start
+ * says little about when its link was made (links made at a cold start's greetings outlived
+ * restarts, and their first probe after was lost). */
+static void link_heard(Protocol *p, const char *address, int64_t stale_ms, uint64_t boot_id,
+                       int64_t now) {
         ProtocolLink *l = link_find(p, address);
+        bool stale;
 
         if (!l) {
                 if (p->mode == PROTOCOL_ALL_TO_ALL) /* swim: links are made on demand */
@@ -339,7 +352,10 @@ static void link_heard(Protocol *p, const char *address, int64_t stale_ms, int64
         l->reached = true;
         l->failing = false;
         l->failures = 0;
-        if (l->endpoint && l->dialed_at_ms <= stale_ms)
+        stale = l->dialed_at_ms <= stale_ms ||
+                (p->mode == PROTOCOL_SWIM && stale_ms != INT64_MIN &&
+                 l->answered_boot_id != boot_id);
+        if (l->endpoint && stale)
                 link_close(p, l); /* our old link went to its previous start */
         if (!l->endpoint)
                 link_dial(p, l, now);
@@ -440,7 +456,8 @@ static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
                                                  .member = &m->members[i].info,
                                                  .name = m->sender.name });
                         link_heard(p, m->members[i].info.address,
-                                   v == MEMBER_RESTARTED ? previous_heard : INT64_MIN, now);
+                                   v == MEMBER_RESTARTED ? previous_heard : INT64_MIN,
+                                   m->members[i].info.boot_id, now);
                 }
         }
 }
@@ -608,6 +625,7 @@ static void refute(Protocol *p, uint64_t boot_id, NodeState state, uint64_t inca
             incarnation > p->incarnation + MEMBERSHIP_INCARNATION_SLACK)
                 return;
         p->incarnation = incarnation + 1;
+        membership_set_local_incarnation(p->membership, p->incarnation);
         gossip_news(p, p->self.name, p->self.boot_id, false);
 }
 
@@ -807,6 +825,54 @@ static void swim_answer(Protocol *p, const ProtocolOrigin *o, const PeerMessage 
         swim_send(p, NULL, o, &ack, now);
 }
 
+/* swim: a member whose verdicts have differed from ours for a while (and whose table does not)
+ * is asked for them where they differ (verdict-sync.h). */
+static void verdict_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                          int64_t now) {
+        unsigned n_buckets = verdict_sync_buckets(membership_count(p->membership));
+        _cleanup_free_ uint64_t *buckets = NULL;
+
+        if (!m->has_table || m->table_digest != membership_digest(p->membership) ||
+            !verdict_pull_due(&p->verdict_pull, membership_verdict_digest(p->membership),
+                              m->verdict_digest, now, p->heartbeat_ms,
+                              VERDICT_SYNC_ROUNDS))
+                return;
+        buckets = calloc(n_buckets, sizeof(uint64_t));
+        if (!buckets) {
+                note_no_memory(p);
+                return;
+        }
+        membership_verdict_buckets(p->membership, n_buckets, buckets);
+        reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_verdicts = buckets,
+                                     .n_want_verdicts = n_buckets });
+}
+
+/* A pull: our verdicts where the asker's buckets differ, at most VERDICT_SYNC_ANSWERS a
+ * heartbeat. */
+static void verdicts_answer(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
+                            int64_t now) {
+        _cleanup_free_ PeerUpdate *list = NULL;
+        size_t n;
+
+        if (now - p->answers_at_ms >= (int64_t) p->heartbeat_ms) {
+                p->answers_at_ms = now;
+                p->answers = 0;
+        }
+        if (p->answers >= VERDICT_SYNC_ANSWERS)
+                return;
+        p->answers++;
+        if (verdict_sync_answer(p->membership, m->want_verdicts, m->n_want_verdicts,
+                                p->incarnation, &list, &n) < 0) {
+                note_no_memory(p);
+                return;
+        }
+        for (size_t at = 0, k; at < n; at += k) {
+                k = verdict_sync_chunk(list, n, at);
+                reply(p, o, &(PeerMessage) { .body = PEER_VERDICTS, .updates = list + at,
+                                             .n_updates = k });
+        }
+}
+
 /* The verdicts a probe message carries. */
 static void gossip_take(Protocol *p, const PeerMessage *m, int64_t now) {
         for (size_t i = 0; i < m->n_updates; i++) {
@@ -904,7 +970,9 @@ static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, 
                 ProtocolLink *l = link_find(p, m->sender.address);
                 /* A daemon without digests learns tables from hellos only. swim: answered on
                  * the link it came on (we may have none to the sender). */
-                if (p->mode == PROTOCOL_SWIM)
+                if (p->mode == PROTOCOL_SWIM && m->n_want_verdicts > 0)
+                        verdicts_answer(p, o, m, now);
+                else if (p->mode == PROTOCOL_SWIM)
                         send_hello(p, NULL, o, m->want_table || !m->has_table, now);
                 else if (l)
                         send_hello(p, l, NULL, m->want_table || !m->has_table, now);
@@ -921,6 +989,10 @@ static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, 
         case PEER_PING_REQ:
                 gossip_take(p, m, now);
                 swim_relay(p, m, now);
+                break;
+        case PEER_VERDICTS:
+                if (p->mode == PROTOCOL_SWIM)
+                        gossip_take(p, m, now);
                 break;
         case PEER_FORGET:
                 if (membership_forget(p->membership, m->forget_name, m->forget_boot_id, true,
@@ -945,6 +1017,12 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
 
         if (!link_speaks_for(p, o, m, now))
                 return;
+        if (o->dialed) {
+                /* An answer on our own link: the start it reaches (see link_heard()). */
+                ProtocolLink *l = link_find(p, m->sender.address);
+                if (l && l->endpoint == o->dialed)
+                        l->answered_boot_id = m->sender.boot_id;
+        }
         if (m->body == PEER_REFUSE) {
                 refused(p, o, m, now);
                 return;
@@ -989,7 +1067,8 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_JOINED, .member = &m->sender,
                                          .flag = v == MEMBER_RESTARTED });
                 link_heard(p, m->sender.address,
-                           v == MEMBER_RESTARTED ? previous_heard : INT64_MIN, now);
+                           v == MEMBER_RESTARTED ? previous_heard : INT64_MIN,
+                           m->sender.boot_id, now);
                 if (p->mode == PROTOCOL_SWIM) {
                         /* It joined through us and knows little: our table, on its link (we
                          * dial no one back); it greets the others itself (swim_greet()). */
@@ -999,7 +1078,7 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                         announce(p, m->sender.name, now);
                 break;
         default:
-                link_heard(p, m->sender.address, INT64_MIN, now);
+                link_heard(p, m->sender.address, INT64_MIN, m->sender.boot_id, now);
                 break;
         }
         /* Its own word on its incarnation lifts a suspicion it has refuted; one it has not
@@ -1012,6 +1091,8 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
         }
         on_body(p, o, m, now);
         table_check(p, o, m, now);
+        if (p->mode == PROTOCOL_SWIM)
+                verdict_check(p, o, m, now);
 }
 
 /* --- time and commands --- */

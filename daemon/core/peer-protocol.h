@@ -44,7 +44,13 @@
  * newcomer's hello with its table, and the newcomer, once it knows a table, says hello to
  * every member (one message each); a member that still holds an older start of it up probes
  * that start next, so it is suspected within a period and the new start believed on its next
- * word. Tables still meet by digest.
+ * word. Tables still meet by digest, and verdicts by theirs: a daemon whose verdict digest has
+ * differed from those it hears pulls the member's verdicts where they differ (a who with its
+ * digest in buckets, answered with PEER_VERDICTS; core/verdict-sync.h), so a mass change such
+ * as a healed partition spreads in about log2 N pulls instead of waiting for gossip. On a
+ * restart a swim daemon also makes anew every link to the node that the new start has not
+ * answered on: it hears most members only through others, so the last news of the previous
+ * start says little about when its link was made.
  *
  * Rules against a member that errs (issue 16; the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names

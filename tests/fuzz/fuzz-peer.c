@@ -155,7 +155,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (codec_peer_decode(data, size, &msg) < 0)
                 return 0;
         p = protocol_seeded(msg.body == PEER_PING || msg.body == PEER_ACK ||
-                                            msg.body == PEER_PING_REQ || (size & 1) ?
+                                            msg.body == PEER_PING_REQ ||
+                                            msg.body == PEER_VERDICTS ||
+                                            msg.n_want_verdicts > 0 || (size & 1) ?
                                     PROTOCOL_SWIM :
                                     PROTOCOL_ALL_TO_ALL);
         const Membership *m = protocol_membership(p);

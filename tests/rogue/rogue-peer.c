@@ -67,8 +67,13 @@ typedef struct Rogue {
 } Rogue;
 
 static const char *body_name(PeerBody b) {
-        static const char *const names[] = { "HEARTBEAT", "HELLO", "ANNOUNCE", "FORGET",
-                                             "REFUSE", "WHO" };
+        static const char *const names[_PEER_BODY_MAX] = {
+                [PEER_HEARTBEAT] = "HEARTBEAT", [PEER_HELLO] = "HELLO",
+                [PEER_ANNOUNCE] = "ANNOUNCE",   [PEER_FORGET] = "FORGET",
+                [PEER_REFUSE] = "REFUSE",       [PEER_WHO] = "WHO",
+                [PEER_PING] = "PING",           [PEER_ACK] = "ACK",
+                [PEER_PING_REQ] = "PING_REQ",   [PEER_VERDICTS] = "VERDICTS",
+        };
         return b >= 0 && b < _PEER_BODY_MAX ? names[b] : "?";
 }
 

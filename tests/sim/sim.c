@@ -26,6 +26,7 @@ typedef struct SimOptions {
         unsigned start_spread_ms, rest_s, loss_s, partition_s;
         unsigned crash_loss_percent; /* loss while a crash is being detected */
         bool check;
+        bool heal_trace; /* a stderr line per simulated second of a heal */
 } SimOptions;
 
 typedef struct SimRow {
@@ -149,8 +150,42 @@ static void phase_crash(Sim *s, const SimOptions *o, size_t n, SimRow *row) {
         row->ok = row->ok && at >= 0;
 }
 
+/* How many pairs of a running node and a member it holds down, and suspect. */
+static void held_pairs(const Sim *s, uint64_t *ret_down, uint64_t *ret_suspect) {
+        *ret_down = *ret_suspect = 0;
+        for (size_t i = 0; i < s->n_nodes; i++) {
+                unsigned c[_NODE_STATE_MAX] = {};
+                if (!s->nodes[i].up)
+                        continue;
+                membership_count_states(protocol_membership(s->nodes[i].protocol), c);
+                *ret_down += c[NODE_DOWN];
+                *ret_suspect += c[NODE_SUSPECT];
+        }
+}
+
+/* sim_run_to_agreement(), with a line on stderr per simulated second: how the heal goes. */
+static int64_t run_to_agreement_traced(Sim *s, size_t n, int64_t until_us) {
+        int64_t t0 = s->now_us, next = t0;
+
+        while (s->now_us < until_us) {
+                if (s->now_us >= next) {
+                        uint64_t down, suspect;
+                        held_pairs(s, &down, &suspect);
+                        fprintf(stderr, "familyd-sim: %zu members: heal +%.0f s: %" PRIu64
+                                        " pairs held down, %" PRIu64 " suspect, %.0f MB sent\n",
+                                n, (double) (s->now_us - t0) / 1e6, down, suspect,
+                                (double) s->total.bytes / 1e6);
+                        next += 1000000;
+                }
+                sim_run_until(s, MIN(s->now_us + 10000, until_us));
+                if (sim_agreed(s))
+                        return s->now_us;
+        }
+        return -1;
+}
+
 /* Two halves apart for partition_s, then together: the time until they agree again. */
-static void phase_partition(Sim *s, const SimOptions *o, SimRow *row) {
+static void phase_partition(Sim *s, const SimOptions *o, size_t n, SimRow *row) {
         int64_t t0, at;
 
         for (size_t i = 0; i < s->n_nodes; i++)
@@ -159,7 +194,8 @@ static void phase_partition(Sim *s, const SimOptions *o, SimRow *row) {
         for (size_t i = 0; i < s->n_nodes; i++)
                 s->nodes[i].group = 0;
         t0 = s->now_us;
-        at = sim_run_to_agreement(s, t0 + SIM_AGREE_LIMIT_US, 10000);
+        at = o->heal_trace ? run_to_agreement_traced(s, n, t0 + SIM_AGREE_LIMIT_US)
+                           : sim_run_to_agreement(s, t0 + SIM_AGREE_LIMIT_US, 10000);
         row->heal_s = seconds(at - t0);
         row->ok = row->ok && at >= 0;
 }
@@ -224,7 +260,8 @@ static bool size_fits(const SimOptions *o, size_t n) {
         return false;
 }
 
-/* A line on stderr per phase: a 10,000-member run takes an hour before its row. */
+/* A line on stderr per phase, with its figures: a 10,000-member run takes an hour before its
+ * row, and a run stopped early keeps what it measured. */
 static void progress(const Sim *s, size_t n, const char *what, double w0) {
         fprintf(stderr, "familyd-sim: %zu members: %s at %.2f simulated s, %.0f s of wall time\n",
                 n, what, (double) s->now_us / 1e6, wall_now() - w0);
@@ -239,16 +276,33 @@ static int run_size(const SimOptions *o, size_t n, SimRow *row) {
         if (sim_new(&config, &s) < 0)
                 return -ENOMEM;
         *row = (SimRow) { .n = n };
+        char what[256];
+
         phase_start(s, o, n, row);
-        progress(s, n, "started", w0);
+        snprintf(what, sizeof what, "started (agreed %.2f s after the last start, %.0f msgs and "
+                                    "%.0f KiB a node, %.1f KiB of memory a node)",
+                 row->converge_s, row->start_msgs_per_node, row->start_kib_per_node,
+                 row->mem_kib_per_node);
+        progress(s, n, what, w0);
         phase_rest(s, o, n, row);
         phase_join(s, n, row);
-        progress(s, n, "joined", w0);
+        snprintf(what, sizeof what, "joined (rest %.0f B and %.1f msgs a node a second; join "
+                                    "%.2f s, %.0f msgs, %.0f KiB)",
+                 row->rest_bytes, row->rest_msgs, row->join_s, row->join_msgs, row->join_kib);
+        progress(s, n, what, w0);
         phase_crash(s, o, n, row);
-        progress(s, n, "crash detected, restarted", w0);
-        phase_partition(s, o, row);
-        progress(s, n, "partition healed", w0);
+        snprintf(what, sizeof what, "crash detected, restarted (first suspect %.2f s, all down "
+                                    "%.2f s, restart %.2f s)",
+                 row->first_suspect_s, row->all_down_s, row->restart_s);
+        progress(s, n, what, w0);
+        phase_partition(s, o, n, row);
+        snprintf(what, sizeof what, "partition healed (agreed %.2f s after the heal)",
+                 row->heal_s);
+        progress(s, n, what, w0);
         row->false_1 = phase_loss(s, o, 0.01, &row->down_1);
+        snprintf(what, sizeof what, "1%% loss done (%" PRIu64 " false suspicions, %" PRIu64
+                                    " false downs)", row->false_1, row->down_1);
+        progress(s, n, what, w0);
         row->false_5 = phase_loss(s, o, 0.05, &row->down_5);
         row->wall_s = wall_now() - w0;
         sim_free(s);
@@ -353,7 +407,7 @@ static void usage(void) {
                "            [--latency-us N] [--jitter-us N] [--flush-us N] [--devices N]\n"
                "            [--start-spread-ms N] [--rest-s N] [--partition-s N] [--loss-s N]\n"
                "            [--seed N] [--own-records] [--membership all-to-all|swim]\n"
-               "            [--crash-loss PERCENT] [--check]\n");
+               "            [--crash-loss PERCENT] [--check] [--heal-trace]\n");
 }
 
 static int parse_options(int argc, char **argv, SimOptions *o) {
@@ -375,6 +429,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
                 { "membership", required_argument, NULL, 'm' },
                 { "crash-loss", required_argument, NULL, 'C' },
                 { "check", no_argument, NULL, 'c' },
+                { "heal-trace", no_argument, NULL, 'T' },
                 { "help", no_argument, NULL, 'H' },
                 {},
         };
@@ -403,6 +458,7 @@ static int parse_options(int argc, char **argv, SimOptions *o) {
                         r = o->config.mode < 0 ? -EINVAL : 0;
                         break;
                 case 'c': o->check = true; break;
+                case 'T': o->heal_trace = true; break;
                 case 'H': usage(); exit(EXIT_SUCCESS);
                 default: return -EINVAL;
                 }

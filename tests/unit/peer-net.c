@@ -37,7 +37,10 @@ static void copy_message(const PeerMessage *from, PeerMessage *to) {
                               .forget_boot_id = from->forget_boot_id,
                               .want_table = from->want_table, .has_table = from->has_table,
                               .table_digest = from->table_digest,
-                              .table_members = from->table_members };
+                              .table_members = from->table_members,
+                              .verdict_digest = from->verdict_digest };
+        bool gossip = !net.no_gossip || from->body == PEER_VERDICTS;
+
         assert_int_equal(member_info_copy(&from->sender, &to->sender), 0);
         to->sender.partial = from->sender.partial;
         to->members = calloc(from->n_members + 1, sizeof(PeerKnown));
@@ -56,12 +59,19 @@ static void copy_message(const PeerMessage *from, PeerMessage *to) {
         to->probe.name = from->probe.name ? strdup(from->probe.name) : NULL;
         to->updates = calloc(from->n_updates + 1, sizeof(PeerUpdate));
         assert_non_null(to->updates);
-        for (size_t i = 0; i < from->n_updates; i++) {
+        for (size_t i = 0; gossip && i < from->n_updates; i++) {
                 to->updates[i] = from->updates[i];
                 to->updates[i].name = strdup(from->updates[i].name);
                 assert_non_null(to->updates[i].name);
+                to->n_updates++;
         }
-        to->n_updates = from->n_updates;
+        if (from->n_want_verdicts > 0) {
+                to->want_verdicts = calloc(from->n_want_verdicts, sizeof(uint64_t));
+                assert_non_null(to->want_verdicts);
+                memcpy(to->want_verdicts, from->want_verdicts,
+                       from->n_want_verdicts * sizeof(uint64_t));
+                to->n_want_verdicts = from->n_want_verdicts;
+        }
 }
 
 static void enqueue(int to, Endpoint *ep, bool is_reply, const PeerMessage *m) {
@@ -70,6 +80,7 @@ static void enqueue(int to, Endpoint *ep, bool is_reply, const PeerMessage *m) {
         net.nodes[from].sent[m->body]++;
         net.tables += m->body == PEER_HELLO && m->n_members > 0;
         net.table_asks += m->body == PEER_WHO && m->want_table;
+        net.verdict_asks += m->body == PEER_WHO && m->n_want_verdicts > 0;
         net.announces += m->body == PEER_ANNOUNCE;
         assert_true(net.tail - net.head < MAX_QUEUE);
         Delivery *d = &net.queue[net.tail++ % MAX_QUEUE];
@@ -87,7 +98,8 @@ static int sink_dial(void *userdata, const char *address, void **ret_endpoint) {
         assert_true(net.n_eps < 1024);
         Endpoint *ep = calloc(1, sizeof *ep);
         assert_non_null(ep);
-        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true, .made = net.now };
+        *ep = (Endpoint) { .from = node_of(n), .to = to, .open = true, .made = net.now,
+                           .to_start = net.nodes[to].start };
         net.eps[net.n_eps++] = ep;
         *ret_endpoint = ep;
         return 0;
@@ -163,6 +175,7 @@ static bool sink_verify(void *userdata, const MemberInfo *record) {
 /* Node n's protocol, its start number `start` (1: the first), joining through `seed`. */
 static void start_node(SimNode *n, int64_t rank, unsigned start, const char *seed) {
         size_t i = (size_t) node_of(n);
+        n->start = start;
         MemberInfo self = { .name = n->name, .node_rank = rank, .address = n->address,
                             .boot_id = 1000 * start + i, .started_unix_ms = 100 * start,
                             .devices = host_devices, .n_devices = 1 };
@@ -211,7 +224,13 @@ void deliver(void) {
 
                 int from = d->is_reply ? d->ep->to : d->ep->from;
 
-                if (d->ep->open && !n->crashed && !net.cut[from][d->to]) {
+                if (net.lazy_failures && !d->is_reply && d->ep->open && !net.cut[from][d->to] &&
+                    (n->crashed || d->ep->to_start != n->start)) {
+                        /* The start it was meant for is gone: the dialer's link fails. */
+                        d->ep->open = false;
+                        protocol_on_link_failed(net.nodes[d->ep->from].protocol, d->ep, "reset",
+                                                net.now);
+                } else if (d->ep->open && !n->crashed && !net.cut[from][d->to]) {
                         protocol_on_message(n->protocol, &o, &d->m, net.now);
                         protocol_flush(n->protocol, net.now, 1000000 + net.now);
                 }
@@ -252,6 +271,10 @@ void crash(SimNode *c) {
                 ep->open = false;
                 protocol_on_link_failed(net.nodes[ep->from].protocol, ep, "reset", net.now);
         }
+}
+
+void crash_silently(SimNode *c) {
+        c->crashed = true;
 }
 
 NodeState state_of(const SimNode *at, const SimNode *of) {

@@ -24,6 +24,7 @@ typedef struct Endpoint {
         int from, to;
         bool open;
         int64_t made;    /* net.now when dialed */
+        unsigned to_start; /* the start of `to` it reaches */
         unsigned closes; /* by the node that dialed it (sink_close) */
 } Endpoint;
 
@@ -38,6 +39,7 @@ typedef struct SimNode {
         Protocol *protocol;
         char name[16], address[32];
         bool crashed;
+        unsigned start; /* 1: the first */
         unsigned dials, refused_us, asked_again, refusals_ignored, refusing, learned;
         unsigned sent[_PEER_BODY_MAX]; /* messages this node sent (and replied), by body */
         uint64_t last_retry_s;
@@ -55,6 +57,11 @@ typedef struct PeerNet {
         int64_t now;
         unsigned tables, table_asks, announces; /* hellos with members, who(table), announces */
         bool cut[MAX_NODES][MAX_NODES]; /* [from][to]: messages lost (the link stays up) */
+        bool no_gossip; /* probes lose their gossip in transit (a pull's answer does not) */
+        /* Links fail only when used: a message to a start that is gone fails its link then
+         * (a transport without keepalives), as in tests/sim. */
+        bool lazy_failures;
+        unsigned verdict_asks; /* whos with verdict buckets */
         /* Nodes started from now on MAC their records, and every node checks relayed ones: a
          * stand-in for the cluster key (record_mac = 0xaa, the boot id's low byte). */
         bool macs;
@@ -78,6 +85,8 @@ void drop_queued(void);
 void run(unsigned intervals);
 /* A node crashes: it hears nothing, and the links to it fail as UCX says. */
 void crash(SimNode *c);
+/* A node crashes and nothing says so: its links stay open (see lazy_failures). */
+void crash_silently(SimNode *c);
 NodeState state_of(const SimNode *at, const SimNode *of);
 int setup(void **state);
 int teardown(void **state);

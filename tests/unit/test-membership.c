@@ -771,6 +771,91 @@ static void test_verdicts_forget_after(void **state) {
         assert_null(membership_find(m, "node-c"));
 }
 
+/* The verdict digest equals its sum recomputed from the table, and so do its buckets. */
+static void assert_verdicts_in_step(const Membership *m, uint64_t local_incarnation) {
+        uint64_t sum = 0, buckets[4], bucket_sum = 0;
+
+        for (size_t i = 0; i < membership_count(m); i++) {
+                const Member *e = membership_get(m, i);
+                sum += membership_verdict_member(e->info->name, e->info->boot_id,
+                                                 e->local ? local_incarnation : e->incarnation,
+                                                 e->local ? NODE_UP : e->state);
+        }
+        assert_int_equal(membership_verdict_digest(m), sum);
+        membership_verdict_buckets(m, 4, buckets);
+        for (size_t b = 0; b < 4; b++)
+                bucket_sum += buckets[b];
+        assert_int_equal(bucket_sum, sum);
+}
+
+/* Every change of a member's state, incarnation or start, and every member added or gone,
+ * moves the verdict digest in step (swim pulls verdicts when digests differ). */
+static void test_verdict_digest_in_step(void **state) {
+        static const MembershipTimeouts t = { .suspect_ms = 300, .down_ms = 1000,
+                                              .forget_after_ms = 2000 };
+        MemberInfo self = info("node-a", -1, "127.0.0.1:7000", 1, 100);
+        _cleanup_(membership_freep) Membership *m = NULL;
+        MemberVerdict v;
+
+        assert_int_equal(membership_new(&self, &t, 0, &m), 0);
+        membership_set_verdicts(m, 100);
+        assert_verdicts_in_step(m, 0);
+        uint64_t alone = membership_verdict_digest(m);
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 0),
+                         MEMBER_JOINED);
+        MemberInfo d = info("node-d", -1, "127.0.0.1:7003", 8, 100);
+        assert_int_equal(membership_learn(m, &d, 0, 0, &v), 0);
+        assert_int_equal(v, MEMBER_JOINED);
+        assert_verdicts_in_step(m, 0);
+        uint64_t all_up = membership_verdict_digest(m);
+        assert_int_not_equal(all_up, alone);
+        /* Suspect, refuted, an incarnation raised alone, suspect again, down by the timer. */
+        assert_int_equal(membership_verdict(m, "node-c", 7, 0, NODE_SUSPECT, 10), 1);
+        assert_verdicts_in_step(m, 0);
+        assert_int_not_equal(membership_verdict_digest(m), all_up);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 1, NODE_UP, 20), 1);
+        assert_verdicts_in_step(m, 0);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 2, NODE_UP, 30), 2);
+        assert_verdicts_in_step(m, 0);
+        assert_int_equal(membership_verdict(m, "node-c", 7, 2, NODE_SUSPECT, 40), 1);
+        assert_true(membership_tick(m, 40 + (int64_t) membership_suspicion_ms(m)));
+        assert_int_equal(membership_find(m, "node-c")->state, NODE_DOWN);
+        assert_verdicts_in_step(m, 0);
+        /* A restart: the new start, up at incarnation 0. */
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 17, 200), 1, 900),
+                         MEMBER_RESTARTED);
+        assert_verdicts_in_step(m, 0);
+        /* This node refutes: its own incarnation counts. */
+        membership_set_local_incarnation(m, 3);
+        assert_verdicts_in_step(m, 3);
+        /* Forgotten by an operator, and gone after forget_after_ms. */
+        assert_int_equal(membership_verdict(m, "node-d", 8, 0, NODE_DOWN, 1000), 1);
+        assert_int_equal(membership_forget(m, "node-d", 8, false, 1000, NULL), 1);
+        assert_verdicts_in_step(m, 3);
+        assert_int_equal(membership_verdict(m, "node-c", 17, 0, NODE_DOWN, 1000), 1);
+        assert_true(membership_tick(m, 3000));
+        assert_null(membership_find(m, "node-c"));
+        assert_verdicts_in_step(m, 3);
+        membership_set_local_incarnation(m, 0);
+        assert_int_equal(membership_verdict_digest(m), alone);
+}
+
+/* States by silence (all-to-all) move the verdict digest too. */
+static void test_verdict_digest_by_silence(void **state) {
+        _cleanup_(membership_freep) Membership *m = new_self("node-a", -1);
+
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 0),
+                         MEMBER_JOINED);
+        assert_verdicts_in_step(m, 0);
+        assert_true(membership_tick(m, 100000));
+        assert_int_not_equal(membership_find(m, "node-c")->state, NODE_UP);
+        assert_verdicts_in_step(m, 0);
+        assert_int_equal(heard(m, info("node-c", -1, "127.0.0.1:7002", 7, 100), 1, 100000),
+                         MEMBER_KNOWN);
+        assert_int_equal(membership_find(m, "node-c")->state, NODE_UP);
+        assert_verdicts_in_step(m, 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_join_and_order),
@@ -795,6 +880,8 @@ int main(void) {
                 cmocka_unit_test(test_verdicts),
                 cmocka_unit_test(test_suspicion_grows_with_log_n),
                 cmocka_unit_test(test_verdicts_forget_after),
+                cmocka_unit_test(test_verdict_digest_in_step),
+                cmocka_unit_test(test_verdict_digest_by_silence),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

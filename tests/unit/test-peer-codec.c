@@ -135,6 +135,16 @@ static void expect_refused(Familyd__V1__PeerMessage *pb) {
         free(buf);
 }
 
+static void expect_accepted(Familyd__V1__PeerMessage *pb) {
+        size_t size = familyd__v1__peer_message__get_packed_size(pb);
+        _cleanup_free_ uint8_t *buf = malloc(size + 1);
+        _cleanup_(peer_message_done) PeerMessage m = {};
+
+        assert_non_null(buf);
+        familyd__v1__peer_message__pack(pb, buf);
+        assert_int_equal(codec_peer_decode(buf, size, &m), 0);
+}
+
 static void test_hostile(void **state) {
         Familyd__V1__PeerMember sender = FAMILYD__V1__PEER_MEMBER__INIT;
         Familyd__V1__PeerHeartbeat hb = FAMILYD__V1__PEER_HEARTBEAT__INIT;
@@ -322,6 +332,84 @@ static void test_probe_hostile(void **state) {
         assert_int_equal(m.probe.state, NODE_SUSPECT);
 }
 
+/* swim's pull: a who with verdict buckets, the answer with its verdicts, and the verdict
+ * digest round-trip. */
+static void test_verdicts_round_trip(void **state) {
+        uint64_t buckets[4] = { 1, 2, UINT64_MAX, 0 };
+        PeerUpdate updates[2] = {
+                { .name = "c", .boot_id = 9, .incarnation = 4, .state = NODE_DOWN },
+                { .name = "d", .boot_id = 10, .incarnation = 1, .state = NODE_UP },
+        };
+        PeerMessage who = { .body = PEER_WHO, .sender = member("a"), .version = 3,
+                            .has_table = true, .table_digest = 5, .table_members = 3,
+                            .verdict_digest = UINT64_C(0xfeedface12345678),
+                            .want_verdicts = buckets, .n_want_verdicts = 4 };
+        PeerMessage answer = { .body = PEER_VERDICTS, .sender = member("b"), .version = 3,
+                               .updates = updates, .n_updates = 2 };
+        _cleanup_(peer_message_done) PeerMessage back = {}, back2 = {};
+        _cleanup_free_ uint8_t *buf = NULL, *buf2 = NULL;
+        size_t size, size2;
+
+        who.sender.partial = answer.sender.partial = true;
+        assert_int_equal(codec_peer_encode(&who, &buf, &size), 0);
+        assert_int_equal(codec_peer_decode(buf, size, &back), 0);
+        assert_int_equal(back.body, PEER_WHO);
+        assert_int_equal(back.verdict_digest, UINT64_C(0xfeedface12345678));
+        assert_int_equal(back.n_want_verdicts, 4);
+        assert_memory_equal(back.want_verdicts, buckets, sizeof buckets);
+        assert_false(back.want_table);
+
+        assert_int_equal(codec_peer_encode(&answer, &buf2, &size2), 0);
+        assert_int_equal(codec_peer_decode(buf2, size2, &back2), 0);
+        assert_int_equal(back2.body, PEER_VERDICTS);
+        assert_int_equal(back2.n_updates, 2);
+        assert_string_equal(back2.updates[0].name, "c");
+        assert_int_equal(back2.updates[0].state, NODE_DOWN);
+        assert_int_equal(back2.updates[0].incarnation, 4);
+        assert_int_equal(back2.updates[1].boot_id, 10);
+        assert_int_equal(back2.verdict_digest, 0); /* none sent */
+}
+
+/* Refused whole: buckets not a power of two or more than PEER_MAX_VERDICT_BUCKETS, and more
+ * than PEER_MAX_VERDICTS verdicts in an answer (which may carry more than a probe's 256). */
+static void test_verdicts_hostile(void **state) {
+        static Familyd__V1__PeerUpdate *many[PEER_MAX_VERDICTS + 1];
+        static uint64_t buckets[PEER_MAX_VERDICT_BUCKETS * 2];
+        Familyd__V1__PeerMember sender = FAMILYD__V1__PEER_MEMBER__INIT;
+        Familyd__V1__PeerMessage pb = FAMILYD__V1__PEER_MESSAGE__INIT;
+        Familyd__V1__PeerWho who = FAMILYD__V1__PEER_WHO__INIT;
+        Familyd__V1__PeerVerdicts verdicts = FAMILYD__V1__PEER_VERDICTS__INIT;
+        Familyd__V1__PeerUpdate update = FAMILYD__V1__PEER_UPDATE__INIT;
+
+        sender.name = "a";
+        sender.address = "h:1";
+        sender.partial = true;
+        pb.sender = &sender;
+        update.name = "c";
+        for (size_t i = 0; i < ELEMENTSOF(many); i++)
+                many[i] = &update;
+
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_WHO;
+        pb.who = &who;
+        who.verdicts = buckets;
+        who.n_verdicts = 3;
+        expect_refused(&pb);
+        who.n_verdicts = PEER_MAX_VERDICT_BUCKETS * 2;
+        expect_refused(&pb);
+        who.n_verdicts = PEER_MAX_VERDICT_BUCKETS;
+        expect_accepted(&pb);
+
+        pb.body_case = FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS;
+        pb.verdicts = &verdicts;
+        pb.updates = many;
+        pb.n_updates = PEER_MAX_VERDICTS + 1;
+        expect_refused(&pb);
+        pb.n_updates = PEER_MAX_VERDICTS;
+        expect_accepted(&pb);
+        update.incarnation = UINT64_MAX;
+        expect_refused(&pb);
+}
+
 /* Devices per node are bounded: a hello naming one member with more is refused whole, with
  * the sender and every other member (issue 16: 630 members of 256 devices took 3.5 GB). */
 static void test_device_bound(void **state) {
@@ -403,6 +491,8 @@ int main(void) {
                 cmocka_unit_test(test_garbage),
                 cmocka_unit_test(test_probe_round_trip),
                 cmocka_unit_test(test_probe_hostile),
+                cmocka_unit_test(test_verdicts_round_trip),
+                cmocka_unit_test(test_verdicts_hostile),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

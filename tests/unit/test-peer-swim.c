@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "core/verdict-sync.h"
 #include "peer-net.h"
 
 static int swim_setup(void **state) {
@@ -326,6 +327,156 @@ static void test_swim_refutes_only_plausible_verdicts(void **state) {
         assert_int_equal(ack_incarnation_after_down_at(0), 1);
 }
 
+/* Gossip is lost on the way and d cannot reach b: d's suspicion of b (as if from a probe of its
+ * own) reaches the others and b only in answers to pulls (d's verdict digest differs from
+ * theirs); b refutes it, and the refutation reaches d the same way. Without pulls d would hold b
+ * suspect, then down, for good: its probes of b go through members that hold b up at the very
+ * incarnation d suspects. */
+static void test_swim_pull_heals_without_gossip(void **state) {
+        start_cluster(4);
+        run(10);
+        SimNode *b = &net.nodes[1], *d = &net.nodes[3];
+        Membership *at_d = (Membership *) protocol_membership(d->protocol);
+
+        assert_agreed();
+        net.verdict_asks = 0;
+        run(20);
+        assert_int_equal(net.verdict_asks, 0); /* at rest, digests agree: no pulls */
+        net.cut[1][3] = net.cut[3][1] = true;
+        net.no_gossip = true;
+        assert_int_equal(membership_verdict(at_d, b->name, 1001, 0, NODE_SUSPECT, net.now), 1);
+        run(40);
+        for (size_t i = 0; i < net.n_nodes; i++) {
+                if (&net.nodes[i] == b)
+                        continue;
+                assert_int_equal(state_of(&net.nodes[i], b), NODE_UP);
+                assert_true(membership_find(protocol_membership(net.nodes[i].protocol), b->name)
+                                    ->incarnation > 0);
+        }
+        assert_true(net.verdict_asks > 0);
+        assert_true(net.nodes[0].sent[PEER_VERDICTS] + net.nodes[2].sent[PEER_VERDICTS] > 0);
+        assert_agreed();
+}
+
+/* c crashes and no transport says so (a link fails only when used, as over RDMA without
+ * keepalives), and starts again. d never heard c's first start directly (c's messages to d are
+ * lost), so when it last heard of it says nothing about when d's link to c was made: on the
+ * restart d makes that link anew, as it does every link the new start has not answered on,
+ * instead of keeping one to the old start whose first probe would be lost. */
+static Endpoint *open_endpoint(int from, int to) {
+        for (size_t i = 0; i < net.n_eps; i++)
+                if (net.eps[i]->from == from && net.eps[i]->to == to && net.eps[i]->open)
+                        return net.eps[i];
+        return NULL;
+}
+
+static void test_swim_restart_remakes_unanswered_links(void **state) {
+        SimNode *a, *c, *d;
+        Endpoint *ep;
+
+        net.lazy_failures = true;
+        net.cut[2][3] = true; /* c -> d */
+        start_cluster(4);
+        a = &net.nodes[0], c = &net.nodes[2], d = &net.nodes[3];
+        run(10);
+        /* At rest (no tables go round), d's link to c fails and is made again when d next
+         * probes c: after the last time d heard of c. */
+        ep = open_endpoint(3, 2);
+        assert_non_null(ep);
+        ep->open = false;
+        protocol_on_link_failed(d->protocol, ep, "reset", net.now);
+        for (unsigned k = 0; k < 100 && !open_endpoint(3, 2); k++)
+                run(1);
+        assert_non_null(open_endpoint(3, 2));
+        crash_silently(c);
+        net.cut[3][2] = true; /* d's probes of c are lost, so its link never fails */
+        run(30);
+        assert_int_equal(state_of(d, c), NODE_DOWN);
+        memset(net.cut, 0, sizeof net.cut);
+        restart(c, 2, 2, a->address);
+        deliver(); /* c's greeting reaches d: the restart is believed, no tick yet */
+        assert_int_equal(membership_find(protocol_membership(d->protocol), c->name)->info->boot_id,
+                         2002);
+        assert_int_equal(state_of(d, c), NODE_UP);
+        unsigned open = 0;
+        for (size_t i = 0; i < net.n_eps; i++) {
+                const Endpoint *e = net.eps[i];
+                if (e->from != 3 || e->to != 2 || !e->open)
+                        continue;
+                assert_int_equal(e->to_start, 2);
+                open++;
+        }
+        assert_int_equal(open, 1); /* made anew */
+        run(20);
+        assert_everyone_holds(c, 2002);
+}
+
+/* A who with buckets from member `from` to b, answered now; the verdicts b sent in answer. */
+static size_t pull_from_b(int from, const uint64_t *buckets, size_t n_buckets,
+                          unsigned *ret_answers) {
+        SimNode *b = &net.nodes[1], *f = &net.nodes[from];
+        MemberInfo sender = { .name = f->name, .node_rank = from, .address = f->address,
+                              .boot_id = 1000 + (uint64_t) from, .started_unix_ms = 100,
+                              .partial = true };
+        Delivery d = { .to = 1 };
+        PeerMessage who = { .body = PEER_WHO, .version = 1, .sender = sender,
+                            .want_verdicts = (uint64_t *) buckets, .n_want_verdicts = n_buckets };
+        size_t tail = net.tail, listed = 0;
+
+        for (size_t i = 0; i < net.n_eps && !d.ep; i++)
+                if (net.eps[i]->to == 1 && net.eps[i]->open)
+                        d.ep = net.eps[i];
+        assert_non_null(d.ep);
+        protocol_on_message(b->protocol, &(ProtocolOrigin) { .reply = &d }, &who, net.now);
+        *ret_answers = 0;
+        for (size_t q = tail; q < net.tail; q++) {
+                const PeerMessage *m = &net.queue[q % MAX_QUEUE].m;
+                if (m->body != PEER_VERDICTS)
+                        continue;
+                (*ret_answers)++;
+                listed += m->n_updates;
+        }
+        drop_queued();
+        return listed;
+}
+
+/* b answers a pull with its verdicts about the members of the buckets that differ only, and
+ * at most VERDICT_SYNC_ANSWERS pulls a heartbeat. */
+static void test_swim_pull_answers(void **state) {
+        start_cluster(4);
+        run(10);
+        const Membership *at_b = protocol_membership(net.nodes[1].protocol);
+        uint64_t same[2], other[2];
+        unsigned answers;
+
+        membership_verdict_buckets(at_b, 2, same);
+        /* Every bucket differs: all four members, this node too. */
+        other[0] = same[0] + 1;
+        other[1] = same[1] + 1;
+        assert_int_equal(pull_from_b(0, other, 2, &answers), 4);
+        assert_int_equal(answers, 1);
+        /* Only the bucket of node-c differs: the members in it. */
+        unsigned c_bucket = membership_verdict_bucket(membership_find(at_b, "node-c"), 2);
+        size_t in_bucket = 0;
+        for (size_t i = 0; i < membership_count(at_b); i++)
+                in_bucket += membership_verdict_bucket(membership_get(at_b, i), 2) == c_bucket;
+        memcpy(other, same, sizeof same);
+        other[c_bucket]++;
+        assert_true(in_bucket >= 1);
+        assert_int_equal(pull_from_b(0, other, 2, &answers), in_bucket);
+        /* Equal buckets: nothing to send. */
+        assert_int_equal(pull_from_b(0, same, 2, &answers), 0);
+        assert_int_equal(answers, 0);
+        /* The rest of this heartbeat's answers, then none until the next. */
+        other[0] = same[0] + 1;
+        other[1] = same[1] + 1;
+        for (unsigned k = 3; k < VERDICT_SYNC_ANSWERS; k++)
+                assert_int_equal(pull_from_b(2, other, 2, &answers), 4);
+        assert_int_equal(pull_from_b(2, other, 2, &answers), 0);
+        net.now += HEARTBEAT_MS;
+        assert_int_equal(pull_from_b(2, other, 2, &answers), 4);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_swim_join_and_rest, swim_setup, teardown),
@@ -340,6 +491,11 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_swim_restart_before_detection, swim_setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_swim_forget_gossiped, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_pull_heals_without_gossip, swim_setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_swim_pull_answers, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_restart_remakes_unanswered_links,
+                                                swim_setup, teardown),
                 cmocka_unit_test_setup_teardown(test_swim_refutes_only_plausible_verdicts,
                                                 swim_setup, teardown),
                 cmocka_unit_test_setup_teardown(test_swim_answer_tells_held_state, swim_setup,
