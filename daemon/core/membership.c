@@ -7,6 +7,7 @@
 
 #include "membership.h"
 #include "name-index.h"
+#include "rank-index.h"
 #include "resource-limits.h"
 
 /* A forgotten start is remembered for a while, so that a peer's older table does not bring it
@@ -23,10 +24,9 @@ struct Membership {
         size_t n_members;
         size_t allocated;
         NameIndex by_name; /* name -> position in members, kept in step with it */
-        /* node rank -> position + 1 (0: none), for ranks below n_ranks (at most max_nodes);
-         * a larger rank is looked up by a scan. Kept in step with members. */
-        uint32_t *by_rank;
-        size_t n_ranks;
+        /* node rank -> position, for ranks below max_nodes; a larger rank is looked up by a
+         * scan. Kept in step with members. */
+        RankIndex by_rank;
         MembershipTimeouts timeouts;
         uint64_t version;
         uint64_t changes;
@@ -374,49 +374,22 @@ void membership_set_records(Membership *m, MemberRecords *records) {
         m->records = records; /* this node's record stays its own */
 }
 
-/* --- the rank index --- */
+/* --- the rank index (rank-index.h) --- */
 
-static bool rank_indexed(const Membership *m, int64_t rank) {
-        return rank >= 0 && (uint64_t) rank < m->n_ranks;
+static int64_t member_rank_at(const void *userdata, size_t position) {
+        const Membership *m = userdata;
+
+        return m->members[position].info->node_rank;
 }
 
 /* Member i holds its rank now (added, or moved to position i). */
 static void ranks_put(Membership *m, size_t i) {
-        int64_t rank = m->members[i].info->node_rank;
-
-        if (rank < 0)
-                return;
-        if ((uint64_t) rank >= m->n_ranks && (uint64_t) rank < m->max_nodes) {
-                /* Grown, then filled from the table: every rank below n_ranks is indexed. */
-                size_t n = MIN(MAX((size_t) rank + 1, 2 * m->n_ranks), m->max_nodes);
-                uint32_t *grown = calloc(n, sizeof(uint32_t));
-                if (!grown)
-                        return; /* looked up by a scan */
-                free(m->by_rank);
-                m->by_rank = grown;
-                m->n_ranks = n;
-                for (size_t j = 0; j < m->n_members; j++)
-                        if (rank_indexed(m, m->members[j].info->node_rank) &&
-                            !m->by_rank[m->members[j].info->node_rank])
-                                m->by_rank[m->members[j].info->node_rank] = (uint32_t) j + 1;
-        }
-        if (rank_indexed(m, rank) && !m->by_rank[rank])
-                m->by_rank[rank] = (uint32_t) i + 1;
+        rank_index_put(&m->by_rank, i, m->n_members, m->max_nodes);
 }
 
-/* Member i no longer holds its rank (it leaves, or takes another record): another member
- * holding the same rank, if any, takes the slot. */
+/* Member i no longer holds its rank (it leaves, or takes another record). */
 static void ranks_drop(Membership *m, size_t i) {
-        int64_t rank = m->members[i].info->node_rank;
-
-        if (!rank_indexed(m, rank) || m->by_rank[rank] != i + 1)
-                return;
-        m->by_rank[rank] = 0;
-        for (size_t j = 0; j < m->n_members; j++)
-                if (j != i && m->members[j].info->node_rank == rank) {
-                        m->by_rank[rank] = (uint32_t) j + 1;
-                        break;
-                }
+        rank_index_drop(&m->by_rank, i, m->n_members);
 }
 
 int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, int64_t now_ms,
@@ -426,6 +399,7 @@ int membership_new(const MemberInfo *self, const MembershipTimeouts *timeouts, i
 
         if (!m)
                 return -ENOMEM;
+        rank_index_init(&m->by_rank, member_rank_at, m);
         m->timeouts = *timeouts;
         m->version = 1;
         m->max_nodes = FAMILYD_MAX_PEERS;
@@ -457,7 +431,7 @@ Membership *membership_free(Membership *m) {
         for (size_t i = 0; i < m->n_members; i++)
                 member_drop(&m->members[i]);
         free(m->members);
-        free(m->by_rank);
+        rank_index_done(&m->by_rank);
         name_index_done(&m->by_name);
         for (size_t i = 0; i < MEMBERSHIP_TOMBSTONES; i++)
                 free(m->tombstones[i].name);
@@ -620,12 +594,12 @@ static void tombstone_drop(Membership *m, const char *name) {
 static const Member *rank_holder(const Membership *m, int64_t node_rank, const char *name) {
         if (node_rank < 0)
                 return NULL;
-        if (rank_indexed(m, node_rank)) {
-                uint32_t at = m->by_rank[node_rank];
-                if (!at)
+        if (rank_index_covers(&m->by_rank, node_rank)) {
+                size_t at;
+                if (!rank_index_find(&m->by_rank, node_rank, &at))
                         return NULL;
-                if (!streq(m->members[at - 1].info->name, name))
-                        return &m->members[at - 1];
+                if (!streq(m->members[at].info->name, name))
+                        return &m->members[at];
                 /* `name` holds it: only a scan finds another holder (none, but for a bug). */
         }
         for (size_t i = 0; i < m->n_members; i++)
@@ -894,10 +868,8 @@ static void membership_remove(Membership *m, size_t i) {
         m->n_members--;
         /* The order is the topology's: the rest shift down, and their positions with them. */
         for (size_t j = i; j < m->n_members; j++) {
-                int64_t rank = m->members[j].info->node_rank;
                 (void) name_index_move(&m->by_name, m->members[j].info->name, j + 1, j);
-                if (rank_indexed(m, rank) && m->by_rank[rank] == j + 2)
-                        m->by_rank[rank] = (uint32_t) j + 1;
+                rank_index_moved(&m->by_rank, m->members[j].info->node_rank, j + 1, j);
         }
 }
 
