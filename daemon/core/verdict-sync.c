@@ -54,8 +54,11 @@ int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want
         for (size_t i = 0; i < n; i++) {
                 const Member *e = membership_get(m, i);
                 unsigned b = membership_verdict_bucket(e, (unsigned) n_want);
+                uint64_t incarnation = e->local ? local_incarnation : e->incarnation;
+                NodeState state = e->local ? NODE_UP : e->state;
 
-                if (ours[b] == want[b])
+                /* Up at incarnation 0 is the lowest verdict there is: it wins nothing. */
+                if (ours[b] == want[b] || (state == NODE_UP && incarnation == 0))
                         continue;
                 if (!list) {
                         list = calloc(n, sizeof(PeerUpdate));
@@ -65,8 +68,8 @@ int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want
                 list[k++] = (PeerUpdate) {
                         .name = e->info->name, /* borrowed */
                         .boot_id = e->info->boot_id,
-                        .incarnation = e->local ? local_incarnation : e->incarnation,
-                        .state = e->local ? NODE_UP : e->state,
+                        .incarnation = incarnation,
+                        .state = state,
                 };
         }
         *ret = TAKE_PTR(list);

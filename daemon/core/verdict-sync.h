@@ -8,7 +8,8 @@
  * also carries the sender's verdict digest (membership_verdict_digest()); a daemon whose own
  * has differed from the digests it hears for VERDICT_SYNC_ROUNDS heartbeats asks the member
  * it hears for its verdicts: a who with its own verdict digest in 2^k buckets. The member
- * answers with its verdicts about every member of the buckets whose digests differ, and those
+ * answers with its verdicts about every member of the buckets whose digests differ (but those
+ * up at incarnation 0, which override nothing), and those
  * verdicts are taken as gossip is (the higher incarnation wins). Each pull merges two views,
  * so a mass change reaches everyone in about log2(members) rounds, and a small one costs a
  * bucket or two. At rest the digests agree and nothing is pulled.
@@ -53,7 +54,8 @@ unsigned verdict_sync_buckets(size_t n_members);
 
 /*
  * The verdicts to answer a pull with: this table's members (this node as up at
- * local_incarnation) in every bucket whose digest differs from the asker's want[n_want].
+ * local_incarnation) in every bucket whose digest differs from the asker's want[n_want], but
+ * those up at incarnation 0 (the lowest verdict, which wins against nothing the asker holds).
  * The names are borrowed from m. Returns the count, or -ENOMEM.
  */
 int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want,

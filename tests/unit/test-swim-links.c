@@ -66,7 +66,7 @@ static size_t links_after(size_t n, unsigned intervals, Counts *c) {
                               .bind = sink_bind, .close = sink_close,
                               .published = sink_published, .userdata = c };
         PeerKnown *known = calloc(n, sizeof(PeerKnown));
-        char (*names)[16] = calloc(n, 16), (*addresses)[32] = calloc(n, 32);
+        char (*names)[24] = calloc(n, 24), (*addresses)[48] = calloc(n, 48);
         int64_t now = 1000;
         Protocol *p = NULL;
         size_t links;
