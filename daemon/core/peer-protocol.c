@@ -68,7 +68,6 @@ struct Protocol {
         int64_t link_lie_noted_ms;
 
         /* swim */
-        uint64_t incarnation; /* ours: raised to refute a suspicion of us */
         uint32_t seq;
         unsigned ticks;
         SwimPhase phase;
@@ -86,6 +85,12 @@ struct Protocol {
         int64_t answers_at_ms; /* the heartbeat in which pulls were last answered */
         unsigned answers;      /* how many in it */
 };
+
+/* swim: ours, raised to refute a suspicion of us (kept in the table's own entry, which the
+ * verdict digest counts). */
+static uint64_t own_incarnation(const Protocol *p) {
+        return membership_get(p->membership, 0)->incarnation;
+}
 
 static void note(Protocol *p, ProtocolNote n) {
         if (p->sink.note)
@@ -128,7 +133,7 @@ static void stamp(Protocol *p, PeerMessage *m) {
         m->sender.partial = m->body == PEER_HEARTBEAT || m->body == PEER_PING ||
                             m->body == PEER_ACK || m->body == PEER_PING_REQ;
         m->version = membership_version(p->membership);
-        m->incarnation = p->incarnation;
+        m->incarnation = own_incarnation(p);
         m->has_table = true;
         m->table_digest = membership_digest(p->membership);
         m->table_members = (uint32_t) membership_count(p->membership);
@@ -621,11 +626,12 @@ static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64
 /* A suspicion or down verdict about this very start: raise our incarnation above it (not one
  * further ahead than a member can have seen: a lie, MEMBERSHIP_INCARNATION_SLACK). */
 static void refute(Protocol *p, uint64_t boot_id, NodeState state, uint64_t incarnation) {
-        if (boot_id != p->self.boot_id || state == NODE_UP || incarnation < p->incarnation ||
-            incarnation > p->incarnation + MEMBERSHIP_INCARNATION_SLACK)
+        uint64_t ours = own_incarnation(p);
+
+        if (boot_id != p->self.boot_id || state == NODE_UP || incarnation < ours ||
+            incarnation > ours + MEMBERSHIP_INCARNATION_SLACK)
                 return;
-        p->incarnation = incarnation + 1;
-        membership_set_local_incarnation(p->membership, p->incarnation);
+        membership_set_local_incarnation(p->membership, incarnation + 1);
         gossip_news(p, p->self.name, p->self.boot_id, false);
 }
 
@@ -652,11 +658,9 @@ static void gossip_attach(Protocol *p, PeerMessage *m, GossipOut *out) {
                         it->told = UINT_MAX - 1; /* stale: dropped by gossip_told() */
                         continue;
                 }
-                uint64_t incarnation = e->local ? p->incarnation : e->incarnation;
-                NodeState state = e->local ? NODE_UP : e->state;
                 out->updates[m->n_updates++] = (PeerUpdate) {
                         .name = e->info->name, .boot_id = it->boot_id,
-                        .incarnation = incarnation, .state = state };
+                        .incarnation = e->incarnation, .state = e->state };
         }
 }
 
@@ -821,7 +825,7 @@ static void swim_answer(Protocol *p, const ProtocolOrigin *o, const PeerMessage 
 
         if (streq(m->probe.name, p->self.name))
                 refute(p, m->probe.boot_id, m->probe.state, m->probe.incarnation);
-        ack.probe.incarnation = p->incarnation;
+        ack.probe.incarnation = own_incarnation(p);
         swim_send(p, NULL, o, &ack, now);
 }
 
@@ -861,8 +865,8 @@ static void verdicts_answer(Protocol *p, const ProtocolOrigin *o, const PeerMess
         if (p->answers >= VERDICT_SYNC_ANSWERS)
                 return;
         p->answers++;
-        if (verdict_sync_answer(p->membership, m->want_verdicts, m->n_want_verdicts,
-                                p->incarnation, &list, &n) < 0) {
+        if (verdict_sync_answer(p->membership, m->want_verdicts, m->n_want_verdicts, &list,
+                                &n) < 0) {
                 note_no_memory(p);
                 return;
         }

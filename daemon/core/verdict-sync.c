@@ -43,7 +43,7 @@ unsigned verdict_sync_buckets(size_t n_members) {
 }
 
 int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want,
-                        uint64_t local_incarnation, PeerUpdate **ret, size_t *ret_n) {
+                        PeerUpdate **ret, size_t *ret_n) {
         _cleanup_free_ uint64_t *ours = calloc(n_want, sizeof(uint64_t));
         size_t n = membership_count(m), k = 0;
         _cleanup_free_ PeerUpdate *list = NULL;
@@ -54,11 +54,9 @@ int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want
         for (size_t i = 0; i < n; i++) {
                 const Member *e = membership_get(m, i);
                 unsigned b = membership_verdict_bucket(e, (unsigned) n_want);
-                uint64_t incarnation = e->local ? local_incarnation : e->incarnation;
-                NodeState state = e->local ? NODE_UP : e->state;
 
                 /* Up at incarnation 0 is the lowest verdict there is: it wins nothing. */
-                if (ours[b] == want[b] || (state == NODE_UP && incarnation == 0))
+                if (ours[b] == want[b] || (e->state == NODE_UP && e->incarnation == 0))
                         continue;
                 if (!list) {
                         list = calloc(n, sizeof(PeerUpdate));
@@ -68,8 +66,8 @@ int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want
                 list[k++] = (PeerUpdate) {
                         .name = e->info->name, /* borrowed */
                         .boot_id = e->info->boot_id,
-                        .incarnation = incarnation,
-                        .state = state,
+                        .incarnation = e->incarnation,
+                        .state = e->state,
                 };
         }
         *ret = TAKE_PTR(list);

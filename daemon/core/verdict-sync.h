@@ -53,13 +53,12 @@ bool verdict_pull_due(VerdictPull *v, uint64_t ours, uint64_t theirs, int64_t no
 unsigned verdict_sync_buckets(size_t n_members);
 
 /*
- * The verdicts to answer a pull with: this table's members (this node as up at
- * local_incarnation) in every bucket whose digest differs from the asker's want[n_want], but
+ * The verdicts to answer a pull with: this table's members (this node too) in every bucket whose digest differs from the asker's want[n_want], but
  * those up at incarnation 0 (the lowest verdict, which wins against nothing the asker holds).
  * The names are borrowed from m. Returns the count, or -ENOMEM.
  */
 int verdict_sync_answer(const Membership *m, const uint64_t *want, size_t n_want,
-                        uint64_t local_incarnation, PeerUpdate **ret, size_t *ret_n);
+                        PeerUpdate **ret, size_t *ret_n);
 
 /* How many of list[n] go in one answer message, from `at`: at most PEER_MAX_VERDICTS and
  * about half the peer message limit. */
