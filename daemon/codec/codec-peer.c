@@ -132,21 +132,24 @@ static int probe_decode(const Familyd__V1__PeerProbe *pb, PeerProbe *ret) {
         return ret->name ? 0 : -ENOMEM;
 }
 
-/* Verdicts about members: gossip on probes, or an answer to a who with buckets. */
-static int gossip_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
+/* Verdicts about members: gossip on probes, or an answer to a who with buckets. The names
+ * are checked where protobuf-c left them, in a, and copied once, all together. */
+static int gossip_decode(Arena *a, const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         size_t max = pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS ? PEER_MAX_VERDICTS
                                                                              : PEER_MAX_GOSSIP;
+        PeerUpdate *list;
+        int r;
 
         if (pb->n_updates > max)
                 return -EBADMSG;
-        if (pb->n_updates > 0) {
-                m->updates = calloc(pb->n_updates, sizeof(PeerUpdate));
-                if (!m->updates)
-                        return -ENOMEM;
-        }
+        if (pb->n_updates == 0)
+                return 0;
+        list = arena_alloc_array(a, pb->n_updates, sizeof(PeerUpdate));
+        if (!list)
+                return -ENOMEM;
         for (size_t i = 0; i < pb->n_updates; i++) {
                 const Familyd__V1__PeerUpdate *u = pb->updates[i];
-                PeerUpdate *d = &m->updates[i];
+                PeerUpdate *d = &list[i];
 
                 if (!u || !codec_text_ok(u->name, FAMILYD_MAX_NAME_LENGTH, false) ||
                     u->incarnation > FAMILYD_MAX_TOPOLOGY_VERSION ||
@@ -154,11 +157,12 @@ static int gossip_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                         return -EBADMSG;
                 d->boot_id = u->boot_id;
                 d->incarnation = u->incarnation;
-                d->name = strdup(u->name);
-                if (!d->name)
-                        return -ENOMEM;
-                m->n_updates++;
+                d->name = u->name; /* borrowed from the unpacked message until copied */
         }
+        r = peer_updates_copy(list, pb->n_updates, &m->updates);
+        if (r < 0)
+                return r;
+        m->n_updates = pb->n_updates;
         return 0;
 }
 
@@ -178,7 +182,7 @@ static int buckets_decode(const Familyd__V1__PeerWho *pb, PeerMessage *m) {
         return 0;
 }
 
-static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
+static int peer_decode(Arena *a, const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
         int r;
 
         r = member_decode(pb->sender, &m->sender);
@@ -243,11 +247,11 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
                           pb->body_case == FAMILYD__V1__PEER_MESSAGE__BODY_ACK  ? PEER_ACK :
                                                                                   PEER_PING_REQ;
                 r = probe_decode(probe, &m->probe);
-                return r < 0 ? r : gossip_decode(pb, m);
+                return r < 0 ? r : gossip_decode(a, pb, m);
         }
         case FAMILYD__V1__PEER_MESSAGE__BODY_VERDICTS:
                 m->body = PEER_VERDICTS;
-                return gossip_decode(pb, m);
+                return gossip_decode(a, pb, m);
         default:
                 return -EBADMSG;
         }
@@ -255,8 +259,13 @@ static int peer_decode(const Familyd__V1__PeerMessage *pb, PeerMessage *m) {
 
 int codec_peer_decode(const uint8_t *data, size_t size, PeerMessage *ret) {
         _cleanup_(peer_message_done) PeerMessage m = { .body = _PEER_BODY_INVALID };
+        _cleanup_(arena_done) Arena a;
         Familyd__V1__PeerMessage *pb;
+        ProtobufCAllocator allocator;
         int r;
+
+        arena_init(&a);
+        allocator = codec_wire_arena_allocator(&a);
 
         if (size > FAMILYD_MAX_PEER_MESSAGE_BYTES)
                 return -EBADMSG;
@@ -266,11 +275,11 @@ int codec_peer_decode(const uint8_t *data, size_t size, PeerMessage *ret) {
                 return r;
         if (r < 0)
                 return -EBADMSG;
-        pb = familyd__v1__peer_message__unpack(NULL, size, data);
+        /* One arena for protobuf-c's thousands of small allocations of a pull's answer. */
+        pb = familyd__v1__peer_message__unpack(&allocator, size, data);
         if (!pb)
                 return -EBADMSG;
-        r = peer_decode(pb, &m);
-        familyd__v1__peer_message__free_unpacked(pb, NULL);
+        r = peer_decode(&a, pb, &m);
         if (r < 0)
                 return r;
         *ret = m;

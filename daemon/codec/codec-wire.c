@@ -1,4 +1,4 @@
-/* codec-wire.c: checks the depth and size of a message tree in wire bytes, iteratively. */
+/* codec-wire.c: checks the depth and size of a message tree in wire bytes, iteratively; protobuf-c's allocator over an arena. */
 #include <assert.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -119,4 +119,17 @@ int codec_wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *data
                         return 0;
                 }
         }
+}
+
+static void *arena_pb_alloc(void *data, size_t size) {
+        return arena_alloc(data, size);
+}
+
+static void arena_pb_free(void *data, void *p) {
+        /* Released with the arena. */
+}
+
+ProtobufCAllocator codec_wire_arena_allocator(Arena *a) {
+        return (ProtobufCAllocator) { .alloc = arena_pb_alloc, .free = arena_pb_free,
+                                      .allocator_data = a };
 }

@@ -1,4 +1,4 @@
-/* codec-wire.h: a bounded, iterative pre-scan of protobuf wire bytes before protobuf-c unpacks them. */
+/* codec-wire.h: a bounded, iterative pre-scan of protobuf wire bytes before protobuf-c unpacks them (into an arena). */
 #pragma once
 
 #include <stddef.h>
@@ -6,6 +6,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "core/arena.h"
 #include "core/resource-limits.h"
 
 /*
@@ -42,3 +43,7 @@
  */
 int codec_wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t size,
                      unsigned max_depth, size_t max_messages);
+
+/* protobuf-c's allocations in an Arena: a message unpacked with it is released with the arena
+ * (its free_unpacked need not be called). */
+ProtobufCAllocator codec_wire_arena_allocator(Arena *a);

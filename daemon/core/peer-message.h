@@ -86,3 +86,7 @@ typedef struct PeerMessage {
 
 /* Frees what a decoded message owns. */
 void peer_message_done(PeerMessage *m);
+/* A decoded message's updates: from[n] and their names copied into one allocation, which
+ * peer_message_done() frees (an answer of thousands of verdicts costs one malloc, not one a
+ * name). *ret NULL when n is 0. */
+int peer_updates_copy(const PeerUpdate *from, size_t n, PeerUpdate **ret);

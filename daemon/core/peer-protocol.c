@@ -995,8 +995,10 @@ static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, 
                 swim_relay(p, m, now);
                 break;
         case PEER_VERDICTS:
-                if (p->mode == PROTOCOL_SWIM)
-                        gossip_take(p, m, now);
+                if (p->mode != PROTOCOL_SWIM)
+                        break;
+                verdict_pull_took(&p->verdict_pull, m->n_updates);
+                gossip_take(p, m, now);
                 break;
         case PEER_FORGET:
                 if (membership_forget(p->membership, m->forget_name, m->forget_boot_id, true,

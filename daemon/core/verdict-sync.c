@@ -10,6 +10,7 @@
 
 bool verdict_pull_due(VerdictPull *v, uint64_t ours, uint64_t theirs, int64_t now_ms,
                       unsigned heartbeat_ms, unsigned rounds) {
+        int64_t wait, paced, longest;
         bool fruitless;
 
         if (theirs == 0)
@@ -25,13 +26,24 @@ bool verdict_pull_due(VerdictPull *v, uint64_t ours, uint64_t theirs, int64_t no
         if (now_ms - v->differs_since_ms < (int64_t) heartbeat_ms * rounds)
                 return false;
         fruitless = v->pulled_at_ms != 0 && v->pulled_digest == ours;
-        if (v->pulled_at_ms != 0 &&
-            now_ms - v->pulled_at_ms < ((int64_t) heartbeat_ms / 2) << (fruitless ? v->fruitless : 0))
+        wait = ((int64_t) heartbeat_ms / 2) << (fruitless ? v->fruitless : 0);
+        /* Paced by what was answered, never past the longest backoff (answers nobody asked
+         * for count too). */
+        longest = ((int64_t) heartbeat_ms / 2) << VERDICT_SYNC_BACKOFF;
+        paced = v->taken >= (size_t) INT32_MAX ? longest :
+                                                 (int64_t) v->taken * heartbeat_ms / VERDICT_SYNC_PACE;
+        wait = MAX(wait, MIN(paced, longest));
+        if (v->pulled_at_ms != 0 && now_ms - v->pulled_at_ms < wait)
                 return false;
         v->fruitless = fruitless ? MIN(v->fruitless + 1, (unsigned) VERDICT_SYNC_BACKOFF) : 0;
         v->pulled_at_ms = now_ms;
         v->pulled_digest = ours;
+        v->taken = 0;
         return true;
+}
+
+void verdict_pull_took(VerdictPull *v, size_t n) {
+        v->taken = n > SIZE_MAX - v->taken ? SIZE_MAX : v->taken + n;
 }
 
 unsigned verdict_sync_buckets(size_t n_members) {

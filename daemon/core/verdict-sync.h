@@ -28,6 +28,7 @@ typedef struct VerdictPull {
         int64_t pulled_at_ms;     /* 0: never */
         uint64_t pulled_digest;   /* ours then */
         unsigned fruitless;       /* pulls in a row after which ours had not moved */
+        size_t taken;             /* verdicts answered since the last pull */
 } VerdictPull;
 
 /* A daemon answers at most this many pulls per heartbeat (each costs a pass over its table). */
@@ -38,6 +39,11 @@ typedef struct VerdictPull {
 /* Pulls are at most one per half heartbeat (a probe tick); while they change nothing the wait
  * doubles up to 2^VERDICT_SYNC_BACKOFF times. */
 #define VERDICT_SYNC_BACKOFF 6
+/* Nor more often than the verdicts answered allow at this many a heartbeat: a pull of 10,000
+ * (about 350 KB) waits about 5 heartbeats for the next, so a change that lasts (a partition of
+ * 10,000 members, each half marking the other down) costs each daemon at most about 70 KB a
+ * second of answers; at up to 1,024 members the half heartbeat above is the bound. */
+#define VERDICT_SYNC_PACE 2048
 
 /*
  * A member's verdict digest `theirs` heard while ours is `ours`: true when the member is to be
@@ -46,6 +52,9 @@ typedef struct VerdictPull {
  */
 bool verdict_pull_due(VerdictPull *v, uint64_t ours, uint64_t theirs, int64_t now_ms,
                       unsigned heartbeat_ms, unsigned rounds);
+/* An answer of n verdicts came: the next pull waits until n / VERDICT_SYNC_PACE heartbeats
+ * after the last (at most the longest backoff's wait). */
+void verdict_pull_took(VerdictPull *v, size_t n);
 
 /* How many buckets a pull asks in, for a table of n members: the power of two nearest
  * 2 sqrt(n) (the request's size, 8 bytes a bucket, about the answer's for one difference), at

@@ -541,14 +541,6 @@ static void call_audit(Call *c, int r, const FamilyError *e) {
                                     : "OK");
 }
 
-static void *arena_pb_alloc(void *data, size_t size) {
-        return arena_alloc(data, size);
-}
-
-static void arena_pb_free(void *data, void *p) {
-        /* Released with the arena. */
-}
-
 /* Decodes the request and runs the handler; on failure *ret_error says why. */
 static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         const RpcMethod *m = c->site.method;
@@ -579,11 +571,7 @@ static int call_handle(Call *c, ProtobufCMessage **ret_reply, FamilyError *ret_e
                 return r;
         }
 
-        ProtobufCAllocator allocator = {
-                .alloc = arena_pb_alloc,
-                .free = arena_pb_free,
-                .allocator_data = &c->arena,
-        };
+        ProtobufCAllocator allocator = codec_wire_arena_allocator(&c->arena);
         request = protobuf_c_message_unpack(m->request_type, &allocator, GRPC_SLICE_LENGTH(bytes),
                                             GRPC_SLICE_START_PTR(bytes));
         grpc_slice_unref(bytes);

@@ -208,6 +208,41 @@ class TestRogueKeyed(RogueCase):
         self.holds(c, "the end", timeout=20)
 
 
+class TestRecordResigned(RogueCase):
+    def test_rotation_re_signs_the_nodes_record(self):
+        """A daemon's record MAC follows its first key: after a rotation to key B alone, the
+        record in its hellos verifies under B (a member holding only B believes it relayed)."""
+        keys = tempfile.mkdtemp(prefix="fd-rogue-")
+        os.chmod(keys, 0o700)
+        a, b = new_key(), new_key()
+        node_key = write_key(os.path.join(keys, "node"), a)
+        only_a = write_key(os.path.join(keys, "a"), a)
+        only_b = write_key(os.path.join(keys, "b"), b)
+        self.addCleanup(lambda: [os.unlink(os.path.join(keys, f)) for f in os.listdir(keys)]
+                        and None or os.rmdir(keys))
+        c = self.start_cluster(1, cluster_key=node_key)
+        target = c.address(0)
+        def join(key, name, expect_rc=0):
+            port = free_port()
+            return self.attack("join", "--target", target, "--key", key, "--name", name,
+                               "--bind", "127.0.0.1", "--listen-port", port, "--address",
+                               "127.0.0.1:%d" % port, "--wait-ms", 1000, expect_rc=expect_rc)
+
+        out = join(only_a, "before")
+        self.assertIn("record: node0 proven", out)
+        out = join(only_b, "stranger", expect_rc=3)
+        self.assertIn("handshake refused", out)
+
+        write_key(node_key, b)
+        res = c.client(0).call("familyd.v1.AdminService/Reload")
+        self.assertTrue(res.ok, res)
+        self.assertTrue(wait_for(lambda: "reloaded: 1 key" in c.daemons[0].output(), 10),
+                        c.daemons[0].output())
+        out = join(only_b, "after")
+        self.assertIn("record: node0 proven", out)
+        self.assertNotIn("unproven", out)
+
+
 class TestRogueOpen(RogueCase):
     def test_attack_table_without_a_key(self):
         c = self.start_cluster(2, extra_args=["--max-nodes", "16"])

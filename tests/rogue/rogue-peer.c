@@ -6,11 +6,13 @@
  * MAC) and codec (codec-peer.c), so everything it sends is what a real daemon could send; only
  * the contents lie. Each subcommand dials --target once, sends its messages, runs the worker
  * for --wait-ms to take the answers (printed one a line: "answer: REFUSE reason", "answer:
- * WHO"), and exits: 0 when the link came up and the messages went out, 3 when the handshake
+ * WHO"; with --key, a hello's sender as "record: NAME proven" when its record MAC verifies
+ * under the key, else "record: NAME unproven"), and exits: 0 when the link came up and the messages went out, 3 when the handshake
  * failed (a wrong key, no key against a keyed daemon), 1 on a usage error. `flood` holds idle
  * TCP connections to the peer port instead, from --bind.
  *
  *   rogue-peer join     --target A [--key F] [--name N] [--rank R] [--devices D] [--version V]
+ *                       [--address A --listen-port P: the daemon dials us back, with its hello]
  *   rogue-peer refuse   --target A [--key F] --victim N --victim-address A
  *   rogue-peer version  --target A [--key F] --version V [--name N] [--join]
  *   rogue-peer restart  --target A [--key F] --victim N --victim-address A [--devices D]
@@ -38,6 +40,7 @@
 #include "common/log.h"
 #include "common/random.h"
 #include "peer/peer-key.h"
+#include "peer/peer-record.h"
 #include "peer/peer-ucx.h"
 
 typedef struct Options {
@@ -49,6 +52,7 @@ typedef struct Options {
         const char *victim_address;
         const char *address;
         const char *bind;
+        unsigned listen_port; /* 0: any */
         int64_t rank;
         unsigned devices;
         unsigned count;
@@ -64,6 +68,7 @@ typedef struct Rogue {
         PeerEndpoint *ep;
         bool failed;
         unsigned answers;
+        PeerKeys keys; /* --key's: hellos' records checked with them */
 } Rogue;
 
 static const char *body_name(PeerBody b) {
@@ -83,6 +88,11 @@ static void on_message(void *userdata, const uint8_t *data, size_t size, void *r
 
         if (codec_peer_decode(data, size, &m) < 0)
                 return;
+        if (m.body == PEER_HELLO && r->keys.n > 0 && !m.sender.partial) {
+                printf("record: %s %s\n", m.sender.name,
+                       peer_record_verify(&r->keys, &m.sender) ? "proven" : "unproven");
+                fflush(stdout);
+        }
         if (m.body != PEER_REFUSE && m.body != PEER_WHO)
                 return; /* a daemon's own heartbeats and hellos, when we joined */
         r->answers++;
@@ -116,20 +126,18 @@ static void rogue_run(Rogue *r, unsigned ms) {
 }
 
 static int rogue_open(Rogue *r, const Options *o) {
-        PeerKeys keys = {};
         PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure,
                                 .userdata = r };
         _cleanup_free_ char *listen = NULL;
         int ret;
 
-        if (o->key && peer_keys_load(o->key, &keys) < 0)
+        if (o->key && peer_keys_load(o->key, &r->keys) < 0)
                 return 1;
-        if (asprintf(&listen, "%s:0", o->bind) < 0)
+        if (asprintf(&listen, "%s:%u", o->bind, o->listen_port) < 0)
                 return 1;
         if (sd_event_new(&r->event) < 0)
                 return 1;
-        ret = peer_ucx_new(r->event, listen, &keys, &cb, &r->ucx);
-        peer_keys_wipe(&keys);
+        ret = peer_ucx_new(r->event, listen, &r->keys, &cb, &r->ucx);
         if (ret < 0)
                 return 1;
         if (sd_event_add_io(r->event, NULL, peer_ucx_fd(r->ucx), POLLIN, on_wakeup, NULL) < 0)
@@ -155,6 +163,7 @@ static void rogue_close(Rogue *r) {
                 peer_ucx_free(r->ucx);
         }
         sd_event_unref(r->event);
+        peer_keys_wipe(&r->keys);
 }
 
 /* Devices as a node would describe its GPUs: n of them (the attack's 256). */
@@ -407,6 +416,7 @@ static int parse(int argc, char **argv, Options *o) {
                 { "victim-address", required_argument, NULL, 'A' },
                 { "address", required_argument, NULL, 'a' },
                 { "bind", required_argument, NULL, 'b' },
+                { "listen-port", required_argument, NULL, 'p' },
                 { "wait-ms", required_argument, NULL, 'w' },
                 { "hold-ms", required_argument, NULL, 'h' },
                 { "join", no_argument, NULL, 'j' },
@@ -434,6 +444,7 @@ static int parse(int argc, char **argv, Options *o) {
                 case 'A': o->victim_address = optarg; break;
                 case 'a': o->address = optarg; break;
                 case 'b': o->bind = optarg; break;
+                case 'p': o->listen_port = (unsigned) strtoul(optarg, NULL, 10); break;
                 case 'w': o->wait_ms = (unsigned) strtoul(optarg, NULL, 10); break;
                 case 'h': o->hold_ms = (unsigned) strtoul(optarg, NULL, 10); break;
                 case 'j': o->join = true; break;

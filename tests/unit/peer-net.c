@@ -57,14 +57,8 @@ static void copy_message(const PeerMessage *from, PeerMessage *to) {
         to->incarnation = from->incarnation;
         to->probe = from->probe;
         to->probe.name = from->probe.name ? strdup(from->probe.name) : NULL;
-        to->updates = calloc(from->n_updates + 1, sizeof(PeerUpdate));
-        assert_non_null(to->updates);
-        for (size_t i = 0; gossip && i < from->n_updates; i++) {
-                to->updates[i] = from->updates[i];
-                to->updates[i].name = strdup(from->updates[i].name);
-                assert_non_null(to->updates[i].name);
-                to->n_updates++;
-        }
+        to->n_updates = gossip ? from->n_updates : 0;
+        assert_int_equal(peer_updates_copy(from->updates, to->n_updates, &to->updates), 0);
         if (from->n_want_verdicts > 0) {
                 to->want_verdicts = calloc(from->n_want_verdicts, sizeof(uint64_t));
                 assert_non_null(to->want_verdicts);

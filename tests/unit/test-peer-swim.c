@@ -487,6 +487,68 @@ static void test_swim_pull_answers(void **state) {
         assert_int_equal(pull_from_b(2, other, 2, &answers), 2);
 }
 
+/* Answers of n verdicts from node-a, about members nobody knows, as if d had asked. */
+static void answer_d(size_t n) {
+        SimNode *a = &net.nodes[0], *d = &net.nodes[3];
+        MemberInfo sender = { .name = a->name, .node_rank = 0, .address = a->address,
+                              .boot_id = 1000, .started_unix_ms = 100, .partial = true };
+        PeerUpdate *list = calloc(n, sizeof(PeerUpdate));
+        char (*names)[32] = calloc(n, sizeof *names);
+        Delivery back = { .to = 0 };
+
+        assert_non_null(list);
+        assert_non_null(names);
+        for (size_t i = 0; i < net.n_eps && !back.ep; i++)
+                if (net.eps[i]->from == 3 && net.eps[i]->to == 0 && net.eps[i]->open)
+                        back.ep = net.eps[i];
+        assert_non_null(back.ep);
+        for (size_t i = 0; i < n; i++) {
+                snprintf(names[i], sizeof names[i], "ghost-%zu", i);
+                list[i] = (PeerUpdate) { .name = names[i], .boot_id = 7, .state = NODE_UP,
+                                         .incarnation = 1 };
+        }
+        protocol_on_message(d->protocol, &(ProtocolOrigin) { .reply = &back },
+                            &(PeerMessage) { .body = PEER_VERDICTS, .version = 1,
+                                             .sender = sender, .updates = list,
+                                             .n_updates = n },
+                            net.now);
+        free(names);
+        free(list);
+}
+
+/* A pull answered with many verdicts paces the next: answers of 8 x PEER_MAX_VERDICTS
+ * (16 heartbeats' worth at VERDICT_SYNC_PACE) keep d from asking again for 16 heartbeats
+ * after its pull while its verdicts still differ; then it asks, and heals. */
+static void test_swim_pull_paced_by_answers(void **state) {
+        start_cluster(4);
+        run(10);
+        SimNode *b = &net.nodes[1], *d = &net.nodes[3];
+        Membership *at_d = (Membership *) protocol_membership(d->protocol);
+        unsigned asked, waited = 0;
+
+        assert_agreed();
+        net.cut[1][3] = net.cut[3][1] = true;
+        net.no_gossip = true;
+        assert_int_equal(membership_verdict(at_d, b->name, 1001, 0, NODE_SUSPECT, net.now), 1);
+        run(40);
+        assert_int_equal(state_of(d, b), NODE_UP); /* healed by pulls, as above */
+        uint64_t incarnation = membership_find(at_d, b->name)->incarnation;
+        assert_int_equal(
+                membership_verdict(at_d, b->name, 1001, incarnation, NODE_SUSPECT, net.now), 1);
+        for (asked = d->sent[PEER_WHO]; d->sent[PEER_WHO] == asked && waited < 40; waited++)
+                run(1);
+        assert_true(d->sent[PEER_WHO] > asked); /* it pulled (b not refuted yet: no news) */
+        for (unsigned k = 0; k < 8; k++)
+                answer_d(PEER_MAX_VERDICTS);
+        asked = d->sent[PEER_WHO];
+        run(14);
+        assert_int_equal(d->sent[PEER_WHO], asked);
+        assert_int_not_equal(state_of(d, b), NODE_UP); /* suspect, down by now */
+        run(30);
+        assert_true(d->sent[PEER_WHO] > asked);
+        assert_int_equal(state_of(d, b), NODE_UP);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_swim_join_and_rest, swim_setup, teardown),
@@ -504,6 +566,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_swim_pull_heals_without_gossip, swim_setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_swim_pull_answers, swim_setup, teardown),
+                cmocka_unit_test_setup_teardown(test_swim_pull_paced_by_answers, swim_setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_swim_restart_remakes_unanswered_links,
                                                 swim_setup, teardown),
                 cmocka_unit_test_setup_teardown(test_swim_refutes_only_plausible_verdicts,

@@ -56,6 +56,35 @@ static void test_pull_backs_off_while_fruitless(void **state) {
         assert_int_equal(v.fruitless, 0);
 }
 
+/* Big answers pace the next pull: n verdicts answered wait n / VERDICT_SYNC_PACE heartbeats
+ * after the last pull (the half heartbeat when that is longer), never past the longest
+ * backoff, and a pull starts the count again. */
+static void test_pull_paced_by_answers(void **state) {
+        VerdictPull v = {};
+        int64_t t = 1000, paced = (int64_t) 5 * HB;
+
+        assert_true(verdict_pull_due(&v, 5, 6, t, HB, 0));
+        verdict_pull_took(&v, 3 * VERDICT_SYNC_PACE);
+        verdict_pull_took(&v, 2 * VERDICT_SYNC_PACE); /* answers add up */
+        assert_false(verdict_pull_due(&v, 7, 6, t + HB / 2, HB, 0));
+        assert_false(verdict_pull_due(&v, 7, 6, t + paced - 1, HB, 0));
+        assert_true(verdict_pull_due(&v, 7, 6, t + paced, HB, 0));
+        assert_int_equal(v.taken, 0);
+        t += paced;
+        /* Small answers leave the half heartbeat as the bound. */
+        verdict_pull_took(&v, VERDICT_SYNC_PACE / 4);
+        assert_false(verdict_pull_due(&v, 8, 6, t + HB / 2 - 1, HB, 0));
+        assert_true(verdict_pull_due(&v, 8, 6, t + HB / 2, HB, 0));
+        t += HB / 2;
+        /* A flood of answers nobody asked for waits the longest backoff, no longer. */
+        verdict_pull_took(&v, SIZE_MAX);
+        verdict_pull_took(&v, SIZE_MAX);
+        assert_int_equal(v.taken, SIZE_MAX);
+        int64_t longest = ((int64_t) HB / 2) << VERDICT_SYNC_BACKOFF;
+        assert_false(verdict_pull_due(&v, 9, 6, t + longest - 1, HB, 0));
+        assert_true(verdict_pull_due(&v, 9, 6, t + longest, HB, 0));
+}
+
 /* About 2 sqrt(n) buckets, a power of two, at most PEER_MAX_VERDICT_BUCKETS. */
 static void test_bucket_counts(void **state) {
         assert_int_equal(verdict_sync_buckets(1), 2);
@@ -105,6 +134,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_pull_waits_for_rounds),
                 cmocka_unit_test(test_pull_backs_off_while_fruitless),
+                cmocka_unit_test(test_pull_paced_by_answers),
                 cmocka_unit_test(test_bucket_counts),
                 cmocka_unit_test(test_answer_chunks),
         };
