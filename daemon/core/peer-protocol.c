@@ -57,6 +57,9 @@ struct Protocol {
         NameIndex links_by_address; /* address -> (uintptr_t) ProtocolLink * */
         uint64_t published_version;
         uint64_t published_revision; /* membership_revision(): digests change it, not versions */
+        unsigned publish_gap_ms;
+        int64_t published_at_ms; /* INT64_MIN: never */
+        bool publish_held;       /* a change waits for the gap to pass */
         uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
         int64_t eager_at_ms;
         bool dirty; /* the members changed in a way the version may not show */
@@ -1150,7 +1153,7 @@ int protocol_forget(Protocol *p, const char *node, int64_t now, FamilyError *ret
         return r;
 }
 
-void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
+static void flush(Protocol *p, int64_t now, int64_t now_unix, bool gap) {
         _cleanup_(topology_unrefp) Topology *t = NULL;
         uint64_t v = membership_version(p->membership);
         uint64_t revision = membership_revision(p->membership);
@@ -1168,8 +1171,16 @@ void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
                 p->eager_at_ms = now;
                 send_heartbeats(p, PROTOCOL_EAGER_FANOUT);
         }
-        if (v == p->published_version && revision == p->published_revision && !p->dirty)
+        if (v == p->published_version && revision == p->published_revision && !p->dirty) {
+                p->publish_held = false;
                 return;
+        }
+        /* Each publication copies every record: in a burst, one per gap. */
+        if (gap && p->publish_gap_ms > 0 && p->published_at_ms != INT64_MIN &&
+            now - p->published_at_ms < (int64_t) p->publish_gap_ms) {
+                p->publish_held = true;
+                return;
+        }
         if (p->sink.published) {
                 if (membership_topology(p->membership, now, now_unix, &t) < 0) {
                         note_no_memory(p); /* the old topology stays */
@@ -1180,7 +1191,21 @@ void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
                 p->sink.changed(p->sink.userdata, p->membership);
         p->published_version = v;
         p->published_revision = revision;
+        p->published_at_ms = now;
+        p->publish_held = false;
         p->dirty = false;
+}
+
+void protocol_flush(Protocol *p, int64_t now, int64_t now_unix) {
+        flush(p, now, now_unix, true);
+}
+
+void protocol_flush_now(Protocol *p, int64_t now, int64_t now_unix) {
+        flush(p, now, now_unix, false);
+}
+
+int64_t protocol_publish_due_ms(const Protocol *p) {
+        return p->publish_held ? p->published_at_ms + (int64_t) p->publish_gap_ms : -1;
 }
 
 /* --- the object --- */
@@ -1194,6 +1219,8 @@ int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t
                 return -ENOMEM;
         p->sink = *sink;
         p->heartbeat_ms = params->heartbeat_ms;
+        p->publish_gap_ms = params->publish_gap_ms;
+        p->published_at_ms = INT64_MIN;
         if (params->mode < 0 || params->mode >= _PROTOCOL_MODE_MAX)
                 return -EINVAL;
         p->mode = params->mode;

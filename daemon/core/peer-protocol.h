@@ -184,7 +184,14 @@ typedef struct ProtocolParams {
         MemberRecords *records; /* shared member records (tests/sim); NULL: the table's own */
         size_t reserve;         /* room for this many members from the start (tests/sim); 0:
                                  * the table grows as they come */
+        /* A topology is published at most once per this many ms (protocol_flush()); 0: on
+         * every flush that finds a change. */
+        unsigned publish_gap_ms;
 } ProtocolParams;
+
+/* A daemon's publish_gap_ms: a burst of changes (a cold start of 10,000 members: a join each,
+ * a copy of every record each) publishes at most 50 topologies a second. */
+#define PROTOCOL_PUBLISH_GAP_MS 20
 
 int protocol_new(const ProtocolParams *params, const ProtocolSink *sink, int64_t now_ms,
                  Protocol **ret);
@@ -213,8 +220,15 @@ void protocol_set_local_digest(Protocol *p, const char *digest);
  * errno with *ret_error set. */
 int protocol_forget(Protocol *p, const char *node, int64_t now_ms, FamilyError *ret_error);
 /* Sends the eager heartbeats a change made here is due, and publishes a new topology when the
- * members changed: the last thing before the caller sleeps. */
+ * members changed, unless one was published less than publish_gap_ms ago: then
+ * protocol_publish_due_ms() says when to flush again. The last thing before the caller
+ * sleeps. */
 void protocol_flush(Protocol *p, int64_t now_ms, int64_t now_unix_ms);
+/* protocol_flush() publishing a change whatever the gap (the caller answers with the topology
+ * next: ForgetNode). */
+void protocol_flush_now(Protocol *p, int64_t now_ms, int64_t now_unix_ms);
+/* When a change held back by the gap is due to be published (flush then); -1: none held. */
+int64_t protocol_publish_due_ms(const Protocol *p);
 
 const Membership *protocol_membership(const Protocol *p);
 /* How many links this node dials, and how many of them are connected now. */

@@ -58,6 +58,7 @@ struct Peer {
         bool thread_started;
         sd_event *event;
         sd_event_source *wakeup, *heartbeat, *command;
+        sd_event_source *publish; /* a topology held back by the publish gap is due */
         int event_fd;
 
         pthread_mutex_t lock; /* commands and stop */
@@ -260,8 +261,29 @@ static void peer_sync_digest(Peer *p) {
         protocol_set_local_digest(p->protocol, digest);
 }
 
+static int on_publish_due(sd_event_source *source, uint64_t usec, void *userdata) {
+        return 0; /* on_prepare() flushes before the next sleep */
+}
+
+/* What changed goes to the manager, at most once per PROTOCOL_PUBLISH_GAP_MS: a change held
+ * back wakes the loop when it is due. */
 static void peer_flush(Peer *p) {
+        int64_t due;
+
         protocol_flush(p->protocol, now_ms(), now_unix_ms());
+        due = protocol_publish_due_ms(p->protocol);
+        if (due < 0)
+                return;
+        if (!p->publish) {
+                if (sd_event_add_time(p->event, &p->publish, CLOCK_MONOTONIC,
+                                      (uint64_t) due * 1000u, PEER_TIMER_ACCURACY_USEC,
+                                      on_publish_due, p) < 0)
+                        protocol_flush_now(p->protocol, now_ms(), now_unix_ms());
+                return;
+        }
+        if (sd_event_source_set_time(p->publish, (uint64_t) due * 1000u) < 0 ||
+            sd_event_source_set_enabled(p->publish, SD_EVENT_ONESHOT) < 0)
+                protocol_flush_now(p->protocol, now_ms(), now_unix_ms());
 }
 
 static void peer_run_commands(Peer *p) {
@@ -283,6 +305,7 @@ static void peer_run_commands(Peer *p) {
                 c->done = true;
         }
         /* The caller answers with the topology: it must already show the change. */
+        protocol_flush_now(p->protocol, now_ms(), now_unix_ms());
         peer_flush(p);
         (void) pthread_cond_broadcast(&p->done);
         (void) pthread_mutex_unlock(&p->lock);
@@ -436,7 +459,8 @@ int peer_new(const PeerParams *params, Peer **ret) {
 
         ProtocolParams pp = { .self = &p->self, .timeouts = params->timeouts,
                               .max_nodes = params->max_nodes, .heartbeat_ms = p->heartbeat_ms,
-                              .mode = params->mode };
+                              .mode = params->mode,
+                              .publish_gap_ms = PROTOCOL_PUBLISH_GAP_MS };
         ProtocolSink sink = { .dial = sink_dial, .send = sink_send, .reply = sink_reply,
                               .bind = sink_bind, .close = sink_close,
                               .published = sink_published, .note = sink_note,
@@ -509,6 +533,7 @@ Peer *peer_free(Peer *p) {
         sd_event_source_disable_unref(p->wakeup);
         peer_ucx_free(p->ucx);
         sd_event_source_disable_unref(p->heartbeat);
+        sd_event_source_disable_unref(p->publish);
         sd_event_source_disable_unref(p->command);
         sd_event_unref(p->event);
         member_info_done(&p->self);

@@ -243,6 +243,38 @@ class TestRecordResigned(RogueCase):
         self.assertNotIn("unproven", out)
 
 
+class TestPublishGap(unittest.TestCase):
+    def test_change_held_by_the_gap_is_published_soon(self):
+        """Two joins 15 ms apart: the daemon publishes the first at once and holds the second
+        for the rest of its publish gap (20 ms); a timer publishes it then, though nothing
+        else wakes the daemon (heartbeats every 5 s, the new members' addresses refuse at
+        once). Without the timer it waited for the next dial retry, 3.8 s."""
+        c = Cluster(1, host_devices=2, heartbeat_ms=5000, suspect_ms=20000, down_ms=40000)
+        c.start()
+        self.addCleanup(c.cleanup)
+        c.wait_agreement(world_size=2, timeout=30)
+        time.sleep(1.0)  # the start's own changes published and quiet
+        proc = subprocess.Popen([rogue_bin(), "pair", "--target", c.address(0), "--name", "pr",
+                                 "--address", "127.0.0.2:1", "--devices", "1", "--wait-ms",
+                                 "4000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        self.addCleanup(lambda: proc.kill() if proc.poll() is None else None)
+        first = both = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and both is None:
+            names = {n.name for n in c.topology(0).nodes}
+            now = time.monotonic()
+            if first is None and names & {"pr", "pr-2"}:
+                first = now
+            if {"pr", "pr-2"} <= names:
+                both = now
+            time.sleep(0.005)
+        out = proc.communicate(timeout=30)[0]
+        self.assertIn("sent: pr pr-2", out)
+        self.assertIsNotNone(both, out)
+        self.assertLess(both - first, 0.5, "the held change waited %.3f s" % (both - first))
+
+
 class TestRogueOpen(RogueCase):
     def test_attack_table_without_a_key(self):
         c = self.start_cluster(2, extra_args=["--max-nodes", "16"])

@@ -19,6 +19,7 @@
  *   rogue-peer members  --target A [--key F] --count N [--devices D]
  *   rogue-peer replay   --target A --key F
  *   rogue-peer relink   --target A --key F --victim N --victim-address A
+ *   rogue-peer pair     --target A [--key F] [--name N] [--address A] [--wait-ms W]
  *   rogue-peer flood    --target A --count N --hold-ms H [--bind HOST]
  */
 
@@ -148,7 +149,7 @@ static int rogue_open(Rogue *r, const Options *o) {
         }
         for (int64_t end = now_ms() + 6000; now_ms() < end && !r->failed &&
                                             !peer_ucx_endpoint_ready(r->ep);)
-                rogue_run(r, 10);
+                rogue_run(r, 15);
         if (!peer_ucx_endpoint_ready(r->ep)) {
                 printf("handshake refused\n");
                 return 3;
@@ -219,6 +220,32 @@ static int attack_join(Rogue *r, const Options *o) {
                 (void) rogue_send(r, &hb);
                 rogue_run(r, 100);
         }
+        return 0;
+}
+
+/* Two nodes of our own say hello 15 ms apart on one link, then nothing: the daemon's second
+ * change falls within its publish gap (PROTOCOL_PUBLISH_GAP_MS) and is published soon all the
+ * same, with nothing else to wake it. The second is NAME-2 at --address's port + 1. */
+static int attack_pair(Rogue *r, const Options *o) {
+        _cleanup_(member_info_done) MemberInfo first = {}, second = {};
+        _cleanup_free_ char *name = NULL, *address = NULL, *host = NULL, *port = NULL;
+
+        if (peer_address_split(o->address, &host, &port) < 0 ||
+            asprintf(&name, "%s-2", o->name) < 0 ||
+            asprintf(&address, "%s:%lu", host, strtoul(port, NULL, 10) + 1) < 0)
+                return 1;
+        fake_member(&first, o->name, o->address, -1, o->devices, now_unix_ms());
+        fake_member(&second, name, address, -1, o->devices, now_unix_ms());
+        if (rogue_send(r, &(PeerMessage) { .body = PEER_HELLO, .sender = first,
+                                           .version = o->version }) < 0)
+                return 3;
+        rogue_run(r, 15);
+        if (rogue_send(r, &(PeerMessage) { .body = PEER_HELLO, .sender = second,
+                                           .version = o->version }) < 0)
+                return 3;
+        printf("sent: %s %s\n", o->name, name);
+        fflush(stdout);
+        rogue_run(r, o->wait_ms);
         return 0;
 }
 
@@ -465,7 +492,7 @@ int main(int argc, char **argv) {
                 { "join", attack_join },       { "refuse", attack_refuse },
                 { "version", attack_version }, { "restart", attack_restart },
                 { "members", attack_members }, { "replay", attack_replay },
-                { "relink", attack_relink },
+                { "relink", attack_relink },   { "pair", attack_pair },
         };
         Rogue r = {};
         Options o;
@@ -474,7 +501,8 @@ int main(int argc, char **argv) {
         log_set_max_level(LOG_WARNING);
         if (parse(argc, argv, &o) < 0) {
                 fprintf(stderr, "usage: rogue-peer join|refuse|version|restart|members|replay|relink|"
-                                "flood --target HOST:PORT [options] (see the source's DESIGN)\n");
+                                "pair|flood --target HOST:PORT [options] (see the source's "
+                                "DESIGN)\n");
                 return 1;
         }
         if (streq(o.command, "flood"))
