@@ -31,6 +31,7 @@ typedef enum SimEventKind {
         SIM_EVENT_DELIVER,
         SIM_EVENT_TICK,
         SIM_EVENT_FLUSH,
+        SIM_EVENT_PUBLISH, /* a change held by the publish gap is due */
         SIM_EVENT_LINK_FAILED,
 } SimEventKind;
 
@@ -144,6 +145,21 @@ static size_t node_index(const char *name_or_address) {
 static int64_t one_way_us(Sim *s) {
         int64_t j = s->config.jitter_us ? (int64_t) (sim_random(s) % s->config.jitter_us) : 0;
         return (int64_t) s->config.latency_us + j;
+}
+
+/* A flush, as the peer thread's before it sleeps: a change the publish gap holds gets an
+ * event when due, as the peer thread arms a timer. */
+static void node_flush(Sim *s, SimNode *n) {
+        int64_t due;
+
+        protocol_flush(n->protocol, now_ms(s), SIM_UNIX_BASE_MS + now_ms(s));
+        due = protocol_publish_due_ms(n->protocol);
+        if (due < 0 || n->publish_pending)
+                return;
+        n->publish_pending = true;
+        heap_push(s, (SimEvent) { .at_us = due * 1000, .kind = SIM_EVENT_PUBLISH,
+                                  .node = (uint32_t) (n - s->nodes),
+                                  .incarnation = n->incarnation });
 }
 
 static void schedule_flush(Sim *s, SimNode *n) {
@@ -334,7 +350,7 @@ static void run_event(Sim *s, SimEvent *e) {
                 if (!current)
                         break;
                 protocol_tick(n->protocol, now_ms(s));
-                protocol_flush(n->protocol, now_ms(s), SIM_UNIX_BASE_MS + now_ms(s));
+                node_flush(s, n);
                 heap_push(s, (SimEvent) { .at_us = s->now_us +
                                                    protocol_tick_interval_ms(n->protocol) * 1000,
                                           .kind = SIM_EVENT_TICK, .node = e->node,
@@ -344,7 +360,13 @@ static void run_event(Sim *s, SimEvent *e) {
                 if (!current)
                         break;
                 n->flush_pending = false;
-                protocol_flush(n->protocol, now_ms(s), SIM_UNIX_BASE_MS + now_ms(s));
+                node_flush(s, n);
+                break;
+        case SIM_EVENT_PUBLISH:
+                if (!current)
+                        break;
+                n->publish_pending = false;
+                node_flush(s, n);
                 break;
         case SIM_EVENT_LINK_FAILED:
                 if (current && e->ep->open) {
@@ -444,12 +466,14 @@ int sim_start(Sim *s, size_t i, int64_t seed) {
                 .mode = s->config.mode,
                 .records = s->records,
                 .reserve = s->config.max_nodes,
+                .publish_gap_ms = PROTOCOL_PUBLISH_GAP_MS, /* the daemon's */
         };
         ProtocolSink sink = sim_sink;
 
         sink.userdata = n;
         n->up = true;
         n->flush_pending = false;
+        n->publish_pending = false;
         memset(n->suspected, 0, s->config.max_nodes);
         s->n_nodes = MAX(s->n_nodes, i + 1);
         r = protocol_new(&params, &sink, now_ms(s), &n->protocol);
@@ -462,7 +486,7 @@ int sim_start(Sim *s, size_t i, int64_t seed) {
                 if (r < 0)
                         return r;
         }
-        protocol_flush(n->protocol, now_ms(s), SIM_UNIX_BASE_MS + now_ms(s));
+        node_flush(s, n);
         /* Ticks at a random phase, as daemons started apart tick apart. */
         heap_push(s, (SimEvent) { .at_us = s->now_us + (int64_t) (sim_random(s) %
                                                     ((uint64_t) s->config.heartbeat_ms * 1000)),

@@ -48,6 +48,7 @@ typedef struct SimNode {
         bool up;
         int group;            /* partitions: messages cross only within a group */
         bool flush_pending;
+        bool publish_pending; /* a flush when the change its publish gap holds is due */
         uint8_t *suspected;   /* per member index: 1 suspect, 2 down when last published */
         SimCounters sent;
         uint64_t last_buffer_hash;
