@@ -6,8 +6,8 @@
 # Options go to familyd-sim (familyd-sim --help); the defaults are the daemon's timeouts, 10
 # simulated minutes under each loss rate, 8 GPUs per node. The tables go to stdout.
 # --large: 1,000 and 10,000 members with short windows (--sizes 1000,10000 --devices 1
-# --rest-s 5 --partition-s 12 --loss-s 10), not in CI. With --membership swim 17 GB and more
-# than two hours at 10,000 (its healed partition settles slowly); all-to-all takes half an hour
+# --rest-s 5 --partition-s 12 --loss-s 10), not in CI. With --membership swim 17 GB and about
+# two hours at 10,000 (1 h 28 min with 2 s windows); all-to-all takes half an hour
 # at 1,000 and does not fit at 10,000: a size
 # whose estimated memory passes what this machine has free prints "not run" and why
 # (docs/scale.md).
