@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install-deps.sh [--tests] [--list]: installs what familyd needs to build and run on Debian 12
-# (as root), and with --tests what the test suite needs too (cmocka, Python grpcio, valgrind, buf
-# from npm). --list prints the Debian packages, one a line, and installs nothing.
+# (as root), and with --tests what the test suite needs too (cmocka, valgrind, buf from npm, the
+# Python environment .venv/ of deploy/dev/python-env.sh). --list prints the Debian packages,
+# one a line, and installs nothing.
 #
 # Every package whose files the build or the tests read is named here, or is a dependency of one
 # named here: packages come with --no-install-recommends, as on a minimal machine.
@@ -32,14 +33,13 @@ packages=(
     libmicrohttpd-dev
 )
 if $tests; then
-    packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
-    # The Python package: mypy checks its types (test mypy); setuptools and pip build and
-    # install it (test python-package); docs/torch.md installs it into a venv (test torch-docs).
-    packages+=(python3-mypy python3-setuptools python3-pip python3-venv)
+    packages+=(libcmocka-dev valgrind)
+    # The Python side (grpcio, protobuf, numpy, torch 2, mypy, ...) lives in a virtual
+    # environment made below from deploy/dev/requirements.txt with the `python3` on PATH; where
+    # that is Debian's own, it needs pip and venv.
+    packages+=(python3-pip python3-venv)
     # test man-pages renders the pages with man -l and groff's warnings on.
     packages+=(man-db groff-base)
-    # test client-memory speaks raw HTTP/2 (a client that never opens its window).
-    packages+=(python3-h2)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
     # llvm-symbolizer for the coverage report.
     packages+=(clang libclang-rt-14-dev llvm-14)
@@ -84,6 +84,11 @@ if (( ${#missing[@]} > 0 )); then
         rm -f "$policy"
         trap - EXIT
     fi
+fi
+
+# The tests' Python environment (.venv/, deploy/dev/python-env.sh): torch 2, grpcio, numpy, ...
+if $tests; then
+    bash deploy/dev/python-env.sh
 fi
 
 # buf stands in for grpcurl (not in Debian): `buf curl` speaks gRPC over a Unix socket and

@@ -24,7 +24,7 @@ Query it from another terminal:
   build-run/client/familyctl --socket $sock status
   node_modules/.bin/buf curl --protocol grpc --unix-socket $sock --list-services http://localhost
   node_modules/.bin/buf curl --protocol grpc --unix-socket $sock -d '{"family":"grouped_experts","context":{"epSize":"4"}}' http://localhost/familyd.v1.FamilyService/Resolve
-  FAMILYD_DESCRIPTORS=build-run/proto/familyd.binpb /usr/bin/python3 client/python/examples/moe_forward.py --socket $sock --ep 4
-  (buf, numpy and torch come with: bash deploy/dev/install-deps.sh --tests)
+  FAMILYD_DESCRIPTORS=build-run/proto/familyd.binpb .venv/bin/python3 client/python/examples/moe_forward.py --socket $sock --ep 4
+  (buf and the Python environment .venv/ come with: bash deploy/dev/install-deps.sh --tests)
 MSG
 exec build-run/daemon/familyd --socket "$sock" --registry "$root/deploy/registry" --host-devices 8

@@ -6,7 +6,7 @@
 # BUILD_DIR (default: build-bench under the source root) is configured as a release build
 # without sanitizers and built when it does not exist yet: numbers from an ASan build mean
 # little. FAMILYD_BIN and FAMILYD_DESCRIPTORS, when set (meson test sets them), name the daemon
-# and the descriptor set instead. topology-bench.py (run with /usr/bin/python3: Debian's grpcio)
+# and the descriptor set instead. topology-bench.py (run with the Python environment .venv/: grpcio)
 # starts and stops the daemons itself through tests/integration/cluster_harness.py, so the
 # single-daemon helpers of bench-daemon.sh do not apply; every daemon must still exit 0 on
 # SIGTERM. UCX runs over tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless already set).
@@ -50,7 +50,7 @@ fi
 
 echo "$me: familyd $familyd (run from a copy in $tmp)"
 status=0
-/usr/bin/python3 "$here/topology-bench.py" "${bench_args[@]}" | tee "$out" || status=$?
+"$(bash "$here/../../deploy/dev/python-env.sh" --print)" "$here/topology-bench.py" "${bench_args[@]}" | tee "$out" || status=$?
 if [ "$status" != 0 ]; then
         # 77: the harness found no grpcio outside CI (a skip for meson test).
         [ "$status" = 77 ] || echo "$me: topology-bench.py failed with status $status" >&2

@@ -175,8 +175,8 @@ def run_mode(a, sock, tmp, mode, seed):
     out = os.path.join(tmp, "%s-%d.json" % (mode, seed))
     env = dict(os.environ, PYTHONPATH=PACKAGE + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    argv = ["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node", "4",
-            "--master-port", str(free_port()), os.path.abspath(__file__), "--worker",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), os.path.abspath(__file__), "--worker",
             "--mode", mode, "--socket", sock, "--out", out, "--seed", str(seed),
             "--layers", str(a.layers), "--hidden", str(a.hidden),
             "--intermediate", str(a.intermediate), "--tokens", str(a.tokens)]

@@ -30,7 +30,7 @@ for fd in fds.file:
 
 
 def cls(n):
-    return message_factory.MessageFactory(pool).GetPrototype(pool.FindMessageTypeByName(n))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(n))
 
 
 def msg(name, d):

@@ -1,6 +1,6 @@
 """Shared helpers for familyd's integration tests: start the real daemon, talk to it over gRPC.
 
-Run with /usr/bin/python3 (Debian's python3-grpcio 1.51 and python3-protobuf 3.21 live there).
+Run with the tests' Python (.venv/bin/python3, made by deploy/dev/python-env.sh: grpcio, protobuf).
 Paths come from the environment, set by tests/integration/meson.build:
 
   FAMILYD_BIN          the familyd binary
@@ -29,8 +29,8 @@ try:
     import grpc
     from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 except ImportError as e:  # pragma: no cover - depends on the machine
-    sys.stderr.write("familyd_harness: %s (run with /usr/bin/python3, Debian's "
-                     "python3-grpcio and python3-protobuf)\n" % e)
+    sys.stderr.write("familyd_harness: %s (run with the tests' Python, .venv/bin/python3: "
+                     "bash deploy/dev/python-env.sh)\n" % e)
     # Skip (77) on a developer machine without the modules; fail under CI.
     sys.exit(1 if os.environ.get("CI") else 77)
 
@@ -106,14 +106,13 @@ class Protos:
         self.pool = descriptor_pool.DescriptorPool()
         for fd in fds.file:
             self.pool.Add(fd)
-        self._factory = message_factory.MessageFactory(self.pool)
         self._classes = {}
 
     def cls(self, full_name):
         c = self._classes.get(full_name)
         if c is None:
             desc = self.pool.FindMessageTypeByName(full_name)
-            c = self._factory.GetPrototype(desc)
+            c = message_factory.GetMessageClass(desc)
             self._classes[full_name] = c
         return c
 

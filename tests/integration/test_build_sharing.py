@@ -50,7 +50,7 @@ class Holder:
     """One build_holder.py process; uid: run it as that uid (setpriv)."""
 
     def __init__(self, uid=None):
-        argv = ["/usr/bin/python3", HOLDER, D.socket]
+        argv = [sys.executable, HOLDER, D.socket]
         if uid is not None:
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"] + argv
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")

@@ -392,7 +392,7 @@ sys.stdin.read()
 
 class Holder:
     def __init__(self, path, n, what="watch", uid=None):
-        argv = ["/usr/bin/python3", "-c", HOLDER, path, str(n), what]
+        argv = [sys.executable, "-c", HOLDER, path, str(n), what]
         if uid is not None:
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"] + argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

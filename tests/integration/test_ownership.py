@@ -112,7 +112,7 @@ class Client:
     """A client process of uid (None: root), with `users` as a supplementary group if asked."""
 
     def __init__(self, uid=None, admin_group=False):
-        argv = ["/usr/bin/python3", os.path.abspath(__file__), "--client", D.socket]
+        argv = [sys.executable, os.path.abspath(__file__), "--client", D.socket]
         if uid is not None:
             groups = ["--groups", "100"] if admin_group else ["--clear-groups"]
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid)] + groups + argv

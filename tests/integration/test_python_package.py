@@ -4,7 +4,7 @@
 Installs it twice into temporary folders: `meson install --tags python --destdir` from this
 build, and `pip install --no-build-isolation --target` from a copy of client/python and proto/
 (pip builds in place: the copy keeps the source tree clean). Then, for each, a fresh
-/usr/bin/python3 whose PYTHONPATH is only that folder, with no FAMILYD_DESCRIPTORS and run from
+interpreter (the tests' own) whose PYTHONPATH is only that folder, with no FAMILYD_DESCRIPTORS and run from
 an empty folder, imports familyd and against the real daemon: the classes are protoc's
 generated ones (familyd.v1.*_pb2, with their .pyi stubs), create_mesh, build and map a shard,
 an error's reason (the google.rpc types of the private pool), and protobuf's default pool has
@@ -24,7 +24,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable
 REGISTRY = os.path.join(H.SOURCE_ROOT, "deploy", "registry")
 # The build folder: the descriptor set meson hands the tests is BUILD/proto/familyd.binpb.
 BUILD_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(H.descriptor_set_path())))

@@ -403,7 +403,7 @@ class Worker:
         env = dict(os.environ, PYTHONPATH=PACKAGE, FAMILYD_DESCRIPTORS=H.descriptor_set_path(),
                    OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            ["/usr/bin/python3", "-X", "faulthandler", os.path.join(HERE, "torch_build_worker.py"),
+            [sys.executable, "-X", "faulthandler", os.path.join(HERE, "torch_build_worker.py"),
              daemon.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         test.addCleanup(self.close)
 

@@ -12,7 +12,7 @@ builds the package in place, so the copy keeps the source tree clean), named by 
 guide says, and the daemon runs as the README's first command runs it (deploy/dev/run.sh's
 last line: the example registry, 8 host devices, on $FAMILYD/run/familyd.sock; the binary is
 this build's). Every `run` block is then run, as written and in order, by one bash in an empty
-folder. Checked: they succeed; the sharded run (4 workers through the launcher) prints the
+folder. Checked: they succeed; the sharded run (4 workers through torchrun) prints the
 losses of the whole model in one process (1e-5 relative at step 0, 1e-4 after), the losses the
 guide shows (1e-4 relative: other CPUs round the last digits differently), and Validate's "ok";
 the guide's trainer, launched on 4 workers, builds its module.
@@ -139,8 +139,9 @@ class TestTorchDocs(unittest.TestCase):
                    PYTHONPATH=os.path.join(H.SOURCE_ROOT, "client", "python"),
                    FAMILYD_DESCRIPTORS=H.descriptor_set_path())
         port = str(H.free_port())
-        p = subprocess.run(["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node",
-                            "4", "--master-port", port, path], cwd=self.tmp, env=env, text=True,
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                            "4", "--master-addr", "127.0.0.1", "--master-port", port, path],
+                           cwd=self.tmp, env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
         self.assertEqual(p.returncode, 0, p.stdout[-6000:])
         # Four processes print to one pipe; unbuffered (PYTHONUNBUFFERED), their words may

@@ -1,14 +1,17 @@
 #!/usr/bin/python3
 """familyd.torch.init, create_mesh and process_groups: a torchrun-style job on a real familyd.
 
-One daemon (--host-devices 4, one node). Worker processes of this file are started with exactly
+One daemon (--host-devices 4, one node). Worker processes of this file are started with
 torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-MASTER_ADDR, MASTER_PORT; torch.distributed.run does not work on this torch with Python 3.11)
-and gloo. Each calls init() against the daemon, creates the dp=2,tp=2 mesh with the expert view
+MASTER_ADDR, MASTER_PORT) set by the test itself, so that torch ranks can be given in any order
+of LOCAL_RANK (a rendezvous that did not follow familyd's), and gloo. Each calls init() against the daemon, creates the dp=2,tp=2 mesh with the expert view
 edp_shard=2,ep=2 over job.familyd_ranks, builds the process groups and all-reduces its torch
 rank over each (the sums are what the row-major layout over torch ranks says), all-gathers the
 familyd ranks of its tp group, and runs a TPSwiGLUMLP over the tp group against the unsharded
-member. Torch ranks given in an order other than LOCAL_RANK's (a rendezvous that did not follow
+member. job_mesh's torch DeviceMeshes (device and expert view) have familyd's axis names, lay
+torch ranks row-major, and give the same groups; a DeviceMesh the job made itself with
+init_device_mesh is taken, and one whose names, sizes or rank order differ from familyd's
+layout is refused with a sentence on every rank. Torch ranks given in an order other than LOCAL_RANK's (a rendezvous that did not follow
 familyd's order) give a mesh in torch's order. Five workers on four devices, and two workers
 with the same LOCAL_RANK, fail on every rank with the sentence.
 """
@@ -83,15 +86,57 @@ def worker(outdir, socket_path):
         tp.up_proj.copy_(plain.up_proj[lo:hi])
         tp.down_proj.copy_(plain.down_proj[:, lo:hi])
     out["mlp_error"] = float((tp(x) - plain(x)).abs().max() / plain(x).abs().max())
-    try:
-        FT.device_mesh(job, mesh)
-        out["device_mesh"] = "built"
-    except ImportError as e:
-        out["device_mesh"] = str(e)
+    device_meshes(client, job, out)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(outdir, "%d.json" % rank), "w") as f:
         json.dump(out, f)
+
+
+def device_meshes(client, job, out):
+    """job_mesh's DeviceMeshes, a user's init_device_mesh taken, mismatched ones refused."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    import familyd.torch as FT
+
+    rank = dist.get_rank()
+    jm = FT.job_mesh(client, job, {"dp": 2, "tp": 2}, {"edp_shard": 2, "ep": 2})
+    out["meshes"] = {}
+    for what, dm in (("device", jm.device_mesh), ("expert", jm.expert_mesh)):
+        sums = {}
+        for name in dm.mesh_dim_names:
+            t = torch.tensor([float(rank)])
+            dist.all_reduce(t, group=dm.get_group(name))
+            sums[name] = int(t.item())
+        out["meshes"][what] = {"names": list(dm.mesh_dim_names), "ranks": dm.mesh.tolist(),
+                               "sums": sums, "type": dm.device_type}
+    out["same_groups"] = all(jm.groups[n] is jm.device_mesh.get_group(n) for n in ("dp", "tp"))
+    mine = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    taken = FT.job_mesh(client, job, mine)
+    out["taken"] = [taken.device_mesh is mine,
+                    taken.mesh_id == FT.create_mesh(client, job, {"dp": 2, "tp": 2}).mesh_id,
+                    taken.expert_mesh is None]
+    refused = {}
+    cases = {
+        "order": DeviceMesh("cpu", torch.tensor([[0, 2], [1, 3]]), mesh_dim_names=("dp", "tp")),
+        "unnamed": DeviceMesh("cpu", torch.arange(4).reshape(2, 2)),
+        "sub": mine["tp"],
+    }
+    for name, dm in cases.items():
+        try:
+            FT.job_mesh(client, job, dm)
+            refused[name] = None
+        except FT.JobError as e:
+            refused[name] = str(e)
+    for name, spec in (("names", {"tp": 2, "dp": 2}), ("sizes", {"dp": 1, "tp": 4})):
+        familyd_mesh = FT.create_mesh(client, job, spec)
+        try:
+            FT.check_device_mesh(job, familyd_mesh, mine)
+            refused[name] = None
+        except FT.JobError as e:
+            refused[name] = str(e)
+    out["refused"] = refused
 
 
 class TorchInit(unittest.TestCase):
@@ -123,7 +168,7 @@ class TorchInit(unittest.TestCase):
                        LOCAL_WORLD_SIZE=str(local_world_size or world), GROUP_RANK="0",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen(
-                ["/usr/bin/python3", "-X", "faulthandler", os.path.abspath(__file__), "--worker",
+                [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--worker",
                  outdir, self.daemon.socket],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         logs = []
@@ -155,7 +200,30 @@ class TorchInit(unittest.TestCase):
             self.assertEqual(r["tp_familyd_ranks"], [local_ranks[p] for p in TP_PEERS[rank]])
             self.assertEqual(r["context"], [2, 2, 1, 1, ["ep", "tp"]])
             self.assertLess(r["mlp_error"], 1e-5)
-            self.assertIn("torch.distributed.device_mesh", r["device_mesh"])
+            self.assertEqual(r["meshes"]["device"], {
+                "names": ["dp", "tp"], "ranks": [[0, 1], [2, 3]], "type": "cpu",
+                "sums": {"dp": DP_SUM[rank], "tp": TP_SUM[rank]}})
+            self.assertEqual(r["meshes"]["expert"], {
+                "names": ["edp_shard", "ep"], "ranks": [[0, 1], [2, 3]], "type": "cpu",
+                "sums": {"edp_shard": DP_SUM[rank], "ep": TP_SUM[rank]}})
+            self.assertTrue(r["same_groups"])
+            self.assertEqual(r["taken"], [True, True, True])
+            refused = r["refused"]
+            self.assertRegex(refused["order"], r"^familyd.torch: the device DeviceMesh lays "
+                             r"torch ranks \[\[0, 2\], \[1, 3\]\], but familyd lays mesh "
+                             r"mesh-[0-9a-f]+ over the job's torch ranks in row-major order "
+                             r"\[\[0, 1\], \[2, 3\]\]$")
+            self.assertRegex(refused["unnamed"], "^familyd.torch.job_mesh: the device DeviceMesh "
+                             "has no mesh_dim_names")
+            self.assertEqual(refused["sub"], "familyd.torch.job_mesh: the device DeviceMesh "
+                             "has 2 positions but the job has 4 ranks (pass the whole mesh, not "
+                             "a sub-mesh)")
+            self.assertRegex(refused["names"], r"^familyd.torch: the device DeviceMesh's "
+                             r"dimensions \['dp', 'tp'\] are not mesh mesh-[0-9a-f]+'s axes "
+                             r"\['tp', 'dp'\]$")
+            self.assertRegex(refused["sizes"], r"^familyd.torch: the device DeviceMesh's sizes "
+                             r"\{'dp': 2, 'tp': 2\} are not mesh mesh-[0-9a-f]+'s "
+                             r"\{'dp': 1, 'tp': 4\}$")
 
     def test_job_in_familyd_order(self):
         self.check_groups(self.launch([0, 1, 2, 3]), [0, 1, 2, 3])
@@ -212,7 +280,7 @@ class TorchInit(unittest.TestCase):
     def test_import_does_not_import_torch(self):
         code = ("import sys, familyd.torch as T; assert 'torch' not in sys.modules; "
                 "T.Job; assert 'torch' in sys.modules")
-        subprocess.run(["/usr/bin/python3", "-c", code], check=True, timeout=60,
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=PACKAGE))
 
     def test_mesh_groups_layout(self):
@@ -230,6 +298,6 @@ if __name__ == "__main__":
     try:
         import torch  # noqa: F401
     except ImportError:  # pragma: no cover - depends on the machine
-        sys.stderr.write("test_torch_init: torch missing (apt-get install python3-torch)\n")
+        sys.stderr.write("test_torch_init: torch missing (bash deploy/dev/python-env.sh)\n")
         sys.exit(1 if os.environ.get("CI") else SKIP)
     unittest.main()

@@ -40,7 +40,7 @@ def setUpModule():
     outdir = os.path.join(D.tmpdir, "job")
     os.mkdir(outdir)
     rc, out = C.run(C.launcher(4, C.free_port(), [C.WORKER, outdir] + C.example_args(
-        D.socket, os.path.join(outdir, "example.json")), minimal=True))
+        D.socket, os.path.join(outdir, "example.json"))))
     RESULTS["job"] = (rc, out)
     RESULTS["ranks"] = {}
     for rank in range(4):
@@ -63,9 +63,13 @@ class TrainOneNode(unittest.TestCase):
         self.assertEqual(sorted(RESULTS["ranks"]), [0, 1, 2, 3], out[-6000:])
         return RESULTS["ranks"]
 
-    def test_workers_see_only_inits_variables(self):
+    def test_workers_started_by_torchrun(self):
+        pids = set()
         for rank, r in self.ranks().items():
-            self.assertEqual(r["torchrun_env"], C.INIT_ENV, "rank %d" % rank)
+            self.assertTrue(set(C.INIT_ENV) <= set(r["torchrun_env"]), "rank %d" % rank)
+            self.assertIn("TORCHELASTIC_RUN_ID", r["torchrun_env"])     # torchrun's own agent
+            pids.add(r["pid"])
+        self.assertEqual(len(pids), 4)
 
     def test_losses_equal_the_unsharded_run(self):
         want = RESULTS["unsharded"]
@@ -142,7 +146,7 @@ class TrainOneNode(unittest.TestCase):
     def test_a_job_that_does_not_split_fails_on_every_rank(self):
         before = C.status(D.client)
         rc, out = C.run(C.launcher(4, C.free_port(), [C.EXAMPLE, "--socket", D.socket, "--tp",
-                                                      "3"], minimal=True, keep_going=True))
+                                                      "3"], monitor_interval=10))
         self.assertEqual(rc, 1, out)
         self.assertEqual(out.count("train_moe: 4 ranks do not split into tp=3 and ep=2"), 4,
                          out)

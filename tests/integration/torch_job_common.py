@@ -1,5 +1,5 @@
 """What the torch-train tests share: the example job's paths, the workers' environment,
-running the launcher and the unsharded example, comparing losses, waiting out a grace period.
+running torchrun and the unsharded example, comparing losses, waiting out a grace period.
 """
 
 import json
@@ -40,8 +40,8 @@ def require_torch():
     try:
         import torch  # noqa: F401
     except ImportError:  # pragma: no cover - depends on the machine
-        sys.stderr.write("torch missing (apt-get install python3-torch)\n")
-        sys.exit(1 if os.environ.get("CI") else SKIP)
+        sys.stderr.write("torch missing (bash deploy/dev/python-env.sh)\n")
+        sys.exit(1)
 
 
 def free_port():
@@ -73,13 +73,16 @@ def run(argv, timeout=JOB_TIMEOUT, env=None):
     return p.returncode, out.decode(errors="replace")
 
 
-def launcher(nproc, port, script_argv, nnodes=1, node_rank=0, minimal=False,
-             keep_going=False):
-    argv = ["/usr/bin/python3", "-m", "familyd.torch.launch", "--nproc-per-node", str(nproc),
+def launcher(nproc, port, script_argv, nnodes=1, node_rank=0, monitor_interval=None):
+    """torchrun (python -m torch.distributed.run) starting nproc workers of a static job on
+    loopback. monitor_interval: how often torchrun looks at its workers (seconds); a job whose
+    every rank fails on its own is given time to, before torchrun stops the others."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
             "127.0.0.1", "--master-port", str(port)]
-    return argv + (["--minimal-env"] if minimal else []) + \
-        (["--keep-going"] if keep_going else []) + script_argv
+    if monitor_interval is not None:
+        argv += ["--monitor-interval", str(monitor_interval)]
+    return argv + script_argv
 
 
 def example_args(socket_path, json_path, *extra):
@@ -89,7 +92,7 @@ def example_args(socket_path, json_path, *extra):
 def run_unsharded(socket_path, tmpdir):
     """The example whole in one plain process: its JSON (losses, builds)."""
     path = os.path.join(tmpdir, "unsharded.json")
-    rc, out = run(["/usr/bin/python3", EXAMPLE, "--unsharded"]
+    rc, out = run([sys.executable, EXAMPLE, "--unsharded"]
                   + example_args(socket_path, path))
     if rc != 0:
         raise AssertionError("the unsharded run failed (%d):\n%s" % (rc, out))

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """One worker of the example job (client/python/examples/train_moe.py), with the checks the
-torch-train tests need around it. Started by `python3 -m familyd.torch.launch`:
+torch-train tests need around it. Started by torchrun:
 
     torch_job_worker.py OUTDIR [train_moe.py arguments...]
 

@@ -15,21 +15,26 @@ the source and build trees:
   proto/familyd.binpb, built with --include_imports);
 - the pkg-config files of every dependency meson found, with the ones they require, and the
   libraries the link commands name with -l;
-- the Python modules the tests and the client package import, as /usr/bin/python3 finds them;
+- the Python modules the tests and the client package import, as the tests' Python finds them
+  (run this check with it: .venv/bin/python3): a module from its virtual environment must come
+  from a distribution that deploy/dev/requirements.txt pins with ==, one from the interpreter's
+  own library from Debian's package when the interpreter is Debian's;
 - the programs the systemd units run (ExecReload=/bin/kill), which the unit tests verify.
 
 Each file is looked up with `dpkg -S`; the check fails naming the file and its package unless
 that package is listed by `install-deps.sh --list --tests`, is one every Debian system has
 (Essential or Priority required), or is a hard dependency (Depends, Pre-Depends) of one of
 those, recursively, following alternatives and virtual packages. A file no package owns fails
-too: it was installed by hand. --without PACKAGE drops a listed package and --expect-missing
-PACKAGE turns the check around: it passes only when it fails naming that package, which shows
-that it catches a gap (the test `install-deps-gap`).
+too: it was installed by hand. --without PACKAGE drops a listed package (or a pinned Python
+distribution) and --expect-missing PACKAGE turns the check around: it passes only when it fails
+naming that package, which shows that it catches a gap (the tests `install-deps-gap` and
+`install-deps-gap-python`).
 """
 
 import argparse
 import ast
 import glob
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -38,6 +43,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -149,7 +155,9 @@ def unit_programs():
 
 
 def python_modules(trees):
-    """Files of the top-level modules that tests/ and client/python import."""
+    """(files, distributions): the files of the top-level modules that tests/ and
+    client/python import from outside the virtual environment (the interpreter's own library),
+    and {distribution: module} for those that come from the environment's site-packages."""
     names = set()
     for root in ("tests", os.path.join("client", "python")):
         for path in glob.glob(os.path.join(SOURCE, root, "**", "*.py"), recursive=True):
@@ -162,7 +170,10 @@ def python_modules(trees):
                     names.update(a.name for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                     names.add(node.module)
-    files = set()
+    site = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    in_venv = sys.prefix != sys.base_prefix
+    by_top = importlib.metadata.packages_distributions()
+    files, dists = set(), {}
     for n in sorted(names):
         # The top-level package, or the first level below a namespace package (google.protobuf).
         parts = n.split(".")
@@ -173,9 +184,30 @@ def python_modules(trees):
                 spec = None
             if spec is None or spec.origin not in (None, "namespace"):
                 break
-        if spec and spec.origin and spec.origin.startswith("/") and outside(spec.origin, trees):
+        if not (spec and spec.origin and spec.origin.startswith("/")):
+            continue
+        origin = os.path.realpath(spec.origin)
+        if in_venv and any(origin.startswith(d + os.sep) for d in site):
+            for d in by_top.get(parts[0], [origin]):
+                dists.setdefault(d, n)
+        elif outside(spec.origin, trees):
             files.add(spec.origin)
-    return files
+    return files, dists
+
+
+def normalise(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pinned_requirements(path):
+    """{normalised distribution name: version} of the requirements file's name==version lines."""
+    pins = {}
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(\S+)$", line)
+        if m:
+            pins[normalise(m.group(1))] = m.group(2)
+    return pins
 
 
 # ---- Debian's view ----
@@ -261,9 +293,18 @@ def main():
     files |= cmd_files
     files |= descriptor_protos(build, proto_paths)
     files |= pkg_config_files(build)
-    files |= python_modules(trees)
+    py_files, py_dists = python_modules(trees)
+    files |= py_files
     files |= unit_programs()
     files = {f for f in files if outside(f, trees)}
+    # The interpreter's own library, where the interpreter is not Debian's (a pyenv python3 on
+    # PATH): Python itself, which the tests' environment is made with, not a package to name.
+    if not sys.base_prefix.startswith("/usr"):
+        own = {f for f in files if f.startswith(sys.base_prefix + os.sep)}
+        if own:
+            print("check-packages: %d file(s) of the interpreter's own library under %s (the "
+                  "python3 the environment was made with)" % (len(own), sys.base_prefix))
+        files -= own
     for prefix, why in OPTIONAL.items():
         n = len([f for f in files if f.startswith(prefix)])
         if n:
@@ -276,6 +317,17 @@ def main():
 
     by_file = owners(sorted(files))
     problems = []
+    requirements = os.path.join(SOURCE, "deploy", "dev", "requirements.txt")
+    pins = pinned_requirements(requirements)
+    for d in args.without:
+        pins.pop(normalise(d), None)
+    for d, module in sorted(py_dists.items()):
+        if normalise(d) not in pins:
+            problems.append("Python module %s: from distribution %s, which %s does not pin "
+                            "(add %s)" % (module, d, os.path.relpath(requirements, SOURCE), d))
+    if py_dists:
+        print("check-packages: Python distributions imported: %s (each pinned in %s)"
+              % (" ".join(sorted(py_dists)), os.path.relpath(requirements, SOURCE)))
     for f, ps in sorted(by_file.items()):
         if not ps:
             problems.append("%s: no Debian package owns it (installed by hand?)" % f)

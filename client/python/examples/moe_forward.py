@@ -8,7 +8,7 @@ x @ gate_up -> silu(gate) * up -> @ down. torch when importable (--numpy forces 
 
     bash deploy/dev/run.sh            # in one terminal: the daemon on run/familyd.sock
     FAMILYD_DESCRIPTORS=build-run/proto/familyd.binpb PYTHONPATH=client/python \\
-        /usr/bin/python3 client/python/examples/moe_forward.py --socket run/familyd.sock --ep 4
+        .venv/bin/python3 client/python/examples/moe_forward.py --socket run/familyd.sock --ep 4
 
 Prints the shapes, a checksum of the output, and exits 0.
 """

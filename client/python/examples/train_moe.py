@@ -19,9 +19,9 @@ Parallelism, and who does what:
       averaged over dp (over edp_shard for the experts' parameters, laid out on the expert
       view) before AdamW steps.
 
-Run it under torchrun (or `python3 -m familyd.torch.launch`), 4 processes on one node:
+Run it under torchrun, 4 processes on one node:
 
-    python3 -m familyd.torch.launch --nproc-per-node 4 client/python/examples/train_moe.py \\
+    torchrun --standalone --nproc-per-node 4 client/python/examples/train_moe.py \\
         --socket run/familyd.sock --steps 3
 
 or whole, in one plain process (no torch.distributed: the same model unsharded, the whole

@@ -2,12 +2,12 @@
 
 familyd.torch.modules holds the reference torch implementations of the example registry's
 members (deploy/registry): import it explicitly. familyd.torch.distributed joins a torchrun
-job to a familyd mesh (init, create_mesh, process_groups, parallel_context, job_mesh,
-device_mesh, Job, JobMesh, JobError); familyd.torch.build makes sharded modules through familyd
-(build_module, build_info, register, release, derive_seed); familyd.torch.validate checks a
-live model (validate_model, model_boundaries). Their names are reachable here, imported on
-first use. This package
-imports nothing at import time, so `import familyd.torch` stays cheap and works without torch
+job to a familyd mesh with torch DeviceMeshes (init, create_mesh, process_groups,
+parallel_context, job_mesh, make_device_mesh, check_device_mesh, Job, JobMesh, JobError);
+familyd.torch.build makes sharded modules through familyd (build_module, build_info, register,
+release, derive_seed); familyd.torch.validate checks a live model (validate_model,
+model_boundaries). Their names are reachable here, imported on first use. This package imports
+nothing at import time, so `import familyd.torch` stays cheap and works without torch
 installed.
 """
 
@@ -15,13 +15,15 @@ import importlib
 from typing import Any
 
 __all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
-           "process_groups", "parallel_context", "device_mesh", "mesh_groups", "job_mesh", "Job",
+           "process_groups", "parallel_context", "device_mesh", "make_device_mesh",
+           "check_device_mesh", "mesh_groups", "job_mesh", "Job",
            "JobError", "JobMesh", "build_module", "build_info", "register", "release",
            "derive_seed", "BuildInfo", "ModuleBuildError", "validate_model", "model_boundaries",
            "ModelValidationError"]
 
 _DISTRIBUTED = ("init", "create_mesh", "process_groups", "parallel_context", "device_mesh",
-                "mesh_groups", "job_mesh", "Job", "JobError", "JobMesh")
+                "make_device_mesh", "check_device_mesh", "mesh_groups", "job_mesh", "Job",
+                "JobError", "JobMesh")
 _BUILD = ("build_module", "build_info", "register", "release", "derive_seed", "BuildInfo",
           "ModuleBuildError")
 _VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")

@@ -16,7 +16,10 @@ fails when a node has more local processes than devices, or when two processes c
 
 torch.distributed.new_group must be called by every rank for every group, in the same order:
 process_groups() walks the device view's axes, then the expert view's, in mesh order, and for
-each axis every group of it in ascending order of its first rank.
+each axis every group of it in ascending order of its first rank. job_mesh() instead makes one
+torch DeviceMesh per view (whose construction is collective in the same way) and takes each
+axis's group from it, so that the groups of the modules and of torch's own parallelism (DTensor,
+FSDP2, DCP) are the same groups.
 """
 
 import datetime
@@ -280,40 +283,134 @@ def parallel_context(mesh: Any, groups: Mapping[str, Any]) -> ParallelContext:
 class JobMesh:
     """A familyd mesh laid over a torchrun job, with this rank's process groups: what
     familyd.torch.build_module takes as mesh=. .job, .mesh (the familyd.v1.Mesh), .groups (axis
-    name -> ProcessGroup, process_groups()), .context (the modules' ParallelContext)."""
+    name -> ProcessGroup), .context (the modules' ParallelContext), .device_mesh (the torch
+    DeviceMesh of the device view, familyd's axis names as mesh_dim_names) and .expert_mesh
+    (the expert view's DeviceMesh, None when the mesh has no expert view)."""
 
     job: Job
     mesh: Any
     groups: Dict[str, Any]
     context: ParallelContext
+    device_mesh: Any = None
+    expert_mesh: Any = None
 
     @property
     def mesh_id(self) -> str:
         return str(self.mesh.mesh_id)
 
 
-def job_mesh(client: Client, job: Job, device_mesh: MeshSpec,
-             expert_mesh: Optional[MeshSpec] = None, **options: Any) -> JobMesh:
-    """create_mesh, process_groups and parallel_context in one: the JobMesh that build_module
-    takes. Collective: every rank of the job calls it with the same arguments."""
+def _is_device_mesh(value: Any) -> bool:
+    from torch.distributed.device_mesh import DeviceMesh
+    return isinstance(value, DeviceMesh)
+
+
+def _spec_of(job: Job, device_mesh: Any, what: str) -> List[Tuple[str, int]]:
+    """The familyd view [(name, size), ...] that a torch DeviceMesh of the job stands for."""
+    names = device_mesh.mesh_dim_names
+    if not names:
+        raise JobError("familyd.torch.job_mesh: the %s DeviceMesh has no mesh_dim_names: name "
+                       "its dimensions as familyd's axes (init_device_mesh(..., "
+                       "mesh_dim_names=(\"dp\", \"tp\")))" % what)
+    if device_mesh.mesh.numel() != job.world_size:
+        raise JobError("familyd.torch.job_mesh: the %s DeviceMesh has %d positions but the job "
+                       "has %d ranks (pass the whole mesh, not a sub-mesh)"
+                       % (what, device_mesh.mesh.numel(), job.world_size))
+    return [(str(n), int(size)) for n, size in zip(names, device_mesh.mesh.shape)]
+
+
+def check_device_mesh(job: Job, mesh: Any, device_mesh: Any, view: str = "device_mesh") -> None:
+    """Raises JobError unless the torch DeviceMesh is the view ("device_mesh" or "expert_mesh")
+    of the familyd mesh as familyd lays it over the job: the same axis names in the same order,
+    the same sizes, and torch ranks 0..N-1 in row-major order (mesh position i is torch rank i)."""
+    _check_mesh(job, mesh)
+    want = _view(mesh, view)
+    what = "expert" if view == "expert_mesh" else "device"
+    got = _spec_of(job, device_mesh, what)
+    if [n for n, _ in got] != [n for n, _ in want]:
+        raise JobError("familyd.torch: the %s DeviceMesh's dimensions %s are not mesh %s's "
+                       "axes %s" % (what, [n for n, _ in got], mesh.mesh_id,
+                                    [n for n, _ in want]))
+    if got != want:
+        raise JobError("familyd.torch: the %s DeviceMesh's sizes %s are not mesh %s's %s"
+                       % (what, dict(got), mesh.mesh_id, dict(want)))
+    layout = torch.arange(job.world_size).reshape([size for _, size in want])
+    ranks = device_mesh.mesh.to("cpu")
+    if not torch.equal(ranks, layout):
+        raise JobError("familyd.torch: the %s DeviceMesh lays torch ranks %s, but familyd lays "
+                       "mesh %s over the job's torch ranks in row-major order %s" % (
+                           what, ranks.tolist(), mesh.mesh_id, layout.tolist()))
+
+
+def _groups_of(mesh: Any, meshes: Mapping[str, Any]) -> Dict[str, Any]:
+    """axis name -> this rank's ProcessGroup, from each view's DeviceMesh, named as
+    mesh_groups() names them (an expert axis with the device axis's groups is listed once)."""
+    out: Dict[str, Any] = {}
+    device = dict(axis_groups(_view(mesh, "device_mesh")))
+    for name, _ in _view(mesh, "device_mesh"):
+        out[name] = meshes["device_mesh"].get_group(name)
+    for name, groups in axis_groups(_view(mesh, "expert_mesh")):
+        if name in device:
+            if device[name] == groups:
+                continue
+            name_key = EXPERT_PREFIX + name
+        else:
+            name_key = name
+        out[name_key] = meshes["expert_mesh"].get_group(name)
+    return out
+
+
+def job_mesh(client: Client, job: Job, device_mesh: Union[MeshSpec, Any],
+             expert_mesh: Optional[Union[MeshSpec, Any]] = None, **options: Any) -> JobMesh:
+    """The familyd mesh of the job with a torch DeviceMesh per view and this rank's process
+    groups: the JobMesh that build_module takes. device_mesh (and expert_mesh) is either a
+    familyd mesh spec ({"dp": 2, "tp": 2}), for which familyd creates the mesh and a DeviceMesh
+    laid as familyd lays it, or a DeviceMesh the caller made (init_device_mesh("cpu", (2, 2),
+    mesh_dim_names=("dp", "tp"))), for which familyd creates the matching mesh and checks that
+    the DeviceMesh lays the job's ranks as familyd does (JobError otherwise). Collective: every
+    rank of the job calls it with the same arguments."""
+    given: Dict[str, Any] = {}
+    if _is_device_mesh(device_mesh):
+        given["device_mesh"] = device_mesh
+        device_mesh = _spec_of(job, device_mesh, "device")
+    if expert_mesh is not None and _is_device_mesh(expert_mesh):
+        given["expert_mesh"] = expert_mesh
+        expert_mesh = _spec_of(job, expert_mesh, "expert")
     mesh = create_mesh(client, job, device_mesh, expert_mesh, **options)
-    groups = process_groups(job, mesh)
-    return JobMesh(job=job, mesh=mesh, groups=groups, context=parallel_context(mesh, groups))
+    for view in ("device_mesh", "expert_mesh"):
+        dims = _view(mesh, view)
+        total = 1
+        for _, size in dims:
+            total *= size
+        if dims and total != job.world_size:
+            raise JobError("familyd.torch: mesh %s's %s has %d positions but the job has %d "
+                           "ranks" % (mesh.mesh_id, view, total, job.world_size))
+    meshes: Dict[str, Any] = {}
+    for view in ("device_mesh", "expert_mesh"):
+        if not _view(mesh, view):
+            continue
+        if view in given:
+            check_device_mesh(job, mesh, given[view], view)
+            meshes[view] = given[view]
+        else:
+            meshes[view] = make_device_mesh(job, mesh, view)
+    groups = _groups_of(mesh, meshes)
+    return JobMesh(job=job, mesh=mesh, groups=groups, context=parallel_context(mesh, groups),
+                   device_mesh=meshes.get("device_mesh"), expert_mesh=meshes.get("expert_mesh"))
 
 
-def device_mesh(job: Job, mesh: Any, view: str = "device_mesh",
-                device_type: Optional[str] = None) -> Any:
-    """A torch.distributed DeviceMesh of the view ("device_mesh" or "expert_mesh") over torch
-    ranks, with the axis names as mesh_dim_names. Needs torch 2.2 or later (ImportError
-    otherwise). Collective, like process_groups."""
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-    except ImportError:
-        raise ImportError("familyd.torch.device_mesh needs torch.distributed.device_mesh "
-                          "(torch 2.2 or later); this is torch %s: use process_groups()"
-                          % torch.__version__) from None
+def make_device_mesh(job: Job, mesh: Any, view: str = "device_mesh",
+                     device_type: Optional[str] = None) -> Any:
+    """A torch DeviceMesh of the view ("device_mesh" or "expert_mesh") over torch ranks, laid
+    as familyd lays the mesh (row-major: position i is torch rank i), with the axis names as
+    mesh_dim_names. device_type: "cuda" when the job runs nccl, else "cpu". Collective, like
+    process_groups."""
+    from torch.distributed.device_mesh import DeviceMesh
     _check_mesh(job, mesh)
     dims = _view(mesh, view)
     layout = torch.arange(job.world_size).reshape([size for _, size in dims])
     kind = device_type or ("cuda" if job.backend == "nccl" else "cpu")
     return DeviceMesh(kind, layout, mesh_dim_names=tuple(name for name, _ in dims))
+
+
+# familyd 0.1's name of make_device_mesh (api names stay).
+device_mesh = make_device_mesh
