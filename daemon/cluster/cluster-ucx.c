@@ -1,4 +1,13 @@
 /* cluster-ucx.c: this node's UCX worker in etcd mode, whose address the member record publishes. */
+
+/*
+ * The main thread makes and frees the worker (cluster_etcd_new(), cluster_etcd_free()) and
+ * nothing progresses it yet: only its address is read (cluster-etcd.c copies it into the
+ * member record). It is UCS_THREAD_MODE_MULTI, so a data path may progress it from a thread
+ * of its own later; a SINGLE worker belongs to the thread that made it (UCX 1.18 asserts it
+ * on progress; peer-ucx.c).
+ */
+
 #include <stdlib.h>
 
 #include <ucp/api/ucp.h>

@@ -121,6 +121,7 @@ static void handshake_finish_dial(PeerUcx *u, PeerHandshake *h, const uint8_t *a
                         return;
                 }
         }
+        peer_ucx_assert_owner(u);
         ucs_status_t s = ucp_ep_create(u->worker, &p, &e->ep);
         if (s != UCS_OK) {
                 e->ep = NULL;

@@ -9,6 +9,7 @@
  */
 
 #include <netdb.h>
+#include <pthread.h>
 #include <systemd/sd-event.h>
 #include <ucp/api/ucp.h>
 
@@ -117,6 +118,7 @@ typedef struct PeerInbox {
 struct PeerUcx {
         ucp_context_h context;
         ucp_worker_h worker;
+        pthread_t owner; /* the thread that made the worker: the only one that may touch it */
         int worker_fd;
         ucp_address_t *address;
         size_t address_size;
@@ -148,6 +150,11 @@ typedef struct PeerReplyTo {
 } PeerReplyTo;
 
 /* peer-ucx.c */
+/* Aborts, naming the caller, unless this is the thread that made u's worker (DESIGN in
+ * peer-ucx.c). In every build: UCX 1.13 does not check this and 1.18 only where its own
+ * assertions are built in. */
+#define peer_ucx_assert_owner(u) peer_ucx_check_owner((u), __func__)
+void peer_ucx_check_owner(const PeerUcx *u, const char *caller);
 int peer_errno_from_ucs(ucs_status_t s);
 int peer_resolve_address(const char *address, bool passive, struct sockaddr_storage *ret,
                          socklen_t *ret_len);

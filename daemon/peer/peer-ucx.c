@@ -1,9 +1,16 @@
 /* peer-ucx.c: the UCX worker, its endpoints, receiving, dispatching and sending for the peer thread. */
 
 /*
- * DESIGN: used by the peer thread only (UCS_THREAD_MODE_SINGLE), on that thread's sd-event
- * loop: the listener and each handshake are sources of it, a handshake with a timer for its
- * deadline; the worker's wakeup descriptor is the caller's to watch.
+ * DESIGN: one thread makes, uses and frees a PeerUcx: the peer thread (UCS_THREAD_MODE_SINGLE),
+ * on its sd-event loop: the listener and each handshake are sources of it, a handshake with a
+ * timer for its deadline; the worker's wakeup descriptor is the caller's to watch. A SINGLE
+ * worker, and the endpoints tied to its async context, belong to the thread that created the
+ * worker: UCX 1.18 asserts it on progress (ucs_async_check_owner_thread), 1.13 does not check
+ * at all. So peer_ucx_new() records its caller as the owner, and every call that reaches UCX
+ * or the loop (progress and arm, connect and endpoint creation, send, close, free, new keys)
+ * aborts on any other thread, in every build (peer_ucx_assert_owner(), one pthread_equal()):
+ * a mistake shows on the first message on any UCX release. peer.c makes the PeerUcx at the
+ * start of its thread and frees it at the thread's end.
  *
  * Connections start with our own handshake on --listen, not UCX's sockaddr connection
  * manager: UCX 1.13's tcp_sockcm aborts the whole process on a malformed header from any
@@ -47,6 +54,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +68,14 @@
 
 #include "common/log.h"
 #include "peer-ucx-internal.h"
+
+void peer_ucx_check_owner(const PeerUcx *u, const char *caller) {
+        if (pthread_equal(pthread_self(), u->owner))
+                return;
+        log_error("%s() called on a thread that does not own the peer UCX worker: aborting.",
+                  caller);
+        abort();
+}
 
 int peer_errno_from_ucs(ucs_status_t s) {
         switch (s) {
@@ -202,6 +218,7 @@ void peer_endpoint_close(PeerUcx *u, PeerEndpoint *e) {
         if (e->handshake)
                 peer_handshake_free(u, e->handshake);
         if (e->ep) {
+                peer_ucx_assert_owner(u);
                 void *req = ucp_ep_close_nbx(e->ep, &p);
                 if (UCS_PTR_IS_ERR(req))
                         log_debug("Closing a peer endpoint failed: %s, ignoring.",
@@ -264,6 +281,7 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
 
         if (!u)
                 return -ENOMEM;
+        u->owner = pthread_self();
         u->worker_fd = u->listen_fd = -1;
         u->max_listener_sessions = PEER_MAX_SESSIONS;
         u->event = sd_event_ref(event);
@@ -337,6 +355,7 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
 PeerUcx *peer_ucx_free(PeerUcx *u) {
         if (!u)
                 return NULL;
+        peer_ucx_assert_owner(u);
         while (u->endpoints)
                 peer_endpoint_close(u, u->endpoints);
         while (u->handshakes)
@@ -454,6 +473,7 @@ static void dispatch_failures(PeerUcx *u) {
 }
 
 void peer_ucx_dispatch(PeerUcx *u) {
+        peer_ucx_assert_owner(u);
         for (;;) {
                 while (ucp_worker_progress(u->worker) > 0)
                         ;
@@ -476,6 +496,7 @@ int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoi
         PeerEndpoint *e;
         int fd, r;
 
+        peer_ucx_assert_owner(u);
         r = peer_resolve_address(address, false, &sa, &sa_len);
         if (r < 0)
                 return r;
@@ -545,6 +566,7 @@ static int send_on_numbered(PeerUcx *u, ucp_ep_h ep, PeerEndpoint *e, PeerSessio
                             uint8_t *buf, size_t size, uint64_t seq) {
         PeerSend *s;
 
+        peer_ucx_assert_owner(u);
         if (session) {
                 uint8_t *frame;
                 int r = peer_frame_seal(peer_session_send_key(session), session->keys.id, seq, buf,
@@ -652,6 +674,7 @@ void peer_ucx_set_max_nodes(PeerUcx *u, unsigned max_nodes) {
 }
 
 void peer_ucx_set_keys(PeerUcx *u, const PeerKeys *keys) {
+        peer_ucx_assert_owner(u);
         peer_keys_wipe(&u->keys);
         u->keys = *keys;
 }

@@ -25,9 +25,10 @@ typedef struct PeerUcxCallbacks {
 } PeerUcxCallbacks;
 
 /* Listens on listen_address ("host:port"); the listener and the handshakes are sources of
- * event, the loop of the thread that uses this. keys: NULL or none: peers are not
- * authenticated; else every link proves one of them at its handshake and every message
- * carries a MAC and a sequence number (peer-frame.h). */
+ * event, the loop of the calling thread: the one thread that may call the functions below on
+ * the result, free included (any other aborts: UCX's worker belongs to the thread that made
+ * it). keys: NULL or none: peers are not authenticated; else every link proves one of them
+ * at its handshake and every message carries a MAC and a sequence number (peer-frame.h). */
 int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *keys,
                  const PeerUcxCallbacks *callbacks, PeerUcx **ret);
 /* New handshakes use these keys (a rotation); links already authenticated keep their

@@ -2,7 +2,11 @@
 
 /*
  * DESIGN: one thread owns the UCX worker and the membership protocol (core/peer-protocol.h,
- * which decides what to send when and what to believe); it runs an sd-event loop over the
+ * which decides what to send when and what to believe). It makes the worker, its loop and
+ * their sources itself, adds the seeds and publishes the first topology, then tells
+ * peer_new(), which waits, how that went (so a bad --listen or a port in use fails the
+ * daemon's start); at its end it frees them, the protocol's endpoints first: a UCX worker
+ * belongs to the thread that made it (peer-ucx.c). It runs an sd-event loop over the
  * worker's wakeup fd, the bootstrap handshakes (peer-ucx.c), a heartbeat timer and an eventfd
  * that other threads use to hand it commands (forget, stop, new keys). This file only moves
  * bytes: it decodes what arrives and hands it to the protocol with where it came from (the
@@ -56,6 +60,9 @@ struct Peer {
 
         pthread_t thread;
         bool thread_started;
+        const PeerParams *params; /* peer_new()'s, for the thread's start only */
+        int start_result;
+        bool start_done; /* the thread started (start_result 0) or gave up */
         sd_event *event;
         sd_event_source *wakeup, *heartbeat, *command;
         sd_event_source *publish; /* a topology held back by the publish gap is due */
@@ -362,17 +369,6 @@ static int on_command(sd_event_source *source, int fd, uint32_t revents, void *u
         return stop ? sd_event_exit(p->event, 0) : 0;
 }
 
-static void *peer_thread(void *userdata) {
-        Peer *p = userdata;
-
-        int r = sd_event_loop(p->event);
-        if (r < 0)
-                log_error_errno(r, "Peer thread: the event loop failed, peers stop being "
-                                   "followed: %m");
-        peer_thread_exit(p);
-        return NULL;
-}
-
 static int peer_add_seeds(Peer *p, const char *peers) {
         _cleanup_free_ char *copy = strdup(strempty(peers));
         unsigned n = 0;
@@ -396,6 +392,75 @@ static int peer_add_seeds(Peer *p, const char *peers) {
                         return r;
         }
         return 0;
+}
+
+/* On the peer thread: the loop, the worker and its sources, the seeds, the first topology. */
+static int peer_thread_start(Peer *p) {
+        const PeerParams *params = p->params;
+        int r;
+
+        r = sd_event_new(&p->event);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the peer thread's loop: %m");
+        PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure,
+                                .on_sent = on_sent, .userdata = p };
+        r = peer_ucx_new(p->event, params->listen_address, params->keys, &cb, &p->ucx);
+        if (r < 0)
+                return r;
+        peer_ucx_set_max_nodes(p->ucx, params->max_nodes);
+
+        r = sd_event_add_io(p->event, &p->wakeup, peer_ucx_fd(p->ucx), EPOLLIN, on_wakeup, p);
+        if (r >= 0)
+                r = sd_event_source_set_prepare(p->wakeup, on_prepare);
+        if (r >= 0)
+                r = sd_event_add_time_relative(p->event, &p->heartbeat, CLOCK_MONOTONIC,
+                                               protocol_tick_interval_ms(p->protocol) * 1000ull,
+                                               PEER_TIMER_ACCURACY_USEC, on_heartbeat, p);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(p->heartbeat, SD_EVENT_ON);
+        if (r >= 0)
+                r = sd_event_add_io(p->event, &p->command, p->event_fd, EPOLLIN, on_command, p);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the peer thread's loop: %m");
+
+        r = peer_add_seeds(p, params->peers);
+        if (r < 0)
+                return r;
+        peer_flush(p);
+        return 0;
+}
+
+/* On the peer thread, last: the protocol closes its endpoints before the worker goes, and the
+ * sources on the worker's fd go before it. */
+static void peer_thread_finish(Peer *p) {
+        p->protocol = protocol_free(p->protocol);
+        p->wakeup = sd_event_source_disable_unref(p->wakeup);
+        p->ucx = peer_ucx_free(p->ucx);
+        p->heartbeat = sd_event_source_disable_unref(p->heartbeat);
+        p->publish = sd_event_source_disable_unref(p->publish);
+        p->command = sd_event_source_disable_unref(p->command);
+        p->event = sd_event_unref(p->event);
+}
+
+static void *peer_thread(void *userdata) {
+        Peer *p = userdata;
+        int r;
+
+        r = peer_thread_start(p);
+        (void) pthread_mutex_lock(&p->lock);
+        p->start_result = r;
+        p->start_done = true;
+        (void) pthread_cond_broadcast(&p->done);
+        (void) pthread_mutex_unlock(&p->lock);
+        if (r >= 0) {
+                r = sd_event_loop(p->event);
+                if (r < 0)
+                        log_error_errno(r, "Peer thread: the event loop failed, peers stop being "
+                                           "followed: %m");
+        }
+        peer_thread_exit(p);
+        peer_thread_finish(p);
+        return NULL;
 }
 
 /* What others dial: --listen, except that a wildcard host (0.0.0.0, ::) becomes this host's
@@ -469,42 +534,28 @@ int peer_new(const PeerParams *params, Peer **ret) {
         if (r < 0)
                 return r;
 
-        r = sd_event_new(&p->event);
-        if (r < 0)
-                return log_error_errno(r, "Failed to create the peer thread's loop: %m");
-        PeerUcxCallbacks cb = { .on_message = on_message, .on_failure = on_failure,
-                                .on_sent = on_sent, .userdata = p };
-        r = peer_ucx_new(p->event, params->listen_address, params->keys, &cb, &p->ucx);
-        if (r < 0)
-                return r;
-        peer_ucx_set_max_nodes(p->ucx, params->max_nodes);
-
         p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (p->event_fd < 0)
                 return log_error_errno(-errno, "Failed to set up the peer thread's loop: %m");
-        r = sd_event_add_io(p->event, &p->wakeup, peer_ucx_fd(p->ucx), EPOLLIN, on_wakeup, p);
-        if (r >= 0)
-                r = sd_event_source_set_prepare(p->wakeup, on_prepare);
-        if (r >= 0)
-                r = sd_event_add_time_relative(p->event, &p->heartbeat, CLOCK_MONOTONIC,
-                                               protocol_tick_interval_ms(p->protocol) * 1000ull,
-                                               PEER_TIMER_ACCURACY_USEC, on_heartbeat, p);
-        if (r >= 0)
-                r = sd_event_source_set_enabled(p->heartbeat, SD_EVENT_ON);
-        if (r >= 0)
-                r = sd_event_add_io(p->event, &p->command, p->event_fd, EPOLLIN, on_command, p);
-        if (r < 0)
-                return log_error_errno(r, "Failed to set up the peer thread's loop: %m");
 
-        r = peer_add_seeds(p, params->peers);
-        if (r < 0)
-                return r;
-        peer_flush(p);
-
+        /* The thread makes the worker and everything on it, and says how that went: a bad
+         * --listen or a port in use still fails the daemon's start. */
+        p->params = params;
         r = -pthread_create(&p->thread, NULL, peer_thread, p);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the peer thread: %m");
         p->thread_started = true;
+        (void) pthread_mutex_lock(&p->lock);
+        while (!p->start_done)
+                (void) pthread_cond_wait(&p->done, &p->lock);
+        r = p->start_result;
+        p->params = NULL;
+        (void) pthread_mutex_unlock(&p->lock);
+        if (r < 0) {
+                (void) pthread_join(p->thread, NULL);
+                p->thread_started = false;
+                return r;
+        }
 
         log_info("Peers: listening on %s as node %s%s%s.", params->listen_address, p->self.name,
                  isempty(params->peers) ? "" : ", joining through ", strempty(params->peers));
@@ -527,15 +578,9 @@ Peer *peer_free(Peer *p) {
                 peer_wake(p);
                 (void) pthread_join(p->thread, NULL);
         }
-        /* Closes its endpoints: before the worker goes. */
+        /* Without a thread (it never started): the protocol only; the thread frees the
+         * worker and everything on it (peer_thread_finish()). */
         p->protocol = protocol_free(p->protocol);
-        /* Before the worker and its wakeup fd go. */
-        sd_event_source_disable_unref(p->wakeup);
-        peer_ucx_free(p->ucx);
-        sd_event_source_disable_unref(p->heartbeat);
-        sd_event_source_disable_unref(p->publish);
-        sd_event_source_disable_unref(p->command);
-        sd_event_unref(p->event);
         member_info_done(&p->self);
         peer_keys_wipe(&p->new_keys);
         peer_keys_wipe(&p->keys);

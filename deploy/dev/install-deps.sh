@@ -38,6 +38,9 @@ if $tests; then
     # environment made below from deploy/dev/requirements.txt with the `python3` on PATH; where
     # that is Debian's own, it needs pip and venv.
     packages+=(python3-pip python3-venv)
+    # The clients that tests run as other uids (tests/integration/other_uid.py): Debian's
+    # interpreter, which every uid can run, with Debian's grpcio, protobuf and numpy.
+    packages+=(python3-grpcio python3-protobuf python3-numpy)
     # test man-pages renders the pages with man -l and groff's warnings on.
     packages+=(man-db groff-base)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and

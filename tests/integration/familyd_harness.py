@@ -112,7 +112,9 @@ class Protos:
         c = self._classes.get(full_name)
         if c is None:
             desc = self.pool.FindMessageTypeByName(full_name)
-            c = message_factory.GetMessageClass(desc)
+            # protobuf >= 4.22 (the venv); Debian's 3.21 for clients run as other uids
+            get = getattr(message_factory, "GetMessageClass", None)
+            c = get(desc) if get else message_factory.MessageFactory(self.pool).GetPrototype(desc)
             self._classes[full_name] = c
         return c
 

@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Builds that a node's trainers share (docs/sharing.md): one build per request.
 
-Real processes (each its own pid, each /usr/bin/python3 running build_holder.py) call the real
-daemon at the same moment; the daemon must answer one build, fill it once (GetStatus
+Real processes (each its own pid, each the tests' interpreter running build_holder.py) call
+the real daemon at the same moment; the daemon must answer one build, fill it once (GetStatus
 fills_started moves by one build's segments) and hand all of them the same bytes on the shard
-socket. A process of another uid, and a private_build request, get their own builds.
+socket. A process of another uid, and a private_build request, get their own builds. The
+holders run from a world-readable copy of build_holder.py and what it imports (other_uid.py):
+the clone may sit where other uids cannot read (root's home is 0700).
 """
 
 import json
@@ -16,6 +18,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import other_uid  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_holder.py")
@@ -28,10 +31,14 @@ NOBODY = 65534
 
 P = None
 D = None
+COPY = None  # what the holders run, readable by every uid
+PYTHON = None
 
 
 def setUpModule():
-    global P, D
+    global P, D, COPY, PYTHON
+    PYTHON = other_uid.other_uid_python()
+    COPY = other_uid.harness_copy(HOLDER, prefix="fd-share-")
     P = H.Protos()
     D = H.Daemon(registry=REGISTRY, host_devices=4, protos=P,
                  extra_args=["--build-grace-ms", "2000"])
@@ -42,20 +49,24 @@ def setUpModule():
 
 
 def tearDownModule():
-    if D is not None:
-        D.stop_checked()
+    try:
+        if D is not None:
+            D.stop_checked()
+    finally:
+        if COPY is not None:
+            COPY.cleanup()
 
 
 class Holder:
     """One build_holder.py process; uid: run it as that uid (setpriv)."""
 
     def __init__(self, uid=None):
-        argv = [sys.executable, HOLDER, D.socket]
+        argv = [PYTHON, COPY.path(os.path.basename(HOLDER)), D.socket]
         if uid is not None:
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"] + argv
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, env=other_uid.harness_env(COPY),
+                                     cwd=COPY.root)
 
     def send(self, **cmd):
         self.proc.stdin.write(json.dumps(cmd) + "\n")

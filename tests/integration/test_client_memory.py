@@ -44,6 +44,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import other_uid  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 MiB = 1 << 20
@@ -392,11 +393,12 @@ sys.stdin.read()
 
 class Holder:
     def __init__(self, path, n, what="watch", uid=None):
-        argv = [sys.executable, "-c", HOLDER, path, str(n), what]
+        # The script is inline: another uid needs only to run the interpreter.
+        argv = [other_uid.other_uid_python(), "-c", HOLDER, path, str(n), what]
         if uid is not None:
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"] + argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+                                     text=True, cwd="/")
         line = self.proc.stdout.readline()
         if not line:
             raise AssertionError("holder %d died" % self.proc.pid)

@@ -2,7 +2,8 @@
 """Registry faults before a reload: the directory deleted, replaced by a file, unreadable to the
 daemon's user, and one file in it unreadable. The daemon runs as an unprivileged user
 (setpriv --reuid=nobody --regid=nogroup --clear-groups, since CI runs as root and root reads
-everything), its sockets and state in a folder that user owns.
+everything), its sockets and state in a folder that user owns, the binary a world-readable copy
+(other_uid.py: the clone may sit where nobody cannot read, as in root's 0700 home).
 
 Each time the Reload RPC answers FAILED_PRECONDITION `registry reload failed: ` with the
 diagnostic naming the directory (or file) and the system's reason (AdminService.Reload), a
@@ -22,18 +23,23 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import other_uid  # noqa: E402
 from test_faults_common import REGISTRY, HealthyClient, wait_for  # noqa: E402
 
 AS_ROOT = os.geteuid() == 0
 
 
 class UnprivilegedDaemon(H.Daemon):
-    """The daemon under setpriv as nobody:nogroup (when the tests run as root)."""
+    """The daemon under setpriv as nobody:nogroup (when the tests run as root), from binary (a
+    copy nobody can run)."""
+
+    binary = None
 
     def argv(self):
         a = super().argv()
         if AS_ROOT:
-            a = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] + a
+            a = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                 self.binary] + a[1:]
         return a
 
 
@@ -50,9 +56,14 @@ class TestRegistryFaults(unittest.TestCase):
         cls.tmp = H.short_tmpdir("fd-regfault-")
         cls.registry = os.path.join(cls.tmp, "registry")
         shutil.copytree(REGISTRY, cls.registry)
+        cls.copy = None
         if AS_ROOT:
             chown_tree(cls.tmp, pwd.getpwnam("nobody").pw_uid, grp.getgrnam("nogroup").gr_gid)
+            cls.copy = other_uid.ReadableCopy([H.familyd_bin()], prefix="fd-regfault-bin-")
+            cls.addClassCleanup(cls.copy.cleanup)
         cls.d = UnprivilegedDaemon(registry=cls.registry, tmpdir=cls.tmp)
+        if cls.copy:
+            cls.d.binary = cls.copy.path(os.path.basename(H.familyd_bin()))
         cls.d.start()
         with open("/proc/%d/status" % cls.d.proc.pid) as f:
             cls.uid_line = [l for l in f if l.startswith("Uid:")][0]

@@ -20,6 +20,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import other_uid  # noqa: E402
 import shard_client as SC  # noqa: E402
 from test_faults_common import REGISTRY, SMALL, HealthyClient, rss_kib, wait_for  # noqa: E402
 
@@ -146,8 +147,8 @@ class TestStalledClients(Base):
             "print(closed, flush=True)\n"
             "time.sleep(30)\n")
         p = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                              sys.executable, "-c", script, self.d.shard_socket],
-                             stdout=subprocess.PIPE)
+                              other_uid.other_uid_python(), "-c", script, self.d.shard_socket],
+                             stdout=subprocess.PIPE, cwd="/")
         self.addCleanup(p.stdout.close)
         self.addCleanup(p.wait)
         self.addCleanup(p.kill)

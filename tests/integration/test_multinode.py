@@ -276,6 +276,25 @@ class TestHostilePeers(unittest.TestCase):
             finally:
                 d.cleanup()
 
+    def test_listen_port_in_use_fails_the_start(self):
+        # The peer thread makes the listener and the UCX worker and reports back to the
+        # start: a port another socket holds still fails it, with the system's reason.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            address = "127.0.0.1:%d" % s.getsockname()[1]
+            d = H.Daemon(REGISTRY, host_devices=1, extra_args=["--listen", address],
+                         state_dir=False)
+            try:
+                d.spawn()
+                rc = d.proc.wait(30)
+                self.assertNotEqual(rc, 0)
+                self.assertIn("Failed to listen for peers on %s: Address already in use" %
+                              address, d.stderr())
+                self.assertNotIn("Sanitizer", d.stderr())
+            finally:
+                d.cleanup()
+
 
 class TestBuildAcrossNodes(unittest.TestCase):
     """A mesh over 8 ranks on two nodes of 4 devices: each node materialises its own ranks, and

@@ -5,7 +5,9 @@ The real daemon runs as root with `--admin-group users`; its clients are real pr
 other uids (setpriv): uid 65534 and 65533 in no group, uid 65532 with `users` among its
 supplementary groups only (SO_PEERCRED alone would not show it), and root. Each client is this
 file run again with `--client` (one connection, calls read as JSON lines on stdin), so a
-process is a connection and keeps it until told to exit.
+process is a connection and keeps it until told to exit. Clients run from a world-readable copy
+of this file, the harness, the descriptor set, the Python package and familyctl (other_uid.py):
+the clone may sit where other uids cannot read (root's home is 0700).
 
 - Who calls: the credentials are the connection's own, taken at accept; a descriptor number
   that a closed connection of one uid had, reused by another uid's connection, carries the new
@@ -27,6 +29,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
+import other_uid  # noqa: E402
 import shard_client as SC  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
@@ -42,10 +45,19 @@ NOT_ADMIN = ("{what} needs an admin (root, or a member of --admin-group); uid {u
 
 P = None
 D = None
+COPY = None  # what the clients run, readable by every uid
+PYTHON = None
 
 
 def setUpModule():
-    global P, D
+    global P, D, COPY, PYTHON
+    PYTHON = other_uid.other_uid_python()
+    ctl = H.familyctl_bin()
+    extra = [os.path.abspath(__file__)]
+    if ctl and os.path.exists(ctl):
+        # familyctl finds libfamilyd.so.0 beside it ($ORIGIN).
+        extra += [ctl, os.path.join(os.path.dirname(ctl), "libfamilyd.so.0")]
+    COPY = other_uid.harness_copy(*extra, package=True, prefix="fd-own-")
     P = H.Protos()
     D = H.Daemon(registry=REGISTRY, host_devices=4, protos=P,
                  extra_args=["--admin-group", ADMIN_GROUP, "--log-level", "debug",
@@ -57,8 +69,12 @@ def setUpModule():
 
 
 def tearDownModule():
-    if D is not None:
-        D.stop_checked()
+    try:
+        if D is not None:
+            D.stop_checked()
+    finally:
+        if COPY is not None:
+            COPY.cleanup()
 
 
 def client_main(socket_path):
@@ -112,13 +128,13 @@ class Client:
     """A client process of uid (None: root), with `users` as a supplementary group if asked."""
 
     def __init__(self, uid=None, admin_group=False):
-        argv = [sys.executable, os.path.abspath(__file__), "--client", D.socket]
+        argv = [PYTHON, COPY.path(os.path.basename(__file__)), "--client", D.socket]
         if uid is not None:
             groups = ["--groups", "100"] if admin_group else ["--clear-groups"]
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid)] + groups + argv
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, env=other_uid.harness_env(COPY),
+                                     cwd=COPY.root)
 
     def ask(self, rpc, request=None):
         return self.send({"rpc": rpc, "request": request or {}})
@@ -329,6 +345,7 @@ class TestBuildsOwned(OwnershipCase):
         ctl = H.familyctl_bin()
         if not ctl or not os.path.exists(ctl):
             self.skipTest("familyctl not built")
+        ctl = COPY.path(os.path.basename(ctl))
         base = ["setpriv", "--reuid", str(UID_A), "--regid", str(UID_A), "--clear-groups",
                 ctl, "--socket", D.socket]
         kv = ["num_experts=8", "hidden_size=64", "moe_intermediate_size=64",
@@ -339,7 +356,7 @@ class TestBuildsOwned(OwnershipCase):
             p = subprocess.run(base + ["--json", "build", GE] + kv +
                                ["--mesh", mesh, "--materialize", "--seed", "27", "--share", share],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               timeout=60)
+                               timeout=60, cwd=COPY.root)
             self.assertEqual(p.returncode, 0, p.stderr)
             docs[share] = json.loads(p.stdout)["build"]
         b = self.client(UID_B)
