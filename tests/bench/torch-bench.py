@@ -113,8 +113,10 @@ def worker(a):
     dp = jm.groups["dp"]
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=dp)
-            p.grad /= 2
+            # build_module's parameters are DTensors: their gradients' local shards
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            dist.all_reduce(grad, group=dp)
+            grad /= 2
     t_reduced = time.perf_counter()
     opt.step()
     t_opt = time.perf_counter()

@@ -97,8 +97,9 @@ def worker(outdir, socket_path):
                 os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()
             for p in model.parameters():
-                dist.all_reduce(p.grad, group=dp)
-                p.grad /= 2
+                grad = p.grad.to_local()          # build_module's parameters are DTensors
+                dist.all_reduce(grad, group=dp)
+                grad /= 2
             opt.step()
             opt.zero_grad()
     except BaseException as e:

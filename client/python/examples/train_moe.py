@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 try:
     import familyd
@@ -171,9 +172,11 @@ class MoETransformer(torch.nn.Module):
         for layer in self.layers:
             x = layer(x)
         x = self.norm(x)
+        head = self.head.weight       # a DTensor on a mesh: this rank's vocabulary rows
+        head = head.to_local() if isinstance(head, DTensor) else head
         if self.tp_group is None:
-            return x @ self.head.weight.t()
-        logits = _CopyToGroup.apply(x, self.tp_group) @ self.head.weight.t()
+            return x @ head.t()
+        logits = _CopyToGroup.apply(x, self.tp_group) @ head.t()
         return gather(logits, -1, self.tp_group)     # this rank's vocabulary rows, then all
 
 
@@ -198,6 +201,13 @@ def layout_of(model: torch.nn.Module) -> Dict[int, Any]:
     return out
 
 
+def local_grad(p: torch.Tensor) -> Optional[torch.Tensor]:
+    """A parameter's gradient on this rank: a DTensor parameter's (build_module's) local shard
+    of it, the same storage; a plain parameter's (the router's) as it is."""
+    g = p.grad
+    return g.to_local() if isinstance(g, DTensor) else g
+
+
 def average_gradients(model: torch.nn.Module, mesh: FT.JobMesh) -> None:
     """Gradients averaged over the data-parallel replicas: dp, or edp_shard for parameters laid
     out on the expert view. tp and ep need nothing more: their modules did it."""
@@ -206,9 +216,10 @@ def average_gradients(model: torch.nn.Module, mesh: FT.JobMesh) -> None:
         layout = layouts.get(id(p))
         expert = layout is not None and layout.mesh_view == "expert"
         group = mesh.groups.get("edp_shard" if expert else "dp")
-        if p.grad is not None and group is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad /= dist.get_world_size(group)
+        grad = local_grad(p)
+        if grad is not None and group is not None:
+            dist.all_reduce(grad, group=group)
+            grad /= dist.get_world_size(group)
 
 
 def gradient_norm(model: torch.nn.Module, mesh: Optional[FT.JobMesh]) -> float:
@@ -217,11 +228,12 @@ def gradient_norm(model: torch.nn.Module, mesh: Optional[FT.JobMesh]) -> float:
     layouts = layout_of(model)
     by_axes: Dict[Any, torch.Tensor] = {}
     for p in model.parameters():
-        if p.grad is not None:
+        grad = local_grad(p)
+        if grad is not None:
             layout = layouts.get(id(p))
             axes = tuple(x.axis for x in layout.placements if x.kind != "replicate") \
                 if layout is not None else ()
-            by_axes[axes] = by_axes.get(axes, torch.zeros(())) + p.grad.double().pow(2).sum()
+            by_axes[axes] = by_axes.get(axes, torch.zeros(())) + grad.double().pow(2).sum()
     total = torch.zeros((), dtype=torch.float64)
     for axes, squares in by_axes.items():
         for axis in axes:

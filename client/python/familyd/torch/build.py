@@ -13,8 +13,15 @@ mesh), so the daemon answers them with one shared build, filled once. Each proce
    nothing is allocated or initialised;
 3. maps its own rank's shard copy-on-write ("private": training writes stay in this process)
    and binds every parameter to its slice, zero-copy, after checking the local shape and dtype
-   against the layout. reset_parameters is never called: familyd's fill is the
-   initialisation (it is layout-invariant: the same values on every mesh).
+   against the layout. On a JobMesh (job_mesh()) each parameter is a DTensor over the mesh view's torch
+   DeviceMesh (JobMesh.device_mesh, or .expert_mesh for a parameter laid on the expert view),
+   whose local tensor is that slice and whose placements are the layout's: Shard(d) on the
+   mesh dimensions that split it, Replicate() on the others. A layout DTensor cannot express
+   (its local shape and offset would differ from familyd's slice) is refused with a sentence.
+   A JobMesh made by hand without DeviceMeshes (a rank simulated in one process) binds plain
+   local tensors, as mesh=None does.
+   reset_parameters is never called: familyd's fill is the initialisation (it is
+   layout-invariant: the same values on every mesh).
 
 The module carries its provenance (build_info). Each module's seed is derive_seed(seed, fqn):
 two identical blocks get different weights and different builds.
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from familyd.client import Build, Client
 from familyd.torch.distributed import JobMesh
@@ -208,10 +216,55 @@ def _rank_tensors(build: Build, rank: int) -> Dict[str, Any]:
     raise ModuleBuildError("build %s has no shard of rank %d" % (build.id, rank))
 
 
+def _slice_offsets(build: Build, rank: int) -> Dict[str, Tuple[int, ...]]:
+    """name -> the global offset of the rank's slice of each parameter."""
+    for s in build.message.shards:
+        if s.rank == rank:
+            return {sl.parameter: tuple(int(x) for x in sl.global_offset) for sl in s.slices}
+    raise ModuleBuildError("build %s has no shard of rank %d" % (build.id, rank))
+
+
+def dtensor_placements(parameter: Any, mesh_dim_names: Iterable[str]) -> List[Placement]:
+    """The DTensor placements of a familyd.v1.ParameterLayout on a DeviceMesh with these
+    dimension names: Shard(d) where the layout shards over the dimension, else Replicate(). A
+    placement over an axis the mesh view lacks splits nothing (the axis has size 1 there) and
+    has no DTensor dimension."""
+    names = list(mesh_dim_names)
+    shards = {x.axis: int(x.dim) for x in parameter.placements if x.kind == "shard"}
+    return [Shard(shards[n]) if n in shards else Replicate() for n in names]
+
+
+def _as_dtensor(tensor: torch.Tensor, parameter: Any, mesh: JobMesh,
+                offset: Tuple[int, ...], where: str) -> DTensor:
+    """The rank's slice of a parameter as a DTensor over its mesh view, zero-copy."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    device_mesh = mesh.expert_mesh if parameter.mesh_view == "expert" else mesh.device_mesh
+    if device_mesh is None:
+        raise ModuleBuildError("%s: parameter %r is laid out on the %s view, which the JobMesh "
+                               "has no DeviceMesh of" % (where, parameter.name,
+                                                         parameter.mesh_view))
+    placements = dtensor_placements(parameter, device_mesh.mesh_dim_names)
+    shape = tuple(int(d) for d in parameter.shape)
+    local_shape, global_offset = compute_local_shape_and_global_offset(
+        shape, device_mesh, placements)
+    if tuple(local_shape) != tuple(tensor.shape) or \
+            (tensor.numel() and tuple(global_offset) != tuple(offset)):
+        raise ModuleBuildError(
+            "%s: parameter %r: DTensor cannot express its layout: familyd's shard of this rank "
+            "is %s at %s of %s, a DTensor with placements %s would hold %s at %s"
+            % (where, parameter.name, list(tensor.shape), list(offset), list(shape),
+               placements, list(local_shape), list(global_offset)))
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(tensor, device_mesh, placements, run_check=False,
+                              shape=torch.Size(shape), stride=stride)
+
+
 def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build: Build,
-                     overridden: Iterable[str], where: str) -> Dict[str, Tuple[int, ...]]:
-    """Replaces every parameter of the module by its shard tensor; checks names, local shapes
-    and dtypes first (all of them, before changing anything)."""
+                     overridden: Iterable[str], where: str,
+                     mesh: Optional[JobMesh] = None,
+                     rank: int = 0) -> Dict[str, Tuple[int, ...]]:
+    """Replaces every parameter of the module by its shard tensor (a DTensor on a JobMesh);
+    checks names, local shapes and dtypes first (all of them, before changing anything)."""
     own = dict(module.named_parameters())
     extra = sorted(set(own) - set(tensors))
     if extra:
@@ -230,7 +283,13 @@ def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build:
         if p.dtype != tensor.dtype and name not in overridden:
             raise ModuleBuildError("%s: parameter %r: the module's dtype %s is not the layout's "
                                    "%s" % (where, name, p.dtype, build.dtype_of(name)))
-    for name, tensor in tensors.items():
+    bound: Dict[str, Any] = dict(tensors)
+    if mesh is not None and mesh.device_mesh is not None:
+        layouts = {p.name: p for p in build.message.info.layout.parameters}
+        offsets = _slice_offsets(build, rank)
+        bound = {name: _as_dtensor(t, layouts[name], mesh, offsets.get(name, ()), where)
+                 for name, t in tensors.items()}
+    for name, tensor in bound.items():
         owner_name, _, leaf = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
         setattr(owner, leaf, torch.nn.Parameter(tensor, requires_grad=own[name].requires_grad))
@@ -286,8 +345,7 @@ def build_module(client: Client, family: str, config: Any = None,
     build = client.build(family, mode="private", **request_kw)
     try:
         result, shapes = _make(client, build, config if module is None else taken, module, fqn,
-                               context, rank, where,
-                               parameter_dtypes or {}, dtype)
+                               context, rank, where, parameter_dtypes or {}, dtype, mesh)
     except BaseException:
         build.close()
         try:
@@ -305,8 +363,8 @@ def build_module(client: Client, family: str, config: Any = None,
 
 
 def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, context: Any,
-          rank: int, where: str, parameter_dtypes: Mapping[str, str],
-          dtype: str) -> Tuple[torch.nn.Module, Dict[str, Tuple[int, ...]]]:
+          rank: int, where: str, parameter_dtypes: Mapping[str, str], dtype: str,
+          mesh: Optional[JobMesh]) -> Tuple[torch.nn.Module, Dict[str, Tuple[int, ...]]]:
     member = build.message.info.resolved
     where = "%s: member %r (%s)" % (where, member.variant, member.constructor)
     constructor = _constructor(member.constructor, where)
@@ -322,7 +380,7 @@ def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, cont
         kwargs["dtype"] = _TORCH_DTYPES[_DTYPE_ALIASES.get(dtype, dtype)]
     result = _construct(member, constructor, kwargs, where)
     tensors = _rank_tensors(build, rank)
-    return result, _bind_parameters(result, tensors, build, parameter_dtypes, where)
+    return result, _bind_parameters(result, tensors, build, parameter_dtypes, where, mesh, rank)
 
 
 def release(model: torch.nn.Module, force: bool = False) -> List[str]:
@@ -338,4 +396,4 @@ def release(model: torch.nn.Module, force: bool = False) -> List[str]:
 
 
 __all__ = ["BuildInfo", "ModuleBuildError", "bind_arguments", "build_info", "build_module",
-           "derive_seed", "register", "release"]
+           "derive_seed", "dtensor_placements", "register", "release"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from familyd.client import Client
 from familyd.torch.build import build_info
@@ -60,10 +61,29 @@ def model_boundaries(model: torch.nn.Module) -> List[Boundary]:
     return out
 
 
+def _dtensor_placements(tensor: DTensor, built: Any) -> List[Dict[str, str]]:
+    """A DTensor's placements as familyd.v1.Placement dicts: a Shard(d) on mesh dimension NAME
+    is shard(d) over axis NAME; Replicate() splits nothing (Validate drops replicate entries);
+    anything else (Partial: a pending sum) is named by its kind, which Validate counts as a
+    placement of its own. The build's placements over axes the DeviceMesh lacks (size 1 on
+    this mesh view, so no DTensor dimension) are kept as built."""
+    names = tensor.device_mesh.mesh_dim_names or ()
+    out = [{"axis": x.axis, "kind": x.kind, "dim": str(x.dim)}
+           for x in built.placements if x.axis not in names]
+    for name, placement in zip(names, tensor.placements):
+        if placement.is_shard():
+            out.append({"axis": name, "kind": "shard", "dim": str(getattr(placement, "dim"))})
+        elif not placement.is_replicate():
+            out.append({"axis": name, "kind": type(placement).__name__.lower(), "dim": "0"})
+    return out
+
+
 def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
     """The layout the module has now, as a proto3 JSON dict of familyd.v1.Layout: the build's
-    mesh and, per parameter of its layout, the logical shape (the layout's while the local
-    shape is the one bound, else the current shape), the placements and the current dtype."""
+    mesh and, per parameter of its layout, the logical shape and placements (a DTensor
+    parameter's own: its global shape and its placements now, so a parameter redistributed
+    after the build is reported; a plain tensor's: the layout's while the local shape is the
+    one bound, else the current shape) and the current dtype."""
     info = build_info(module)
     if info is None:
         raise ValueError("module %s was not built by familyd" % type(module).__name__)
@@ -75,7 +95,10 @@ def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
                                                 for x in p.placements]}
         tensor = own.get(p.name)
         shape = list(p.shape)
-        if tensor is not None and tuple(tensor.shape) != info.local_shapes.get(p.name):
+        if isinstance(tensor, DTensor):
+            shape = list(tensor.shape)
+            entry["placements"] = _dtensor_placements(tensor, p)
+        elif tensor is not None and tuple(tensor.shape) != info.local_shapes.get(p.name):
             shape = list(tensor.shape)
         entry["shape"] = [str(d) for d in shape]
         if tensor is not None and tensor.dtype in _TORCH_NAMES:

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 AXES = ("tp", "ep", "cp", "pp")
 _MISSING = object()
@@ -128,6 +129,15 @@ def chunk_range(length: int, parts: int, index: int) -> Tuple[int, int]:
     shard(d), docs/semantics.md): ceil(length / parts) each, the last ones short or empty."""
     chunk = -(-length // parts)
     return min(length, index * chunk), min(length, (index + 1) * chunk)
+
+
+def local(p: torch.Tensor) -> torch.Tensor:
+    """The tensor a member computes with: a DTensor parameter's local shard (to_local, which
+    carries the gradient back to the DTensor with the same placements), any other tensor as
+    it is. build_module binds DTensor parameters; a module made by hand holds plain ones."""
+    if isinstance(p, DTensor):
+        return p.to_local()
+    return p
 
 
 def new_parameter(shape: Sequence[int], device: Any, dtype: Any) -> torch.nn.Parameter:

@@ -20,8 +20,8 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ._common import (config_int, config_value, context_axis, init_normal, new_parameter,
-                      reject_axis, resolve_config)
+from ._common import (config_int, config_value, context_axis, init_normal, local,
+                      new_parameter, reject_axis, resolve_config)
 from ._comm import copy_to_parallel, reduce_from_parallel
 
 
@@ -118,9 +118,9 @@ class EagerGQAAttention(torch.nn.Module):
         if position_ids is None:
             position_ids = torch.arange(seq, device=x.device)
         x = copy_to_parallel(x, group)
-        q = (x @ self.wq.t()).view(batch, seq, self.local_heads, self.head_dim).transpose(1, 2)
-        k = (x @ self.wk.t()).view(batch, seq, self.local_kv_heads, self.head_dim).transpose(1, 2)
-        v = (x @ self.wv.t()).view(batch, seq, self.local_kv_heads, self.head_dim).transpose(1, 2)
+        q = (x @ local(self.wq).t()).view(batch, seq, self.local_heads, self.head_dim).transpose(1, 2)
+        k = (x @ local(self.wk).t()).view(batch, seq, self.local_kv_heads, self.head_dim).transpose(1, 2)
+        v = (x @ local(self.wv).t()).view(batch, seq, self.local_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope_tables(position_ids, self.head_dim, self.rope_theta, x.dtype)
         if cos.dim() == 3:                                 # [B, S, D] -> [B, 1, S, D]
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -133,7 +133,7 @@ class EagerGQAAttention(torch.nn.Module):
         work = torch.float64 if scores.dtype == torch.float64 else torch.float32
         probs = torch.softmax(scores.to(work), dim=-1).to(q.dtype)
         out = (probs @ v).transpose(1, 2).reshape(batch, seq, self.local_heads * self.head_dim)
-        out = reduce_from_parallel(out @ self.wo.t(), group)
+        out = reduce_from_parallel(out @ local(self.wo).t(), group)
         return out.squeeze(0) if unbatched else out
 
     def extra_repr(self) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (chunk_range, config_int, config_value, context_axis, init_normal,
+from ._common import (chunk_range, config_int, config_value, context_axis, init_normal, local,
                       new_parameter, resolve_config)
 from ._comm import reduce_from_parallel
 
@@ -60,7 +60,7 @@ class PlainEmbedding(_EmbeddingBase):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         self._check(ids)
-        return F.embedding(ids.long(), self.weight)
+        return F.embedding(ids.long(), local(self.weight))
 
 
 class VocabParallelEmbedding(_EmbeddingBase):
@@ -79,10 +79,11 @@ class VocabParallelEmbedding(_EmbeddingBase):
         self._check(ids)
         ids = ids.long()
         outside = (ids < self.vocab_start) | (ids >= self.vocab_stop)
-        local = torch.where(outside, torch.zeros_like(ids), ids - self.vocab_start)
-        if self.weight.shape[0] == 0:
-            out = self.weight.new_zeros(tuple(ids.shape) + (self.hidden_size,))
-            out = out + self.weight.sum()          # keeps the (empty) weight in the graph
+        rows = torch.where(outside, torch.zeros_like(ids), ids - self.vocab_start)
+        weight = local(self.weight)
+        if weight.shape[0] == 0:
+            out = weight.new_zeros(tuple(ids.shape) + (self.hidden_size,))
+            out = out + weight.sum()               # keeps the (empty) weight in the graph
         else:
-            out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+            out = F.embedding(rows, weight).masked_fill(outside.unsqueeze(-1), 0.0)
         return reduce_from_parallel(out, group)

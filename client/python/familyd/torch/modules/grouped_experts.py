@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (chunk_range, config_int, config_value, context_axis, init_normal,
+from ._common import (chunk_range, config_int, config_value, context_axis, init_normal, local,
                       new_parameter, resolve_config)
 from ._comm import all_to_all, exchange_counts, exchange_ints
 
@@ -114,8 +114,8 @@ class GroupedExpertsLocal(_GroupedExpertsBase):
         tokens, top_k = expert_indices.shape
         ids = expert_indices.reshape(-1).long()
         token_of = torch.arange(tokens, device=ids.device).repeat_interleave(top_k)
-        y = _run_experts(hidden_states[token_of], ids, self.gate_up_proj, self.down_proj,
-                         self._act)
+        y = _run_experts(hidden_states[token_of], ids, local(self.gate_up_proj),
+                         local(self.down_proj), self._act)
         y = y * expert_weights.reshape(-1, 1).to(y.dtype)
         return hidden_states.new_zeros(hidden_states.shape).index_add(0, token_of, y)
 
@@ -149,8 +149,8 @@ class EPGroupedExperts(_GroupedExpertsBase):
         recv = exchange_counts(send, group).tolist() if group is not None else send
         rows = all_to_all(hidden_states[token_of], send, recv, group)
         got_ids = exchange_ints(sorted_ids, send, recv, group) if group is not None else sorted_ids
-        y = _run_experts(rows, got_ids - self.expert_start, self.gate_up_proj, self.down_proj,
-                         self._act)
+        y = _run_experts(rows, got_ids - self.expert_start, local(self.gate_up_proj),
+                         local(self.down_proj), self._act)
         y = all_to_all(y, recv, send, group)
         y = y * expert_weights.reshape(-1)[order].reshape(-1, 1).to(y.dtype)
         return hidden_states.new_zeros(hidden_states.shape).index_add(0, token_of, y)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (chunk_range, config_int, config_value, context_axis, init_normal,
+from ._common import (chunk_range, config_int, config_value, context_axis, init_normal, local,
                       new_parameter, resolve_config)
 from ._comm import copy_to_parallel, reduce_from_parallel
 
@@ -42,7 +42,8 @@ class _SwiGLUMLPBase(torch.nn.Module):
         init_normal([self.gate_proj, self.up_proj, self.down_proj], self.initializer_range)
 
     def _local(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.silu(x @ self.gate_proj.t()) * (x @ self.up_proj.t())) @ self.down_proj.t()
+        return (F.silu(x @ local(self.gate_proj).t()) * (x @ local(self.up_proj).t())) @ \
+            local(self.down_proj).t()
 
     def extra_repr(self) -> str:
         return "hidden_size=%d, intermediate=[%d, %d) of %d" % (

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._common import config_int, config_value, new_parameter, resolve_config
+from ._common import config_int, config_value, local, new_parameter, resolve_config
 
 
 class PlainRMSNorm(torch.nn.Module):
@@ -33,7 +33,7 @@ class PlainRMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (wide * self.weight.to(wide.dtype)).to(x.dtype)
+        return (wide * local(self.weight).to(wide.dtype)).to(x.dtype)
 
     def extra_repr(self) -> str:
         return "hidden_size=%d, eps=%g" % (self.hidden_size, self.eps)
