@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from familyd.client import Client
 from familyd.torch.build import build_info
 from familyd.torch.distributed import JobMesh
+from familyd.torch.fsdp import FSDP_AXIS_ATTR
 
 _TORCH_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -61,16 +62,22 @@ def model_boundaries(model: torch.nn.Module) -> List[Boundary]:
     return out
 
 
-def _dtensor_placements(tensor: DTensor, built: Any) -> List[Dict[str, str]]:
+def _dtensor_placements(tensor: DTensor, built: Any,
+                        fsdp_axis: Optional[str] = None) -> List[Dict[str, str]]:
     """A DTensor's placements as familyd.v1.Placement dicts: a Shard(d) on mesh dimension NAME
     is shard(d) over axis NAME; Replicate() splits nothing (Validate drops replicate entries);
     anything else (Partial: a pending sum) is named by its kind, which Validate counts as a
     placement of its own. The build's placements over axes the DeviceMesh lacks (size 1 on
-    this mesh view, so no DTensor dimension) are kept as built."""
+    this mesh view, or the axis familyd.torch.fully_shard took off the parameter's mesh) are
+    kept as built. fsdp_axis: the axis FSDP2 shards the module's parameters over
+    (familyd.torch.fully_shard): its placement there (Shard(0) or _StridedShard, FSDP's
+    storage, all-gathered back before every use) counts as the Replicate() it was built as."""
     names = tensor.device_mesh.mesh_dim_names or ()
     out = [{"axis": x.axis, "kind": x.kind, "dim": str(x.dim)}
            for x in built.placements if x.axis not in names]
     for name, placement in zip(names, tensor.placements):
+        if name == fsdp_axis:
+            continue
         if placement.is_shard():
             out.append({"axis": name, "kind": "shard", "dim": str(getattr(placement, "dim"))})
         elif not placement.is_replicate():
@@ -83,7 +90,8 @@ def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
     mesh and, per parameter of its layout, the logical shape and placements (a DTensor
     parameter's own: its global shape and its placements now, so a parameter redistributed
     after the build is reported; a plain tensor's: the layout's while the local shape is the
-    one bound, else the current shape) and the current dtype."""
+    one bound, else the current shape) and the current dtype. Under familyd.torch.fully_shard
+    the placement FSDP2 adds on its axis counts as the build's Replicate() there."""
     info = build_info(module)
     if info is None:
         raise ValueError("module %s was not built by familyd" % type(module).__name__)
@@ -97,7 +105,8 @@ def applied_layout(module: torch.nn.Module) -> Dict[str, Any]:
         shape = list(p.shape)
         if isinstance(tensor, DTensor):
             shape = list(tensor.shape)
-            entry["placements"] = _dtensor_placements(tensor, p)
+            entry["placements"] = _dtensor_placements(tensor, p,
+                                                      getattr(module, FSDP_AXIS_ATTR, None))
         elif tensor is not None and tuple(tensor.shape) != info.local_shapes.get(p.name):
             shape = list(tensor.shape)
         entry["shape"] = [str(d) for d in shape]

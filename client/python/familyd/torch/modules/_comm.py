@@ -30,10 +30,8 @@ def _wire_dtype(x: torch.Tensor, group: Any) -> torch.dtype:
 
 def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
     """The sum over group of x, as a new tensor (x is left alone)."""
-    wire = _wire_dtype(x, group)
-    y = x.to(wire).contiguous()
-    if y.data_ptr() == x.data_ptr():
-        y = y.clone()
+    # Always a copy (no data_ptr comparison: torch.compile cannot trace one and breaks the graph).
+    y = x.to(_wire_dtype(x, group), memory_format=torch.contiguous_format, copy=True)
     dist.all_reduce(y, group=group)
     return y.to(x.dtype)
 
