@@ -26,6 +26,7 @@ import shard_client as SC  # noqa: E402
 import test_build_sharing as S  # noqa: E402
 from test_build_sharing import Holder  # noqa: E402
 import test_durability_util as U  # noqa: E402
+import other_uid  # noqa: E402
 from fake_manager import FakeManager  # noqa: E402
 
 P = H.Protos()
@@ -260,6 +261,10 @@ class FdStoreTest(unittest.TestCase):
         m = self.manager()
         d1 = self.start(m, extra_args=["--build-grace-ms", "1500"])
         S.D = d1  # Holder connects to S.D.socket
+        # Holder runs S's copy of build_holder.py with S's interpreter.
+        S.PYTHON = other_uid.other_uid_python()
+        S.COPY = other_uid.harness_copy(S.HOLDER, prefix="fd-fdstore-")
+        self.addCleanup(S.COPY.cleanup)
         a, b, gone = Holder(), Holder(), Holder()
         for h in (a, b, gone):
             self.addCleanup(h.close)
