@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "build-holders-keep.h"
+#include "shm/peer-cred.h"
 
 static int pidfd_open_(pid_t pid) {
         return (int) syscall(SYS_pidfd_open, pid, 0);
@@ -33,40 +34,6 @@ static int pidfd_alive(int pidfd, pid_t pid) {
         if (errno == ENOSYS && kill(pid, 0) == 0)
                 return 1;
         return errno == EPERM ? 1 : 0;
-}
-
-/* Field 22 of /proc/PID/stat: the start time in clock ticks since boot. */
-static int process_start_time(pid_t pid, uint64_t *ret) {
-        char path[64], buf[1024];
-        unsigned long long start;
-        ssize_t n;
-        int fd;
-
-        (void) snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-        if (fd < 0)
-                return -errno;
-        n = read(fd, buf, sizeof buf - 1);
-        int r = n < 0 ? -errno : 0;
-        safe_close(fd);
-        if (r < 0)
-                return r;
-        buf[n] = 0;
-        /* The name (field 2) may hold spaces and parentheses: fields go on after its last ')'. */
-        char *p = strrchr(buf, ')');
-        if (!p)
-                return -EBADMSG;
-        p++;
-        /* Fields 3..21 are skipped, 22 read. */
-        for (int field = 3; field < 22; field++) {
-                p = strchr(p + 1, ' ');
-                if (!p)
-                        return -EBADMSG;
-        }
-        if (sscanf(p, " %llu", &start) != 1)
-                return -EBADMSG;
-        *ret = start;
-        return 0;
 }
 
 static int unknown(FamilyError *e, int32_t pid, const char *why) {
@@ -90,7 +57,7 @@ int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller
                 pidfd = pidfd_open_(pid);
         if (pidfd < 0 && errno != ENOSYS)
                 return unknown(ret_error, pid, "it has exited");
-        r = process_start_time(pid, &start);
+        r = peer_cred_start_time(pid, &start);
         if (r < 0 || (pidfd >= 0 && !pidfd_alive(pidfd, pid)))
                 return unknown(ret_error, pid, "it has exited");
         *ret = (BuildCaller) { .pid = pid, .uid = uid, .start_time = start };
@@ -109,7 +76,7 @@ int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd) {
                 return -ESRCH;
         /* As build_caller_identify(): the start time read after the pidfd, then the pidfd's
          * process still there, so both name the same process (no pidfd: polled). */
-        if (process_start_time(saved->pid, &start) < 0 || start != saved->start_time ||
+        if (peer_cred_start_time(saved->pid, &start) < 0 || start != saved->start_time ||
             (pidfd >= 0 && !pidfd_alive(pidfd, saved->pid)))
                 return -ESRCH;
         *ret_pidfd = TAKE_FD(pidfd);
@@ -119,5 +86,5 @@ int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd) {
 bool build_caller_alive(const BuildCaller *c) {
         uint64_t start;
 
-        return process_start_time(c->pid, &start) >= 0 && start == c->start_time;
+        return peer_cred_start_time(c->pid, &start) >= 0 && start == c->start_time;
 }

@@ -126,7 +126,8 @@ static int put_back_one(const Builder *builder, BuildRecord *rec) {
         log_struct(LOG_INFO, 0, LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id)),
                    "Build %s: %zu process%s still hold%s it%s.", rec->id, n,
                    n == 1 ? "" : "es", n == 1 ? "s" : "", k.pinned ? "; pinned" : "");
-        build_set_shard_access(builder, rec, k.has_owner, k.owner_uid, k.share_group);
+        build_set_shard_access(builder, rec, k.has_owner, k.owner_uid, k.share_group,
+                               &k.binding);
         build_table_holding_put_back(builder->manager->builds, rec, &k);
 
         /* Watched once they are listed: one that exits from now on is seen leaving. */

@@ -122,9 +122,10 @@ void build_sharing_process_gone(const Builder *builder, const BuildCaller *calle
 int64_t build_sharing_expire(const Builder *builder);
 
 /* The shard socket hands rec's tokens to whom its holding says: its owner's processes and
- * admins, or, shared with the group, everyone (build-share.c). Nothing without an owner. */
+ * admins, or, shared with the group, everyone; a training handout's (binding bound) to its one
+ * process only (build-share.c). Nothing without an owner or a binding. */
 void build_set_shard_access(const Builder *builder, const BuildRecord *rec, bool has_owner,
-                            uint32_t owner_uid, bool share_group);
+                            uint32_t owner_uid, bool share_group, const BuildBinding *binding);
 
 /* Binds the calling thread's next fills (fill_context_bind()) to the builder's pool, on the
  * threads of the NUMA node of this node's device local_device, reporting to progress and

@@ -36,6 +36,7 @@ struct BuildFlight {
         bool writable, private_build;
         uint32_t owner_uid; /* the uid of the Build that made it */
         bool share_group;
+        BuildBinding binding; /* a training handout: the process of the Build that made it */
         BuildWaiter *waiters; /* the first is the Build that made the flight */
         size_t n_waiters;
 };
@@ -329,6 +330,11 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
         r = build_draft_prepare(builder, req, shard_socket, &b, ret_error);
         if (r < 0)
                 return r;
+        /* A training handout: private and writable, its bytes are its maker's alone. */
+        if (req->private_build && req->writable)
+                b->binding = (BuildBinding) { .bound = true,
+                                              .pid = w->caller.pid,
+                                              .start_time = w->caller.start_time };
         if (!req->private_build) {
                 r = share_key(b, req, w, &key, &key_size);
                 if (r < 0)
@@ -353,6 +359,7 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
         if (r >= 0)
                 r = build_draft_reserve(builder, b, ret, ret_error);
         if (r >= 0) {
+                f->binding = b->binding;
                 TAKE_PTR(b); /* the draft's */
                 f->key = TAKE_PTR(key);
                 f->key_size = key_size;
@@ -410,14 +417,18 @@ int build_error_copy(const FamilyError *from, FamilyError *to) {
 }
 
 void build_set_shard_access(const Builder *builder, const BuildRecord *rec, bool has_owner,
-                            uint32_t owner_uid, bool share_group) {
+                            uint32_t owner_uid, bool share_group, const BuildBinding *binding) {
         const BuildState *b = rec->payload;
+        bool bound = binding && binding->bound;
 
-        if (!builder->shards || !has_owner || !b)
+        if (!builder->shards || (!has_owner && !bound) || !b)
                 return;
         shard_table_set_access(builder->shards, b->group.hex,
-                               &(ShardAccess) { .restricted = !share_group,
-                                                .owner_uid = owner_uid });
+                               &(ShardAccess) { .restricted = has_owner && !share_group,
+                                                .owner_uid = owner_uid,
+                                                .bound = bound,
+                                                .pid = bound ? binding->pid : 0,
+                                                .start_time = bound ? binding->start_time : 0 });
 }
 
 void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
@@ -439,12 +450,14 @@ void build_flight_land(const Builder *builder, BuildFlight *f, BuildRecord *rec,
                         .has_owner = true,
                         .owner_uid = f->owner_uid,
                         .share_group = f->share_group,
+                        .binding = f->binding,
                         .created_ms = build_now_ms(),
                         .key = TAKE_PTR(f->key),
                         .key_size = f->key_size,
                 };
                 build_table_init_holding(t, rec, &init);
-                build_set_shard_access(builder, rec, true, f->owner_uid, f->share_group);
+                build_set_shard_access(builder, rec, true, f->owner_uid, f->share_group,
+                                       &f->binding);
                 for (size_t i = 0; i < f->n_waiters && held; i++) {
                         BuildWaiter *w = &f->waiters[i];
                         BuildHolder h = holder_of(&w->caller);

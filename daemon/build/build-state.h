@@ -3,6 +3,7 @@
 
 #include "core/arena.h"
 #include "core/build-plan.h"
+#include "core/build-table.h"
 #include "core/fill.h"
 #include "core/layout.h"
 #include "core/topology.h"
@@ -32,6 +33,9 @@ typedef struct BuildState {
         Layout layout;
         Dtype dtype;
         bool writable; /* BuildRequest.writable: its segments are handed out writable */
+        /* A training handout (private_build and writable): the process that made it, from
+         * the draft on, so that no token leaks before its record has its holding. */
+        BuildBinding binding;
         char registry_digest[REGISTRY_DIGEST_LENGTH + 1]; /* of the registry it was made from */
         uint64_t seed;
         BuildRankState *ranks;

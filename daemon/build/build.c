@@ -306,14 +306,16 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
 }
 
 static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_error) {
+        int r;
+
         for (size_t i = 0; i < b->n_ranks; i++) {
                 if (!b->ranks[i].materialized)
                         continue;
                 /* Before anyone can fetch it: only a writable build's bytes are everyone's. */
                 if (b->writable)
                         shard_segment_allow_writes(b->ranks[i].segment);
-                int r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
-                                        &b->ranks[i].token);
+                r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
+                                    &b->ranks[i].token);
                 if (r == SHARD_TABLE_FULL)
                         return build_check_shard_room(b, shards, ret_error) < 0
                                        ? -EINVAL
@@ -324,6 +326,13 @@ static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_er
                 if (r < 0)
                         return r;
         }
+        /* A training handout's tokens are its maker's from the first: nobody knows them before
+         * the commit, and from then on only its process may trade them. */
+        if (b->binding.bound)
+                shard_table_set_access(shards, b->group.hex,
+                                       &(ShardAccess) { .bound = true,
+                                                        .pid = b->binding.pid,
+                                                        .start_time = b->binding.start_time });
         return 0;
 }
 

@@ -14,7 +14,9 @@
 #define FLAG_PRIVATE 2u
 #define FLAG_OWNED 4u       /* the owner's u32 uid follows the holders */
 #define FLAG_SHARE_GROUP 8u /* BuildRequest.share "group" */
-#define FLAGS_KNOWN (FLAG_PINNED | FLAG_PRIVATE | FLAG_OWNED | FLAG_SHARE_GROUP)
+#define FLAG_BOUND 16u      /* a training handout: its process's 16 bytes follow the owner */
+#define BOUND_SIZE 16u
+#define FLAGS_KNOWN (FLAG_PINNED | FLAG_PRIVATE | FLAG_OWNED | FLAG_SHARE_GROUP | FLAG_BOUND)
 
 static void put_u32(uint8_t *p, uint32_t v) {
         for (unsigned i = 0; i < 4; i++)
@@ -44,7 +46,7 @@ int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *r
         if (h->key_size > HOLDERS_RECORD_MAX_KEY_BYTES || h->n_holders > BUILD_TABLE_MAX_HOLDERS)
                 return -E2BIG;
         size_t size = HEADER_SIZE + h->key_size + HOLDER_SIZE * h->n_holders +
-                      (h->has_owner ? 4 : 0) + 4;
+                      (h->has_owner ? 4 : 0) + (h->binding.bound ? BOUND_SIZE : 0) + 4;
         uint8_t *out = calloc(1, size), *p;
         if (!out)
                 return -ENOMEM;
@@ -53,7 +55,8 @@ int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *r
         put_u32(out + 4, HOLDERS_RECORD_VERSION);
         put_u32(out + 8, (h->pinned ? FLAG_PINNED : 0) | (h->private_build ? FLAG_PRIVATE : 0) |
                                  (h->has_owner ? FLAG_OWNED : 0) |
-                                 (h->share_group ? FLAG_SHARE_GROUP : 0));
+                                 (h->share_group ? FLAG_SHARE_GROUP : 0) |
+                                 (h->binding.bound ? FLAG_BOUND : 0));
         put_u32(out + 12, (uint32_t) h->n_holders);
         put_u64(out + 16, (uint64_t) h->created_ms);
         put_u64(out + 24, h->key_size);
@@ -71,6 +74,11 @@ int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *r
         if (h->has_owner) {
                 put_u32(p, h->owner_uid);
                 p += 4;
+        }
+        if (h->binding.bound) {
+                put_u32(p, (uint32_t) h->binding.pid);
+                put_u64(p + 8, h->binding.start_time);
+                p += BOUND_SIZE;
         }
         put_u32(p, crc32c(0, out, size - 4));
         *ret = out;
@@ -96,9 +104,15 @@ static int check(const uint8_t *data, size_t size, char *why, size_t why_size) {
 
         uint64_t n = get_u32(data + 12), key_size = get_u64(data + 24);
         uint64_t owner = get_u32(data + 8) & FLAG_OWNED ? 4 : 0;
+        uint64_t bound = get_u32(data + 8) & FLAG_BOUND ? BOUND_SIZE : 0;
         if (n > BUILD_TABLE_MAX_HOLDERS || key_size > HOLDERS_RECORD_MAX_KEY_BYTES ||
-            size != HEADER_SIZE + key_size + HOLDER_SIZE * n + owner + 4)
+            size != HEADER_SIZE + key_size + HOLDER_SIZE * n + owner + bound + 4)
                 return bad(why, why_size, "its sizes do not add up");
+        if (bound) {
+                const uint8_t *b = data + size - 4 - BOUND_SIZE;
+                if ((int32_t) get_u32(b) <= 0 || get_u32(b + 4) != 0)
+                        return bad(why, why_size, "a bound build without its process");
+        }
 
         const uint8_t *p = data + HEADER_SIZE + key_size;
         for (uint64_t i = 0; i < n; i++, p += HOLDER_SIZE)
@@ -145,8 +159,14 @@ int codec_holders_record_decode(const uint8_t *data, size_t size, HoldersRecord 
                         .since_ms = (int64_t) get_u64(p + 16),
                         .count = get_u32(p + 24),
                 };
-        if (h.has_owner)
+        if (h.has_owner) {
                 h.owner_uid = get_u32(p);
+                p += 4;
+        }
+        if (flags & FLAG_BOUND)
+                h.binding = (BuildBinding) { .bound = true,
+                                             .pid = (int32_t) get_u32(p),
+                                             .start_time = get_u64(p + 8) };
         *ret = h;
         return 0;
 }

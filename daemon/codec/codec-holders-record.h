@@ -14,6 +14,8 @@
  *   +  n_holders x 32: i32 pid, u32 uid, u64 start_time, i64 since_ms, u32 count, u32 zero
  *   +  with flag 4 only: u32 the owner's uid (records written before owners had no flag 4
  *      and still read: the build has no known owner)
+ *   +  with flag 16 only: i32 pid, u32 zero, u64 start_time of the one process a training
+ *      handout is bound to (records without it read as not bound)
  *   +  u32 CRC-32C of every byte before it
  */
 
@@ -27,7 +29,7 @@
 /* A sharing key is the packed Build message (at most a reply's size) and a few strings. */
 #define HOLDERS_RECORD_MAX_KEY_BYTES (8u * 1024u * 1024u)
 #define HOLDERS_RECORD_MAX_BYTES \
-        (36u + HOLDERS_RECORD_MAX_KEY_BYTES + 32u * BUILD_TABLE_MAX_HOLDERS)
+        (56u + HOLDERS_RECORD_MAX_KEY_BYTES + 32u * BUILD_TABLE_MAX_HOLDERS)
 
 /* The build table's own plain data (core/build-table.h). */
 typedef BuildHoldingKept HoldersRecord;

@@ -326,6 +326,7 @@ void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *
         rec->holding.has_owner = init->has_owner;
         rec->holding.owner_uid = init->owner_uid;
         rec->holding.share_group = init->share_group;
+        rec->holding.binding = init->binding;
         rec->holding.created_ms = init->created_ms;
         free(rec->holding.key);
         rec->holding.key = TAKE_PTR(init->key);
@@ -626,6 +627,7 @@ int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHolding
         k.has_owner = h->has_owner;
         k.owner_uid = h->owner_uid;
         k.share_group = h->share_group;
+        k.binding = h->binding;
         k.created_ms = h->created_ms;
         k.key_size = h->key ? h->key_size : 0;
         k.n_holders = h->n_holders;
@@ -658,6 +660,7 @@ void build_table_holding_put_back(BuildTable *t, BuildRecord *rec, BuildHoldingK
         h->has_owner = k->has_owner;
         h->owner_uid = k->owner_uid;
         h->share_group = k->share_group;
+        h->binding = k->binding;
         if (k->created_ms > 0)
                 h->created_ms = k->created_ms;
         if (k->key) {

@@ -28,6 +28,15 @@ typedef struct BuildHolder {
         uint32_t count;   /* Builds it was answered this build by, less its releases */
 } BuildHolder;
 
+/* A training handout (a build both private and writable) is bound to the one process that made
+ * it, named as a holder is (pid and start time): only that process is shown its tokens and
+ * handed its descriptors, admins included (docs/sharing.md, "Training handouts"). */
+typedef struct BuildBinding {
+        bool bound;
+        int32_t pid;
+        uint64_t start_time;
+} BuildBinding;
+
 /*
  * What holds a build (build-holders.c), under the table's lock: references of processes, a pin,
  * and, when neither holds it, the deadline of its grace period. Only a build with `referenced`
@@ -54,6 +63,7 @@ typedef struct BuildHolding {
         bool has_owner;
         uint32_t owner_uid;
         bool share_group;
+        BuildBinding binding;
 } BuildHolding;
 
 typedef struct BuildRecord {
@@ -130,6 +140,7 @@ typedef struct BuildRecordInit {
         bool referenced, writable, private_build;
         bool has_owner, share_group;
         uint32_t owner_uid;
+        BuildBinding binding;
         int64_t created_ms;
         uint8_t *key;
         size_t key_size;
@@ -192,6 +203,7 @@ typedef struct BuildHoldingKept {
         bool private_build;
         bool has_owner, share_group;
         uint32_t owner_uid;
+        BuildBinding binding;
         int64_t created_ms;
         uint8_t *key; /* NULL: never shared */
         size_t key_size;

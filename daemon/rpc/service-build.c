@@ -26,11 +26,35 @@ static Builder builder_of(const RpcContext *ctx) {
         return (Builder) { .manager = ctx->manager, .shards = ctx->shards };
 }
 
-/* Whether the caller may see rec's tokens: its owner's uid, an admin, or a build without a
- * known owner (made without a caller, or kept by an older familyd). */
-static bool caller_sees_tokens(const BuildHolding *h) {
+/* Whether the calling process is the one a training handout is bound to: the same pid and
+ * start time (build-caller.c names it as it names a holder). */
+static bool caller_is_process(const BuildBinding *binding) {
+        _cleanup_(family_error_done) FamilyError e = FAMILY_ERROR_NULL;
+        BuildCaller caller;
+        int32_t pid = 0;
+        uint32_t uid = 0;
+        int pidfd = -1;
+
+        if (rpc_call_peer(&pid, &uid, &pidfd) < 0)
+                return false;
+        if (build_caller_identify(pid, uid, pidfd, &caller, &pidfd, &e) < 0)
+                return false;
+        safe_close(pidfd);
+        return caller.pid == binding->pid && caller.start_time == binding->start_time;
+}
+
+/* Whether the caller may see rec's tokens: a training handout's only its own process (its
+ * binding, held by the record from its commit on and by the holding from its flight's landing
+ * or a restart on); any other build's its owner's uid, an admin, or everyone for a build
+ * without a known owner (made without a caller, or kept by an older familyd). */
+static bool caller_sees_tokens(const BuildRecord *rec, const BuildHolding *h) {
+        const BuildState *b = rec->payload;
         RpcCaller caller;
 
+        if (h->binding.bound)
+                return caller_is_process(&h->binding);
+        if (b && b->binding.bound)
+                return caller_is_process(&b->binding);
         if (!h->has_owner)
                 return true;
         if (rpc_call_caller(&caller) < 0)
@@ -61,7 +85,7 @@ static int build_reply_for(RpcContext *ctx, Arena *arena, const BuildRecord *rec
         r = codec_build_holding_encode(arena, &h, pb);
         if (r < 0)
                 return r;
-        if (!to_owner && !caller_sees_tokens(&h))
+        if (!to_owner && !caller_sees_tokens(rec, &h))
                 for (size_t i = 0; i < pb->n_shards; i++)
                         pb->shards[i]->token = (char *) "";
         *ret = pb;

@@ -1,7 +1,9 @@
-/* peer-cred.h: whether a Unix socket's peer is an admin: root, or in --admin-group. */
+/* peer-cred.h: a Unix socket's peer: whether it is an admin (root, or in --admin-group), and
+ * which process it is (pid and start time). */
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -11,3 +13,15 @@
  * are read too (SO_PEERGROUPS); a list that cannot be read counts as no membership.
  */
 bool peer_cred_is_admin(int fd, const struct ucred *cred, gid_t admin_gid);
+
+/* Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot. */
+int peer_cred_start_time(pid_t pid, uint64_t *ret);
+
+/*
+ * The start time of the process behind fd (cred its SO_PEERCRED): a pidfd of it first
+ * (SO_PEERPIDFD, else pidfd_open() on cred->pid), then its start time, then the pidfd's process
+ * checked still there, so the start time is that process's and not a successor's of its pid
+ * (as build_caller_identify() names a caller). -ESRCH when the process cannot be named (pid 0:
+ * another pid namespace; gone already).
+ */
+int peer_cred_process(int fd, const struct ucred *cred, uint64_t *ret_start_time);

@@ -100,6 +100,10 @@ struct Connection {
         int fd;
         uid_t uid;
         bool admin; /* root, or in --admin-group: maps any build's shards */
+        /* The process that connected (SO_PEERCRED at accept): pid (0: it cannot be named) and
+         * start time. A training handout's tokens go to their one process only. */
+        int32_t pid;
+        uint64_t start_time;
         sd_event_source *io;
         uint32_t watched; /* the events io watches for now */
         /* The idle deadline; while unread_fds, the unread timeout's; UINT64_MAX once shut down
@@ -321,8 +325,17 @@ static int connection_answer(ShardServer *s, Connection *c, const ShardRequest *
                 return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT, message);
         }
 
-        ShardAsker asker = { .uid = c->uid, .admin = c->admin };
+        ShardAsker asker = { .uid = c->uid, .admin = c->admin, .pid = c->pid,
+                             .start_time = c->start_time };
         r = shard_table_lookup_many_as(s->table, req->tokens, n, &asker, segments, &bad);
+        if (r == SHARD_TABLE_OTHER_PROCESS) {
+                (void) snprintf(message, sizeof message,
+                                "shard token %zu of %zu belongs to another process: its build "
+                                "is a training handout (private and writable), which only the "
+                                "process that made it may map",
+                                bad + 1, n);
+                return connection_queue_error(c, FAMILY_STATUS_PERMISSION_DENIED, message);
+        }
         if (r == SHARD_TABLE_DENIED) {
                 (void) snprintf(message, sizeof message,
                                 "shard token %zu of %zu is of another user's build: only its "
@@ -676,7 +689,7 @@ static unsigned server_count_uid(ShardServer *s, uid_t uid) {
 }
 
 /* Watches a connection that passed the caps; closes fd on failure. */
-static int connection_new(ShardServer *s, int fd, uid_t uid, bool admin) {
+static int connection_new(ShardServer *s, int fd, const struct ucred *cred, bool admin) {
         Connection *c = calloc(1, sizeof *c);
         int r;
 
@@ -686,8 +699,11 @@ static int connection_new(ShardServer *s, int fd, uid_t uid, bool admin) {
         }
         c->server = s;
         c->fd = fd;
-        c->uid = uid;
+        c->uid = cred->uid;
         c->admin = admin;
+        /* A process that cannot be named is nobody's: bound tokens are refused to it. */
+        if (peer_cred_process(fd, cred, &c->start_time) >= 0)
+                c->pid = cred->pid;
         c->watched = EPOLLIN;
         c->next = s->connections;
         if (c->next)
@@ -757,7 +773,7 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                 }
 
                 bool admin = peer_cred_is_admin(fd, &cred, (gid_t) atomic_load(&s->admin_gid));
-                int r = connection_new(s, fd, cred.uid, admin);
+                int r = connection_new(s, fd, &cred, admin);
                 if (r < 0)
                         log_warning_errno(r, "Shard socket: failed to watch a connection, "
                                              "closing it: %m");

@@ -257,8 +257,17 @@ int shard_table_lookup_many(ShardTable *t, const char *const *tokens, size_t n, 
         return shard_table_lookup_many_as(t, tokens, n, NULL, ret, ret_bad_index);
 }
 
-static bool access_allows(const ShardAccess *a, const ShardAsker *asker) {
-        return !asker || !a->restricted || asker->admin || asker->uid == a->owner_uid;
+/* 0, or why asker may not map a token of access a. A bound token goes to its one process
+ * only, whatever the asker's uid or admin. */
+static int access_check(const ShardAccess *a, const ShardAsker *asker) {
+        if (!asker)
+                return 0;
+        if (a->bound && (asker->pid <= 0 || asker->pid != a->pid ||
+                         asker->start_time != a->start_time))
+                return SHARD_TABLE_OTHER_PROCESS;
+        if (a->restricted && !asker->admin && asker->uid != a->owner_uid)
+                return SHARD_TABLE_DENIED;
+        return 0;
 }
 
 int shard_table_lookup_many_as(ShardTable *t, const char *const *tokens, size_t n,
@@ -267,9 +276,7 @@ int shard_table_lookup_many_as(ShardTable *t, const char *const *tokens, size_t 
         (void) pthread_mutex_lock(&t->lock);
         for (size_t i = 0; i < n; i++) {
                 Entry **link = tokens[i] ? table_find_locked(t, tokens[i]) : NULL;
-                int r = !link                                        ? SHARD_TABLE_NOT_FOUND
-                        : !access_allows(&(*link)->access, asker) ? SHARD_TABLE_DENIED
-                                                                     : 0;
+                int r = link ? access_check(&(*link)->access, asker) : SHARD_TABLE_NOT_FOUND;
                 if (r != 0) {
                         (void) pthread_mutex_unlock(&t->lock);
                         *ret_bad_index = i;

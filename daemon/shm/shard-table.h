@@ -28,19 +28,28 @@ enum {
         SHARD_TABLE_NOT_FOUND = 1, /* an unknown or released token */
         SHARD_TABLE_FULL = 2,      /* the table holds its maximum of tokens */
         SHARD_TABLE_DENIED = 3,    /* a token of a build the asking uid may not map */
+        SHARD_TABLE_OTHER_PROCESS = 4, /* a token bound to another process than the asker */
 };
 
 /* Who may trade a group's tokens for descriptors. Tokens start open to everyone who can reach
- * the shard socket; a build with an owner restricts them (shard_table_set_access()). */
+ * the shard socket; a build with an owner restricts them (shard_table_set_access()), and a
+ * training handout binds them to the one process that made it: no other process, admins
+ * included, gets them. */
 typedef struct ShardAccess {
         bool restricted; /* only owner_uid's processes and admins */
         uint32_t owner_uid;
+        bool bound; /* only the process (pid, start_time) */
+        int32_t pid;
+        uint64_t start_time;
 } ShardAccess;
 
-/* The asker of a lookup: its uid and whether it is an admin (root, --admin-group). */
+/* The asker of a lookup: its uid, whether it is an admin (root, --admin-group), and its
+ * process: pid (0: it cannot be named) and start time (field 22 of /proc/PID/stat). */
 typedef struct ShardAsker {
         uint32_t uid;
         bool admin;
+        int32_t pid;
+        uint64_t start_time;
 } ShardAsker;
 
 typedef struct ShardTable ShardTable;
@@ -70,8 +79,9 @@ int shard_table_restore(ShardTable *t, const char *group, ShardSegment *segment,
 int shard_table_lookup(ShardTable *t, const char *token, ShardSegment **ret);
 /* Sets the access of every token of group (a build's, once it has an owner). */
 void shard_table_set_access(ShardTable *t, const char *group, const ShardAccess *access);
-/* As shard_table_lookup_many(), for asker: SHARD_TABLE_DENIED (*ret_bad_index the first such
- * token) when a token is known but asker may not map it; nothing is referenced then. */
+/* As shard_table_lookup_many(), for asker: SHARD_TABLE_OTHER_PROCESS when a token is bound to
+ * another process, else SHARD_TABLE_DENIED when asker's uid may not map it (*ret_bad_index the
+ * first such token); nothing is referenced then. */
 int shard_table_lookup_many_as(ShardTable *t, const char *const *tokens, size_t n,
                                const ShardAsker *asker, ShardSegment **ret,
                                size_t *ret_bad_index);

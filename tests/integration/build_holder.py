@@ -10,6 +10,14 @@ Reads one JSON command per line on stdin and answers one JSON line on stdout:
     {"op": "fetch"}   -> {"digest": sha256 of the bytes of every token of the last build}
     {"op": "release", "build_id": ID, "force": false} -> {"code", "message", "freed", "reason"}
     {"op": "call", "rpc": "pkg.Service/Method", "request": {...}} -> {"code", "message"}
+    {"op": "seen", "build_id": ID} -> {"get_code", "get_tokens", "list_tokens"}: the tokens
+        GetBuild and ListBuilds show this process for the build
+    {"op": "shard", "shard_socket": PATH, "tokens": [...], "writable": false}
+        -> {"code", "message", "n_fds"}: the shard socket's answer (descriptors closed)
+    {"op": "write", "token": T, "hex": H} -> {"code", "message"}: maps T's shard MAP_SHARED
+        read-write and writes H's bytes at its start; the mapping stays while the process lives
+    {"op": "read", "token": T, "size": N} -> {"code", "message", "hex"}: the first N bytes of a
+        fresh read-only mapping of T's shard
     {"op": "exit"}    -> exits 0
 """
 
@@ -43,6 +51,7 @@ def main():
     protos = H.Protos()
     client = H.Client(socket_path, protos)
     last = None
+    held = []  # mappings "write" keeps
     out = sys.stdout
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -83,6 +92,34 @@ def main():
         elif op == "call":
             res = call(client, cmd["rpc"], cmd.get("request", {}))
             ans.update(code=res.code, message=res.message)
+        elif op == "seen":
+            got = call(client, "familyd.v1.FamilyService/GetBuild", {"buildId": cmd["build_id"]})
+            listed = call(client, "familyd.v1.FamilyService/ListBuilds", {})
+            ans.update(get_code=got.code,
+                       get_tokens=[s.token for s in got.reply.shards if s.token]
+                       if got.ok else [],
+                       list_tokens=[s.token for b in listed.reply.builds
+                                    if b.build_id == cmd["build_id"]
+                                    for s in b.shards if s.token] if listed.ok else [])
+        elif op in ("shard", "write", "read"):
+            path = cmd.get("shard_socket") or last.shard_socket
+            tokens = cmd.get("tokens") or [cmd["token"]]
+            writable = cmd.get("writable", op == "write")
+            reply, fds = SC.fetch(path, protos, tokens, writable=writable)
+            try:
+                ans.update(code=reply.code, message=reply.message, n_fds=len(fds))
+                if op == "write" and fds:
+                    m = SC.map_writable(fds[0], reply.sizes[0])
+                    data = bytes.fromhex(cmd["hex"])
+                    m[:len(data)] = data
+                    held.append(m)
+                elif op == "read" and fds:
+                    m = SC.map_readonly(fds[0], reply.sizes[0])
+                    ans.update(hex=m[:cmd["size"]].hex())
+                    m.close()
+            finally:
+                for fd in fds:
+                    os.close(fd)
         elif op == "exit":
             return 0
         out.write(json.dumps(ans) + "\n")

@@ -24,6 +24,7 @@ import familyd_harness as H  # noqa: E402
 from test_build_sharing import Holder  # noqa: E402
 import test_build_sharing as S  # noqa: E402
 import test_durability_util as U  # noqa: E402
+import other_uid  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 GE = "grouped_experts"
@@ -46,6 +47,9 @@ def start(name, *args):
 def setUpModule():
     global P
     P = H.Protos()
+    # Holder runs test_build_sharing's copy of build_holder.py with its interpreter.
+    S.PYTHON = other_uid.other_uid_python()
+    S.COPY = other_uid.harness_copy(S.HOLDER, prefix="fd-refs-")
     try:
         start("grace", "--build-grace-ms", str(GRACE_MS), "--connection-idle-ms", "300")
         start("zero", "--build-grace-ms", "0")
@@ -57,8 +61,13 @@ def setUpModule():
 
 
 def tearDownModule():
-    for d in daemons.values():
-        d.stop_checked()
+    try:
+        for d in daemons.values():
+            d.stop_checked()
+    finally:
+        if S.COPY is not None:
+            S.COPY.cleanup()
+            S.COPY = None
 
 
 def request(seed=1):

@@ -16,6 +16,7 @@ and the restart that passes the store back).
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -26,7 +27,19 @@ import shard_client as SC  # noqa: E402
 import test_build_sharing as S  # noqa: E402
 from test_build_sharing import Holder  # noqa: E402
 import test_durability_util as U  # noqa: E402
+import other_uid  # noqa: E402
 from fake_manager import FakeManager  # noqa: E402
+
+# Another process's request on the shard socket: prints the reply's code and message.
+HANDOUT_PROBE = """
+import sys
+sys.path.insert(0, %r)
+import familyd_harness as H
+import shard_client as SC
+reply, fds = SC.fetch(sys.argv[1], H.Protos(), sys.argv[2:])
+print(reply.code)
+print(reply.message)
+""" % os.path.dirname(os.path.abspath(__file__))
 
 P = H.Protos()
 MESH = {"deviceMesh": [{"name": "dp", "size": "2"}, {"name": "ep", "size": "4"}]}
@@ -148,6 +161,15 @@ class FdStoreTest(unittest.TestCase):
         self.assertEqual(U.view(self, d2), before)
         self.assertRegex(d2.stderr(), r"Re-adopted 3 builds and 1 mesh from the fd store")
         self.assertEqual(U.read_shards(self, d2, on_mesh), bytes_before)
+        # on_mesh is a training handout (private and writable): it stays this process's across
+        # the restart (the holders record keeps its process), so another process of this uid
+        # is refused its tokens on the shard socket.
+        probe = subprocess.run(
+            [sys.executable, "-c", HANDOUT_PROBE, d2.shard_socket,
+             [s.token for s in on_mesh.shards if s.token][0]],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(probe.stdout.splitlines()[:1], ["7"], probe)  # PERMISSION_DENIED
+        self.assertIn("belongs to another process", probe.stdout)
         # Nothing was stored twice, nothing dropped.
         self.assertEqual(self.ours(m), want)
         self.assertEqual(m.fdstore_ignored, [])
@@ -260,6 +282,10 @@ class FdStoreTest(unittest.TestCase):
         m = self.manager()
         d1 = self.start(m, extra_args=["--build-grace-ms", "1500"])
         S.D = d1  # Holder connects to S.D.socket
+        # Holder runs S's copy of build_holder.py with S's interpreter.
+        S.PYTHON = other_uid.other_uid_python()
+        S.COPY = other_uid.harness_copy(S.HOLDER, prefix="fd-fdstore-")
+        self.addCleanup(S.COPY.cleanup)
         a, b, gone = Holder(), Holder(), Holder()
         for h in (a, b, gone):
             self.addCleanup(h.close)

@@ -406,6 +406,44 @@ static void test_table_access(void **state) {
         shard_segment_unref(many[1]);
 }
 
+/* A training handout's tokens go to their one process (pid and start time) only: not to
+ * another process of the owner's uid, not to an admin, not to a process that cannot be named. */
+static void test_table_bound(void **state) {
+        _cleanup_(shard_table_unrefp) ShardTable *t = NULL;
+        _cleanup_(shard_segment_unrefp) ShardSegment *a = segment_new(10, 0, 1);
+        ShardToken ta, tb;
+        ShardSegment *many[2] = {};
+        size_t bad = 99;
+        ShardAsker maker = { .uid = 1000, .pid = 42, .start_time = 7 },
+                   sibling = { .uid = 1000, .pid = 43, .start_time = 7 },
+                   reused = { .uid = 1000, .pid = 42, .start_time = 8 },
+                   unnamed = { .uid = 1000 },
+                   admin = { .uid = 0, .admin = true, .pid = 1, .start_time = 1 };
+
+        assert_int_equal(shard_table_new(8, &t), 0);
+        assert_int_equal(shard_table_add(t, "g1", a, &ta), 0);
+        assert_int_equal(shard_table_add(t, "g2", a, &tb), 0);
+        const char *both[] = { tb.hex, ta.hex };
+
+        shard_table_set_access(t, "g1", &(ShardAccess) { .restricted = true, .owner_uid = 1000,
+                                                         .bound = true, .pid = 42,
+                                                         .start_time = 7 });
+        const ShardAsker *refused[] = { &sibling, &reused, &unnamed, &admin };
+        for (size_t k = 0; k < ELEMENTSOF(refused); k++) {
+                bad = 99;
+                assert_int_equal(shard_table_lookup_many_as(t, both, 2, refused[k], many, &bad),
+                                 SHARD_TABLE_OTHER_PROCESS);
+                assert_int_equal(bad, 1);
+                assert_null(many[0]);
+        }
+        assert_int_equal(shard_table_lookup_many_as(t, both, 2, &maker, many, &bad), 0);
+        shard_segment_unref(many[0]);
+        shard_segment_unref(many[1]);
+        /* Lookups without an asker (the daemon's own) are not refused. */
+        assert_int_equal(shard_table_lookup(t, ta.hex, &many[0]), 0);
+        shard_segment_unref(many[0]);
+}
+
 static void test_table_threads(void **state) {
         _cleanup_(shard_table_unrefp) ShardTable *t = NULL;
         enum { N = 8 };
@@ -1293,6 +1331,7 @@ int main(void) {
                 cmocka_unit_test(test_segment_adopt),
                 cmocka_unit_test(test_table_basic),
                 cmocka_unit_test(test_table_access),
+                cmocka_unit_test(test_table_bound),
                 cmocka_unit_test(test_table_threads),
                 SOCKET_TEST(test_socket_three_in_order),
                 SOCKET_TEST(test_socket_not_found),

@@ -339,6 +339,42 @@ static void test_holders_record_owner(void **unused) {
         free(plain);
 }
 
+/* A training handout's process rides on flag 16 and 16 bytes after the owner; a record without
+ * them reads as not bound. */
+static void test_holders_record_binding(void **unused) {
+        BuildHolder h = { .pid = 7, .uid = 1000, .start_time = 2, .since_ms = 3, .count = 1 };
+        HoldersRecord in = { .holders = &h, .n_holders = 1, .has_owner = true,
+                             .owner_uid = 1000, .private_build = true,
+                             .binding = { .bound = true, .pid = 7, .start_time = 2 } };
+        HoldersRecord out = {};
+        uint8_t *data = NULL, *plain = NULL;
+        size_t size = 0, plain_size = 0;
+        char why[128];
+
+        assert_int_equal(codec_holders_record_encode(&in, &data, &size), 0);
+        assert_int_equal(codec_holders_record_decode(data, size, &out, why, sizeof why), 0);
+        assert_true(out.binding.bound);
+        assert_int_equal(out.binding.pid, 7);
+        assert_int_equal(out.binding.start_time, 2);
+        assert_true(out.has_owner);
+        assert_int_equal(out.owner_uid, 1000);
+        codec_holders_record_done(&out);
+
+        in.binding = (BuildBinding) {};
+        assert_int_equal(codec_holders_record_encode(&in, &plain, &plain_size), 0);
+        assert_int_equal(plain_size + 16, size);
+        assert_int_equal(codec_holders_record_decode(plain, plain_size, &out, why, sizeof why),
+                         0);
+        assert_false(out.binding.bound);
+        codec_holders_record_done(&out);
+
+        /* The flag without its process does not add up. */
+        assert_int_equal(codec_holders_record_decode(data, size - 16, &out, why, sizeof why),
+                         -EBADMSG);
+        free(data);
+        free(plain);
+}
+
 static void test_holders_record_corrupt_is_refused(void **unused) {
         BuildHolder h = { .pid = 7, .uid = 1, .start_time = 2, .since_ms = 3, .count = 1 };
         uint8_t key[] = "key";
@@ -438,6 +474,7 @@ int main(void) {
                 cmocka_unit_test(test_replace_needs_room_in_the_fd_store),
                 cmocka_unit_test(test_holders_record_round_trip),
                 cmocka_unit_test(test_holders_record_owner),
+                cmocka_unit_test(test_holders_record_binding),
                 cmocka_unit_test(test_holders_record_corrupt_is_refused),
                 cmocka_unit_test(test_build_table_holding_kept_and_put_back),
         };
