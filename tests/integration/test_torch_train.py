@@ -81,29 +81,32 @@ class TrainOneNode(unittest.TestCase):
             self.assertIn("step %d loss %.6f grad_norm %.6f\n" % (step, loss, norm), out)
         self.assertIn("step 0 loss ", RESULTS["unsharded_out"])
 
-    def test_one_build_per_module_shared_by_the_node(self):
+    def test_one_training_handout_per_module_and_process(self):
+        # The example trains every module: each process has its own writable build of its own
+        # rank per module (build_module's default, trainable=True), which only it can map.
         ranks = self.ranks()
         snap = ranks[0]["daemon"]
         with open(os.path.join(D.tmpdir, "job", "example.json")) as f:
             ids = json.load(f)["builds"]
         self.assertEqual(sorted(ids), sorted(C.MODULES))
         for fqn, per_rank in ids.items():
-            self.assertEqual(len(set(per_rank)), 1, "%s: %s" % (fqn, per_rank))
-        self.assertEqual(len({v[0] for v in ids.values()}), len(C.MODULES))   # seeds per fqn
+            self.assertEqual(len(set(per_rank)), 4, "%s: %s" % (fqn, per_rank))
         builds = {b["build_id"]: b for b in snap["builds"]}
-        pids = sorted(r["pid"] for r in ranks.values())
-        filled = 0
+        pid_of = {rank: r["pid"] for rank, r in ranks.items()}
         for fqn, member in C.MODULES.items():
-            b = builds[ids[fqn][0]]
-            self.assertEqual(b["variant"], member, fqn)
-            self.assertEqual(b["mesh_id"], ranks[0]["mesh_id"], fqn)
-            self.assertEqual(b["pids"], pids, fqn)
-            self.assertEqual(b["ranks"], [0, 1, 2, 3], fqn)
-            filled += b["segments"]
-        # Replicas share: the 5 norms one segment each, the 6 tp- or ep-sharded modules two.
-        self.assertEqual(filled, 5 + 2 * 6)
-        self.assertEqual(len(builds), len(C.MODULES))
-        self.assertEqual(snap["fills_started"] - RESULTS["between"].fills_started, filled)
+            for rank, build_id in enumerate(ids[fqn]):
+                b = builds[build_id]
+                where = "%s, rank %d" % (fqn, rank)
+                self.assertEqual(b["variant"], member, where)
+                self.assertEqual(b["mesh_id"], ranks[0]["mesh_id"], where)
+                self.assertEqual(b["pids"], [pid_of[rank]], where)
+                self.assertEqual(b["ranks"], [rank], where)
+                self.assertEqual((b["writable"], b["private"]), (True, True), where)
+                # rank 0's snapshot: the tokens of its own handouts only
+                self.assertEqual(b["tokens"], [0] if rank == 0 else [], where)
+        self.assertEqual(len(builds), 4 * len(C.MODULES))
+        self.assertEqual(snap["fills_started"] - RESULTS["between"].fills_started,
+                         4 * len(C.MODULES))
 
     def test_validate_on_the_live_model(self):
         for rank, r in self.ranks().items():

@@ -3,13 +3,13 @@
 
 Two daemons on loopback joined over UCX (cluster_harness: node0 ranks 0-1, node1 ranks 2-3,
 --host-devices 2 each, deploy/registry). The example runs unchanged as a job of 2 workers per node,
-each node's started by its own `python3 -m familyd.torch.launch --nnodes 2 --node-rank K` with
-torchrun's full environment (rendezvous on 127.0.0.1), each worker talking to its node's daemon:
+each node's started by its own torchrun (`--nnodes 2 --node-rank K`, rendezvous on 127.0.0.1),
+each worker talking to its node's daemon:
 dp=2,tp=2 with the expert view edp_shard=2,ep=2, gloo, float32, 3 steps. Its dp-mean losses equal
 the same example run --unsharded in one plain process (1e-5 relative at step 0, 1e-4 after), and so
-do its gradient norms. Each node built every module once, shared by its two workers: one build id
-per module and node (the example's --json lists every rank's), each daemon's fills_started moved by
-exactly its ranks' distinct segments, and right after the job each daemon still lists those builds,
+do its gradient norms. Each node built every module as a training handout of each of its two
+workers: one build id per module and process (the example's --json lists every rank's), each
+daemon's fills_started moved by exactly its ranks' builds, and right after the job each daemon still lists those builds,
 released into their grace period, of the member the mesh calls for; after the grace both daemons
 are back to the builds and shm they had.
 """
@@ -89,19 +89,20 @@ class TrainTwoNodes(unittest.TestCase):
             segments = 0
             for fqn, member in C.MODULES.items():
                 per_rank = ids[fqn]
-                self.assertEqual(per_rank[ranks[0]], per_rank[ranks[1]], (fqn, per_rank))
-                self.assertNotIn(per_rank[ranks[0]], [per_rank[r] for r in (0, 1, 2, 3)
-                                                      if r not in ranks], (fqn, per_rank))
-                b = listed[node].get(per_rank[ranks[0]])
-                self.assertIsNotNone(b, "node %d lists no build for %s" % (node, fqn))
-                self.assertEqual(b.info.resolved.variant, member, fqn)
-                self.assertEqual(b.info.layout.mesh_id, job["mesh_id"], fqn)
-                self.assertEqual(sorted(int(s.rank) for s in b.shards if s.token), list(ranks))
-                self.assertEqual(list(b.references), [], fqn)       # released: in grace
-                self.assertGreater(b.grace_deadline_unix_ms, 0, fqn)
-                segments += C.segments(b)
-            # Per node: the 5 norms one segment each, the 6 sharded modules one per rank.
-            self.assertEqual(segments, 5 + 2 * 6)
+                self.assertEqual(len(set(per_rank)), 4, (fqn, per_rank))   # one per process
+                for r in ranks:
+                    b = listed[node].get(per_rank[r])
+                    self.assertIsNotNone(b, "node %d lists no build for %s of rank %d"
+                                         % (node, fqn, r))
+                    self.assertEqual(b.info.resolved.variant, member, fqn)
+                    self.assertEqual(b.info.layout.mesh_id, job["mesh_id"], fqn)
+                    self.assertEqual((b.writable, b.private_build), (True, True), fqn)
+                    self.assertEqual([int(s.rank) for s in b.shards if s.allocation_bytes], [r])
+                    self.assertEqual(list(b.references), [], fqn)       # released: in grace
+                    self.assertGreater(b.grace_deadline_unix_ms, 0, fqn)
+                    segments += 1
+            # Per node: every module a training handout of each of its two processes.
+            self.assertEqual(segments, 2 * len(C.MODULES))
             self.assertEqual(filled[node], segments, "node %d" % node)
 
         for n in range(2):

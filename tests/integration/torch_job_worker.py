@@ -39,12 +39,17 @@ def snapshot(client: Any) -> Dict[str, Any]:
     """The daemon's builds (id, family, variant, mesh, holders' pids, segments) and counters."""
     builds = []
     for b in client.list_builds():
+        # materialised here: allocation_bytes (a training handout shows its tokens only to
+        # the process that made it)
+        here = [s for s in b.shards if s.allocation_bytes]
         contents = {tuple((sl.parameter, tuple(sl.global_offset), tuple(sl.local_shape))
-                          for sl in s.slices) for s in b.shards if s.token}
+                          for sl in s.slices) for s in here}
         builds.append({"build_id": b.build_id, "family": b.info.resolved.family,
                        "variant": b.info.resolved.variant, "mesh_id": b.info.layout.mesh_id,
                        "pids": sorted(r.pid for r in b.references), "segments": len(contents),
-                       "ranks": sorted(int(s.rank) for s in b.shards if s.token)})
+                       "ranks": sorted(int(s.rank) for s in here),
+                       "tokens": sorted(int(s.rank) for s in b.shards if s.token),
+                       "writable": b.writable, "private": b.private_build})
     status = client.call("familyd.v1.AdminService/GetStatus",
                          client.protos.cls("familyd.v1.GetStatusRequest")())
     return {"builds": builds, "fills_started": int(status.fills_started),

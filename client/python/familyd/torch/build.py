@@ -1,8 +1,20 @@
 """build_module(): a family member built through familyd as a sharded torch nn.Module.
 
-DESIGN. One Build per module and node: every process of the node asks for the same request
-(family, config, mesh, the module's fqn, its derived seed, and ALL of the node's ranks of the
-mesh), so the daemon answers them with one shared build, filled once. Each process then:
+DESIGN. Two kinds of build, by what the process will do with the module:
+
+- trainable=True (the default): a training handout. Each process asks for a build of its own
+  (BuildRequest.private_build and writable) of its own rank only, which the daemon fills and
+  hands to that process alone (no other process, not even of the same uid, can map it). The
+  process maps it MAP_SHARED read-write: its parameters are the daemon's filled pages, so the
+  first optimizer step writes into resident memory instead of copying every page as a
+  copy-on-write mapping would, and the node holds each rank's parameters once.
+- trainable=False: a frozen or evaluation module. Every process of the node asks for the same
+  request (family, config, mesh, the module's fqn, its derived seed, and ALL of the node's
+  ranks of the mesh), so the daemon answers them with one shared build, filled once (dp
+  replicas share one segment); each process maps it copy-on-write and its parameters do not
+  require gradients.
+
+Each process then:
 
 1. learns the member's `accepts` (GetFamily) and imports its constructor (registered classes
    first, familyd.torch.register), binding arguments as the original framework did: the
@@ -11,8 +23,8 @@ mesh), so the daemon answers them with one shared build, filled once. Each proce
    context) are passed when `accepts` lists them and the signature has them;
 2. constructs it on the `meta` device (device="meta" when the signature takes `device`), so
    nothing is allocated or initialised;
-3. maps its own rank's shard copy-on-write ("private": training writes stay in this process)
-   and binds every parameter to its slice, zero-copy, after checking the local shape and dtype
+3. maps its own rank's shard (shared read-write for a handout, copy-on-write for a frozen
+   module) and binds every parameter to its slice, zero-copy, after checking the local shape and dtype
    against the layout. On a JobMesh (job_mesh()) each parameter is a DTensor over the mesh view's torch
    DeviceMesh (JobMesh.device_mesh, or .expert_mesh for a parameter laid on the expert view),
    whose local tensor is that slice and whose placements are the layout's: Shard(d) on the
@@ -62,7 +74,8 @@ class BuildInfo:
     (None for a replacement); origin: "direct" or "replacement"; layout: the familyd.v1.Layout
     (logical shapes, placements, dtypes); build_id; fqn; seed: the derived seed; mesh_id;
     rank: the familyd rank whose shard the parameters view; build: the familyd.client.Build
-    (its mappings back the parameters)."""
+    (its mappings back the parameters); trainable: a training handout (this process's own
+    writable build) or a frozen module's shared build."""
 
     request: Any
     member: Any
@@ -76,6 +89,7 @@ class BuildInfo:
     rank: int
     build: Build
     local_shapes: Dict[str, Tuple[int, ...]]
+    trainable: bool = True
 
 
 def register(path: str, cls: Any) -> None:
@@ -261,8 +275,8 @@ def _as_dtensor(tensor: torch.Tensor, parameter: Any, mesh: JobMesh,
 
 def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build: Build,
                      overridden: Iterable[str], where: str,
-                     mesh: Optional[JobMesh] = None,
-                     rank: int = 0) -> Dict[str, Tuple[int, ...]]:
+                     mesh: Optional[JobMesh] = None, rank: int = 0,
+                     trainable: bool = True) -> Dict[str, Tuple[int, ...]]:
     """Replaces every parameter of the module by its shard tensor (a DTensor on a JobMesh);
     checks names, local shapes and dtypes first (all of them, before changing anything)."""
     own = dict(module.named_parameters())
@@ -292,7 +306,8 @@ def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build:
     for name, tensor in bound.items():
         owner_name, _, leaf = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
-        setattr(owner, leaf, torch.nn.Parameter(tensor, requires_grad=own[name].requires_grad))
+        setattr(owner, leaf, torch.nn.Parameter(
+            tensor, requires_grad=own[name].requires_grad and trainable))
     return {name: tuple(t.shape) for name, t in tensors.items()}
 
 
@@ -310,7 +325,8 @@ def build_module(client: Client, family: str, config: Any = None,
                  mesh: Optional[JobMesh] = None, module: Optional[torch.nn.Module] = None,
                  fqn: str = "", seed: int = 0, dtype: str = "float32",
                  parameter_dtypes: Optional[Mapping[str, str]] = None,
-                 copy_weights: bool = False, **arguments: Any) -> torch.nn.Module:
+                 copy_weights: bool = False, trainable: bool = True,
+                 **arguments: Any) -> torch.nn.Module:
     """The member of `family` for this job, as an nn.Module over this rank's shards.
 
     config: the model config (a dict, or an object with attributes: a transformers config);
@@ -319,8 +335,11 @@ def build_module(client: Client, family: str, config: Any = None,
     weights, is not supported yet). mesh: a JobMesh (job_mesh()); None builds the whole module
     in this process (rank 0, every axis 1). fqn: the module's path in the model (its seed, its
     build, and the names in errors). seed: the job's seed (each module gets derive_seed(seed,
-    fqn)). dtype, parameter_dtypes: as Client.build. arguments: the family's selectors and
-    arguments. Raises FamilydError for a refused Build, ModuleBuildError / TypeError /
+    fqn)). dtype, parameter_dtypes: as Client.build. trainable: True (default) makes a training
+    handout, this process's own writable build of its own rank, mapped shared read-write (no
+    copy-on-write on the first optimizer step, never mapped by another process); False a frozen
+    module: one build shared by the node's processes, mapped copy-on-write, its parameters with
+    requires_grad=False. arguments: the family's selectors and arguments. Raises FamilydError for a refused Build, ModuleBuildError / TypeError /
     NotImplementedError (a member this package does not implement) otherwise; on any failure
     this process's reference to the build is released."""
     where = _where(fqn, family)
@@ -337,15 +356,19 @@ def build_module(client: Client, family: str, config: Any = None,
     derived = derive_seed(seed, fqn)
     request_kw: Dict[str, Any] = dict(
         config=_config_values(config) if config is not None else None,
-        mesh_id=mesh_id or None, dtype=dtype, seed=derived, ranks=ranks, arguments=arguments,
+        mesh_id=mesh_id or None, dtype=dtype, seed=derived,
+        ranks=[rank] if trainable else ranks, arguments=arguments,
         module=_source_module(module, fqn) if module is not None else None,
         module_fqn=fqn or None, parameter_dtypes=parameter_dtypes,
         source_config=_config_values(taken) if taken is not None else None)
-    request = client.build_request(family, **request_kw)
-    build = client.build(family, mode="private", **request_kw)
+    if trainable:
+        request_kw.update(private_build=True)
+    request = client.build_request(family, writable=trainable, **request_kw)
+    build = client.build(family, mode="shared" if trainable else "private", **request_kw)
     try:
         result, shapes = _make(client, build, config if module is None else taken, module, fqn,
-                               context, rank, where, parameter_dtypes or {}, dtype, mesh)
+                               context, rank, where, parameter_dtypes or {}, dtype, mesh,
+                               trainable)
     except BaseException:
         build.close()
         try:
@@ -358,13 +381,14 @@ def build_module(client: Client, family: str, config: Any = None,
         request=request, member=info.resolved, config=config if module is None else taken,
         origin=info.origin or ("replacement" if module is not None else "direct"),
         layout=info.layout, build_id=build.id, fqn=fqn, seed=derived, mesh_id=mesh_id, rank=rank,
-        build=build, local_shapes=shapes))
+        build=build, local_shapes=shapes, trainable=trainable))
     return result
 
 
 def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, context: Any,
           rank: int, where: str, parameter_dtypes: Mapping[str, str], dtype: str,
-          mesh: Optional[JobMesh]) -> Tuple[torch.nn.Module, Dict[str, Tuple[int, ...]]]:
+          mesh: Optional[JobMesh],
+          trainable: bool) -> Tuple[torch.nn.Module, Dict[str, Tuple[int, ...]]]:
     member = build.message.info.resolved
     where = "%s: member %r (%s)" % (where, member.variant, member.constructor)
     constructor = _constructor(member.constructor, where)
@@ -380,7 +404,8 @@ def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, cont
         kwargs["dtype"] = _TORCH_DTYPES[_DTYPE_ALIASES.get(dtype, dtype)]
     result = _construct(member, constructor, kwargs, where)
     tensors = _rank_tensors(build, rank)
-    return result, _bind_parameters(result, tensors, build, parameter_dtypes, where, mesh, rank)
+    return result, _bind_parameters(result, tensors, build, parameter_dtypes, where, mesh, rank,
+                                    trainable)
 
 
 def release(model: torch.nn.Module, force: bool = False) -> List[str]:
