@@ -2,13 +2,13 @@
 """The example job (client/python/examples/train_moe.py) trains on one node through familyd.
 
 One daemon (deploy/registry, --host-devices 4, --build-grace-ms 2000). The example runs --unsharded
-in one plain process, then as a job of 4 workers started by `python3 -m familyd.torch.launch
---minimal-env` (gloo, float32, dp=2,tp=2 with the expert view edp_shard=2,ep=2), each worker being
-torch_job_worker.py: the example's own steps plus what this test reads. Checked: the workers saw
-exactly init()'s six torchrun variables; the dp-mean losses of 3 steps equal the unsharded run's
-(1e-5 relative at step 0, 1e-4 after), and so do the gradient norms; the daemon held one build per
-module, of the member the mesh calls for, held by the 4 workers, and filled once (fills_started
-moved by the builds' distinct segments); Validate on the live model passes; a module built on
+in one plain process, then as a job of 4 workers started by torchrun (gloo, float32, dp=2,tp=2
+with the expert view edp_shard=2,ep=2), each worker being torch_job_worker.py: the example's own
+steps plus what this test reads. Checked: torchrun started the workers (its variables, 4 pids);
+the dp-mean losses of 3 steps equal the unsharded run's (1e-5 relative at step 0, 1e-4 after),
+and so do the gradient norms; the daemon held a training handout per module and worker (private,
+writable, of that worker's rank, held by it alone, its tokens shown to it alone), of the member
+the mesh calls for, each filled once (fills_started moved by their number); Validate on the live model passes; a module built on
 another mesh, grouped experts built for ep 1, and a parameter tied between two builds of different
 shapes each give their reasons; after the job and the grace period the daemon's builds and shm in
 use are back where they were.
