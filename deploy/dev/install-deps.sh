@@ -21,7 +21,7 @@ done
 
 packages=(
     meson ninja-build pkg-config gcc xxd
-    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
+    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
     libjansson-dev libsmartcols-dev libsodium-dev
     # The manual pages (docs/man/) are written in scdoc.
