@@ -25,6 +25,10 @@ those, recursively, following alternatives and virtual packages. A file no packa
 too: it was installed by hand. --without PACKAGE drops a listed package and --expect-missing
 PACKAGE turns the check around: it passes only when it fails naming that package, which shows
 that it catches a gap (the test `install-deps-gap`).
+
+install-deps.sh chooses a few names by Debian release (systemd-dev from Debian 13 on); the list
+checked is the one it gives on this machine. A listed name that is neither installed nor known
+to this release's apt fails too: it belongs to another release.
 """
 
 import argparse
@@ -221,6 +225,21 @@ def installed_packages():
     return pkgs
 
 
+def unknown_to_apt(names, pkgs):
+    """Listed names neither installed nor installable here (apt-cache policy: no candidate)."""
+    provided = {v for p in pkgs.values() for v in p["provides"]}
+    rest = [n for n in names if n not in pkgs and n not in provided]
+    if not rest:
+        return []
+    known, name = set(), None
+    for line in run(["apt-cache", "policy"] + rest, check=False).splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            name = line[:-1].split(":")[0]
+        elif name and line.strip().startswith("Candidate:") and "(none)" not in line:
+            known.add(name)
+    return [n for n in rest if n not in known]
+
+
 def closure(roots, pkgs):
     providers = {}
     for name, p in pkgs.items():
@@ -275,7 +294,9 @@ def main():
     allowed = closure(listed + base, pkgs)
 
     by_file = owners(sorted(files))
-    problems = []
+    problems = ["%s: listed by deploy/dev/install-deps.sh, but neither installed nor known to "
+                "apt here (a name of another Debian release?)" % n
+                for n in unknown_to_apt(listed, pkgs)]
     for f, ps in sorted(by_file.items()):
         if not ps:
             problems.append("%s: no Debian package owns it (installed by hand?)" % f)
