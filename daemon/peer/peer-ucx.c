@@ -1,9 +1,12 @@
 /* peer-ucx.c: the UCX worker, its endpoints, receiving, dispatching and sending for the peer thread. */
 
 /*
- * DESIGN: used by the peer thread only (UCS_THREAD_MODE_SINGLE), on that thread's sd-event
- * loop: the listener and each handshake are sources of it, a handshake with a timer for its
- * deadline; the worker's wakeup descriptor is the caller's to watch.
+ * DESIGN: used by the peer thread only, on that thread's sd-event loop: the listener and each
+ * handshake are sources of it, a handshake with a timer for its deadline; the worker's wakeup
+ * descriptor is the caller's to watch. The thread that starts the peer thread creates the
+ * worker before pthread_create() and frees it after pthread_join(), so one thread at a time
+ * uses it, but not always the same one: UCS_THREAD_MODE_SERIALIZED. (SINGLE means the creating
+ * thread only; UCX 1.18 checks that and aborts the daemon, 1.13 did not.)
  *
  * Connections start with our own handshake on --listen, not UCX's sockaddr connection
  * manager: UCX 1.13's tcp_sockcm aborts the whole process on a malformed header from any
@@ -294,7 +297,7 @@ int peer_ucx_new(sd_event *event, const char *listen_address, const PeerKeys *ke
 
         ucp_worker_params_t wp = {
                 .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                .thread_mode = UCS_THREAD_MODE_SINGLE,
+                .thread_mode = UCS_THREAD_MODE_SERIALIZED,
         };
         s = ucp_worker_create(u->context, &wp, &u->worker);
         if (s != UCS_OK)
