@@ -227,7 +227,8 @@ mkdir -p "$logs" "$work/base"
 rm -f "$logs"/*.log
 
 # Commands run in the root as a root login shell would run them, from the clone: env -i, a sane
-# PATH, HOME=/root, no FAMILYD_* variable.
+# PATH, HOME=/root, no FAMILYD_* variable (the host's interpreter and PIP_* variables are added
+# below).
 root_env=(/usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     HOME=/root USER=root LOGNAME=root SHELL=/bin/bash TERM="${TERM:-dumb}" LANG=C.UTF-8)
 # start_in_root LOG COMMAND: runs COMMAND in the root in the background, its output in LOG and
@@ -365,7 +366,7 @@ umount "$probe"; rmdir "$probe"
 # and the local wheel folders they point at.
 if [[ -z $host_python ]]; then
     host_python=none
-    if p=$(command -v python3) && prefix=$(python3 -c 'import sys; print(sys.base_prefix)' 2>/dev/null) \
+    if command -v python3 >/dev/null && prefix=$(python3 -c 'import sys; print(sys.base_prefix)' 2>/dev/null) \
             && [[ $prefix != /usr && $prefix != /usr/local && -x $prefix/bin/python3 ]]; then
         host_python=$prefix
     fi
@@ -378,7 +379,8 @@ if [[ $host_python != none ]]; then
     root_env=("${root_env[@]/#PATH=/PATH=$host_python/bin:}")
 fi
 pip_files=()
-for f in /etc/xdg/pip/* /etc/pip.conf "$HOME/.pip/pip.conf" "$HOME/.config/pip/pip.conf"; do
+home=${HOME:-/root}
+for f in /etc/xdg/pip/* /etc/pip.conf "$home/.pip/pip.conf" "$home/.config/pip/pip.conf"; do
     [[ -f $f ]] && pip_files+=("$f")
 done
 pip_vars=()
@@ -467,7 +469,7 @@ fi
 # pip's configuration files at their places; HOME is /root in the root whatever it is here.
 for f in "${pip_files[@]}"; do
     t=$f
-    [[ $f == "$HOME"/* ]] && t=/root/${f#"$HOME"/}
+    [[ $f == "$home"/* ]] && t=/root/${f#"$home"/}
     mkdir -p "$root$(dirname "$t")" && cp -L "$f" "$root$t" || fail 2 "cannot copy $f into the root"
 done
 
