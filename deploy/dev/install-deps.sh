@@ -43,10 +43,12 @@ packages=(
     # --metrics-listen: the embedded HTTP server (daemon/metrics/).
     libmicrohttpd-dev
 )
-# systemd.pc (where deploy/meson.build installs the units) is in systemd on Debian 12 and in
-# systemd-dev, which Debian 12 lacks, from Debian 13 on.
+# systemd.pc (where deploy/meson.build installs the units; setup fails without it) is in systemd
+# on Debian 12 and in systemd-dev, which Debian 12 lacks, from Debian 13 on.
 if (( release >= 13 )); then
     packages+=(systemd-dev)
+else
+    packages+=(systemd)
 fi
 if $tests; then
     packages+=(libcmocka-dev python3-grpcio python3-protobuf python3-numpy python3-torch valgrind)
@@ -76,6 +78,8 @@ if $tests; then
     # kept from starting below.
     packages+=(prometheus)
 fi
+# Each name once (systemd is in both lists on Debian 12).
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | awk '!seen[$0]++')
 if $list; then
     printf '%s\n' "${packages[@]}"
     exit 0
