@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # install-deps.sh [--tests] [--list]: installs what familyd needs to build and run on Debian 12
-# (as root), and with --tests what the test suite needs too (cmocka, valgrind, buf from npm, the
-# Python environment .venv/ of deploy/dev/python-env.sh). --list prints the Debian packages,
-# one a line, and installs nothing.
+# or 13 (as root), and with --tests what the test suite needs too (cmocka, valgrind, buf from
+# npm, the Python environment .venv/ of deploy/dev/python-env.sh). --list prints the Debian
+# packages, one a line, and installs nothing.
 #
 # Every package whose files the build or the tests read is named here, or is a dependency of one
 # named here: packages come with --no-install-recommends, as on a minimal machine.
 # tests/repo/check-packages.py (the test `install-deps`) proves it for every file the build read.
+# The few names that differ between releases are chosen by /etc/os-release (debian_release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -20,9 +21,20 @@ for arg in "$@"; do
     esac
 done
 
+# Debian's major release: VERSION_ID (12 bookworm, 13 trixie); testing and unstable have none
+# and count as newer than any release.
+debian_release() {
+    local id
+    # shellcheck disable=SC1091
+    id=$(. /etc/os-release 2>/dev/null && echo "${VERSION_ID:-}")
+    id=${id%%.*}
+    [[ $id =~ ^[0-9]+$ ]] && echo "$id" || echo 99
+}
+release=$(debian_release)
+
 packages=(
     meson ninja-build pkg-config gcc xxd
-    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev grpc-proto
+    libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev
     libyaml-dev libsystemd-dev libucx-dev ucx-utils libhwloc-dev
     libjansson-dev libsmartcols-dev libsodium-dev
     # The manual pages (docs/man/) are written in scdoc.
@@ -32,6 +44,13 @@ packages=(
     # --metrics-listen: the embedded HTTP server (daemon/metrics/).
     libmicrohttpd-dev
 )
+# systemd.pc (where deploy/meson.build installs the units; setup fails without it) is in systemd
+# on Debian 12 and in systemd-dev, which Debian 12 lacks, from Debian 13 on.
+if (( release >= 13 )); then
+    packages+=(systemd-dev)
+else
+    packages+=(systemd)
+fi
 if $tests; then
     packages+=(libcmocka-dev valgrind)
     # The Python side (grpcio, protobuf, numpy, torch 2, mypy, ...) lives in a virtual
@@ -44,12 +63,15 @@ if $tests; then
     # test man-pages renders the pages with man -l and groff's warnings on.
     packages+=(man-db groff-base)
     # The libFuzzer targets (tests/fuzz/run-fuzzers.sh): clang, its fuzzer runtime, and
-    # llvm-symbolizer for the coverage report.
-    packages+=(clang libclang-rt-14-dev llvm-14)
+    # llvm-symbolizer for the coverage report. The unversioned names follow the release's default
+    # clang (14 on Debian 12, 19 on Debian 13), so the runtime always matches the compiler.
+    packages+=(clang libclang-rt-dev llvm)
     # The systemd tests: systemd-analyze (verify, security), systemd-socket-activate,
     # systemd-sysusers and systemd-tmpfiles come with the systemd package (no PID 1 needed);
     # unshare (the journal test's private /run) with util-linux.
     packages+=(systemd util-linux)
+    # ss (coord-bench.py, test coordinator-bench-smoke) reads the daemons' sockets to etcd.
+    packages+=(iproute2)
     # test etcd-client: a real etcd (and etcdctl), started by the test on free loopback ports;
     # openssl makes its TLS certificates.
     packages+=(etcd-server etcd-client openssl)
@@ -59,6 +81,8 @@ if $tests; then
     # kept from starting below.
     packages+=(prometheus)
 fi
+# Each name once (systemd is in both lists on Debian 12).
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | awk '!seen[$0]++')
 if $list; then
     printf '%s\n' "${packages[@]}"
     exit 0

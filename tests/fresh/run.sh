@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tests/fresh/run.sh: release check (not run in CI). Builds a minimal Debian 12 root with
-# debootstrap from the package source this machine's apt uses, clones the repository into it and
-# runs the README's two commands there, as root, with nothing else installed:
+# tests/fresh/run.sh: release check (not run in CI). Builds a minimal Debian 12 root (or Debian 13
+# with --release trixie) with debootstrap from the package source this machine's apt uses, adds
+# what a fresh machine of this workplace has beside Debian (the pyenv python3, pip's
+# configuration and wheel folders), clones the repository into it and runs the README's two
+# commands there, as root, with nothing else installed:
 #   bash deploy/dev/run.sh      (until familyd serves; one `familyctl status`; SIGTERM, exit 0)
 #   bash tests/run-all.sh       (its closing line `familyd: N passed, N failed, N skipped`)
 # Exit status: 0 both passed, 1 a check failed, 2 the check could not run. --help for options.
@@ -11,12 +13,17 @@ usage() {
     cat <<'EOF'
 usage: tests/fresh/run.sh [OPTIONS]        (as root, on a Debian 12 host)
 
-Runs the README's two commands in a fresh, minimal Debian 12 (bookworm) root made with
-`debootstrap --variant=minbase` from the mirror and suites this machine's apt uses.
+Runs the README's two commands in a fresh, minimal Debian 12 (bookworm) or 13 (trixie) root
+made with `debootstrap --variant=minbase` from the mirror and suites this machine's apt uses.
 
 options:
-  --work DIR          work folder (default /var/tmp/familyd-fresh): the cached base root,
-                      the root, logs/
+  --release NAME      bookworm (default) or trixie: the Debian release of the root; the host's
+                      bookworm suites are read as NAME, NAME-updates and NAME-security
+  --work DIR          work folder (default /var/tmp/familyd-fresh, /var/tmp/familyd-fresh-trixie
+                      for trixie): the cached base root, the root, logs/
+  --host-python DIR   the interpreter tree mounted read-only at the same path in the root, its
+                      bin/ first on PATH (default: the prefix of the python3 on this PATH when
+                      it is not Debian's; none: no such interpreter)
   --repo PATH         the git repository to clone (default: the one this script is in)
   --commit REV        the commit to check (default HEAD of that repository)
   --working-tree      clone HEAD, then copy in the uncommitted changes and untracked,
@@ -37,7 +44,9 @@ EOF
 # --- options ---------------------------------------------------------------------------------
 script=$(readlink -f "${BASH_SOURCE[0]}")
 args=("$@")
-work=/var/tmp/familyd-fresh
+release=bookworm
+work=''
+host_python=''
 repo=$(dirname "$(dirname "$(dirname "$script")")")
 commit=HEAD
 working_tree=0
@@ -51,7 +60,9 @@ die() { echo "fresh: $*" >&2; exit 2; }
 need_arg() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
+        --release) need_arg "$@"; release=$2; shift 2 ;;
         --work) need_arg "$@"; work=$2; shift 2 ;;
+        --host-python) need_arg "$@"; host_python=$2; shift 2 ;;
         --repo) need_arg "$@"; repo=$2; shift 2 ;;
         --commit) need_arg "$@"; commit=$2; shift 2 ;;
         --working-tree) working_tree=1; shift ;;
@@ -66,6 +77,16 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $run_timeout =~ ^[1-9][0-9]*$ && $test_timeout =~ ^[1-9][0-9]*$ ]] \
     || die "--run-timeout and --test-timeout take a number of seconds"
+case $release in
+    bookworm) release_name="Debian 12" ;;
+    trixie) release_name="Debian 13" ;;
+    *) die "--release '$release': bookworm or trixie" ;;
+esac
+# Each release its own work folder by default: roots, cached bases and locks apart.
+if [[ -z $work ]]; then
+    work=/var/tmp/familyd-fresh
+    [[ $release == bookworm ]] || work+=-$release
+fi
 [[ $(id -u) -eq 0 ]] || die "run this as root (debootstrap, mount and chroot need it)"
 [[ $(uname -s) == Linux ]] || die "this check runs on Linux only"
 mkdir -p "$work"
@@ -98,8 +119,8 @@ root=$work/root
 project=familyd
 src=/src/$project
 logs=$work/logs
-base_tar=$work/base/bookworm-minbase.tar
-base_stamp=$work/base/bookworm-minbase.source
+base_tar=$work/base/$release-minbase.tar
+base_stamp=$work/base/$release-minbase.source
 sock_rel=run/familyd.sock
 exec 9>"$work/.lock"
 flock -n 9 || die "another run is using $work (lock $work/.lock)"
@@ -206,7 +227,8 @@ mkdir -p "$logs" "$work/base"
 rm -f "$logs"/*.log
 
 # Commands run in the root as a root login shell would run them, from the clone: env -i, a sane
-# PATH, HOME=/root, no FAMILYD_* variable.
+# PATH, HOME=/root, no FAMILYD_* variable (the host's interpreter and PIP_* variables are added
+# below).
 root_env=(/usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     HOME=/root USER=root LOGNAME=root SHELL=/bin/bash TERM="${TERM:-dumb}" LANG=C.UTF-8)
 # start_in_root LOG COMMAND: runs COMMAND in the root in the background, its output in LOG and
@@ -292,11 +314,13 @@ read_apt_sources() {
     done
 }
 # The Debian 12 suites a default install reads (bookworm, -updates, -security), `stable` named
-# as bookworm; every other entry (backports, third-party repositories) is left out.
+# as bookworm; every other entry (backports, third-party repositories) is left out. For
+# --release trixie the same mirrors serve trixie, trixie-updates and trixie-security.
 debian_sources() {
-    read_apt_sources | awk -F '|' -v OFS='|' '
+    read_apt_sources | awk -F '|' -v OFS='|' -v rel="$release" '
         { sub(/^stable/, "bookworm", $2) }
-        $2 ~ /^bookworm(-updates|-security)?$/ && !seen[$1 FS $2]++ { print }'
+        $2 ~ /^bookworm(-updates|-security)?$/ { sub(/^bookworm/, rel, $2) }
+        $2 ~ ("^" rel "(-updates|-security)?$") && !seen[$1 FS $2]++ { print }'
 }
 
 # --- checks on the host ----------------------------------------------------------------------
@@ -309,7 +333,7 @@ if ! command -v debootstrap >/dev/null; then
 fi
 sources=$(debian_sources)
 [[ -n $sources ]] || fail 2 "the host's apt reads no Debian 12 suite (bookworm, bookworm-updates, bookworm-security) from /etc/apt/sources.list or /etc/apt/sources.list.d/"
-main_line=$(awk -F '|' '$2 == "bookworm" { print; exit }' <<<"$sources")
+main_line=$(awk -F '|' -v rel="$release" '$2 == rel { print; exit }' <<<"$sources")
 [[ -n $main_line ]] || fail 2 "the host's apt reads no 'bookworm' suite; debootstrap needs one"
 IFS='|' read -r mirror _ components _ main_signed <<<"$main_line"
 case $mirror in
@@ -321,7 +345,7 @@ while IFS='|' read -r u s c o k; do
     log "   deb ${o:+[$o] }$u $s $c${k:+  (signed-by $k)}"
 done <<<"$sources"
 skipped=$(read_apt_sources | awk -F '|' '{ s = $2; sub(/^stable/, "bookworm", s) } s !~ /^bookworm(-updates|-security)?$/ { print "   " $1 " " $2 }' | sort -u)
-[[ -n $skipped ]] && log "left out (not part of a default Debian 12 install):" && echo "$skipped" | sed 's/^/fresh: /'
+[[ -n $skipped ]] && log "left out (not part of a default $release_name install):" && echo "$skipped" | sed 's/^/fresh: /'
 # debootstrap fetches without apt: give it the proxy apt uses, if any.
 if [[ -z ${http_proxy:-} ]]; then
     eval "$(apt-config shell http_proxy Acquire::http::Proxy https_proxy Acquire::https::Proxy)"
@@ -336,11 +360,44 @@ if ! err=$(mount -t tmpfs fresh-probe "$probe" 2>&1); then
     fail 2 "mount is not permitted here (mount -t tmpfs: $err); the check needs root with CAP_SYS_ADMIN, e.g. a VM or a privileged container"
 fi
 umount "$probe"; rmdir "$probe"
+
+# What a fresh machine of this workplace has beside Debian, reproduced in the root: the python3
+# first on PATH (a pyenv CPython, not Debian's), pip's configuration files and PIP_* variables,
+# and the local wheel folders they point at.
+if [[ -z $host_python ]]; then
+    host_python=none
+    if command -v python3 >/dev/null && prefix=$(python3 -c 'import sys; print(sys.base_prefix)' 2>/dev/null) \
+            && [[ $prefix != /usr && $prefix != /usr/local && -x $prefix/bin/python3 ]]; then
+        host_python=$prefix
+    fi
+fi
+if [[ $host_python != none ]]; then
+    host_python=$(readlink -f "$host_python")
+    [[ -x $host_python/bin/python3 ]] || fail 2 "--host-python $host_python: no bin/python3 there"
+    [[ $host_python =~ ^/[A-Za-z0-9._/+-]+$ ]] || fail 2 "--host-python '$host_python': a path of letters, digits and ._+-/ only"
+    log "python3: $host_python/bin/python3 ($("$host_python/bin/python3" -V 2>&1)), mounted read-only at the same path, first on PATH"
+    root_env=("${root_env[@]/#PATH=/PATH=$host_python/bin:}")
+fi
+pip_files=()
+home=${HOME:-/root}
+for f in /etc/xdg/pip/* /etc/pip.conf "$home/.pip/pip.conf" "$home/.config/pip/pip.conf"; do
+    [[ -f $f ]] && pip_files+=("$f")
+done
+pip_vars=()
+while IFS= read -r v; do pip_vars+=("$v"); done < <(env | grep -E '^PIP_[A-Z0-9_]+=' | sort || true)
+root_env+=("${pip_vars[@]}")
+wheel_dirs=()
+for d in /opt/wheels /opt/pypi /opt/pypi-more; do
+    [[ -d $d ]] && wheel_dirs+=("$d")
+done
+(( ${#pip_files[@]} )) && log "pip configuration copied in: ${pip_files[*]}"
+(( ${#pip_vars[@]} )) && log "pip variables passed: ${pip_vars[*]%%=*}"
+(( ${#wheel_dirs[@]} )) && log "wheel folders mounted read-only: ${wheel_dirs[*]}"
 finish ok
 
 # --- the base root ---------------------------------------------------------------------------
 # The base depends on the package source; a cached one is reused only when it came from the same.
-source_id=$(printf 'debootstrap --variant=minbase bookworm %s %s\n%s\n' "$mirror" "$components" "$sources")
+source_id=$(printf 'debootstrap --variant=minbase %s %s %s\n%s\n' "$release" "$mirror" "$components" "$sources")
 kill_root_processes
 unmount_root
 remove_root || fail 2 "cannot remove the previous root $root"
@@ -351,15 +408,15 @@ if (( reuse_base )) && [[ -f $base_tar && -f $base_stamp ]] && [[ $(cat "$base_s
     finish ok
 else
     (( reuse_base )) && log "no cached base root from this package source in $work/base: running debootstrap"
-    begin "base root: debootstrap --variant=minbase bookworm"
+    begin "base root: debootstrap --variant=minbase $release"
     include=()
     # apt needs ca-certificates to read an https source; minbase does not have it.
     grep -q '^https://' <<<"$sources" && include=(--include=ca-certificates)
     keyring=()
     [[ -n $main_signed && -f ${main_signed%% *} ]] && keyring=(--keyring="${main_signed%% *}")
-    log "debootstrap --variant=minbase --components=${components// /,} ${include[*]} ${keyring[*]} bookworm $root $mirror"
+    log "debootstrap --variant=minbase --components=${components// /,} ${include[*]} ${keyring[*]} $release $root $mirror"
     if ! debootstrap --variant=minbase --components="${components// /,}" "${include[@]}" "${keyring[@]}" \
-            bookworm "$root" "$mirror" >"$logs/debootstrap.log" 2>&1; then
+            "$release" "$root" "$mirror" >"$logs/debootstrap.log" 2>&1; then
         tail -n 25 "$logs/debootstrap.log" >&2
         [[ -f $root/debootstrap/debootstrap.log ]] && cp "$root/debootstrap/debootstrap.log" "$logs/debootstrap-detail.log" \
             && echo "--- $root/debootstrap/debootstrap.log (last lines)" >&2 && tail -n 15 "$logs/debootstrap-detail.log" >&2
@@ -409,6 +466,13 @@ if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
     log "the host's CA certificates go with it: $(cd /usr/local/share/ca-certificates && echo *.crt)"
 fi
 
+# pip's configuration files at their places; HOME is /root in the root whatever it is here.
+for f in "${pip_files[@]}"; do
+    t=$f
+    [[ $f == "$home"/* ]] && t=/root/${f#"$home"/}
+    mkdir -p "$root$(dirname "$t")" && cp -L "$f" "$root$t" || fail 2 "cannot copy $f into the root"
+done
+
 mkdir -p "$root/src"
 git clone --quiet --no-hardlinks "$repo" "$root$src" >"$logs/clone.log" 2>&1 \
     || { cat "$logs/clone.log" >&2; fail 2 "git clone $repo failed"; }
@@ -437,6 +501,11 @@ mnt --rbind /sys "$root/sys"; mnt --make-rslave "$root/sys"
 mnt --bind /dev "$root/dev"; mnt --make-slave "$root/dev"
 mnt --bind /dev/pts "$root/dev/pts"; mnt --make-slave "$root/dev/pts"
 mnt -t tmpfs -o mode=1777,nosuid,nodev fresh-shm "$root/dev/shm"
+# The host's interpreter and wheel folders, read-only: the root uses them, never changes them.
+for d in ${host_python/#none/} "${wheel_dirs[@]}"; do
+    mkdir -p "$root$d"
+    mnt --bind "$d" "$root$d"; mnt -o remount,bind,ro "$root$d"
+done
 if ! err=$(chroot "$root" /bin/true 2>&1); then
     fail 2 "chroot is not permitted here (chroot $root /bin/true: $err)"
 fi
@@ -529,5 +598,5 @@ failed=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$closing")
 finish ok
 
 result=0
-outcome="both commands passed on a fresh Debian 12 root; $closing"
+outcome="both commands passed on a fresh $release_name root; $closing"
 exit 0

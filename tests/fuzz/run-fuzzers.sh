@@ -82,8 +82,20 @@ if ! ninja -C "$build" "${targets[@]}" >"$work/ninja.log" 2>&1; then
         exit 1
 fi
 
-# llvm-symbolizer names the covered functions (and symbolizes crash reports).
-export PATH="/usr/lib/llvm-14/bin:$PATH"
+# llvm-symbolizer names the covered functions (and symbolizes crash reports): the one of the
+# clang that built the fuzzers (Debian 12 has clang 14, Debian 13 clang 19), from the LLVM tree
+# its binary lives in (/usr/bin/clang -> /usr/lib/llvm-N/bin/clang), else from the tree above
+# its resource directory (/usr/lib/llvm-N/lib/clang/V).
+llvm_bin=$(dirname "$(readlink -f "$(command -v clang)")")
+if [ ! -x "$llvm_bin/llvm-symbolizer" ]; then
+        llvm_bin=$(clang -print-resource-dir)/../../../bin
+fi
+if [ -x "$llvm_bin/llvm-symbolizer" ]; then
+        PATH="$(cd "$llvm_bin" && pwd):$PATH"
+        export PATH
+else
+        echo "run-fuzzers.sh: no llvm-symbolizer beside $(command -v clang); reports name no functions" >&2
+fi
 export FAMILYD_CONFORMANCE=${FAMILYD_CONFORMANCE:-$root/tests/conformance}
 # Reports halt (a UBSan finding is a crash); leaks are checked after each input and at exit.
 export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1"

@@ -7,8 +7,8 @@ describe` and every reflection client show them.
   answers familyd/v1/family.proto with its source info: the leading comments of FamilyService
   and FamilyService.Resolve are the text of the .proto source, read from it here.
 - Every service, method, message, field, oneof, enum and enum value of the project's own protos
-  (package familyd.v1, and google/rpc/status.proto) has a non-empty leading comment, in what
-  reflection serves and in familyd.binpb; a failure names each one that lacks it.
+  (package familyd.v1, google/rpc/status.proto, grpc/health and grpc/reflection) has a
+  non-empty leading comment, in what reflection serves and in familyd.binpb; a failure names each one that lacks it.
 - What reflection serves equals familyd.binpb, and the set stays small.
 - Every file the protos name (docs/*.md, other protos) is in the repository.
 """
@@ -27,7 +27,9 @@ from google.protobuf import descriptor_pb2  # noqa: E402
 
 PROTO_ROOT = os.path.join(H.SOURCE_ROOT, "proto")
 # The project's own protos, by their names in the descriptor set.
-OWN_FILES = sorted(["google/rpc/status.proto"] +
+OWN_FILES = sorted(["google/rpc/status.proto", "grpc/health/v1/health.proto",
+                    "grpc/reflection/v1/reflection.proto",
+                    "grpc/reflection/v1alpha/reflection.proto"] +
                    [os.path.relpath(p, PROTO_ROOT)
                     for p in glob.glob(os.path.join(PROTO_ROOT, "familyd", "v1", "*.proto"))])
 REFLECTION_VERSIONS = ("v1", "v1alpha")

@@ -29,6 +29,10 @@ too: it was installed by hand. --without PACKAGE drops a listed package (or a pi
 distribution) and --expect-missing PACKAGE turns the check around: it passes only when it fails
 naming that package, which shows that it catches a gap (the tests `install-deps-gap` and
 `install-deps-gap-python`).
+
+install-deps.sh chooses a few names by Debian release (systemd-dev from Debian 13 on); the list
+checked is the one it gives on this machine. A listed name that is neither installed nor known
+to this release's apt fails too: it belongs to another release.
 """
 
 import argparse
@@ -245,12 +249,27 @@ def installed_packages():
         name, status, essential, priority, dep, pre, prov = (line.split("\t") + [""] * 7)[:7]
         if not status.startswith("ii"):
             continue
-        groups = [[re.split(r"[\s:(]", alt.strip(), 1)[0] for alt in g.split("|")]
+        groups = [[re.split(r"[\s:(]", alt.strip(), maxsplit=1)[0] for alt in g.split("|")]
                   for g in (dep + "," + pre).split(",") if g.strip()]
-        provides = [re.split(r"[\s:(]", x.strip(), 1)[0] for x in prov.split(",") if x.strip()]
+        provides = [re.split(r"[\s:(]", x.strip(), maxsplit=1)[0] for x in prov.split(",") if x.strip()]
         pkgs[name] = {"depends": groups, "provides": provides,
                       "base": essential == "yes" or priority == "required"}
     return pkgs
+
+
+def unknown_to_apt(names, pkgs):
+    """Listed names neither installed nor installable here (apt-cache policy: no candidate)."""
+    provided = {v for p in pkgs.values() for v in p["provides"]}
+    rest = [n for n in names if n not in pkgs and n not in provided]
+    if not rest:
+        return []
+    known, name = set(), None
+    for line in run(["apt-cache", "policy"] + rest, check=False).splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            name = line[:-1].split(":")[0]
+        elif name and line.strip().startswith("Candidate:") and "(none)" not in line:
+            known.add(name)
+    return [n for n in rest if n not in known]
 
 
 def closure(roots, pkgs):
@@ -316,7 +335,9 @@ def main():
     allowed = closure(listed + base, pkgs)
 
     by_file = owners(sorted(files))
-    problems = []
+    problems = ["%s: listed by deploy/dev/install-deps.sh, but neither installed nor known to "
+                "apt here (a name of another Debian release?)" % n
+                for n in unknown_to_apt(listed, pkgs)]
     requirements = os.path.join(SOURCE, "deploy", "dev", "requirements.txt")
     pins = pinned_requirements(requirements)
     for d in args.without:

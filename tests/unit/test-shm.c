@@ -77,7 +77,12 @@ static void test_token_format_unique(void **state) {
         enum { N = 4096 };
         ShardToken *t = calloc(N, sizeof *t);
 
-        assert_non_null(t);
+        /* Not assert_non_null(): cmocka does not mark its failure path noreturn, so gcc 14 takes
+         * t as maybe NULL below and fails the build (-Wstringop-overread at the strcmp). */
+        if (!t) {
+                fail_msg("calloc of %d tokens failed", N);
+                return;
+        }
         for (size_t i = 0; i < N; i++) {
                 assert_int_equal(shard_token_new(&t[i]), 0);
                 assert_int_equal(strlen(t[i].hex), SHARD_TOKEN_LENGTH);
