@@ -360,27 +360,46 @@ class TestSeeds(Base):
 
     def test_identical_blocks_get_their_own_builds(self):
         fills = status().fills_started
-        a = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1)
-        b = self.build("tb_linear", CFG, fqn="layers.1.mlp", seed=1)
+        a = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1, trainable=False)
+        b = self.build("tb_linear", CFG, fqn="layers.1.mlp", seed=1, trainable=False)
         ia, ib = FT.build_info(a), FT.build_info(b)
         self.assertNotEqual(ia.build_id, ib.build_id)
         self.assertNotEqual(ia.seed, ib.seed)
         self.assertFalse(torch.equal(a.weight, b.weight))
         self.assertFalse(torch.equal(a.bias, b.bias))
         # the same fqn and seed again: the live build answers, the same weights, no new fill
-        again = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1)
+        again = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1, trainable=False)
         self.assertEqual(FT.build_info(again).build_id, ia.build_id)
         self.assertTrue(FT.build_info(again).build.shared)
         self.assertFalse(ia.build.shared)
         self.assertTrue(torch.equal(again.weight, a.weight))
         self.assertEqual(status().fills_started, fills + 2)
 
+    def test_trainable_builds_are_each_process_own(self):
+        # a training handout per build_module call: never shared, the same seeded values
+        fills = status().fills_started
+        a = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1)
+        again = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1)
+        ia, ig = FT.build_info(a), FT.build_info(again)
+        self.assertNotEqual(ia.build_id, ig.build_id)
+        self.assertFalse(ig.build.shared)
+        self.assertTrue(ia.trainable)
+        self.assertTrue(torch.equal(again.weight, a.weight))
+        self.assertTrue(all(p.requires_grad for p in a.parameters()))
+        b = client.get_build(ia.build_id)
+        self.assertEqual((b.writable, b.private_build), (True, True))
+        self.assertEqual(status().fills_started, fills + 2)
+        frozen = self.build("tb_linear", CFG, fqn="layers.0.mlp", seed=1, trainable=False)
+        self.assertFalse(any(p.requires_grad for p in frozen.parameters()))
+        self.assertTrue(torch.equal(frozen.weight, a.weight))
+
     def test_two_processes_share_one_build(self):
         fills = status().fills_started
-        m = self.build("tb_linear", CFG, fqn="shared.proj", seed=9)
+        m = self.build("tb_linear", CFG, fqn="shared.proj", seed=9, trainable=False)
         info = FT.build_info(m)
         w = Worker(self)
-        got = w.ask(op="build", family="tb_linear", config=CFG, fqn="shared.proj", seed=9)
+        got = w.ask(op="build", family="tb_linear", config=CFG, fqn="shared.proj", seed=9,
+                    trainable=False)
         self.assertEqual(got["build_id"], info.build_id)
         self.assertTrue(got["shared"])
         self.assertEqual(got["params"], params(m))
@@ -425,7 +444,11 @@ class Worker:
 
 class TestZeroCopy(Base):
     def test_parameters_are_the_shard_mapping(self):
-        m = self.build("tb_linear", CFG, fqn="zero.copy", seed=2)
+        for trainable, mode in ((True, "shared"), (False, "private")):
+            self.check_mapping(trainable, mode)
+
+    def check_mapping(self, trainable, mode):
+        m = self.build("tb_linear", CFG, fqn="zero.copy", seed=2, trainable=trainable)
         info = FT.build_info(m)
         rank = info.build.ranks[0]
         buf = (ctypes.c_char * rank.size).from_buffer(rank.mmap)
@@ -438,14 +461,17 @@ class TestZeroCopy(Base):
             self.assertIsInstance(p, torch.nn.Parameter)
             self.assertEqual(p.data_ptr(), base + offsets[name], name)     # no copy
             self.assertLessEqual(p.data_ptr() + p.numel() * p.element_size(), base + rank.size)
-        self.assertEqual(rank.mode, "private")
+        self.assertEqual(rank.mode, mode)
 
     def test_writes_stay_in_the_writing_process(self):
-        m = self.build("tb_linear", CFG, fqn="cow.proj", seed=5)
+        # frozen modules' shared build, mapped copy-on-write, trained here all the same
+        m = self.build("tb_linear", CFG, fqn="cow.proj", seed=5, trainable=False)
+        for p in m.parameters():
+            p.requires_grad_(True)
         before = params(m)
         w = Worker(self)
         self.assertEqual(w.ask(op="build", family="tb_linear", config=CFG, fqn="cow.proj",
-                               seed=5)["params"], before)
+                               seed=5, trainable=False)["params"], before)
         stepped = w.ask(op="step")["params"]          # the other process's optimizer step
         self.assertNotEqual(stepped, before)
         self.assertEqual(params(m), before)

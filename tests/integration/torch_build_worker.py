@@ -37,7 +37,9 @@ def main(socket_path):
         op = cmd["op"]
         if op == "build":
             module = FT.build_module(client, cmd["family"], cmd["config"], fqn=cmd["fqn"],
-                                     seed=cmd["seed"])
+                                     seed=cmd["seed"], trainable=cmd.get("trainable", True))
+            for p in module.parameters():        # a frozen build, trained here all the same
+                p.requires_grad_(True)
             info = FT.build_info(module)
             out = {"build_id": info.build_id, "shared": bool(info.build.shared),
                    "pid": os.getpid(), "params": params(module)}
