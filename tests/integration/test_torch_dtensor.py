@@ -15,7 +15,6 @@ LAYOUT_CONFLICT for that module and nothing for the others.
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -23,8 +22,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import familyd_harness as H  # noqa: E402
+import torch_job_common as C  # noqa: E402
 
-PACKAGE = os.path.join(H.SOURCE_ROOT, "client", "python")
 REGISTRY = os.path.join(H.SOURCE_ROOT, "deploy", "registry")
 TIMEOUT = 300
 CONFIG = {"vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4,
@@ -114,22 +113,10 @@ class TorchDTensor(unittest.TestCase):
 
     def run_job(self, world):
         outdir = tempfile.mkdtemp(prefix="fd-dtensor-", dir=self.daemon.tmpdir)
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                            "MASTER_ADDR", "MASTER_PORT")}
-        env.update(FAMILYD_DESCRIPTORS=H.descriptor_set_path(), PYTHONPATH=PACKAGE,
-                   OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-        p = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-             "--master-addr", "127.0.0.1", "--master-port", str(H.free_port()),
-             os.path.abspath(__file__), "--worker", outdir, self.daemon.socket],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
-        out = p.stdout.decode(errors="replace")
-        self.assertEqual(p.returncode, 0, out[-6000:])
-        results = {}
-        for rank in range(world):
-            with open(os.path.join(outdir, "%d.json" % rank)) as f:
-                results[rank] = json.load(f)
+        rc, out, results = C.worker_job(os.path.abspath(__file__), world, self.daemon.socket,
+                                        outdir, timeout=TIMEOUT)
+        self.assertEqual(rc, 0, out[-6000:])
+        self.assertEqual(sorted(results), list(range(world)), out[-6000:])
         return results
 
     def check(self, results, mesh, device, expert):

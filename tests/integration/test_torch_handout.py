@@ -20,7 +20,6 @@ process builds the same MLP twice: trainable (build_module's default) and frozen
 import json
 import mmap
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -28,8 +27,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import familyd_harness as H  # noqa: E402
+import torch_job_common as C  # noqa: E402
 
-PACKAGE = os.path.join(H.SOURCE_ROOT, "client", "python")
 REGISTRY = os.path.join(H.SOURCE_ROOT, "deploy", "registry")
 TIMEOUT = 240
 CONFIG = {"hidden_size": 32, "intermediate_size": 64, "initializer_range": 0.02}
@@ -111,24 +110,8 @@ class TorchHandout(unittest.TestCase):
         cls.daemon = H.Daemon(registry=REGISTRY, host_devices=4, node_name="itest-handout")
         cls.daemon.start()
         outdir = tempfile.mkdtemp(prefix="fd-handout-", dir=cls.daemon.tmpdir)
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                            "MASTER_ADDR", "MASTER_PORT")}
-        env.update(FAMILYD_DESCRIPTORS=H.descriptor_set_path(), PYTHONPATH=PACKAGE,
-                   OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-        p = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-             "--master-addr", "127.0.0.1", "--master-port", str(H.free_port()),
-             os.path.abspath(__file__), "--worker", outdir, cls.daemon.socket],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
-        cls.output = p.stdout.decode(errors="replace")
-        cls.returncode = p.returncode
-        cls.results = {}
-        for rank in range(2):
-            path = os.path.join(outdir, "%d.json" % rank)
-            if os.path.exists(path):
-                with open(path) as f:
-                    cls.results[rank] = json.load(f)
+        cls.returncode, cls.output, cls.results = C.worker_job(
+            os.path.abspath(__file__), 2, cls.daemon.socket, outdir, timeout=TIMEOUT)
 
     @classmethod
     def tearDownClass(cls):

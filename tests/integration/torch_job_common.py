@@ -85,6 +85,20 @@ def launcher(nproc, port, script_argv, nnodes=1, node_rank=0, monitor_interval=N
     return argv + script_argv
 
 
+def worker_job(script, world, socket_path, outdir, timeout=JOB_TIMEOUT):
+    """torchrun running `script --worker OUTDIR SOCKET` on `world` processes; (exit status,
+    output, {rank: the JSON each worker wrote to OUTDIR/RANK.json})."""
+    rc, out = run(launcher(world, free_port(), [script, "--worker", outdir, socket_path]),
+                  timeout=timeout)
+    results = {}
+    for rank in range(world):
+        path = os.path.join(outdir, "%d.json" % rank)
+        if os.path.exists(path):
+            with open(path) as f:
+                results[rank] = json.load(f)
+    return rc, out, results
+
+
 def example_args(socket_path, json_path, *extra):
     return ["--socket", socket_path, "--steps", str(STEPS), "--json", json_path] + list(extra)
 

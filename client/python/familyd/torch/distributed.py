@@ -198,6 +198,18 @@ def _check_mesh(job: Job, mesh: Any) -> None:
                        % (mesh.mesh_id, list(mesh.ranks), job.familyd_ranks))
 
 
+def _check_views_fit(job: Job, mesh: Any) -> None:
+    """JobError unless each view of the mesh has as many positions as the job has ranks."""
+    for view in ("device_mesh", "expert_mesh"):
+        dims = _view(mesh, view)
+        total = 1
+        for _, size in dims:
+            total *= size
+        if dims and total != job.world_size:
+            raise JobError("familyd.torch: mesh %s's %s has %d positions but the job has %d "
+                           "ranks" % (mesh.mesh_id, view, total, job.world_size))
+
+
 def _view(mesh: Any, view: str) -> List[Tuple[str, int]]:
     return [(str(d.name), int(d.size)) for d in getattr(mesh, view)]
 
@@ -238,14 +250,7 @@ def process_groups(job: Job, mesh: Any) -> Dict[str, Any]:
     view and of the expert view (see mesh_groups for names). Collective: every rank of the job
     calls it with the same mesh, which must be laid over the job (create_mesh)."""
     _check_mesh(job, mesh)
-    for view in ("device_mesh", "expert_mesh"):
-        dims = _view(mesh, view)
-        total = 1
-        for _, size in dims:
-            total *= size
-        if dims and total != job.world_size:
-            raise JobError("familyd.torch: mesh %s's %s has %d positions but the job has %d "
-                           "ranks" % (mesh.mesh_id, view, total, job.world_size))
+    _check_views_fit(job, mesh)
     mine: Dict[str, Any] = {}
     for name, groups in mesh_groups(mesh):
         for ranks in groups:
@@ -376,14 +381,7 @@ def job_mesh(client: Client, job: Job, device_mesh: Union[MeshSpec, Any],
         given["expert_mesh"] = expert_mesh
         expert_mesh = _spec_of(job, expert_mesh, "expert")
     mesh = create_mesh(client, job, device_mesh, expert_mesh, **options)
-    for view in ("device_mesh", "expert_mesh"):
-        dims = _view(mesh, view)
-        total = 1
-        for _, size in dims:
-            total *= size
-        if dims and total != job.world_size:
-            raise JobError("familyd.torch: mesh %s's %s has %d positions but the job has %d "
-                           "ranks" % (mesh.mesh_id, view, total, job.world_size))
+    _check_views_fit(job, mesh)
     meshes: Dict[str, Any] = {}
     for view in ("device_mesh", "expert_mesh"):
         if not _view(mesh, view):
