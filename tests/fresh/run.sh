@@ -466,10 +466,12 @@ if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
     log "the host's CA certificates go with it: $(cd /usr/local/share/ca-certificates && echo *.crt)"
 fi
 
-# pip's configuration files at their places; HOME is /root in the root whatever it is here.
+# pip's configuration files at their places; HOME is root's home in the root (its passwd),
+# whatever it is here.
+root_home=$(awk -F: '$1 == "root" { print $6 }' "$root/etc/passwd")
 for f in "${pip_files[@]}"; do
     t=$f
-    [[ $f == "$home"/* ]] && t=/root/${f#"$home"/}
+    [[ $f == "$home"/* ]] && t=$root_home/${f#"$home"/}
     mkdir -p "$root$(dirname "$t")" && cp -L "$f" "$root$t" || fail 2 "cannot copy $f into the root"
 done
 
