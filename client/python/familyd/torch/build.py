@@ -339,9 +339,10 @@ def build_module(client: Client, family: str, config: Any = None,
     handout, this process's own writable build of its own rank, mapped shared read-write (no
     copy-on-write on the first optimizer step, never mapped by another process); False a frozen
     module: one build shared by the node's processes, mapped copy-on-write, its parameters with
-    requires_grad=False. arguments: the family's selectors and arguments. Raises FamilydError for a refused Build, ModuleBuildError / TypeError /
-    NotImplementedError (a member this package does not implement) otherwise; on any failure
-    this process's reference to the build is released."""
+    requires_grad=False. arguments: the family's selectors and arguments. Raises FamilydError
+    for a refused Build, ModuleBuildError / TypeError / NotImplementedError (a member this
+    package does not implement) otherwise; on any failure this process's reference to the
+    build is released."""
     where = _where(fqn, family)
     if copy_weights:
         raise NotImplementedError("%s: converting an existing module's weights is not supported "
@@ -360,9 +361,8 @@ def build_module(client: Client, family: str, config: Any = None,
         ranks=[rank] if trainable else ranks, arguments=arguments,
         module=_source_module(module, fqn) if module is not None else None,
         module_fqn=fqn or None, parameter_dtypes=parameter_dtypes,
-        source_config=_config_values(taken) if taken is not None else None)
-    if trainable:
-        request_kw.update(private_build=True)
+        source_config=_config_values(taken) if taken is not None else None,
+        private_build=trainable)
     request = client.build_request(family, writable=trainable, **request_kw)
     build = client.build(family, mode="shared" if trainable else "private", **request_kw)
     try:
