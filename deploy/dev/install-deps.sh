@@ -57,6 +57,9 @@ if $tests; then
     # environment made below from deploy/dev/requirements.txt with the `python3` on PATH; where
     # that is Debian's own, it needs pip and venv.
     packages+=(python3-pip python3-venv)
+    # torch.compile's inductor compiles C++ for the CPU (test torch-ecosystem): a minimal Debian
+    # has gcc but no g++.
+    packages+=(g++)
     # The clients that tests run as other uids (tests/integration/other_uid.py): Debian's
     # interpreter, which every uid can run, with Debian's grpcio, protobuf and numpy.
     packages+=(python3-grpcio python3-protobuf python3-numpy)

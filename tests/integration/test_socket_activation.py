@@ -30,6 +30,8 @@ from fake_manager import FakeManager  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 ACTIVATE = shutil.which("systemd-socket-activate") or "/usr/bin/systemd-socket-activate"
+# What the daemon started by systemd-socket-activate keeps of the test's environment.
+PASS_ENV = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "HWLOC_COMPONENTS")
 GE_SMALL = {"num_experts": 4, "hidden_size": 8, "moe_intermediate_size": 4,
             "initializer_range": 0.02}
 P = None
@@ -133,9 +135,12 @@ class TestSystemdSocketActivate(Base):
         if not os.access(ACTIVATE, os.X_OK):
             self.skipTest("systemd-socket-activate not installed")
         err = open(self.err_path, "wb")
-        # Not --accept: one familyd gets both listening sockets, named by --fdname.
+        # Not --accept: one familyd gets both listening sockets, named by --fdname. The
+        # activator hands the daemon only LISTEN_*: the tests' own variables (the sanitizers',
+        # HWLOC_COMPONENTS) go through -E, as a unit's Environment= would set them.
+        passed = [a for name in PASS_ENV if name in os.environ for a in ("-E", name)]
         self.proc = subprocess.Popen(
-            [ACTIVATE, "-l", self.api, "-l", self.shard, "--fdname=api:shard",
+            [ACTIVATE, "-l", self.api, "-l", self.shard, "--fdname=api:shard", *passed,
              *self.familyd_argv()],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
         err.close()
