@@ -115,10 +115,15 @@ static int get_member(const char *endpoints, const char *prefix, const char *nam
         return 0;
 }
 
-static volatile sig_atomic_t stopping;
+/* SIGTERM and SIGINT are blocked in every thread (main blocks them before the gRPC threads start,
+ * and threads inherit the mask), so a signal meant to stop us cannot land in a gRPC thread and be
+ * lost: the main thread takes it here. */
+static sigset_t stop_signals;
 
-static void on_signal(int sig) {
-        stopping = 1;
+static void wait_for_stop(void) {
+        int sig;
+
+        (void) sigwait(&stop_signals, &sig);
 }
 
 static int hold(const char *endpoints, const char *key, const char *ttl_ms) {
@@ -136,8 +141,7 @@ static int hold(const char *endpoints, const char *key, const char *ttl_ms) {
                 return log_error_errno(r, "Failed to put %s: %m", key);
         printf("held %lld %lld\n", (long long) coord_client_lease_id(c),
                (long long) coord_client_lease_ttl_s(c));
-        while (!stopping)
-                (void) pause();
+        wait_for_stop();
         return 0;
 }
 
@@ -183,8 +187,7 @@ static int watch(const char *endpoints, const char *prefix) {
         r = coord_client_start(c);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the etcd client: %m");
-        while (!stopping)
-                (void) pause();
+        wait_for_stop();
         return 0;
 }
 
@@ -193,8 +196,10 @@ int main(int argc, char **argv) {
 
         setvbuf(stdout, NULL, _IOLBF, 0);
         setvbuf(stderr, NULL, _IOLBF, 0);
-        (void) signal(SIGTERM, on_signal);
-        (void) signal(SIGINT, on_signal);
+        sigemptyset(&stop_signals);
+        sigaddset(&stop_signals, SIGTERM);
+        sigaddset(&stop_signals, SIGINT);
+        (void) pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
         if (getenv("COORD_PROBE_DEBUG"))
                 log_set_max_level(LOG_DEBUG);
         if (argc == 6 && streq(argv[1], "put-member"))
