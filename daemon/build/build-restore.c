@@ -256,6 +256,14 @@ static int adopt_segment(Restore *x, const char *id, BuildState *b, size_t i, ch
         }
         if (b->writable)
                 shard_segment_allow_writes(rs->segment);
+        /* Kept before its seals were final (the daemon stopped between its fill and its
+         * publication), or by a daemon that sealed at creation: final either way now. */
+        r = shard_segment_seal(rs->segment);
+        if (r < 0) {
+                (void) snprintf(why, why_size, "its shard %s cannot be sealed: %s", name,
+                                strerror(-r));
+                return r;
+        }
         /* On huge pages the segment is the rank's bytes rounded up to whole pages. */
         if (!shard_segment_fits(rs->segment, rl->size_bytes)) {
                 (void) snprintf(why, why_size, "its shard %s has %" PRIu64 " bytes, not %" PRIu64,

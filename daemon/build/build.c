@@ -311,9 +311,13 @@ static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_er
         for (size_t i = 0; i < b->n_ranks; i++) {
                 if (!b->ranks[i].materialized)
                         continue;
-                /* Before anyone can fetch it: only a writable build's bytes are everyone's. */
+                /* Before anyone can fetch it: only a writable build's bytes are everyone's;
+                 * every other segment is sealed against writes, for root too. */
                 if (b->writable)
                         shard_segment_allow_writes(b->ranks[i].segment);
+                r = shard_segment_seal(b->ranks[i].segment);
+                if (r < 0)
+                        return r;
                 r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,
                                     &b->ranks[i].token);
                 if (r == SHARD_TABLE_FULL)

@@ -27,6 +27,7 @@ struct ShardSegment {
         void *mapping; /* the daemon's, until shard_segment_unmap() */
         int device;
         bool sealed;
+        bool final; /* shard_segment_seal() done: nothing may be sealed any more */
         uint64_t huge_page_size; /* a hugetlb memfd's page size; 0 on normal pages */
         bool writes_allowed; /* writable handouts: a writable build's segment */
         /* Device segments: how to let go of memory, the backend's handle. */
@@ -100,10 +101,10 @@ static int segment_memfd(ShardSegment *s, const char *name, bool huge) {
         /* Read-only handouts reopen the inode: see DESIGN in segment.h. */
         if (fchmod(fd, 0400) < 0)
                 return -errno;
-        /* Sealed before anything is mapped or shared: the size is final from here on. Shared
-         * writable mappings stay allowed (no F_SEAL_WRITE), for the fill and writable
-         * handouts. hugetlb memfds take the same seals (Linux 4.16+). */
-        if (fcntl(fd, F_ADD_SEALS, SHARD_SEGMENT_SEALS | F_SEAL_SEAL) < 0)
+        /* Sealed before anything is mapped or shared: the size is final from here on. The
+         * write seal and the seal of seals come in shard_segment_seal(), after the fill.
+         * hugetlb memfds take the same seals (Linux 4.16+). */
+        if (fcntl(fd, F_ADD_SEALS, SHARD_SEGMENT_SEALS) < 0)
                 return -errno;
         /* shmem THP in advise mode: the fill's first touch then allocates huge folios, which
          * clients that ask the same (libfamilyd's populate) map with huge entries too. */
@@ -253,6 +254,7 @@ int shard_segment_adopt(int fd, int device, ShardSegment **ret) {
         s->size = (uint64_t) st.st_size;
         s->device = device;
         s->sealed = seals >= 0 && (seals & SHARD_SEGMENT_SEALS) == SHARD_SEGMENT_SEALS;
+        s->final = seals < 0 || (seals & F_SEAL_SEAL);
         s->huge_page_size = huge_page_size_of(fd);
         *ret = s;
         return 0;
@@ -274,6 +276,7 @@ int shard_segment_new_device(const ShardSegmentDeviceOps *ops, void *memory, int
         s->device = device;
         s->ops = ops;
         s->memory = memory;
+        s->final = true; /* nothing to seal */
         *ret = s;
         return 0;
 }
@@ -355,11 +358,37 @@ bool shard_segment_writes_allowed(const ShardSegment *s) {
         return s->writes_allowed;
 }
 
+int shard_segment_seal(ShardSegment *s) {
+        int seals;
+
+        if (s->final)
+                return 0;
+        if (s->mapping)
+                return -EBUSY;
+        seals = fcntl(s->fd, F_GET_SEALS);
+        if (seals < 0 && errno != EINVAL)
+                return -errno;
+        /* EINVAL: a --state-dir file, which cannot be sealed (DESIGN). */
+        if (seals >= 0 && !(seals & F_SEAL_SEAL)) {
+                int add = F_SEAL_SEAL | (s->writes_allowed ? 0 : F_SEAL_WRITE);
+                if (fcntl(s->fd, F_ADD_SEALS, add) < 0)
+                        return -errno;
+        }
+        s->final = true;
+        return 0;
+}
+
+bool shard_segment_is_final(const ShardSegment *s) {
+        return s->final;
+}
+
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd) {
         int fd;
 
         if (writable && !s->writes_allowed)
                 return -EACCES;
+        if (!s->final)
+                return -EBUSY;
         if (s->ops) {
                 /* Nothing to seal, no access mode to give: see DESIGN in segment.h. */
                 fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 3);

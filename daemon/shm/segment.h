@@ -7,16 +7,22 @@
 #include "common/macro.h"
 
 /*
- * DESIGN: a host segment is a memfd sealed against shrinking and growing (and against further
- * sealing) right after it gets its size, so no holder of a descriptor, the daemon included,
- * can ever truncate it under another's mapping (SIGBUS). The daemon fills it through its own
- * shared mapping, then drops the mapping with shard_segment_unmap(). Descriptors handed out
- * are new ones: a writable one is a dup of the memfd; a read-only one is the same memfd
- * reopened O_RDONLY through /proc/self/fd, so the kernel refuses a writable shared mapping of
- * it (EACCES). The inode is chmod 0400 too, so a client of another uid cannot reopen its
- * read-only descriptor O_RDWR through its own /proc/self/fd (one of the daemon's uid, or root,
- * still can: the mode is all that guards that, no seal does, since writable handouts of the
- * same memfd must keep working).
+ * DESIGN: a host segment is a memfd sealed against shrinking and growing right after it gets
+ * its size, so no holder of a descriptor, the daemon included, can ever truncate it under
+ * another's mapping (SIGBUS). The daemon fills it through its own shared mapping, drops the
+ * mapping with shard_segment_unmap(), and seals it for good with shard_segment_seal() before
+ * anyone may have it: a segment that does not allow writes is then sealed against writing
+ * (F_SEAL_WRITE: no write(), no writable shared mapping, for every process, root included),
+ * and every segment against further sealing (F_SEAL_SEAL), so no holder can seal a writable
+ * build's memory under its other users. Nothing is handed out before that (-EBUSY).
+ * Descriptors handed out are new ones: a writable one is a dup of the memfd; a read-only one
+ * is the same memfd reopened O_RDONLY through /proc/self/fd, so the kernel refuses a writable
+ * shared mapping of it (EACCES). The inode is chmod 0400 too. A reopen O_RDWR through
+ * /proc/PID/fd (root, or the daemon's uid) gets a writable descriptor of the inode, but the
+ * write seal refuses every write through it (EPERM). Copy-on-write mappings (MAP_PRIVATE,
+ * PROT_WRITE) of a write-sealed memfd stay allowed: they never write the memfd.
+ * Files under --state-dir cannot be sealed: there the mode is the only guard, and a root
+ * process can write one (docs/security.md).
  *
  * Huge pages (huge-pages.h, --huge-pages): a host segment is a hugetlb memfd when the mode and
  * the host allow, its size rounded up to the huge page size (shard_segment_size() is the
@@ -120,14 +126,24 @@ bool shard_segment_fits(const ShardSegment *s, uint64_t bytes);
  * for a device segment). */
 bool shard_segment_is_sealed(const ShardSegment *s);
 
-/* Allows writable handouts (a writable build's segment); before the segment is shared. */
+/* Allows writable handouts (a writable build's segment); before shard_segment_seal(). */
 void shard_segment_allow_writes(ShardSegment *s);
 bool shard_segment_writes_allowed(const ShardSegment *s);
 
 /*
+ * The last step before a segment is shared (DESIGN): a host memfd gets F_SEAL_SEAL, and
+ * F_SEAL_WRITE unless writes were allowed. The daemon's mapping must be gone first (-EBUSY;
+ * the kernel refuses a write seal while a writable shared mapping exists). Idempotent; nothing
+ * to do for a device segment, a --state-dir file, or a memfd adopted with its seals final.
+ */
+int shard_segment_seal(ShardSegment *s);
+bool shard_segment_is_final(const ShardSegment *s);
+
+/*
  * A new O_CLOEXEC descriptor for a client: writable, a dup of the memfd; else read-only (see
  * DESIGN); a device segment's is a dup of its exported descriptor either way. -EACCES:
- * writable asked of a segment that does not allow writes. -EPERM: writable asked of a host
- * segment that is not sealed. -EMFILE, -ENFILE: out of descriptors.
+ * writable asked of a segment that does not allow writes. -EBUSY: not yet through
+ * shard_segment_seal(). -EPERM: writable asked of a host segment that is not sealed.
+ * -EMFILE, -ENFILE: out of descriptors.
  */
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd);

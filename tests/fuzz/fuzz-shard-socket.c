@@ -87,6 +87,8 @@ static void setup(void) {
                 /* A writable build's segments: writable handouts are part of what is fuzzed
                  * (test-shm.c has the refusal of the others). */
                 shard_segment_allow_writes(segments[i]);
+                if (shard_segment_seal(segments[i]) < 0)
+                        abort();
                 if (shard_table_add(table, i < 2 ? "bld-live" : "bld-gone", segments[i],
                                     &tokens[i]) != 0)
                         abort();

@@ -1162,8 +1162,25 @@ class TestHandout(Base):
             os.write(fd, b"x")
         self.assertEqual(os.fstat(fd).st_size, s.size_bytes)
         seals = fcntl.fcntl(fd, getattr(fcntl, "F_GET_SEALS", 1034))
-        self.assertTrue(seals & 0x0002 and seals & 0x0004,   # F_SEAL_SHRINK, F_SEAL_GROW
-                        "memfd not sealed against resizing: seals=%#x" % seals)
+        # F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_WRITE: immutable for everyone.
+        self.assertEqual(seals & 0x000f, 0x000f, "read-only memfd seals: %#x" % seals)
+        # A process that may ignore the inode's mode 0400 (root: CAP_DAC_OVERRIDE) reopens the
+        # descriptor writable, but the write seal refuses it every write.
+        self.assertEqual(os.geteuid(), 0, "this check needs root")
+        rw = os.open("/proc/self/fd/%d" % fd, os.O_RDWR)
+        self.addCleanup(os.close, rw)
+        with self.assertRaises(PermissionError):
+            os.pwrite(rw, b"x", 0)
+        with self.assertRaises(PermissionError):
+            mmap.mmap(rw, s.size_bytes, flags=mmap.MAP_SHARED,
+                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # Copy-on-write stays the trainer's way to change its own copy.
+        cow = mmap.mmap(rw, s.size_bytes, flags=mmap.MAP_PRIVATE,
+                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.addCleanup(cow.close)
+        first = os.pread(fd, 1, 0)
+        cow[0:1] = bytes([first[0] ^ 0xff])
+        self.assertEqual(os.pread(fd, 1, 0), first)
 
     def test_writable_descriptor(self):
         # Only a build made writable hands out writable descriptors (test_mappings.py has the
@@ -1183,7 +1200,11 @@ class TestHandout(Base):
         # A descriptor fetched afterwards sees it too: one memory.
         (_, fd2), = self.fetch(b).values()
         self.assertEqual(os.pread(fd2, 8, off), pattern)
-        # Sealed: even the writable descriptor cannot resize.
+        # Sealed: even the writable descriptor cannot resize, nor seal writes off for others.
+        seals = fcntl.fcntl(fd_w, getattr(fcntl, "F_GET_SEALS", 1034))
+        self.assertEqual(seals & 0x000f, 0x0007, "writable memfd seals: %#x" % seals)
+        with self.assertRaises(PermissionError):
+            fcntl.fcntl(fd_w, getattr(fcntl, "F_ADD_SEALS", 1033), 0x0010)  # F_SEAL_FUTURE_WRITE
         with self.assertRaises(OSError):
             os.ftruncate(fd_w, 0)
         with self.assertRaises(OSError):

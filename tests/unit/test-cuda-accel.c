@@ -174,6 +174,7 @@ static size_t make_slices(MaterializeSlice *m, int64_t *shape, int64_t *local, i
 /* The bytes of a device segment: the fake's allocations are memfds, so its descriptor maps. */
 static uint8_t *segment_bytes(ShardSegment *s) {
         int fd;
+        assert_int_equal(shard_segment_seal(s), 0); /* a host one's, after its fill */
         assert_int_equal(shard_segment_open(s, false, &fd), 0);
         void *p = mmap(NULL, shard_segment_size(s), PROT_READ, MAP_SHARED, fd, 0);
         close(fd);

@@ -133,8 +133,9 @@ static void test_token_format_unique(void **state) {
 
 static void test_segment_sealing(void **state) {
         _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL;
-        _cleanup_close_ int ro = -1, rw = -1;
+        _cleanup_close_ int ro = -1, rw = -1, reopened = -1;
         const size_t size = 3 * 4096 + 17;
+        char path[64];
         struct stat st;
 
         assert_int_equal(shard_segment_new_host("test", 0, 0, &s), -EINVAL);
@@ -150,12 +151,27 @@ static void test_segment_sealing(void **state) {
         for (size_t i = 0; i < size; i++)
                 data[i] = (uint8_t) (i * 7 + 1);
 
+        /* Resizing is sealed from the start; writes and further seals only at the end. */
         int seals = fcntl(shard_segment_fd(s), F_GET_SEALS);
         assert_true(seals >= 0);
         assert_true(seals & F_SEAL_SHRINK);
         assert_true(seals & F_SEAL_GROW);
-        assert_true(seals & F_SEAL_SEAL);
+        assert_false(seals & F_SEAL_SEAL);
         assert_false(seals & F_SEAL_WRITE);
+
+        /* Nothing is handed out before the final seals, which wait for the daemon's mapping. */
+        assert_false(shard_segment_is_final(s));
+        assert_int_equal(shard_segment_open(s, false, &ro), -EBUSY);
+        assert_int_equal(shard_segment_seal(s), -EBUSY);
+        shard_segment_unmap(s);
+        assert_null(shard_segment_data(s));
+        shard_segment_unmap(s);
+        assert_int_equal(shard_segment_seal(s), 0);
+        assert_int_equal(shard_segment_seal(s), 0);
+        assert_true(shard_segment_is_final(s));
+        seals = fcntl(shard_segment_fd(s), F_GET_SEALS);
+        assert_int_equal(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL),
+                         F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
 
         /* Read-only: no resize, no write, no writable shared mapping, even by mprotect. */
         assert_int_equal(shard_segment_open(s, false, &ro), 0);
@@ -171,18 +187,62 @@ static void test_segment_sealing(void **state) {
         assert_int_equal(errno, EACCES);
         uint8_t *view = mmap(NULL, size, PROT_READ, MAP_SHARED, ro, 0);
         assert_true(view != MAP_FAILED);
-        assert_memory_equal(view, data, size);
+        for (size_t i = 0; i < size; i++)
+                assert_int_equal(view[i], (uint8_t) (i * 7 + 1));
         assert_int_equal(mprotect(view, size, PROT_READ | PROT_WRITE), -1);
         assert_int_equal(errno, EACCES);
 
-        /* Writable: refused until the creator allows writes (a writable build). */
+        /* Reopened O_RDWR through /proc (what root may do despite the mode): the write seal
+         * still refuses every write, for every process. */
+        (void) snprintf(path, sizeof path, "/proc/self/fd/%i", ro);
+        reopened = open(path, O_RDWR | O_CLOEXEC);
+        if (reopened >= 0) { /* we may be root here, or not */
+                assert_int_equal(write(reopened, "x", 1), -1);
+                assert_int_equal(errno, EPERM);
+                assert_true(mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, reopened, 0) ==
+                            MAP_FAILED);
+                assert_int_equal(errno, EPERM);
+        } else
+                assert_int_equal(errno, EACCES);
+        assert_int_equal(fcntl(ro, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
+
+        /* Copy-on-write mappings still work: the trainer's own copy, never the memfd. */
+        uint8_t *cow = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, ro, 0);
+        assert_true(cow != MAP_FAILED);
+        cow[0] = 0xee;
+        assert_int_equal(view[0], 1);
+        assert_int_equal(munmap(cow, size), 0);
+
+        /* A read-only segment never becomes writable. */
         assert_false(shard_segment_writes_allowed(s));
         assert_int_equal(shard_segment_open(s, true, &rw), -EACCES);
+        assert_int_equal(munmap(view, size), 0);
+}
+
+static void test_segment_writable(void **state) {
+        _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL;
+        _cleanup_close_ int ro = -1, rw = -1;
+        const size_t size = 2 * 4096;
+
+        assert_int_equal(shard_segment_new_host("test-writable", size, 0, &s), 0);
+        uint8_t *data = shard_segment_data(s);
+        assert_non_null(data);
+        memset(data, 0x11, size);
+        shard_segment_unmap(s);
+
+        /* Writable: refused until the creator allows writes (a writable build), then sealed
+         * against further sealing only. */
+        assert_false(shard_segment_writes_allowed(s));
         shard_segment_allow_writes(s);
         assert_true(shard_segment_writes_allowed(s));
+        assert_int_equal(shard_segment_open(s, true, &rw), -EBUSY);
+        assert_int_equal(shard_segment_seal(s), 0);
+        int seals = fcntl(shard_segment_fd(s), F_GET_SEALS);
+        assert_int_equal(seals & (F_SEAL_WRITE | F_SEAL_SEAL), F_SEAL_SEAL);
 
-        /* Writable: writes land in the daemon's mapping; the size is still final. */
+        /* Writes land in the one memory; the size is final; no holder can seal writes off. */
         assert_int_equal(shard_segment_open(s, true, &rw), 0);
+        assert_int_equal(shard_segment_open(s, false, &ro), 0);
         assert_int_equal(fcntl(rw, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
         assert_int_equal(ftruncate(rw, 1), -1);
         assert_int_equal(errno, EPERM);
@@ -190,22 +250,22 @@ static void test_segment_sealing(void **state) {
         assert_int_equal(errno, EPERM);
         assert_int_equal(fcntl(rw, F_ADD_SEALS, F_SEAL_WRITE), -1);
         assert_int_equal(errno, EPERM);
+        assert_int_equal(fcntl(rw, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
+        assert_int_equal(errno, EPERM);
+        uint8_t *view = mmap(NULL, size, PROT_READ, MAP_SHARED, ro, 0);
+        assert_true(view != MAP_FAILED);
         uint8_t *w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
         assert_true(w != MAP_FAILED);
         w[0] = 0xaa;
         w[size - 1] = 0xbb;
-        assert_int_equal(data[0], 0xaa);
-        assert_int_equal(data[size - 1], 0xbb);
+        assert_int_equal(view[0], 0xaa);
         assert_int_equal(view[size - 1], 0xbb);
 
-        /* Unmapped and released, the memory lives on in the handed-out descriptors. */
-        shard_segment_unmap(s);
-        assert_null(shard_segment_data(s));
-        shard_segment_unmap(s);
+        /* Released, the memory lives on in the handed-out descriptors. */
         s = shard_segment_unref(s);
         w[1] = 0xcc;
         assert_int_equal(view[1], 0xcc);
-        assert_int_equal(view[2], (uint8_t) (2 * 7 + 1));
+        assert_int_equal(view[2], 0x11);
         assert_int_equal(munmap(w, size), 0);
         assert_int_equal(munmap(view, size), 0);
 }
@@ -215,16 +275,26 @@ static void test_segment_adopt(void **state) {
         _cleanup_close_ int ro = -1, rw = -1;
 
         assert_int_equal(shard_segment_new_host("adopt", 4096, 1, &s), 0);
+        shard_segment_unmap(s);
         int fd = fcntl(shard_segment_fd(s), F_DUPFD_CLOEXEC, 3);
         assert_true(fd >= 0);
+        /* Adopted before its final seals (a restart between fill and publication): it is
+         * sealed on adoption's terms, and handed out only then. */
         assert_int_equal(shard_segment_adopt(fd, 5, &a), 0);
         assert_int_equal(shard_segment_size(a), 4096);
         assert_int_equal(shard_segment_device(a), 5);
         assert_true(shard_segment_is_sealed(a));
+        assert_false(shard_segment_is_final(a));
         assert_null(shard_segment_data(a));
         assert_int_equal(shard_segment_open(a, true, &rw), -EACCES);
         shard_segment_allow_writes(a);
+        assert_int_equal(shard_segment_open(a, true, &rw), -EBUSY);
+        assert_int_equal(shard_segment_seal(a), 0);
         assert_int_equal(shard_segment_open(a, true, &rw), 0);
+        /* The memfd is final for every struct that names it. */
+        assert_int_equal(fcntl(shard_segment_fd(s), F_GET_SEALS) & (F_SEAL_SEAL | F_SEAL_WRITE),
+                         F_SEAL_SEAL);
+        assert_int_equal(shard_segment_seal(s), 0);
 
         /* An unsealed file (the --state-dir mode) is handed out read-only only. */
         char path[] = "/tmp/test-shm-adopt-XXXXXX";
@@ -242,13 +312,21 @@ static void test_segment_adopt(void **state) {
 
 /* ---- the table ---- */
 
-static ShardSegment *segment_new(uint64_t size, int device, uint8_t fill) {
+/* A filled segment, sealed for sharing: a writable build's when writable. */
+static ShardSegment *segment_make(uint64_t size, int device, uint8_t fill, bool writable) {
         ShardSegment *s = NULL;
 
         assert_int_equal(shard_segment_new_host("test", size, device, &s), 0);
         memset(shard_segment_data(s), fill, size);
         shard_segment_unmap(s);
+        if (writable)
+                shard_segment_allow_writes(s);
+        assert_int_equal(shard_segment_seal(s), 0);
         return s;
+}
+
+static ShardSegment *segment_new(uint64_t size, int device, uint8_t fill) {
+        return segment_make(size, device, fill, false);
 }
 
 static void test_table_basic(void **state) {
@@ -494,8 +572,9 @@ static int fixture_setup(void **state) {
         (void) snprintf(f->path, sizeof f->path, "%s/shard.sock", f->dir);
         assert_int_equal(shard_table_new(0, &f->table), 0);
         for (unsigned i = 0; i < 3; i++) {
-                f->segments[i] = segment_new(fixture_sizes[i], (int) i + 1, (uint8_t) (0x10 + i));
-                shard_segment_allow_writes(f->segments[i]); /* a writable build's */
+                /* A writable build's. */
+                f->segments[i] = segment_make(fixture_sizes[i], (int) i + 1, (uint8_t) (0x10 + i),
+                                              true);
                 assert_int_equal(shard_table_add(f->table, "bld-test", f->segments[i],
                                                  &f->tokens[i]), 0);
         }
@@ -1333,6 +1412,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_token_format_unique),
                 cmocka_unit_test(test_segment_sealing),
+                cmocka_unit_test(test_segment_writable),
                 cmocka_unit_test(test_segment_adopt),
                 cmocka_unit_test(test_table_basic),
                 cmocka_unit_test(test_table_access),
