@@ -23,7 +23,7 @@ _familyctl_query() {
 _familyctl() {
         local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
         local verbs="families family resolve mesh meshes topology forget status version reload build
-                     builds build-info release pin unpin shard validate keygen"
+                     builds build-info release pin unpin shard validate keygen checkpoint"
         local globals="--socket --json --timeout --help --version"
         local verb="" i
 
@@ -69,6 +69,12 @@ _familyctl() {
                         words="create get delete"
                 elif [[ $prev == get || $prev == delete ]]; then
                         words=$(_familyctl_query meshes mesh_id)
+                fi ;;
+        checkpoint)
+                if [[ $prev == checkpoint ]]; then
+                        words="inspect"
+                else
+                        mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return
                 fi ;;
         validate|keygen) mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return ;;
         esac

@@ -235,6 +235,7 @@ int verb_pin(Context *ctx, int argc, char **argv);
 int verb_unpin(Context *ctx, int argc, char **argv);
 int verb_shard(Context *ctx, int argc, char **argv);
 int verb_validate(Context *ctx, int argc, char **argv);
+int verb_checkpoint(Context *ctx, int argc, char **argv);
 
 /* Shared between verbs */
 

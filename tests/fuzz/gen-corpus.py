@@ -12,6 +12,8 @@ Run with /usr/bin/python3 (Debian's python3-protobuf), after a build has made th
   expr/          every shape expression of deploy/registry and the conformance registry, and
                  edge cases; a NUL, then field values
   config/        familyd config files: every key, comments, and broken lines
+  safetensors/   safetensors files (a length, a JSON header, data) as the format's writer lays
+                 them out, every dtype, padding, metadata, and broken ones; indexes
   shard-socket/  byte streams for the shard socket: frames of ShardFdRequests naming the
                  placeholders of fuzz-shard-socket.c (32 x 'a'/'b' live, 'c' released), and bad
                  framing (4 GiB length, oversize, garbage, partial)
@@ -278,4 +280,45 @@ write_dir(os.path.join(HERE, 'corpus', 'shard-socket'), {
     'partial-body.bin': frame([B]) + struct.pack('<I', 40) + frame([A])[4:20],
     'zero-length-then-ok.bin': b'\x00\x00\x00\x00' + frame([A], writable=True),
 })
-print('corpus: %d request, %d wire, %d expr seeds' % (len(request), len(wire), len(exprs)))
+# safetensors: whole files (8-byte length, header, data) and model.safetensors.index.json texts.
+def st_file(tensors, metadata=None, pad=True, length=None, extra=b''):
+    """tensors: [(name, dtype, shape, nbytes)], laid out in order, as the format's writer does."""
+    header, at = {}, 0
+    if metadata is not None:
+        header['__metadata__'] = metadata
+    for name, dtype, shape, nbytes in tensors:
+        header[name] = {'dtype': dtype, 'shape': shape, 'data_offsets': [at, at + nbytes]}
+        at += nbytes
+    body = json.dumps(header, separators=(',', ':')).encode()
+    if pad:
+        body += b' ' * (-len(body) % 8)
+    return struct.pack('<Q', len(body) if length is None else length) + body + \
+        bytes(range(256)) * (at // 256) + bytes(at % 256) + extra
+
+
+ST_DTYPES = [('BOOL', 1), ('U8', 1), ('I8', 1), ('F8_E5M2', 1), ('F8_E4M3', 1), ('F8_E8M0', 1),
+             ('I16', 2), ('U16', 2), ('F16', 2), ('BF16', 2), ('I32', 4), ('U32', 4),
+             ('F32', 4), ('C64', 8), ('F64', 8), ('I64', 8), ('U64', 8)]
+safetensors = {
+    'llama-layer.st': st_file([
+        ('model.layers.0.self_attn.q_proj.weight', 'BF16', [8, 8], 128),
+        ('model.layers.0.mlp.gate_proj.weight', 'BF16', [16, 8], 256),
+        ('model.layers.0.input_layernorm.weight', 'F32', [8], 32)], metadata={'format': 'pt'}),
+    'every-dtype.st': st_file([('t_' + d, d, [3], 3 * n) for d, n in ST_DTYPES] +
+                              [('t_F4', 'F4', [4], 2), ('t_F6', 'F6_E2M3', [4], 3)]),
+    'scalar-empty.st': st_file([('s', 'F64', [], 8), ('e', 'F32', [0, 4], 0)], pad=False),
+    'empty.st': st_file([]),
+    'overlap.st': (lambda b: struct.pack('<Q', len(b)) + b + bytes(8))(json.dumps(
+        {'a': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]},
+         'b': {'dtype': 'F32', 'shape': [1], 'data_offsets': [4, 8]}}).encode()),
+    'past-end.st': st_file([('a', 'U8', [4], 4)], length=1 << 20),
+    'trailing.st': st_file([('a', 'U8', [4], 4)], extra=b'xy'),
+    'index.json': json.dumps({'metadata': {'total_size': 416}, 'weight_map': {
+        'model.layers.0.self_attn.q_proj.weight': 'model-00001-of-00002.safetensors',
+        'model.layers.0.mlp.gate_proj.weight': 'model-00002-of-00002.safetensors'}}).encode(),
+    'index-one-file.json': json.dumps({'weight_map': {'a': 'x.safetensors'}}).encode(),
+    'index-outside.json': json.dumps({'weight_map': {'a': '../x.safetensors'}}).encode(),
+}
+write_dir(os.path.join(HERE, 'corpus', 'safetensors'), safetensors)
+
+print('corpus: %d request, %d wire, %d expr, %d safetensors seeds' % (len(request), len(wire), len(exprs), len(safetensors)))

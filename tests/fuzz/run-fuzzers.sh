@@ -3,7 +3,7 @@
 #
 #   tests/fuzz/run-fuzzers.sh [--seconds N] [--build DIR] [--keep DIR] [--results FILE] [NAME...]
 #
-# NAME: registry wire request expr config shard-socket peer (default: all). --seconds: per fuzzer
+# NAME: registry wire request expr config shard-socket peer safetensors (default: all). --seconds: per fuzzer
 # (default 20, or $FUZZ_SECONDS). --build: the clang build folder (default build-fuzz under the
 # source root, or $FAMILYD_FUZZ_BUILD; configured with -Dfuzzing=true and ASan+UBSan when it
 # does not exist). --keep DIR: keep each fuzzer's new inputs under DIR/NAME (default: a
@@ -14,7 +14,7 @@
 # to the scratch folder), runs -max_total_time seconds, and prints its execution count. A crash,
 # a leak, a UBSan report or an input running over 10 s fails the run; the input is kept as
 # BUILD/fuzz-artifacts/NAME-crash-<sha1> (replay: BUILD/tests/fuzz/fuzz-NAME-libfuzzer FILE).
-# Then it replays everything it has (-runs=0 -print_coverage=1) and prints the daemon functions
+# Then it replays everything it has (-runs=0 -print_coverage=1) and prints the daemon's functions
 # it covered, by file, and fails when one of the functions that prove it reached the handler
 # (REQUIRED below) is not among them.
 set -euo pipefail
@@ -38,17 +38,18 @@ while [ $# -gt 0 ]; do
         esac
         shift
 done
-[ ${#names[@]} -gt 0 ] || names=(registry wire request expr config shard-socket peer)
+[ ${#names[@]} -gt 0 ] || names=(registry wire request expr config shard-socket peer safetensors)
 
 # Functions (file:function) each fuzzer must reach: the handler behind the decoder.
 declare -A REQUIRED=(
-        [registry]="core/registry-load.c:registry_load core/registry-family.c:loader_family core/registry-parameter.c:loader_parameters core/expr.c:expr_parse core/resolve.c:resolve_family codec/codec-family.c:codec_family_encode"
-        [wire]="codec/codec-wire.c:codec_wire_check"
-        [request]="rpc/service-family.c:resolve rpc/service-mesh.c:create_mesh rpc/service-build.c:build build/build.c:build_draft rpc/service-validate.c:validate rpc/service-family.c:get_family core/resolve.c:resolve_family core/build-plan.c:build_plan core/layout.c:layout_compute core/validate.c:validate_model core/mesh.c:mesh_new rpc/service-build.c:release_build rpc/service-mesh.c:delete_mesh codec/codec-status.c:codec_status_encode"
-        [expr]="core/expr.c:expr_parse core/expr.c:expr_to_string core/expr.c:expr_eval core/expr.c:expr_foreach_field"
-        [config]="config.c:config_parse config.c:config_parse_file config.c:config_apply config.c:config_fill_derived"
-        [peer]="codec/codec-peer.c:codec_peer_decode core/peer-protocol.c:protocol_on_message core/membership.c:membership_heard_from core/membership.c:membership_learn core/membership.c:membership_forget core/membership.c:membership_tick core/membership.c:membership_topology core/membership.c:membership_verdict"
-        [shard-socket]="shm/shard-socket.c:on_listener_io shm/shard-socket.c:connection_read shm/shard-socket.c:connection_handle_frame shm/shard-socket.c:connection_answer shm/shard-socket.c:connection_flush shm/shard-table.c:shard_table_lookup_many_as shm/segment.c:shard_segment_open"
+        [registry]="daemon/core/registry-load.c:registry_load daemon/core/registry-family.c:loader_family daemon/core/registry-parameter.c:loader_parameters daemon/core/expr.c:expr_parse daemon/core/resolve.c:resolve_family daemon/codec/codec-family.c:codec_family_encode"
+        [wire]="daemon/codec/codec-wire.c:codec_wire_check"
+        [request]="daemon/rpc/service-family.c:resolve daemon/rpc/service-mesh.c:create_mesh daemon/rpc/service-build.c:build daemon/build/build.c:build_draft daemon/rpc/service-validate.c:validate daemon/rpc/service-family.c:get_family daemon/core/resolve.c:resolve_family daemon/core/build-plan.c:build_plan daemon/core/layout.c:layout_compute daemon/core/validate.c:validate_model daemon/core/mesh.c:mesh_new daemon/rpc/service-build.c:release_build daemon/rpc/service-mesh.c:delete_mesh daemon/codec/codec-status.c:codec_status_encode"
+        [expr]="daemon/core/expr.c:expr_parse daemon/core/expr.c:expr_to_string daemon/core/expr.c:expr_eval daemon/core/expr.c:expr_foreach_field"
+        [config]="daemon/config.c:config_parse daemon/config.c:config_parse_file daemon/config.c:config_apply daemon/config.c:config_fill_derived"
+        [peer]="daemon/codec/codec-peer.c:codec_peer_decode daemon/core/peer-protocol.c:protocol_on_message daemon/core/membership.c:membership_heard_from daemon/core/membership.c:membership_learn daemon/core/membership.c:membership_forget daemon/core/membership.c:membership_tick daemon/core/membership.c:membership_topology daemon/core/membership.c:membership_verdict"
+        [shard-socket]="daemon/shm/shard-socket.c:on_listener_io daemon/shm/shard-socket.c:connection_read daemon/shm/shard-socket.c:connection_handle_frame daemon/shm/shard-socket.c:connection_answer daemon/shm/shard-socket.c:connection_flush daemon/shm/shard-table.c:shard_table_lookup_many_as daemon/shm/segment.c:shard_segment_open"
+        [safetensors]="common/safetensors.c:safetensors_header_size common/safetensors.c:safetensors_header_parse common/safetensors.c:tensor_parse common/safetensors.c:coverage_check common/safetensors.c:safetensors_index_parse common/safetensors.c:safetensors_index_check"
 )
 
 if ! command -v clang >/dev/null; then
@@ -128,22 +129,23 @@ for n in "${names[@]}"; do
                 continue
         fi
 
-        # What it reached: every daemon function of the corpus and the new inputs.
+        # What it reached: every function of daemon/ and common/ of the corpus and the new inputs.
         "$bin" -runs=0 -print_coverage=1 "$new" "$here/corpus/$n" >"$work/$n.cov" 2>&1 || {
                 echo "fuzz-$n: the coverage replay failed:"; tail -n 20 "$work/$n.cov" | sed 's/^/  | /'
                 status=1; result "$n" FAIL; continue; }
-        awk '$1 == "COVERED_FUNC:" && $7 ~ /\/daemon\// {
-                f = $7; sub(/.*\/daemon\//, "", f); sub(/:[0-9]+$/, "", f); print f ":" $6 }' \
+        awk '$1 == "COVERED_FUNC:" { f = $7
+                if (!sub(/.*\/daemon\//, "daemon/", f) && !sub(/.*\/common\//, "common/", f)) next
+                sub(/:[0-9]+$/, "", f); print f ":" $6 }' \
                 "$work/$n.cov" | sort -u >"$work/$n.funcs"
         nfuncs=$(wc -l <"$work/$n.funcs")
-        printf 'fuzz-%s: %s s, %s executions, 0 crashes, %s new inputs, %s daemon functions covered\n' \
+        printf 'fuzz-%s: %s s, %s executions, 0 crashes, %s new inputs, %s functions covered\n' \
                 "$n" "$seconds" "$execs" "${added:-0}" "$nfuncs"
-        awk -F: '{ if ($1 != file) { if (file) print line; file = $1; line = "  daemon/" $1 ":" }
+        awk -F: '{ if ($1 != file) { if (file) print line; file = $1; line = "  " $1 ":" }
                    line = line " " $2 } END { if (file) print line }' "$work/$n.funcs"
         ok=OK
         for req in ${REQUIRED[$n]}; do
                 if ! grep -qxF "$req" "$work/$n.funcs"; then
-                        echo "fuzz-$n: did not reach daemon/${req%%:*} ${req#*:}()"
+                        echo "fuzz-$n: did not reach ${req%%:*} ${req#*:}()"
                         ok=FAIL
                         status=1
                 fi

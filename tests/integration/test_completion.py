@@ -50,6 +50,8 @@ class TestCompletion(unittest.TestCase):
         self.assertEqual(complete([self.ctl, "--socket", self.d.socket, "me"]),
                          ["mesh", "meshes"])
         self.assertIn("validate", complete([self.ctl, ""]))
+        self.assertEqual(complete([self.ctl, "ch"]), ["checkpoint"])
+        self.assertEqual(complete([self.ctl, "checkpoint", ""]), ["inspect"])
 
     def test_global_and_verb_flags(self):
         self.assertEqual(complete([self.ctl, "--j"]), ["--json"])

@@ -54,6 +54,8 @@ SYSTEM = [
     (re.compile(r"^sodium"), {"codec", "peer"},
      "libsodium belongs to codec/ (the registry digest) and peer/ (the cluster key)"),
     (re.compile(r"^yaml\.h$"), {"core"}, "libyaml belongs to the registry loader in core/"),
+    (re.compile(r"^jansson\.h$"), {"common", "client"},
+     "jansson belongs to the safetensors format (common/safetensors.c) and familyctl"),
 ]
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
