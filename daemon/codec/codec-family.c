@@ -37,7 +37,8 @@ static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__Param
         pb->name = arena_strdup(a, p->name);
         pb->init = arena_strdup(a, p->init_text);
         pb->dtype = arena_strdup(a, strempty(p->dtype));
-        if (!pb->name || !pb->init || !pb->dtype)
+        pb->checkpoint = arena_strdup(a, p->has_checkpoint ? p->checkpoint.text : "");
+        if (!pb->name || !pb->init || !pb->dtype || !pb->checkpoint)
                 return -ENOMEM;
 
         if (!ARRAY_NEW(a, pb->shape, p->n_dims))

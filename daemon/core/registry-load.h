@@ -94,3 +94,8 @@ int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_l
 
 int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec **ret,
                     size_t *ret_n);
+
+/* A parameter's `checkpoint` (registry-checkpoint.c); rank: its shape's, or -1 when the shape
+ * did not load (dimensions are then not range-checked). */
+int loader_checkpoint(Loader *l, const YNode *n, const char *ctx, int64_t rank,
+                      CheckpointSource *ret);

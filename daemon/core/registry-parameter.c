@@ -317,7 +317,7 @@ static int load_dtype(Loader *l, const YNode *n, const char *ctx, ParameterSpec 
 
 int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec **ret,
                     size_t *ret_n) {
-        static const char *const keys[] = { "shape", "placements", "init", "dtype" };
+        static const char *const keys[] = { "shape", "placements", "init", "dtype", "checkpoint" };
         _cleanup_free_ Entry *e = NULL;
         size_t n_e = 0;
         int acc, r;
@@ -379,6 +379,16 @@ int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec 
                         return r;
                 if (values[3]) {
                         r = loader_fold(&pacc, load_dtype(l, values[3], pctx, p));
+                        if (r < 0)
+                                return r;
+                }
+                if (values[4]) {
+                        r = loader_checkpoint(l, values[4], pctx,
+                                              shape_r >= 0 ? (int64_t) p->n_dims : -1,
+                                              &p->checkpoint);
+                        if (r >= 0)
+                                p->has_checkpoint = true;
+                        r = loader_fold(&pacc, r);
                         if (r < 0)
                                 return r;
                 }

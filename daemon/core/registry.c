@@ -32,6 +32,7 @@ void parameter_spec_done(ParameterSpec *p) {
         free(p->init.b.field);
         free(p->init_text);
         free(p->dtype);
+        checkpoint_source_done(&p->checkpoint);
         *p = (ParameterSpec) {};
 }
 

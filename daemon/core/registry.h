@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "axis.h"
+#include "checkpoint-source.h"
 #include "error.h"
 #include "expr.h"
 #include "value.h"
@@ -86,6 +87,8 @@ typedef struct ParameterSpec {
         InitSpec init;
         char *init_text; /* canonical text: "zeros", "constant(value=1)", "normal(mean=0, std=x)" */
         char *dtype;     /* its element type, canonical ("float32"); NULL: none named */
+        bool has_checkpoint;
+        CheckpointSource checkpoint; /* the tensors its values come from (checkpoint-source.h) */
 } ParameterSpec;
 
 typedef struct Variant {

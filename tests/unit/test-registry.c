@@ -830,6 +830,114 @@ static void test_schema_errors_parameters(void **state) {
 #undef PAR
 }
 
+/* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
+ * with a canonical text; every refusal at its node. */
+static void test_parameter_checkpoint(void **state) {
+#define PAR3 BASE "parameters:\n  w:\n    shape: [e, h, 2 * i]\n"
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                PAR3 "    checkpoint:\n"
+                "      stack: {dim: 0, key: expert}\n"
+                "      concat:\n"
+                "        dim: -1\n"
+                "        parts:\n"
+                "          - {tensor: '{prefix}.experts.{expert}.w1.weight', transpose: true}\n"
+                "          - {tensor: '{prefix}.experts.{expert}.w3.weight', transpose: true}\n"
+                "  n:\n    shape: [h]\n    checkpoint: '{prefix}.norm.weight'\n"
+                "  t:\n    shape: [h, i]\n    checkpoint: {tensor: '{prefix}.x', transpose: true}\n"
+                "  z:\n    shape: [h]\n");
+        const ParameterSpec *p = reg->families[0].parameters;
+        assert_true(p[0].has_checkpoint);
+        assert_true(p[0].checkpoint.stack);
+        assert_int_equal(p[0].checkpoint.stack_dim, 0);
+        assert_string_equal(p[0].checkpoint.stack_key, "expert");
+        assert_true(p[0].checkpoint.concat);
+        assert_int_equal(p[0].checkpoint.concat_dim, 2); /* -1 of 3 */
+        assert_int_equal(p[0].checkpoint.n_parts, 2);
+        assert_true(p[0].checkpoint.parts[1].transpose);
+        assert_string_equal(p[0].checkpoint.text,
+                            "stack(dim=0, key=expert): concat(dim=2): "
+                            "{prefix}.experts.{expert}.w1.weight (transposed), "
+                            "{prefix}.experts.{expert}.w3.weight (transposed)");
+        assert_string_equal(p[1].checkpoint.text, "{prefix}.norm.weight");
+        assert_int_equal(p[1].checkpoint.n_parts, 1);
+        assert_false(p[1].checkpoint.parts[0].transpose);
+        assert_string_equal(p[2].checkpoint.text, "{prefix}.x (transposed)");
+        assert_false(p[3].has_checkpoint);
+
+        /* Names from templates. */
+        _cleanup_free_ char *a = NULL, *b = NULL, *c = NULL;
+        assert_int_equal(checkpoint_tensor_name(p[0].checkpoint.parts[0].tensor,
+                                                "model.layers.3.block_sparse_moe", "expert", 7,
+                                                &a), 0);
+        assert_string_equal(a, "model.layers.3.block_sparse_moe.experts.7.w1.weight");
+        assert_int_equal(checkpoint_tensor_name("{prefix}.weight", "", NULL, 0, &b), 0);
+        assert_string_equal(b, "weight");
+        assert_int_equal(checkpoint_tensor_name("lm_head.weight", "ignored", NULL, 0, &c), 0);
+        assert_string_equal(c, "lm_head.weight");
+        char big[CHECKPOINT_TEMPLATE_MAX];
+        memset(big, 'x', sizeof big - 1);
+        big[sizeof big - 1] = 0;
+        char *d = NULL;
+        assert_int_equal(checkpoint_tensor_name("{prefix}.ab", big, NULL, 0, &d), -ENAMETOOLONG);
+        assert_null(d);
+
+        expect_error(PAR3 "    checkpoint: '{prefix}.{layer}.w'\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: tensor name "
+                     "'{prefix}.{layer}.w': unknown placeholder '{layer}' (only {prefix})");
+        expect_error(PAR3 "    checkpoint: 'a.{prefix'\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: tensor name "
+                     "'a.{prefix': '{' at column 3 is not closed");
+        expect_error(PAR3 "    checkpoint: 'a}'\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: tensor name 'a}': '}' "
+                     "at column 2 closes no '{'");
+        expect_error(PAR3 "    checkpoint: ''\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: tensor name '': a "
+                     "tensor name must have 1 to 1024 bytes");
+        expect_error(PAR3 "    checkpoint: {tensor: a, concat: {dim: 0, parts: [b, c]}}\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: 'checkpoint' needs "
+                     "one of 'tensor' and 'concat'");
+        expect_error(PAR3 "    checkpoint: {stack: {dim: 0, key: e}}\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: 'checkpoint' needs "
+                     "one of 'tensor' and 'concat'");
+        expect_error(PAR3 "    checkpoint: {tensor: 'a.{e}', stack: {dim: 3, key: e}}\n",
+                     "f.yaml:10:48: family 'x': parameter 'w': checkpoint: 'stack' dim 3 is out "
+                     "of range for 3 dimensions");
+        expect_error(PAR3 "    checkpoint: {tensor: 'a.w', stack: {dim: 0, key: e}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': checkpoint: tensor name 'a.w': a "
+                     "stacked tensor's name must use {e}");
+        expect_error(PAR3 "    checkpoint: {tensor: 'a.{e}', stack: {dim: 0, key: prefix}}\n",
+                     "f.yaml:10:56: family 'x': parameter 'w': checkpoint: 'stack' key must be an "
+                     "identifier other than prefix, not 'prefix'");
+        expect_error(PAR3 "    checkpoint: {tensor: a, stack: {dim: 0}}\n",
+                     "f.yaml:10:36: family 'x': parameter 'w': checkpoint: missing key 'key'");
+        expect_error(PAR3 "    checkpoint: {concat: {dim: 1, parts: [a]}}\n",
+                     "f.yaml:10:42: family 'x': parameter 'w': checkpoint: 'parts' must list 2 "
+                     "to 16 tensors");
+        expect_error(PAR3 "    checkpoint: {concat: {dim: 0, parts: ['a.{e}', 'b.{e}']}, "
+                     "stack: {dim: 0, key: e}}\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: 'stack' and 'concat' "
+                     "name the same dimension 0");
+        expect_error(PAR3 "    checkpoint: {concat: {dim: 1, parts: [a, {tensor: b, flip: true}]}}\n",
+                     "f.yaml:10:58: family 'x': parameter 'w': checkpoint: unknown key 'flip'");
+        expect_error(PAR3 "    checkpoint: {transpose: true, concat: {dim: 1, parts: [a, b]}}\n",
+                     "f.yaml:10:29: family 'x': parameter 'w': checkpoint: 'transpose' goes "
+                     "with 'tensor' (or inside each of concat's parts)");
+        expect_error(PAR3 "    checkpoint: {tensor: a, transpose: yes}\n",
+                     "f.yaml:10:40: family 'x': parameter 'w': checkpoint: 'transpose' must be "
+                     "bool");
+        expect_error(BASE "parameters:\n  w:\n    shape: [h]\n"
+                     "    checkpoint: {tensor: a, transpose: true}\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: a transposed tensor "
+                     "needs two dimensions besides the stacked one");
+        expect_error(PAR3 "    checkpoint: 3\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: a tensor name must be "
+                     "a string, not an int");
+        expect_error(PAR3 "    checkpoint: [a]\n",
+                     "f.yaml:10:17: family 'x': parameter 'w': checkpoint: 'checkpoint' must be a "
+                     "mapping");
+#undef PAR3
+}
+
 /* A parameter's `dtype`: the names and aliases materialize.dtype takes, kept canonical;
  * anything else is a load error at the value, with its line. */
 static void test_parameter_dtype(void **state) {
@@ -1089,6 +1197,7 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_rules),
                 cmocka_unit_test(test_schema_errors_parameters),
                 cmocka_unit_test(test_parameter_dtype),
+                cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),
                 cmocka_unit_test(test_values_and_texts),
                 cmocka_unit_test(test_mangled_inputs),
