@@ -20,9 +20,10 @@
  *   concat {dim, parts} the parameter is its parts joined along dim, in order; each part is a
  *                       tensor (or, with stack, one per index) whose extent along dim is its own.
  *
- * When a mesh shards a concatenated dimension, each part is sharded on its own and a rank's
- * block is its parts' shards joined (a tp rank's fused q/k/v block is [q_r; k_r; v_r], not a
- * slice of the fused tensor): Build applies that rule.
+ * The plan (checkpoint-plan.h) fills a slice of the joined tensor. When a mesh shards a
+ * concatenated dimension, each part is to be sharded on its own, so that a rank's block is its
+ * parts' shards joined (a tp rank's fused q/k/v block is [q_r; k_r; v_r], not a slice of the
+ * fused tensor): the layout gives such a rank one slice per part, each planned alone.
  */
 
 #define CHECKPOINT_TEMPLATE_MAX 1024 /* a safetensors name's limit */
