@@ -14,7 +14,8 @@ creates (useradd) and removes (userdel), and root. Each client is this file run 
   uid or an admin.
 - Per-uid limits: one uid at --max-builds-per-uid or --shm-budget-per-uid is refused with
   RESOURCE_EXHAUSTED naming its use and the option while another uid still builds;
-  --max-pins-per-uid likewise; GetStatus, familyctl status and /metrics show the use.
+  --max-pins-per-uid likewise; GetStatus, familyctl status and /metrics show the use; such a
+  refusal frees that uid's own builds in their grace period, never another uid's.
 - Freed shards still held: a read-only build force-released while a client keeps a shard
   mapped shows in GetStatus shm_released_bytes_held, familyctl status and /metrics until the
   client unmaps, then 0.
@@ -399,6 +400,39 @@ class TestPerUidLimits(Case):
         for bid in ids:
             d.client.call(RELEASE, build_id=bid, force=True)
         self.assertEqual(uid_use(d, UID_A), (0, 0, 0))
+
+
+class TestUidLimitEviction(Case):
+    """A Build refused for its uid's limit frees that uid's own builds in their grace period,
+    never another uid's."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = start_daemon("--max-builds-per-uid", "2", "--build-grace-ms", "60000")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop_checked()
+
+    def test_own_builds_in_grace_give_way(self):
+        d = self.d
+        a, b = self.client(d, UID_A), self.client(d, UID_B)
+        theirs = b.ask(BUILD, materialised(d, 93))["build_id"]
+        self.assertEqual(b.ask(RELEASE, {"buildId": theirs})["code"], "OK")  # in grace
+        first = a.ask(BUILD, materialised(d, 90))["build_id"]
+        second = a.ask(BUILD, materialised(d, 91))["build_id"]
+        # A holds both: refused, and B's build in grace does not give way for A.
+        self.assert_refused(a.ask(BUILD, materialised(d, 92)), "RESOURCE_EXHAUSTED",
+                            "UID_BUILD_LIMIT")
+        self.assertTrue(d.client.call(GET, build_id=theirs).ok)
+        # A's own build in grace gives way.
+        self.assertEqual(a.ask(RELEASE, {"buildId": first})["code"], "OK")
+        third = a.ask(BUILD, materialised(d, 92))
+        self.assertEqual(third["code"], "OK", third)
+        self.assertFalse(d.client.call(GET, build_id=first).ok)
+        self.assertTrue(d.client.call(GET, build_id=theirs).ok)
+        for bid in (second, third["build_id"], theirs):
+            d.client.call(RELEASE, build_id=bid, force=True)
 
 
 class TestReleasedShardsHeld(Case):
