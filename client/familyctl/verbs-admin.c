@@ -29,7 +29,7 @@ static int status_print(VerbRun *v) {
         ctl_print_field("builds", "%" PRIu32 " (%" PRIu32 " in their grace period)", st->builds, st->builds_in_grace);
         ctl_print_field("meshes", "%" PRIu32, st->meshes);
         ctl_print_field("shm in use", "%" PRIu64 " of %" PRIu64 " bytes", st->shm_bytes_in_use, st->shm_budget_bytes);
-        ctl_print_field("shm released, still held", "%" PRIu64 " bytes in %" PRIu32 " shards (outside the budget)",
+        ctl_print_field("shm released, held", "%" PRIu64 " bytes in %" PRIu32 " shards (outside the budget)",
                         st->shm_released_bytes_held, st->shm_released_segments_held);
         ctl_print_field("per-uid limits", "%" PRIu32 " builds, %" PRIu32 " pins, %" PRIu64 " bytes (admins exempt)",
                         st->max_builds_per_uid, st->max_pins_per_uid, st->shm_budget_per_uid_bytes);

@@ -466,7 +466,7 @@ class TestReleasedShardsHeld(Case):
         self.assertTrue(res.ok, res)
         self.assertEqual(status(d).shm_bytes_in_use, 0)
         self.assertEqual(self.held(), (total, len(sizes)))
-        self.assertRegex(familyctl_status(d), r"shm released, still held\s+%d bytes in %d "
+        self.assertRegex(familyctl_status(d), r"shm released, held\s+%d bytes in %d "
                          r"shards" % (total, len(sizes)))
         samples = M.parse(M.scrape(d.metrics_port)[1])
         self.assertEqual(M.value(samples, "familyd_shm_released_held_bytes"), total)
