@@ -197,15 +197,21 @@ static int uid_reserved_add_locked(BuildTable *t, const BuildCharge *charge, uin
 
         if (!charge || !charge->charged)
                 return 0;
-        u = uid_entry(&t->uid_reserved, &t->n_uid_reserved, charge->uid);
-        if (!u)
-                return -ENOMEM;
-        if (sign > 0) {
+        if (sign < 0) {
+                u = NULL;
+                for (size_t i = 0; i < t->n_uid_reserved && !u; i++)
+                        if (t->uid_reserved[i].uid == charge->uid)
+                                u = &t->uid_reserved[i];
+                if (!u || u->builds == 0)
+                        return 0; /* nothing was counted (never for a matched reserve) */
+                u->builds--;
+                u->bytes -= MIN(bytes, u->bytes);
+        } else {
+                u = uid_entry(&t->uid_reserved, &t->n_uid_reserved, charge->uid);
+                if (!u)
+                        return -ENOMEM;
                 u->builds++;
                 u->bytes += bytes;
-        } else {
-                u->builds--;
-                u->bytes -= bytes;
         }
         if (u->builds == 0) {
                 size_t i = (size_t) (u - t->uid_reserved);
@@ -215,24 +221,33 @@ static int uid_reserved_add_locked(BuildTable *t, const BuildCharge *charge, uin
         return 0;
 }
 
+/* Under the lock: the node's refusal (its slots, its budget), or 0. */
+static int check_node_locked(const BuildTable *t, uint64_t bytes, FamilyError *ret_error) {
+        if (t->n_records + t->reserved >= t->max_builds)
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "BUILD_LIMIT", NULL, "build limit reached: %u builds",
+                                        t->max_builds);
+        if (bytes > t->budget || t->bytes_in_use > t->budget - bytes)
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "SHM_BUDGET", NULL,
+                                        "shm budget exceeded: build needs %" PRIu64
+                                        " bytes, %" PRIu64 " of %" PRIu64 " in use",
+                                        bytes, t->bytes_in_use, t->budget);
+        return 0;
+}
+
 int build_table_reserve_for(BuildTable *t, const BuildCharge *charge, uint64_t bytes,
                             FamilyError *ret_error) {
-        int r = 0;
+        int r;
 
         (void) pthread_mutex_lock(&t->lock);
+        /* The uid's own limits first: they name what the caller can do about it. */
         r = check_uid_locked(t, charge, bytes, ret_error);
-        if (r < 0)
-                ;
-        else if (t->n_records + t->reserved >= t->max_builds)
-                r = family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "BUILD_LIMIT",
-                                     NULL, "build limit reached: %u builds", t->max_builds);
-        else if (bytes > t->budget || t->bytes_in_use > t->budget - bytes)
-                r = family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "SHM_BUDGET",
-                                     NULL,
-                                     "shm budget exceeded: build needs %" PRIu64
-                                     " bytes, %" PRIu64 " of %" PRIu64 " in use",
-                                     bytes, t->bytes_in_use, t->budget);
-        else if ((r = uid_reserved_add_locked(t, charge, bytes, 1)) >= 0) {
+        if (r >= 0)
+                r = check_node_locked(t, bytes, ret_error);
+        if (r >= 0)
+                r = uid_reserved_add_locked(t, charge, bytes, 1);
+        if (r >= 0) {
                 t->reserved++;
                 t->bytes_in_use += bytes;
         }
