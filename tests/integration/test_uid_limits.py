@@ -6,7 +6,8 @@ creates (useradd) and removes (userdel), and root. Each client is this file run 
 `--client` (one connection, calls read as JSON lines on stdin), from a world-readable copy
 (other_uid.py), so a process is a connection and keeps its references until told to exit.
 
-- Pins (docs/semantics.md, "Who may do what"): another uid can neither pin nor unpin a build
+- Pins (docs/semantics.md, "Who may do what"), kept with the uid that pinned across a restart
+  (--state-dir): another uid can neither pin nor unpin a build
   (PERMISSION_DENIED PIN_NOT_ALLOWED / UNPIN_NOT_ALLOWED with the rule's sentence), so a build
   whose owner released its reference and that only its owner's pin holds stays, with the
   default grace and with --build-grace-ms 0; the owner's own unpin frees it (grace 0); an
@@ -24,6 +25,7 @@ creates (useradd) and removes (userdel), and root. Each client is this file run 
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 import other_uid  # noqa: E402
 import shard_client as SC  # noqa: E402
+import test_durability_util as U  # noqa: E402
 import test_metrics_common as M  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
@@ -69,9 +72,10 @@ def setUpModule():
         uids.append(pwd.getpwnam(name).pw_uid)
     UID_A, UID_B = uids
     PYTHON = other_uid.other_uid_python()
+    here = os.path.dirname(os.path.abspath(__file__))
     COPY = other_uid.harness_copy(os.path.abspath(__file__),
-                                  os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                               "test_metrics_common.py"),
+                                  os.path.join(here, "test_metrics_common.py"),
+                                  os.path.join(here, "test_durability_util.py"),
                                   prefix="fd-uidlim-")
 
 
@@ -311,6 +315,42 @@ class TestPinRulesDefaultGrace(PinRules, Case):
 
 class TestPinRulesGraceZero(PinRules, Case):
     GRACE = 0
+
+
+class TestPinsKeptAcrossARestart(Case):
+    def test_a_pin_stays_its_uids_after_a_restart(self):
+        state = U.tmpfs_dir("fd-uidlim-")
+        self.assertIsNotNone(state, "no tmpfs to put a state dir on (/dev/shm, /run)")
+        self.addCleanup(shutil.rmtree, state, True)
+        tmp = H.short_tmpdir()
+        self.addCleanup(shutil.rmtree, tmp, True)
+
+        def start():
+            d = H.Daemon(registry=REGISTRY, host_devices=4, tmpdir=tmp,
+                         extra_args=["--state-dir", state])
+            os.chmod(tmp, 0o755)
+            d.start()
+            os.chmod(d.socket, 0o666)
+            os.chmod(d.shard_socket, 0o666)
+            return d
+
+        d = start()
+        a = Client(d, UID_A)
+        built = a.ask(BUILD, materialised(d, 95))
+        self.assertEqual(built["code"], "OK", built)
+        bid = built["build_id"]
+        self.assertEqual(a.ask(PIN, {"buildId": bid})["code"], "OK")
+        a.close()  # its reference goes; A's pin holds the build
+        d.stop()
+        d = start()
+        self.addCleanup(d.stop)
+        got = d.client.call(GET, build_id=bid)
+        self.assertTrue(got.ok and got.reply.pinned, got)
+        self.assertEqual(uid_use(d, UID_A), (1, 1, status(d).shm_bytes_in_use))
+        self.assert_refused(self.client(d, UID_B).ask(UNPIN, {"buildId": bid}),
+                            "PERMISSION_DENIED", "UNPIN_NOT_ALLOWED")
+        self.assertEqual(self.client(d, UID_A).ask(UNPIN, {"buildId": bid})["code"], "OK")
+        self.assertFalse(d.client.call(GET, build_id=bid).reply.pinned)
 
 
 class TestPerUidLimits(Case):
