@@ -205,6 +205,25 @@ static const ConfigOption config_options[] = {
         { .name = "max-builds", .metavar = "N", TYPE_UNSIGNED(max_builds, 1, 1u << 20),
           DEFAULT(1024),
           .help = "Live builds" },
+        { .name = "max-builds-per-uid", .metavar = "N",
+          TYPE_UNSIGNED(max_builds_per_uid, 1, 1u << 20),
+          .default_text = "half of --max-builds",
+          .help = "Live builds made by one uid",
+          .note = "Counts the builds a uid's Builds made (layouts too) and those in flight; a "
+                  "Build past it is refused with RESOURCE_EXHAUSTED naming the uid's use, after "
+                  "that uid's own builds in their grace period gave way. Admins are not held "
+                  "to it." },
+        { .name = "max-pins-per-uid", .metavar = "N", TYPE_UNSIGNED(max_pins_per_uid, 1, 1u << 20),
+          .default_text = "half of --max-builds",
+          .help = "Builds one uid keeps pinned",
+          .note = "A PinBuild past it is refused with RESOURCE_EXHAUSTED. Admins are not held "
+                  "to it." },
+        { .name = "shm-budget-per-uid", .metavar = "BYTES",
+          TYPE_BYTES(shm_budget_per_uid_bytes, 0, UINT64_MAX / 2),
+          .default_text = "half of --shm-budget",
+          .help = "Shared memory held for the builds one uid made",
+          .note = "In bytes, counted as --shm-budget counts them; 0: no limit of its own. "
+                  "Admins are not held to it." },
         { .name = "build-grace-ms", .metavar = "N", TYPE_UNSIGNED(build_grace_ms, 0, 604800000),
           DEFAULT(60000),
           .help = "Free a build that no process holds after N ms",
@@ -867,6 +886,12 @@ static int config_fill_derived(Config *c) {
                                               ? (uint64_t) pages * (uint64_t) page / 2
                                               : UINT64_C(1) << 30;
         }
+        if (c->max_builds_per_uid == 0)
+                c->max_builds_per_uid = MAX(c->max_builds / 2, 1u);
+        if (c->max_pins_per_uid == 0)
+                c->max_pins_per_uid = MAX(c->max_builds / 2, 1u);
+        if (c->shm_budget_per_uid_bytes == UINT64_MAX)
+                c->shm_budget_per_uid_bytes = c->shm_budget_bytes / 2;
         if (!c->node_name) {
                 char host[256] = {};
                 if (gethostname(host, sizeof host - 1) < 0 || !*host)

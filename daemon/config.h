@@ -34,6 +34,9 @@ typedef struct Config {
         char *coordinator_key;
         uint64_t shm_budget_bytes;
         unsigned max_builds;
+        unsigned max_builds_per_uid;     /* 0 until derived: half of max_builds */
+        unsigned max_pins_per_uid;       /* 0 until derived: half of max_builds */
+        uint64_t shm_budget_per_uid_bytes; /* UINT64_MAX until derived: half of shm_budget */
         unsigned build_grace_ms; /* a build nothing holds is freed after this long */
         int membership; /* ProtocolMode: --membership all-to-all | swim */
         unsigned heartbeat_ms;

@@ -158,6 +158,9 @@ static int daemon_load(Daemon *d, const Config *c) {
                 .host_devices = c->host_devices,
                 .shm_budget_bytes = c->shm_budget_bytes,
                 .max_builds = c->max_builds,
+                .uid_limits = { .builds = c->max_builds_per_uid,
+                                .pins = c->max_pins_per_uid,
+                                .bytes = c->shm_budget_per_uid_bytes },
                 .registry_digest = codec_registry_digest,
         };
 

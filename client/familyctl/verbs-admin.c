@@ -29,6 +29,19 @@ static int status_print(VerbRun *v) {
         ctl_print_field("builds", "%" PRIu32 " (%" PRIu32 " in their grace period)", st->builds, st->builds_in_grace);
         ctl_print_field("meshes", "%" PRIu32, st->meshes);
         ctl_print_field("shm in use", "%" PRIu64 " of %" PRIu64 " bytes", st->shm_bytes_in_use, st->shm_budget_bytes);
+        ctl_print_field("shm released, held", "%" PRIu64 " bytes in %" PRIu32 " shards (outside the budget)",
+                        st->shm_released_bytes_held, st->shm_released_segments_held);
+        ctl_print_field("per-uid limits", "%" PRIu32 " builds, %" PRIu32 " pins, %" PRIu64 " bytes (admins exempt)",
+                        st->max_builds_per_uid, st->max_pins_per_uid, st->shm_budget_per_uid_bytes);
+        for (size_t i = 0; i < st->n_uid_use; i++) {
+                const Familyd__V1__UidUse *u = st->uid_use[i];
+                char name[32];
+                (void) snprintf(name, sizeof name, "uid %" PRIu32, u->uid);
+                ctl_print_field(name, "%" PRIu32 " builds, %" PRIu32 " pins, %" PRIu64 " bytes",
+                                u->builds, u->pins, u->shm_bytes);
+        }
+        if (st->uid_use_truncated)
+                ctl_print_field("uids", "more hold builds; the %zu holding the most are shown", st->n_uid_use);
         ctl_print_field("fills", "%" PRIu64 " started, %" PRIu64 " bytes", st->fills_started, st->bytes_filled);
         ctl_print_field("peers", "%" PRIu32 " up, %" PRIu32 " suspect, %" PRIu32 " down",
                         st->peers_up, st->peers_suspect, st->peers_down);

@@ -79,6 +79,21 @@ int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64
 /* Frees the build whose grace period ends first among those match (NULL: any) accepts (a
  * BuildState); -ENOENT when none is in grace. */
 int build_evict_one(const Builder *builder, bool (*match)(const void *payload));
+/* ---- build-released.c: freed builds' host shards that clients still hold ---------------- */
+
+typedef struct BuildReleased BuildReleased;
+int build_released_new(BuildReleased **ret);
+BuildReleased *build_released_free(BuildReleased *r);
+/* Follows b's own host segments (a read-only build's) from its free on; before b's segments
+ * are let go. r may be NULL. */
+void build_released_add(BuildReleased *r, const BuildState *b);
+/* Lets go of the segments nobody else holds any more; *ret (may be NULL): those left. */
+void build_released_sweep(BuildReleased *r, BuildReleasedUse *ret);
+/* build-share.c: the list (NULL without sharing). */
+BuildReleased *build_sharing_released(const Builder *builder);
+
+/* The same among the builds counted against uid. */
+int build_evict_one_of_uid(const Builder *builder, uint32_t uid);
 /* Grace deadlines changed: frees what is due (grace 0) and re-arms the watcher's timer. */
 void build_sharing_grace_changed(const Builder *builder);
 uint64_t build_sharing_grace_ms(const Builder *builder);

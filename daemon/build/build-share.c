@@ -50,6 +50,7 @@ struct BuildSharing {
         Builder builder; /* a copy, sharing included, for the watcher */
         BuildWatch *watch;
         pthread_mutex_t keep_lock; /* one save of holders at a time (build-holders-keep.c) */
+        BuildReleased *released;   /* freed builds' shards clients still hold */
 };
 
 int64_t build_now_ms(void) {
@@ -82,6 +83,14 @@ pthread_mutex_t *build_sharing_keep_lock(const Builder *builder) {
         return builder->sharing ? &builder->sharing->keep_lock : NULL;
 }
 
+BuildReleased *build_sharing_released(const Builder *builder) {
+        return builder->sharing ? builder->sharing->released : NULL;
+}
+
+void build_released_use(const Builder *builder, BuildReleasedUse *ret) {
+        build_released_sweep(builder ? build_sharing_released(builder) : NULL, ret);
+}
+
 BuildWatch *build_sharing_watch(const Builder *builder) {
         return builder->sharing ? builder->sharing->watch : NULL;
 }
@@ -98,6 +107,11 @@ int build_sharing_start(Builder *builder, uint64_t grace_ms) {
                 free(s);
                 return r;
         }
+        r = build_released_new(&s->released);
+        if (r < 0) {
+                free(s);
+                return r;
+        }
         (void) pthread_mutex_init(&s->lock, NULL);
         (void) pthread_mutex_init(&s->keep_lock, NULL);
         s->grace_ms = grace_ms;
@@ -108,6 +122,7 @@ int build_sharing_start(Builder *builder, uint64_t grace_ms) {
                 builder->sharing = NULL;
                 (void) pthread_mutex_destroy(&s->keep_lock);
                 (void) pthread_mutex_destroy(&s->lock);
+                build_released_free(s->released);
                 free(s);
                 return log_error_errno(r, "Failed to start the build watcher: %m");
         }
@@ -129,6 +144,7 @@ void build_sharing_stop(Builder *builder) {
         /* The server has drained: no flight is left. */
         build_watch_free(s->watch);
         builder->sharing = NULL;
+        build_released_free(s->released);
         (void) pthread_mutex_destroy(&s->keep_lock);
         (void) pthread_mutex_destroy(&s->lock);
         free(s);
@@ -144,6 +160,22 @@ int build_evict_one(const Builder *builder, bool (*match)(const void *payload)) 
                 r = build_free(builder, id, BUILD_TAKE_IDLE, 0,
                                "freed in its grace period to make room for a new Build", NULL);
                 if (r != -EBUSY) /* -EBUSY: a process took it back meanwhile; the next one */
+                        return r;
+        }
+}
+
+int build_evict_one_of_uid(const Builder *builder, uint32_t uid) {
+        char id[BUILD_TABLE_ID_MAX];
+
+        for (;;) {
+                int r = build_table_oldest_idle_of_uid(builder->manager->builds, uid, id);
+                if (r < 0)
+                        return r;
+                r = build_free(builder, id, BUILD_TAKE_IDLE, 0,
+                               "freed in its grace period to make room for a new Build of its "
+                               "uid",
+                               NULL);
+                if (r != -EBUSY)
                         return r;
         }
 }
@@ -330,6 +362,7 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
         r = build_draft_prepare(builder, req, shard_socket, &b, ret_error);
         if (r < 0)
                 return r;
+        b->charge = (BuildCharge) { .charged = true, .exempt = w->admin, .uid = w->caller.uid };
         /* A training handout: private and writable, its bytes are its maker's alone. */
         if (req->private_build && req->writable)
                 b->binding = (BuildBinding) { .bound = true,
@@ -528,7 +561,8 @@ void build_draft_run(BuildDraft *d, bool (*stopping)(void *userdata), void *user
 }
 
 int build_release_held(const Builder *builder, const char *id, const BuildCaller *caller,
-                       bool force, bool *ret_freed, FamilyError *ret_error) {
+                       const BuildActor *actor, bool force, bool *ret_freed,
+                       FamilyError *ret_error) {
         _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
         BuildTable *t = builder->manager->builds;
         int r;
@@ -537,6 +571,19 @@ int build_release_held(const Builder *builder, const char *id, const BuildCaller
         if (r < 0)
                 return r;
         if (force || !rec->holding.referenced || !builder->sharing) {
+                _cleanup_(build_holding_done) BuildHolding h = {};
+
+                r = build_table_holding(t, rec, &h);
+                if (r < 0)
+                        return r;
+                /* Without references, a release frees: only its owner's uid or an admin. */
+                if (!force && actor && !actor->admin && h.has_owner && h.owner_uid != actor->uid)
+                        return family_error_set(ret_error, FAMILY_STATUS_PERMISSION_DENIED,
+                                                "RELEASE_NOT_ALLOWED", "build_id",
+                                                "ReleaseBuild of a build that no process holds "
+                                                "frees it, which needs its owner (uid %" PRIu32
+                                                ") or an admin; uid %" PRIu32 " is neither",
+                                                h.owner_uid, actor->uid);
                 r = build_free(builder, id, BUILD_TAKE_ANY, 0,
                                force ? "released by force" : "released", ret_error);
                 if (r < 0)
@@ -560,16 +607,20 @@ int build_release_held(const Builder *builder, const char *id, const BuildCaller
         return 0;
 }
 
-int build_pin(const Builder *builder, const char *id, bool pin, BuildRecord **ret,
-              FamilyError *ret_error) {
+int build_pin(const Builder *builder, const char *id, const BuildActor *actor, bool pin,
+              BuildRecord **ret, FamilyError *ret_error) {
         _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
         BuildTable *t = builder->manager->builds;
+        BuildPinner p = { .uid = actor->uid, .admin = actor->admin };
+        uint64_t grace_ms = build_sharing_grace_ms(builder);
         int r;
 
         r = build_table_get(t, id, &rec, ret_error);
         if (r < 0)
                 return r;
-        r = build_table_pin(t, rec, pin, build_now_ms(), build_sharing_grace_ms(builder));
+        r = build_table_pin_as(t, rec, &p, pin, build_now_ms(), grace_ms, ret_error);
+        if (r < 0)
+                return r;
         build_holders_save(builder, rec);
         if (r > 0)
                 build_sharing_grace_changed(builder);

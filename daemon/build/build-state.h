@@ -43,6 +43,7 @@ typedef struct BuildState {
         ShardToken group; /* the shard table groups this build's tokens under this name */
         Mesh *counted_mesh; /* the mesh whose n_builds this build holds, or NULL */
         AccelReservation *device_memory; /* GPU bytes reserved for its shards, or NULL */
+        BuildCharge charge; /* whose slot and bytes it takes (--max-builds-per-uid) */
 } BuildState;
 
 void build_state_free(void *state);

@@ -43,6 +43,7 @@ struct BuildWatch {
         sd_event_source *command;
         sd_event_source *timer;
         sd_event_source *poll; /* on while a process is watched without a pidfd */
+        sd_event_source *released; /* on while freed shards are still held (build-released.c) */
         pthread_t thread;
         bool started;
 };
@@ -126,6 +127,18 @@ static int on_poll(sd_event_source *source, uint64_t usec, void *userdata) {
         return sd_event_source_set_enabled(source, polled ? SD_EVENT_ONESHOT : SD_EVENT_OFF);
 }
 
+/* Freed builds' shards: those nobody holds any more are let go; on while any is left. */
+static int on_released(sd_event_source *source, uint64_t usec, void *userdata) {
+        BuildWatch *w = userdata;
+        BuildReleasedUse use;
+
+        build_released_sweep(build_sharing_released(w->builder), &use);
+        if (use.segments > 0)
+                (void) sd_event_source_set_time(source, usec + WATCH_POLL_USEC);
+        return sd_event_source_set_enabled(source,
+                                           use.segments > 0 ? SD_EVENT_ONESHOT : SD_EVENT_OFF);
+}
+
 static int on_command(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
         BuildWatch *w = userdata;
         uint64_t n;
@@ -153,6 +166,11 @@ static int on_command(sd_event_source *source, int fd, uint32_t revents, void *u
         if (stop)
                 return sd_event_exit(w->event, 0);
         watch_rearm(w);
+        if (!sd_event_source_get_enabled(w->released, NULL)) {
+                uint64_t now = 0;
+                (void) sd_event_now(w->event, CLOCK_MONOTONIC, &now);
+                (void) on_released(w->released, now, w);
+        }
         return 0;
 }
 
@@ -198,6 +216,11 @@ int build_watch_new(const Builder *builder, BuildWatch **ret) {
         if (r >= 0)
                 r = sd_event_source_set_enabled(w->poll, SD_EVENT_OFF);
         if (r >= 0)
+                r = sd_event_add_time(w->event, &w->released, CLOCK_MONOTONIC, 0, 0, on_released,
+                                      w);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(w->released, SD_EVENT_OFF);
+        if (r >= 0)
                 r = -pthread_create(&w->thread, NULL, watch_thread, w);
         if (r < 0) {
                 build_watch_free(w);
@@ -226,6 +249,7 @@ BuildWatch *build_watch_free(BuildWatch *w) {
         sd_event_source_disable_unref(w->command);
         sd_event_source_disable_unref(w->timer);
         sd_event_source_disable_unref(w->poll);
+        sd_event_source_disable_unref(w->released);
         sd_event_unref(w->event);
         safe_close(w->event_fd);
         (void) pthread_mutex_destroy(&w->lock);

@@ -2,6 +2,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "build-holders-keep.h"
 #include "build-private.h"
 #include "codec/codec-build.h"
 #include "common/log.h"
@@ -128,8 +129,13 @@ static int reserve_evicting(const Builder *builder, BuildState *b, uint64_t byte
 
                 if (r >= 0)
                         return 0;
-                if (!family_error_is_set(&e) || !evictable(&e, &match) ||
-                    build_evict_one(builder, match) < 0) {
+                /* Refused for its uid's use: only that uid's builds in their grace period
+                 * give way. */
+                bool of_uid = streq_ptr(e.reason, "UID_BUILD_LIMIT") ||
+                              streq_ptr(e.reason, "UID_SHM_BUDGET");
+                if (!family_error_is_set(&e) ||
+                    (of_uid ? build_evict_one_of_uid(builder, b->charge.uid) < 0
+                            : !evictable(&e, &match) || build_evict_one(builder, match) < 0)) {
                         if (ret_error) {
                                 family_error_done(ret_error);
                                 *ret_error = e;
@@ -157,7 +163,7 @@ static int step_room(const Builder *builder, BuildState *b, uint64_t bytes,
         int r = build_keep_reserve(builder->state, b, ret_error);
         if (r < 0)
                 return r;
-        r = build_table_reserve(builder->manager->builds, bytes, ret_error);
+        r = build_table_reserve_for(builder->manager->builds, &b->charge, bytes, ret_error);
         if (r < 0)
                 build_keep_unreserve(builder->state, b);
         return r;
@@ -197,13 +203,17 @@ int build_draft_reserve(const Builder *builder, BuildState *b, BuildDraft **ret,
 }
 
 int build_draft(const Builder *builder, const BuildRequest *req, const char *shard_socket,
-                BuildDraft **ret, FamilyError *ret_error) {
+                const BuildActor *actor, BuildDraft **ret, FamilyError *ret_error) {
         _cleanup_(build_state_freep) BuildState *b = NULL;
         int r;
 
         r = build_draft_prepare(builder, req, shard_socket, &b, ret_error);
         if (r < 0)
                 return r;
+        if (actor)
+                b->charge = (BuildCharge) { .charged = true,
+                                            .exempt = actor->admin,
+                                            .uid = actor->uid };
         r = build_draft_reserve(builder, b, ret, ret_error);
         if (r < 0)
                 return r;
@@ -252,7 +262,7 @@ void build_draft_abandon(BuildDraft *d) {
                 return;
         free(d->progress_tag);
         build_keep_unreserve(d->builder.state, d->state);
-        build_table_cancel(d->builder.manager->builds, d->bytes);
+        build_table_cancel_for(d->builder.manager->builds, &d->state->charge, d->bytes);
         build_state_free(d->state);
         free(d);
 }
@@ -394,12 +404,13 @@ static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
                 return r;
         }
 
-        r = build_table_commit_id(m->builds, id, bytes, b, build_state_free, &rec);
+        r = build_table_commit_id_for(m->builds, &b->charge, id, bytes, b, build_state_free,
+                                      &rec);
         if (r < 0) {
                 /* Saved: its fd store room is in use now, and forgetting gives it back. */
                 (void) shard_table_remove_group(builder->shards, b->group.hex);
                 build_keep_forget(builder->state, id, b);
-                build_table_cancel(m->builds, bytes);
+                build_table_cancel_for(m->builds, &b->charge, bytes);
                 build_state_free(b);
                 free(d);
                 return r;
@@ -408,7 +419,11 @@ static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
          * lands (build_draft_run()); any other is held as before references. */
         if (!d->share.flight)
                 build_table_init_holding(m->builds, rec,
-                                         &(BuildRecordInit) { .created_ms = build_now_ms() });
+                                         &(BuildRecordInit) {
+                                                 .created_ms = build_now_ms(),
+                                                 .has_owner = b->charge.charged,
+                                                 .owner_uid = b->charge.uid,
+                                         });
         free(d);
         char gpu_bytes_text[64] = "", replicas_text[96] = "";
         if (b->device_memory)
@@ -474,6 +489,9 @@ int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64
         }
         /* Only the caller whose take succeeded gets here: forgotten once. */
         build_keep_forget(builder->state, rec->id, b);
+        /* Its shards leave the budget now; what clients still hold of them stays shown. */
+        build_released_add(build_sharing_released(builder), b);
+        build_watch_kick(build_sharing_watch(builder));
         log_struct(LOG_INFO, 0,
                    LOG_FIELDS(LOG_FIELD(LOG_FIELD_BUILD_ID, rec->id),
                               LOG_FIELD(LOG_FIELD_FAMILY, b->plan.resolved.family),

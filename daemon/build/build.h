@@ -93,6 +93,13 @@ typedef struct BuildCaller {
 int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller *ret,
                           int *ret_pidfd, FamilyError *ret_error);
 
+/* Who asks, by the connection's credentials: whose uid a Build counts against, and who may pin,
+ * unpin and release (docs/semantics.md, "Who may do what"). */
+typedef struct BuildActor {
+        uint32_t uid;
+        bool admin; /* root, or a member of --admin-group: not held to the per-uid limits */
+} BuildActor;
+
 /* ---- shared builds (build-share.c) --------------------------------------------------------- */
 
 /* Starts sharing on builder: references, grace periods (grace_ms; 0: freed at once) and the
@@ -109,6 +116,15 @@ typedef struct BuildCounters {
 } BuildCounters;
 void build_counters(const Builder *builder, BuildCounters *ret);
 
+/* Host shards of freed builds that clients still map or hold (build-released.c): bytes the
+ * node's memory still holds that --shm-budget no longer counts. Reading it lets go of those
+ * nobody holds any more. */
+typedef struct BuildReleasedUse {
+        uint64_t bytes;
+        unsigned segments;
+} BuildReleasedUse;
+void build_released_use(const Builder *builder, BuildReleasedUse *ret);
+
 /* One caller waiting for a materialising Build's answer (the adapter's pending call). */
 typedef struct BuildWaiter {
         BuildCaller caller;
@@ -116,6 +132,8 @@ typedef struct BuildWaiter {
         /* BuildRequest.share "group": the shard socket hands the build to every uid of its
          * group, not only the owner's (part of the sharing key). */
         bool share_group;
+        /* An admin: a new build is not held to --max-builds-per-uid, --shm-budget-per-uid. */
+        bool admin;
         /* The caller gave up (deadline, cancel, gone): it gets no reference. */
         bool (*expired)(void *userdata);
         /* Called exactly once, on any thread: rec (borrowed for the call) and shared, or the
@@ -134,7 +152,7 @@ typedef struct BuildDraft BuildDraft;
  * held and ret_error says why (or a bare negative errno: INTERNAL).
  */
 int build_draft(const Builder *builder, const BuildRequest *req, const char *shard_socket,
-                BuildDraft **ret, FamilyError *ret_error);
+                const BuildActor *actor, BuildDraft **ret, FamilyError *ret_error);
 /*
  * A materialising Build with a waiter: as build_draft(), but first the live builds and the
  * Builds in flight are searched by the request's sharing key (unless private). Returns
@@ -182,16 +200,20 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
 int build_release(const Builder *builder, const char *id, FamilyError *ret_error);
 
 /*
- * ReleaseBuild with references: force frees the build whatever holds it; else the caller's
- * reference goes (FAILED_PRECONDITION NOT_HELD when it holds none) and a build left unheld
- * starts its grace period (0: freed now). A build without references (layout only) is freed as
- * build_release(). *ret_freed: this call freed it.
+ * ReleaseBuild with references: force frees the build whatever holds it (the adapter checks
+ * that actor is an admin); else the caller's reference goes (FAILED_PRECONDITION NOT_HELD when
+ * it holds none) and a build left unheld starts its grace period (0: freed now). A build
+ * without references (layout only) is freed as build_release(), by its owner's uid or an admin
+ * only (PERMISSION_DENIED RELEASE_NOT_ALLOWED; anyone for a build of no known owner).
+ * *ret_freed: this call freed it.
  */
 int build_release_held(const Builder *builder, const char *id, const BuildCaller *caller,
-                       bool force, bool *ret_freed, FamilyError *ret_error);
-/* PinBuild / UnpinBuild; *ret a new reference to the build. NOT_FOUND as build_table_get(). */
-int build_pin(const Builder *builder, const char *id, bool pin, BuildRecord **ret,
-              FamilyError *ret_error);
+                       const BuildActor *actor, bool force, bool *ret_freed,
+                       FamilyError *ret_error);
+/* PinBuild / UnpinBuild as actor (build_table_pin_as() has the rules); *ret a new reference to
+ * the build. NOT_FOUND as build_table_get(). */
+int build_pin(const Builder *builder, const char *id, const BuildActor *actor, bool pin,
+              BuildRecord **ret, FamilyError *ret_error);
 
 /* ---- progress of materialising builds (build-state.c) ------------------------------------ */
 

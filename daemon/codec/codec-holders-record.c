@@ -15,8 +15,10 @@
 #define FLAG_OWNED 4u       /* the owner's u32 uid follows the holders */
 #define FLAG_SHARE_GROUP 8u /* BuildRequest.share "group" */
 #define FLAG_BOUND 16u      /* a training handout: its process's 16 bytes follow the owner */
+#define FLAG_PINNERS 32u   /* u32 n, then n u32 uids that pinned it, follow the binding */
 #define BOUND_SIZE 16u
-#define FLAGS_KNOWN (FLAG_PINNED | FLAG_PRIVATE | FLAG_OWNED | FLAG_SHARE_GROUP | FLAG_BOUND)
+#define FLAGS_KNOWN \
+        (FLAG_PINNED | FLAG_PRIVATE | FLAG_OWNED | FLAG_SHARE_GROUP | FLAG_BOUND | FLAG_PINNERS)
 
 static void put_u32(uint8_t *p, uint32_t v) {
         for (unsigned i = 0; i < 4; i++)
@@ -43,10 +45,12 @@ static uint64_t get_u64(const uint8_t *p) {
 }
 
 int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *ret_size) {
-        if (h->key_size > HOLDERS_RECORD_MAX_KEY_BYTES || h->n_holders > BUILD_TABLE_MAX_HOLDERS)
+        if (h->key_size > HOLDERS_RECORD_MAX_KEY_BYTES || h->n_holders > BUILD_TABLE_MAX_HOLDERS ||
+            h->n_pinners > BUILD_TABLE_MAX_PINNERS)
                 return -E2BIG;
         size_t size = HEADER_SIZE + h->key_size + HOLDER_SIZE * h->n_holders +
-                      (h->has_owner ? 4 : 0) + (h->binding.bound ? BOUND_SIZE : 0) + 4;
+                      (h->has_owner ? 4 : 0) + (h->binding.bound ? BOUND_SIZE : 0) +
+                      (h->n_pinners > 0 ? 4 + 4 * h->n_pinners : 0) + 4;
         uint8_t *out = calloc(1, size), *p;
         if (!out)
                 return -ENOMEM;
@@ -56,7 +60,8 @@ int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *r
         put_u32(out + 8, (h->pinned ? FLAG_PINNED : 0) | (h->private_build ? FLAG_PRIVATE : 0) |
                                  (h->has_owner ? FLAG_OWNED : 0) |
                                  (h->share_group ? FLAG_SHARE_GROUP : 0) |
-                                 (h->binding.bound ? FLAG_BOUND : 0));
+                                 (h->binding.bound ? FLAG_BOUND : 0) |
+                                 (h->n_pinners > 0 ? FLAG_PINNERS : 0));
         put_u32(out + 12, (uint32_t) h->n_holders);
         put_u64(out + 16, (uint64_t) h->created_ms);
         put_u64(out + 24, h->key_size);
@@ -79,6 +84,12 @@ int codec_holders_record_encode(const HoldersRecord *h, uint8_t **ret, size_t *r
                 put_u32(p, (uint32_t) h->binding.pid);
                 put_u64(p + 8, h->binding.start_time);
                 p += BOUND_SIZE;
+        }
+        if (h->n_pinners > 0) {
+                put_u32(p, (uint32_t) h->n_pinners);
+                p += 4;
+                for (size_t i = 0; i < h->n_pinners; i++, p += 4)
+                        put_u32(p, h->pinners[i]);
         }
         put_u32(p, crc32c(0, out, size - 4));
         *ret = out;
@@ -105,11 +116,20 @@ static int check(const uint8_t *data, size_t size, char *why, size_t why_size) {
         uint64_t n = get_u32(data + 12), key_size = get_u64(data + 24);
         uint64_t owner = get_u32(data + 8) & FLAG_OWNED ? 4 : 0;
         uint64_t bound = get_u32(data + 8) & FLAG_BOUND ? BOUND_SIZE : 0;
+        uint64_t fixed = HEADER_SIZE + key_size + HOLDER_SIZE * n + owner + bound + 4, pinners = 0;
         if (n > BUILD_TABLE_MAX_HOLDERS || key_size > HOLDERS_RECORD_MAX_KEY_BYTES ||
-            size != HEADER_SIZE + key_size + HOLDER_SIZE * n + owner + bound + 4)
+            size < fixed)
+                return bad(why, why_size, "its sizes do not add up");
+        if (get_u32(data + 8) & FLAG_PINNERS) {
+                uint64_t n_pinners = size >= fixed + 4 ? get_u32(data + fixed - 4) : 0;
+                if (n_pinners == 0 || n_pinners > BUILD_TABLE_MAX_PINNERS)
+                        return bad(why, why_size, "its pinners do not add up");
+                pinners = 4 + 4 * n_pinners;
+        }
+        if (size != fixed + pinners)
                 return bad(why, why_size, "its sizes do not add up");
         if (bound) {
-                const uint8_t *b = data + size - 4 - BOUND_SIZE;
+                const uint8_t *b = data + fixed - 4 - BOUND_SIZE;
                 if ((int32_t) get_u32(b) <= 0 || get_u32(b + 4) != 0)
                         return bad(why, why_size, "a bound build without its process");
         }
@@ -163,10 +183,23 @@ int codec_holders_record_decode(const uint8_t *data, size_t size, HoldersRecord 
                 h.owner_uid = get_u32(p);
                 p += 4;
         }
-        if (flags & FLAG_BOUND)
+        if (flags & FLAG_BOUND) {
                 h.binding = (BuildBinding) { .bound = true,
                                              .pid = (int32_t) get_u32(p),
                                              .start_time = get_u64(p + 8) };
+                p += BOUND_SIZE;
+        }
+        if (flags & FLAG_PINNERS) {
+                h.n_pinners = get_u32(p);
+                p += 4;
+                h.pinners = calloc(h.n_pinners, sizeof *h.pinners);
+                if (!h.pinners) {
+                        codec_holders_record_done(&h);
+                        return -ENOMEM;
+                }
+                for (size_t i = 0; i < h.n_pinners; i++, p += 4)
+                        h.pinners[i] = get_u32(p);
+        }
         *ret = h;
         return 0;
 }
@@ -176,5 +209,6 @@ void codec_holders_record_done(HoldersRecord *h) {
                 return;
         h->key = mfree(h->key);
         h->holders = mfree(h->holders);
-        h->key_size = h->n_holders = 0;
+        h->pinners = mfree(h->pinners);
+        h->key_size = h->n_holders = h->n_pinners = 0;
 }

@@ -16,6 +16,8 @@
  *      and still read: the build has no known owner)
  *   +  with flag 16 only: i32 pid, u32 zero, u64 start_time of the one process a training
  *      handout is bound to (records without it read as not bound)
+ *   +  with flag 32 only: u32 n (1 to BUILD_TABLE_MAX_PINNERS), then n u32 uids that pinned
+ *      the build (records without it and with flag 1: a pin of unknown uid, its owner's)
  *   +  u32 CRC-32C of every byte before it
  */
 
@@ -29,7 +31,8 @@
 /* A sharing key is the packed Build message (at most a reply's size) and a few strings. */
 #define HOLDERS_RECORD_MAX_KEY_BYTES (8u * 1024u * 1024u)
 #define HOLDERS_RECORD_MAX_BYTES \
-        (56u + HOLDERS_RECORD_MAX_KEY_BYTES + 32u * BUILD_TABLE_MAX_HOLDERS)
+        (60u + HOLDERS_RECORD_MAX_KEY_BYTES + 32u * BUILD_TABLE_MAX_HOLDERS + \
+         4u * BUILD_TABLE_MAX_PINNERS)
 
 /* The build table's own plain data (core/build-table.h). */
 typedef BuildHoldingKept HoldersRecord;

@@ -17,6 +17,10 @@ struct BuildTable {
         uint64_t budget;
         uint32_t boot_tag;
         uint64_t next_serial;
+        BuildUidLimits uid_limits;
+        /* Reservations not yet committed, by uid (records count by their charged_uid). */
+        BuildUidUse *uid_reserved;
+        size_t n_uid_reserved;
 };
 
 BuildRecord *build_record_ref(BuildRecord *r) {
@@ -29,6 +33,7 @@ BuildRecord *build_record_unref(BuildRecord *r) {
         if (r && atomic_fetch_sub(&r->n_ref, 1) == 1) {
                 free(r->holding.holders);
                 free(r->holding.key);
+                free(r->holding.pinners);
                 if (r->payload_free)
                         r->payload_free(r->payload);
                 free(r);
@@ -56,24 +61,193 @@ BuildTable *build_table_free(BuildTable *t) {
         for (size_t i = 0; i < t->n_records; i++)
                 build_record_unref(t->records[i]);
         free(t->records);
+        free(t->uid_reserved);
         (void) pthread_mutex_destroy(&t->lock);
         return mfree(t);
 }
 
-int build_table_reserve(BuildTable *t, uint64_t bytes, FamilyError *ret_error) {
+void build_table_set_uid_limits(BuildTable *t, const BuildUidLimits *limits) {
+        (void) pthread_mutex_lock(&t->lock);
+        t->uid_limits = *limits;
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
+void build_table_uid_limits(BuildTable *t, BuildUidLimits *ret) {
+        (void) pthread_mutex_lock(&t->lock);
+        *ret = t->uid_limits;
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
+static bool has_pinner(const BuildHolding *h, uint32_t uid) {
+        for (size_t i = 0; i < h->n_pinners; i++)
+                if (h->pinners[i] == uid)
+                        return true;
+        return false;
+}
+
+/* Under the lock: what uid holds (its records, its reservations in flight, its pins). */
+static BuildUidUse uid_use_locked(const BuildTable *t, uint32_t uid) {
+        BuildUidUse u = { .uid = uid };
+
+        for (size_t i = 0; i < t->n_records; i++) {
+                const BuildRecord *rec = t->records[i];
+                if (rec->charged && rec->charged_uid == uid) {
+                        u.builds++;
+                        u.bytes += rec->bytes;
+                }
+                u.pins += has_pinner(&rec->holding, uid);
+        }
+        for (size_t i = 0; i < t->n_uid_reserved; i++)
+                if (t->uid_reserved[i].uid == uid) {
+                        u.builds += t->uid_reserved[i].builds;
+                        u.bytes += t->uid_reserved[i].bytes;
+                }
+        return u;
+}
+
+static BuildUidUse *uid_entry(BuildUidUse **list, size_t *n, uint32_t uid) {
+        for (size_t i = 0; i < *n; i++)
+                if ((*list)[i].uid == uid)
+                        return &(*list)[i];
+        BuildUidUse *grown = reallocarray(*list, *n + 1, sizeof **list);
+        if (!grown)
+                return NULL;
+        *list = grown;
+        grown[*n] = (BuildUidUse) { .uid = uid };
+        return &grown[(*n)++];
+}
+
+static int uid_compare(const void *a, const void *b) {
+        uint32_t x = ((const BuildUidUse *) a)->uid, y = ((const BuildUidUse *) b)->uid;
+        return x < y ? -1 : x > y;
+}
+
+int build_table_uid_use(BuildTable *t, BuildUidUse **ret, size_t *ret_n) {
+        _cleanup_free_ BuildUidUse *list = NULL;
+        size_t n = 0;
         int r = 0;
 
         (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records && r >= 0; i++) {
+                const BuildRecord *rec = t->records[i];
+                BuildUidUse *u;
+                if (rec->charged) {
+                        if (!(u = uid_entry(&list, &n, rec->charged_uid))) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        u->builds++;
+                        u->bytes += rec->bytes;
+                }
+                for (size_t j = 0; j < rec->holding.n_pinners && r >= 0; j++) {
+                        if (!(u = uid_entry(&list, &n, rec->holding.pinners[j])))
+                                r = -ENOMEM;
+                        else
+                                u->pins++;
+                }
+        }
+        for (size_t i = 0; i < t->n_uid_reserved && r >= 0; i++) {
+                BuildUidUse *u = uid_entry(&list, &n, t->uid_reserved[i].uid);
+                if (!u)
+                        r = -ENOMEM;
+                else {
+                        u->builds += t->uid_reserved[i].builds;
+                        u->bytes += t->uid_reserved[i].bytes;
+                }
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        if (r < 0)
+                return r;
+        if (n > 1)
+                qsort(list, n, sizeof *list, uid_compare);
+        *ret = TAKE_PTR(list);
+        *ret_n = n;
+        return 0;
+}
+
+/* Under the lock: charge's refusal for its uid's limits, or 0. */
+static int check_uid_locked(const BuildTable *t, const BuildCharge *charge, uint64_t bytes,
+                            FamilyError *ret_error) {
+        const BuildUidLimits *l = &t->uid_limits;
+        BuildUidUse u;
+
+        if (!charge || !charge->charged || charge->exempt || (l->builds == 0 && l->bytes == 0))
+                return 0;
+        u = uid_use_locked(t, charge->uid);
+        if (l->builds > 0 && u.builds >= l->builds)
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "UID_BUILD_LIMIT", NULL,
+                                        "uid %" PRIu32 " holds %u of its %u builds "
+                                        "(--max-builds-per-uid); release one of them first",
+                                        charge->uid, u.builds, l->builds);
+        if (l->bytes > 0 && (bytes > l->bytes || u.bytes > l->bytes - bytes))
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "UID_SHM_BUDGET", NULL,
+                                        "uid %" PRIu32 " holds %" PRIu64 " of its %" PRIu64
+                                        " bytes of shards (--shm-budget-per-uid); the build "
+                                        "needs %" PRIu64 " more",
+                                        charge->uid, u.bytes, l->bytes, bytes);
+        return 0;
+}
+
+/* Under the lock: counts (sign 1) or gives back (-1) a reservation of charge's uid. */
+static int uid_reserved_add_locked(BuildTable *t, const BuildCharge *charge, uint64_t bytes,
+                                   int sign) {
+        BuildUidUse *u;
+
+        if (!charge || !charge->charged)
+                return 0;
+        if (sign < 0) {
+                u = NULL;
+                for (size_t i = 0; i < t->n_uid_reserved && !u; i++)
+                        if (t->uid_reserved[i].uid == charge->uid)
+                                u = &t->uid_reserved[i];
+                if (!u || u->builds == 0)
+                        return 0; /* nothing was counted (never for a matched reserve) */
+                u->builds--;
+                u->bytes -= MIN(bytes, u->bytes);
+        } else {
+                u = uid_entry(&t->uid_reserved, &t->n_uid_reserved, charge->uid);
+                if (!u)
+                        return -ENOMEM;
+                u->builds++;
+                u->bytes += bytes;
+        }
+        if (u->builds == 0) {
+                size_t i = (size_t) (u - t->uid_reserved);
+                memmove(u, u + 1, (t->n_uid_reserved - i - 1) * sizeof *u);
+                t->n_uid_reserved--;
+        }
+        return 0;
+}
+
+/* Under the lock: the node's refusal (its slots, its budget), or 0. */
+static int check_node_locked(const BuildTable *t, uint64_t bytes, FamilyError *ret_error) {
         if (t->n_records + t->reserved >= t->max_builds)
-                r = family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "BUILD_LIMIT",
-                                     NULL, "build limit reached: %u builds", t->max_builds);
-        else if (bytes > t->budget || t->bytes_in_use > t->budget - bytes)
-                r = family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED, "SHM_BUDGET",
-                                     NULL,
-                                     "shm budget exceeded: build needs %" PRIu64
-                                     " bytes, %" PRIu64 " of %" PRIu64 " in use",
-                                     bytes, t->bytes_in_use, t->budget);
-        else {
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "BUILD_LIMIT", NULL, "build limit reached: %u builds",
+                                        t->max_builds);
+        if (bytes > t->budget || t->bytes_in_use > t->budget - bytes)
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "SHM_BUDGET", NULL,
+                                        "shm budget exceeded: build needs %" PRIu64
+                                        " bytes, %" PRIu64 " of %" PRIu64 " in use",
+                                        bytes, t->bytes_in_use, t->budget);
+        return 0;
+}
+
+int build_table_reserve_for(BuildTable *t, const BuildCharge *charge, uint64_t bytes,
+                            FamilyError *ret_error) {
+        int r;
+
+        (void) pthread_mutex_lock(&t->lock);
+        /* The uid's own limits first: they name what the caller can do about it. */
+        r = check_uid_locked(t, charge, bytes, ret_error);
+        if (r >= 0)
+                r = check_node_locked(t, bytes, ret_error);
+        if (r >= 0)
+                r = uid_reserved_add_locked(t, charge, bytes, 1);
+        if (r >= 0) {
                 t->reserved++;
                 t->bytes_in_use += bytes;
         }
@@ -81,11 +255,20 @@ int build_table_reserve(BuildTable *t, uint64_t bytes, FamilyError *ret_error) {
         return r;
 }
 
-void build_table_cancel(BuildTable *t, uint64_t bytes) {
+int build_table_reserve(BuildTable *t, uint64_t bytes, FamilyError *ret_error) {
+        return build_table_reserve_for(t, NULL, bytes, ret_error);
+}
+
+void build_table_cancel_for(BuildTable *t, const BuildCharge *charge, uint64_t bytes) {
         (void) pthread_mutex_lock(&t->lock);
         t->reserved--;
         t->bytes_in_use -= bytes;
+        (void) uid_reserved_add_locked(t, charge, bytes, -1); /* an entry exists: no -ENOMEM */
         (void) pthread_mutex_unlock(&t->lock);
+}
+
+void build_table_cancel(BuildTable *t, uint64_t bytes) {
+        build_table_cancel_for(t, NULL, bytes);
 }
 
 static bool id_in_use_locked(const BuildTable *t, const char *id) {
@@ -131,8 +314,8 @@ static BuildRecord *record_new(uint64_t bytes, void *payload, void (*payload_fre
         return rec;
 }
 
-static int commit(BuildTable *t, const char *id, uint64_t bytes, void *payload,
-                  void (*payload_free)(void *payload), BuildRecord **ret) {
+static int commit(BuildTable *t, const BuildCharge *charge, const char *id, uint64_t bytes,
+                  void *payload, void (*payload_free)(void *payload), BuildRecord **ret) {
         int r;
 
         if (id && strlen(id) >= BUILD_TABLE_ID_MAX)
@@ -143,8 +326,13 @@ static int commit(BuildTable *t, const char *id, uint64_t bytes, void *payload,
 
         (void) pthread_mutex_lock(&t->lock);
         r = insert_locked(t, rec, id);
-        if (r >= 0)
+        if (r >= 0) {
                 t->reserved--;
+                /* The reservation's charge moves to the record in the same step. */
+                (void) uid_reserved_add_locked(t, charge, bytes, -1);
+                rec->charged = charge && charge->charged;
+                rec->charged_uid = rec->charged ? charge->uid : 0;
+        }
         (void) pthread_mutex_unlock(&t->lock);
         if (r < 0) {
                 free(rec);
@@ -157,14 +345,20 @@ static int commit(BuildTable *t, const char *id, uint64_t bytes, void *payload,
 
 int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
                        void (*payload_free)(void *payload), BuildRecord **ret) {
-        return commit(t, NULL, bytes, payload, payload_free, ret);
+        return commit(t, NULL, NULL, bytes, payload, payload_free, ret);
 }
 
 int build_table_commit_id(BuildTable *t, const char *id, uint64_t bytes, void *payload,
                           void (*payload_free)(void *payload), BuildRecord **ret) {
+        return build_table_commit_id_for(t, NULL, id, bytes, payload, payload_free, ret);
+}
+
+int build_table_commit_id_for(BuildTable *t, const BuildCharge *charge, const char *id,
+                              uint64_t bytes, void *payload, void (*payload_free)(void *payload),
+                              BuildRecord **ret) {
         if (!id)
                 return -EINVAL;
-        return commit(t, id, bytes, payload, payload_free, ret);
+        return commit(t, charge, id, bytes, payload, payload_free, ret);
 }
 
 int build_table_restore(BuildTable *t, const char *id, uint64_t bytes, void *payload,
@@ -467,21 +661,109 @@ bool build_table_process_holds(BuildTable *t, int32_t pid, uint64_t start_time) 
         return found;
 }
 
-int build_table_pin(BuildTable *t, BuildRecord *rec, bool pin, int64_t now_ms,
-                    uint64_t grace_ms) {
+/* Under the lock: whether a process of uid holds h. */
+static bool uid_holds(const BuildHolding *h, uint32_t uid) {
+        for (size_t i = 0; i < h->n_holders; i++)
+                if (h->holders[i].uid == uid)
+                        return true;
+        return false;
+}
+
+/* Under the lock: pin of p's uid (0, or a refusal). */
+static int pin_locked(BuildTable *t, BuildRecord *rec, const BuildPinner *p,
+                      FamilyError *ret_error) {
         BuildHolding *h = &rec->holding;
-        int r = 0;
+        uint32_t *grown;
+
+        if (!p->admin && h->has_owner && h->owner_uid != p->uid && !uid_holds(h, p->uid))
+                return family_error_set(ret_error, FAMILY_STATUS_PERMISSION_DENIED,
+                                        "PIN_NOT_ALLOWED", "build_id",
+                                        "PinBuild needs the build's owner (uid %" PRIu32
+                                        "), a uid with a process holding the build, or an "
+                                        "admin; uid %" PRIu32 " is none of them",
+                                        h->owner_uid, p->uid);
+        if (has_pinner(h, p->uid))
+                return 0;
+        if (!p->admin && t->uid_limits.pins > 0) {
+                BuildUidUse u = uid_use_locked(t, p->uid);
+                if (u.pins >= t->uid_limits.pins)
+                        return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                "UID_PIN_LIMIT", NULL,
+                                                "uid %" PRIu32 " holds %u of its %u pins "
+                                                "(--max-pins-per-uid); unpin one first",
+                                                p->uid, u.pins, t->uid_limits.pins);
+        }
+        if (h->n_pinners >= BUILD_TABLE_MAX_PINNERS)
+                return family_error_set(ret_error, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                        "PIN_LIMIT", "build_id",
+                                        "build '%s' is pinned by %u uids, the most one build "
+                                        "takes",
+                                        rec->id, BUILD_TABLE_MAX_PINNERS);
+        grown = reallocarray(h->pinners, h->n_pinners + 1, sizeof *grown);
+        if (!grown)
+                return -ENOMEM;
+        h->pinners = grown;
+        h->pinners[h->n_pinners++] = p->uid;
+        return 0;
+}
+
+/* Under the lock: unpin of p's uid (0, or a refusal). */
+static int unpin_locked(BuildRecord *rec, const BuildPinner *p, FamilyError *ret_error) {
+        BuildHolding *h = &rec->holding;
+
+        for (size_t i = 0; i < h->n_pinners; i++)
+                if (h->pinners[i] == p->uid) {
+                        memmove(h->pinners + i, h->pinners + i + 1,
+                                (h->n_pinners - i - 1) * sizeof *h->pinners);
+                        h->n_pinners--;
+                        h->pinned = h->n_pinners > 0;
+                        return 0;
+                }
+        if (p->admin || (h->n_pinners == 0 && !h->has_owner)) {
+                /* An admin's unpin takes every pin; so does anyone's a pin of unknown uid on a
+                 * build of unknown owner (kept by an older familyd). */
+                h->pinners = mfree(h->pinners);
+                h->n_pinners = 0;
+                h->pinned = false;
+                return 0;
+        }
+        if (h->n_pinners == 0)
+                return 0; /* not pinned: nothing to undo */
+        return family_error_set(ret_error, FAMILY_STATUS_PERMISSION_DENIED,
+                                "UNPIN_NOT_ALLOWED", "build_id",
+                                "UnpinBuild takes only the caller's own uid's pin, or any pin "
+                                "for an admin; build '%s' is pinned by %zu other uid%s and not "
+                                "by uid %" PRIu32,
+                                rec->id, h->n_pinners, h->n_pinners == 1 ? "" : "s", p->uid);
+}
+
+int build_table_pin_as(BuildTable *t, BuildRecord *rec, const BuildPinner *p, bool pin,
+                       int64_t now_ms, uint64_t grace_ms, FamilyError *ret_error) {
+        BuildHolding *h = &rec->holding;
+        int r;
 
         (void) pthread_mutex_lock(&t->lock);
-        h->pinned = pin;
-        if (pin)
-                h->grace_deadline_ms = 0;
-        else {
-                holding_maybe_grace(h, now_ms, grace_ms);
-                r = holding_idle(h) && !rec->removed;
+        if (pin) {
+                r = pin_locked(t, rec, p, ret_error);
+                if (r >= 0) {
+                        h->pinned = true;
+                        h->grace_deadline_ms = 0;
+                }
+        } else {
+                r = unpin_locked(rec, p, ret_error);
+                if (r >= 0) {
+                        holding_maybe_grace(h, now_ms, grace_ms);
+                        r = holding_idle(h) && !rec->removed;
+                }
         }
         (void) pthread_mutex_unlock(&t->lock);
         return r;
+}
+
+int build_table_pin(BuildTable *t, BuildRecord *rec, bool pin, int64_t now_ms,
+                    uint64_t grace_ms) {
+        return build_table_pin_as(t, rec, &(BuildPinner) { .uid = 0, .admin = true }, pin, now_ms,
+                                  grace_ms, NULL);
 }
 
 size_t build_table_start_grace(BuildTable *t, int64_t now_ms, uint64_t grace_ms) {
@@ -555,6 +837,25 @@ int build_table_oldest_idle_where(BuildTable *t, bool (*match)(const void *paylo
         return oldest ? 0 : -ENOENT;
 }
 
+int build_table_oldest_idle_of_uid(BuildTable *t, uint32_t uid,
+                                   char ret_id[static BUILD_TABLE_ID_MAX]) {
+        const BuildRecord *oldest = NULL;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t i = 0; i < t->n_records; i++) {
+                const BuildRecord *rec = t->records[i];
+                const BuildHolding *h = &rec->holding;
+                if (rec->charged && rec->charged_uid == uid && holding_idle(h) &&
+                    h->grace_deadline_ms != 0 &&
+                    (!oldest || h->grace_deadline_ms < oldest->holding.grace_deadline_ms))
+                        oldest = rec;
+        }
+        if (oldest)
+                memcpy(ret_id, oldest->id, BUILD_TABLE_ID_MAX);
+        (void) pthread_mutex_unlock(&t->lock);
+        return oldest ? 0 : -ENOENT;
+}
+
 int64_t build_table_next_deadline(BuildTable *t) {
         int64_t next = 0;
 
@@ -588,7 +889,16 @@ int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret
         copy = rec->holding;
         copy.key = NULL;
         copy.holders = NULL;
-        if (copy.n_holders > 0) {
+        copy.pinners = NULL;
+        if (copy.n_pinners > 0) {
+                copy.pinners = calloc(copy.n_pinners, sizeof(uint32_t));
+                if (copy.pinners)
+                        memcpy(copy.pinners, rec->holding.pinners,
+                               copy.n_pinners * sizeof(uint32_t));
+                else
+                        r = -ENOMEM;
+        }
+        if (r >= 0 && copy.n_holders > 0) {
                 copy.holders = calloc(copy.n_holders, sizeof(BuildHolder));
                 if (copy.holders)
                         memcpy(copy.holders, rec->holding.holders,
@@ -597,8 +907,10 @@ int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret
                         r = -ENOMEM;
         }
         (void) pthread_mutex_unlock(&t->lock);
-        if (r < 0)
+        if (r < 0) {
+                build_holding_done(&copy);
                 return r;
+        }
         *ret = copy;
         return 0;
 }
@@ -606,6 +918,8 @@ int build_table_holding(BuildTable *t, const BuildRecord *rec, BuildHolding *ret
 void build_holding_done(BuildHolding *h) {
         h->holders = mfree(h->holders);
         h->n_holders = 0;
+        h->pinners = mfree(h->pinners);
+        h->n_pinners = 0;
 }
 
 void build_holding_kept_done(BuildHoldingKept *k) {
@@ -613,7 +927,8 @@ void build_holding_kept_done(BuildHoldingKept *k) {
                 return;
         k->key = mfree(k->key);
         k->holders = mfree(k->holders);
-        k->key_size = k->n_holders = 0;
+        k->pinners = mfree(k->pinners);
+        k->key_size = k->n_holders = k->n_pinners = 0;
 }
 
 int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHoldingKept *ret) {
@@ -631,8 +946,11 @@ int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHolding
         k.created_ms = h->created_ms;
         k.key_size = h->key ? h->key_size : 0;
         k.n_holders = h->n_holders;
+        k.n_pinners = h->n_pinners;
         if (rec->removed)
                 r = -ESTALE;
+        else if (k.n_pinners > 0 && !(k.pinners = calloc(k.n_pinners, sizeof(uint32_t))))
+                r = -ENOMEM;
         else if (k.key_size > 0 && !(k.key = malloc(k.key_size)))
                 r = -ENOMEM;
         else if (k.n_holders > 0 && !(k.holders = calloc(k.n_holders, sizeof(BuildHolder))))
@@ -642,6 +960,8 @@ int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHolding
                         memcpy(k.key, h->key, k.key_size);
                 if (k.n_holders > 0)
                         memcpy(k.holders, h->holders, k.n_holders * sizeof(BuildHolder));
+                if (k.n_pinners > 0)
+                        memcpy(k.pinners, h->pinners, k.n_pinners * sizeof(uint32_t));
         }
         (void) pthread_mutex_unlock(&t->lock);
         if (r < 0) {
@@ -672,6 +992,21 @@ void build_table_holding_put_back(BuildTable *t, BuildRecord *rec, BuildHoldingK
         free(h->holders);
         h->holders = TAKE_PTR(k->holders);
         h->n_holders = k->n_holders;
+        free(h->pinners);
+        h->pinners = NULL;
+        h->n_pinners = 0;
+        if (k->n_pinners > 0) {
+                h->pinners = TAKE_PTR(k->pinners);
+                h->n_pinners = k->n_pinners;
+                h->pinned = true;
+        } else if (k->pinned && k->has_owner && (h->pinners = malloc(sizeof(uint32_t)))) {
+                /* Kept by a familyd that did not record pinners: the owner's pin. */
+                h->pinners[0] = k->owner_uid;
+                h->n_pinners = 1;
+        }
+        /* Its owner's from now on, as if it had been built now. */
+        rec->charged = k->has_owner;
+        rec->charged_uid = k->has_owner ? k->owner_uid : 0;
         if (h->n_holders > 0 || h->pinned)
                 h->grace_deadline_ms = 0;
         (void) pthread_mutex_unlock(&t->lock);

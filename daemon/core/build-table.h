@@ -64,6 +64,10 @@ typedef struct BuildHolding {
         uint32_t owner_uid;
         bool share_group;
         BuildBinding binding;
+        /* The uids that pinned it (PinBuild), each once; `pinned` is n_pinners > 0, except for
+         * a pin kept by a familyd that did not record pinners on a build without an owner. */
+        uint32_t *pinners;
+        size_t n_pinners;
 } BuildHolding;
 
 typedef struct BuildRecord {
@@ -74,6 +78,10 @@ typedef struct BuildRecord {
         void (*payload_free)(void *payload);
         BuildHolding holding; /* under the table's lock: read it with build_table_holding() */
         bool removed;         /* no longer in the table (under the lock) */
+        /* The uid its slot and bytes count against (--max-builds-per-uid,
+         * --shm-budget-per-uid): the Build's caller, or a restored build's owner. */
+        bool charged;
+        uint32_t charged_uid;
 } BuildRecord;
 
 BuildRecord *build_record_ref(BuildRecord *r);
@@ -88,13 +96,48 @@ int build_table_new(unsigned max_builds, uint64_t budget_bytes, uint32_t boot_ta
 BuildTable *build_table_free(BuildTable *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BuildTable *, build_table_free);
 
+/* What one uid may hold (0: no limit): --max-builds-per-uid, --max-pins-per-uid,
+ * --shm-budget-per-uid. Admins are not held to them (docs/security.md). */
+typedef struct BuildUidLimits {
+        unsigned builds;
+        unsigned pins;
+        uint64_t bytes;
+} BuildUidLimits;
+void build_table_set_uid_limits(BuildTable *t, const BuildUidLimits *limits);
+void build_table_uid_limits(BuildTable *t, BuildUidLimits *ret);
+
+/* Whom a reservation counts against: charged false (a build made without a caller) counts
+ * against nobody; exempt (an admin's) counts but is never refused for its uid's use. */
+typedef struct BuildCharge {
+        bool charged;
+        bool exempt;
+        uint32_t uid;
+} BuildCharge;
+
+/* One uid's use: builds (and reservations in flight), their host bytes, and builds it pinned. */
+typedef struct BuildUidUse {
+        uint32_t uid;
+        unsigned builds;
+        unsigned pins;
+        uint64_t bytes;
+} BuildUidUse;
+/* Every uid that holds a build, a reservation or a pin, by uid; *ret malloc'd (NULL when
+ * none). -ENOMEM. */
+int build_table_uid_use(BuildTable *t, BuildUidUse **ret, size_t *ret_n);
+
 /*
  * Reserves a slot and bytes: RESOURCE_EXHAUSTED `build limit reached: N builds` (reason
- * BUILD_LIMIT) or `shm budget exceeded: build needs B bytes, U of T in use` (SHM_BUDGET).
- * Every successful reserve is followed by exactly one commit or cancel.
+ * BUILD_LIMIT) or `shm budget exceeded: build needs B bytes, U of T in use` (SHM_BUDGET); for a
+ * charged, not exempt uid first `uid U holds N of its M builds (--max-builds-per-uid)`
+ * (UID_BUILD_LIMIT) or `uid U holds B of its M bytes of shards (--shm-budget-per-uid) ...`
+ * (UID_SHM_BUDGET). Every successful reserve is followed by exactly one commit or cancel with
+ * the same charge (NULL: none).
  */
 int build_table_reserve(BuildTable *t, uint64_t bytes, FamilyError *ret_error);
+int build_table_reserve_for(BuildTable *t, const BuildCharge *charge, uint64_t bytes,
+                            FamilyError *ret_error);
 void build_table_cancel(BuildTable *t, uint64_t bytes);
+void build_table_cancel_for(BuildTable *t, const BuildCharge *charge, uint64_t bytes);
 /* Turns a reservation of `bytes` into a record (taking payload); *ret is a new reference. */
 int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
                        void (*payload_free)(void *payload), BuildRecord **ret);
@@ -108,6 +151,9 @@ int build_table_commit(BuildTable *t, uint64_t bytes, void *payload,
 void build_table_next_id(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX]);
 int build_table_commit_id(BuildTable *t, const char *id, uint64_t bytes, void *payload,
                           void (*payload_free)(void *payload), BuildRecord **ret);
+int build_table_commit_id_for(BuildTable *t, const BuildCharge *charge, const char *id,
+                              uint64_t bytes, void *payload, void (*payload_free)(void *payload),
+                              BuildRecord **ret);
 
 /*
  * Re-adopts a build kept across a restart under its old id (taking payload): no reservation,
@@ -166,8 +212,29 @@ size_t build_table_drop_process(BuildTable *t, int32_t pid, uint64_t start_time,
                                 uint64_t grace_ms);
 /* Whether process (pid, start_time) holds any build. */
 bool build_table_process_holds(BuildTable *t, int32_t pid, uint64_t start_time);
-/* Pins or unpins; returns 1 when an unpin left the build unheld (grace starts), else 0. */
+/* Pins or unpins as an admin of uid 0 (an unpin takes every pin); returns 1 when an unpin left
+ * the build unheld (grace starts), else 0. */
 int build_table_pin(BuildTable *t, BuildRecord *rec, bool pin, int64_t now_ms, uint64_t grace_ms);
+
+/* Who pins or unpins: the connection's uid, and whether it is an admin. */
+typedef struct BuildPinner {
+        uint32_t uid;
+        bool admin;
+} BuildPinner;
+/* The most uids that pin one build at once. */
+#define BUILD_TABLE_MAX_PINNERS 64u
+/*
+ * PinBuild: the pin of p's uid, which must be the build's owner, a uid one of whose processes
+ * holds it, or an admin (any uid for a build without a known owner): else PERMISSION_DENIED
+ * PIN_NOT_ALLOWED. A uid pins a build once (again: nothing changes); a new pin past
+ * --max-pins-per-uid (admins exempt) is RESOURCE_EXHAUSTED UID_PIN_LIMIT, past
+ * BUILD_TABLE_MAX_PINNERS RESOURCE_EXHAUSTED PIN_LIMIT.
+ * UnpinBuild: takes the pin of p's uid; an admin without one takes every pin; a uid without
+ * one while other uids pin the build: PERMISSION_DENIED UNPIN_NOT_ALLOWED; nothing pinned: a
+ * no-op. Returns 1 when an unpin left the build unheld (grace starts), else 0.
+ */
+int build_table_pin_as(BuildTable *t, BuildRecord *rec, const BuildPinner *p, bool pin,
+                       int64_t now_ms, uint64_t grace_ms, FamilyError *ret_error);
 /* Starts the grace period of every referenced build that nothing holds and that has none
  * (builds restored after a restart); returns how many. */
 size_t build_table_start_grace(BuildTable *t, int64_t now_ms, uint64_t grace_ms);
@@ -188,6 +255,9 @@ int build_table_oldest_idle(BuildTable *t, char ret_id[static BUILD_TABLE_ID_MAX
  * payload of a committed record does not change). */
 int build_table_oldest_idle_where(BuildTable *t, bool (*match)(const void *payload),
                                   char ret_id[static BUILD_TABLE_ID_MAX]);
+/* The same among the builds counted against uid (a Build refused for its uid's limits). */
+int build_table_oldest_idle_of_uid(BuildTable *t, uint32_t uid,
+                                   char ret_id[static BUILD_TABLE_ID_MAX]);
 /* The earliest grace deadline (Unix ms), 0 when no build is in grace. */
 int64_t build_table_next_deadline(BuildTable *t);
 unsigned build_table_count_idle(BuildTable *t);
@@ -209,13 +279,16 @@ typedef struct BuildHoldingKept {
         size_t key_size;
         BuildHolder *holders; /* oldest first */
         size_t n_holders;
+        uint32_t *pinners; /* NULL with pinned: kept by a familyd that did not record them */
+        size_t n_pinners;
 } BuildHoldingKept;
 void build_holding_kept_done(BuildHoldingKept *k);
 
 /* A copy of what rec's holding keeps; -ESTALE once rec left the table. */
 int build_table_holding_kept(BuildTable *t, const BuildRecord *rec, BuildHoldingKept *ret);
-/* After a restart: rec's holding gets k back (key and holders taken, k emptied); a build with
- * holders or a pin is not in its grace period. */
+/* After a restart: rec's holding gets k back (key, holders and pinners taken, k emptied); a
+ * build with holders or a pin is not in its grace period. A pin without pinners is its
+ * owner's; an owned build counts against its owner's uid from now on. */
 void build_table_holding_put_back(BuildTable *t, BuildRecord *rec, BuildHoldingKept *k);
 /* As build_table_drop_process(), and *ret (new references, build_list_free()) lists every
  * build the process held, its holders changed. */

@@ -67,6 +67,7 @@ int manager_new(const ManagerParams *params, Manager **ret, LoadDiagnostics *ret
                             &m->builds);
         if (r < 0)
                 return r;
+        build_table_set_uid_limits(m->builds, &params->uid_limits);
 
         *ret = TAKE_PTR(m);
         return 0;

@@ -32,6 +32,7 @@ typedef struct ManagerParams {
         size_t n_devices;
         uint64_t shm_budget_bytes;
         unsigned max_builds;
+        BuildUidLimits uid_limits; /* --max-builds-per-uid, --max-pins-per-uid, ... */
         uint32_t boot_tag; /* random per start: build ids differ across restarts */
         /* The registry's digest into ret (REGISTRY_DIGEST_LENGTH + 1 bytes): 0 or -ENOMEM. The
          * shell sets codec_registry_digest (core does not include codec/); NULL: "" (unknown). */

@@ -37,6 +37,35 @@ static int gather_builds(Manager *m, MetricsSnapshot *s) {
         return 0;
 }
 
+/* What uids hold, as the most one uid holds and how many are at their limit: no uid named. */
+static int gather_uids(Manager *m, const Builder *builder, MetricsSnapshot *s) {
+        _cleanup_free_ BuildUidUse *use = NULL;
+        BuildUidLimits l;
+        BuildReleasedUse released;
+        size_t n = 0;
+        int r;
+
+        build_released_use(builder, &released);
+        s->shm_released_held_bytes = released.bytes;
+        s->shm_released_held_segments = released.segments;
+        build_table_uid_limits(m->builds, &l);
+        s->uid_limit[0] = l.builds;
+        s->uid_limit[1] = l.pins;
+        s->uid_limit[2] = l.bytes;
+        r = build_table_uid_use(m->builds, &use, &n);
+        if (r < 0)
+                return r;
+        s->uids_holding = (unsigned) n;
+        for (size_t i = 0; i < n; i++) {
+                uint64_t v[METRICS_UID_RESOURCES] = { use[i].builds, use[i].pins, use[i].bytes };
+                for (unsigned k = 0; k < METRICS_UID_RESOURCES; k++) {
+                        s->uid_use_max[k] = MAX(s->uid_use_max[k], v[k]);
+                        s->uids_at_limit[k] += s->uid_limit[k] > 0 && v[k] >= s->uid_limit[k];
+                }
+        }
+        return 0;
+}
+
 static void gather_gpus(const Builder *builder, const Topology *t, MetricsSnapshot *s) {
         if (!builder || !builder->accel)
                 return;
@@ -118,6 +147,9 @@ int metrics_snapshot_gather(const MetricsSources *src, MetricsSnapshot *ret) {
         ret->shm_budget_bytes = build_table_budget(m->builds);
         ret->shm_used_bytes = build_table_bytes_in_use(m->builds);
         gather_gpus(src->builder, t, ret);
+        r = gather_uids(m, src->builder, ret);
+        if (r < 0)
+                return r;
 
         ret->meshes = (unsigned) mesh_table_size(m->meshes);
         gather_peers(t, ret);

@@ -171,6 +171,35 @@ static void render_memory(Text *t, const MetricsSnapshot *s) {
                             s->gpus[i].device, s->gpus[i].used_bytes);
 }
 
+static const char *const uid_resources[METRICS_UID_RESOURCES] = { "builds", "pins", "shm_bytes" };
+
+static void render_uids(Text *t, const MetricsSnapshot *s) {
+        text_u64(t, "familyd_shm_released_held_bytes", "gauge",
+                 "Host shard memory of freed builds that clients still map or hold: outside "
+                 "familyd_shm_used_bytes, still taken from the node.",
+                 s->shm_released_held_bytes);
+        text_u64(t, "familyd_shm_released_held_segments", "gauge",
+                 "The shards those bytes are in.", s->shm_released_held_segments);
+        text_u64(t, "familyd_uids_holding", "gauge",
+                 "Uids holding a build, a Build in flight or a pin.", s->uids_holding);
+        text_family(t, "familyd_uid_limit", "gauge",
+                    "What one uid may hold, by resource (--max-builds-per-uid, "
+                    "--max-pins-per-uid, --shm-budget-per-uid; 0: none); admins are exempt.");
+        for (unsigned k = 0; k < METRICS_UID_RESOURCES; k++)
+                text_printf(t, "familyd_uid_limit{resource=\"%s\"} %" PRIu64 "\n",
+                            uid_resources[k], s->uid_limit[k]);
+        text_family(t, "familyd_uid_use_max", "gauge",
+                    "The most any one uid holds, by resource (familyctl status names the uids).");
+        for (unsigned k = 0; k < METRICS_UID_RESOURCES; k++)
+                text_printf(t, "familyd_uid_use_max{resource=\"%s\"} %" PRIu64 "\n",
+                            uid_resources[k], s->uid_use_max[k]);
+        text_family(t, "familyd_uids_at_limit", "gauge",
+                    "Uids holding as much as their limit allows, by resource.");
+        for (unsigned k = 0; k < METRICS_UID_RESOURCES; k++)
+                text_printf(t, "familyd_uids_at_limit{resource=\"%s\"} %u\n", uid_resources[k],
+                            s->uids_at_limit[k]);
+}
+
 static void render_cluster(Text *t, const MetricsSnapshot *s) {
         text_u64(t, "familyd_meshes", "gauge", "Meshes known to this node.", s->meshes);
         text_family(t, "familyd_peers", "gauge", "Other nodes of the cluster, by state.");
@@ -227,6 +256,7 @@ int metrics_render(const MetricsSnapshot *s, bool openmetrics, char **ret, size_
         render_rpc(&t, s);
         render_builds(&t, s);
         render_memory(&t, s);
+        render_uids(&t, s);
         render_shard_socket(&t, s);
         render_cluster(&t, s);
         render_registry(&t, s);

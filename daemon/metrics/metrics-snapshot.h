@@ -15,6 +15,8 @@ struct ShardServer;
 #define METRICS_MAX_GPUS 64u
 /* The device_kind label's values, in the order of the per-kind arrays below (accel.h's). */
 #define METRICS_DEVICE_KINDS 2u
+/* The resource label's values (per-uid limits): builds, pins, shm_bytes, in this order. */
+#define METRICS_UID_RESOURCES 3u
 
 typedef struct MetricsGpu {
         char device[32]; /* "cuda:0": the local device index, bounded by the node's GPUs */
@@ -34,6 +36,13 @@ typedef struct MetricsSnapshot {
         uint64_t shard_handouts_total, shard_descriptors_total;
         /* memory */
         uint64_t shm_budget_bytes, shm_used_bytes;
+        uint64_t shm_released_held_bytes; /* freed builds' shards clients still hold */
+        unsigned shm_released_held_segments;
+        /* per uid, by resource, without naming a uid (docs/security.md, "Metrics port") */
+        unsigned uids_holding;
+        uint64_t uid_limit[METRICS_UID_RESOURCES];
+        uint64_t uid_use_max[METRICS_UID_RESOURCES];
+        unsigned uids_at_limit[METRICS_UID_RESOURCES];
         MetricsGpu gpus[METRICS_MAX_GPUS];
         size_t n_gpus;
         /* meshes and peers */

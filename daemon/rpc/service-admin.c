@@ -30,6 +30,63 @@ static int status_coordinator(Arena *arena, Familyd__V1__GetStatusResponse *repl
         return 0;
 }
 
+/* GetStatusResponse.uid_use holds at most this many uids: those holding the most builds. */
+#define STATUS_MAX_UIDS 1024u
+
+static int by_builds_desc(const void *a, const void *b) {
+        const BuildUidUse *x = a, *y = b;
+        return x->builds > y->builds ? -1 : x->builds < y->builds;
+}
+
+static int by_uid(const void *a, const void *b) {
+        uint32_t x = ((const BuildUidUse *) a)->uid, y = ((const BuildUidUse *) b)->uid;
+        return x < y ? -1 : x > y;
+}
+
+/* What each uid holds, the per-uid limits, and freed shards still held. */
+static int status_uids(RpcContext *ctx, Arena *arena, Familyd__V1__GetStatusResponse *reply) {
+        _cleanup_free_ BuildUidUse *use = NULL;
+        BuildUidLimits limits;
+        BuildReleasedUse released;
+        size_t n = 0;
+        int r;
+
+        build_table_uid_limits(ctx->manager->builds, &limits);
+        reply->max_builds_per_uid = limits.builds;
+        reply->max_pins_per_uid = limits.pins;
+        reply->shm_budget_per_uid_bytes = limits.bytes;
+        build_released_use(ctx->hooks ? ctx->hooks->builder : NULL, &released);
+        reply->shm_released_bytes_held = released.bytes;
+        reply->shm_released_segments_held = released.segments;
+
+        r = build_table_uid_use(ctx->manager->builds, &use, &n);
+        if (r < 0)
+                return r;
+        if (n > STATUS_MAX_UIDS) {
+                qsort(use, n, sizeof *use, by_builds_desc);
+                n = STATUS_MAX_UIDS;
+                qsort(use, n, sizeof *use, by_uid);
+                reply->uid_use_truncated = true;
+        }
+        if (n == 0)
+                return 0;
+        if (!ARRAY_NEW(arena, reply->uid_use, n))
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                Familyd__V1__UidUse *u = MSG_NEW(arena, Familyd__V1__UidUse,
+                                                 familyd__v1__uid_use__init);
+                if (!u)
+                        return -ENOMEM;
+                u->uid = use[i].uid;
+                u->builds = use[i].builds;
+                u->pins = use[i].pins;
+                u->shm_bytes = use[i].bytes;
+                reply->uid_use[i] = u;
+        }
+        reply->n_uid_use = n;
+        return 0;
+}
+
 static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
                       ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         Manager *m = ctx->manager;
@@ -75,6 +132,9 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
                 reply->n_builds_in_flight = n;
         }
         int r = status_coordinator(arena, reply);
+        if (r < 0)
+                return r;
+        r = status_uids(ctx, arena, reply);
         if (r < 0)
                 return r;
         reply->peer_messages_sent = atomic_load_explicit(&m->peer_messages_sent,

@@ -26,6 +26,16 @@ static Builder builder_of(const RpcContext *ctx) {
         return (Builder) { .manager = ctx->manager, .shards = ctx->shards };
 }
 
+/* Who calls, for the per-uid limits and the pin and release rules: the connection's uid and
+ * whether it is an admin; a caller that cannot be told counts as uid 4294967295, no admin. */
+static BuildActor actor_of(void) {
+        RpcCaller caller;
+
+        if (rpc_call_caller(&caller) < 0)
+                return (BuildActor) { .uid = UINT32_MAX, .admin = false };
+        return (BuildActor) { .uid = caller.uid, .admin = caller.admin };
+}
+
 /* Whether the calling process is the one a training handout is bound to: the same pid and
  * start time (build-caller.c names it as it names a holder). */
 static bool caller_is_process(const BuildBinding *binding) {
@@ -222,7 +232,7 @@ static int build_shared(RpcContext *ctx, const Builder *builder, const BuildRequ
                         bool share_group, const char *progress_tag, FamilyError *ret_error) {
         SharedCall *call;
         BuildDraft *draft = NULL;
-        BuildWaiter w = { .share_group = share_group };
+        BuildWaiter w = { .share_group = share_group, .admin = actor_of().admin };
         int r;
 
         r = caller_of(&w.caller, &w.pidfd, ret_error);
@@ -320,7 +330,8 @@ static int build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
         if (req.materialize.enabled && builder.sharing)
                 return build_shared(ctx, &builder, &req, share_group, pb->progress_tag,
                                     ret_error);
-        r = build_draft(&builder, &req, ctx->shard_socket, &draft, ret_error);
+        BuildActor actor = actor_of();
+        r = build_draft(&builder, &req, ctx->shard_socket, &actor, &draft, ret_error);
         if (r < 0)
                 return r;
         (void) build_draft_set_progress_tag(draft, pb->progress_tag); /* as in build_shared() */
@@ -467,6 +478,7 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
         _cleanup_(family_error_done) FamilyError unknown = FAMILY_ERROR_NULL;
         Builder builder = builder_of(ctx);
         Familyd__V1__ReleaseBuildResponse *reply;
+        BuildActor actor = actor_of();
         BuildCaller caller;
         bool known = false, freed = false;
         int r, pidfd = -1;
@@ -482,8 +494,8 @@ static int release_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *
                 known = caller_of(&caller, &pidfd, &unknown) >= 0;
                 safe_close(pidfd);
         }
-        r = build_release_held(&builder, req->build_id, known ? &caller : NULL, req->force,
-                               &freed, ret_error);
+        r = build_release_held(&builder, req->build_id, known ? &caller : NULL, &actor,
+                               req->force, &freed, ret_error);
         if (r == -ENOTCONN) {
                 *ret_error = unknown;
                 unknown = FAMILY_ERROR_NULL;
@@ -505,13 +517,14 @@ static int pin_or_unpin(RpcContext *ctx, Arena *arena, const char *id, bool pin,
                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
         _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
         Builder builder = builder_of(ctx);
+        BuildActor actor = actor_of();
         Familyd__V1__Build *reply;
         int r;
 
         r = codec_check_length(id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
         if (r < 0)
                 return r;
-        r = build_pin(&builder, id, pin, &rec, ret_error);
+        r = build_pin(&builder, id, &actor, pin, &rec, ret_error);
         if (r < 0)
                 return r;
         r = build_reply(ctx, arena, rec, &reply);

@@ -232,7 +232,7 @@ class TestMetrics(unittest.TestCase):
                 self.assertEqual(kind == "counter", name.endswith("_total"), line)
         labels = {k for key in M.parse(text) for k, _ in key[1]}
         self.assertLessEqual(labels, {"method", "code", "le", "device", "device_kind", "state",
-                                      "result", "version"})
+                                      "result", "version", "resource"})
         self.assertNotIn("bld-", text)
         self.assertNotIn("pid", text)
 

@@ -173,11 +173,128 @@ static void test_holders_pins_and_grace(void **state) {
         assert_int_equal(build_table_count(t), 0);
 }
 
+/* Per-uid limits: a charged uid is refused at its builds or bytes with its use in the sentence,
+ * another uid and an exempt one are not; commit and cancel move the charge. */
+static void test_uid_limits(void **state) {
+        _cleanup_(build_table_freep) BuildTable *t = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+        BuildCharge a = { .charged = true, .uid = 1001 }, b = { .charged = true, .uid = 1002 };
+        BuildCharge admin = { .charged = true, .exempt = true, .uid = 1001 };
+        BuildRecord *r1 = NULL, *r2 = NULL;
+        BuildUidUse *use = NULL;
+        size_t n = 0;
+
+        assert_int_equal(build_table_new(16, 1000, 1, &t), 0);
+        build_table_set_uid_limits(t, &(BuildUidLimits) { .builds = 2, .pins = 1, .bytes = 300 });
+        assert_int_equal(build_table_reserve_for(t, &a, 200, &e), 0);
+        assert_int_equal(build_table_commit_id_for(t, &a, "bld-00000001-1", 200, NULL, NULL, &r1),
+                         0);
+        assert_true(r1->charged);
+        assert_int_equal(r1->charged_uid, 1001);
+        /* Bytes: 200 held, 200 more would pass 300. */
+        assert_int_equal(build_table_reserve_for(t, &a, 200, &e), -EINVAL);
+        assert_string_equal(e.reason, "UID_SHM_BUDGET");
+        assert_string_equal(e.message, "uid 1001 holds 200 of its 300 bytes of shards "
+                                       "(--shm-budget-per-uid); the build needs 200 more");
+        family_error_done(&e);
+        /* A reservation in flight counts. */
+        assert_int_equal(build_table_reserve_for(t, &a, 0, &e), 0);
+        assert_int_equal(build_table_reserve_for(t, &a, 0, &e), -EINVAL);
+        assert_string_equal(e.reason, "UID_BUILD_LIMIT");
+        assert_string_equal(e.message, "uid 1001 holds 2 of its 2 builds (--max-builds-per-uid); "
+                                       "release one of them first");
+        family_error_done(&e);
+        /* Another uid, and the same uid as an admin, go on. */
+        assert_int_equal(build_table_reserve_for(t, &b, 300, &e), 0);
+        assert_int_equal(build_table_reserve_for(t, &admin, 400, &e), 0);
+        assert_int_equal(build_table_uid_use(t, &use, &n), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(use[0].uid, 1001);
+        assert_int_equal(use[0].builds, 3);
+        assert_int_equal(use[0].bytes, 600);
+        assert_int_equal(use[1].uid, 1002);
+        use = mfree(use);
+        build_table_cancel_for(t, &admin, 400);
+        build_table_cancel_for(t, &b, 300);
+        build_table_cancel_for(t, &a, 0);
+        /* Released: the uid builds again. */
+        assert_int_equal(build_table_remove(t, r1->id, &e), 0);
+        r1 = build_record_unref(r1);
+        assert_int_equal(build_table_uid_use(t, &use, &n), 0);
+        assert_int_equal(n, 0);
+        assert_ptr_equal(use, NULL);
+        assert_int_equal(build_table_reserve_for(t, &a, 300, &e), 0);
+        assert_int_equal(build_table_commit_id_for(t, &a, "bld-00000001-2", 300, NULL, NULL, &r2),
+                         0);
+        build_record_unref(r2);
+}
+
+/* Pins: by the owner, a uid holding the build, or an admin; unpinned only by the uid that
+ * pinned (an admin takes every pin); at most --max-pins-per-uid pins a uid. */
+static void test_pin_rules(void **state) {
+        _cleanup_(build_table_freep) BuildTable *t = NULL;
+        FamilyError e = FAMILY_ERROR_NULL;
+        BuildRecord *x = NULL, *y = NULL;
+        BuildPinner owner = { .uid = 1001 }, other = { .uid = 1002 }, holder = { .uid = 1003 };
+        BuildPinner admin = { .uid = 0, .admin = true };
+        BuildHolding h = {};
+
+        assert_int_equal(build_table_new(16, 1000, 1, &t), 0);
+        build_table_set_uid_limits(t, &(BuildUidLimits) { .builds = 8, .pins = 1 });
+        assert_int_equal(build_table_reserve(t, 0, &e), 0);
+        assert_int_equal(build_table_commit(t, 0, NULL, NULL, &x), 0);
+        assert_int_equal(build_table_reserve(t, 0, &e), 0);
+        assert_int_equal(build_table_commit(t, 0, NULL, NULL, &y), 0);
+        build_table_init_holding(t, x, &(BuildRecordInit) { .referenced = true, .has_owner = true,
+                                                             .owner_uid = 1001 });
+        build_table_init_holding(t, y, &(BuildRecordInit) { .referenced = true, .has_owner = true,
+                                                             .owner_uid = 1001 });
+        assert_int_equal(build_table_hold(t, x, &(BuildHolder) { .pid = 5, .uid = 1003,
+                                                                 .start_time = 1 }),
+                         0);
+
+        assert_int_equal(build_table_pin_as(t, x, &other, true, 0, 0, &e), -EINVAL);
+        assert_string_equal(e.reason, "PIN_NOT_ALLOWED");
+        assert_int_equal(e.status, FAMILY_STATUS_PERMISSION_DENIED);
+        family_error_done(&e);
+        assert_int_equal(build_table_pin_as(t, x, &owner, true, 0, 0, &e), 0);
+        assert_int_equal(build_table_pin_as(t, x, &owner, true, 0, 0, &e), 0); /* once */
+        assert_int_equal(build_table_pin_as(t, x, &holder, true, 0, 0, &e), 0);
+        /* The owner's second pin passes --max-pins-per-uid 1. */
+        assert_int_equal(build_table_pin_as(t, y, &owner, true, 0, 0, &e), -EINVAL);
+        assert_string_equal(e.reason, "UID_PIN_LIMIT");
+        assert_string_equal(e.message, "uid 1001 holds 1 of its 1 pins (--max-pins-per-uid); "
+                                       "unpin one first");
+        family_error_done(&e);
+        /* Another uid cannot take either pin. */
+        assert_int_equal(build_table_pin_as(t, x, &other, false, 0, 0, &e), -EINVAL);
+        assert_string_equal(e.reason, "UNPIN_NOT_ALLOWED");
+        family_error_done(&e);
+        /* The holder takes its own; the owner's stays. */
+        assert_int_equal(build_table_pin_as(t, x, &holder, false, 0, 0, &e), 0);
+        assert_int_equal(build_table_holding(t, x, &h), 0);
+        assert_true(h.pinned);
+        assert_int_equal(h.n_pinners, 1);
+        build_holding_done(&h);
+        /* An admin takes every pin; nothing pinned, an unpin changes nothing. */
+        assert_int_equal(build_table_pin_as(t, x, &owner, true, 0, 0, &e), 0);
+        assert_int_equal(build_table_pin_as(t, x, &admin, false, 0, 0, &e), 0);
+        assert_int_equal(build_table_holding(t, x, &h), 0);
+        assert_false(h.pinned);
+        assert_int_equal(h.n_pinners, 0);
+        build_holding_done(&h);
+        assert_int_equal(build_table_pin_as(t, x, &other, false, 0, 0, &e), 0);
+        build_record_unref(x);
+        build_record_unref(y);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_limits_and_texts),
                 cmocka_unit_test(test_concurrent_reservations_never_overshoot),
                 cmocka_unit_test(test_holders_pins_and_grace),
+                cmocka_unit_test(test_uid_limits),
+                cmocka_unit_test(test_pin_rules),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -375,6 +375,68 @@ static void test_holders_record_binding(void **unused) {
         free(plain);
 }
 
+/* The uids that pinned a build ride on flag 32 after the binding; an older record's pin (flag 1
+ * alone) reads with no pinners, and put back it is its owner's. */
+static void test_holders_record_pinners(void **unused) {
+        uint32_t pinners[] = { 1000, 0 };
+        HoldersRecord in = { .pinned = true, .has_owner = true, .owner_uid = 1000,
+                             .binding = { .bound = true, .pid = 7, .start_time = 2 },
+                             .pinners = pinners, .n_pinners = 2 };
+        HoldersRecord out = {};
+        uint8_t *data = NULL, *plain = NULL;
+        size_t size = 0, plain_size = 0;
+        char why[128];
+
+        assert_int_equal(codec_holders_record_encode(&in, &data, &size), 0);
+        assert_int_equal(codec_holders_record_decode(data, size, &out, why, sizeof why), 0);
+        assert_true(out.pinned);
+        assert_int_equal(out.n_pinners, 2);
+        assert_int_equal(out.pinners[0], 1000);
+        assert_int_equal(out.pinners[1], 0);
+        assert_true(out.binding.bound);
+        assert_int_equal(out.binding.start_time, 2);
+        codec_holders_record_done(&out);
+
+        in.pinners = NULL;
+        in.n_pinners = 0;
+        assert_int_equal(codec_holders_record_encode(&in, &plain, &plain_size), 0);
+        assert_int_equal(plain_size + 12, size);
+        assert_int_equal(codec_holders_record_decode(plain, plain_size, &out, why, sizeof why),
+                         0);
+        assert_true(out.pinned);
+        assert_int_equal(out.n_pinners, 0);
+
+        /* Put back: the pin of unknown uid is the owner's, and the build counts for it. */
+        BuildTable *t = NULL;
+        BuildRecord *a = NULL;
+        BuildHolding h = {};
+        BuildUidUse *use = NULL;
+        size_t n = 0;
+        assert_int_equal(build_table_new(4, 1000, 1, &t), 0);
+        assert_int_equal(build_table_restore(t, "bld-00000001-1", 10, NULL, NULL, &a), 0);
+        build_table_holding_put_back(t, a, &out);
+        assert_int_equal(build_table_holding(t, a, &h), 0);
+        assert_true(h.pinned);
+        assert_int_equal(h.n_pinners, 1);
+        assert_int_equal(h.pinners[0], 1000);
+        build_holding_done(&h);
+        assert_int_equal(build_table_uid_use(t, &use, &n), 0);
+        assert_int_equal(n, 1);
+        assert_int_equal(use[0].uid, 1000);
+        assert_int_equal(use[0].builds, 1);
+        assert_int_equal(use[0].pins, 1);
+        assert_int_equal(use[0].bytes, 10);
+        free(use);
+        build_record_unref(a);
+        build_table_free(t);
+
+        /* The flag with a count of 0, or with the uids cut short, does not add up. */
+        assert_int_equal(codec_holders_record_decode(data, size - 4, &out, why, sizeof why),
+                         -EBADMSG);
+        free(data);
+        free(plain);
+}
+
 static void test_holders_record_corrupt_is_refused(void **unused) {
         BuildHolder h = { .pid = 7, .uid = 1, .start_time = 2, .since_ms = 3, .count = 1 };
         uint8_t key[] = "key";
@@ -475,6 +537,7 @@ int main(void) {
                 cmocka_unit_test(test_holders_record_round_trip),
                 cmocka_unit_test(test_holders_record_owner),
                 cmocka_unit_test(test_holders_record_binding),
+                cmocka_unit_test(test_holders_record_pinners),
                 cmocka_unit_test(test_holders_record_corrupt_is_refused),
                 cmocka_unit_test(test_build_table_holding_kept_and_put_back),
         };
