@@ -55,6 +55,12 @@ static int part_source(const CheckpointSource *src, const CheckpointPart *part, 
                                         "CHECKPOINT_TENSOR_MISSING", NULL,
                                         "parameter '%s': the checkpoint has no tensor '%s'",
                                         p->name, name);
+        if (r == -E2BIG)
+                return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                        "CHECKPOINT_SHAPE", NULL,
+                                        "parameter '%s': checkpoint tensor '%s' has more than %u "
+                                        "dimensions or one over 2^63", p->name, name,
+                                        FAMILYD_MAX_SHAPE_RANK);
         if (r < 0)
                 return r;
         /* The parameter's axes without the stacked one, the last two swapped if transposed. */

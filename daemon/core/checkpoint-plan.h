@@ -43,7 +43,8 @@ typedef struct CheckpointBlock {
 
 void checkpoint_blocks_free(CheckpointBlock *b, size_t n);
 
-/* A checkpoint tensor's shape by name: 0, or -ENOENT when the checkpoint has none so named. */
+/* A checkpoint tensor's shape by name: 0, or -ENOENT when the checkpoint has none so named,
+ * -E2BIG when it has more than FAMILYD_MAX_SHAPE_RANK dimensions or one over INT64_MAX. */
 typedef int (*CheckpointShapeFunc)(const char *name, size_t *ret_n_dims,
                                    int64_t ret_shape[static FAMILYD_MAX_SHAPE_RANK],
                                    void *userdata);

@@ -1,0 +1,166 @@
+/* build-checkpoint-read.c: shard slices filled from a client's checkpoint: the plan's boxes read once, converted, scattered. */
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/checkpoint-dtype.h"
+#include "build-checkpoint.h"
+
+#define READ_STAGING_MIN (64u << 10)
+
+/* One box of one tensor, in element strides of the file (src) and of the slice (dst). */
+typedef struct Box {
+        const BuildCheckpointFile *file;
+        const SafetensorsTensor *tensor;
+        const CheckpointBlock *block;
+        size_t in, out;                   /* bytes per element: file, slice */
+        size_t k;                         /* source dimensions */
+        size_t m;                         /* axes m..k-1 make one contiguous run */
+        uint64_t src_stride[FAMILYD_MAX_SHAPE_RANK];
+        uint64_t dst_stride[FAMILYD_MAX_SHAPE_RANK]; /* per source axis, in the slice */
+        uint64_t dst_base;
+        uint64_t run;                     /* elements per run */
+        bool dst_contiguous;              /* a run lands in consecutive slice elements */
+} Box;
+
+static void box_layout(Box *x, const ParameterLayout *p, const ShardSlice *slice) {
+        const CheckpointBlock *b = x->block;
+        uint64_t param_stride[FAMILYD_MAX_SHAPE_RANK], s = 1;
+
+        for (size_t d = slice->n_dims; d-- > 0;) {
+                param_stride[d] = s;
+                s *= (uint64_t) slice->local_shape[d];
+        }
+        x->dst_base = 0;
+        for (size_t d = 0; d < slice->n_dims; d++) {
+                x->dst_base += (uint64_t) b->dst_offset[d] * param_stride[d];
+                if (b->src_axis[d] != CHECKPOINT_NO_AXIS)
+                        x->dst_stride[b->src_axis[d]] = param_stride[d];
+        }
+        s = 1;
+        for (size_t j = x->k; j-- > 0;) {
+                x->src_stride[j] = s;
+                s *= x->tensor->shape[j];
+        }
+        /* The run: the innermost axis, and the axes outside it while those inside are whole. */
+        x->m = x->k ? x->k - 1 : 0;
+        while (x->m > 0 && (uint64_t) b->src_extent[x->m] == x->tensor->shape[x->m])
+                x->m--;
+        x->run = 1;
+        for (size_t j = x->m; j < x->k; j++)
+                x->run *= (uint64_t) b->src_extent[j];
+        x->dst_contiguous = true;
+        for (size_t j = x->m; j < x->k; j++) {
+                uint64_t inner = 1;
+                for (size_t i = j + 1; i < x->k; i++)
+                        inner *= (uint64_t) b->src_extent[i];
+                if (b->src_extent[j] > 1 && x->dst_stride[j] != inner)
+                        x->dst_contiguous = false;
+        }
+}
+
+/* Elements [first, first + n) of the run starting at slice element base, from staging. */
+static void scatter(const Box *x, SafetensorsDtype from, Dtype to, const uint8_t *src,
+                    uint64_t base, uint64_t first, size_t n, uint8_t *dst) {
+        if (x->dst_contiguous) {
+                checkpoint_dtype_convert(from, to, src, dst + (base + first) * x->out, n);
+                return;
+        }
+        for (size_t e = 0; e < n; e++) {
+                uint64_t rem = first + e, at = base;
+                for (size_t j = x->k; j-- > x->m;) {
+                        uint64_t ext = (uint64_t) x->block->src_extent[j];
+                        at += (rem % ext) * x->dst_stride[j];
+                        rem /= ext;
+                }
+                checkpoint_dtype_convert(from, to, src + e * x->in, dst + at * x->out, 1);
+        }
+}
+
+static int read_full(const BuildCheckpointFile *f, uint8_t *buf, size_t size, uint64_t offset,
+                     FamilyError *ret_error) {
+        while (size > 0) {
+                ssize_t n = pread(f->fd, buf, size, (off_t) offset);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        return family_error_set(ret_error, FAMILY_STATUS_UNAVAILABLE,
+                                                "CHECKPOINT_READ", NULL,
+                                                "checkpoint file %s: %s at byte %" PRIu64, f->name,
+                                                n < 0 ? strerror(errno) : "it ended early (it "
+                                                "changed since it was opened)", offset);
+                buf += n;
+                size -= (size_t) n;
+                offset += (uint64_t) n;
+        }
+        return 0;
+}
+
+static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t staging_size,
+                    uint64_t *bytes_read, FamilyError *ret_error) {
+        const CheckpointBlock *b = x->block;
+        uint64_t outer = 1, chunk = staging_size / x->in;
+        int64_t idx[FAMILYD_MAX_SHAPE_RANK] = {};
+        int r;
+
+        for (size_t j = 0; j < x->m; j++)
+                outer *= (uint64_t) b->src_extent[j];
+        for (uint64_t o = 0; o < outer; o++) {
+                uint64_t rem = o, src = 0, base = x->dst_base;
+                for (size_t j = x->m; j-- > 0;) {
+                        idx[j] = (int64_t) (rem % (uint64_t) b->src_extent[j]);
+                        rem /= (uint64_t) b->src_extent[j];
+                }
+                for (size_t j = 0; j < x->k; j++)
+                        src += (uint64_t) (b->src_offset[j] + (j < x->m ? idx[j] : 0)) *
+                               x->src_stride[j];
+                for (size_t j = 0; j < x->m; j++)
+                        base += (uint64_t) idx[j] * x->dst_stride[j];
+                for (uint64_t first = 0; first < x->run; first += chunk) {
+                        size_t n = (size_t) (x->run - first < chunk ? x->run - first : chunk);
+                        uint64_t at = x->file->header->data_offset + x->tensor->begin +
+                                      (src + first) * x->in;
+                        r = read_full(x->file, staging, n * x->in, at, ret_error);
+                        if (r < 0)
+                                return r;
+                        *bytes_read += n * x->in;
+                        scatter(x, x->tensor->dtype, to, staging, base, first, n, dst);
+                }
+        }
+        return 0;
+}
+
+int build_checkpoint_read_slice(const BuildCheckpoint *c, const CheckpointSource *src,
+                                const char *prefix, const ParameterLayout *p,
+                                const ShardSlice *slice, uint8_t *dst, uint8_t *staging,
+                                size_t staging_size, uint64_t *bytes_read,
+                                FamilyError *ret_error) {
+        CheckpointBlock *blocks = NULL;
+        size_t n = 0;
+        char why[160];
+        int r;
+
+        if (staging_size < READ_STAGING_MIN)
+                return -EINVAL;
+        r = checkpoint_plan_slice(src, prefix, p, slice, build_checkpoint_shape_of, (void *) c,
+                                  &blocks, &n, ret_error);
+        for (size_t i = 0; r >= 0 && i < n; i++) {
+                const BuildCheckpointTensor *t = build_checkpoint_find(c, blocks[i].tensor);
+                Box x = { .file = &c->files[t->file], .tensor = t->tensor, .block = &blocks[i],
+                          .in = safetensors_dtype_bits(t->tensor->dtype) / 8,
+                          .out = dtype_size(p->dtype), .k = blocks[i].n_src_dims };
+                if (checkpoint_dtype_check(t->tensor->dtype, p->dtype, why, sizeof why) < 0) {
+                        r = family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                             "CHECKPOINT_DTYPE", NULL,
+                                             "parameter '%s': checkpoint tensor '%s': %s", p->name,
+                                             blocks[i].tensor, why);
+                        break;
+                }
+                box_layout(&x, p, slice);
+                r = read_box(&x, p->dtype, dst, staging, staging_size, bytes_read, ret_error);
+        }
+        checkpoint_blocks_free(blocks, n);
+        return r;
+}

@@ -1,0 +1,76 @@
+/* build-checkpoint.h: a checkpoint a client opened for a Build: its files' descriptors and headers, tensors by name, and the reader that fills shard slices from them. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/safetensors.h"
+#include "core/checkpoint-plan.h"
+#include "core/error.h"
+#include "core/layout.h"
+
+/*
+ * DESIGN
+ *
+ * The daemon never opens a checkpoint's files: the client opens them with its own rights and
+ * hands over the descriptors, so it reads nothing its caller could not. A BuildCheckpoint owns
+ * those descriptors and their parsed headers (common/safetensors.h), checked against each other
+ * (no tensor in two files) and, for a directory, against its index. Its identity (each file's
+ * device, inode, size, modification time and header digest) is what a sharing key names, so a
+ * changed file is a new checkpoint.
+ *
+ * The reader (build_checkpoint_read_slice) plans a slice (core/checkpoint-plan.h), then reads
+ * each box: the box's rows are contiguous in the file (rows that are whole rows of the tensor
+ * merge into longer runs), read with pread into a staging buffer of bounded size, converted to
+ * the parameter's dtype (core/checkpoint-dtype.h) and scattered into the slice. Every byte a
+ * slice needs is read once; nothing else is read.
+ */
+
+typedef struct BuildCheckpointFile {
+        int fd;
+        char *name; /* for messages: the file name the client gave */
+        SafetensorsHeader *header;
+        uint64_t size;
+} BuildCheckpointFile;
+
+typedef struct BuildCheckpointTensor {
+        const SafetensorsTensor *tensor; /* in its file's header */
+        size_t file;
+} BuildCheckpointTensor;
+
+typedef struct BuildCheckpoint {
+        BuildCheckpointFile *files;
+        size_t n_files;
+        BuildCheckpointTensor *tensors; /* every file's, by name */
+        size_t n_tensors;
+} BuildCheckpoint;
+
+BuildCheckpoint *build_checkpoint_free(BuildCheckpoint *c);
+DEFINE_TRIVIAL_CLEANUP_FUNC(BuildCheckpoint *, build_checkpoint_free);
+
+/*
+ * A checkpoint of n files: fds (taken over on success and on failure) with names for messages.
+ * Each header is read and checked; a tensor in two files is refused. FAILED_PRECONDITION,
+ * CHECKPOINT_INVALID, naming the file, for a bad one.
+ */
+int build_checkpoint_open(int *fds, const char *const *names, size_t n, BuildCheckpoint **ret,
+                          FamilyError *ret_error);
+
+const BuildCheckpointTensor *build_checkpoint_find(const BuildCheckpoint *c, const char *name);
+
+/* The CheckpointShapeFunc of a checkpoint (userdata: the BuildCheckpoint). */
+int build_checkpoint_shape_of(const char *name, size_t *ret_n_dims,
+                              int64_t ret_shape[static FAMILYD_MAX_SHAPE_RANK], void *userdata);
+
+/*
+ * Fills slice (of parameter p, whose checkpoint source is src; dst: the slice's first byte, in
+ * p's dtype) from c, reading through staging (staging_size bytes, at least 64 KiB). Adds the
+ * bytes read to *bytes_read. Refusals: the plan's, and CHECKPOINT_DTYPE (FAILED_PRECONDITION)
+ * for a tensor whose dtype does not convert; -EIO-class errors from the files as
+ * CHECKPOINT_READ (UNAVAILABLE).
+ */
+int build_checkpoint_read_slice(const BuildCheckpoint *c, const CheckpointSource *src,
+                                const char *prefix, const ParameterLayout *p,
+                                const ShardSlice *slice, uint8_t *dst, uint8_t *staging,
+                                size_t staging_size, uint64_t *bytes_read,
+                                FamilyError *ret_error);

@@ -1,0 +1,226 @@
+/* test-build-checkpoint.c: daemon/build/build-checkpoint*.c: a checkpoint opened from
+ * descriptors, and shard slices read from it (stacked, concatenated, transposed, converted),
+ * compared element by element with the values the test wrote. */
+#include <setjmp.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "build/build-checkpoint.h"
+
+enum { E = 3, H = 5, I = 4 };
+
+/* A file: tensors laid out in order; element values f(tensor, flat) in the tensor's dtype. */
+typedef struct Spec {
+        const char *name;
+        const char *dtype; /* F32 or BF16 */
+        int64_t rows, cols;
+} Spec;
+
+static float element(size_t tensor, uint64_t flat) {
+        /* Small integers, exact in bfloat16 (8 significant bits): at most 255. */
+        return (float) ((tensor * 37 + flat) % 256);
+}
+
+static uint16_t bf16(float f) {
+        uint32_t b;
+        memcpy(&b, &f, 4);
+        return (uint16_t) (b >> 16); /* the values used are exact in bfloat16 */
+}
+
+static int write_file(const Spec *t, size_t n, size_t first_id) {
+        char header[4096];
+        size_t at = 0;
+        uint64_t off = 0;
+        int fd = memfd_create("ckpt", MFD_CLOEXEC);
+
+        assert_true(fd >= 0);
+        at += (size_t) snprintf(header + at, sizeof header - at, "{\"__metadata__\":{\"format\":\"pt\"}");
+        for (size_t i = 0; i < n; i++) {
+                uint64_t bytes = (uint64_t) (t[i].rows * t[i].cols) * (streq(t[i].dtype, "F32") ? 4 : 2);
+                at += (size_t) snprintf(header + at, sizeof header - at,
+                                        ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRId64 ",%" PRId64
+                                        "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+                                        t[i].name, t[i].dtype, t[i].rows, t[i].cols, off, off + bytes);
+                off += bytes;
+        }
+        at += (size_t) snprintf(header + at, sizeof header - at, "}");
+        uint64_t len = at;
+        assert_int_equal(write(fd, &len, 8), 8);
+        assert_int_equal(write(fd, header, at), (ssize_t) at);
+        for (size_t i = 0; i < n; i++)
+                for (int64_t f = 0; f < t[i].rows * t[i].cols; f++) {
+                        float v = element(first_id + i, (uint64_t) f);
+                        if (streq(t[i].dtype, "F32"))
+                                assert_int_equal(write(fd, &v, 4), 4);
+                        else {
+                                uint16_t h = bf16(v);
+                                assert_int_equal(write(fd, &h, 2), 2);
+                        }
+                }
+        return fd;
+}
+
+/* Mixtral's experts in two files: w1, w3 ([I, H], BF16) in the first, w2 ([H, I], F32) in the
+ * second. Tensor ids: w1 of e = 2e, w3 of e = 2e + 1 (file 0), w2 of e = 2E + e (file 1). */
+static BuildCheckpoint *open_mixtral(void) {
+        static char names[3 * E][64];
+        Spec a[2 * E], b[E];
+        for (int e = 0; e < E; e++) {
+                (void) snprintf(names[2 * e], 64, "m.experts.%d.w1.weight", e);
+                (void) snprintf(names[2 * e + 1], 64, "m.experts.%d.w3.weight", e);
+                (void) snprintf(names[2 * E + e], 64, "m.experts.%d.w2.weight", e);
+                a[2 * e] = (Spec) { names[2 * e], "BF16", I, H };
+                a[2 * e + 1] = (Spec) { names[2 * e + 1], "BF16", I, H };
+                b[e] = (Spec) { names[2 * E + e], "F32", H, I };
+        }
+        int fds[2] = { write_file(a, 2 * E, 0), write_file(b, E, 2 * E) };
+        const char *file_names[2] = { "model-00001-of-00002.safetensors",
+                                      "model-00002-of-00002.safetensors" };
+        BuildCheckpoint *c = NULL;
+        FamilyError err = FAMILY_ERROR_NULL;
+        assert_int_equal(build_checkpoint_open(fds, file_names, 2, &c, &err), 0);
+        assert_int_equal(c->n_tensors, 3 * E);
+        return c;
+}
+
+static uint8_t staging[64 << 10];
+
+static void read_gate_up(Dtype dtype, const int64_t *off, const int64_t *loc) {
+        _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = open_mixtral();
+        CheckpointPart parts[2] = { { "{prefix}.experts.{expert}.w1.weight", true },
+                                    { "{prefix}.experts.{expert}.w3.weight", true } };
+        CheckpointSource src = { .parts = parts, .n_parts = 2, .concat = true, .concat_dim = 2,
+                                 .stack = true, .stack_dim = 0, .stack_key = (char *) "expert" };
+        int64_t shape[3] = { E, H, 2 * I }, o[3], l[3];
+        memcpy(o, off, sizeof o);
+        memcpy(l, loc, sizeof l);
+        ParameterLayout p = { .name = (char *) "gate_up_proj", .shape = shape, .n_dims = 3,
+                              .dtype = dtype };
+        ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 3 };
+        size_t n = (size_t) (l[0] * l[1] * l[2]), es = dtype_size(dtype);
+        _cleanup_free_ uint8_t *out = calloc(n, es);
+        FamilyError err = FAMILY_ERROR_NULL;
+        uint64_t read = 0;
+
+        assert_int_equal(build_checkpoint_read_slice(c, &src, "m", &p, &s, out, staging,
+                                                     sizeof staging, &read, &err), 0);
+        /* Every byte read is one the slice needs (a transposed box reads whole runs of it). */
+        assert_int_equal(read, (uint64_t) n * 2);
+        for (int64_t e = 0; e < l[0]; e++)
+                for (int64_t h = 0; h < l[1]; h++)
+                        for (int64_t j = 0; j < l[2]; j++) {
+                                int64_t ge = o[0] + e, gh = o[1] + h, gj = o[2] + j;
+                                size_t id = (size_t) (2 * ge + (gj >= I));
+                                float want = element(id, (uint64_t) ((gj % I) * H + gh)), got;
+                                size_t at = (size_t) ((e * l[1] + h) * l[2] + j);
+                                if (dtype == DTYPE_FLOAT32)
+                                        memcpy(&got, out + at * 4, 4);
+                                else {
+                                        uint16_t g;
+                                        memcpy(&g, out + at * 2, 2);
+                                        got = bfloat16_to_float(g);
+                                }
+                                if (got != want)
+                                        fail_msg("[%" PRId64 ",%" PRId64 ",%" PRId64 "]: %g, not %g",
+                                                 ge, gh, gj, got, want);
+                        }
+}
+
+static void test_gate_up(void **state) {
+        read_gate_up(DTYPE_FLOAT32, (int64_t[]) { 0, 0, 0 }, (int64_t[]) { E, H, 2 * I });
+        read_gate_up(DTYPE_BFLOAT16, (int64_t[]) { 1, 0, 0 }, (int64_t[]) { 2, H, 2 * I });
+        read_gate_up(DTYPE_FLOAT32, (int64_t[]) { 0, 2, 3 }, (int64_t[]) { E, 2, 2 });
+}
+
+/* Untransposed F32 rows (w2 as [H, I] itself): contiguous runs, converted to bfloat16. */
+static void test_rows_and_bytes_read(void **state) {
+        _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = open_mixtral();
+        CheckpointPart part = { "m.experts.1.w2.weight", false };
+        CheckpointSource src = { .parts = &part, .n_parts = 1 };
+        int64_t shape[2] = { H, I }, o[2] = { 1, 0 }, l[2] = { 3, I };
+        ParameterLayout p = { .name = (char *) "w", .shape = shape, .n_dims = 2,
+                              .dtype = DTYPE_BFLOAT16 };
+        ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 2 };
+        uint16_t out[3 * I];
+        FamilyError err = FAMILY_ERROR_NULL;
+        uint64_t read = 0;
+
+        assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s, (uint8_t *) out, staging,
+                                                     sizeof staging, &read, &err), 0);
+        assert_int_equal(read, 3 * I * 4); /* three whole rows: one run of F32 */
+        for (int64_t i = 0; i < 3 * I; i++)
+                assert_true(bfloat16_to_float(out[i]) == element(2 * E + 1, (uint64_t) (I + i)));
+}
+
+static void test_refusals(void **state) {
+        _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = open_mixtral();
+        CheckpointPart part = { "m.experts.0.w1.weight", false };
+        CheckpointSource src = { .parts = &part, .n_parts = 1 };
+        int64_t shape[2] = { I, H }, o[2] = {}, l[2] = { I, H };
+        ParameterLayout p = { .name = (char *) "w", .shape = shape, .n_dims = 2,
+                              .dtype = DTYPE_FLOAT16 };
+        ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 2 };
+        uint16_t out[I * H];
+        FamilyError err = FAMILY_ERROR_NULL;
+        uint64_t read = 0;
+
+        assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s, (uint8_t *) out, staging,
+                                                     sizeof staging, &read, &err), -EINVAL);
+        assert_string_equal(err.reason, "CHECKPOINT_DTYPE");
+        assert_string_equal(err.message, "parameter 'w': checkpoint tensor 'm.experts.0.w1.weight': "
+                                         "a BF16 tensor cannot become float16: float16's range is "
+                                         "smaller than bfloat16's");
+        family_error_done(&err);
+
+        /* A file cut short after it was opened: the read says which file and where. */
+        p.dtype = DTYPE_FLOAT32;
+        assert_int_equal(ftruncate(c->files[0].fd, (off_t) c->files[0].header->data_offset + 8), 0);
+        float f32[I * H];
+        assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s, (uint8_t *) f32, staging,
+                                                     sizeof staging, &read, &err), -EINVAL);
+        assert_string_equal(err.reason, "CHECKPOINT_READ");
+        assert_non_null(strstr(err.message, "checkpoint file model-00001-of-00002.safetensors: it "
+                                            "ended early"));
+        family_error_done(&err);
+}
+
+static void test_open_refusals(void **state) {
+        Spec a = { "x", "F32", 2, 2 };
+        int fds[2] = { write_file(&a, 1, 0), write_file(&a, 1, 0) };
+        const char *names[2] = { "a.safetensors", "b.safetensors" };
+        BuildCheckpoint *c = NULL;
+        FamilyError err = FAMILY_ERROR_NULL;
+
+        assert_int_equal(build_checkpoint_open(fds, names, 2, &c, &err), -EINVAL);
+        assert_null(c);
+        assert_string_equal(err.message, "checkpoint tensor 'x' is in both a.safetensors and "
+                                         "b.safetensors");
+        family_error_done(&err);
+
+        int bad = memfd_create("bad", MFD_CLOEXEC);
+        assert_int_equal(write(bad, "\x02\0\0\0\0\0\0\0[]", 10), 10);
+        const char *one[1] = { "bad.safetensors" };
+        assert_int_equal(build_checkpoint_open(&bad, one, 1, &c, &err), -EINVAL);
+        assert_string_equal(err.reason, "CHECKPOINT_INVALID");
+        assert_string_equal(err.message, "checkpoint file bad.safetensors: its header does not "
+                                         "begin with '{'");
+        family_error_done(&err);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_gate_up),
+                cmocka_unit_test(test_rows_and_bytes_read),
+                cmocka_unit_test(test_refusals),
+                cmocka_unit_test(test_open_refusals),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
