@@ -32,6 +32,7 @@
 #include "metrics/metrics.h"
 #include "metrics/metrics-server.h"
 #include "sd/journal.h"
+#include "core/coordinator-status.h"
 #include "core/manager.h"
 #include "peer/peer.h"
 #include "peer/peer-key.h"
@@ -313,6 +314,14 @@ static void daemon_hook_build_progress(void *userdata) {
         server_notify_watches_of(d->server, RPC_WATCH_BUILD_PATH);
 }
 
+/* On the etcd client's thread: the coordinator's reachability changed, which is
+ * `familyd.cluster`'s serving status: the health watches push it. */
+static void daemon_hook_coordinator_changed(void *userdata) {
+        Daemon *d = userdata;
+        if (d->server)
+                server_notify_watches_of(d->server, RPC_WATCH_HEALTH_PATH);
+}
+
 static int daemon_hook_forget(void *userdata, const char *node, FamilyError *ret_error) {
         Daemon *d = userdata;
         if (d->cluster)
@@ -346,6 +355,7 @@ static int daemon_start_cluster(Daemon *d, const Config *c) {
                 manager_set_hooks(d->manager, NULL);
                 return r;
         }
+        coordinator_status_on_change(daemon_hook_coordinator_changed, d);
         return 0;
 }
 
@@ -737,8 +747,9 @@ Daemon *daemon_free(Daemon *d) {
          * calls too: the executor, told to stop, answers them at once so the server drains;
          * then the shard server, before the builds whose segments it hands out go. */
         executor_stop(d->executor);
-        /* Fills still under way tell nobody from here on. */
+        /* Fills still under way tell nobody from here on, nor does etcd's reachability. */
         build_progress_table_set_changed(d->builder.progress, NULL, NULL);
+        coordinator_status_on_change(NULL, NULL);
         server_free(d->server);
         if (d->manager) /* NULL when daemon_new failed before loading the registry */
                 manager_set_hooks(d->manager, NULL);

@@ -28,3 +28,11 @@ void coordinator_status_set_reachable(bool reachable, const char *why);
 /* Back to the embedded membership (the daemon stopped its coordinator). */
 void coordinator_status_clear(void);
 void coordinator_status_get(CoordinatorStatus *ret);
+
+/*
+ * Calls changed(userdata) after each edge of reachable (the health service's watches push
+ * then), on the thread that saw it; NULL: nobody. Setting waits for a call in progress, so
+ * after coordinator_status_on_change(NULL, NULL) returns no call into the old hook runs. The
+ * hook is called with no lock of the status held, so it may read the status.
+ */
+void coordinator_status_on_change(void (*changed)(void *userdata), void *userdata);

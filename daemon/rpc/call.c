@@ -34,6 +34,7 @@
 #include "call.h"
 #include "codec/codec-status.h"
 #include "codec/codec-wire.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "core/resource-limits.h"
 #include "executor.h"
@@ -68,6 +69,10 @@ typedef struct Call {
         struct Call *pushed_next, *pushed_prev;
         bool pushed_sending;
         bool pushed_dirty;
+        /* A watch of a method that skips repeats: the CRC-32C and size of its last reply. */
+        bool reply_sent;
+        uint32_t sent_crc;
+        size_t sent_size;
         grpc_byte_buffer *reply;
         grpc_slice status_details;
         bool has_status_details;
@@ -293,13 +298,25 @@ static void call_set_reply(Call *c, QueuedReply *q) {
         grpc_slice_unref(s);
 }
 
-/* Packs m as c->reply: 0, or -ENOBUFS with e set (past a queue bound, or out of memory). */
+/* Packs m as c->reply: 0, or -ENOBUFS with e set (past a queue bound, or out of memory). A
+ * watch of a method that skips repeats remembers what it sends; then 1 (nothing packed) when
+ * m's bytes are those sent last. */
 static int call_pack_reply(Call *c, const ProtobufCMessage *m, FamilyError *e) {
         QueuedReply *q = call_reply_new(c, protobuf_c_message_get_packed_size(m), e);
 
         if (!q)
                 return -ENOBUFS;
         (void) protobuf_c_message_pack(m, q->data);
+        if (c->is_watch && c->site.method->skips_repeats) {
+                uint32_t crc = crc32c(0, q->data, q->size);
+                if (c->reply_sent && crc == c->sent_crc && q->size == c->sent_size) {
+                        queued_reply_free(q);
+                        return 1;
+                }
+                c->reply_sent = true;
+                c->sent_crc = crc;
+                c->sent_size = q->size;
+        }
         call_set_reply(c, q);
         return 0;
 }
@@ -724,6 +741,8 @@ static void pushed_send(Call *c) {
                 call_finish(c, NULL, &e, false, false);
                 return;
         }
+        if (r > 0) /* the same as last sent: no news */
+                return;
 
         c->pushed_sending = true;
         op.data.send_message.send_message = c->reply;

@@ -68,8 +68,11 @@ static int watch(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
 static const RpcMethod methods[] = {
         { "/grpc.health.v1.Health/Check", RPC_UNARY,
           &grpc__health__v1__health_check_request__descriptor, check, NULL },
-        { "/grpc.health.v1.Health/Watch", RPC_WATCH,
-          &grpc__health__v1__health_check_request__descriptor, watch, NULL },
+        /* The status, then the status anew after each change (the health protocol asks a
+         * message per change: the same status twice is not sent, see call.c). */
+        { RPC_WATCH_HEALTH_PATH, RPC_WATCH,
+          &grpc__health__v1__health_check_request__descriptor, watch, NULL,
+          .pushes_changes = true, .skips_repeats = true },
 };
 
 const RpcService service_health = {

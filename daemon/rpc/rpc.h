@@ -59,6 +59,9 @@ typedef struct RpcMethod {
         RpcBytesHandler bytes_handler;
         /* Watch: the handler's reply is sent again on each server_notify_watches(). */
         bool pushes_changes;
+        /* ... unless it is byte for byte the reply this watch sent last (health: a message
+         * per change of status, never the same status twice). */
+        bool skips_repeats;
         /* It changes state: logged with the caller's pid and uid (CALLER_PID=, CALLER_UID=). */
         bool audited;
 } RpcMethod;
@@ -94,6 +97,8 @@ extern const RpcService service_reflection_v1alpha;
 
 /* The watches server_notify_watches_of() names for a build's progress. */
 #define RPC_WATCH_BUILD_PATH "/familyd.v1.FamilyService/WatchBuild"
+/* ... and for the health service's serving status (the coordinator's reachability). */
+#define RPC_WATCH_HEALTH_PATH "/grpc.health.v1.Health/Watch"
 
 typedef struct RpcPending RpcPending;
 

@@ -5,7 +5,9 @@ Membership through etcd: four daemons agree on the world, order and version; a S
 is down everywhere within the lease TTL + 2 s and up again after a restart; a clean stop is seen
 at once; ForgetNode is refused while the node is up and forgets it everywhere once it is down;
 a second daemon of a live name refuses to start. An etcd outage of 10 s: nobody is marked down,
-local calls answer, `familyd.cluster` is NOT_SERVING and GetStatus says why; after it the
+local calls answer, `familyd.cluster` is NOT_SERVING (a live health Watch sees NOT_SERVING, then
+SERVING after it, and a Watch of the daemon's own status no message more) and GetStatus says
+why; after it the
 leases hold and the topology agrees. A three-member etcd losing a member: no disruption. Bad
 records written by hand (garbage, a duplicate node rank, another cluster's): one log line each,
 nothing crashes, the rest of the topology stays.
@@ -15,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -249,17 +252,56 @@ class TestMembership(unittest.TestCase):
             self.assertEqual(logs, [1, 0])   # node0 comes first in the order
 
 
+class HealthWatch:
+    """A live grpc.health.v1.Health/Watch: the statuses it sends, as they come."""
+
+    def __init__(self, client, service):
+        self.call = client.stream("grpc.health.v1.Health/Watch", {"service": service})
+        self.statuses = []
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for m in self.call:
+                with self.cond:
+                    self.statuses.append(m.status)
+                    self.cond.notify_all()
+        except Exception:  # cancelled at the end
+            pass
+
+    def wait_for(self, statuses, timeout=30):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.statuses != statuses and time.monotonic() < deadline:
+                self.cond.wait(0.2)
+            return list(self.statuses)
+
+    def close(self):
+        self.call.cancel()
+        self.thread.join(10)
+
+
 class TestOutage(unittest.TestCase):
     def test_etcd_stopped_for_ten_seconds(self):
         with EtcdServer() as etcd, EtcdDaemons(etcd.endpoint, 3) as c:
             _, before = c.wait_agreement(states=["up"] * 3)
             P = c.protos
+            # Live health watches: familyd.cluster's sends each change (the health protocol),
+            # the daemon's own ("") none, since its status never changes.
+            cluster_watch = HealthWatch(c.client(0), "familyd.cluster")
+            own_watch = HealthWatch(c.client(0), "")
+            self.assertEqual(cluster_watch.wait_for([1]), [1])      # SERVING
+            self.assertEqual(own_watch.wait_for([1]), [1])
             etcd.stop()
             t0 = time.monotonic()
             while time.monotonic() - t0 < 10:
                 for i in range(3):
                     self.assertEqual(c.view(i), before)   # nobody down for etcd's outage
                 time.sleep(0.5)
+            # The watch saw the outage: NOT_SERVING, once.
+            self.assertEqual(cluster_watch.wait_for([1, 2]), [1, 2])
             for i in range(3):
                 cl = c.client(i)
                 self.assertEqual(cl.health("familyd.cluster").reply.status, 2)  # NOT_SERVING
@@ -301,6 +343,12 @@ class TestOutage(unittest.TestCase):
                 self.assertEqual(c.client(i).health("familyd.cluster").reply.status, 1)
                 self.assertTrue(c.status(i).coordinator.reachable)
                 self.assertEqual(c.daemons[i].stderr().count("etcd reachable again"), 1)
+            # ... and its end: SERVING again; the daemon's own status was never sent again.
+            self.assertEqual(cluster_watch.wait_for([1, 2, 1]), [1, 2, 1])
+            time.sleep(0.5)
+            self.assertEqual(own_watch.statuses, [1])
+            cluster_watch.close()
+            own_watch.close()
             # The leases hold: every alive key is there past a TTL, and the watch goes on.
             time.sleep(TTL_S + 1)
             self.assertEqual(keys(etcd, "/familyd/c1/alive/"),
