@@ -166,6 +166,7 @@ int loader_checkpoint(Loader *l, const YNode *n, const char *ctx, int64_t rank,
                 s.parts = calloc(1, sizeof *s.parts);
                 if (!s.parts)
                         return -ENOMEM;
+                s.n_parts = 1; /* freed by checkpoint_source_done() from here on */
                 r = load_template(l, n, cctx, NULL, &s.parts[0].tensor);
         } else {
                 r = loader_expect_kind(l, n, cctx, "'checkpoint'", YNODE_MAPPING);
@@ -183,14 +184,13 @@ int loader_checkpoint(Loader *l, const YNode *n, const char *ctx, int64_t rank,
                         r = load_concat(l, v[3], cctx, rank, &s);
                 else if (r >= 0) {
                         s.parts = calloc(1, sizeof *s.parts);
+                        s.n_parts = s.parts ? 1 : 0;
                         r = s.parts ? load_template(l, v[0], cctx, s.stack_key,
                                                     &s.parts[0].tensor) : -ENOMEM;
                         if (r >= 0 && v[1])
                                 r = load_transpose(l, v[1], cctx, &s.parts[0].transpose);
                 }
         }
-        if (r >= 0 && !s.concat)
-                s.n_parts = 1;
         if (r >= 0)
                 r = check_shapes(l, n, cctx, rank, &s);
         if (r >= 0)
