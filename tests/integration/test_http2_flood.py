@@ -113,20 +113,18 @@ def flood(path, kind, chunks):
 
 
 class Http2Flood(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
+    def setUp(self):
+        # A daemon each: one flood's freed heap would otherwise serve the next one's.
         # Under ASan the quarantine would keep up to 256 MiB of freed memory: not what the
         # daemon holds. The sanitizer returns free pages on request only; ask it to.
-        cls.asan = os.environ.get("ASAN_OPTIONS", "")
-        os.environ["ASAN_OPTIONS"] = ((cls.asan + ":" if cls.asan else "")
-                                      + "quarantine_size_mb=8:"
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        os.environ["ASAN_OPTIONS"] = ((asan + ":" if asan else "") + "quarantine_size_mb=8:"
                                       "allocator_release_to_os_interval_ms=100")
-        cls.daemon = H.Daemon(registry=REGISTRY).start()
-
-    @classmethod
-    def tearDownClass(cls):
-        os.environ["ASAN_OPTIONS"] = cls.asan
-        cls.daemon.stop_checked()
+        try:
+            self.daemon = H.Daemon(registry=REGISTRY).start()
+        finally:
+            os.environ["ASAN_OPTIONS"] = asan
+        self.addCleanup(self.daemon.stop_checked)
 
     def served(self):
         """A normal client's calls are answered meanwhile."""
@@ -145,7 +143,6 @@ class Http2Flood(unittest.TestCase):
         d = self.daemon
         pid = d.proc.pid
         self.served()
-        time.sleep(1.5)   # the daemon's heap trim has run since the last test's floods
         before = rss(pid)
         peak = before
         socks, sent = [], []
