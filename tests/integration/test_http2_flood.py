@@ -13,8 +13,11 @@ recv()): PING, SETTINGS, WINDOW_UPDATE, PRIORITY, and HEADERS + RST_STREAM. The 
 (/proc/PID/status VmRSS) is read before, after each connection and once all are open:
 - it grows by less than GROWTH_BOUND (the documented bound for one connection's queued replies,
   --max-queued-bytes-per-connection, 64 MiB) for all the connections together; for rapid
-  reset, whose calls gRPC 1.51 creates faster than it frees them, less than the documented total
-  (--max-queued-bytes, 512 MiB) for its smaller flood;
+  reset less than the documented total (--max-queued-bytes, 512 MiB) for its smaller flood:
+  gRPC 1.51 makes a call (an arena of about 11 KB) for every HEADERS and destroys it on its
+  executor threads, which can fall behind (+17 to +190 MiB measured for 2 connections of up
+  to 10,000 streams, up to +920 MiB for 8 of up to 40,000; docs/security.md says so), and no
+  channel argument of 1.51 limits streams that are already reset;
 - a normal client is served meanwhile (Health and ListBuilds within seconds);
 - once the connections close it is back within RSS_RETURNED of where it started, within
   RETURN_WAIT_S (the daemon trims its heap once it holds HEAP_TRIM_MIN_FREE_BYTES free).
@@ -34,9 +37,12 @@ REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 MiB = 1 << 20
 GROWTH_BOUND = 64 * MiB
 TOTAL_BOUND = 512 * MiB
-# What may stay above the start once the floods' connections are gone: +2 to +4 MiB measured
-# (debug build, glibc, trimmed); the bug kept 1.7 GiB. ASan's quarantine is kept at 8 MiB.
+# What may stay above the start once the floods' connections are gone: +0 to +2 MiB measured
+# (debug build, glibc, the heap trimmed); the bug kept 1.7 GiB. Under ASan (its quarantine kept
+# at 8 MiB) +2 to +7 MiB, and rapid reset's +43 MiB: the sanitizer's allocator returns only
+# whole free regions of a size class, never trimmed, so its bound is the growth bound.
 RSS_RETURNED = 32 * MiB
+RSS_RETURNED_SANITIZED = GROWTH_BOUND
 RETURN_WAIT_S = 10
 N_CONNECTIONS = 4
 CHUNK = 1000          # frames a send
@@ -48,7 +54,8 @@ LIST_BUILDS = "/familyd.v1.FamilyService/ListBuilds"
 
 
 def frame(kind, flags, stream, payload):
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+    return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags])
+            + struct.pack(">I", stream) + payload)
 
 
 def literal(name_index, value):
@@ -83,6 +90,11 @@ def chunk(kind, stream):
                         + frame(3, 0, stream + 2 * i, struct.pack(">I", 8))   # CANCEL
                         for i in range(CHUNK)), stream + 2 * CHUNK
     raise ValueError(kind)
+
+
+def sanitizer_build(path):
+    with open(path, "rb") as f:
+        return b"__asan_init" in f.read()
 
 
 def rss(pid):
@@ -159,9 +171,10 @@ class Http2Flood(unittest.TestCase):
         finally:
             for s in socks:
                 s.close()
+        returned = RSS_RETURNED_SANITIZED if sanitizer_build(H.familyd_bin()) else RSS_RETURNED
         deadline = time.monotonic() + RETURN_WAIT_S
         after = rss(pid)
-        while after - before > RSS_RETURNED and time.monotonic() < deadline:
+        while after - before > returned and time.monotonic() < deadline:
             time.sleep(0.25)
             after = rss(pid)
         print("%s: %d connections, frames sent %s; RSS %d MiB before, %d MiB peak (+%d), "
@@ -171,7 +184,7 @@ class Http2Flood(unittest.TestCase):
         self.assertTrue(d.alive())
         self.assertLess(peak - before, bound,
                         "%s flood grew the daemon by %d MiB" % (kind, (peak - before) // MiB))
-        self.assertLess(after - before, RSS_RETURNED,
+        self.assertLess(after - before, returned,
                         "%s flood: %d MiB still held %d s after its connections closed"
                         % (kind, (after - before) // MiB, RETURN_WAIT_S))
         self.served()
@@ -190,8 +203,9 @@ class Http2Flood(unittest.TestCase):
 
     def test_rapid_reset(self):
         # Every HEADERS is a call gRPC creates and, at the RST_STREAM, destroys: the daemon's
-        # code never sees it. 2 x 10,000 keeps the test short under ASan.
-        self.check("rapid_reset", connections=2, chunks=10, bound=TOTAL_BOUND)
+        # code never sees it. 2 x 8,000 keeps the test short under ASan, and its calls' arenas
+        # under the total bound even if none were freed before the last was made.
+        self.check("rapid_reset", connections=2, chunks=8, bound=TOTAL_BOUND)
 
 
 if __name__ == "__main__":
