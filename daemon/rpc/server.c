@@ -2,9 +2,11 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <time.h>
 
 #include "call.h"
 #include "common/log.h"
@@ -15,6 +17,11 @@
  * most a second; past the queue they are closed at once. */
 #define SERVER_CLOSER_THREADS 2u
 #define SERVER_CLOSER_QUEUE 64u
+
+/* At shutdown, how long gRPC may take to close its connections itself (writing the cancelled
+ * calls' trailers) before familyd shuts their sockets: a connection whose client never reads
+ * would otherwise keep the shutdown waiting forever (issue 37). */
+#define SERVER_SHUTDOWN_GRACE_SEC 2
 
 static const RpcService *const services[] = {
         &service_family,
@@ -247,6 +254,31 @@ static void drain_until_shutdown(Server *s) {
         }
 }
 
+/* Waits for gRPC's shutdown tag; past the grace, shuts the sockets gRPC still holds. */
+static void server_wait_shutdown(Server *s) {
+        struct timespec until;
+        bool forced = false;
+
+        (void) clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += SERVER_SHUTDOWN_GRACE_SEC;
+        (void) pthread_mutex_lock(&s->lock);
+        while (!s->shutdown_done) {
+                if (forced) {
+                        (void) pthread_cond_wait(&s->cond, &s->lock);
+                        continue;
+                }
+                if (pthread_cond_timedwait(&s->cond, &s->lock, &until) != ETIMEDOUT)
+                        continue;
+                forced = true;
+                (void) pthread_mutex_unlock(&s->lock);
+                unsigned n = caller_table_shutdown_all(s->callers);
+                log_info("%u API connection(s) still open %d s into the shutdown (clients that "
+                         "do not read): closed.", n, SERVER_SHUTDOWN_GRACE_SEC);
+                (void) pthread_mutex_lock(&s->lock);
+        }
+        (void) pthread_mutex_unlock(&s->lock);
+}
+
 Server *server_free(Server *s) {
         if (!s)
                 return NULL;
@@ -265,10 +297,7 @@ Server *server_free(Server *s) {
                 if (s->n_threads == 0)
                         drain_until_shutdown(s);
                 else {
-                        (void) pthread_mutex_lock(&s->lock);
-                        while (!s->shutdown_done)
-                                (void) pthread_cond_wait(&s->cond, &s->lock);
-                        (void) pthread_mutex_unlock(&s->lock);
+                        server_wait_shutdown(s);
                         call_counter_wait_drained(&s->calls);
                 }
         }

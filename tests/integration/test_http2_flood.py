@@ -20,7 +20,8 @@ recv()): PING, SETTINGS, WINDOW_UPDATE, PRIORITY, and HEADERS + RST_STREAM. The 
   channel argument of 1.51 limits streams that are already reset;
 - a normal client is served meanwhile (Health and ListBuilds within seconds);
 - once the connections close it is back within RSS_RETURNED of where it started, within
-  RETURN_WAIT_S (the daemon trims its heap once it holds HEAP_TRIM_MIN_FREE_BYTES free).
+  RETURN_WAIT_S (the daemon trims its heap once it holds HEAP_TRIM_MIN_FREE_BYTES free);
+- SIGTERM stops the daemon while such connections are still open (it waited for them forever).
 """
 
 import os
@@ -48,6 +49,7 @@ N_CONNECTIONS = 4
 CHUNK = 1000          # frames a send
 CHUNKS = 24           # a connection's chunks at most (24,000 frames: the measured attack)
 SEND_TIMEOUT_S = 0.5  # a send that waits this long: the daemon stopped reading
+STOP_TIMEOUT_S = 15   # SIGTERM to exit with flooding connections open (2 s grace, ASan)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\x04\0\0\0\0\0"
 LIST_BUILDS = "/familyd.v1.FamilyService/ListBuilds"
@@ -206,6 +208,21 @@ class Http2Flood(unittest.TestCase):
         # code never sees it. 2 x 8,000 keeps the test short under ASan, and its calls' arenas
         # under the total bound even if none were freed before the last was made.
         self.check("rapid_reset", connections=2, chunks=8, bound=TOTAL_BOUND)
+
+    def test_stop_while_flooded(self):
+        # Connections whose clients never read keep a write in progress, and gRPC's close
+        # waits for it: before, SIGTERM left the daemon waiting for them (still running 30 s
+        # later). Now their sockets are shut 2 s into the shutdown.
+        socks = [flood(self.daemon.socket, "ping", CHUNKS)[0] for _ in range(2)]
+        try:
+            t0 = time.monotonic()
+            self.assertEqual(self.daemon.stop(timeout=STOP_TIMEOUT_S), 0)
+            print("stopped in %.1f s with 2 flooding connections open"
+                  % (time.monotonic() - t0), flush=True)
+            self.assertIn("API connection(s) still open", self.daemon.output())
+        finally:
+            for s in socks:
+                s.close()
 
 
 if __name__ == "__main__":
