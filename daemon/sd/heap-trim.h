@@ -7,7 +7,7 @@
 /* How often the loop looks, and how much free heap makes a trim worth it. glibc keeps freed
  * memory in its arenas (a flood's connections, gone, held +40 MiB to +1.7 GiB measured). */
 #define HEAP_TRIM_PERIOD_USEC (1000ull * 1000ull)
-#define HEAP_TRIM_MIN_FREE_BYTES (16ull << 20)
+#define HEAP_TRIM_MIN_FREE_BYTES (8ull << 20)
 
 typedef struct HeapTrim HeapTrim;
 
