@@ -6,13 +6,13 @@
  * them (the connection limit) kept every other scraper out (issue 37). The library has no
  * deadline for a request's headers, so this file keeps one: each connection, from its
  * NOTIFY_CONNECTION start to its close, has an entry (its socket context) with the time its
- * request's headers are due, from accept and again from the end of each request on a kept-alive
- * connection; the request handler's first call (headers complete) clears it. A watcher thread
- * looks a few times a second and shuts down (never closes: the descriptor stays the library's)
- * the socket of a connection past its due time; the library then reads its end and closes the
- * connection. The list and the shutdown share one lock with the CLOSED notification, which
- * the library sends before it closes the descriptor, so a shut-down descriptor is always the
- * connection's own.
+ * request's headers are due, from accept and again from the end of each request on a
+ * kept-alive connection; the request handler's first call (headers complete) clears it. A
+ * watcher thread sleeps until the earliest due time (with no timeout while nothing is due)
+ * and shuts down (never closes: the descriptor stays the library's) the socket of a connection
+ * past its due time; the library then reads its end and closes the connection. The list and
+ * the shutdown share one lock with the CLOSED notification, which the library sends before it
+ * closes the descriptor, so a shut-down descriptor is always the connection's own.
  */
 
 #include <errno.h>
@@ -23,11 +23,11 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/macro.h"
 #include "metrics-deadline.h"
 
-/* How often the watcher looks: a late connection is closed at most this much after its due
- * time. */
-#define METRICS_DEADLINE_TICK_MS 100u
+/* The watcher wakes this much after the earliest due time, so that it finds it past. */
+#define METRICS_DEADLINE_SLACK_NS (10ull * 1000000ull)
 
 typedef struct DeadlineEntry DeadlineEntry;
 struct DeadlineEntry {
@@ -58,24 +58,30 @@ static void *metrics_deadline_thread(void *userdata) {
 
         (void) pthread_mutex_lock(&d->lock);
         while (!d->stopping) {
-                struct timespec until;
-                uint64_t now = now_ns();
+                uint64_t now = now_ns(), next = UINT64_MAX;
 
-                for (DeadlineEntry *e = d->entries; e; e = e->next)
-                        if (e->due_ns != 0 && !e->shut && now >= e->due_ns) {
-                                /* The library sees its end and closes the connection. */
-                                (void) shutdown(e->fd, SHUT_RDWR);
-                                e->shut = true;
-                                log_debug("metrics: a request's headers were not complete "
-                                          "within %llu ms, connection closed",
-                                          (unsigned long long) (d->deadline_ns / 1000000ull));
+                for (DeadlineEntry *e = d->entries; e; e = e->next) {
+                        if (e->due_ns == 0 || e->shut)
+                                continue;
+                        if (now < e->due_ns) {
+                                next = MIN(next, e->due_ns);
+                                continue;
                         }
-                (void) clock_gettime(CLOCK_MONOTONIC, &until);
-                until.tv_nsec += (long) METRICS_DEADLINE_TICK_MS * 1000000L;
-                if (until.tv_nsec >= 1000000000L) {
-                        until.tv_sec++;
-                        until.tv_nsec -= 1000000000L;
+                        /* The library sees its end and closes the connection. */
+                        (void) shutdown(e->fd, SHUT_RDWR);
+                        e->shut = true;
+                        log_debug("metrics: a request's headers were not complete within "
+                                  "%llu ms, connection closed",
+                                  (unsigned long long) (d->deadline_ns / 1000000ull));
                 }
+                if (next == UINT64_MAX) {
+                        /* Nothing is due: sleep until a connection comes or a request ends. */
+                        (void) pthread_cond_wait(&d->cond, &d->lock);
+                        continue;
+                }
+                next += METRICS_DEADLINE_SLACK_NS;
+                struct timespec until = { .tv_sec = (time_t) (next / 1000000000ull),
+                                          .tv_nsec = (long) (next % 1000000000ull) };
                 (void) pthread_cond_timedwait(&d->cond, &d->lock, &until);
         }
         (void) pthread_mutex_unlock(&d->lock);
@@ -144,6 +150,7 @@ void metrics_deadline_on_connection(void *cls, struct MHD_Connection *connection
                 if (d->entries)
                         d->entries->prev = e;
                 d->entries = e;
+                (void) pthread_cond_signal(&d->cond);
                 (void) pthread_mutex_unlock(&d->lock);
                 *socket_context = e;
                 return;
@@ -190,5 +197,6 @@ void metrics_deadline_on_completed(void *cls, struct MHD_Connection *connection,
         /* The next request on a kept-alive connection has its own deadline. */
         (void) pthread_mutex_lock(&d->lock);
         e->due_ns = now_ns() + d->deadline_ns;
+        (void) pthread_cond_signal(&d->cond);
         (void) pthread_mutex_unlock(&d->lock);
 }

@@ -272,8 +272,10 @@ static void server_wait_shutdown(Server *s) {
                 forced = true;
                 (void) pthread_mutex_unlock(&s->lock);
                 unsigned n = caller_table_shutdown_all(s->callers);
-                log_info("%u API connection(s) still open %d s into the shutdown (clients that "
-                         "do not read): closed.", n, SERVER_SHUTDOWN_GRACE_SEC);
+                if (n > 0)
+                        log_info("%u API connection(s) still open %d s into the shutdown "
+                                 "(clients that do not read): closed.",
+                                 n, SERVER_SHUTDOWN_GRACE_SEC);
                 (void) pthread_mutex_lock(&s->lock);
         }
         (void) pthread_mutex_unlock(&s->lock);
