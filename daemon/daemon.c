@@ -31,6 +31,7 @@
 #include "hw/inventory.h"
 #include "metrics/metrics.h"
 #include "metrics/metrics-server.h"
+#include "sd/heap-trim.h"
 #include "sd/journal.h"
 #include "core/coordinator-status.h"
 #include "core/manager.h"
@@ -56,6 +57,7 @@ struct Daemon {
         sd_event *event;                /* the main loop */
         sd_event_source *api_io;        /* the API socket: off while accepting pauses */
         sd_event_source *accept_resume; /* on while accepting pauses */
+        HeapTrim *heap_trim;            /* returns freed heap to the system (sd/heap-trim.c) */
         bool accept_failing;            /* an accept failure episode is under way (logged once) */
         const Config *config;
         /* What the service manager passed (LISTEN_FDS): api and shard are taken at start; the
@@ -594,7 +596,7 @@ static int daemon_on_api_io(sd_event_source *source, int fd, uint32_t revents,
         return 0;
 }
 
-/* The API socket and the watchdog's timer join the loop. */
+/* The API socket, the watchdog's timer and the heap trim join the loop. */
 static int daemon_watch(Daemon *d) {
         int r;
 
@@ -612,6 +614,9 @@ static int daemon_watch(Daemon *d) {
         r = notifier_attach(d->notifier, d->event);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up the watchdog timer: %m");
+        r = heap_trim_attach(d->event, &d->heap_trim);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the heap trim timer: %m");
         return 0;
 }
 
@@ -775,6 +780,7 @@ Daemon *daemon_free(Daemon *d) {
         free(d->shard_socket_path);
         sd_event_source_disable_unref(d->api_io);
         sd_event_source_disable_unref(d->accept_resume);
+        heap_trim_free(d->heap_trim);
         sd_event_unref(d->event);
         return mfree(d);
 }

@@ -6,7 +6,9 @@
  * GetStatus reads (metrics-gather.c), so a scrape never holds a lock an RPC waits on for
  * longer than GetStatus would. A scraper is bounded by the library's own limits (connection
  * count in all and per IP, an idle timeout, the per-connection memory that caps the request
- * line and headers); the socket is ours, bound to the one address given, close-on-exec.
+ * line and headers) and by a deadline for a request's headers that the library lacks
+ * (metrics-deadline.c: its idle timeout counts a dripped byte as traffic); the socket is
+ * ours, bound to the one address given, close-on-exec.
  */
 
 #include <errno.h>
@@ -22,10 +24,12 @@
 
 #include "common/log.h"
 #include "core/manager.h"
+#include "metrics-deadline.h"
 #include "metrics-server.h"
 
 struct MetricsServer {
         struct MHD_Daemon *mhd;
+        MetricsDeadline *deadline; /* closes connections whose request headers are late */
         MetricsSources src;
 };
 
@@ -98,6 +102,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
                                   void **con_cls) {
         MetricsServer *s = cls;
         bool known = streq(url, "/metrics") || streq(url, "/");
+
+        metrics_deadline_on_headers(s->deadline, connection);
 
         if (!known)
                 return reply_static(connection, MHD_HTTP_NOT_FOUND, "text/plain",
@@ -177,6 +183,9 @@ int metrics_server_new(const char *address, const MetricsSources *src, MetricsSe
                                     (double) manager_uptime_ms(src->manager) / 1e3;
         metrics_mark_start();
 
+        r = metrics_deadline_new(METRICS_REQUEST_DEADLINE_S * 1000ull, &s->deadline);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the metrics request deadline: %m");
         r = metrics_bind(address, &fd);
         if (r < 0)
                 return r;
@@ -186,7 +195,9 @@ int metrics_server_new(const char *address, const MetricsSources *src, MetricsSe
                 (unsigned) METRICS_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                 (unsigned) METRICS_MAX_CONNECTIONS_PER_IP, MHD_OPTION_CONNECTION_TIMEOUT,
                 (unsigned) METRICS_CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                (size_t) METRICS_CONNECTION_MEMORY_BYTES, MHD_OPTION_EXTERNAL_LOGGER, on_log,
+                (size_t) METRICS_CONNECTION_MEMORY_BYTES, MHD_OPTION_NOTIFY_CONNECTION,
+                metrics_deadline_on_connection, s->deadline, MHD_OPTION_NOTIFY_COMPLETED,
+                metrics_deadline_on_completed, s->deadline, MHD_OPTION_EXTERNAL_LOGGER, on_log,
                 NULL, MHD_OPTION_END);
         if (!s->mhd) {
                 (void) close(fd);
@@ -204,5 +215,6 @@ MetricsServer *metrics_server_free(MetricsServer *s) {
         /* Joins the thread and closes the connections and the listening socket. */
         if (s->mhd)
                 MHD_stop_daemon(s->mhd);
+        metrics_deadline_free(s->deadline);
         return mfree(s);
 }

@@ -11,6 +11,9 @@
 #define METRICS_MAX_CONNECTIONS_PER_IP 8u
 /* A connection with no traffic for this long is closed. */
 #define METRICS_CONNECTION_TIMEOUT_S 5u
+/* A request whose line and headers are not complete this long after accept (or after the
+ * previous request on the connection) is closed, however its bytes trickle in. */
+#define METRICS_REQUEST_DEADLINE_S 3u
 /* A connection's buffer for its request line and headers: a longer request is answered 431
  * (or 414 for its line) and closed. */
 #define METRICS_CONNECTION_MEMORY_BYTES 16384u

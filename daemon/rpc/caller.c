@@ -242,3 +242,18 @@ uint64_t caller_table_queued(CallerTable *t) {
         (void) pthread_mutex_unlock(&t->lock);
         return n;
 }
+
+unsigned caller_table_shutdown_all(CallerTable *t) {
+        unsigned n = 0;
+
+        (void) pthread_mutex_lock(&t->lock);
+        for (size_t fd = 0; fd < t->n_entries; fd++) {
+                RpcConnection *c = t->entries[fd].conn;
+
+                /* A number gRPC closed and something else reused holds another inode. */
+                if (c && rpc_connection_is_fd(c, (int) fd) && shutdown((int) fd, SHUT_RDWR) >= 0)
+                        n++;
+        }
+        (void) pthread_mutex_unlock(&t->lock);
+        return n;
+}

@@ -83,3 +83,8 @@ int caller_table_queue(CallerTable *t, RpcConnection *c, size_t size, uint64_t *
 void caller_table_unqueue(CallerTable *t, RpcConnection *c, size_t size);
 /* Bytes waiting over all connections. */
 uint64_t caller_table_queued(CallerTable *t);
+
+/* At the server's shutdown: shuts down both ways every filed connection still open at its
+ * number (the same socket), so that gRPC closes it even while a write to a client that never
+ * reads is in progress (its close waits for that write). Returns how many. */
+unsigned caller_table_shutdown_all(CallerTable *t);

@@ -2,9 +2,11 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <time.h>
 
 #include "call.h"
 #include "common/log.h"
@@ -15,6 +17,11 @@
  * most a second; past the queue they are closed at once. */
 #define SERVER_CLOSER_THREADS 2u
 #define SERVER_CLOSER_QUEUE 64u
+
+/* At shutdown, how long gRPC may take to close its connections itself (writing the cancelled
+ * calls' trailers) before familyd shuts their sockets: a connection whose client never reads
+ * would otherwise keep the shutdown waiting forever (issue 37). */
+#define SERVER_SHUTDOWN_GRACE_SEC 2
 
 static const RpcService *const services[] = {
         &service_family,
@@ -85,7 +92,7 @@ static size_t count_methods(void) {
 
 int server_new(const ServerParams *params, Server **ret) {
         _cleanup_(server_freep) Server *s = NULL;
-        grpc_arg args[3];
+        grpc_arg args[4];
         int r;
 
         s = calloc(1, sizeof *s);
@@ -120,6 +127,15 @@ int server_new(const ServerParams *params, Server **ret) {
         args[2] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
                                .key = (char *) GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                .value.integer = (int) params->connection_idle_ms };
+        /* No ping policing (0: strikes unlimited). gRPC 1.51 answers each PING past the
+         * strike limit with another close of the transport, which waits for the write in
+         * progress and keeps every attempt's error (about 3.6 KB a PING) while a client that
+         * never reads holds that write: 80 MiB a connection measured, issue 37. Without
+         * strikes a PING costs its ACK, and chttp2 stops reading a connection with 10,000
+         * ACKs (and SETTINGS ACKs, RST_STREAMs) unwritten: under 1 MiB a connection. */
+        args[3] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
+                               .key = (char *) GRPC_ARG_HTTP2_MAX_PING_STRIKES,
+                               .value.integer = 0 };
         grpc_channel_args channel_args = { .num_args = ELEMENTSOF(args), .args = args };
 
         s->server = grpc_server_create(&channel_args, NULL);
@@ -238,6 +254,33 @@ static void drain_until_shutdown(Server *s) {
         }
 }
 
+/* Waits for gRPC's shutdown tag; past the grace, shuts the sockets gRPC still holds. */
+static void server_wait_shutdown(Server *s) {
+        struct timespec until;
+        bool forced = false;
+
+        (void) clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += SERVER_SHUTDOWN_GRACE_SEC;
+        (void) pthread_mutex_lock(&s->lock);
+        while (!s->shutdown_done) {
+                if (forced) {
+                        (void) pthread_cond_wait(&s->cond, &s->lock);
+                        continue;
+                }
+                if (pthread_cond_timedwait(&s->cond, &s->lock, &until) != ETIMEDOUT)
+                        continue;
+                forced = true;
+                (void) pthread_mutex_unlock(&s->lock);
+                unsigned n = caller_table_shutdown_all(s->callers);
+                if (n > 0)
+                        log_info("%u API connection(s) still open %d s into the shutdown "
+                                 "(clients that do not read): closed.",
+                                 n, SERVER_SHUTDOWN_GRACE_SEC);
+                (void) pthread_mutex_lock(&s->lock);
+        }
+        (void) pthread_mutex_unlock(&s->lock);
+}
+
 Server *server_free(Server *s) {
         if (!s)
                 return NULL;
@@ -256,10 +299,7 @@ Server *server_free(Server *s) {
                 if (s->n_threads == 0)
                         drain_until_shutdown(s);
                 else {
-                        (void) pthread_mutex_lock(&s->lock);
-                        while (!s->shutdown_done)
-                                (void) pthread_cond_wait(&s->cond, &s->lock);
-                        (void) pthread_mutex_unlock(&s->lock);
+                        server_wait_shutdown(s);
                         call_counter_wait_drained(&s->calls);
                 }
         }

@@ -2,18 +2,25 @@
 """The metrics port under abuse: a hostile scraper cannot hold familyd.
 
 Each abuse is refused on its own: 500 idle connections (all but the per-IP limit closed at
-once, the rest after the idle timeout), a request with 1 MiB of headers (431 or a closed
+once, the rest after the request deadline), 16 connections from two addresses dripping a
+header byte every half second (closed at the request deadline however the bytes trickle in,
+where the idle timeout, which counts a dripped byte as traffic, kept every other scraper out
+for 12 s before issue 37's fix; a scraper from a third address retrying meanwhile gets its
+answer within the deadline and a second), a request with 1 MiB of headers (431 or a closed
 connection, never an answer), a POST (405), path traversals (404). Meanwhile a separate
 process keeps all of that going while this one measures Resolve: its p50 stays within 10% of
 a quiet run's (a pair of runs is tried up to three times: the machine is shared). Afterwards
 the daemon's descriptors are back where they were and a plain scrape works.
 """
 
+import http.client
 import os
+import select
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -25,6 +32,8 @@ import test_metrics_common as M  # noqa: E402
 MAX_CONNECTIONS = 16
 MAX_CONNECTIONS_PER_IP = 8
 CONNECTION_TIMEOUT_S = 5
+REQUEST_DEADLINE_S = 3
+DRIP_INTERVAL_S = 0.5
 IDLE = 500
 RESOLVES = 1500
 
@@ -95,6 +104,67 @@ def abuse(port, seconds):
         s.close()
 
 
+def drippers(port):
+    """MAX_CONNECTIONS connections, half from 127.0.0.1 and half from 127.0.0.2 (the per-IP
+    limit each), each sending the first byte of a request: [(socket, connected at)]."""
+    socks = []
+    for i in range(MAX_CONNECTIONS):
+        s = socket.socket()
+        s.bind(("127.0.0.%d" % (1 + i % 2), 0))
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"G")
+        socks.append((s, time.monotonic()))
+    return socks
+
+
+def drip(socks, until):
+    """Sends one more header byte on every open connection each DRIP_INTERVAL_S, never the end
+    of the headers, until the deadline passed; {socket: seconds from its connect to EOF}."""
+    request = b"ET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+    closed = {}
+    sent = 0
+    while time.monotonic() < until and len(closed) < len(socks):
+        for s, t0 in socks:
+            if s in closed:
+                continue
+            readable, _, _ = select.select([s], [], [], 0)
+            eof = False
+            if readable:
+                try:
+                    eof = s.recv(4096) == b""
+                except OSError:
+                    eof = True
+            if not eof:
+                try:
+                    s.sendall(request[sent:sent + 1])
+                except OSError:
+                    eof = True
+            if eof:
+                closed[s] = time.monotonic() - t0
+        sent += 1
+        time.sleep(DRIP_INTERVAL_S)
+    return closed
+
+
+def scrape_from(port, source, until):
+    """Retries GET /metrics from source until answered 200 or until: the seconds it took."""
+    t0 = time.monotonic()
+    while time.monotonic() < until:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=2,
+                                       source_address=(source, 0))
+        try:
+            c.request("GET", "/metrics")
+            if c.getresponse().status == 200:
+                return time.monotonic() - t0
+        except (OSError, http.client.HTTPException):
+            pass   # refused at the connection limit: closed at once
+        finally:
+            c.close()
+        time.sleep(0.1)
+    return None
+
+
 def resolve_p50(client, n=RESOLVES):
     times = []
     for _ in range(n):
@@ -138,7 +208,7 @@ class TestMetricsAbuse(unittest.TestCase):
             self.assertLessEqual(M.open_fds(self.pid), self.baseline_fds + MAX_CONNECTIONS_PER_IP)
             closed_now = sum(closed_by_peer(s, 0.01) for s in socks)
             self.assertGreaterEqual(closed_now, len(socks) - MAX_CONNECTIONS_PER_IP)
-            # The rest go after the idle timeout.
+            # The rest go at the request deadline (before the idle timeout).
             deadline = time.monotonic() + CONNECTION_TIMEOUT_S + 5
             still = [s for s in socks if not closed_by_peer(s, 0.01)]
             for s in still:
@@ -149,6 +219,31 @@ class TestMetricsAbuse(unittest.TestCase):
                 s.close()
         self.assertFdsBack()
         self.assertEqual(M.scrape(self.port)[0]["content-type"], M.TEXT)
+
+    def test_dripped_headers(self):
+        socks = drippers(self.port)
+        try:
+            started = time.monotonic()
+            got = {}
+            scraper = threading.Thread(target=lambda: got.update(seconds=scrape_from(
+                self.port, "127.0.0.3", started + REQUEST_DEADLINE_S + 10)))
+            scraper.start()
+            closed = drip(socks, started + REQUEST_DEADLINE_S + 10)
+            scraper.join()
+        finally:
+            for s, _ in socks:
+                s.close()
+        print("dripped headers: %d of %d connections closed after %.1f to %.1f s; a scraper "
+              "from another address answered after %s s"
+              % (len(closed), len(socks), min(closed.values(), default=0),
+                 max(closed.values(), default=0), got.get("seconds")), file=sys.stderr)
+        self.assertEqual(len(closed), len(socks), "dripping connections outlived the deadline")
+        for seconds in closed.values():
+            self.assertGreaterEqual(seconds, REQUEST_DEADLINE_S - 0.5)
+            self.assertLessEqual(seconds, REQUEST_DEADLINE_S + 1.5)
+        self.assertIsNotNone(got.get("seconds"), "no scrape answered while headers dripped")
+        self.assertLessEqual(got["seconds"], REQUEST_DEADLINE_S + 1.0)
+        self.assertFdsBack()
 
     def test_huge_headers(self):
         status = huge_headers(self.port)
