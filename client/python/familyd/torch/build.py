@@ -295,7 +295,7 @@ def _dtensor_parameter(local: torch.Tensor, device_mesh: Any, placements: List[P
                                shape=torch.Size(shape), stride=stride),
             requires_grad=requires_grad)
     param.requires_grad_(requires_grad)
-    param._is_param = True  # type: ignore[attr-defined]
+    param._is_param = True
     return param
 
 
