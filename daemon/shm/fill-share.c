@@ -140,10 +140,18 @@ static int follow(FillShare *s, Leader *l, ShardSegment *seg, const MaterializeS
         s->waiting++;
         (void) pthread_cond_broadcast(&s->changed);
         while (l->state == LEADER_FILLING) {
-                if (fill_bound_cancelled()) {
+                bool cancelled;
+
+                /* The binding's callback runs without our lock: it may take its own. */
+                (void) pthread_mutex_unlock(&s->lock);
+                cancelled = fill_bound_cancelled();
+                (void) pthread_mutex_lock(&s->lock);
+                if (cancelled) {
                         s->waiting--;
                         return -ECANCELED;
                 }
+                if (l->state != LEADER_FILLING)
+                        break;
                 wait_poll(s);
         }
         s->waiting--;
