@@ -78,8 +78,11 @@ struct Daemon {
 /* Descriptors kept free of API connections: registry files on reload, gRPC's own (epoll,
  * wakeup fds, timers), the main loop's (epoll, signalfd), log and lock files. */
 #define DAEMON_FD_RESERVE 64u
-/* Builds that materialise run here, off the gRPC workers (each fill uses all cores). */
-#define DAEMON_BUILD_THREADS 2u
+/* Builds that materialise run here, off the gRPC workers. Their fills share the fill threads
+ * (the cores), so more Builds at once cost no more CPU; a small Build does not wait behind a
+ * large one, and a fill that waits for an equal one under way (shm/fill-share.h: the dp
+ * replicas of a job's training handouts) does not keep the one it waits for queued. */
+#define DAEMON_BUILD_THREADS 8u
 #define DAEMON_BUILD_QUEUE 64u
 /* How long the loop stops accepting after a failure that leaves the connection queued. */
 #define DAEMON_ACCEPT_PAUSE_MS 100

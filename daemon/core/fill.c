@@ -774,6 +774,22 @@ void fill_progress_bind(FillProgress *p) {
         fill_context_bound.progress = p;
 }
 
+bool fill_bound_cancelled(void) {
+        const FillContext *c = &fill_context_bound;
+
+        return c->cancelled && c->cancelled(c->userdata);
+}
+
+void fill_bound_progress_add(uint64_t bytes) {
+        FillProgress *p = fill_context_bound.progress;
+
+        if (!p)
+                return;
+        atomic_fetch_add_explicit(&p->bytes, bytes, memory_order_relaxed);
+        if (p->on_chunk)
+                p->on_chunk(p);
+}
+
 /* Chunk id of the job: the slice k with first_chunk[k] <= id < first_chunk[k + 1]. */
 static void fill_job_chunk(FillJob *job, uint64_t id) {
         size_t lo = 0, hi = job->n_slices;

@@ -139,5 +139,11 @@ void fill_context_bind(const FillContext *c);
 /* Binds p (NULL: none) as the bound context's progress; p must outlive the fills. */
 void fill_progress_bind(FillProgress *p);
 
+/* For work done in place of a fill (a copy of an equal fill's bytes): true when the calling
+ * thread's binding says the fill is cancelled (never without one). */
+bool fill_bound_cancelled(void);
+/* Adds bytes to the calling thread's bound progress, if any, and calls its on_chunk. */
+void fill_bound_progress_add(uint64_t bytes);
+
 /* n consecutive elements from global index first (a rank-1 slice), on the calling thread. */
 void fill_values(const FillSpec *spec, uint64_t first, size_t n, void *dst);

@@ -7,6 +7,7 @@
 
 #include "accel.h"
 #include "common/log.h"
+#include "fill-share.h"
 
 typedef struct AccelDevice {
         bool gpu;
@@ -24,6 +25,9 @@ struct Accel {
         size_t n_devices;
         /* What fills did, by segment kind ([0] host, [1] cuda): one add each per fill. */
         atomic_uint_fast64_t fill_bytes[2], fill_ns[2];
+        /* Host fills equal to one under way copy it (fill-share.h). */
+        FillShare *share;
+        atomic_uint_fast64_t copied_fills;
 };
 
 struct AccelReservation {
@@ -72,6 +76,9 @@ int accel_new(const Device *devices, size_t n, Accel **ret) {
         r = shard_backend_host_new(&a->host);
         if (r < 0)
                 return r;
+        r = fill_share_new(&a->share);
+        if (r < 0)
+                return r;
         if (any_gpu) {
                 r = shard_backend_cuda_new(devices, n, &a->cuda, a->cuda_why, sizeof a->cuda_why);
                 if (r == -ENOMEM)
@@ -96,6 +103,7 @@ Accel *accel_unref(Accel *a) {
                 return NULL;
         shard_backend_unref(a->host);
         shard_backend_unref(a->cuda);
+        fill_share_free(a->share);
         free(a->devices);
         (void) pthread_mutex_destroy(&a->lock);
         return mfree(a);
@@ -236,9 +244,11 @@ static int fill_counted(Accel *a, ShardSegment *seg, const MaterializeSlice *sli
         uint64_t start = monotonic_ns();
         int r;
 
-        if (host)
-                r = materialize_host_fill(seg, slices, n);
-        else if (a && a->cuda)
+        if (host) {
+                r = fill_share_host_fill(a ? a->share : NULL, seg, slices, n);
+                if (r == FILL_SHARE_COPIED && a)
+                        atomic_fetch_add_explicit(&a->copied_fills, 1, memory_order_relaxed);
+        } else if (a && a->cuda)
                 r = a->cuda->ops->fill(a->cuda, seg, slices, n, ret_error);
         else
                 return -EINVAL;
@@ -285,4 +295,5 @@ void accel_fill_counters(const Accel *a, AccelFillCounters *ret) {
                 ret->bytes[k] = atomic_load_explicit(&a->fill_bytes[k], memory_order_relaxed);
                 ret->ns[k] = atomic_load_explicit(&a->fill_ns[k], memory_order_relaxed);
         }
+        ret->copied = atomic_load_explicit(&a->copied_fills, memory_order_relaxed);
 }

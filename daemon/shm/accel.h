@@ -80,6 +80,8 @@ typedef struct AccelFillCounters {
         uint64_t bytes[2]; /* a fill's bytes once it succeeded: accel_fill, the rank's size
                             * (padding included); accel_fill_slices, the slices' bytes */
         uint64_t ns[2];    /* the time successful fills took, CLOCK_MONOTONIC */
+        uint64_t copied;   /* host fills that copied an equal fill under way (fill-share.h);
+                            * counted in bytes and ns too */
 } AccelFillCounters;
 /* Any thread; relaxed reads, each number on its own. A NULL Accel counts nothing (zeros). */
 void accel_fill_counters(const Accel *a, AccelFillCounters *ret);

@@ -41,10 +41,9 @@ int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLa
         return 0;
 }
 
-int materialize_host_fill(ShardSegment *seg, const MaterializeSlice *slices, size_t n) {
+int materialize_host_write(ShardSegment *seg, const MaterializeSlice *slices, size_t n) {
         _cleanup_free_ FillSlice *fills = NULL;
         uint8_t *base = shard_segment_data(seg);
-        int r;
 
         if (!base)
                 return -EINVAL;
@@ -59,7 +58,13 @@ int materialize_host_fill(ShardSegment *seg, const MaterializeSlice *slices, siz
                 fills[i].dst = base + slices[i].byte_offset;
         }
 
-        r = fill_run(fills, n, 0);
+        return fill_run(fills, n, 0);
+}
+
+int materialize_host_fill(ShardSegment *seg, const MaterializeSlice *slices, size_t n) {
+        int r;
+
+        r = materialize_host_write(seg, slices, n);
         if (r < 0)
                 return r;
         shard_segment_unmap(seg);

@@ -28,3 +28,6 @@ int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLa
  * --state-dir) on all cores; its mapping is dropped afterwards. The host backend's fill.
  */
 int materialize_host_fill(ShardSegment *seg, const MaterializeSlice *slices, size_t n);
+
+/* The same, leaving the segment mapped (its bytes read again: fill-share.c). */
+int materialize_host_write(ShardSegment *seg, const MaterializeSlice *slices, size_t n);

@@ -26,7 +26,7 @@ job's memory on the node above what it was when the process groups were ready, a
 (/proc/PID/smaps_rollup, copy-on-write copies included) plus the daemon's shared memory of live
 builds (GetStatus shm_bytes_in_use), so other processes on the machine do not count. The daemon (a release build, started here with --host-devices 4) is the same
 for both modes; each familyd run uses a new seed, so nothing is answered from an earlier run.
-Prints a table and the ratios familyd / inprocess. --smoke: a tiny model once, to check that
+Prints a table of each mode's medians over the --repeat runs and the ratios familyd / inprocess. --smoke: a tiny model once, to check that
 the benchmark still runs (goals not judged).
 """
 
@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -245,14 +246,15 @@ def page_probe(mib=64):
 MODES = ("familyd", "frozen", "inprocess")
 
 
-def mean(xs):
-    return sum(xs) / len(xs)
+def median(xs):
+    """The median: the machine may be shared, and one disturbed run should not move a row."""
+    return statistics.median(xs)
 
 
 def report(results, a):
     gib = 1 << 30
     print("\nmodel: %d x (RMSNorm, TP SwiGLU MLP) hidden %d, intermediate %d: %.2f GiB of "
-          "float32 parameters; dp=2,tp=2, 4 processes, %d runs per mode"
+          "float32 parameters; dp=2,tp=2, 4 processes, median of %d runs per mode"
           % (a.layers, a.hidden, a.intermediate,
              a.layers * (3 * a.hidden * a.intermediate + a.hidden) * 4 / gib, a.repeat))
     print("%-10s %8s %8s %8s %8s %8s %8s %14s %14s"
@@ -261,7 +263,7 @@ def report(results, a):
     rows = {}
     for mode in MODES:
         rs = results[mode]
-        row = {k: mean([r[k] for r in rs]) for k in rs[0]}
+        row = {k: median([r[k] for r in rs]) for k in rs[0]}
         rows[mode] = row
         print("%-10s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %14.2f %14.2f"
               % (mode, row["build_s"], row["fwd_bwd_s"], row["allreduce_s"], row["adamw_s"],
@@ -294,7 +296,7 @@ def main():
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--json", help="write the mean rows here")
+    p.add_argument("--json", help="write the median rows here (and every run's, under runs)")
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -321,6 +323,7 @@ def main():
                     if not (v == v and abs(v) != float("inf")):
                         raise SystemExit("torch-bench: %s %s is %r" % (mode, k, v))
             print("torch-bench: smoke run complete")
+        rows["runs"] = results
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)

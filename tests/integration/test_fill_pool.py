@@ -4,7 +4,8 @@
 The real familyd fills every Build's shards on one pool of threads started with it:
 - a thousand small materialising Builds (Build, then ReleaseBuild) start no thread: the
   daemon's Threads (/proc/PID/status), sampled all along, never move;
-- two large Builds filling at once both progress (GetStatus builds_in_flight);
+- two large Builds filling at once both progress (GetStatus builds_in_flight), and a small
+  Build meanwhile is answered before either ends (it does not wait for a build thread);
 - a Build whose only caller cancels its call stops within a chunk or so: WatchBuild says FAILED
   with far fewer bytes than the total, soon, and the shared memory in use is back where it was;
 - SIGTERM during a large fill: the daemon exits 0 within a second.
@@ -149,6 +150,32 @@ class TestConcurrentFills(Base):
         for r in (ra, rb):
             self.assertTrue(r.build.shards[0].token, r)
             self.assertTrue(a.call(RELEASE, {"buildId": r.build.build_id, "force": True}).ok)
+        self.daemon.stop_checked()
+
+
+class TestSmallBesideLarge(Base):
+    def test_small_build_answered_while_two_large_fill(self):
+        a, b, small, poller = self.client(), self.client(), self.client(), self.client()
+        fa = self.build_future(a, request(LARGE, 5, "pool-big-a"))
+        fb = self.build_future(b, request(LARGE, 6, "pool-big-b"))
+        self.wait_filling(poller, "pool-big-a")
+        self.wait_filling(poller, "pool-big-b")
+        t0 = time.monotonic()
+        res = small.call(BUILD, request(SMALL, 7))
+        took = time.monotonic() - t0
+        self.assertTrue(res.ok, res)
+        filling = {p.progress_tag: p.bytes_filled for p in poller.call(STATUS).reply.builds_in_flight
+                   if p.state == FILLING}
+        print("a small Build beside two large fills: answered after %.3f s; the large ones "
+              "still filling: %s" % (took, filling))
+        # With two build threads (before 2026-12-07) it waited for one of the large fills.
+        self.assertFalse(fa.done() or fb.done(), "a large fill ended before the small Build")
+        self.assertEqual(sorted(filling), ["pool-big-a", "pool-big-b"])
+        self.assertTrue(small.call(RELEASE, {"buildId": res.reply.build.build_id}).ok)
+        fa.cancel()
+        fb.cancel()
+        a.close()
+        b.close()
         self.daemon.stop_checked()
 
 

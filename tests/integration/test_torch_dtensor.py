@@ -10,7 +10,10 @@ DeviceMesh of its view (the expert view's for the experts), its placements are t
 is this rank's shard, and full_tensor() equals the same module built whole in one process
 (mesh=None, the same fqn and seed: familyd's fill does not depend on the layout). Then one
 parameter is redistributed to Replicate() after the build: validate_model reports
-LAYOUT_CONFLICT for that module and nothing for the others.
+LAYOUT_CONFLICT for that module and nothing for the others. The parameters are leaf
+nn.Parameters that require gradients (training handouts), and building them does not import
+torch._dynamo (DTensor.from_local and nn.Parameter of a DTensor do: about 0.7 s of CPU in every
+process, docs/benchmarks.md "PyTorch job start").
 """
 
 import json
@@ -50,7 +53,7 @@ def worker(outdir, socket_path):
 
     client = familyd.Client(socket_path)
     job = FT.init(client)
-    out = {}
+    out = {"dynamo_before": "torch._dynamo" in sys.modules}
     for name, device, expert in MESHES[job.world_size]:
         jm = FT.job_mesh(client, job, device, expert)
         seen = {}
@@ -58,6 +61,7 @@ def worker(outdir, socket_path):
         for family in FAMILIES:
             fqn = "layers.0." + family
             module = FT.build_module(client, family, CONFIG, mesh=jm, fqn=fqn, seed=7)
+            out.setdefault("dynamo_after_build", "torch._dynamo" in sys.modules)
             whole = FT.build_module(client, family, CONFIG, fqn=fqn, seed=7)
             info = FT.build_info(module)
             layouts = {p.name: p for p in info.layout.parameters}
@@ -68,6 +72,8 @@ def worker(outdir, socket_path):
                 seen["%s.%s" % (family, pname)] = {
                     "variant": info.member.variant,
                     "dtensor": isinstance(p, DTensor),
+                    "trainable_leaf": isinstance(p, torch.nn.Parameter) and p.requires_grad and
+                    p.is_leaf and p.grad_fn is None,
                     "mesh": isinstance(p, DTensor) and p.device_mesh is want_mesh,
                     "dims": list(p.device_mesh.mesh_dim_names) if isinstance(p, DTensor) else [],
                     "placements": [placement_name(x) for x in p.placements]
@@ -121,12 +127,15 @@ class TorchDTensor(unittest.TestCase):
 
     def check(self, results, mesh, device, expert):
         for rank, r in results.items():
+            self.assertEqual((r["dynamo_before"], r["dynamo_after_build"]), (False, False),
+                             "rank %d: torch._dynamo imported (before, after a build)" % rank)
             got = r[mesh]
             self.assertEqual(got["violations"], [], "rank %d on %s" % (rank, mesh))
             split = 0
             for key, p in got["params"].items():
                 where = "rank %d, %s, %s" % (rank, mesh, key)
                 self.assertTrue(p["dtensor"], where)
+                self.assertTrue(p["trainable_leaf"], where)
                 self.assertTrue(p["mesh"], where)
                 view = device
                 if expert and set(p["dims"]) == set(expert):

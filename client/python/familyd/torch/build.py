@@ -249,8 +249,8 @@ def dtensor_placements(parameter: Any, mesh_dim_names: Iterable[str]) -> List[Pl
 
 
 def _as_dtensor(tensor: torch.Tensor, parameter: Any, mesh: JobMesh,
-                offset: Tuple[int, ...], where: str) -> DTensor:
-    """The rank's slice of a parameter as a DTensor over its mesh view, zero-copy."""
+                offset: Tuple[int, ...], where: str, requires_grad: bool) -> torch.Tensor:
+    """The rank's slice of a parameter as a DTensor parameter over its mesh view, zero-copy."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     device_mesh = mesh.expert_mesh if parameter.mesh_view == "expert" else mesh.device_mesh
     if device_mesh is None:
@@ -269,8 +269,34 @@ def _as_dtensor(tensor: torch.Tensor, parameter: Any, mesh: JobMesh,
             % (where, parameter.name, list(tensor.shape), list(offset), list(shape),
                placements, list(local_shape), list(global_offset)))
     stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(tensor, device_mesh, placements, run_check=False,
-                              shape=torch.Size(shape), stride=stride)
+    return _dtensor_parameter(tensor, device_mesh, placements, shape, stride, requires_grad)
+
+
+def _dtensor_parameter(local: torch.Tensor, device_mesh: Any, placements: List[Placement],
+                       shape: Tuple[int, ...], stride: Tuple[int, ...],
+                       requires_grad: bool) -> torch.Tensor:
+    """nn.Parameter(DTensor.from_local(local, device_mesh, placements, run_check=False,
+    shape=shape, stride=stride), requires_grad), made without the two steps that import
+    torch._dynamo: DTensor.__init__ is wrapped in torch._disable_dynamo, whose first call
+    imports it (about 0.7 s of CPU in every process, more than the rest of a build on the
+    client side), and both from_local (its autograd Function) and nn.Parameter (detach())
+    construct a DTensor that way. The result is the same object: a leaf DTensor over `local`
+    (no copy) with the spec from_local gives it, marked as a Parameter the way nn.Parameter
+    marks a tensor subclass (`_is_param`). A torch without these internals takes the public
+    path."""
+    try:
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+        spec = DTensorSpec(device_mesh, tuple(placements),
+                           tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), local.dtype))
+        param = DTensor.__new__(DTensor, local.view_as(local), spec, requires_grad=False)
+    except (ImportError, TypeError, AttributeError):
+        return torch.nn.Parameter(
+            DTensor.from_local(local, device_mesh, placements, run_check=False,
+                               shape=torch.Size(shape), stride=stride),
+            requires_grad=requires_grad)
+    param.requires_grad_(requires_grad)
+    param._is_param = True
+    return param
 
 
 def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build: Build,
@@ -297,17 +323,20 @@ def _bind_parameters(module: torch.nn.Module, tensors: Mapping[str, Any], build:
         if p.dtype != tensor.dtype and name not in overridden:
             raise ModuleBuildError("%s: parameter %r: the module's dtype %s is not the layout's "
                                    "%s" % (where, name, p.dtype, build.dtype_of(name)))
-    bound: Dict[str, Any] = dict(tensors)
+    grads = {name: own[name].requires_grad and trainable for name in tensors}
     if mesh is not None and mesh.device_mesh is not None:
         layouts = {p.name: p for p in build.message.info.layout.parameters}
         offsets = _slice_offsets(build, rank)
-        bound = {name: _as_dtensor(t, layouts[name], mesh, offsets.get(name, ()), where)
+        bound = {name: _as_dtensor(t, layouts[name], mesh, offsets.get(name, ()), where,
+                                   grads[name])
                  for name, t in tensors.items()}
-    for name, tensor in bound.items():
+    else:
+        bound = {name: torch.nn.Parameter(t, requires_grad=grads[name])
+                 for name, t in tensors.items()}
+    for name, param in bound.items():
         owner_name, _, leaf = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
-        setattr(owner, leaf, torch.nn.Parameter(
-            tensor, requires_grad=own[name].requires_grad and trainable))
+        setattr(owner, leaf, param)
     return {name: tuple(t.shape) for name, t in tensors.items()}
 
 
