@@ -15,6 +15,7 @@ numpy), once checked that other uids can run it and that it imports them; else i
 what stops it, rather than let the test skip.
 """
 
+import json
 import os
 import shutil
 import stat
@@ -185,3 +186,35 @@ def harness_env(copy, **more):
     source root are the copy's."""
     return dict(os.environ, FAMILYD_DESCRIPTORS=copy.path("familyd.binpb"),
                 FAMILYD_SOURCE_ROOT=copy.root, PYTHONDONTWRITEBYTECODE="1", **more)
+
+
+class LineClient:
+    """A client process that answers each JSON line it reads with one JSON line: the tests'
+    harness scripts run as `--client` (as another uid through setpriv, or as root). argv starts
+    the process; copy is the ReadableCopy it runs from (its cwd and environment)."""
+
+    def __init__(self, argv, copy):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=harness_env(copy), cwd=copy.root)
+
+    def ask(self, rpc, request=None):
+        return self.send({"rpc": rpc, "request": request or {}})
+
+    def send(self, cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError("client %d died" % self.proc.pid)
+        return json.loads(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"op": "exit"}\n')
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+            self.proc.wait(10)
+        self.proc.stdin.close()
+        self.proc.stdout.close()

@@ -124,7 +124,7 @@ def client_main(socket_path):
     return 0
 
 
-class Client:
+class Client(other_uid.LineClient):
     """A client process of uid (None: root), with `users` as a supplementary group if asked."""
 
     def __init__(self, uid=None, admin_group=False):
@@ -132,34 +132,10 @@ class Client:
         if uid is not None:
             groups = ["--groups", "100"] if admin_group else ["--clear-groups"]
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid)] + groups + argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=other_uid.harness_env(COPY),
-                                     cwd=COPY.root)
-
-    def ask(self, rpc, request=None):
-        return self.send({"rpc": rpc, "request": request or {}})
+        super().__init__(argv, COPY)
 
     def fetch(self, shard_socket, tokens):
         return self.send({"op": "fetch", "shard_socket": shard_socket, "tokens": tokens})
-
-    def send(self, cmd):
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError("client %d died" % self.proc.pid)
-        return json.loads(line)
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write('{"op": "exit"}\n')
-                self.proc.stdin.flush()
-            except BrokenPipeError:
-                pass
-            self.proc.wait(10)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
 
 
 def daemon_sockets():

@@ -125,37 +125,14 @@ def client_main(socket_path):
     return 0
 
 
-class Client:
+class Client(other_uid.LineClient):
     """A client process of uid (None: root), in no supplementary group."""
 
     def __init__(self, d, uid=None):
         argv = [PYTHON, COPY.path(os.path.basename(__file__)), "--client", d.socket]
         if uid is not None:
             argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"] + argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=other_uid.harness_env(COPY), cwd=COPY.root)
-
-    def ask(self, rpc, request=None):
-        return self.send({"rpc": rpc, "request": request or {}})
-
-    def send(self, cmd):
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError("client %d died" % self.proc.pid)
-        return json.loads(line)
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write('{"op": "exit"}\n')
-                self.proc.stdin.flush()
-            except BrokenPipeError:
-                pass
-            self.proc.wait(10)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
+        super().__init__(argv, COPY)
 
 
 def start_daemon(*extra, metrics=False):
