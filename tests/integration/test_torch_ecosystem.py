@@ -318,7 +318,10 @@ class TorchEcosystem(unittest.TestCase):
             self.assertGreater(c["whole"], 0.01, where)            # it clips
             self.assertAlmostEqual(c["norm"], c["whole"], delta=1e-5 * c["whole"], msg=where)
             self.assertTrue(c["grads"], where)
-            self.assertIn("must have the same mesh", c["torch_experts"], where)
+            # torch's own fails to stack the two meshes' norms (its words differ by release:
+            # 2.13's "must have the same mesh", 2.9's failed sharding propagation of aten.stack).
+            self.assertRegex(c["torch_experts"], r"must have the same mesh|Sharding propagation "
+                             r"failed for Op\(op=aten\.stack", where)
             self.assertTrue(c["experts_unclipped"], where)
             self.assertNotAlmostEqual(c["experts_whole"], c["whole"], delta=1e-4, msg=where)
             self.assertAlmostEqual(c["experts_norm"], c["experts_whole"],

@@ -283,6 +283,35 @@ class TorchInit(unittest.TestCase):
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=PACKAGE))
 
+    def test_refuses_older_torch(self):
+        """import familyd.torch reads the installed torch's version from its metadata: a torch
+        release older than OLDEST_TORCH is refused with a sentence, the oldest itself and a
+        newer one (minor + 10: compared as numbers, not as text) are taken. The metadata of a
+        made-up install comes first on the path; torch itself is not imported."""
+        import tempfile
+        import familyd.torch as FT
+        major, minor = FT.OLDEST_TORCH
+        oldest = "%d.%d" % (major, minor)
+        older = "%d.%d.1" % (major, minor - 1)
+        newer = "%d.%d.0+cpu" % (major, minor + 10)
+        code = "import familyd.torch as T; print(T.OLDEST_TORCH)"
+        for version, refused in ((older, True), (newer, False), (oldest + ".0", False)):
+            with tempfile.TemporaryDirectory() as tmp:
+                info = os.path.join(tmp, "torch-%s.dist-info" % version.split("+")[0])
+                os.mkdir(info)
+                with open(os.path.join(info, "METADATA"), "w") as f:
+                    f.write("Metadata-Version: 2.1\nName: torch\nVersion: %s\n" % version)
+                p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                   timeout=60, env=dict(os.environ,
+                                                        PYTHONPATH=tmp + ":" + PACKAGE))
+            if refused:
+                self.assertNotEqual(p.returncode, 0, version)
+                self.assertIn("ImportError: familyd.torch needs torch %s or newer, and this "
+                              "Python has torch %s: install a newer torch" % (oldest, version),
+                              p.stderr)
+            else:
+                self.assertEqual(p.returncode, 0, "%s: %s" % (version, p.stderr))
+
     def test_mesh_groups_layout(self):
         from familyd.torch import distributed as D
         self.assertEqual(D.axis_groups([("pp", 2), ("dp", 2), ("tp", 2)]),

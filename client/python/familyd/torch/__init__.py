@@ -10,11 +10,18 @@ model_boundaries); familyd.torch.fsdp puts a built module under torch's FSDP2 ov
 data-parallel axis (fully_shard, FullyShardError); familyd.torch.clip clips gradients on several
 DeviceMeshes (clip_grad_norm_). Their names are reachable here, imported on first use. This package imports
 nothing at import time, so `import familyd.torch` stays cheap and works without torch
-installed.
+installed; it reads the installed torch's version from its package metadata and refuses a torch
+older than OLDEST_TORCH with an ImportError that says so (docs/toolchain.md lists the torch
+versions the tests ran on).
 """
 
 import importlib
-from typing import Any
+import importlib.metadata
+import re
+from typing import Any, Optional, Tuple
+
+# The oldest torch release every torch test of the project passed on (docs/toolchain.md).
+OLDEST_TORCH = (2, 9)
 
 __all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
            "process_groups", "parallel_context", "device_mesh", "make_device_mesh",
@@ -32,6 +39,31 @@ _BUILD = ("build_module", "build_info", "register", "release", "derive_seed", "B
 _VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")
 _FSDP = ("fully_shard", "FullyShardError")
 _CLIP = ("clip_grad_norm_",)
+
+
+def torch_release(version: str) -> Optional[Tuple[int, int]]:
+    """(major, minor) of a torch version ("2.13.0+cpu", "2.9.0a0+git1234"), None if it has
+    none."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _check_torch() -> None:
+    """ImportError when the installed torch is older than OLDEST_TORCH; nothing when torch is
+    not installed (the submodules' `import torch` says so) or its version cannot be read."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    release = torch_release(version)
+    if release is not None and release < OLDEST_TORCH:
+        raise ImportError(
+            "familyd.torch needs torch %d.%d or newer, and this Python has torch %s: install a "
+            "newer torch (the project tests the one pinned in deploy/dev/requirements.txt)"
+            % (OLDEST_TORCH + (version,)))
+
+
+_check_torch()
 
 
 def __getattr__(name: str) -> Any:
