@@ -26,7 +26,8 @@ sys.path.insert(0, HERE)
 import cluster_harness  # noqa: E402
 import torch_job_common as C  # noqa: E402
 
-GRACE_MS = 12000        # long enough to list the released builds after the job, under load
+GRACE_MS = 30000        # long enough to list the released builds after the job, under load
+                        # (12 s was not, in a Debian 13 root on a loaded machine)
 
 
 class TrainTwoNodes(unittest.TestCase):

@@ -7,7 +7,8 @@ A clone is everything a user gets, so no file may name a folder beside the check
 file that is not in the repository, a home directory, or the absolute folder of a checkout
 (the one this runs in, or the one the project was developed in). The patterns are built from
 pieces so that this file does not match itself. Files are those `git ls-files` lists, or, with
-no git metadata (an exported tarball), every file outside build folders and node_modules.
+no git metadata (an exported tarball, or no git installed), every file outside build folders,
+.venv and node_modules.
 Prints every match as FILE:LINE: text and exits 1 when there is one.
 """
 
@@ -44,8 +45,9 @@ def tracked_files(source):
         files = []
         for root, dirs, names in os.walk(source):
             rel = os.path.relpath(root, source)
-            dirs[:] = [d for d in dirs if not (rel == "." and (d.startswith("build")
-                                                               or d in (".git", "node_modules")))]
+            # Not the project's: build folders, git's, npm's and the Python environment.
+            dirs[:] = [d for d in dirs if not (rel == "." and (
+                d.startswith("build") or d in (".git", ".venv", "node_modules")))]
             files += [os.path.normpath(os.path.join(rel, n)) for n in names]
         return files
 
