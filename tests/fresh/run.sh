@@ -33,6 +33,9 @@ options:
   --keep              keep the root after the run for inspection (default: removed; the
                       cached base and the logs are always kept)
   --run-only          run only the first command (deploy/dev/run.sh), not the test suite
+  --tests "NAME..."   instead of the whole second command, the named meson tests only, in the
+                      build tests/run-all.sh makes (ASan+UBSan, warnings as errors): to check
+                      again what a full run found, without the hours of the rest
   --run-timeout S     seconds deploy/dev/run.sh may take to install, build and serve (default 3600)
   --test-timeout S    seconds tests/run-all.sh may take (default 21600)
   -h, --help          this text
@@ -53,6 +56,7 @@ working_tree=0
 reuse_base=0
 keep=0
 run_only=0
+only_tests=''
 run_timeout=3600
 test_timeout=21600
 
@@ -69,6 +73,7 @@ while [[ $# -gt 0 ]]; do
         --reuse-base) reuse_base=1; shift ;;
         --keep) keep=1; shift ;;
         --run-only) run_only=1; shift ;;
+        --tests) need_arg "$@"; only_tests=$2; shift 2 ;;
         --run-timeout) need_arg "$@"; run_timeout=$2; shift 2 ;;
         --test-timeout) need_arg "$@"; test_timeout=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -584,6 +589,20 @@ finish ok
 if (( run_only )); then
     result=0
     outcome="bash deploy/dev/run.sh served, familyctl status answered, familyd exited 0 on SIGTERM (--run-only: tests not run)"
+    exit 0
+fi
+
+if [[ -n $only_tests ]]; then
+    [[ $only_tests =~ ^[A-Za-z0-9_.:/\ -]+$ ]] || fail 2 "--tests takes meson test names"
+    begin "test: the named tests ($only_tests), in run-all.sh's build"
+    test_log=$logs/test.log
+    start_in_root "$test_log" "bash deploy/dev/install-deps.sh --tests && { [[ -d build-ci ]] || meson setup build-ci -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true >/dev/null; } && ninja -C build-ci && BUF=\$(pwd)/node_modules/.bin/buf ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 meson test -C build-ci --no-rebuild --print-errorlogs $only_tests"
+    while alive "$bg_pid"; do sleep 2; done
+    reap "$bg_pid"
+    (( rc == 0 )) || fail 1 "the named tests failed (exit status $rc; log: $test_log)"
+    finish ok
+    result=0
+    outcome="bash deploy/dev/run.sh passed and the named tests passed on a fresh $release_name root: $only_tests"
     exit 0
 fi
 
