@@ -462,11 +462,11 @@ apt-config dump | grep -E '^Acquire::(Check-Valid-Until|Check-Date|https?::Proxy
 printf '#!/bin/sh\n# No service starts in this root.\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" || fail 2 "cannot copy /etc/resolv.conf into the root"
-# The root shares the host's name (no UTS namespace): a Debian install maps its own name in
-# /etc/hosts (127.0.1.1), which debootstrap leaves out; torchrun's rendezvous connects to it.
-if ! grep -qw -- "$(hostname)" "$root/etc/hosts" 2>/dev/null; then
-    printf '127.0.1.1\t%s\n' "$(hostname)" >>"$root/etc/hosts"
-fi
+# The root shares the host's network and name (no namespaces), so it resolves names as the host
+# does, with the host's /etc/hosts: debootstrap's leaves out the host's own name and maps
+# localhost to ::1 as well, and torchrun's rendezvous, which connects to both names, failed in
+# the root with it while it succeeds on the host.
+cp -L /etc/hosts "$root/etc/hosts" || fail 2 "cannot copy /etc/hosts into the root"
 # The host's own CA certificates (the Debian place for a site's CAs, e.g. those of a
 # TLS-intercepting proxy on this network): the ca-certificates package adds them to the root's
 # store when apt installs it, so that npm reaches its registry from here as it does from the host.
