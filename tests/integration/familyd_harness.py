@@ -443,6 +443,15 @@ class Daemon:
         return False
 
 
+def rss(pid):
+    """A process's resident memory in bytes (/proc/PID/status VmRSS)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for %d" % pid)
+
+
 def free_port():
     """A free TCP port on 127.0.0.1 (for torch.distributed's MASTER_PORT and the like)."""
     with socket.socket() as s:

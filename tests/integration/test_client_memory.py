@@ -83,14 +83,6 @@ def sanitizer_returns_memory(test):
     test.addCleanup(os.environ.__setitem__, "ASAN_OPTIONS", asan)
 
 
-def rss(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS for %d" % pid)
-
-
 def wide_registry(tmp, n_params):
     """One family whose build reply grows with n_params (n elements over 4096 devices)."""
     reg = os.path.join(tmp, "registry")
@@ -229,7 +221,7 @@ class TestZeroWindowClient(unittest.TestCase):
             # Warm: gRPC's and the allocator's own first use is not what this test measures.
             for _ in range(3):
                 self.assertTrue(c.call(LIST_BUILDS[1:], {}, timeout=60).ok)
-            rss0 = rss(d.proc.pid)
+            rss0 = H.rss(d.proc.pid)
 
             clients = [H2Client(d.socket) for _ in range(N_CONNECTIONS)]
             n_calls = N_CONNECTIONS * N_CALLS
@@ -244,7 +236,7 @@ class TestZeroWindowClient(unittest.TestCase):
                 while time.monotonic() < deadline:
                     for cl in clients:
                         cl.pump(0.2)
-                    peak = max(peak, rss(d.proc.pid))
+                    peak = max(peak, H.rss(d.proc.pid))
                     n = sum(len(cl.ended) for cl in clients)
                     if n != last:
                         last, stable_since = n, time.monotonic()
@@ -252,7 +244,7 @@ class TestZeroWindowClient(unittest.TestCase):
                         break
                 for cl in clients:
                     cl.pump(1.0)
-                peak = max(peak, rss(d.proc.pid))
+                peak = max(peak, H.rss(d.proc.pid))
                 ended = [st for cl in clients for st in cl.ended.values()]
                 held = n_calls - len(ended)
                 self.assertLessEqual(held, (16 * MiB) // size, "held %d replies" % held)
@@ -283,9 +275,9 @@ class TestZeroWindowClient(unittest.TestCase):
 
             # Gone: the replies' memory goes back, and the queue is free again.
             deadline = time.monotonic() + 30
-            while rss(d.proc.pid) - rss0 >= RSS_RETURNED and time.monotonic() < deadline:
+            while H.rss(d.proc.pid) - rss0 >= RSS_RETURNED and time.monotonic() < deadline:
                 time.sleep(0.2)
-            after = rss(d.proc.pid)
+            after = H.rss(d.proc.pid)
             sys.stderr.write("RSS: start %.1f MiB, peak +%.1f MiB, after the client left +%.1f "
                              "MiB\n" % (rss0 / MiB, (peak - rss0) / MiB, (after - rss0) / MiB))
             self.assertLess(after - rss0, RSS_RETURNED,
@@ -309,7 +301,7 @@ class TestZeroWindowClient(unittest.TestCase):
             make_builds(c, 1)
             for _ in range(4):
                 self.assertTrue(c.call(LIST_BUILDS[1:], {}, timeout=60).ok)
-            rss0 = rss(d.proc.pid)
+            rss0 = H.rss(d.proc.pid)
             # Wide windows, and not a byte read: the replies and then every refusal's
             # trailers stay unwritten while the daemon answers all the calls.
             clients = [H2Client(d.socket, wide=True) for _ in range(N_CONNECTIONS)]
@@ -322,7 +314,7 @@ class TestZeroWindowClient(unittest.TestCase):
                 while time.monotonic() < deadline:
                     t0 = cpu_seconds(d.proc.pid)
                     time.sleep(1.0)
-                    peak = max(peak, rss(d.proc.pid))
+                    peak = max(peak, H.rss(d.proc.pid))
                     if cpu_seconds(d.proc.pid) - t0 < 0.05:
                         break
                 self.assertLess(peak - rss0, RSS_BOUND,
@@ -335,9 +327,9 @@ class TestZeroWindowClient(unittest.TestCase):
                 for cl in clients:
                     cl.close()
             deadline = time.monotonic() + 30
-            while rss(d.proc.pid) - rss0 >= RSS_RETURNED and time.monotonic() < deadline:
+            while H.rss(d.proc.pid) - rss0 >= RSS_RETURNED and time.monotonic() < deadline:
                 time.sleep(0.2)
-            after = rss(d.proc.pid)
+            after = H.rss(d.proc.pid)
             sys.stderr.write("RSS (never read): start %.1f MiB, peak +%.1f MiB, after the "
                              "client left +%.1f MiB\n"
                              % (rss0 / MiB, (peak - rss0) / MiB, (after - rss0) / MiB))

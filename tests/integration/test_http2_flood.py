@@ -104,14 +104,6 @@ def sanitizer_build(path):
         return b"__asan_init" in f.read()
 
 
-def rss(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS for %d" % pid)
-
-
 def flood(path, kind, chunks):
     """One connection: the preface, then up to chunks chunks of kind; never reads. Returns
     (socket, frames sent)."""
@@ -162,7 +154,7 @@ class Http2Flood(unittest.TestCase):
         d = self.daemon
         pid = d.proc.pid
         self.served()
-        before = rss(pid)
+        before = H.rss(pid)
         peak = before
         socks, sent = [], []
         try:
@@ -170,20 +162,20 @@ class Http2Flood(unittest.TestCase):
                 s, n = flood(d.socket, kind, chunks)
                 socks.append(s)
                 sent.append(n)
-                peak = max(peak, rss(pid))
+                peak = max(peak, H.rss(pid))
             time.sleep(1)   # what the daemon still reads and answers
-            peak = max(peak, rss(pid))
+            peak = max(peak, H.rss(pid))
             latency = self.served()
-            peak = max(peak, rss(pid))
+            peak = max(peak, H.rss(pid))
         finally:
             for s in socks:
                 s.close()
         returned = bound if sanitizer_build(H.familyd_bin()) else RSS_RETURNED
         deadline = time.monotonic() + RETURN_WAIT_S
-        after = rss(pid)
+        after = H.rss(pid)
         while after - before > returned and time.monotonic() < deadline:
             time.sleep(0.25)
-            after = rss(pid)
+            after = H.rss(pid)
         print("%s: %d connections, frames sent %s; RSS %d MiB before, %d MiB peak (+%d), "
               "%d MiB after close (%+d); a normal client served in %.2f s"
               % (kind, connections, sent, before // MiB, peak // MiB, (peak - before) // MiB,
