@@ -61,14 +61,25 @@ logs+=("$fuzzlog")
 /usr/bin/python3 - "${logs[@]}" <<'PY'
 import json, sys
 passed = failed = skipped = 0
-for line in (l for path in sys.argv[1:] for l in open(path)):
-    r = json.loads(line)["result"]
-    if r in ("OK", "EXPECTEDFAIL"):
-        passed += 1
-    elif r == "SKIP":
-        skipped += 1
-    else:
-        failed += 1
+failures = []
+for path in sys.argv[1:]:
+    for line in open(path):
+        t = json.loads(line)
+        r = t["result"]
+        if r in ("OK", "EXPECTEDFAIL"):
+            passed += 1
+        elif r == "SKIP":
+            skipped += 1
+        else:
+            failed += 1
+            failures.append((path, t))
+# What failed, again at the very end (a CI page often shows only the tail): each name, its
+# log, and the last lines it printed.
+for path, t in failures:
+    print(f"FAILED {t['name']} ({t['result']}, {path})")
+    out = (t.get("stdout") or "").rstrip().splitlines()
+    for l in out[-25:]:
+        print(f"  | {l[:300]}")
 print(f"familyd: {passed} passed, {failed} failed, {skipped} skipped")
 PY
 rm -f "$fuzzlog" "$o2log"
