@@ -170,7 +170,7 @@ def mesh(axes):
 
 
 def request(token, mesh_id=None, family="mlp", prefix=PREFIX, materialize=True, dtypes=None,
-            private=False):
+            private=False, names=""):
     req = P.cls("familyd.v1.BuildRequest")(family=family, private_build=private)
     if mesh_id:
         req.mesh_id = mesh_id
@@ -183,6 +183,7 @@ def request(token, mesh_id=None, family="mlp", prefix=PREFIX, materialize=True, 
         req.materialize.dtype = dtypes
     req.checkpoint.token = token
     req.checkpoint.prefix = prefix
+    req.checkpoint.names = names
     return req
 
 
@@ -379,6 +380,27 @@ class TestBuild(Base):
         b = self.build(request(self.deposit(path), mid))
         self.assertNotEqual(a.build_id, b.build_id)
         self.check_values(b, second)
+
+    def test_names_parameters(self):
+        """CheckpointRef.names "parameters": tensors named as the member's parameters, after
+        the prefix (no registry names needed); another names value is refused."""
+        by_name = {"blk.%s" % k.rsplit(".", 2)[-2]: v for k, v in self.tensors.items()}
+        path = os.path.join(self.dir, "by-name.safetensors")
+        save(by_name, path)
+        b = self.build(request(self.deposit(path), mesh([("tp", 2)]), prefix="blk",
+                               names="parameters"))
+        self.check_values(b, self.tensors)
+        ones = os.path.join(self.dir, "weight.safetensors")
+        save({"weight": np.arange(HIDDEN, dtype=np.float32)}, ones)
+        b = self.build(request(self.deposit(ones), None, family="no_names", prefix="",
+                               names="parameters"))
+        got = shards(b)[b.shards[0].rank][:HIDDEN * 4]
+        self.assertEqual(got, np.arange(HIDDEN, dtype=np.float32).tobytes())
+        self.refused(request(self.deposit(path), None, names="fqn"), "INVALID_ARGUMENT",
+                     "BAD_REQUEST", "checkpoint.names must be")
+        # The registry's names do not fill from the by-name file.
+        self.refused(request(self.deposit(path), mesh([("tp", 2)]), prefix="blk"),
+                     "NOT_FOUND", "CHECKPOINT_TENSOR_MISSING", "'blk.gate_proj.weight'")
 
     def test_metrics_count_bytes_read(self):
         import test_metrics_common as M
