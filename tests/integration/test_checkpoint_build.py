@@ -48,6 +48,7 @@ RELEASE = "familyd.v1.FamilyService/ReleaseBuild"
 PREFIX = "model.layers.0.mlp"
 HIDDEN, INTER = 64, 128
 CONFIG = {"hidden_size": HIDDEN, "intermediate_size": INTER, "initializer_range": 0.02}
+BIG_CONFIG = {"hidden_size": 256, "intermediate_size": 512, "initializer_range": 0.02}
 NO_NAMES_YAML = """\
 name: no_names
 baseline: itest.checkpoint.NoNames
@@ -170,12 +171,12 @@ def mesh(axes):
 
 
 def request(token, mesh_id=None, family="mlp", prefix=PREFIX, materialize=True, dtypes=None,
-            private=False, names=""):
+            private=False, names="", config=None):
     req = P.cls("familyd.v1.BuildRequest")(family=family, private_build=private)
     if mesh_id:
         req.mesh_id = mesh_id
     req.config.SetInParent()
-    for k, v in CONFIG.items():
+    for k, v in (config or CONFIG).items():
         req.config.fields[k].CopyFrom(P.value(v))
     if materialize:
         req.materialize.enabled = True
@@ -201,9 +202,14 @@ def shards(build):
     return out
 
 
-def daemon_rchar():
+def daemon_io():
+    """The daemon's /proc/PID/io counters."""
     with open("/proc/%d/io" % D.proc.pid) as f:
-        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+        return {k: int(v) for k, v in (line.split(":") for line in f)}
+
+
+def daemon_rchar():
+    return daemon_io()["rchar"]
 
 
 class Base(unittest.TestCase):
@@ -334,6 +340,37 @@ class TestBuild(Base):
         need = sum(v.nbytes for v in self.tensors.values())
         self.assertGreaterEqual(read, need)
         self.assertLessEqual(read, need * 1.01 + 64 * 1024, "read %d for %d" % (read, need))
+
+    def test_four_processes_one_build_one_read(self):
+        """4 processes deposit and Build the same member from the same (uncached) files at
+        once: one build, and the daemon's storage reads (/proc/PID/io read_bytes) are within
+        1% of what the node's shards need."""
+        path = os.path.join(self.dir, "four.safetensors")
+        rng = np.random.default_rng(12)
+        big = {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(np.float32)
+               for n, s in [("gate_proj", (512, 256)), ("up_proj", (512, 256)),
+                            ("down_proj", (256, 512))]}
+        save(big, path)
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        mid = mesh([("dp", 2), ("tp", 2)])
+        before = daemon_io()
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--build-once",
+                                   D.socket, D.shard_socket, path, mid],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        after = daemon_io()
+        for o in outs:
+            self.assertEqual(o["code"], "OK", o)
+        ids = {o["build_id"] for o in outs}
+        self.assertEqual(len(ids), 1, outs)
+        need = sum(v.nbytes for v in big.values())
+        read = after["read_bytes"] - before["read_bytes"]
+        self.assertGreaterEqual(read, need * 0.99, after)
+        self.assertLessEqual(read, need * 1.01, "read %d for %d" % (read, need))
+        # Every caller released its reference when it exited; the build goes with its grace.
+        D.client.call(RELEASE, build_id=ids.pop(), force=True)
 
     def test_bf16_file_into_float32(self):
         b = self.build(request(self.deposit(self.bf16), mesh([("tp", 2)])))
@@ -635,7 +672,21 @@ def client_main(shard_socket):
     return 0
 
 
+def build_once(sock, shard_sock, path, mesh_id):
+    """One process's deposit and Build (root's, this test's Python): a JSON line."""
+    global P
+    P = H.Protos()
+    client = H.Client(sock, P)
+    res = client.call(BUILD, request(SC.deposit(shard_sock, P, path), mesh_id,
+                                     config=BIG_CONFIG), timeout=120)
+    print(json.dumps({"code": res.code, "message": res.message,
+                      "build_id": res.reply.build.build_id if res.ok else ""}))
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--build-once":
+        sys.exit(build_once(*sys.argv[2:]))
     if len(sys.argv) >= 3 and sys.argv[1] == "--client":
         sys.exit(client_main(sys.argv[2]))
     unittest.main(verbosity=2)
