@@ -484,6 +484,17 @@ class TestRefusals(Base):
         self.bad("huge.safetensors", "FAILED_PRECONDITION", "CHECKPOINT_INVALID",
                  "huge.safetensors")
 
+    def test_headers_over_the_total(self):
+        # Three files each declaring a 99 MB header (sparse): refused before any is read.
+        d = os.path.join(self.dir, "headers")
+        os.makedirs(d, exist_ok=True)
+        for i in range(3):
+            with open(os.path.join(d, "part-%d.safetensors" % i), "wb") as f:
+                f.write(struct.pack("<Q", 99 * 1000 * 1000))
+                f.truncate(99 * 1000 * 1000 + 64)
+        self.bad("headers", "FAILED_PRECONDITION", "CHECKPOINT_INVALID",
+                 "headers declare 297000000 bytes in all, over the limit of 268435456")
+
     def test_overlapping_offsets(self):
         h = {"%s.gate_proj.weight" % PREFIX: {"dtype": "F32", "shape": [2],
                                                "data_offsets": [0, 8]},
