@@ -359,6 +359,11 @@ static int build_checkpoint(VerbRun *v) {
                         s->shard_socket ? s->shard_socket : "(beside the API socket)", strerror(-r));
                 return EXIT_UNREACHABLE;
         }
+        if (r == -EBADMSG) {
+                fprintf(stderr, "familyctl: the shard socket answered the deposit without a checkpoint token "
+                        "(a familyd older than checkpoint builds?)\n");
+                return EXIT_INTERNAL;
+        }
         if (r < 0)
                 return ctl_fail("deposit the checkpoint", r, NULL);
 
