@@ -272,9 +272,9 @@ int familyd_shard_fetch(
  * A checkpoint refused here (nothing is sent) returns the reason's errno and fills *ret_error
  * (may be NULL) with a code and a message that names the file:
  *
- *   -ENOENT     path, or a file in it, does not exist (NOT_FOUND)
- *   -EACCES     this process may not read it (PERMISSION_DENIED; also -EPERM, -ELOOP... the
- *               errno of open(), INVALID_ARGUMENT for those)
+ *   -ENOENT     path, or a file in it, does not exist (code NOT_FOUND)
+ *   -EACCES     this process may not read it (PERMISSION_DENIED); any other errno of open()
+ *               or readdir() the same way (-EPERM: PERMISSION_DENIED; others INVALID_ARGUMENT)
  *   -EINVAL     path is neither a regular file nor a directory, or a NULL/empty argument
  *               (no message for those)
  *   -ENODATA    a directory without a regular *.safetensors file (INVALID_ARGUMENT)
