@@ -173,8 +173,9 @@ static int deposit_list(Deposit *d, int dir_fd, char ***ret_files, size_t *ret_n
                 if (index) {
                         if (d->index) {
                                 r = deposit_refuse(error, -ENOTUNIQ, STATUS_INVALID_ARGUMENT,
-                                                   "%s: more than one *" INDEX_SUFFIX " (%s and %s): "
-                                                   "a checkpoint directory has one index",
+                                                   "%s: more than one *" INDEX_SUFFIX
+                                                   " (%s and %s): a checkpoint directory "
+                                                   "has one index",
                                                    d->path, d->index, de->d_name);
                                 goto fail;
                         }

@@ -1,7 +1,7 @@
-/* test-checkpoint-deposit.c: familyd_checkpoint_deposit() without a daemon: which files a path means,
- * the one frame that carries them (read here from a real Unix socket, descriptors and all),
- * the token it returns, and every refusal before anything is sent. The daemon's side of
- * deposits is covered by tests/integration/test_familyctl_checkpoint.py. */
+/* test-checkpoint-deposit.c: familyd_checkpoint_deposit() without a daemon: which files a
+ * path means, the one frame that carries them (read here from a real Unix socket, descriptors
+ * and all), the token it returns, and every refusal before anything is sent. The daemon's
+ * side of deposits is covered by tests/integration/test_familyctl_checkpoint.py. */
 
 #include <errno.h>
 #include <fcntl.h>
