@@ -283,10 +283,11 @@ int familyd_shard_fetch(
  *               socket's frame (INVALID_ARGUMENT)
  *
  * The daemon's refusal is -EPROTO with *ret_error's code and message: INVALID_ARGUMENT (a
- * descriptor that is not a regular file open for reading, a bad name), RESOURCE_EXHAUSTED (16
- * deposits per uid, 256 in all). Trouble with the shard socket itself leaves ret_error's code
- * 0 and returns as familyd_shard_fetch() does: -ENOENT or -ECONNREFUSED (no shard socket),
- * -ETIMEDOUT, -EBADMSG (a reply without a well-formed token).
+ * descriptor that is not a regular file open for reading, a bad name), RESOURCE_EXHAUSTED (the
+ * deposits a uid, or the daemon, may hold: docs/checkpoints.md, "Limits"). Trouble with the
+ * shard socket itself leaves ret_error's code 0 and returns as familyd_shard_fetch() does:
+ * -ENOENT or -ECONNREFUSED (no shard socket), -ETIMEDOUT, -EBADMSG (a reply without a
+ * well-formed token).
  */
 #define FAMILYD_CHECKPOINT_MAX_FILES 253
 #define FAMILYD_CHECKPOINT_TOKEN_LEN 32

@@ -1,4 +1,4 @@
-/* test-checkpoint-deposit.c: familyd_checkpoint_deposit() without a daemon: which files a
+/* test-client-checkpoint.c: familyd_checkpoint_deposit() without a daemon: which files a
  * path means, the one frame that carries them (read here from a real Unix socket, descriptors
  * and all), the token it returns, and every refusal before anything is sent. The daemon's
  * side of deposits is covered by tests/integration/test_familyctl_checkpoint.py. */
