@@ -53,6 +53,31 @@ static int index_tensors(BuildCheckpoint *c, FamilyError *ret_error) {
         return 0;
 }
 
+/* The sum of the files' declared header lengths (their first 8 bytes), before any header is
+ * read: over BUILD_CHECKPOINT_HEADERS_MAX is refused, so 253 files of 100 MB headers cannot
+ * make the daemon parse gigabytes of JSON. A file too short or unreadable counts 0 here; its
+ * own read says why. */
+static int check_headers_total(BuildCheckpointFile *files, size_t n, FamilyError *ret_error) {
+        uint64_t total = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                uint8_t first[8];
+                uint64_t len = 0;
+                if (pread(files[i].fd, first, sizeof first, 0) != (ssize_t) sizeof first)
+                        continue;
+                for (int k = 7; k >= 0; k--)
+                        len = len << 8 | first[k];
+                total += len > SAFETENSORS_HEADER_MAX ? SAFETENSORS_HEADER_MAX : len;
+        }
+        if (total <= BUILD_CHECKPOINT_HEADERS_MAX)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                "CHECKPOINT_INVALID", NULL,
+                                "the checkpoint's %zu headers declare %" PRIu64 " bytes in all, "
+                                "over the limit of %" PRIu64 " bytes for one Build",
+                                n, total, BUILD_CHECKPOINT_HEADERS_MAX);
+}
+
 int build_checkpoint_open(int *fds, const char *const *names, size_t n, BuildCheckpoint **ret,
                           FamilyError *ret_error) {
         _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = NULL;
@@ -74,6 +99,8 @@ int build_checkpoint_open(int *fds, const char *const *names, size_t n, BuildChe
         }
         if (!c || !c->files)
                 return -ENOMEM;
+        if (r >= 0)
+                r = check_headers_total(c->files, n, ret_error);
         for (size_t i = 0; r >= 0 && i < n; i++) {
                 struct stat st;
                 *why = 0;
@@ -258,11 +285,13 @@ int build_checkpoint_identity(const BuildCheckpoint *c,
 
                 if (fstat(f->fd, &st) < 0)
                         return -errno;
+                /* ctime too: utimes() can put an mtime back, nothing puts a ctime back. */
                 int k = snprintf(line, sizeof line, "file %zu dev %" PRIu64 " ino %" PRIu64
-                                 " size %" PRIu64 " mtime %" PRId64 ".%09ld\n", i,
-                                 (uint64_t) st.st_dev, (uint64_t) st.st_ino,
+                                 " size %" PRIu64 " mtime %" PRId64 ".%09ld ctime %" PRId64
+                                 ".%09ld\n", i, (uint64_t) st.st_dev, (uint64_t) st.st_ino,
                                  (uint64_t) st.st_size, (int64_t) st.st_mtim.tv_sec,
-                                 st.st_mtim.tv_nsec);
+                                 st.st_mtim.tv_nsec, (int64_t) st.st_ctim.tv_sec,
+                                 st.st_ctim.tv_nsec);
                 (void) crypto_generichash_update(&h, (const uint8_t *) line, (size_t) k);
                 /* The header as parsed: each tensor's name, dtype, shape and offsets. */
                 for (size_t t = 0; t < f->header->n_tensors; t++) {

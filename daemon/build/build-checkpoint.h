@@ -10,6 +10,8 @@
 #include "core/layout.h"
 #include "shm/checkpoint-deposit.h"
 
+/* The headers one Build parses, in all (a model's are a few megabytes). */
+#define BUILD_CHECKPOINT_HEADERS_MAX (UINT64_C(256) << 20)
 /* The hex digits of a checkpoint's identity (BLAKE2b-256). */
 #define BUILD_CHECKPOINT_ID_HEX 64
 
@@ -68,8 +70,8 @@ int build_checkpoint_open(int *fds, const char *const *names, size_t n, BuildChe
 int build_checkpoint_open_files(CheckpointFiles *files, BuildCheckpoint **ret,
                                 FamilyError *ret_error);
 
-/* What names c for sharing: a digest of each file's device, inode, size and modification time
- * (fstat now) and of its parsed header. */
+/* What names c for sharing: a digest of each file's device, inode, size, modification and
+ * change times (fstat now) and of its parsed header. */
 int build_checkpoint_identity(const BuildCheckpoint *c,
                               char ret[static BUILD_CHECKPOINT_ID_HEX + 1]);
 

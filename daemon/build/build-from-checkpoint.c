@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "build-private.h"
 #include "core/checkpoint-dtype.h"
@@ -33,6 +34,29 @@ static int refuse_names(const BuildState *b, const PlanParameter *p, FamilyError
                                 "registry, so a checkpoint cannot fill it (docs/registry.md, "
                                 "\"Checkpoint names\")",
                                 p->name, b->plan.resolved.family);
+}
+
+/* CheckpointRef.names "parameters": p's tensor is "{prefix}.<its name>", in its shape. */
+static int source_by_name(PlanParameter *p) {
+        _cleanup_(checkpoint_source_done) CheckpointSource s = {};
+        size_t size = strlen(p->name) + sizeof "{prefix}.";
+
+        s.parts = calloc(1, sizeof *s.parts);
+        if (!s.parts)
+                return -ENOMEM;
+        s.n_parts = 1;
+        s.parts[0].tensor = malloc(size);
+        if (!s.parts[0].tensor)
+                return -ENOMEM;
+        (void) snprintf(s.parts[0].tensor, size, "{prefix}.%s", p->name);
+        int r = checkpoint_source_make_text(&s);
+        if (r < 0)
+                return r;
+        checkpoint_source_done(&p->checkpoint);
+        p->checkpoint = s;
+        p->has_checkpoint = true;
+        s = (CheckpointSource) {};
+        return 0;
 }
 
 /* Plans slice s (of b's layout) against b->checkpoint: its refusals, and the bytes it reads. */
@@ -79,9 +103,16 @@ int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildR
                                         "checkpoint",
                                         "a Build from a checkpoint must materialise: set "
                                         "materialize (a layout alone reads nothing)");
-        for (size_t i = 0; i < b->plan.n_parameters; i++)
-                if (!b->plan.parameters[i].has_checkpoint)
-                        return refuse_names(b, &b->plan.parameters[i], ret_error);
+        for (size_t i = 0; i < b->plan.n_parameters; i++) {
+                PlanParameter *p = &b->plan.parameters[i];
+                if (req->checkpoint_by_parameter) {
+                        r = source_by_name(p);
+                        if (r < 0)
+                                return r;
+                } else if (!p->has_checkpoint)
+                        return refuse_names(b, p, ret_error);
+        }
+        b->checkpoint_by_parameter = req->checkpoint_by_parameter;
 
         r = builder->deposits && uid >= 0
                     ? checkpoint_deposits_open(builder->deposits, req->checkpoint_token,

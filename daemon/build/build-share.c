@@ -307,8 +307,9 @@ static int share_key(const BuildState *b, const BuildRequest *req, const BuildWa
                 return r;
         /* Values from a checkpoint: its files as they are now, and where in it. */
         if (b->checkpoint &&
-            asprintf(&checkpoint, "checkpoint=%s prefix=%s", b->checkpoint_identity,
-                     b->checkpoint_prefix) < 0)
+            asprintf(&checkpoint, "checkpoint=%s prefix=%s names=%s", b->checkpoint_identity,
+                     b->checkpoint_prefix,
+                     b->checkpoint_by_parameter ? "parameters" : "registry") < 0)
                 return -ENOMEM;
         const char *extra[] = { mesh,     seed,     dtype, ranks,     writable,
                                 owner,    module,   registry, checkpoint, inits };

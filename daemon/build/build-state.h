@@ -50,6 +50,7 @@ typedef struct BuildState {
          * node's shards read from them. */
         BuildCheckpoint *checkpoint;
         char *checkpoint_prefix;
+        bool checkpoint_by_parameter; /* tensors named as the parameters (CheckpointRef.names) */
         char checkpoint_identity[BUILD_CHECKPOINT_ID_HEX + 1];
         uint64_t checkpoint_bytes;
 } BuildState;

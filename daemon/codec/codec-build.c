@@ -214,6 +214,20 @@ int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, BuildRequest
                                                "checkpoint.prefix", ret_error);
                 if (r < 0)
                         return r;
+                if (!isempty(pb->checkpoint->names) &&
+                    !streq(pb->checkpoint->names, "registry") &&
+                    !streq(pb->checkpoint->names, "parameters")) {
+                        r = codec_check_length(pb->checkpoint->names, FAMILYD_MAX_NAME_LENGTH,
+                                               "checkpoint.names", ret_error);
+                        if (r < 0)
+                                return r;
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                "BAD_REQUEST", "checkpoint.names",
+                                                "checkpoint.names must be \"registry\" or "
+                                                "\"parameters\", not '%s'",
+                                                pb->checkpoint->names);
+                }
+                req.checkpoint_by_parameter = streq_ptr(pb->checkpoint->names, "parameters");
                 req.has_checkpoint = true;
                 req.checkpoint_token = strdup(pb->checkpoint->token);
                 req.checkpoint_prefix = strdup(pb->checkpoint->prefix);

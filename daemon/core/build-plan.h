@@ -82,6 +82,7 @@ typedef struct BuildRequest {
         bool has_checkpoint;
         char *checkpoint_token;
         char *checkpoint_prefix; /* "" for none */
+        bool checkpoint_by_parameter; /* CheckpointRef.names "parameters" */
 } BuildRequest;
 
 void build_request_done(BuildRequest *r);

@@ -48,6 +48,7 @@ RELEASE = "familyd.v1.FamilyService/ReleaseBuild"
 PREFIX = "model.layers.0.mlp"
 HIDDEN, INTER = 64, 128
 CONFIG = {"hidden_size": HIDDEN, "intermediate_size": INTER, "initializer_range": 0.02}
+BIG_CONFIG = {"hidden_size": 256, "intermediate_size": 512, "initializer_range": 0.02}
 NO_NAMES_YAML = """\
 name: no_names
 baseline: itest.checkpoint.NoNames
@@ -170,12 +171,12 @@ def mesh(axes):
 
 
 def request(token, mesh_id=None, family="mlp", prefix=PREFIX, materialize=True, dtypes=None,
-            private=False):
+            private=False, names="", config=None):
     req = P.cls("familyd.v1.BuildRequest")(family=family, private_build=private)
     if mesh_id:
         req.mesh_id = mesh_id
     req.config.SetInParent()
-    for k, v in CONFIG.items():
+    for k, v in (config or CONFIG).items():
         req.config.fields[k].CopyFrom(P.value(v))
     if materialize:
         req.materialize.enabled = True
@@ -183,6 +184,7 @@ def request(token, mesh_id=None, family="mlp", prefix=PREFIX, materialize=True, 
         req.materialize.dtype = dtypes
     req.checkpoint.token = token
     req.checkpoint.prefix = prefix
+    req.checkpoint.names = names
     return req
 
 
@@ -200,9 +202,14 @@ def shards(build):
     return out
 
 
-def daemon_rchar():
+def daemon_io():
+    """The daemon's /proc/PID/io counters."""
     with open("/proc/%d/io" % D.proc.pid) as f:
-        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+        return {k: int(v) for k, v in (line.split(":") for line in f)}
+
+
+def daemon_rchar():
+    return daemon_io()["rchar"]
 
 
 class Base(unittest.TestCase):
@@ -334,6 +341,37 @@ class TestBuild(Base):
         self.assertGreaterEqual(read, need)
         self.assertLessEqual(read, need * 1.01 + 64 * 1024, "read %d for %d" % (read, need))
 
+    def test_four_processes_one_build_one_read(self):
+        """4 processes deposit and Build the same member from the same (uncached) files at
+        once: one build, and the daemon's storage reads (/proc/PID/io read_bytes) are within
+        1% of what the node's shards need."""
+        path = os.path.join(self.dir, "four.safetensors")
+        rng = np.random.default_rng(12)
+        big = {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(np.float32)
+               for n, s in [("gate_proj", (512, 256)), ("up_proj", (512, 256)),
+                            ("down_proj", (256, 512))]}
+        save(big, path)
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        mid = mesh([("dp", 2), ("tp", 2)])
+        before = daemon_io()
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--build-once",
+                                   D.socket, D.shard_socket, path, mid],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        after = daemon_io()
+        for o in outs:
+            self.assertEqual(o["code"], "OK", o)
+        ids = {o["build_id"] for o in outs}
+        self.assertEqual(len(ids), 1, outs)
+        need = sum(v.nbytes for v in big.values())
+        read = after["read_bytes"] - before["read_bytes"]
+        self.assertGreaterEqual(read, need * 0.99, after)
+        self.assertLessEqual(read, need * 1.01, "read %d for %d" % (read, need))
+        # Every caller released its reference when it exited; the build goes with its grace.
+        D.client.call(RELEASE, build_id=ids.pop(), force=True)
+
     def test_bf16_file_into_float32(self):
         b = self.build(request(self.deposit(self.bf16), mesh([("tp", 2)])))
         self.check_values(b, self.bf16_values)
@@ -380,6 +418,27 @@ class TestBuild(Base):
         self.assertNotEqual(a.build_id, b.build_id)
         self.check_values(b, second)
 
+    def test_names_parameters(self):
+        """CheckpointRef.names "parameters": tensors named as the member's parameters, after
+        the prefix (no registry names needed); another names value is refused."""
+        by_name = {"blk.%s" % k.rsplit(".", 2)[-2]: v for k, v in self.tensors.items()}
+        path = os.path.join(self.dir, "by-name.safetensors")
+        save(by_name, path)
+        b = self.build(request(self.deposit(path), mesh([("tp", 2)]), prefix="blk",
+                               names="parameters"))
+        self.check_values(b, self.tensors)
+        ones = os.path.join(self.dir, "weight.safetensors")
+        save({"weight": np.arange(HIDDEN, dtype=np.float32)}, ones)
+        b = self.build(request(self.deposit(ones), None, family="no_names", prefix="",
+                               names="parameters"))
+        got = shards(b)[b.shards[0].rank][:HIDDEN * 4]
+        self.assertEqual(got, np.arange(HIDDEN, dtype=np.float32).tobytes())
+        self.refused(request(self.deposit(path), None, names="fqn"), "INVALID_ARGUMENT",
+                     "BAD_REQUEST", "checkpoint.names must be")
+        # The registry's names do not fill from the by-name file.
+        self.refused(request(self.deposit(path), mesh([("tp", 2)]), prefix="blk"),
+                     "NOT_FOUND", "CHECKPOINT_TENSOR_MISSING", "'blk.gate_proj.weight'")
+
     def test_metrics_count_bytes_read(self):
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])
@@ -424,6 +483,17 @@ class TestRefusals(Base):
             f.truncate(100 * 1000 * 1000 + 32)
         self.bad("huge.safetensors", "FAILED_PRECONDITION", "CHECKPOINT_INVALID",
                  "huge.safetensors")
+
+    def test_headers_over_the_total(self):
+        # Three files each declaring a 99 MB header (sparse): refused before any is read.
+        d = os.path.join(self.dir, "headers")
+        os.makedirs(d, exist_ok=True)
+        for i in range(3):
+            with open(os.path.join(d, "part-%d.safetensors" % i), "wb") as f:
+                f.write(struct.pack("<Q", 99 * 1000 * 1000))
+                f.truncate(99 * 1000 * 1000 + 64)
+        self.bad("headers", "FAILED_PRECONDITION", "CHECKPOINT_INVALID",
+                 "headers declare 297000000 bytes in all, over the limit of 268435456")
 
     def test_overlapping_offsets(self):
         h = {"%s.gate_proj.weight" % PREFIX: {"dtype": "F32", "shape": [2],
@@ -613,7 +683,21 @@ def client_main(shard_socket):
     return 0
 
 
+def build_once(sock, shard_sock, path, mesh_id):
+    """One process's deposit and Build (root's, this test's Python): a JSON line."""
+    global P
+    P = H.Protos()
+    client = H.Client(sock, P)
+    res = client.call(BUILD, request(SC.deposit(shard_sock, P, path), mesh_id,
+                                     config=BIG_CONFIG), timeout=120)
+    print(json.dumps({"code": res.code, "message": res.message,
+                      "build_id": res.reply.build.build_id if res.ok else ""}))
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--build-once":
+        sys.exit(build_once(*sys.argv[2:]))
     if len(sys.argv) >= 3 and sys.argv[1] == "--client":
         sys.exit(client_main(sys.argv[2]))
     unittest.main(verbosity=2)
