@@ -169,7 +169,7 @@ static int print_build(const TableOptions *o, const Familyd__V1__Build *b) {
 typedef struct BuildState {
         Familyd__V1__BuildRequest *req;
         const char *config_path, *module_path, *module_fqn, *mesh, *dtype;
-        const char *checkpoint, *prefix, *shard_socket;
+        const char *checkpoint, *prefix, *names, *shard_socket;
         bool materialize, seed_set;
         bool transient; /* not pinned: held by this process only, freed after the grace */
         uint64_t seed;
@@ -180,7 +180,7 @@ typedef struct BuildState {
 enum {
         ARG_CONFIG = 0x100, ARG_ARG, ARG_MODULE, ARG_MODULE_FQN, ARG_MESH, ARG_MATERIALIZE,
         ARG_DTYPE, ARG_SEED, ARG_RANKS, ARG_TRANSIENT, ARG_PRIVATE, ARG_WRITABLE, ARG_DTYPE_OF,
-        ARG_SHARE, ARG_CHECKPOINT, ARG_PREFIX, ARG_SHARD_SOCKET,
+        ARG_SHARE, ARG_CHECKPOINT, ARG_PREFIX, ARG_CHECKPOINT_NAMES, ARG_SHARD_SOCKET,
 };
 
 static const struct option build_options[] = {
@@ -200,6 +200,7 @@ static const struct option build_options[] = {
         { "share",       required_argument, NULL, ARG_SHARE },
         { "checkpoint",  required_argument, NULL, ARG_CHECKPOINT },
         { "prefix",      required_argument, NULL, ARG_PREFIX },
+        { "checkpoint-names", required_argument, NULL, ARG_CHECKPOINT_NAMES },
         { "shard-socket", required_argument, NULL, ARG_SHARD_SOCKET },
         {}
 };
@@ -299,6 +300,12 @@ static int build_option(VerbRun *v, int c, const char *arg) {
         case ARG_PREFIX:
                 s->prefix = arg;
                 return EXIT_OK;
+        case ARG_CHECKPOINT_NAMES:
+                if (!streq_ptr(arg, "registry") && !streq_ptr(arg, "parameters"))
+                        return ctl_usage_error("build", "--checkpoint-names needs registry or parameters, not '%s'",
+                                               arg);
+                s->names = arg;
+                return EXIT_OK;
         case ARG_SHARD_SOCKET:
                 if (isempty(arg))
                         return ctl_usage_error("build", "--shard-socket needs a path");
@@ -381,6 +388,10 @@ static int build_checkpoint(VerbRun *v) {
                 ref->prefix = (char *) protobuf_c_empty_string;
                 return ctl_fail("build the request", -ENOMEM, NULL);
         }
+        if (s->names && !(ref->names = strdup(s->names))) {
+                ref->names = (char *) protobuf_c_empty_string;
+                return ctl_fail("build the request", -ENOMEM, NULL);
+        }
         return EXIT_OK;
 }
 
@@ -395,8 +406,8 @@ static int build_prepare(VerbRun *v) {
                 return ctl_usage_error("build", "--transient needs --materialize: only materialised builds are held");
         if (!s->materialize && s->checkpoint)
                 return ctl_usage_error("build", "--checkpoint needs --materialize: a checkpoint fills this node's shards");
-        if (!s->checkpoint && (s->prefix || s->shard_socket))
-                return ctl_usage_error("build", "--prefix and --shard-socket need --checkpoint");
+        if (!s->checkpoint && (s->prefix || s->names || s->shard_socket))
+                return ctl_usage_error("build", "--prefix, --checkpoint-names and --shard-socket need --checkpoint");
         r = build_request(s);
         if (r != EXIT_OK)
                 return r;
@@ -506,6 +517,11 @@ static const VerbDef build_verb = {
                 "                            here with your rights and handed to the daemon\n"
                 "          --prefix P        the member's place in the checkpoint, for the registry's\n"
                 "                            {prefix}, e.g. model.layers.0.mlp\n"
+                "          --checkpoint-names registry|parameters\n"
+                "                            how its tensors are named: by the registry's checkpoint\n"
+                "                            names (default), or as the member's parameters after\n"
+                "                            the prefix (P.gate_proj: what familyd.torch's\n"
+                "                            save_checkpoint writes)\n"
                 "          --shard-socket PATH\n"
                 "                            the daemon's shard socket, where the files are handed\n"
                 "                            over (default: shard.sock beside the API socket)\n"

@@ -9,7 +9,8 @@ two files and an index, plus a layer the prefix does not name. Every byte of eve
 every shard, fetched and mapped by this test's own shard socket client, must equal numpy's
 slicing of the same tensors, for one rank (whole tensors) and for tp=2 (gate/up split by rows,
 down by columns); a single file works as a directory does, and float16 tensors fill a float32
-build exactly. Then the refusals: a path that does not exist, a directory without
+build exactly; --checkpoint-names parameters reads tensors named as the member's parameters.
+Then the refusals: a path that does not exist, a directory without
 *.safetensors, two index files, --checkpoint without --materialize (each exit 2 with the path
 named, nothing sent), a file the calling uid may not read (familyctl run as another uid: exit 2
 naming the file, and the daemon builds on), a prefix naming no tensors (the daemon's
@@ -197,6 +198,24 @@ class TestFamilyctlCheckpoint(unittest.TestCase):
         self.assertEqual({p["dtype"] for p in b["info"]["layout"]["parameters"]}, {"float32"})
         self.check_shards(b, want, [0])
 
+    def test_parameter_names(self):
+        # Tensors named as the member's parameters after the prefix, as
+        # familyd.torch.save_checkpoint writes them: no '.weight', no registry names.
+        path = os.path.join(TMP, "by-parameter")
+        os.makedirs(path)
+        rng = np.random.default_rng(91)
+        want = {p: rng.standard_normal(s).astype(np.float32) for p, s in SHAPES.items()}
+        save_file({"blk.%s" % p: t for p, t in want.items()},
+                  os.path.join(path, "model.safetensors"))
+        b = self.build(*checkpoint_args(path, "blk"), "--checkpoint-names", "parameters")
+        self.check_shards(b, want, [0])
+        # The registry's names are not there: the default finds no tensor.
+        rc, out, err = ctl("build", "mlp", *KV, *checkpoint_args(path, "blk"),
+                           "--checkpoint-names", "registry")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("CHECKPOINT_TENSOR_MISSING", err)
+        self.assertIn("blk.gate_proj.weight", err)
+
     def usage_error(self, args, *needles):
         rc, out, err = ctl("build", "mlp", *KV, *args)
         self.assertEqual(rc, 2, "rc=%d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err))
@@ -226,6 +245,10 @@ class TestFamilyctlCheckpoint(unittest.TestCase):
 
         self.usage_error(["--checkpoint", two], "--checkpoint needs --materialize")
         self.usage_error(["--materialize", "--prefix", PREFIX], "need --checkpoint")
+        self.usage_error(["--materialize", "--checkpoint-names", "parameters"],
+                         "need --checkpoint")
+        self.usage_error(checkpoint_args(two) + ["--checkpoint-names", "hf"],
+                         "--checkpoint-names needs registry or parameters, not 'hf'")
         after = json.loads(self.ok("--json", "builds")).get("builds", [])
         self.assertEqual(len(after), len(before))
 
