@@ -37,6 +37,7 @@ typedef struct Peer {
         int listen_fd;
         int code;                       /* the reply's */
         const char *message, *token;
+        bool silent;                    /* no reply: wait for the client to hang up */
         Familyd__V1__ShardFdRequest *request;   /* what came */
         int fds[256];
         size_t n_fds;
@@ -93,6 +94,13 @@ static void *peer_run(void *userdata) {
         p->request = familyd__v1__shard_fd_request__unpack(NULL, len, body);
         CHECK(p->request);
         free(body);
+        if (p->silent) {
+                char c;
+
+                CHECK(read(fd, &c, 1) == 0);
+                close(fd);
+                return NULL;
+        }
 
         reply.code = p->code;
         reply.message = (char *) (p->message ? p->message : "");
@@ -122,17 +130,23 @@ static int listen_at(const char *path) {
         return fd;
 }
 
-/* Deposits path with a peer answering code/message/token; the peer keeps what it got. */
-static int deposit_with_peer(Peer *p, const char *path, char token[33], FamilydError *e) {
+/* Deposits path with a peer answering code/message/token; the peer keeps what it got. With a
+ * client, the shard socket is the default one (beside the client's API socket). */
+static int deposit_with_peer_client(FamilydClient *c, Peer *p, const char *path, char token[33],
+                                    FamilydError *e) {
         pthread_t t;
         int r;
 
         p->listen_fd = listen_at(sock_path);
         CHECK(pthread_create(&t, NULL, peer_run, p) == 0);
-        r = familyd_checkpoint_deposit(NULL, sock_path, path, token, e);
+        r = familyd_checkpoint_deposit(c, c ? NULL : sock_path, path, token, e);
         CHECK(pthread_join(t, NULL) == 0);
         close(p->listen_fd);
         return r;
+}
+
+static int deposit_with_peer(Peer *p, const char *path, char token[33], FamilydError *e) {
+        return deposit_with_peer_client(NULL, p, path, token, e);
 }
 
 static void peer_done(Peer *p) {
@@ -272,6 +286,34 @@ static void test_daemon_answers(void) {
         free(path);
 }
 
+/* With a client: shard.sock beside its API socket, and its timeout bounds the exchange. */
+static void test_client_default_and_timeout(void) {
+        char *api = at(root, "familyd.sock"), *path = at(root, "ckpt");
+        FamilydClientParams params = {
+                .field_mask = FAMILYD_CLIENT_PARAM_FIELD_SOCKET_PATH |
+                              FAMILYD_CLIENT_PARAM_FIELD_TIMEOUT_MS,
+                .socket_path = api,
+                .timeout_ms = 300,
+        };
+        FamilydClient *c = NULL;
+        FamilydError e = FAMILYD_ERROR_NULL;
+        Peer p = { .token = TOKEN }, q = { .silent = true };
+        char token[33] = "";
+
+        CHECK(familyd_client_new(&params, &c) == 0);
+        CHECK(deposit_with_peer_client(c, &p, path, token, &e) == 0);
+        CHECK(strcmp(token, TOKEN) == 0 && p.request->n_checkpoint_files == 4);
+        peer_done(&p);
+
+        CHECK(deposit_with_peer_client(c, &q, path, token, &e) == -ETIMEDOUT);
+        CHECK(e.code == 0 && !e.message);
+        CHECK(q.request->n_checkpoint_files == 4);
+        peer_done(&q);
+        familyd_client_free(c);
+        free(api);
+        free(path);
+}
+
 /* 253 files go in one frame; 254 are refused before anything is sent. */
 static void test_limit(void) {
         char *dir = make_dir("many"), token[33];
@@ -400,6 +442,8 @@ int main(void) {
         test_limit();
         test_refusals();
         test_unreadable();
+        /* Last: no fork() after a client exists (gRPC runs threads of its own). */
+        test_client_default_and_timeout();
 
         {
                 char *cmd;
