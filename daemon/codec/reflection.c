@@ -412,6 +412,29 @@ static int error_not_found(Grpc__Reflection__V1__ErrorResponse *e, char **buf, c
         return 0;
 }
 
+/* The set declares no extensions, so every extension lookup misses. */
+static int error_no_extension(const Grpc__Reflection__V1__ExtensionRequest *x,
+                              Grpc__Reflection__V1__ErrorResponse *e, char **buf) {
+        _cleanup_free_ char *key = NULL;
+
+        if (asprintf(&key, "%d of %.*s", x ? x->extension_number : 0,
+                     (int) REFLECTION_MAX_QUOTED, x ? strempty(x->containing_type) : "") < 0)
+                return -ENOMEM;
+        return error_not_found(e, buf, "Extension", key);
+}
+
+static int response_pack(const Grpc__Reflection__V1__ServerReflectionResponse *resp,
+                         uint8_t **ret_reply, size_t *ret_reply_size) {
+        size_t size = grpc__reflection__v1__server_reflection_response__get_packed_size(resp);
+        uint8_t *reply = malloc(size > 0 ? size : 1);
+
+        if (!reply)
+                return -ENOMEM;
+        *ret_reply_size = grpc__reflection__v1__server_reflection_response__pack(resp, reply);
+        *ret_reply = reply;
+        return 0;
+}
+
 static void request_freep(Grpc__Reflection__V1__ServerReflectionRequest **p) {
         if (*p)
                 grpc__reflection__v1__server_reflection_request__free_unpacked(*p, NULL);
@@ -431,10 +454,8 @@ int reflection_answer(const Reflection *rf, const uint8_t *request, size_t size,
         Grpc__Reflection__V1__ErrorResponse error = GRPC__REFLECTION__V1__ERROR_RESPONSE__INIT;
         _cleanup_free_ ProtobufCBinaryData *file_data = NULL;
         _cleanup_free_ char *message = NULL;
-        _cleanup_free_ uint8_t *reply = NULL;
         const Symbol *file = NULL;      /* answered with this file and its imports */
         const char *name;
-        size_t reply_size;
         int r;
 
         assert(rf);
@@ -470,19 +491,11 @@ int reflection_answer(const Reflection *rf, const uint8_t *request, size_t size,
                 }
                 break;
 
-        case REQUEST_CASE(FILE_CONTAINING_EXTENSION): {
-                /* The set declares no extensions, so every extension lookup misses. */
-                const Grpc__Reflection__V1__ExtensionRequest *x = req->file_containing_extension;
-                _cleanup_free_ char *key = NULL;
-
-                if (asprintf(&key, "%d of %.*s", x ? x->extension_number : 0,
-                             (int) REFLECTION_MAX_QUOTED, x ? strempty(x->containing_type) : "") < 0)
-                        return -ENOMEM;
-                r = error_not_found(&error, &message, "Extension", key);
+        case REQUEST_CASE(FILE_CONTAINING_EXTENSION):
+                r = error_no_extension(req->file_containing_extension, &error, &message);
                 if (r < 0)
                         return r;
                 break;
-        }
 
         case REQUEST_CASE(ALL_EXTENSION_NUMBERS_OF_TYPE): {
                 const Symbol *type;
@@ -535,14 +548,5 @@ int reflection_answer(const Reflection *rf, const uint8_t *request, size_t size,
 
         resp.valid_host = req->host;
         resp.original_request = req;
-
-        reply_size = grpc__reflection__v1__server_reflection_response__get_packed_size(&resp);
-        reply = malloc(reply_size > 0 ? reply_size : 1);
-        if (!reply)
-                return -ENOMEM;
-        reply_size = grpc__reflection__v1__server_reflection_response__pack(&resp, reply);
-
-        *ret_reply = TAKE_PTR(reply);
-        *ret_reply_size = reply_size;
-        return 0;
+        return response_pack(&resp, ret_reply, ret_reply_size);
 }

@@ -412,6 +412,29 @@ static int load_rules(Loader *l, Family *f, const YNode *n, const char *ctx) {
         return acc;
 }
 
+/* The family's name, before its other keys (a bad one is diagnosed here, as any key). */
+static int load_name_first(Loader *l, const YNode *n, Family *f) {
+        for (size_t i = 0; i < ynode_n_pairs(n); i++) {
+                const YNode *k = ynode_key(n, i);
+                if (k->kind == YNODE_SCALAR && streq(k->text, "name"))
+                        return loader_name(l, ynode_value(n, i), "family", "'name'", &f->name);
+        }
+        return 0;
+}
+
+static int load_parallel_axis(Loader *l, const YNode *v, const char *ctx, Family *f) {
+        _cleanup_free_ char *axis = NULL;
+        int r;
+
+        r = loader_string(l, v, ctx, "'parallel_axis'", FAMILYD_MAX_NAME_LENGTH, &axis);
+        if (r < 0)
+                return r;
+        f->parallel_axis = axis_from_string(axis);
+        if (f->parallel_axis < 0)
+                return loader_diag(l, v, ctx, "'parallel_axis' must be one of tp, cp, ep, pp");
+        return 0;
+}
+
 int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_line,
                 unsigned *ret_baseline_column) {
         const YNode *v[_FK_MAX] = {};
@@ -428,14 +451,8 @@ int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_l
                 return r;
 
         /* The name first, so that every later diagnostic can say whose it is. */
-        for (size_t i = 0; i < ynode_n_pairs(n); i++) {
-                const YNode *k = ynode_key(n, i);
-                if (k->kind == YNODE_SCALAR && streq(k->text, "name")) {
-                        if (loader_name(l, ynode_value(n, i), "family", "'name'", &f->name) == -ENOMEM)
-                                return -ENOMEM;
-                        break;
-                }
-        }
+        if (load_name_first(l, n, f) == -ENOMEM)
+                return -ENOMEM;
         ctx = f->name ? loader_ctx_push(NULL, "family", f->name) : strdup("family");
         if (!ctx)
                 return -ENOMEM;
@@ -504,17 +521,7 @@ int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_l
         }
 
         if (v[FK_PARALLEL_AXIS]) {
-                _cleanup_free_ char *axis = NULL;
-
-                r = loader_string(l, v[FK_PARALLEL_AXIS], ctx, "'parallel_axis'", FAMILYD_MAX_NAME_LENGTH,
-                                &axis);
-                if (r >= 0) {
-                        f->parallel_axis = axis_from_string(axis);
-                        if (f->parallel_axis < 0)
-                                r = loader_diag(l, v[FK_PARALLEL_AXIS], ctx,
-                                                "'parallel_axis' must be one of tp, cp, ep, pp");
-                }
-                r = loader_fold(&acc, r);
+                r = loader_fold(&acc, load_parallel_axis(l, v[FK_PARALLEL_AXIS], ctx, f));
                 if (r < 0)
                         return r;
         }

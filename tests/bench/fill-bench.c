@@ -84,6 +84,56 @@ static double small_fills(FillPool *pool, unsigned threads, unsigned long n, uns
         return t;
 }
 
+/* The slice filled on fresh pages, then again (warm): seconds each. */
+static int time_fill(const FillSlice *s, unsigned threads, double *ret_fresh, double *ret_warm) {
+        double t0 = now();
+        int r = fill_run(s, 1, threads);
+
+        *ret_fresh = now() - t0;
+        if (r < 0)
+                return r;
+        t0 = now();
+        r = fill_run(s, 1, threads);
+        *ret_warm = now() - t0;
+        return r;
+}
+
+/* Baseline: memset of a fresh buffer, then of the same buffer again (warm): seconds each. */
+static int memset_baseline(size_t size, double *ret_fresh, double *ret_warm) {
+        unsigned char *m = map_fresh(size);
+        if (!m) {
+                fprintf(stderr, "mmap: %s\n", strerror(errno));
+                return -ENOMEM;
+        }
+        double t0 = now();
+        memset(m, 0x3f, size);
+        *ret_fresh = now() - t0;
+        t0 = now();
+        memset(m, 0x40, size);
+        *ret_warm = now() - t0;
+        bool ok = m[0] == 0x40 && m[size - 1] == 0x40;
+        (void) munmap(m, size);
+        return ok ? 0 : -EIO;
+}
+
+/* Many small fills, threads per call against the pool: 1 verified, 0 a mismatch, <0 error. */
+static int small_fills_report(unsigned t, unsigned long small_n, unsigned long small_kib) {
+        FillPool *pool = NULL;
+        bool ok_calls, ok_pool;
+
+        if (fill_pool_new(t, NULL, 0, &pool) < 0)
+                return -ENOMEM;
+        double t_calls = small_fills(NULL, t, small_n, small_kib, &ok_calls);
+        double t_pool = small_fills(pool, t, small_n, small_kib, &ok_pool);
+        fill_pool_free(pool);
+        printf("%lu fills of %lu KiB on %u threads: per-call threads %.1f us/fill, pool "
+               "%.1f us/fill (%.2fx) %s\n",
+               small_n, small_kib, t, t_calls * 1e6 / (double) small_n,
+               t_pool * 1e6 / (double) small_n, t_calls / t_pool,
+               ok_calls && ok_pool ? "verified" : "MISMATCH");
+        return ok_calls && ok_pool;
+}
+
 int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "size-mib", required_argument, NULL, 's' },
@@ -147,21 +197,9 @@ int main(int argc, char *argv[]) {
         printf("fill-bench: %lu MiB float32, %lu threads (%ld online CPUs)\n", size_mib,
                threads ? threads : (unsigned long) cpus, cpus);
 
-        /* Baseline: memset of a fresh buffer, then of the same buffer again (warm). */
-        unsigned char *m = map_fresh(size);
-        if (!m) {
-                fprintf(stderr, "mmap: %s\n", strerror(errno));
+        double t_memset, t_memset_warm;
+        if (memset_baseline(size, &t_memset, &t_memset_warm) < 0)
                 return EXIT_FAILURE;
-        }
-        double t0 = now();
-        memset(m, 0x3f, size);
-        double t_memset = now() - t0;
-        t0 = now();
-        memset(m, 0x40, size);
-        double t_memset_warm = now() - t0;
-        if (m[0] != 0x40 || m[size - 1] != 0x40)
-                return EXIT_FAILURE;
-        (void) munmap(m, size);
         printf("%-15s fresh %6.2f GB/s              warm %6.2f GB/s\n", "memset", gb / t_memset,
                gb / t_memset_warm);
 
@@ -187,16 +225,12 @@ int main(int argc, char *argv[]) {
                 FillSlice s = { .spec = &spec, .rank = 1, .shape = &shape, .local_shape = &shape,
                                 .global_offset = &off, .dst = buf };
 
-                t0 = now();
-                r = fill_run(&s, 1, (unsigned) threads);
-                double t = now() - t0;
+                double t, t_warm;
+                r = time_fill(&s, (unsigned) threads, &t, &t_warm);
                 if (r < 0) {
                         fprintf(stderr, "fill_run: %s\n", strerror(-r));
                         return EXIT_FAILURE;
                 }
-                t0 = now();
-                (void) fill_run(&s, 1, (unsigned) threads);
-                double t_warm = now() - t0;
 
                 uint32_t sum = verify(&spec, buf, n, &ok);
                 double ratio = t_memset / t, ratio_warm = t_memset_warm / t_warm;
@@ -211,20 +245,10 @@ int main(int argc, char *argv[]) {
         }
         if (small_n > 0 && !only) {
                 unsigned t = threads ? (unsigned) threads : (unsigned) (cpus > 0 ? cpus : 1);
-                FillPool *pool = NULL;
-                bool ok_calls, ok_pool;
-
-                if (fill_pool_new(t, NULL, 0, &pool) < 0)
+                int r = small_fills_report(t, small_n, small_kib);
+                if (r < 0)
                         return EXIT_FAILURE;
-                double t_calls = small_fills(NULL, t, small_n, small_kib, &ok_calls);
-                double t_pool = small_fills(pool, t, small_n, small_kib, &ok_pool);
-                fill_pool_free(pool);
-                printf("%lu fills of %lu KiB on %u threads: per-call threads %.1f us/fill, pool "
-                       "%.1f us/fill (%.2fx) %s\n",
-                       small_n, small_kib, t, t_calls * 1e6 / (double) small_n,
-                       t_pool * 1e6 / (double) small_n, t_calls / t_pool,
-                       ok_calls && ok_pool ? "verified" : "MISMATCH");
-                all_ok = all_ok && ok_calls && ok_pool;
+                all_ok = all_ok && r > 0;
         }
         printf("goals %s\n", all_goals ? "met" : "missed");
         return all_ok ? EXIT_SUCCESS : EXIT_FAILURE;

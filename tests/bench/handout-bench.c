@@ -1471,12 +1471,46 @@ static int parse_sizes(const char *s) {
         return r < 0 || opt.n_sizes == 0 ? -EINVAL : 0;
 }
 
+enum {
+        ARG_SOCKET = 0x100, ARG_SIZES, ARG_ROUNDS, ARG_MAP_ROUNDS, ARG_FAMILY, ARG_PARAMETER,
+        ARG_FIELD, ARG_QUICK, ARG_GOAL_FLAT, ARG_GOAL_RATIO, ARG_CHECK, ARG_PROBE, ARG_POPULATE,
+        ARG_READ_THREADS, ARG_GOAL_FLOOR, ARG_FILL_COMPARE, ARG_GOAL_FILL, ARG_HELP,
+};
+
+/* The options that take a number: -EINVAL for one out of range or not a number. */
+static int set_number(int c, const char *arg) {
+        uint64_t v;
+
+        switch (c) {
+        case ARG_ROUNDS:
+                if (parse_u64(arg, &v) < 0 || v == 0 || v > 10000)
+                        return -EINVAL;
+                opt.rounds = (unsigned) v;
+                return 0;
+        case ARG_MAP_ROUNDS:
+                if (parse_u64(arg, &v) < 0 || v > 100000)
+                        return -EINVAL;
+                opt.map_rounds = (unsigned) v;
+                return 0;
+        case ARG_FILL_COMPARE:
+                if (parse_u64(arg, &v) < 0 || v == 0 || v >= 4096)
+                        return -EINVAL;
+                opt.fill_compare_mib = v;
+                return 0;
+        case ARG_GOAL_FLAT:
+                return parse_double(arg, &opt.goal_flat);
+        case ARG_GOAL_RATIO:
+                return parse_double(arg, &opt.goal_ratio);
+        case ARG_GOAL_FLOOR:
+                return parse_double(arg, &opt.goal_floor);
+        case ARG_GOAL_FILL:
+                return parse_double(arg, &opt.goal_fill);
+        default:
+                return -EINVAL;
+        }
+}
+
 static int parse_args(int argc, char **argv) {
-        enum {
-                ARG_SOCKET = 0x100, ARG_SIZES, ARG_ROUNDS, ARG_MAP_ROUNDS, ARG_FAMILY, ARG_PARAMETER,
-                ARG_FIELD, ARG_QUICK, ARG_GOAL_FLAT, ARG_GOAL_RATIO, ARG_CHECK, ARG_PROBE, ARG_POPULATE, ARG_READ_THREADS,
-                ARG_GOAL_FLOOR, ARG_FILL_COMPARE, ARG_GOAL_FILL, ARG_HELP,
-        };
         static const struct option options[] = {
                 { "socket", required_argument, NULL, ARG_SOCKET },
                 { "sizes", required_argument, NULL, ARG_SIZES },
@@ -1498,7 +1532,6 @@ static int parse_args(int argc, char **argv) {
                 { "help", no_argument, NULL, ARG_HELP },
                 {}
         };
-        uint64_t v;
         int c;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
@@ -1511,14 +1544,14 @@ static int parse_args(int argc, char **argv) {
                                 goto bad;
                         break;
                 case ARG_ROUNDS:
-                        if (parse_u64(optarg, &v) < 0 || v == 0 || v > 10000)
-                                goto bad;
-                        opt.rounds = (unsigned) v;
-                        break;
                 case ARG_MAP_ROUNDS:
-                        if (parse_u64(optarg, &v) < 0 || v > 100000)
+                case ARG_FILL_COMPARE:
+                case ARG_GOAL_FLAT:
+                case ARG_GOAL_RATIO:
+                case ARG_GOAL_FLOOR:
+                case ARG_GOAL_FILL:
+                        if (set_number(c, optarg) < 0)
                                 goto bad;
-                        opt.map_rounds = (unsigned) v;
                         break;
                 case ARG_FAMILY:
                         opt.family = optarg;
@@ -1535,27 +1568,6 @@ static int parse_args(int argc, char **argv) {
                         opt.n_sizes = 2;
                         opt.rounds = 3;
                         opt.map_rounds = 10;
-                        break;
-                case ARG_GOAL_FLAT:
-                        if (parse_double(optarg, &opt.goal_flat) < 0)
-                                goto bad;
-                        break;
-                case ARG_GOAL_RATIO:
-                        if (parse_double(optarg, &opt.goal_ratio) < 0)
-                                goto bad;
-                        break;
-                case ARG_GOAL_FLOOR:
-                        if (parse_double(optarg, &opt.goal_floor) < 0)
-                                goto bad;
-                        break;
-                case ARG_GOAL_FILL:
-                        if (parse_double(optarg, &opt.goal_fill) < 0)
-                                goto bad;
-                        break;
-                case ARG_FILL_COMPARE:
-                        if (parse_u64(optarg, &v) < 0 || v == 0 || v >= 4096)
-                                goto bad;
-                        opt.fill_compare_mib = v;
                         break;
                 case ARG_CHECK:
                         opt.check_goals = true;

@@ -451,6 +451,81 @@ static int parse_args(int argc, char **argv, Options *opt) {
         return 0;
 }
 
+/* --probe: whether the daemon answers GetStatus; frees client. */
+static int probe(FamilydClient *client) {
+        Familyd__V1__GetStatusResponse *st = NULL;
+        FamilydError error = FAMILYD_ERROR_NULL;
+        int r = familyd_get_status(client, &st, &error);
+
+        familyd_error_clear(&error);
+        if (st)
+                familyd__v1__get_status_response__free_unpacked(st, NULL);
+        familyd_client_free(client);
+        return r < 0 ? EXIT_BENCH_CALLS : EXIT_BENCH_OK;
+}
+
+/* Every size's request fits the daemon's limits: EXIT_BENCH_OK, else EXIT_BENCH_CALLS (said). */
+static int check_sizes_fit(Model *model, const Options *opt) {
+        for (size_t i = 0; i < opt->n_sizes; i++) {
+                size_t bytes = 0, messages = 0, fields = 0;
+                int r = model_measure(model, opt->sizes[i], &bytes, &messages, &fields);
+
+                if (r < 0) {
+                        fprintf(stderr, "validate-bench: packing %zu boundaries: %s\n",
+                                opt->sizes[i], strerror(-r));
+                        return EXIT_BENCH_CALLS;
+                }
+                if (bytes > LIMIT_REQUEST_BYTES || messages > LIMIT_REQUEST_MESSAGES ||
+                    fields > LIMIT_REQUEST_FIELDS) {
+                        fprintf(stderr,
+                                "validate-bench: %zu boundaries do not fit the daemon's request limits: "
+                                "%zu bytes (limit %u), %zu messages (limit %u), %zu fields (limit %u); "
+                                "per boundary %.1f messages, %.1f fields\n",
+                                opt->sizes[i], bytes, LIMIT_REQUEST_BYTES, messages,
+                                LIMIT_REQUEST_MESSAGES, fields, LIMIT_REQUEST_FIELDS,
+                                (double) messages / (double) opt->sizes[i],
+                                (double) fields / (double) opt->sizes[i]);
+                        return EXIT_BENCH_CALLS;
+                }
+        }
+        return EXIT_BENCH_OK;
+}
+
+/* rounds + 1 Validate calls of the model's first n boundaries (call 0 warms up): the others'
+ * times in times[]. EXIT_BENCH_OK, or the failure's exit status (said). */
+static int time_rounds(FamilydClient *client, Model *model, size_t n, unsigned rounds,
+                       double *times) {
+        FamilydError error = FAMILYD_ERROR_NULL;
+
+        for (unsigned k = 0; k <= rounds; k++) {
+                Familyd__V1__ValidateResponse *resp = NULL;
+                double t0 = now_ms(), t1;
+                int r = familyd_validate(client, &model->req, &resp, &error);
+
+                t1 = now_ms();
+                if (r < 0) {
+                        char what[64];
+
+                        snprintf(what, sizeof(what), "Validate of %zu boundaries", n);
+                        return fail_call(what, r, &error);
+                }
+                if (!resp->ok || resp->n_violations > 0) {
+                        fprintf(stderr, "validate-bench: Validate of %zu boundaries: not ok, %zu violations%s%s%s%s\n",
+                                n, resp->n_violations,
+                                resp->n_violations > 0 ? ", first: " : "",
+                                resp->n_violations > 0 ? resp->violations[0]->reason : "",
+                                resp->n_violations > 0 ? ": " : "",
+                                resp->n_violations > 0 ? resp->violations[0]->message : "");
+                        familyd__v1__validate_response__free_unpacked(resp, NULL);
+                        return EXIT_BENCH_CALLS;
+                }
+                familyd__v1__validate_response__free_unpacked(resp, NULL);
+                if (k > 0)
+                        times[k - 1] = t1 - t0;
+        }
+        return EXIT_BENCH_OK;
+}
+
 int main(int argc, char **argv) {
         FamilydClientParams params = {
                 .field_mask = FAMILYD_CLIENT_PARAM_FIELD_SOCKET_PATH | FAMILYD_CLIENT_PARAM_FIELD_TIMEOUT_MS,
@@ -477,16 +552,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "validate-bench: client: %s\n", strerror(-r));
                 return EXIT_BENCH_CALLS;
         }
-        if (opt.probe) {
-                Familyd__V1__GetStatusResponse *st = NULL;
-
-                r = familyd_get_status(client, &st, &error);
-                familyd_error_clear(&error);
-                if (st)
-                        familyd__v1__get_status_response__free_unpacked(st, NULL);
-                familyd_client_free(client);
-                return r < 0 ? EXIT_BENCH_CALLS : EXIT_BENCH_OK;
-        }
+        if (opt.probe)
+                return probe(client);
 
         for (size_t i = 0; i < opt.n_sizes; i++) {
                 if (opt.sizes[i] > max)
@@ -521,27 +588,9 @@ int main(int argc, char **argv) {
 
         fflush(stdout);
         /* Every size's request must fit the daemon's limits: check them all before timing any. */
-        for (size_t i = 0; i < opt.n_sizes; i++) {
-                size_t bytes = 0, messages = 0, fields = 0;
-
-                r = model_measure(&model, opt.sizes[i], &bytes, &messages, &fields);
-                if (r < 0) {
-                        fprintf(stderr, "validate-bench: packing %zu boundaries: %s\n", opt.sizes[i], strerror(-r));
-                        status = EXIT_BENCH_CALLS;
-                        goto finish;
-                }
-                if (bytes > LIMIT_REQUEST_BYTES || messages > LIMIT_REQUEST_MESSAGES || fields > LIMIT_REQUEST_FIELDS) {
-                        fprintf(stderr,
-                                "validate-bench: %zu boundaries do not fit the daemon's request limits: "
-                                "%zu bytes (limit %u), %zu messages (limit %u), %zu fields (limit %u); "
-                                "per boundary %.1f messages, %.1f fields\n",
-                                opt.sizes[i], bytes, LIMIT_REQUEST_BYTES, messages, LIMIT_REQUEST_MESSAGES,
-                                fields, LIMIT_REQUEST_FIELDS, (double) messages / (double) opt.sizes[i],
-                                (double) fields / (double) opt.sizes[i]);
-                        status = EXIT_BENCH_CALLS;
-                        goto finish;
-                }
-        }
+        status = check_sizes_fit(&model, &opt);
+        if (status != EXIT_BENCH_OK)
+                goto finish;
 
         printf("%-10s  %9s  %8s  %8s  %9s  %9s  %15s\n",
                "BOUNDARIES", "BYTES", "MESSAGES", "FIELDS", "BEST_MS", "MEDIAN_MS", "US_PER_BOUNDARY");
@@ -550,34 +599,9 @@ int main(int argc, char **argv) {
 
                 (void) model_measure(&model, n, &bytes, &messages, &fields);
                 model.req.n_boundaries = n;
-                for (unsigned k = 0; k <= opt.rounds; k++) {
-                        Familyd__V1__ValidateResponse *resp = NULL;
-                        double t0 = now_ms(), t1;
-
-                        r = familyd_validate(client, &model.req, &resp, &error);
-                        t1 = now_ms();
-                        if (r < 0) {
-                                char what[64];
-
-                                snprintf(what, sizeof(what), "Validate of %zu boundaries", n);
-                                status = fail_call(what, r, &error);
-                                goto finish;
-                        }
-                        if (!resp->ok || resp->n_violations > 0) {
-                                fprintf(stderr, "validate-bench: Validate of %zu boundaries: not ok, %zu violations%s%s%s%s\n",
-                                        n, resp->n_violations,
-                                        resp->n_violations > 0 ? ", first: " : "",
-                                        resp->n_violations > 0 ? resp->violations[0]->reason : "",
-                                        resp->n_violations > 0 ? ": " : "",
-                                        resp->n_violations > 0 ? resp->violations[0]->message : "");
-                                familyd__v1__validate_response__free_unpacked(resp, NULL);
-                                status = EXIT_BENCH_CALLS;
-                                goto finish;
-                        }
-                        familyd__v1__validate_response__free_unpacked(resp, NULL);
-                        if (k > 0)      /* call 0 warms up */
-                                times[k - 1] = t1 - t0;
-                }
+                status = time_rounds(client, &model, n, opt.rounds, times);
+                if (status != EXIT_BENCH_OK)
+                        goto finish;
                 qsort(times, opt.rounds, sizeof(*times), cmp_double);
                 double median = opt.rounds % 2 ? times[opt.rounds / 2]
                                                : (times[opt.rounds / 2 - 1] + times[opt.rounds / 2]) / 2;

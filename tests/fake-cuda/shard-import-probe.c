@@ -67,6 +67,29 @@ static int write_file(const char *dir, int64_t rank, const void *data, size_t n)
         return close(fd) < 0 ? -errno : 0;
 }
 
+/* SOCKET BUILD_ID OUTDIR, then the flags: -EINVAL (said on stderr) for anything else. */
+static int parse_options(int argc, char **argv, bool *writable, bool *release, bool *private_) {
+        if (argc < 4) {
+                fprintf(stderr, "usage: %s SOCKET BUILD_ID OUTDIR [--writable] [--private] "
+                                "[--release]\n",
+                        argv[0]);
+                return -EINVAL;
+        }
+        for (int i = 4; i < argc; i++) {
+                if (strcmp(argv[i], "--writable") == 0)
+                        *writable = true;
+                else if (strcmp(argv[i], "--release") == 0)
+                        *release = true;
+                else if (strcmp(argv[i], "--private") == 0)
+                        *private_ = true;
+                else {
+                        fprintf(stderr, "unknown option %s\n", argv[i]);
+                        return -EINVAL;
+                }
+        }
+        return 0;
+}
+
 int main(int argc, char **argv) {
         FamilydClientParams params = {
                 .field_mask = FAMILYD_CLIENT_PARAM_FIELD_SOCKET_PATH,
@@ -86,25 +109,8 @@ int main(int argc, char **argv) {
         size_t n = 0;
         int r, status = 0;
 
-        if (argc < 4) {
-                fprintf(stderr, "usage: %s SOCKET BUILD_ID OUTDIR [--writable] [--private] "
-                                "[--release]\n",
-                        argv[0]);
+        if (parse_options(argc, argv, &writable, &release, &private_) < 0)
                 return 1;
-        }
-        for (int i = 4; i < argc; i++) {
-                if (strcmp(argv[i], "--writable") == 0)
-                        writable = true;
-                else if (strcmp(argv[i], "--release") == 0)
-                        release = true;
-                else if (strcmp(argv[i], "--private") == 0)
-                        private_ = true;
-                else {
-                        fprintf(stderr, "unknown option %s\n", argv[i]);
-                        return 1;
-                }
-        }
-
         params.socket_path = argv[1];
         r = familyd_client_new(&params, &client);
         if (r < 0)

@@ -204,6 +204,29 @@ static void check_reply(const Expect *x, const uint8_t *payload, size_t size, in
         familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
 }
 
+/* Checks every complete reply frame in in[0, *n_in), in order, and takes it out. */
+static void take_replies(uint8_t *in, size_t *n_in, const Expect *expect, size_t n_expect,
+                         size_t *n_got, int *fds, size_t *n_fds) {
+        for (;;) {
+                if (*n_in < 4)
+                        return;
+                uint32_t len = (uint32_t) in[0] | (uint32_t) in[1] << 8 |
+                               (uint32_t) in[2] << 16 | (uint32_t) in[3] << 24;
+                if (len > SHARD_SOCKET_MAX_FRAME_BYTES)
+                        abort();
+                if (*n_in - 4 < len)
+                        return;
+                if (*n_got >= n_expect) {
+                        fprintf(stderr, "fuzz-shard-socket: more replies than complete frames "
+                                        "(%zu)\n", n_expect);
+                        abort();
+                }
+                check_reply(&expect[(*n_got)++], in + 4, len, fds, n_fds);
+                memmove(in, in + 4 + len, *n_in - 4 - len);
+                *n_in -= 4 + len;
+        }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!server)
                 setup();
@@ -293,25 +316,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         break; /* EOF: the server ended the connection */
                 n_in += (size_t) k;
 
-                /* Every complete reply frame, in order. */
-                for (;;) {
-                        if (n_in < 4)
-                                break;
-                        uint32_t len = (uint32_t) in[0] | (uint32_t) in[1] << 8 |
-                                       (uint32_t) in[2] << 16 | (uint32_t) in[3] << 24;
-                        if (len > SHARD_SOCKET_MAX_FRAME_BYTES)
-                                abort();
-                        if (n_in - 4 < len)
-                                break;
-                        if (n_got >= n_expect) {
-                                fprintf(stderr, "fuzz-shard-socket: more replies than "
-                                                "complete frames (%zu)\n", n_expect);
-                                abort();
-                        }
-                        check_reply(&expect[n_got++], in + 4, len, fds, &n_fds);
-                        memmove(in, in + 4 + len, n_in - 4 - len);
-                        n_in -= 4 + len;
-                }
+                take_replies(in, &n_in, expect, n_expect, &n_got, fds, &n_fds);
         }
 
         if (n_got != n_expect || n_in != 0 || n_fds != 0) {

@@ -804,9 +804,175 @@ static int parse_options(int argc, char **argv) {
         return 0;
 }
 
+/* The daemon's memory and descriptors, once a second (fd_low: the lowest seen within it). */
+typedef struct Samples {
+        double rss[MAX_SAMPLES], fds[MAX_SAMPLES], fd_low[MAX_SAMPLES], at[MAX_SAMPLES];
+        size_t n;
+} Samples;
+
+/* Samples the daemon until the duration is over: 0, or 1 when the daemon is gone. */
+static int sample_daemon(Samples *x, uint64_t start) {
+        uint64_t last_print = start;
+        uint64_t print_every = opt.duration > 120 ? 60000000u : 10000000u;
+
+        for (;;) {
+                uint64_t next = start + (uint64_t) (x->n + 1) * 1000000u;
+                long low = -1;
+                while (now_us() < next) {
+                        usleep((useconds_t) (next - now_us() > 100000 ? 100000 : next - now_us()));
+                        long k = daemon_fds(opt.pid);
+                        if (k >= 0 && (low < 0 || k < low))
+                                low = k;
+                }
+                long r = daemon_rss_kib(opt.pid), f = daemon_fds(opt.pid);
+                if (f >= 0 && (low < 0 || f < low))
+                        low = f;
+                if (r < 0 || f < 0) {
+                        printf("familyd-load: the daemon (pid %d) is gone\n", (int) opt.pid);
+                        return 1;
+                }
+                if (x->n < MAX_SAMPLES) {
+                        x->rss[x->n] = (double) r / 1024.0;
+                        x->fds[x->n] = (double) f;
+                        x->fd_low[x->n] = (double) low;
+                        x->at[x->n] = (double) (now_us() - start) / 1e6;
+                        x->n++;
+                }
+                if (now_us() - last_print >= print_every) {
+                        last_print = now_us();
+                        printf("  t=%4.0f s  calls %10" PRIu64 "  clients started %d"
+                               "  VmRSS %7.1f MiB  fds %ld\n",
+                               x->at[x->n - 1], total_calls(), atomic_load(&shared->started),
+                               (double) r / 1024.0, f);
+                        fflush(stdout);
+                }
+                if (now_us() - start >= (uint64_t) (opt.duration * 1e6))
+                        return 0;
+        }
+}
+
+/* Each client finishes the call it is in (deadline 60 s), then exits: 0, or 1 when one did not. */
+static int wait_clients(const pid_t *children) {
+        uint64_t give_up = now_us() + 90000000u;
+        int status = 0;
+
+        for (unsigned p = 0; p < opt.procs; p++) {
+                int ws = 0;
+                pid_t w;
+                while ((w = waitpid(children[p], &ws, WNOHANG)) == 0 && now_us() < give_up)
+                        usleep(50000);
+                if (w == 0) {
+                        printf("familyd-load: client process %u did not finish its calls\n", p);
+                        kill(children[p], SIGKILL);
+                        waitpid(children[p], &ws, 0);
+                        status = 1;
+                } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+                        printf("familyd-load: client process %u failed (status 0x%x)\n", p, ws);
+                        status = 1;
+                }
+        }
+        return status;
+}
+
+/* The calls' table: 0, or 1 on errors, no calls, or clients that never got going. */
+static int report_calls(double elapsed) {
+        uint64_t calls = 0, errors = 0, expected = 0;
+        int status = 0;
+
+        printf("\n  %-18s %10s %8s %9s %9s %9s %9s\n", "call", "calls", "errors", "expected",
+               "p50 ms", "p99 ms", "max ms");
+        for (unsigned o = 0; o < _OP_MAX; o++) {
+                const OpStats *s = &shared->ops[o];
+                uint64_t n = atomic_load(&s->calls);
+                calls += n;
+                errors += atomic_load(&s->errors);
+                expected += atomic_load(&s->expected);
+                printf("  %-18s %10" PRIu64 " %8lu %9lu %9.2f %9.2f %9.2f\n", op_names[o], n,
+                       atomic_load(&s->errors), atomic_load(&s->expected),
+                       hist_percentile(s, 0.50), hist_percentile(s, 0.99),
+                       (double) atomic_load(&s->max_us) / 1000.0);
+        }
+        printf("  %-18s %10" PRIu64 " %8" PRIu64 " %9" PRIu64 "   (%.0f calls/s over %.0f s)\n",
+               "all", calls, errors, expected, (double) calls / elapsed, elapsed);
+        unsigned logged = atomic_load(&shared->n_logged);
+        for (unsigned i = 0; i < logged && i < MAX_LOGGED; i++)
+                printf("  error: %s\n", shared->logged[i]);
+        if (errors > 0 || calls == 0)
+                status = 1;
+        if (atomic_load(&shared->started) < (int) opt.clients) {
+                printf("familyd-load: only %d of %u clients got going\n",
+                       atomic_load(&shared->started), opt.clients);
+                status = 1;
+        }
+        return status;
+}
+
+/* Flat after the warm-up: the last third's mean against the first third's. 0, or 1. */
+static int report_growth(const Samples *x) {
+        size_t w0 = 0;
+        while (w0 < x->n && x->at[w0] < opt.warmup)
+                w0++;
+        size_t n = x->n - w0, third = n / 3;
+        if (third < 2) {
+                printf("familyd-load: too few samples after the warm-up (%zu) to judge growth\n",
+                       n);
+                return 1;
+        }
+        double r1 = mean(x->rss, w0, w0 + third), r3 = mean(x->rss, x->n - third, x->n);
+        double f1 = lowest(x->fd_low, w0, w0 + third);
+        double f3 = lowest(x->fd_low, x->n - third, x->n);
+        double rss_limit = r1 * opt.rss_growth_pct / 100.0;
+        if (rss_limit < opt.rss_growth_mib)
+                rss_limit = opt.rss_growth_mib;
+        bool rss_flat = r3 - r1 <= rss_limit, fd_flat = f3 - f1 <= opt.fd_growth;
+        double rmin = x->rss[w0], rmax = x->rss[w0], fmin = x->fds[w0], fmax = x->fds[w0];
+        for (size_t i = w0; i < x->n; i++) {
+                rmin = x->rss[i] < rmin ? x->rss[i] : rmin;
+                rmax = x->rss[i] > rmax ? x->rss[i] : rmax;
+                fmin = x->fds[i] < fmin ? x->fds[i] : fmin;
+                fmax = x->fds[i] > fmax ? x->fds[i] : fmax;
+        }
+        printf("  VmRSS: %.1f MiB at the start, after warm-up %.1f..%.1f MiB; first third "
+               "mean %.1f MiB, last third %.1f MiB: %+.1f MiB (%+.1f%%), limit +%.1f MiB: "
+               "%s\n",
+               x->rss[0], rmin, rmax, r1, r3, r3 - r1, 100.0 * (r3 - r1) / r1, rss_limit,
+               rss_flat ? "flat" : "GROWING");
+        printf("  fds:   %.0f at the start, after warm-up %.0f..%.0f; lowest of the first "
+               "third %.0f, of the last third %.0f: %+.0f, limit +%.0f: %s\n",
+               x->fds[0], fmin, fmax, f1, f3, f3 - f1, opt.fd_growth,
+               fd_flat ? "flat" : "GROWING");
+        printf("  (%zu samples, 1 per second; %zu after the warm-up, thirds of %zu)\n",
+               x->n, n, third);
+        return rss_flat && fd_flat ? 0 : 1;
+}
+
+static void write_samples(const Samples *x) {
+        FILE *f = opt.samples_path ? fopen(opt.samples_path, "we") : NULL;
+
+        if (!f)
+                return;
+        fprintf(f, "seconds,vmrss_mib,fds,fds_lowest_in_second\n");
+        for (size_t i = 0; i < x->n; i++)
+                fprintf(f, "%.1f,%.2f,%.0f,%.0f\n", x->at[i], x->rss[i], x->fds[i],
+                        x->fd_low[i]);
+        fclose(f);
+}
+
+/* The clients are gone: their connections close, the daemon's count comes back. 0, or 1. */
+static int check_fds_back(long fds_before) {
+        long fds_after = daemon_fds(opt.pid);
+        for (unsigned i = 0; i < 100 && fds_after > fds_before + (long) opt.fd_growth; i++) {
+                usleep(100000);
+                fds_after = daemon_fds(opt.pid);
+        }
+        bool fds_back = fds_after >= 0 && fds_after <= fds_before + (long) opt.fd_growth;
+        printf("  fds idle: %ld before the clients started, %ld after they left, limit +%.0f: %s\n",
+               fds_before, fds_after, opt.fd_growth, fds_back ? "back" : "NOT BACK");
+        return fds_back ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
-        static double rss[MAX_SAMPLES], fds[MAX_SAMPLES], fd_low[MAX_SAMPLES], at[MAX_SAMPLES];
-        size_t n_samples = 0;
+        static Samples samples;
         int status = 0;
 
         if (parse_options(argc, argv) < 0) {
@@ -846,151 +1012,15 @@ int main(int argc, char **argv) {
                         _exit(child_main(p, n));
         }
 
-        uint64_t start = now_us(), last_print = start;
-        uint64_t print_every = opt.duration > 120 ? 60000000u : 10000000u;
-        for (;;) {
-                uint64_t next = start + (uint64_t) (n_samples + 1) * 1000000u;
-                long low = -1;
-                while (now_us() < next) {
-                        usleep((useconds_t) (next - now_us() > 100000 ? 100000 : next - now_us()));
-                        long k = daemon_fds(opt.pid);
-                        if (k >= 0 && (low < 0 || k < low))
-                                low = k;
-                }
-                long r = daemon_rss_kib(opt.pid), f = daemon_fds(opt.pid);
-                if (f >= 0 && (low < 0 || f < low))
-                        low = f;
-                if (r < 0 || f < 0) {
-                        printf("familyd-load: the daemon (pid %d) is gone\n", (int) opt.pid);
-                        status = 1;
-                        break;
-                }
-                if (n_samples < MAX_SAMPLES) {
-                        rss[n_samples] = (double) r / 1024.0;
-                        fds[n_samples] = (double) f;
-                        fd_low[n_samples] = (double) low;
-                        at[n_samples] = (double) (now_us() - start) / 1e6;
-                        n_samples++;
-                }
-                if (now_us() - last_print >= print_every) {
-                        last_print = now_us();
-                        printf("  t=%4.0f s  calls %10" PRIu64 "  clients started %d"
-                               "  VmRSS %7.1f MiB  fds %ld\n",
-                               at[n_samples - 1], total_calls(), atomic_load(&shared->started),
-                               (double) r / 1024.0, f);
-                        fflush(stdout);
-                }
-                if (now_us() - start >= (uint64_t) (opt.duration * 1e6))
-                        break;
-        }
+        uint64_t start = now_us();
+        status |= sample_daemon(&samples, start);
         double elapsed = (double) (now_us() - start) / 1e6;
         atomic_store(&shared->stop, 1);
-
-        /* Each client finishes the call it is in (deadline 60 s), then exits. */
-        uint64_t give_up = now_us() + 90000000u;
-        for (unsigned p = 0; p < opt.procs; p++) {
-                int ws = 0;
-                pid_t w;
-                while ((w = waitpid(children[p], &ws, WNOHANG)) == 0 && now_us() < give_up)
-                        usleep(50000);
-                if (w == 0) {
-                        printf("familyd-load: client process %u did not finish its calls\n", p);
-                        kill(children[p], SIGKILL);
-                        waitpid(children[p], &ws, 0);
-                        status = 1;
-                } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-                        printf("familyd-load: client process %u failed (status 0x%x)\n", p, ws);
-                        status = 1;
-                }
-        }
-
-        /* The report. */
-        uint64_t calls = 0, errors = 0, expected = 0;
-        printf("\n  %-18s %10s %8s %9s %9s %9s %9s\n", "call", "calls", "errors", "expected",
-               "p50 ms", "p99 ms", "max ms");
-        for (unsigned o = 0; o < _OP_MAX; o++) {
-                const OpStats *s = &shared->ops[o];
-                uint64_t n = atomic_load(&s->calls);
-                calls += n;
-                errors += atomic_load(&s->errors);
-                expected += atomic_load(&s->expected);
-                printf("  %-18s %10" PRIu64 " %8lu %9lu %9.2f %9.2f %9.2f\n", op_names[o], n,
-                       atomic_load(&s->errors), atomic_load(&s->expected),
-                       hist_percentile(s, 0.50), hist_percentile(s, 0.99),
-                       (double) atomic_load(&s->max_us) / 1000.0);
-        }
-        printf("  %-18s %10" PRIu64 " %8" PRIu64 " %9" PRIu64 "   (%.0f calls/s over %.0f s)\n",
-               "all", calls, errors, expected, (double) calls / elapsed, elapsed);
-        unsigned logged = atomic_load(&shared->n_logged);
-        for (unsigned i = 0; i < logged && i < MAX_LOGGED; i++)
-                printf("  error: %s\n", shared->logged[i]);
-        if (errors > 0 || calls == 0)
-                status = 1;
-        if (atomic_load(&shared->started) < (int) opt.clients) {
-                printf("familyd-load: only %d of %u clients got going\n",
-                       atomic_load(&shared->started), opt.clients);
-                status = 1;
-        }
-
-        /* Flat after the warm-up: the last third's mean against the first third's. */
-        size_t w0 = 0;
-        while (w0 < n_samples && at[w0] < opt.warmup)
-                w0++;
-        size_t n = n_samples - w0, third = n / 3;
-        if (third < 2) {
-                printf("familyd-load: too few samples after the warm-up (%zu) to judge growth\n",
-                       n);
-                status = 1;
-        } else {
-                double r1 = mean(rss, w0, w0 + third), r3 = mean(rss, n_samples - third, n_samples);
-                double f1 = lowest(fd_low, w0, w0 + third);
-                double f3 = lowest(fd_low, n_samples - third, n_samples);
-                double rss_limit = r1 * opt.rss_growth_pct / 100.0;
-                if (rss_limit < opt.rss_growth_mib)
-                        rss_limit = opt.rss_growth_mib;
-                bool rss_flat = r3 - r1 <= rss_limit, fd_flat = f3 - f1 <= opt.fd_growth;
-                double rmin = rss[w0], rmax = rss[w0], fmin = fds[w0], fmax = fds[w0];
-                for (size_t i = w0; i < n_samples; i++) {
-                        rmin = rss[i] < rmin ? rss[i] : rmin;
-                        rmax = rss[i] > rmax ? rss[i] : rmax;
-                        fmin = fds[i] < fmin ? fds[i] : fmin;
-                        fmax = fds[i] > fmax ? fds[i] : fmax;
-                }
-                printf("  VmRSS: %.1f MiB at the start, after warm-up %.1f..%.1f MiB; first third "
-                       "mean %.1f MiB, last third %.1f MiB: %+.1f MiB (%+.1f%%), limit +%.1f MiB: "
-                       "%s\n",
-                       rss[0], rmin, rmax, r1, r3, r3 - r1, 100.0 * (r3 - r1) / r1, rss_limit,
-                       rss_flat ? "flat" : "GROWING");
-                printf("  fds:   %.0f at the start, after warm-up %.0f..%.0f; lowest of the first "
-                       "third %.0f, of the last third %.0f: %+.0f, limit +%.0f: %s\n",
-                       fds[0], fmin, fmax, f1, f3, f3 - f1, opt.fd_growth,
-                       fd_flat ? "flat" : "GROWING");
-                printf("  (%zu samples, 1 per second; %zu after the warm-up, thirds of %zu)\n",
-                       n_samples, n, third);
-                if (!rss_flat || !fd_flat)
-                        status = 1;
-        }
-        if (opt.samples_path) {
-                FILE *f = fopen(opt.samples_path, "we");
-                if (f) {
-                        fprintf(f, "seconds,vmrss_mib,fds,fds_lowest_in_second\n");
-                        for (size_t i = 0; i < n_samples; i++)
-                                fprintf(f, "%.1f,%.2f,%.0f,%.0f\n", at[i], rss[i], fds[i],
-                                        fd_low[i]);
-                        fclose(f);
-                }
-        }
-        /* The clients are gone: their connections close, the daemon's count comes back. */
-        long fds_after = daemon_fds(opt.pid);
-        for (unsigned i = 0; i < 100 && fds_after > fds_before + (long) opt.fd_growth; i++) {
-                usleep(100000);
-                fds_after = daemon_fds(opt.pid);
-        }
-        bool fds_back = fds_after >= 0 && fds_after <= fds_before + (long) opt.fd_growth;
-        printf("  fds idle: %ld before the clients started, %ld after they left, limit +%.0f: %s\n",
-               fds_before, fds_after, opt.fd_growth, fds_back ? "back" : "NOT BACK");
-        if (!fds_back)
-                status = 1;
+        status |= wait_clients(children);
+        status |= report_calls(elapsed);
+        status |= report_growth(&samples);
+        write_samples(&samples);
+        status |= check_fds_back(fds_before);
         if (kill(opt.pid, 0) < 0) {
                 printf("familyd-load: the daemon is gone at the end\n");
                 status = 1;

@@ -807,6 +807,11 @@ static void test_direct_failures(void **state) {
         cfg(&r, "head_dim", INT(8));
         INVALID(r, "SHAPE", "parameter 'wq': dimension 0 must be positive, got -8");
 
+}
+
+static void test_direct_failures_sizes(void **state) {
+        BuildRequest r;
+
         /* overflow in a dimension, and of the element count */
         r = req("attn");
         attn_config(&r);
@@ -1168,6 +1173,11 @@ static void test_replacement_source_config(void **state) {
                 assert_int_equal(z.parameters[0].init.kind, INIT_ZEROS);
                 assert_int_equal(z.init_fields.n, 0);
         }
+}
+
+static void test_replacement_source_config_bound(void **state) {
+        BuildRequest r;
+
         /* the bound value wins: n comes from the shapes (and agrees), m from source_config */
         {
                 r = req("attn");
@@ -1371,9 +1381,11 @@ int main(void) {
                 cmocka_unit_test(test_direct_success),
                 cmocka_unit_test(test_direct_variants),
                 cmocka_unit_test(test_direct_failures),
+                cmocka_unit_test(test_direct_failures_sizes),
                 cmocka_unit_test(test_replacement_success),
                 cmocka_unit_test(test_replacement_failures),
                 cmocka_unit_test(test_replacement_source_config),
+                cmocka_unit_test(test_replacement_source_config_bound),
                 cmocka_unit_test(test_parameter_dtypes),
                 cmocka_unit_test(test_helpers),
         };

@@ -272,6 +272,15 @@ static void test_conformance_registry(void **state) {
         variant_parameters(g, m, &p, &n);
         assert_ptr_equal(p, g->parameters);
         assert_int_equal(n, 2);
+}
+
+/* The conformance registry's other families: attention's arguments, the norms, engram. */
+static void test_conformance_registry_others(void **state) {
+        _cleanup_free_ char *dir = NULL;
+        _cleanup_(registry_unrefp) Registry *reg = NULL;
+
+        assert_true(asprintf(&dir, "%s/registry", conformance_dir()) > 0);
+        reg = load_ok(dir);
 
         const Family *a = &reg->families[1];
         assert_int_equal(a->parallel_axis, AXIS_CP);
@@ -1184,6 +1193,7 @@ static void test_many_problems_capped(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_conformance_registry),
+                cmocka_unit_test(test_conformance_registry_others),
                 cmocka_unit_test(test_find),
                 cmocka_unit_test(test_refcount),
                 cmocka_unit_test(test_helpers),
