@@ -52,6 +52,7 @@ struct Daemon {
         Server *server;
         ShardTable *shards;
         ShardServer *shard_server;
+        CheckpointDeposits *deposits; /* checkpoint files handed over on the shard socket */
         Executor *executor;
         Listener *listener;
         sd_event *event;                /* the main loop */
@@ -291,6 +292,7 @@ static int daemon_setup_state(Daemon *d, const Config *c) {
                 .shards = d->shards,
                 .accel = d->accel,
                 .state = d->state,
+                .deposits = d->deposits,
         };
         r = build_fill_start(&d->builder, c->fill_threads);
         if (r < 0)
@@ -681,6 +683,9 @@ int daemon_new(const Config *c, Daemon **ret) {
         r = shard_table_new(daemon_shard_budget(c, limits.max_connections), &d->shards);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the shard table: %m");
+        r = checkpoint_deposits_new(&d->deposits);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the checkpoint deposits: %m");
         r = daemon_setup_state(d, c);
         if (r < 0)
                 return r;
@@ -688,6 +693,7 @@ int daemon_new(const Config *c, Daemon **ret) {
         if (r < 0)
                 return r;
         shard_server_set_admin_gid(d->shard_server, admin_gid);
+        shard_server_set_checkpoint_deposits(d->shard_server, d->deposits);
 
         r = executor_new(DAEMON_BUILD_THREADS, DAEMON_BUILD_QUEUE, &d->executor);
         if (r < 0)
@@ -768,6 +774,8 @@ Daemon *daemon_free(Daemon *d) {
         build_sharing_stop(&d->builder);
         build_progress_table_free(d->builder.progress);
         shard_server_free(d->shard_server);
+        /* After the shard server and the Builds: nothing deposits or opens any more. */
+        checkpoint_deposits_free(d->deposits);
         shard_table_unref(d->shards);
         listener_free(d->listener);
         /* After the server: its workers call the reload hooks; before the manager it reads. */

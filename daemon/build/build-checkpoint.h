@@ -8,6 +8,12 @@
 #include "core/checkpoint-plan.h"
 #include "core/error.h"
 #include "core/layout.h"
+#include "shm/checkpoint-deposit.h"
+
+/* The headers one Build parses, in all (a model's are a few megabytes). */
+#define BUILD_CHECKPOINT_HEADERS_MAX (UINT64_C(256) << 20)
+/* The hex digits of a checkpoint's identity (BLAKE2b-256). */
+#define BUILD_CHECKPOINT_ID_HEX 64
 
 /*
  * DESIGN
@@ -55,6 +61,19 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(BuildCheckpoint *, build_checkpoint_free);
  */
 int build_checkpoint_open(int *fds, const char *const *names, size_t n, BuildCheckpoint **ret,
                           FamilyError *ret_error);
+
+/*
+ * A deposit's files (taken over, on success and on failure): with an index among them (a name
+ * ending ".index.json"), the files it names, in its order, checked against it (a file it names
+ * that was not sent, or a disagreement: CHECKPOINT_INVALID naming both); else every file.
+ */
+int build_checkpoint_open_files(CheckpointFiles *files, BuildCheckpoint **ret,
+                                FamilyError *ret_error);
+
+/* What names c for sharing: a digest of each file's device, inode, size, modification and
+ * change times (fstat now) and of its parsed header. */
+int build_checkpoint_identity(const BuildCheckpoint *c,
+                              char ret[static BUILD_CHECKPOINT_ID_HEX + 1]);
 
 const BuildCheckpointTensor *build_checkpoint_find(const BuildCheckpoint *c, const char *name);
 

@@ -93,3 +93,23 @@ void build_fill_bind(const Builder *builder, int32_t local_device, FillProgress 
                 .userdata = userdata,
         });
 }
+
+int build_fill_run(const Builder *builder, int32_t local_device, const FillPoolWork *w,
+                   bool (*cancelled)(void *userdata), void *userdata) {
+        BuildFill *f = builder->fill;
+        FillPoolWork work = *w;
+
+        if (!f) {
+                for (uint64_t i = 0; i < w->n_chunks; i++) {
+                        if (cancelled && cancelled(userdata))
+                                return -ECANCELED;
+                        w->run(w->userdata, i);
+                }
+                return 0;
+        }
+        work.group = f->numa.n_nodes > 1
+                             ? numa_layout_choose(&f->numa, device_numa(builder, local_device))
+                             : -1;
+        work.caller_runs = work.group < 0;
+        return fill_pool_run(f->pool, &work, cancelled, userdata);
+}

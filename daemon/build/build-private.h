@@ -72,6 +72,8 @@ typedef struct BuildWatch BuildWatch;
 int64_t build_now_ms(void);
 /* A fill of bytes starts (GetStatus's counters); builder->sharing may be NULL. */
 void build_count_fill(const Builder *builder, uint64_t bytes);
+/* A rank was read from a checkpoint: bytes from its files. */
+void build_count_checkpoint_read(const Builder *builder, uint64_t bytes);
 /* Takes the build out of the table as mode allows, withdraws its tokens, forgets it where it
  * was kept and lets its memory go. -EBUSY when mode refuses; NOT_FOUND as build_table_get(). */
 int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64_t now_ms,
@@ -102,7 +104,7 @@ uint64_t build_sharing_grace_ms(const Builder *builder);
  * nothing reserved), then the reservations (b taken into *ret on success only; builds in their
  * grace period give way to SHM_BUDGET, BUILD_LIMIT and FDSTORE_LIMIT). */
 int build_draft_prepare(const Builder *builder, const BuildRequest *req, const char *shard_socket,
-                        BuildState **ret, FamilyError *ret_error);
+                        int64_t uid, BuildState **ret, FamilyError *ret_error);
 int build_draft_reserve(const Builder *builder, BuildState *b, BuildDraft **ret,
                         FamilyError *ret_error);
 
@@ -142,8 +144,28 @@ int64_t build_sharing_expire(const Builder *builder);
 void build_set_shard_access(const Builder *builder, const BuildRecord *rec, bool has_owner,
                             uint32_t owner_uid, bool share_group, const BuildBinding *binding);
 
+/* Runs w's chunks on the fill threads near local_device's memory (on the calling thread
+ * without a pool), as fill_pool_run(). */
+int build_fill_run(const Builder *builder, int32_t local_device, const FillPoolWork *w,
+                   bool (*cancelled)(void *userdata), void *userdata);
 /* Binds the calling thread's next fills (fill_context_bind()) to the builder's pool, on the
  * threads of the NUMA node of this node's device local_device, reporting to progress and
  * stopping once cancelled(userdata) (the Build's callers gone, the daemon stopping). */
 void build_fill_bind(const Builder *builder, int32_t local_device, FillProgress *progress,
                      bool (*cancelled)(void *userdata), void *userdata);
+
+/* ---- build-from-checkpoint.c: a Build's values from a deposited checkpoint --------------- */
+
+/*
+ * With req->checkpoint (uid: the caller's; -1: none known): opens the deposit and plans every
+ * slice this node fills, before anything is reserved, so a missing tensor, a wrong shape or
+ * dtype is refused first; b gets the open checkpoint, its identity and the bytes to read.
+ * Nothing without it.
+ */
+int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildRequest *req,
+                             int64_t uid, FamilyError *ret_error);
+/* Fills rank i's segment (made, mapped for host memory) from b->checkpoint on the fill
+ * threads; -ECANCELED once expired(userdata). */
+int build_checkpoint_fill_rank(const Builder *builder, BuildState *b, size_t i,
+                               BuildProgress *progress, bool (*expired)(void *userdata),
+                               void *userdata, FamilyError *ret_error);

@@ -47,6 +47,7 @@ struct BuildSharing {
         uint64_t grace_ms;
         atomic_uint_fast64_t fills_started;
         atomic_uint_fast64_t bytes_filled;
+        atomic_uint_fast64_t checkpoint_ranks, checkpoint_bytes_read;
         Builder builder; /* a copy, sharing included, for the watcher */
         BuildWatch *watch;
         pthread_mutex_t keep_lock; /* one save of holders at a time (build-holders-keep.c) */
@@ -66,12 +67,21 @@ void build_count_fill(const Builder *builder, uint64_t bytes) {
         atomic_fetch_add(&builder->sharing->bytes_filled, bytes);
 }
 
+void build_count_checkpoint_read(const Builder *builder, uint64_t bytes) {
+        if (!builder->sharing)
+                return;
+        atomic_fetch_add(&builder->sharing->checkpoint_ranks, 1);
+        atomic_fetch_add(&builder->sharing->checkpoint_bytes_read, bytes);
+}
+
 void build_counters(const Builder *builder, BuildCounters *ret) {
         *ret = (BuildCounters) {};
         if (!builder || !builder->sharing)
                 return;
         ret->fills_started = atomic_load(&builder->sharing->fills_started);
         ret->bytes_filled = atomic_load(&builder->sharing->bytes_filled);
+        ret->checkpoint_ranks = atomic_load(&builder->sharing->checkpoint_ranks);
+        ret->checkpoint_bytes_read = atomic_load(&builder->sharing->checkpoint_bytes_read);
         ret->builds_in_grace = build_table_count_idle(builder->manager->builds);
 }
 
@@ -267,6 +277,7 @@ static int share_key(const BuildState *b, const BuildRequest *req, const BuildWa
         _cleanup_(arena_done) Arena a;
         _cleanup_free_ char *ranks = NULL, *inits = NULL;
         char mesh[300], seed[64], dtype[64], owner[64], writable[32], module[320], registry[96];
+        _cleanup_free_ char *checkpoint = NULL;
         CodecBuild view;
         int r;
 
@@ -294,8 +305,20 @@ static int share_key(const BuildState *b, const BuildRequest *req, const BuildWa
         r = init_fields_text(&b->plan.init_fields, &inits);
         if (r < 0)
                 return r;
-        const char *extra[] = { mesh, seed, dtype, ranks, writable, owner, module, registry, inits };
-        return codec_build_key(&view, extra, ELEMENTSOF(extra) - !inits, ret, ret_size);
+        /* Values from a checkpoint: its files as they are now, and where in it. */
+        if (b->checkpoint &&
+            asprintf(&checkpoint, "checkpoint=%s prefix=%s names=%s", b->checkpoint_identity,
+                     b->checkpoint_prefix,
+                     b->checkpoint_by_parameter ? "parameters" : "registry") < 0)
+                return -ENOMEM;
+        const char *extra[] = { mesh,     seed,     dtype, ranks,     writable,
+                                owner,    module,   registry, checkpoint, inits };
+        size_t n = ELEMENTSOF(extra) - !inits;
+        if (!checkpoint) {
+                extra[8] = inits;
+                n--;
+        }
+        return codec_build_key(&view, extra, n, ret, ret_size);
 }
 
 static BuildFlight *flight_find(BuildSharing *s, const uint8_t *key, size_t size) {
@@ -359,7 +382,7 @@ int build_draft_share(const Builder *builder, const BuildRequest *req, const cha
                 return holder_limit(ret_error);
         if (r < 0)
                 return r;
-        r = build_draft_prepare(builder, req, shard_socket, &b, ret_error);
+        r = build_draft_prepare(builder, req, shard_socket, w->caller.uid, &b, ret_error);
         if (r < 0)
                 return r;
         b->charge = (BuildCharge) { .charged = true, .exempt = w->admin, .uid = w->caller.uid };

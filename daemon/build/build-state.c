@@ -28,6 +28,8 @@ void build_state_free(void *p) {
                 mesh_unref(b->counted_mesh);
         }
         build_plan_done(&b->plan);
+        build_checkpoint_free(b->checkpoint);
+        free(b->checkpoint_prefix);
         free(b);
 }
 
@@ -103,6 +105,8 @@ struct BuildProgress {
         char *family;
         uint64_t total_bytes;
         FillProgress fill;
+        /* A Build from a checkpoint: the bytes to read from its files, and read so far. */
+        atomic_uint_fast64_t read_total, read_bytes;
         atomic_uint_fast64_t last_tick_usec; /* CLOCK_MONOTONIC: changed() last called */
         uint64_t started_usec;               /* CLOCK_MONOTONIC */
         int64_t started_unix_ms;
@@ -260,6 +264,18 @@ void build_progress_advance(BuildProgress *p, uint64_t done) {
                 ;
 }
 
+void build_progress_reading(BuildProgress *p, uint64_t total) {
+        if (p)
+                atomic_store(&p->read_total, total);
+}
+
+void build_progress_add_read(BuildProgress *p, uint64_t bytes) {
+        if (!p)
+                return;
+        atomic_fetch_add(&p->read_bytes, bytes);
+        progress_on_chunk(&p->fill);
+}
+
 void build_progress_end(BuildProgress *p, int r, const FamilyError *error) {
         if (!p)
                 return;
@@ -302,6 +318,8 @@ static int progress_view(const BuildProgress *p, Arena *a, uint64_t now, CodecBu
                                             : 0,
                 .elapsed_ms = elapsed_usec / 1000u,
                 .started_unix_ms = p->started_unix_ms,
+                .bytes_read = atomic_load(&p->read_bytes),
+                .bytes_to_read = atomic_load(&p->read_total),
         };
         if (!ret->build_id || !ret->family || (p->tag && !ret->progress_tag) ||
             (p->error && !ret->error))

@@ -8,6 +8,7 @@
 #include "core/layout.h"
 #include "core/topology.h"
 #include "codec/codec-build.h"
+#include "build-checkpoint.h"
 #include "shm/accel.h"
 #include "shm/segment.h"
 #include "shm/token.h"
@@ -44,6 +45,14 @@ typedef struct BuildState {
         Mesh *counted_mesh; /* the mesh whose n_builds this build holds, or NULL */
         AccelReservation *device_memory; /* GPU bytes reserved for its shards, or NULL */
         BuildCharge charge; /* whose slot and bytes it takes (--max-builds-per-uid) */
+        /* A Build from a checkpoint (build-from-checkpoint.c): the files, open until the fill
+         * is done; the request's prefix; what names the files for sharing; the bytes the
+         * node's shards read from them. */
+        BuildCheckpoint *checkpoint;
+        char *checkpoint_prefix;
+        bool checkpoint_by_parameter; /* tensors named as the parameters (CheckpointRef.names) */
+        char checkpoint_identity[BUILD_CHECKPOINT_ID_HEX + 1];
+        uint64_t checkpoint_bytes;
 } BuildState;
 
 void build_state_free(void *state);
@@ -74,6 +83,10 @@ int build_progress_start(struct BuildProgressTable *t, const char *id, const cha
 FillProgress *build_progress_fill(BuildProgress *p);
 /* At least done bytes are filled (a segment finished). */
 void build_progress_advance(BuildProgress *p, uint64_t done);
+/* A Build from a checkpoint: total bytes are to be read from its files; then bytes more were
+ * read (any thread). NULL: nothing. */
+void build_progress_reading(BuildProgress *p, uint64_t total);
+void build_progress_add_read(BuildProgress *p, uint64_t bytes);
 /* The fill ended: DONE (r >= 0) or FAILED with error's message (else strerror(-r)). p belongs
  * to the table from now on. Accepts NULL. */
 void build_progress_end(BuildProgress *p, int r, const FamilyError *error);

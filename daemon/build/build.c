@@ -49,7 +49,7 @@ static int check_reply_size(BuildState *b, const char *shard_socket, FamilyError
 
 /* Steps 1-5 and the reply check: b is complete, nothing reserved yet. */
 int build_draft_prepare(const Builder *builder, const BuildRequest *req, const char *shard_socket,
-                         BuildState **ret, FamilyError *ret_error) {
+                        int64_t uid, BuildState **ret, FamilyError *ret_error) {
         Manager *m = builder->manager;
         _cleanup_(registry_unrefp) Registry *reg = manager_registry(m);
         _cleanup_(topology_unrefp) Topology *topo = manager_topology(m);
@@ -74,6 +74,9 @@ int build_draft_prepare(const Builder *builder, const BuildRequest *req, const c
         if (r < 0)
                 return r;
         r = build_group_replicas(b);
+        if (r < 0)
+                return r;
+        r = build_checkpoint_prepare(builder, b, req, uid, ret_error);
         if (r < 0)
                 return r;
         if (b->plan.mesh) {
@@ -207,7 +210,8 @@ int build_draft(const Builder *builder, const BuildRequest *req, const char *sha
         _cleanup_(build_state_freep) BuildState *b = NULL;
         int r;
 
-        r = build_draft_prepare(builder, req, shard_socket, &b, ret_error);
+        r = build_draft_prepare(builder, req, shard_socket, actor ? (int64_t) actor->uid : -1, &b,
+                                ret_error);
         if (r < 0)
                 return r;
         if (actor)
@@ -305,8 +309,10 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
                 /* Stopped between chunks once nobody waits for it (-ECANCELED). */
                 build_fill_bind(builder, rs->local_device, build_progress_fill(progress), expired,
                                 userdata);
-                r = accel_fill(builder->accel, rs->segment, &b->plan, &b->layout, rl, b->dtype,
-                               b->seed, ret_error);
+                r = b->checkpoint ? build_checkpoint_fill_rank(builder, b, i, progress, expired,
+                                                               userdata, ret_error)
+                                  : accel_fill(builder->accel, rs->segment, &b->plan, &b->layout,
+                                               rl, b->dtype, b->seed, ret_error);
                 if (r < 0)
                         return r;
                 done += rl->size_bytes;
@@ -371,6 +377,8 @@ static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
         r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
         if (r >= 0 && expired(userdata))
                 r = -ETIMEDOUT;
+        /* Read: its files are the client's again (a deleted one's space comes back). */
+        b->checkpoint = build_checkpoint_free(b->checkpoint);
         if (r < 0) {
                 State *state = builder->state;
                 draft_abandon_made(d, id);
@@ -458,6 +466,7 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
                 (void) build_progress_start(d->builder.progress, id, d->progress_tag,
                                             d->state->plan.resolved.family,
                                             draft_fill_bytes(d->state), &progress);
+        build_progress_reading(progress, d->state->checkpoint_bytes);
         free(d->progress_tag);
         d->progress_tag = NULL;
         r = draft_finish(d, id, progress, expired, userdata, ret, ret_error);

@@ -38,6 +38,7 @@
 #include "core/error.h"
 #include "core/manager.h"
 #include "shm/accel.h"
+#include "shm/checkpoint-deposit.h"
 #include "shm/shard-table.h"
 #include "state/state.h"
 
@@ -58,6 +59,9 @@ typedef struct Builder {
         BuildProgressTable *progress;
         /* The fill threads (build_fill_start()); NULL: each fill starts threads of its own. */
         BuildFill *fill;
+        /* Checkpoint files clients handed over on the shard socket; NULL: Builds from a
+         * checkpoint find no token. */
+        CheckpointDeposits *deposits;
 } Builder;
 
 /* ---- the fill threads (build-fill.c) ------------------------------------------------------ */
@@ -113,6 +117,8 @@ typedef struct BuildCounters {
         uint64_t fills_started;
         uint64_t bytes_filled;
         unsigned builds_in_grace;
+        uint64_t checkpoint_ranks;      /* ranks filled from a checkpoint */
+        uint64_t checkpoint_bytes_read; /* bytes read from checkpoints' files for them */
 } BuildCounters;
 void build_counters(const Builder *builder, BuildCounters *ret);
 

@@ -1,6 +1,7 @@
 /* codec-build.c: the Build messages: BuildRequest in, Build (provenance, layout, shards) out. */
 #include "core/build-plan.h"
 #include "codec-build.h"
+#include "core/checkpoint-source.h"
 #include "codec.h"
 #include "core/resource-limits.h"
 #include "core/validate.h"
@@ -203,6 +204,36 @@ int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, BuildRequest
                                     &req.parameter_dtypes, &req.n_parameter_dtypes, ret_error);
         if (r < 0)
                 return r;
+
+        if (pb->checkpoint) {
+                /* A token is 32 characters: a longer one is unknown as any other. */
+                r = codec_check_length(pb->checkpoint->token, FAMILYD_MAX_NAME_LENGTH,
+                                       "checkpoint.token", ret_error);
+                if (r >= 0)
+                        r = codec_check_length(pb->checkpoint->prefix, CHECKPOINT_TEMPLATE_MAX,
+                                               "checkpoint.prefix", ret_error);
+                if (r < 0)
+                        return r;
+                if (!isempty(pb->checkpoint->names) &&
+                    !streq(pb->checkpoint->names, "registry") &&
+                    !streq(pb->checkpoint->names, "parameters")) {
+                        r = codec_check_length(pb->checkpoint->names, FAMILYD_MAX_NAME_LENGTH,
+                                               "checkpoint.names", ret_error);
+                        if (r < 0)
+                                return r;
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                "BAD_REQUEST", "checkpoint.names",
+                                                "checkpoint.names must be \"registry\" or "
+                                                "\"parameters\", not '%s'",
+                                                pb->checkpoint->names);
+                }
+                req.checkpoint_by_parameter = streq_ptr(pb->checkpoint->names, "parameters");
+                req.has_checkpoint = true;
+                req.checkpoint_token = strdup(pb->checkpoint->token);
+                req.checkpoint_prefix = strdup(pb->checkpoint->prefix);
+                if (!req.checkpoint_token || !req.checkpoint_prefix)
+                        return -ENOMEM;
+        }
 
         *ret = req;
         req = (BuildRequest) {};
@@ -534,6 +565,8 @@ int codec_build_progress_encode(Arena *a, const CodecBuildProgress *p,
         pb->state = states[p->state];
         pb->bytes_filled = p->bytes_filled;
         pb->bytes_total = p->bytes_total;
+        pb->bytes_read = p->bytes_read;
+        pb->bytes_to_read = p->bytes_to_read;
         pb->bytes_per_second = p->bytes_per_second;
         pb->elapsed_ms = p->elapsed_ms;
         pb->started_unix_ms = p->started_unix_ms;

@@ -71,4 +71,6 @@ typedef struct CodecBuildProgress {
         uint64_t bytes_per_second;
         uint64_t elapsed_ms;
         int64_t started_unix_ms;
+        uint64_t bytes_read;    /* a Build from a checkpoint: read from its files so far */
+        uint64_t bytes_to_read; /* and in all; 0 for a seeded fill */
 } CodecBuildProgress;

@@ -13,6 +13,8 @@ int codec_shard_request_decode(const uint8_t *data, size_t size, ShardRequest *r
                 .tokens = (const char *const *) m->tokens,
                 .n_tokens = m->n_tokens,
                 .writable = m->writable,
+                .checkpoint_files = (const char *const *) m->checkpoint_files,
+                .n_checkpoint_files = m->n_checkpoint_files,
                 .message = m,
         };
         return 0;
@@ -34,6 +36,7 @@ static Familyd__V1__ShardFdReply reply_message(const ShardReply *r) {
         m.sizes = (uint64_t *) r->sizes;
         m.device_kinds = (char **) r->device_kinds;
         m.devices = (int32_t *) r->devices;
+        m.checkpoint_token = (char *) (r->checkpoint_token ? r->checkpoint_token : "");
         return m;
 }
 

@@ -10,6 +10,8 @@ typedef struct ShardRequest {
         const char *const *tokens;
         size_t n_tokens;
         bool writable;
+        const char *const *checkpoint_files; /* a checkpoint deposit: the files' names */
+        size_t n_checkpoint_files;
         void *message; /* the protobuf-c message the fields point into */
 } ShardRequest;
 
@@ -25,6 +27,7 @@ typedef struct ShardReply {
         const uint64_t *sizes;
         const char *const *device_kinds;
         const int32_t *devices;
+        const char *checkpoint_token; /* a deposit's answer, or NULL */
 } ShardReply;
 
 /* The packed size of the reply, and the reply packed into out (that many bytes). */

@@ -87,6 +87,8 @@ void build_request_done(BuildRequest *r) {
         materialize_options_done(&r->materialize);
         parameter_dtypes_free(r->parameter_dtypes, r->n_parameter_dtypes);
         value_map_done(&r->source_config);
+        free(r->checkpoint_token);
+        free(r->checkpoint_prefix);
         *r = (BuildRequest) {};
 }
 
@@ -111,6 +113,7 @@ static void plan_parameter_done(PlanParameter *p) {
         free(p->placements);
         free(p->init_text);
         free(p->dtype);
+        checkpoint_source_done(&p->checkpoint);
         *p = (PlanParameter) {};
 }
 
@@ -433,6 +436,12 @@ static int plan_parameter_start(const ParameterSpec *p, PlanParameter *out) {
                 out->dtype = strdup(p->dtype);
                 if (!out->dtype)
                         return -ENOMEM;
+        }
+        if (p->has_checkpoint) {
+                r = checkpoint_source_copy(&p->checkpoint, &out->checkpoint);
+                if (r < 0)
+                        return r;
+                out->has_checkpoint = true;
         }
         if (p->n_dims > 0) {
                 out->shape = calloc(p->n_dims, sizeof(int64_t));

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "checkpoint-source.h"
 #include "error.h"
 #include "fill.h"
 #include "mesh.h"
@@ -77,6 +78,11 @@ typedef struct BuildRequest {
         size_t n_parameter_dtypes;
         bool has_source_config; /* only with a module: the source module's config */
         ValueMap source_config;
+        /* BuildRequest.checkpoint: fill from a deposited checkpoint instead of the inits. */
+        bool has_checkpoint;
+        char *checkpoint_token;
+        char *checkpoint_prefix; /* "" for none */
+        bool checkpoint_by_parameter; /* CheckpointRef.names "parameters" */
 } BuildRequest;
 
 void build_request_done(BuildRequest *r);
@@ -117,6 +123,8 @@ typedef struct PlanParameter {
         bool init_resolved;
         char *init_text; /* the declared init, canonical text ("normal(mean=0, std=initializer_range)") */
         char *dtype;     /* the registry's dtype for it, canonical; NULL: none */
+        bool has_checkpoint;         /* the registry names its checkpoint tensors */
+        CheckpointSource checkpoint; /* a copy of the registry's */
 } PlanParameter;
 
 typedef struct BuildPlan {

@@ -98,8 +98,10 @@ static int part_source(const CheckpointSource *src, const CheckpointPart *part, 
         return 0;
 }
 
+/* Appends one box: per parameter axis, where it starts in the source (in the part's own
+ * coordinates), where it lands in the slice, and its extent. */
 static int block_add(CheckpointBlock **blocks, size_t *n, const PartSource *ps,
-                     const ParameterLayout *p, const ShardSlice *slice, const int64_t *from,
+                     const ParameterLayout *p, const int64_t *src_from, const int64_t *dst_at,
                      const int64_t *extent) {
         CheckpointBlock *b, *grown = realloc(*blocks, (*n + 1) * sizeof **blocks);
 
@@ -109,10 +111,10 @@ static int block_add(CheckpointBlock **blocks, size_t *n, const PartSource *ps,
         b = &grown[*n];
         *b = (CheckpointBlock) { .n_src_dims = ps->n_dims };
         for (size_t d = 0; d < p->n_dims; d++) {
-                b->dst_offset[d] = from[d] - slice->global_offset[d];
+                b->dst_offset[d] = dst_at[d];
                 b->src_axis[d] = ps->axis_of[d];
                 if (ps->axis_of[d] != CHECKPOINT_NO_AXIS) {
-                        b->src_offset[ps->axis_of[d]] = from[d];
+                        b->src_offset[ps->axis_of[d]] = src_from[d];
                         b->src_extent[ps->axis_of[d]] = extent[d];
                 }
         }
@@ -123,61 +125,113 @@ static int block_add(CheckpointBlock **blocks, size_t *n, const PartSource *ps,
         return 0;
 }
 
+/* Into how many pieces the mesh cuts dimension d: the product of the sizes of the axes that
+ * shard it (nested shards multiply), 1 when none does. */
+static int64_t shard_count(const ParameterLayout *p, int64_t d) {
+        int64_t g = 1;
+
+        for (size_t i = 0; i < p->n_placements; i++)
+                if (p->placements[i].kind == PLACEMENT_SHARD && p->placements[i].dim == d)
+                        g *= p->axis_size[i];
+        return g;
+}
+
+/* Checks the parts of a concatenated source against the parameter: their extents along the
+ * concat dimension add up to the parameter's, and each splits into g equal groups. */
+static int concat_check(const CheckpointSource *src, const ParameterLayout *p,
+                        const PartSource *ps, int64_t g, FamilyError *ret_error) {
+        int64_t total = 0, cd = src->concat_dim;
+
+        for (size_t i = 0; i < src->n_parts; i++)
+                total += ps[i].shape[ps[i].axis_of[cd]];
+        if (total != p->shape[cd])
+                return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                        "CHECKPOINT_SHAPE", NULL,
+                                        "parameter '%s': its %zu checkpoint tensors joined along "
+                                        "dimension %" PRId64 " have %" PRId64 ", not %" PRId64,
+                                        p->name, src->n_parts, cd, total, p->shape[cd]);
+        for (size_t i = 0; i < src->n_parts; i++) {
+                int64_t e = ps[i].shape[ps[i].axis_of[cd]];
+                if (e % g != 0)
+                        return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
+                                                "CHECKPOINT_SHAPE", NULL,
+                                                "parameter '%s': checkpoint tensor '%s' has %"
+                                                PRId64 " along the concatenated dimension %"
+                                                PRId64 ", which the mesh shards into %" PRId64
+                                                " pieces; each part must split evenly into them",
+                                                p->name, ps[i].name, e, cd, g);
+        }
+        return 0;
+}
+
+/*
+ * The runs of a concatenated source that fill [lo, hi) of the concat dimension. The dimension
+ * is g groups of G = extent / g; group k is each part's k-th 1/g in order (part i gives c_i =
+ * extent_i / g rows, from row k * c_i of its tensor). With g = 1 this is the plain join.
+ */
+static int plan_concat(const CheckpointSource *src, const ParameterLayout *p,
+                       const ShardSlice *slice, const PartSource *ps, int64_t g,
+                       int64_t *src_from, int64_t *dst_at, int64_t *extent,
+                       CheckpointBlock **blocks, size_t *n_blocks) {
+        int64_t cd = src->concat_dim, G = p->shape[cd] / g;
+        int64_t lo = slice->global_offset[cd], hi = lo + slice->local_shape[cd];
+        int r;
+
+        if (G == 0) /* an empty dimension: a slice of it is empty too */
+                return 0;
+        for (int64_t k = lo / G; k < g && k * G < hi; k++) {
+                int64_t at = k * G;
+                for (size_t i = 0; i < src->n_parts; i++) {
+                        int64_t c = ps[i].shape[ps[i].axis_of[cd]] / g;
+                        int64_t a = lo > at ? lo : at, b = hi < at + c ? hi : at + c;
+                        if (a < b) {
+                                src_from[cd] = k * c + (a - at);
+                                dst_at[cd] = a - lo;
+                                extent[cd] = b - a;
+                                r = block_add(blocks, n_blocks, &ps[i], p, src_from, dst_at,
+                                              extent);
+                                if (r < 0)
+                                        return r;
+                        }
+                        at += c;
+                }
+        }
+        return 0;
+}
+
 /* One stack index (or the one tensor set of an unstacked source). */
 static int plan_index(const CheckpointSource *src, const char *prefix, const ParameterLayout *p,
                       const ShardSlice *slice, int64_t index, CheckpointShapeFunc shape_of,
                       void *userdata, CheckpointBlock **blocks, size_t *n_blocks,
                       FamilyError *ret_error) {
         PartSource ps[CHECKPOINT_PARTS_MAX] = {};
-        int64_t from[FAMILYD_MAX_SHAPE_RANK], extent[FAMILYD_MAX_SHAPE_RANK], at = 0;
+        int64_t src_from[FAMILYD_MAX_SHAPE_RANK], dst_at[FAMILYD_MAX_SHAPE_RANK],
+                extent[FAMILYD_MAX_SHAPE_RANK], g = 1;
         int r = 0;
 
         for (size_t i = 0; r >= 0 && i < src->n_parts; i++)
                 r = part_source(src, &src->parts[i], prefix, p, index, shape_of, userdata, &ps[i],
                                 ret_error);
         if (r >= 0 && src->concat) {
-                int64_t total = 0, cd = src->concat_dim;
-                for (size_t i = 0; i < src->n_parts; i++)
-                        total += ps[i].shape[ps[i].axis_of[cd]];
-                if (total != p->shape[cd])
-                        r = family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
-                                             "CHECKPOINT_SHAPE", NULL,
-                                             "parameter '%s': its %zu checkpoint tensors joined "
-                                             "along dimension %" PRId64 " have %" PRId64 ", not %"
-                                             PRId64, p->name, src->n_parts, cd, total,
-                                             p->shape[cd]);
+                g = shard_count(p, src->concat_dim);
+                r = concat_check(src, p, ps, g, ret_error);
         }
-        for (size_t i = 0; r >= 0 && i < src->n_parts; i++) {
-                int64_t part_extent = src->concat ? ps[i].shape[ps[i].axis_of[src->concat_dim]] : 0;
-                bool skip = false;
+        if (r >= 0) {
                 for (size_t d = 0; d < p->n_dims; d++) {
-                        from[d] = slice->global_offset[d];
+                        src_from[d] = slice->global_offset[d];
+                        dst_at[d] = 0;
                         extent[d] = slice->local_shape[d];
                         if (src->stack && (int64_t) d == src->stack_dim) {
-                                from[d] = index;
+                                src_from[d] = index;
+                                dst_at[d] = index - slice->global_offset[d];
                                 extent[d] = 1;
-                        } else if (src->concat && (int64_t) d == src->concat_dim) {
-                                /* The part covers [at, at + part_extent) of the dimension. */
-                                int64_t lo = from[d] > at ? from[d] : at;
-                                int64_t hi = from[d] + extent[d] < at + part_extent
-                                                     ? from[d] + extent[d] : at + part_extent;
-                                skip = hi <= lo;
-                                from[d] = lo, extent[d] = hi - lo;
                         }
                 }
-                if (!skip) {
-                        /* In the part's coordinates along the concat dimension. */
-                        int64_t saved = 0;
-                        if (src->concat) {
-                                saved = from[src->concat_dim];
-                                from[src->concat_dim] -= at;
-                        }
-                        r = block_add(blocks, n_blocks, &ps[i], p, slice, from, extent);
-                        if (r >= 0 && src->concat)
-                                (*blocks)[*n_blocks - 1].dst_offset[src->concat_dim] =
-                                        saved - slice->global_offset[src->concat_dim];
-                }
-                at += part_extent;
+                if (src->concat)
+                        r = plan_concat(src, p, slice, ps, g, src_from, dst_at, extent, blocks,
+                                        n_blocks);
+                else
+                        r = block_add(blocks, n_blocks, &ps[0], p, src_from, dst_at, extent);
         }
         for (size_t i = 0; i < src->n_parts; i++)
                 free(ps[i].name);

@@ -19,13 +19,21 @@
  * local coordinates, and which source axis each of the parameter's axes reads: a transpose
  * swaps the last two; a stacked axis reads none, extent 1). A reader then turns boxes into byte
  * ranges (a box's innermost rows are contiguous in the file), reads them once, converts the
- * dtype and scatters. Concatenated parts cover consecutive ranges of the concat dimension, so
- * the slice's range along it meets each part in at most one box.
+ * dtype and scatters.
+ *
+ * Concatenated sources are sharded before they are joined. When the mesh cuts the concat
+ * dimension into g pieces (the product of the sizes of the parameter's axes that shard it; 1
+ * when none does), that dimension is g equal groups, and group k is each part's k-th 1/g in
+ * order: a tp rank's fused q/k/v block is [q_r; k_r; v_r], what the model's own sharded modules
+ * hold, not a slice of the fused tensor. With g = 1 it is the plain join. The slice's range along
+ * the concat dimension (any range: nested or hand-made slices may span groups) becomes runs of
+ * (part, rows of that part, where they land), one box each, in the order of the dimension.
  *
  * Refused, with the tensor's and the parameter's names: a tensor the checkpoint lacks
  * (NOT_FOUND, CHECKPOINT_TENSOR_MISSING), one of another rank or shape than the parameter needs,
- * or concatenated parts whose extents do not add up to the parameter's (FAILED_PRECONDITION,
- * CHECKPOINT_SHAPE).
+ * concatenated parts whose extents do not add up to the parameter's, or a part whose extent
+ * along a sharded concat dimension is not a multiple of g (FAILED_PRECONDITION,
+ * CHECKPOINT_SHAPE; every rank refuses alike, whichever parts its slice meets).
  */
 
 #define CHECKPOINT_NO_AXIS SIZE_MAX

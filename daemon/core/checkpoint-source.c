@@ -139,3 +139,29 @@ int checkpoint_source_make_text(CheckpointSource *s) {
         s->text = TAKE_PTR(text);
         return 0;
 }
+
+int checkpoint_source_copy(const CheckpointSource *s, CheckpointSource *ret) {
+        _cleanup_(checkpoint_source_done) CheckpointSource c = {
+                .concat = s->concat,
+                .concat_dim = s->concat_dim,
+                .stack = s->stack,
+                .stack_dim = s->stack_dim,
+        };
+
+        c.parts = calloc(s->n_parts ? s->n_parts : 1, sizeof *c.parts);
+        if (!c.parts)
+                return -ENOMEM;
+        for (size_t i = 0; i < s->n_parts; i++) {
+                c.parts[i].transpose = s->parts[i].transpose;
+                c.parts[i].tensor = strdup(s->parts[i].tensor);
+                if (!c.parts[i].tensor)
+                        return -ENOMEM;
+                c.n_parts++;
+        }
+        if ((s->stack_key && !(c.stack_key = strdup(s->stack_key))) ||
+            (s->text && !(c.text = strdup(s->text))))
+                return -ENOMEM;
+        *ret = c;
+        c = (CheckpointSource) {};
+        return 0;
+}

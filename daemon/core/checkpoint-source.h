@@ -21,9 +21,10 @@
  *                       tensor (or, with stack, one per index) whose extent along dim is its own.
  *
  * The plan (checkpoint-plan.h) fills a slice of the joined tensor. When a mesh shards a
- * concatenated dimension, each part is to be sharded on its own, so that a rank's block is its
- * parts' shards joined (a tp rank's fused q/k/v block is [q_r; k_r; v_r], not a slice of the
- * fused tensor): the layout gives such a rank one slice per part, each planned alone.
+ * concatenated dimension into g pieces, each part is sharded on its own before the join, so
+ * that a rank's block is its parts' shards joined (a tp rank's fused q/k/v block is
+ * [q_r; k_r; v_r], not a slice of the fused tensor): the plan reads the dimension as g groups,
+ * group k being each part's k-th 1/g in order (checkpoint-plan.h).
  */
 
 #define CHECKPOINT_TEMPLATE_MAX 1024 /* a safetensors name's limit */
@@ -46,6 +47,8 @@ typedef struct CheckpointSource {
 } CheckpointSource;
 
 void checkpoint_source_done(CheckpointSource *s);
+/* A deep copy of s into *ret. */
+int checkpoint_source_copy(const CheckpointSource *s, CheckpointSource *ret);
 
 /*
  * Checks a template: only {prefix} and {KEY} (stack_key, when not NULL) between braces, each

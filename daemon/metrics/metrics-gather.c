@@ -141,6 +141,13 @@ int metrics_snapshot_gather(const MetricsSources *src, MetricsSnapshot *ret) {
         build_counters(src->builder, &counters);
         ret->builds_in_grace = counters.builds_in_grace;
         ret->fills_started = counters.fills_started;
+        ret->checkpoint_ranks = counters.checkpoint_ranks;
+        ret->checkpoint_bytes_read = counters.checkpoint_bytes_read;
+        if (src->builder && src->builder->deposits) {
+                CheckpointDepositCounters dc;
+                checkpoint_deposits_counters(src->builder->deposits, &dc);
+                ret->checkpoint_deposits = (unsigned) dc.deposits;
+        }
         gather_fills(src->builder, ret);
         gather_shard_socket(src->shard_server, ret);
 

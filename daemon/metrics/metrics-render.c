@@ -122,6 +122,13 @@ static void render_builds(Text *t, const MetricsSnapshot *s) {
                  "Builds that nothing holds, waiting out their grace period.",
                  s->builds_in_grace);
         text_u64(t, "familyd_fills_total", "counter", "Shard fills started.", s->fills_started);
+        text_u64(t, "familyd_checkpoint_ranks_total", "counter",
+                 "Ranks whose shards were read from a checkpoint.", s->checkpoint_ranks);
+        text_u64(t, "familyd_checkpoint_read_bytes_total", "counter",
+                 "Bytes read from checkpoint files into shards (each byte a shard needs, once).",
+                 s->checkpoint_bytes_read);
+        text_u64(t, "familyd_checkpoint_deposits", "gauge",
+                 "Checkpoint deposits held for Builds (shard socket).", s->checkpoint_deposits);
         text_family(t, "familyd_materialized_bytes_total", "counter",
                     "Bytes of shards materialised, by the kind of device that holds them.");
         for (unsigned k = 0; k < METRICS_DEVICE_KINDS; k++)

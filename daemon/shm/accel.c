@@ -287,6 +287,21 @@ int accel_fill_slices(Accel *a, ShardSegment *seg, const MaterializeSlice *slice
         return fill_counted(a, seg, slices, n, bytes, ret_error);
 }
 
+int accel_write(Accel *a, ShardSegment *seg, uint64_t offset, const void *src, size_t size,
+                FamilyError *ret_error) {
+        uint8_t *base = shard_segment_data(seg);
+
+        if (base) {
+                if (size > shard_segment_size(seg) || offset > shard_segment_size(seg) - size)
+                        return -EINVAL;
+                memcpy(base + offset, src, size);
+                return 0;
+        }
+        if (!a || !a->cuda || shard_segment_is_host(seg) || !a->cuda->ops->write)
+                return -EINVAL;
+        return a->cuda->ops->write(a->cuda, seg, offset, src, size, ret_error);
+}
+
 void accel_fill_counters(const Accel *a, AccelFillCounters *ret) {
         *ret = (AccelFillCounters) {};
         if (!a)

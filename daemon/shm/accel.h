@@ -70,6 +70,10 @@ int accel_segment_new(Accel *a, int32_t device, const char *name, uint64_t size,
 int accel_fill(Accel *a, ShardSegment *seg, const BuildPlan *plan, const Layout *layout,
                const RankLayout *rank, Dtype dtype, uint64_t seed, FamilyError *ret_error);
 /* The same for slices made already (materialize_slices()). */
+/* Copies size bytes of host memory src to offset of seg: through the daemon's mapping of a
+ * host segment, with the device's copy for a GPU one. */
+int accel_write(Accel *a, ShardSegment *seg, uint64_t offset, const void *src, size_t size,
+                FamilyError *ret_error);
 int accel_fill_slices(Accel *a, ShardSegment *seg, const MaterializeSlice *slices, size_t n,
                       FamilyError *ret_error);
 

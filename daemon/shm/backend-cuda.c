@@ -403,6 +403,30 @@ static int cuda_fill(ShardBackend *b, ShardSegment *seg, const MaterializeSlice 
         return r;
 }
 
+static int cuda_write(ShardBackend *b, ShardSegment *seg, uint64_t offset, const void *src,
+                      size_t size, FamilyError *ret_error) {
+        CudaBackend *c = cuda_of(b);
+        CudaMemory *m = shard_segment_device_memory(seg);
+        CudaView view = {};
+        CudaResult cr;
+        int r;
+
+        if (!m || m->backend != c || size > m->size || offset > m->size - size)
+                return -EINVAL;
+        int device = m->ordinal;
+        cr = gpu_enter(c, &c->gpus[device]);
+        if (cr != 0)
+                return cuda_fail(c, device, "cuCtxSetCurrent", cr, ret_error);
+        r = view_map(c, device, m->handle, m->size, &view, ret_error);
+        if (r >= 0) {
+                cr = c->driver.memcpy_htod(view.va + offset, src, size);
+                if (cr != 0)
+                        r = cuda_fail(c, device, "cuMemcpyHtoD", cr, ret_error);
+        }
+        view_unmap(c, device, &view);
+        return r;
+}
+
 /* ---- opening and closing ---------------------------------------------------------------- */
 
 static void cuda_free(ShardBackend *b) {
@@ -429,6 +453,7 @@ static const ShardBackendOps cuda_ops = {
         .check_device = cuda_check_device,
         .segment_new = cuda_segment_new,
         .fill = cuda_fill,
+        .write = cuda_write,
         .free = cuda_free,
 };
 

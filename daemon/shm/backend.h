@@ -34,6 +34,10 @@ typedef struct ShardBackendOps {
         /* Writes slices (byte offsets from the segment's start) into seg. */
         int (*fill)(ShardBackend *b, ShardSegment *seg, const MaterializeSlice *slices, size_t n,
                     FamilyError *ret_error);
+        /* Copies size bytes of host memory src to offset of seg (a checkpoint's bytes); NULL
+         * where the daemon writes seg through its own mapping (host memory). */
+        int (*write)(ShardBackend *b, ShardSegment *seg, uint64_t offset, const void *src,
+                     size_t size, FamilyError *ret_error);
         void (*free)(ShardBackend *b);
 } ShardBackendOps;
 

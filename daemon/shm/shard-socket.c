@@ -73,6 +73,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "checkpoint-deposit.h"
 #include "peer-cred.h"
 #include "codec/codec-shard.h"
 #include "common/log.h"
@@ -91,6 +92,8 @@
 #define UNREAD_RECHECK_USEC (SHARD_SOCKET_UNREAD_RECHECK_MS * 1000u)
 /* Timers fire within this of their deadline (sd-event's default, 250 ms, would stretch them). */
 #define SHARD_SOCKET_TIMER_ACCURACY_USEC 1000u
+/* Idle checkpoint deposits are looked for this often (their descriptors keep files alive). */
+#define SHARD_SOCKET_DEPOSIT_SWEEP_MS 5000u
 
 
 typedef struct Connection Connection;
@@ -119,6 +122,9 @@ struct Connection {
         size_t n_out, n_sent;
         int fds[SHARD_SOCKET_MAX_TOKENS];
         size_t n_fds;
+        /* Descriptors that came with the frame being read (a checkpoint deposit's). */
+        int in_fds[SHARD_SOCKET_MAX_TOKENS];
+        size_t n_in_fds;
         bool close_after_reply;
         /* Descriptors we sent may be unread by the peer: no frame is read (see DESIGN). */
         bool unread_fds;
@@ -141,6 +147,8 @@ struct ShardServer {
         sd_event_source *expire;        /* at or before the earliest deadline */
         sd_event_source *recheck;       /* on while a connection has unread_fds */
         sd_event_source *accept_resume; /* on while accepting pauses */
+        sd_event_source *sweep;         /* drops idle checkpoint deposits */
+        _Atomic(CheckpointDeposits *) deposits; /* NULL: deposits are refused */
         pthread_t thread;
         bool thread_started;
         atomic_uint idle_timeout_ms;
@@ -207,6 +215,12 @@ static void connection_drop_reply(Connection *c) {
         c->n_out = c->n_sent = 0;
 }
 
+static void connection_drop_in_fds(Connection *c) {
+        for (size_t i = 0; i < c->n_in_fds; i++)
+                safe_close(c->in_fds[i]);
+        c->n_in_fds = 0;
+}
+
 static void connection_free(ShardServer *s, Connection *c) {
         if (c->prev)
                 c->prev->next = c->next;
@@ -218,6 +232,7 @@ static void connection_free(ShardServer *s, Connection *c) {
         atomic_store_explicit(&s->open_connections, s->n_connections, memory_order_relaxed);
 
         connection_drop_reply(c);
+        connection_drop_in_fds(c);
         free(c->body);
         sd_event_source_disable_unref(c->io);
         safe_close(c->fd);
@@ -416,6 +431,71 @@ static int connection_answer(ShardServer *s, Connection *c, const ShardRequest *
         return connection_queue_reply(c, &reply, fds, n_fds);
 }
 
+/* A checkpoint deposit (checkpoint-deposit.h): the frame's descriptors, one per name, kept
+ * under a new token. The descriptors are taken (closed on every refusal). */
+static int connection_deposit(ShardServer *s, Connection *c, const ShardRequest *req) {
+        CheckpointDeposits *deposits = atomic_load(&s->deposits);
+        _cleanup_(checkpoint_files_done) CheckpointFiles files = {};
+        size_t n = c->n_in_fds;
+        char message[320];
+        ShardToken token;
+        int r;
+
+        files.fds = calloc(n ? n : 1, sizeof(int));
+        files.names = calloc(n ? n : 1, sizeof(char *));
+        if (!files.fds || !files.names) {
+                connection_drop_in_fds(c);
+                return connection_queue_error(c, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                              "the daemon is out of memory");
+        }
+        memcpy(files.fds, c->in_fds, n * sizeof(int));
+        files.n = n;
+        c->n_in_fds = 0;
+
+        if (!deposits)
+                return connection_queue_error(c, FAMILY_STATUS_FAILED_PRECONDITION,
+                                              "this shard socket takes no checkpoint deposits");
+        if (req->n_tokens > 0 || req->writable || req->n_checkpoint_files != n) {
+                (void) snprintf(message, sizeof message,
+                                "a checkpoint deposit names %zu files and carries %zu "
+                                "descriptors%s; send one descriptor per name, and no tokens",
+                                req->n_checkpoint_files, n,
+                                req->n_tokens > 0 ? " with shard tokens" : "");
+                return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT, message);
+        }
+        for (size_t i = 0; i < n; i++) {
+                r = checkpoint_deposit_check_file(files.fds[i], req->checkpoint_files[i],
+                                                  message, sizeof message);
+                if (r < 0)
+                        return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT,
+                                                      message);
+                files.names[i] = strdup(req->checkpoint_files[i]);
+                if (!files.names[i])
+                        return connection_queue_error(c, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                                      "the daemon is out of memory");
+        }
+        r = checkpoint_deposits_add(deposits, c->uid, &files, &token);
+        if (r == -EUSERS) {
+                (void) snprintf(message, sizeof message,
+                                "this user holds as many checkpoint deposits as one user may "
+                                "(%u, with %u descriptors in all); they are dropped %u s "
+                                "after their last Build",
+                                CHECKPOINT_DEPOSITS_PER_UID, CHECKPOINT_DEPOSIT_MAX_FDS_PER_UID,
+                                CHECKPOINT_DEPOSIT_IDLE_MS / 1000u);
+                return connection_queue_error(c, FAMILY_STATUS_RESOURCE_EXHAUSTED, message);
+        }
+        if (r == -ENOSPC)
+                return connection_queue_error(c, FAMILY_STATUS_RESOURCE_EXHAUSTED,
+                                              "the daemon holds as many checkpoint deposits "
+                                              "as it takes; try again later");
+        if (r < 0)
+                return connection_queue_error(c, FAMILY_STATUS_INTERNAL,
+                                              "failed to keep the checkpoint deposit");
+        ShardReply reply = { .code = FAMILY_STATUS_OK, .message = "",
+                             .checkpoint_token = token.hex };
+        return connection_queue_reply(c, &reply, NULL, 0);
+}
+
 /* Handles one complete frame: 0, with a reply queued. */
 static int connection_handle_frame(ShardServer *s, Connection *c, const uint8_t *data,
                                    size_t size) {
@@ -426,10 +506,13 @@ static int connection_handle_frame(ShardServer *s, Connection *c, const uint8_t 
         if (r < 0) {
                 log_debug("Shard socket: a frame is not a ShardFdRequest, closing the connection");
                 c->close_after_reply = true;
+                connection_drop_in_fds(c);
                 return connection_queue_error(c, FAMILY_STATUS_INVALID_ARGUMENT,
                                               "frame could not be decoded as "
                                               "familyd.v1.ShardFdRequest");
         }
+        if (req.n_checkpoint_files > 0 || c->n_in_fds > 0)
+                return connection_deposit(s, c, &req);
         return connection_answer(s, c, &req);
 }
 
@@ -516,6 +599,53 @@ static int connection_flush(ShardServer *s, Connection *c) {
 
 /* Reads and handles frames until the socket is empty, a reply is waiting for room, or the
  * per-wakeup quota is used. 0; -ECONNRESET on EOF; another negative errno: close. */
+/*
+ * read() of a frame's bytes, keeping the descriptors that ride with them (a checkpoint
+ * deposit's): at most SHARD_SOCKET_MAX_TOKENS per frame. More, or a control message cut short
+ * (the kernel closed what did not fit), is -EPROTO: the connection is closed. Otherwise as
+ * read(), with errno set.
+ */
+static ssize_t connection_recv(Connection *c, void *buf, size_t len) {
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * SHARD_SOCKET_MAX_TOKENS)];
+        } control;
+        struct iovec iov = { .iov_base = buf, .iov_len = len };
+        struct msghdr mh = {
+                .msg_iov = &iov,
+                .msg_iovlen = 1,
+                .msg_control = control.buf,
+                .msg_controllen = sizeof control.buf,
+        };
+        bool bad = false;
+        ssize_t k;
+
+        k = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (k < 0)
+                return k;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                        continue;
+                size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < n; i++) {
+                        int fd;
+                        memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+                        if (c->n_in_fds < SHARD_SOCKET_MAX_TOKENS)
+                                c->in_fds[c->n_in_fds++] = fd;
+                        else {
+                                safe_close(fd);
+                                bad = true;
+                        }
+                }
+        }
+        if (bad || (mh.msg_flags & MSG_CTRUNC)) {
+                log_debug("Shard socket: more descriptors than %u came with a frame, closing "
+                          "the connection", SHARD_SOCKET_MAX_TOKENS);
+                return -EPROTO;
+        }
+        return k;
+}
+
 static int connection_read(ShardServer *s, Connection *c) {
         for (unsigned frames = 0; frames < SHARD_SOCKET_FRAMES_PER_WAKEUP;) {
                 ssize_t k;
@@ -524,10 +654,12 @@ static int connection_read(ShardServer *s, Connection *c) {
                         return 0;
 
                 if (c->n_header < SHARD_SOCKET_FRAME_HEADER)
-                        k = read(c->fd, c->header + c->n_header,
-                                 SHARD_SOCKET_FRAME_HEADER - c->n_header);
+                        k = connection_recv(c, c->header + c->n_header,
+                                            SHARD_SOCKET_FRAME_HEADER - c->n_header);
                 else
-                        k = read(c->fd, c->body + c->n_body, c->body_size - c->n_body);
+                        k = connection_recv(c, c->body + c->n_body, c->body_size - c->n_body);
+                if (k == -EPROTO)
+                        return -EPROTO;
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -660,6 +792,17 @@ static int on_expire(sd_event_source *source, uint64_t usec, void *userdata) {
         }
         if (next != UINT64_MAX)
                 timer_set(source, next);
+        return 0;
+}
+
+/* Every SHARD_SOCKET_DEPOSIT_SWEEP_MS: idle checkpoint deposits go (checkpoint-deposit.h). */
+static int on_sweep(sd_event_source *source, uint64_t usec, void *userdata) {
+        ShardServer *s = userdata;
+        CheckpointDeposits *deposits = atomic_load(&s->deposits);
+
+        if (deposits)
+                checkpoint_deposits_sweep(deposits);
+        timer_set(source, loop_now(s) + SHARD_SOCKET_DEPOSIT_SWEEP_MS * 1000u);
         return 0;
 }
 
@@ -891,6 +1034,10 @@ static int shard_server_start(ShardServer *s) {
                 r = timer_new(s, &s->recheck, on_recheck);
         if (r >= 0)
                 r = timer_new(s, &s->accept_resume, on_accept_resume);
+        if (r >= 0)
+                r = timer_new(s, &s->sweep, on_sweep);
+        if (r >= 0)
+                timer_set(s->sweep, SHARD_SOCKET_DEPOSIT_SWEEP_MS * 1000u);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the shard socket's timers: %m");
 
@@ -925,6 +1072,7 @@ ShardServer *shard_server_free(ShardServer *s) {
         sd_event_source_disable_unref(s->expire);
         sd_event_source_disable_unref(s->recheck);
         sd_event_source_disable_unref(s->accept_resume);
+        sd_event_source_disable_unref(s->sweep);
         sd_event_unref(s->event);
         if (s->path)
                 (void) unlink(s->path);
@@ -949,6 +1097,10 @@ void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n) {
 
 void shard_server_set_unread_timeout(ShardServer *s, unsigned msec) {
         atomic_store(&s->unread_timeout_ms, msec > 0 ? msec : SHARD_SOCKET_UNREAD_TIMEOUT_MS);
+}
+
+void shard_server_set_checkpoint_deposits(ShardServer *s, CheckpointDeposits *deposits) {
+        atomic_store(&s->deposits, deposits);
 }
 
 void shard_server_set_admin_gid(ShardServer *s, gid_t gid) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include "common/macro.h"
+#include "checkpoint-deposit.h"
 #include "shard-table.h"
 
 /* Client-controlled resources of the shard socket (proto/familyd/v1/shard.proto). */
@@ -57,5 +58,8 @@ void shard_server_set_max_connections_per_uid(ShardServer *s, unsigned n);
 void shard_server_set_unread_timeout(ShardServer *s, unsigned msec);
 /* Members of gid (--admin-group) map any build's shards, as root does; (gid_t) -1: none. */
 void shard_server_set_admin_gid(ShardServer *s, gid_t gid);
+/* Checkpoint deposits (ShardFdRequest.checkpoint_files) go to deposits, which must outlive s;
+ * NULL (the default): refused. */
+void shard_server_set_checkpoint_deposits(ShardServer *s, CheckpointDeposits *deposits);
 /* Any thread, while s lives: relaxed reads of the counters the socket's thread bumps. */
 void shard_server_counters(ShardServer *s, ShardServerCounters *ret);

@@ -47,6 +47,7 @@ static const uint64_t segment_sizes[FUZZ_N_SEGMENTS] = { 4096, 8192, 4096 };
 static char *fuzz_dir, *fuzz_path;
 static ShardTable *table;
 static ShardServer *server;
+static CheckpointDeposits *deposits;
 static ShardSegment *segments[FUZZ_N_SEGMENTS];
 static ShardToken tokens[FUZZ_N_SEGMENTS];
 
@@ -61,6 +62,7 @@ typedef struct Expect {
 
 static void cleanup(void) {
         server = shard_server_free(server);
+        deposits = checkpoint_deposits_free(deposits);
         for (size_t i = 0; i < FUZZ_N_SEGMENTS; i++)
                 segments[i] = shard_segment_unref(segments[i]);
         table = shard_table_unref(table);
@@ -95,8 +97,12 @@ static void setup(void) {
         }
         if (shard_table_remove_group(table, "bld-gone") != 1)
                 abort();
-        if (shard_server_new(fuzz_path, table, &server) < 0)
+        if (shard_server_new(fuzz_path, table, &server) < 0 ||
+            checkpoint_deposits_new(&deposits) < 0)
                 abort();
+        /* Deposits are served: a frame naming checkpoint files carries no descriptors here, so
+         * it is refused for the count (descriptors are test_checkpoint_build.py's). */
+        shard_server_set_checkpoint_deposits(server, deposits);
         atexit(cleanup);
 }
 
@@ -139,7 +145,7 @@ static size_t model(const uint8_t *buf, size_t n, Expect **ret) {
                         x->code = 3; /* INVALID_ARGUMENT, then closed */
                         break;
                 }
-                if (req->n_tokens > SHARD_SOCKET_MAX_TOKENS)
+                if (req->n_tokens > SHARD_SOCKET_MAX_TOKENS || req->n_checkpoint_files > 0)
                         x->code = 3;
                 else
                         for (size_t i = 0; i < req->n_tokens && x->code == 0; i++) {

@@ -88,6 +88,52 @@ class ShardClient:
         return reply, fds
 
 
+    def deposit(self, names, fds, tokens=(), split=False):
+        """(ShardFdReply, []) for a checkpoint deposit: names and the descriptors (the caller's
+        still) ride in one frame, SCM_RIGHTS on its first bytes; with split, on the body's
+        first bytes, the header sent alone first."""
+        req = self.protos.cls("familyd.v1.ShardFdRequest")()
+        req.checkpoint_files.extend(names)
+        req.tokens.extend(tokens)
+        payload = req.SerializeToString()
+        frame = struct.pack("<I", len(payload)) + payload
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] \
+            if fds else []
+        if split:
+            self.sock.sendall(frame[:HEADER])
+            frame = frame[HEADER:]
+        sent = self.sock.sendmsg([frame], anc)
+        if sent < len(frame):
+            self.sock.sendall(frame[sent:])
+        payload, got = self.recv_frame()
+        return self.protos.cls("familyd.v1.ShardFdReply").FromString(payload), got
+
+
+def checkpoint_files(path):
+    """The files a client deposits for PATH (a file; or a directory's *.index.json and every
+    *.safetensors in it, sorted): [(base name, full path)]."""
+    if os.path.isfile(path):
+        return [(os.path.basename(path), path)]
+    names = sorted(n for n in os.listdir(path)
+                   if n.endswith(".index.json") or n.endswith(".safetensors"))
+    return [(n, os.path.join(path, n)) for n in names]
+
+
+def deposit(sock_path, protos, path):
+    """Opens PATH's files here, with this process's rights, and deposits them: the token."""
+    files = checkpoint_files(path)
+    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for _, p in files]
+    try:
+        with ShardClient(sock_path, protos) as sc:
+            reply, _ = sc.deposit([n for n, _ in files], fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if reply.code != 0:
+        raise RuntimeError("deposit refused (%d): %s" % (reply.code, reply.message))
+    return reply.checkpoint_token
+
+
 def fetch(path, protos, tokens, writable=False):
     """One connection, one request: (reply, fds)."""
     with ShardClient(path, protos) as sc:

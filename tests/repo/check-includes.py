@@ -51,8 +51,9 @@ SYSTEM = [
      "libsystemd belongs to sd/ and the shell"),
     (re.compile(r"^hwloc"), {"hw"}, "hwloc belongs to hw/"),
     (re.compile(r"^microhttpd\.h$"), {"metrics"}, "libmicrohttpd belongs to metrics/"),
-    (re.compile(r"^sodium"), {"codec", "peer"},
-     "libsodium belongs to codec/ (the registry digest) and peer/ (the cluster key)"),
+    (re.compile(r"^sodium"), {"codec", "peer", "build"},
+     "libsodium belongs to codec/ (the registry digest), peer/ (the cluster key) and build/ "
+     "(a checkpoint's identity)"),
     (re.compile(r"^yaml\.h$"), {"core"}, "libyaml belongs to the registry loader in core/"),
     (re.compile(r"^jansson\.h$"), {"common", "client"},
      "jansson belongs to the safetensors format (common/safetensors.c) and familyctl"),
