@@ -12,6 +12,13 @@ build(checkpoint=...), familyd.torch.build_module(checkpoint=...), load_pretrain
    proto alone: one frame ShardFdRequest{checkpoint_files} whose first bytes carry one
    descriptor per name, in order, as SCM_RIGHTS, each the named file open read-only; the
    client keeps no descriptor after the answer; a refusal is a ShardError.
+3. With the real daemon (deploy/registry): a deposit's token, the token cache (one deposit per
+   path while its files are the same; a changed file deposits again; a token the daemon does not
+   know is deposited again and the Build asked once more), Build's errors for an unknown token
+   (NOT_FOUND CHECKPOINT_TOKEN) and a checkpoint without materialize (INVALID_ARGUMENT
+   BINDING), tensors named as the member's parameters (checkpoint_names="parameters"), and
+   build_module(checkpoint=PATH, checkpoint_prefix="model.layers.0.mlp") whose parameters are
+   the checkpoint's tensors.
 """
 
 import array
@@ -285,6 +292,142 @@ class Wire(unittest.TestCase):
             S.deposit_checkpoint(peer.path, self.dir)
         peer.close()
         self.assertIn("without a checkpoint token", str(cm.exception))
+
+
+class Daemon(unittest.TestCase):
+    """The real daemon. A uid holds at most 16 deposits: this class makes 7."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = H.Daemon(registry=REGISTRY, host_devices=2, node_name="itest-ckpt-deposit",
+                         protos=P)
+        cls.d.start()
+        cls.client = familyd.Client(cls.d.socket, shard_socket=cls.d.shard_socket)
+        cls.tensors = CF.llama_tensors(CONFIG, layers=1, seed=3)
+        cls.ckpt = os.path.join(TMP, "daemon-ckpt")
+        CF.write_checkpoint(cls.ckpt, cls.tensors, "F32", files=2)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.d.stop_checked()
+
+    def mlp(self, **kw):
+        return self.client.build("mlp", CONFIG, checkpoint_prefix="model.layers.0.mlp",
+                                 private_build=True, **kw)
+
+    def check_mlp(self, b):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            want = self.tensors["model.layers.0.mlp.%s.weight" % name]
+            self.assertTrue(np.array_equal(b.ranks[0][name], want), name)
+
+    def test_deposit_a_file_and_a_directory(self):
+        one = os.path.join(TMP, "one.safetensors")
+        CF.write_checkpoint(os.path.join(TMP, "one"), self.tensors, "F32", files=1)
+        os.rename(os.path.join(TMP, "one", "model.safetensors"), one)
+        t1 = self.client.deposit_checkpoint(one)
+        t2 = self.client.deposit_checkpoint(self.ckpt)
+        for t in (t1, t2):
+            self.assertRegex(t, r"^[0-9a-f]{32}$")
+        self.assertNotEqual(t1, t2)
+        with self.mlp(checkpoint=t1) as b:
+            self.check_mlp(b)
+
+    def test_token_cache(self):
+        path = os.path.join(TMP, "cached")
+        CF.write_checkpoint(path, self.tensors, "F32", files=2)
+        t = self.client.checkpoint_token(path)
+        self.assertEqual(self.client.checkpoint_token(path), t)
+        with self.mlp(checkpoint=path) as b:           # the cached token: no new deposit
+            self.check_mlp(b)
+        self.assertEqual(self.client.checkpoint_token(path), t)
+        # A file whose modification time changed is deposited again.
+        name = os.path.join(path, "model-00001-of-00002.safetensors")
+        st = os.stat(name)
+        os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+        t2 = self.client.checkpoint_token(path)
+        self.assertNotEqual(t2, t)
+        # A cached token the daemon does not know: build() deposits the path again, once.
+        key = (self.d.shard_socket, os.path.abspath(path))
+        identity, _ = self.client._deposits[key]
+        self.client._deposits[key] = (identity, "f" * 32)
+        with self.mlp(checkpoint=path) as b:
+            self.check_mlp(b)
+        self.assertNotIn(self.client._deposits[key][1], (t, t2, "f" * 32))
+
+    def test_tensors_named_as_parameters(self):
+        # checkpoint_names="parameters": "{prefix}.<parameter>", no registry names involved.
+        path = os.path.join(TMP, "by-parameter.safetensors")
+        named = {"blk.%s" % n: self.tensors["model.layers.0.mlp.%s.weight" % n]
+                 for n in ("gate_proj", "up_proj", "down_proj")}
+        from safetensors.numpy import save_file
+        save_file(named, path)
+        with self.client.build("mlp", CONFIG, private_build=True, checkpoint=path,
+                               checkpoint_prefix="blk", checkpoint_names="parameters") as b:
+            self.check_mlp(b)
+        with self.assertRaises(familyd.FamilydError) as cm:   # registry names: not there
+            self.client.build("mlp", CONFIG, private_build=True, checkpoint=path,
+                              checkpoint_prefix="blk")
+        self.assertEqual((cm.exception.code_name, cm.exception.reason),
+                         ("NOT_FOUND", "CHECKPOINT_TENSOR_MISSING"))
+        self.assertIn("blk.gate_proj.weight", cm.exception.message)
+
+    def test_unknown_token(self):
+        with self.assertRaises(familyd.FamilydError) as cm:
+            self.mlp(checkpoint="0" * 32)
+        self.assertEqual((cm.exception.code_name, cm.exception.reason),
+                         ("NOT_FOUND", "CHECKPOINT_TOKEN"))
+
+    def test_checkpoint_without_materialize(self):
+        with self.assertRaises(familyd.FamilydError) as cm:
+            self.client.build("mlp", CONFIG, materialize=False, checkpoint=self.ckpt,
+                              checkpoint_prefix="model.layers.0.mlp")
+        self.assertEqual((cm.exception.code_name, cm.exception.reason),
+                         ("INVALID_ARGUMENT", "BINDING"))
+
+    def test_prefix_without_checkpoint(self):
+        with self.assertRaises(ValueError):
+            self.client.build("mlp", CONFIG, checkpoint_prefix="model.layers.0.mlp")
+        with self.assertRaises(ValueError):
+            self.client.build("mlp", CONFIG, checkpoint_names="parameters")
+
+    def test_build_module_from_a_checkpoint(self):
+        import torch
+        import familyd.torch as FT
+
+        m = FT.build_module(self.client, "mlp", CONFIG, checkpoint=self.ckpt,
+                            checkpoint_prefix="model.layers.0.mlp", fqn="model.layers.0.mlp")
+        try:
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                want = torch.from_numpy(self.tensors["model.layers.0.mlp.%s.weight" % name])
+                self.assertTrue(torch.equal(getattr(m, name).detach(), want), name)
+            info = FT.build_info(m)
+            self.assertEqual(info.request.checkpoint.prefix, "model.layers.0.mlp")
+            self.assertEqual(info.request.checkpoint.token,
+                             self.client.checkpoint_token(self.ckpt))
+            x = torch.randn(3, CONFIG["hidden_size"])
+            g = torch.from_numpy
+            t = self.tensors
+            p = "model.layers.0.mlp."
+            want = (torch.nn.functional.silu(x @ g(t[p + "gate_proj.weight"]).T)
+                    * (x @ g(t[p + "up_proj.weight"]).T)) @ g(t[p + "down_proj.weight"]).T
+            self.assertTrue(torch.allclose(m(x), want, rtol=1e-5, atol=1e-6))
+        finally:
+            FT.release(m)
+
+    def test_load_pretrained_refusals(self):
+        import familyd.torch as FT
+
+        with self.assertRaises(FT.PretrainedError) as cm:
+            FT.load_pretrained(self.client, self.ckpt)          # no config.json
+        self.assertIn("no config.json", str(cm.exception))
+        cfg = dict(CONFIG, num_hidden_layers=1, rope_scaling={"rope_type": "llama3"})
+        with self.assertRaises(FT.PretrainedError) as cm:
+            FT.load_pretrained(self.client, self.ckpt, config=cfg)
+        self.assertIn("rope_scaling", str(cm.exception))
+        with self.assertRaises(FT.PretrainedError) as cm:
+            FT.load_pretrained(self.client, self.ckpt, config={"hidden_size": 8})
+        self.assertIn("lacks vocab_size", str(cm.exception))
 
 
 if __name__ == "__main__":

@@ -357,13 +357,14 @@ class Client:
 
     @staticmethod
     def _identity(path: str) -> Any:
-        """What a cached deposit of path stands for: each file's name, device, inode, size
-        and modification time."""
+        """What a cached deposit of path stands for: each file's name, device, inode, size,
+        modification and change times."""
         directory, names = _shard.checkpoint_files(path)
         out = []
         for name in names:
             st = os.stat(os.path.join(directory, name))
-            out.append((name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+            out.append((name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                        st.st_ctime_ns))
         return tuple(out)
 
     def checkpoint_token(self, checkpoint: CheckpointLike, shard_socket: Optional[str] = None,
@@ -371,8 +372,8 @@ class Client:
         """The token of a checkpoint given as build() takes it: a token (32 lowercase hex
         digits, not the name of an existing file) as it is; a path deposited once per client
         (deposit_checkpoint), its token kept and reused while the files are the same ones
-        (name, device, inode, size, modification time); a changed or replaced file, or
-        fresh=True, deposits again. A uid holds at most 16 deposits at a time, so callers that
+        (name, device, inode, size, modification and change times); a changed or replaced
+        file, or fresh=True, deposits again. A uid holds at most 16 deposits at a time, so callers that
         build many modules from one checkpoint should share a client."""
         if isinstance(checkpoint, str) and _TOKEN.fullmatch(checkpoint) \
                 and not os.path.exists(checkpoint):
@@ -569,15 +570,16 @@ class Client:
                       share: Optional[str] = None,
                       progress_tag: Optional[str] = None,
                       checkpoint: Optional[CheckpointLike] = None,
-                      checkpoint_prefix: str = "") -> Message:
+                      checkpoint_prefix: str = "", checkpoint_names: str = "") -> Message:
         """The familyd.v1.BuildRequest that build() sends (see there). A checkpoint path is
         deposited here (checkpoint_token(): once per client and files)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
         if checkpoint is not None:
             req.checkpoint.token = self.checkpoint_token(checkpoint)
             req.checkpoint.prefix = checkpoint_prefix or ""
-        elif checkpoint_prefix:
-            raise ValueError("checkpoint_prefix %r without a checkpoint" % checkpoint_prefix)
+            req.checkpoint.names = checkpoint_names or ""
+        elif checkpoint_prefix or checkpoint_names:
+            raise ValueError("checkpoint_prefix or checkpoint_names without a checkpoint")
         if share:
             req.share = share
         if progress_tag:
@@ -634,7 +636,7 @@ class Client:
               source_config: Optional[Values] = None,
               share: Optional[str] = None, progress_tag: Optional[str] = None,
               lazy: bool = False, checkpoint: Optional[CheckpointLike] = None,
-              checkpoint_prefix: str = "") -> Build:
+              checkpoint_prefix: str = "", checkpoint_names: str = "") -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -668,12 +670,16 @@ class Client:
         this client once (checkpoint_token(); a path whose cached token the daemon has dropped
         is deposited again and the Build asked once more). checkpoint_prefix: the member's
         place in the model, the registry's `{prefix}` ("model.layers.0.mlp").
+        checkpoint_names: how its tensors are named (CheckpointRef.names): "registry" (default:
+        the registry's checkpoint names) or "parameters" (the member's parameter names after the
+        prefix, each tensor in its parameter's logical shape: what save_checkpoint writes).
         """
         mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
         kw: Dict[str, Any] = dict(
             private_build=private_build, writable=mode == "shared",
             source_config=source_config, share=share, progress_tag=progress_tag,
-            checkpoint=checkpoint, checkpoint_prefix=checkpoint_prefix)
+            checkpoint=checkpoint, checkpoint_prefix=checkpoint_prefix,
+            checkpoint_names=checkpoint_names)
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
                                  arguments, module, module_fqn, context, parameter_dtypes, **kw)
         try:

@@ -356,7 +356,7 @@ def build_module(client: Client, family: str, config: Any = None,
                  parameter_dtypes: Optional[Mapping[str, str]] = None,
                  copy_weights: bool = False, trainable: bool = True,
                  checkpoint: Any = None, checkpoint_prefix: str = "",
-                 **arguments: Any) -> torch.nn.Module:
+                 checkpoint_names: str = "", **arguments: Any) -> torch.nn.Module:
     """The member of `family` for this job, as an nn.Module over this rank's shards.
 
     config: the model config (a dict, or an object with attributes: a transformers config);
@@ -373,8 +373,10 @@ def build_module(client: Client, family: str, config: Any = None,
     safetensors checkpoint: the path of a .safetensors file or of a directory of them (with its
     model.safetensors.index.json), deposited by this client once and its token reused
     (Client.checkpoint_token), or a deposit's token; checkpoint_prefix: the module's place in
-    the checkpoint, the registry's `{prefix}` ("model.layers.0.mlp"). The daemon reads the
-    files once per node into the shards, resharded to the mesh. arguments: the family's
+    the checkpoint, the registry's `{prefix}` ("model.layers.0.mlp"); checkpoint_names:
+    "registry" (default) or "parameters" (tensors named "{prefix}.<parameter>", as
+    Client.build). The daemon reads the files once per node into the shards, resharded to the
+    mesh. arguments: the family's
     selectors and arguments. Raises FamilydError
     for a refused Build, ModuleBuildError / TypeError / NotImplementedError (a member this
     package does not implement) otherwise; on any failure this process's reference to the
@@ -389,9 +391,9 @@ def build_module(client: Client, family: str, config: Any = None,
     if "config" in arguments:
         raise ValueError("%s: config was supplied twice" % where)
     taken = _taken_config(module) if module is not None else None
-    if checkpoint_prefix and checkpoint is None:
-        raise ValueError("%s: checkpoint_prefix %r without a checkpoint"
-                         % (where, checkpoint_prefix))
+    if (checkpoint_prefix or checkpoint_names) and checkpoint is None:
+        raise ValueError("%s: checkpoint_prefix or checkpoint_names without a checkpoint"
+                         % where)
     mesh_id, rank, ranks, context = _placement(mesh, fqn)
     derived = derive_seed(seed, fqn)
     # One deposit per client and checkpoint: the request and the Build name the same token.
@@ -404,7 +406,8 @@ def build_module(client: Client, family: str, config: Any = None,
         module_fqn=fqn or None, parameter_dtypes=parameter_dtypes,
         source_config=_config_values(taken) if taken is not None else None,
         private_build=trainable, checkpoint=token,
-        checkpoint_prefix=checkpoint_prefix if token is not None else "")
+        checkpoint_prefix=checkpoint_prefix if token is not None else "",
+        checkpoint_names=checkpoint_names if token is not None else "")
     request = client.build_request(family, writable=trainable, **request_kw)
     try:
         build = client.build(family, mode="shared" if trainable else "private", **request_kw)
