@@ -18,7 +18,8 @@ build(checkpoint=...), familyd.torch.build_module(checkpoint=...), load_pretrain
    (NOT_FOUND CHECKPOINT_TOKEN) and a checkpoint without materialize (INVALID_ARGUMENT
    BINDING), tensors named as the member's parameters (checkpoint_names="parameters"), and
    build_module(checkpoint=PATH, checkpoint_prefix="model.layers.0.mlp") whose parameters are
-   the checkpoint's tensors.
+   the checkpoint's tensors; load_pretrained in one process (mesh=None) with the logits of
+   plain torch, and a tied head built from model.embed_tokens.weight.
 """
 
 import array
@@ -295,7 +296,7 @@ class Wire(unittest.TestCase):
 
 
 class Daemon(unittest.TestCase):
-    """The real daemon. A uid holds at most 16 deposits: this class makes 7."""
+    """The real daemon. A uid holds at most 16 deposits: this class makes 9."""
 
     @classmethod
     def setUpClass(cls):
@@ -414,6 +415,38 @@ class Daemon(unittest.TestCase):
             self.assertTrue(torch.allclose(m(x), want, rtol=1e-5, atol=1e-6))
         finally:
             FT.release(m)
+
+    def test_load_pretrained_in_one_process(self):
+        # mesh=None: the whole model here; logits as plain torch's (test_checkpoint_torch's
+        # reference). A tied head is a second build of model.embed_tokens.weight.
+        import torch
+        import familyd.torch as FT
+        import test_checkpoint_torch as TT
+
+        cfg = dict(TT.CONFIG, num_hidden_layers=1, torch_dtype="float32")
+        for tie in (False, True):
+            with self.subTest(tie=tie):
+                path = os.path.join(TMP, "pretrained-tie-%d" % tie)
+                tensors = CF.llama_tensors(cfg, layers=1, seed=11, tie=tie)
+                CF.write_checkpoint(path, tensors, "F32", files=2,
+                                    config=dict(cfg, tie_word_embeddings=tie))
+                model = FT.load_pretrained(self.client, path)
+                try:
+                    head = FT.build_info(model.lm_head)
+                    self.assertEqual(head.request.checkpoint.prefix,
+                                     "model.embed_tokens" if tie else "lm_head")
+                    want = tensors["model.embed_tokens.weight" if tie else "lm_head.weight"]
+                    self.assertTrue(torch.equal(model.lm_head.weight.detach(),
+                                                torch.from_numpy(want)))
+                    self.assertEqual(model.layers[0].self_attn.rope_theta, cfg["rope_theta"])
+                    if not tie:
+                        with torch.no_grad():
+                            got = model(TT.tokens()).numpy()
+                        ref, _ = TT.reference(path, TT.tokens())
+                        scale = float(np.abs(ref).max())
+                        self.assertLessEqual(float(np.abs(got - ref).max()), 1e-5 * scale)
+                finally:
+                    FT.release(model)
 
     def test_load_pretrained_refusals(self):
         import familyd.torch as FT
