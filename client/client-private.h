@@ -4,6 +4,7 @@
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
 
+#include "familyd-v1-shard.pb-c.h"
 #include "familyd.h"
 
 /* None of these names starts with familyd_: libfamilyd.sym exports only those, so these stay
@@ -34,3 +35,22 @@ gpr_timespec client_deadline_from_ms(uint32_t ms);
 
 /* Shuts a pluck queue down, drops what is left in it, and destroys it. */
 void client_cq_destroy(grpc_completion_queue *cq);
+
+/* One request on the shard socket (shard.c): connects to shard_socket_path (NULL or "": beside
+ * the API socket), sends req as one frame with send_fds (0..FAMILYD_SHARD_MAX_TOKENS, may be
+ * NULL when none) as SCM_RIGHTS on its first bytes, and reads the reply, all within the
+ * client's timeout (client may be NULL: no timeout, a path needed). On success *ret_reply is
+ * the caller's (familyd__v1__shard_fd_reply__free_unpacked) with code 0, and ret_fds (room for
+ * FAMILYD_SHARD_MAX_TOKENS) the *ret_n_fds descriptors that came with it, the caller's to
+ * close. A reply with another code is -EPROTO with *ret_error filled; otherwise the errors of
+ * familyd_shard_fetch(), and no descriptor is left open. send_fds stay the caller's. */
+int shard_socket_exchange(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const Familyd__V1__ShardFdRequest *req,
+                const int *send_fds,
+                size_t n_send_fds,
+                Familyd__V1__ShardFdReply **ret_reply,
+                int *ret_fds,
+                size_t *ret_n_fds,
+                FamilydError *ret_error);

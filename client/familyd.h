@@ -189,9 +189,11 @@ int familyd_get_family(FamilydClient *client, const char *family, Familyd__V1__F
 int familyd_resolve(FamilydClient *client, const Familyd__V1__ResolveRequest *request, Familyd__V1__ResolveResponse **ret_response, FamilydError *ret_error);
 
 /* Build, GetBuild, ListBuilds, ReleaseBuild. familyd_build takes a prepared request (family,
- * arguments, config or module, context, mesh_id, materialize), like familyd_resolve; the
- * caller keeps ownership of it. A Build's shards hold the tokens to pass to
- * familyd_shard_fetch() together with Build.shard_socket. */
+ * arguments, config or module, context, mesh_id, materialize, checkpoint), like
+ * familyd_resolve; the caller keeps ownership of it. A Build's shards hold the tokens to pass
+ * to familyd_shard_fetch() together with Build.shard_socket. To fill the parameters from a
+ * checkpoint, deposit it first (familyd_checkpoint_deposit() below) and name its token in
+ * request->checkpoint, a Familyd__V1__CheckpointRef {token, prefix}, with materialize set. */
 int familyd_build(FamilydClient *client, const Familyd__V1__BuildRequest *request, Familyd__V1__BuildResponse **ret_response, FamilydError *ret_error);
 int familyd_get_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
 int familyd_list_builds(FamilydClient *client, Familyd__V1__ListBuildsResponse **ret_response, FamilydError *ret_error);
@@ -245,6 +247,56 @@ int familyd_shard_fetch(
                 bool writable,
                 int *ret_fds,
                 uint64_t *ret_sizes,
+                FamilydError *ret_error);
+
+/*
+ * Checkpoint deposits (docs/checkpoints.md): a Build reads a safetensors checkpoint only
+ * through descriptors its caller opened, so that the daemon never reads a file for a process
+ * that could not read it itself.
+ *
+ * familyd_checkpoint_deposit() opens the checkpoint at path with this process's rights
+ * (O_RDONLY | O_CLOEXEC, following symbolic links):
+ *
+ *   a regular file         just it;
+ *   a directory            its index (the one *.index.json in it, if any) and every regular
+ *                          *.safetensors file in it, sorted by name; no JSON is read here,
+ *                          the daemon checks the index against the files.
+ *
+ * and sends them, in that order, to the shard socket (shard_socket_path, NULL or "": beside
+ * the client's API socket; client and timeout as for familyd_shard_fetch()) as one
+ * ShardFdRequest{checkpoint_files: base names} with the descriptors as SCM_RIGHTS. On success
+ * ret_token holds the deposit's token, FAMILYD_CHECKPOINT_TOKEN_LEN hex digits and a NUL: name
+ * it in BuildRequest.checkpoint.token (a Build of this uid, within 120 s of the deposit or of
+ * the last Build that named it). The descriptors are closed before returning either way.
+ *
+ * A checkpoint refused here (nothing is sent) returns the reason's errno and fills *ret_error
+ * (may be NULL) with a code and a message that names the file:
+ *
+ *   -ENOENT     path, or a file in it, does not exist (code NOT_FOUND)
+ *   -EACCES     this process may not read it (PERMISSION_DENIED); any other errno of open()
+ *               or readdir() the same way (-EPERM: PERMISSION_DENIED; others INVALID_ARGUMENT)
+ *   -EINVAL     path is neither a regular file nor a directory, or a NULL/empty argument
+ *               (no message for those)
+ *   -ENODATA    a directory without a regular *.safetensors file (INVALID_ARGUMENT)
+ *   -ENOTUNIQ   a directory with more than one *.index.json (INVALID_ARGUMENT)
+ *   -E2BIG      more than FAMILYD_CHECKPOINT_MAX_FILES files, or names past the shard
+ *               socket's frame (INVALID_ARGUMENT)
+ *
+ * The daemon's refusal is -EPROTO with *ret_error's code and message: INVALID_ARGUMENT (a
+ * descriptor that is not a regular file open for reading, a bad name), RESOURCE_EXHAUSTED (the
+ * deposits a uid, or the daemon, may hold: docs/checkpoints.md, "Limits"). Trouble with the
+ * shard socket itself leaves ret_error's code 0 and returns as familyd_shard_fetch() does:
+ * -ENOENT or -ECONNREFUSED (no shard socket), -ETIMEDOUT, -EBADMSG (a reply without a
+ * well-formed token).
+ */
+#define FAMILYD_CHECKPOINT_MAX_FILES 253
+#define FAMILYD_CHECKPOINT_TOKEN_LEN 32
+
+int familyd_checkpoint_deposit(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const char *path,
+                char ret_token[FAMILYD_CHECKPOINT_TOKEN_LEN + 1],
                 FamilydError *ret_error);
 
 /*

@@ -26,8 +26,7 @@
 #include <unistd.h>
 
 #include "common/cuda-driver.h"
-#include "familyd-v1-shard.pb-c.h"
-#include "familyd.h"
+#include "client-private.h"
 #include "common/macro.h"
 
 /* The daemon's frame limit: a longer reply is not a reply of this protocol. */
@@ -184,18 +183,77 @@ static int shard_error_set(FamilydError *error, int code, const char *message) {
         return error->message ? 0 : -ENOMEM;
 }
 
-static int shard_fetch(
+/* Connects to the shard socket within the exchange's deadline. */
+static int exchange_connect(Exchange *x, const struct sockaddr_un *sa) {
+        int err = 0;
+        socklen_t l = sizeof(err);
+        int r;
+
+        x->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (x->fd < 0)
+                return -errno;
+        if (connect(x->fd, (const struct sockaddr *) sa, sizeof(*sa)) >= 0)
+                return 0;
+        if (errno != EINPROGRESS && errno != EAGAIN)
+                return -errno;
+        /* A full backlog: wait for the connection, then ask how it went. */
+        r = exchange_wait(x, POLLOUT);
+        if (r < 0)
+                return r;
+        if (getsockopt(x->fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+                return -errno;
+        return err ? -err : 0;
+}
+
+/* Sends the frame, with send_fds (if any) as SCM_RIGHTS on its first bytes: one sendmsg, the
+ * rest (if the socket took only part) as plain bytes. */
+static int exchange_send_frame(Exchange *x, const uint8_t *buf, size_t n, const int *send_fds,
+                               size_t n_send_fds) {
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * FAMILYD_SHARD_MAX_TOKENS)];
+        } control = {};
+        struct iovec iov = { .iov_base = (void *) buf, .iov_len = n };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+        struct cmsghdr *c;
+        ssize_t k;
+
+        if (n_send_fds == 0)
+                return exchange_send(x, buf, n);
+        if (n_send_fds > FAMILYD_SHARD_MAX_TOKENS)
+                return -E2BIG;
+        mh.msg_control = &control;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_send_fds);
+        c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * n_send_fds);
+        memcpy(CMSG_DATA(c), send_fds, sizeof(int) * n_send_fds);
+        for (;;) {
+                int r = exchange_wait(x, POLLOUT);
+
+                if (r < 0)
+                        return r;
+                k = sendmsg(x->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (k >= 0)
+                        break;
+                if (errno != EINTR && errno != EAGAIN)
+                        return -errno;
+        }
+        return exchange_send(x, buf + k, n - (size_t) k);
+}
+
+int shard_socket_exchange(
                 FamilydClient *client,
                 const char *shard_socket_path,
-                const char *const *tokens,
-                size_t n,
-                bool writable,
+                const Familyd__V1__ShardFdRequest *req,
+                const int *send_fds,
+                size_t n_send_fds,
+                Familyd__V1__ShardFdReply **ret_reply,
                 int *ret_fds,
-                uint64_t *ret_sizes,
-                FamilydShardInfo *ret_info,
+                size_t *ret_n_fds,
                 FamilydError *ret_error) {
 
-        Familyd__V1__ShardFdRequest req = FAMILYD__V1__SHARD_FD_REQUEST__INIT;
         Familyd__V1__ShardFdReply *reply = NULL;
         _cleanup_free_ char *path_buf = NULL;
         _cleanup_free_ uint8_t *out = NULL, *in = NULL;
@@ -207,12 +265,6 @@ static int shard_fetch(
         size_t packed, len;
         int r;
 
-        familyd_error_clear(ret_error);
-        if (!tokens || n == 0 || n > FAMILYD_SHARD_MAX_TOKENS || !ret_fds)
-                return -EINVAL;
-        for (size_t i = 0; i < n; i++)
-                if (!tokens[i])
-                        return -EINVAL;
         if (isempty(path)) {
                 if (!client)
                         return -EINVAL;
@@ -225,10 +277,7 @@ static int shard_fetch(
                 return -ENAMETOOLONG;
         memcpy(sa.sun_path, path, strlen(path) + 1);
 
-        req.n_tokens = n;
-        req.tokens = (char **) tokens;
-        req.writable = writable;
-        packed = familyd__v1__shard_fd_request__get_packed_size(&req);
+        packed = familyd__v1__shard_fd_request__get_packed_size(req);
         if (packed > SHARD_MAX_FRAME_BYTES)
                 return -E2BIG;
         out = malloc(4 + packed);
@@ -238,33 +287,15 @@ static int shard_fetch(
         out[1] = (uint8_t) (packed >> 8);
         out[2] = (uint8_t) (packed >> 16);
         out[3] = (uint8_t) (packed >> 24);
-        (void) familyd__v1__shard_fd_request__pack(&req, out + 4);
+        (void) familyd__v1__shard_fd_request__pack(req, out + 4);
 
         if (timeout_ms > 0)
                 x.deadline_ms = now_ms() + timeout_ms;
 
-        x.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (x.fd < 0)
-                return -errno;
-        if (connect(x.fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
-                if (errno != EINPROGRESS && errno != EAGAIN) {
-                        r = -errno;
-                        goto finish;
-                }
-                /* A full backlog: wait for the connection, then ask how it went. */
-                int err = 0;
-                socklen_t l = sizeof(err);
-
-                r = exchange_wait(&x, POLLOUT);
-                if (r < 0)
-                        goto finish;
-                if (getsockopt(x.fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0 || err != 0) {
-                        r = err ? -err : -errno;
-                        goto finish;
-                }
-        }
-
-        r = exchange_send(&x, out, 4 + packed);
+        r = exchange_connect(&x, &sa);
+        if (r < 0)
+                goto finish;
+        r = exchange_send_frame(&x, out, 4 + packed, send_fds, n_send_fds);
         if (r < 0)
                 goto finish;
 
@@ -296,13 +327,64 @@ static int shard_fetch(
                         r = -EPROTO;
                 goto finish;
         }
-        if (x.fd_overflow || x.n_fds != n || reply->n_sizes != n) {
+        if (x.fd_overflow) {
                 r = -EBADMSG;
                 goto finish;
         }
 
+        memcpy(ret_fds, x.fds, x.n_fds * sizeof(int));
+        *ret_n_fds = x.n_fds;
+        x.n_fds = 0;
+        *ret_reply = TAKE_PTR(reply);
+        r = 0;
+finish:
+        if (reply)
+                familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+        exchange_close_fds(&x);
+        (void) safe_close(x.fd);
+        return r;
+}
+
+static int shard_fetch(
+                FamilydClient *client,
+                const char *shard_socket_path,
+                const char *const *tokens,
+                size_t n,
+                bool writable,
+                int *ret_fds,
+                uint64_t *ret_sizes,
+                FamilydShardInfo *ret_info,
+                FamilydError *ret_error) {
+
+        Familyd__V1__ShardFdRequest req = FAMILYD__V1__SHARD_FD_REQUEST__INIT;
+        Familyd__V1__ShardFdReply *reply = NULL;
+        int fds[FAMILYD_SHARD_MAX_TOKENS];
+        size_t n_fds = 0;
+        int r;
+
+        familyd_error_clear(ret_error);
+        if (!tokens || n == 0 || n > FAMILYD_SHARD_MAX_TOKENS || !ret_fds)
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++)
+                if (!tokens[i])
+                        return -EINVAL;
+
+        req.n_tokens = n;
+        req.tokens = (char **) tokens;
+        req.writable = writable;
+        r = shard_socket_exchange(client, shard_socket_path, &req, NULL, 0, &reply, fds, &n_fds,
+                                  ret_error);
+        if (r < 0)
+                return r;
+        if (n_fds != n || reply->n_sizes != n) {
+                for (size_t i = 0; i < n_fds; i++)
+                        (void) safe_close(fds[i]);
+                familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+                return -EBADMSG;
+        }
+
         for (size_t i = 0; i < n; i++) {
-                ret_fds[i] = x.fds[i];
+                ret_fds[i] = fds[i];
                 if (ret_sizes)
                         ret_sizes[i] = reply->sizes[i];
                 if (ret_info) {
@@ -317,14 +399,8 @@ static int shard_fetch(
                                         "%s", kind ? kind : "");
                 }
         }
-        x.n_fds = 0;
-        r = 0;
-finish:
-        if (reply)
-                familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
-        exchange_close_fds(&x);
-        (void) safe_close(x.fd);
-        return r;
+        familyd__v1__shard_fd_reply__free_unpacked(reply, NULL);
+        return 0;
 }
 
 int familyd_shard_fetch(

@@ -36,10 +36,13 @@ _familyctl() {
         done
 
         case $prev in
-        -s|--socket|--config|--module) mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return ;;
-        -t|--timeout|-o|--output|--seed|--ranks|--dtype-of|--arg) COMPREPLY=(); return ;;
+        -s|--socket|--config|--module|--checkpoint|--shard-socket)
+                mapfile -t COMPREPLY < <(compgen -f -- "$cur"); return ;;
+        -t|--timeout|-o|--output|--seed|--ranks|--dtype-of|--arg|--prefix) COMPREPLY=(); return ;;
         --dtype) mapfile -t COMPREPLY < <(compgen -W "float32 bfloat16 float16" -- "$cur"); return ;;
         --mode) mapfile -t COMPREPLY < <(compgen -W "read-only private shared" -- "$cur"); return ;;
+        --checkpoint-names)
+                mapfile -t COMPREPLY < <(compgen -W "registry parameters" -- "$cur"); return ;;
         esac
 
         if [[ -z $verb ]]; then

@@ -51,22 +51,28 @@ static void bar_human_bytes(uint64_t n, char *buf, size_t size) {
         (void) snprintf(buf, size, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
 }
 
+/* A seeded fill: bytes filled of the shards' total. A Build from a checkpoint: bytes read
+ * from its files of the bytes to read, at the rate since the fill started. */
 static void bar_draw(ProgressBar *b, const Familyd__V1__BuildProgress *p) {
         char filled[32], total[32], rate[32], bar[BAR_WIDTH + 1];
-        unsigned percent = p->bytes_total > 0
-                                   ? (unsigned) (100.0 * (double) p->bytes_filled /
-                                                 (double) p->bytes_total)
-                                   : 0;
-        size_t marks = (size_t) percent * BAR_WIDTH / 100;
+        bool reading = p->bytes_to_read > 0;
+        uint64_t done = reading ? p->bytes_read : p->bytes_filled;
+        uint64_t all = reading ? p->bytes_to_read : p->bytes_total;
+        uint64_t per_second = !reading ? p->bytes_per_second
+                            : p->elapsed_ms > 0 ? (uint64_t) ((double) p->bytes_read * 1000.0 /
+                                                              (double) p->elapsed_ms)
+                                                : 0;
+        unsigned percent = all > 0 ? (unsigned) (100.0 * (double) done / (double) all) : 0;
+        size_t marks = (size_t) MIN(percent, 100u) * BAR_WIDTH / 100;
 
         for (size_t i = 0; i < BAR_WIDTH; i++)
                 bar[i] = i < marks ? '#' : '-';
         bar[BAR_WIDTH] = 0;
-        bar_human_bytes(p->bytes_filled, filled, sizeof filled);
-        bar_human_bytes(p->bytes_total, total, sizeof total);
-        bar_human_bytes(p->bytes_per_second, rate, sizeof rate);
-        fprintf(stderr, "\r\033[Kfilling [%s] %3u%%  %s of %s  %s/s", bar, percent, filled, total,
-                rate);
+        bar_human_bytes(done, filled, sizeof filled);
+        bar_human_bytes(all, total, sizeof total);
+        bar_human_bytes(per_second, rate, sizeof rate);
+        fprintf(stderr, "\r\033[K%s [%s] %3u%%  %s of %s  %s/s", reading ? "reading" : "filling",
+                bar, percent, filled, total, rate);
         fflush(stderr);
         b->drawn = true;
 }

@@ -169,6 +169,7 @@ static int print_build(const TableOptions *o, const Familyd__V1__Build *b) {
 typedef struct BuildState {
         Familyd__V1__BuildRequest *req;
         const char *config_path, *module_path, *module_fqn, *mesh, *dtype;
+        const char *checkpoint, *prefix, *names, *shard_socket;
         bool materialize, seed_set;
         bool transient; /* not pinned: held by this process only, freed after the grace */
         uint64_t seed;
@@ -179,7 +180,7 @@ typedef struct BuildState {
 enum {
         ARG_CONFIG = 0x100, ARG_ARG, ARG_MODULE, ARG_MODULE_FQN, ARG_MESH, ARG_MATERIALIZE,
         ARG_DTYPE, ARG_SEED, ARG_RANKS, ARG_TRANSIENT, ARG_PRIVATE, ARG_WRITABLE, ARG_DTYPE_OF,
-        ARG_SHARE,
+        ARG_SHARE, ARG_CHECKPOINT, ARG_PREFIX, ARG_CHECKPOINT_NAMES, ARG_SHARD_SOCKET,
 };
 
 static const struct option build_options[] = {
@@ -197,6 +198,10 @@ static const struct option build_options[] = {
         { "writable",    no_argument,       NULL, ARG_WRITABLE },
         { "dtype-of",    required_argument, NULL, ARG_DTYPE_OF },
         { "share",       required_argument, NULL, ARG_SHARE },
+        { "checkpoint",  required_argument, NULL, ARG_CHECKPOINT },
+        { "prefix",      required_argument, NULL, ARG_PREFIX },
+        { "checkpoint-names", required_argument, NULL, ARG_CHECKPOINT_NAMES },
+        { "shard-socket", required_argument, NULL, ARG_SHARD_SOCKET },
         {}
 };
 
@@ -287,6 +292,25 @@ static int build_option(VerbRun *v, int c, const char *arg) {
                         return ctl_fail("build the request", -ENOMEM, NULL);
                 }
                 return EXIT_OK;
+        case ARG_CHECKPOINT:
+                if (isempty(arg))
+                        return ctl_usage_error("build", "--checkpoint needs a file or directory");
+                s->checkpoint = arg;
+                return EXIT_OK;
+        case ARG_PREFIX:
+                s->prefix = arg;
+                return EXIT_OK;
+        case ARG_CHECKPOINT_NAMES:
+                if (!streq_ptr(arg, "registry") && !streq_ptr(arg, "parameters"))
+                        return ctl_usage_error("build", "--checkpoint-names needs registry or parameters, not '%s'",
+                                               arg);
+                s->names = arg;
+                return EXIT_OK;
+        case ARG_SHARD_SOCKET:
+                if (isempty(arg))
+                        return ctl_usage_error("build", "--shard-socket needs a path");
+                s->shard_socket = arg;
+                return EXIT_OK;
         case ARG_RANKS:
                 s->ranks = mfree(s->ranks);
                 r = ctl_parse_ranks(arg, &s->ranks, &s->n_ranks);
@@ -318,6 +342,59 @@ static int build_materialize(BuildState *s) {
         return EXIT_OK;
 }
 
+/* --checkpoint PATH: deposited on the shard socket (the files opened here, with this user's
+ * rights), and its token named in the request. Nothing is sent when the checkpoint is refused
+ * here: a usage error, as for `checkpoint inspect`. */
+static int build_checkpoint(VerbRun *v) {
+        BuildState *s = v->state;
+        Familyd__V1__CheckpointRef *ref;
+        char token[FAMILYD_CHECKPOINT_TOKEN_LEN + 1];
+        int r;
+
+        r = ctl_connect(v->ctx);
+        if (r != EXIT_OK)
+                return r;
+        r = familyd_checkpoint_deposit(v->ctx->client, s->shard_socket, s->checkpoint, token, &v->error);
+        if (r == -EPROTO)
+                return ctl_fail("deposit the checkpoint", r, &v->error);
+        if (r < 0 && v->error.code != 0) {
+                fprintf(stderr, "familyctl: %s\n", strempty(v->error.message));
+                return EXIT_USAGE;
+        }
+        if (r == -ENOENT || r == -ECONNREFUSED || r == -ETIMEDOUT) {
+                fprintf(stderr, "familyctl: cannot reach the shard socket %s: %s\n",
+                        s->shard_socket ? s->shard_socket : "(beside the API socket)", strerror(-r));
+                return EXIT_UNREACHABLE;
+        }
+        if (r == -EBADMSG) {
+                fprintf(stderr, "familyctl: the shard socket answered the deposit without a checkpoint token "
+                        "(a familyd older than checkpoint builds?)\n");
+                return EXIT_INTERNAL;
+        }
+        if (r < 0)
+                return ctl_fail("deposit the checkpoint", r, NULL);
+
+        ref = malloc(sizeof(*ref));
+        if (!ref)
+                return ctl_fail("build the request", -ENOMEM, NULL);
+        familyd__v1__checkpoint_ref__init(ref);
+        s->req->checkpoint = ref;
+        ref->token = strdup(token);
+        if (!ref->token) {
+                ref->token = (char *) protobuf_c_empty_string;
+                return ctl_fail("build the request", -ENOMEM, NULL);
+        }
+        if (!isempty(s->prefix) && !(ref->prefix = strdup(s->prefix))) {
+                ref->prefix = (char *) protobuf_c_empty_string;
+                return ctl_fail("build the request", -ENOMEM, NULL);
+        }
+        if (s->names && !(ref->names = strdup(s->names))) {
+                ref->names = (char *) protobuf_c_empty_string;
+                return ctl_fail("build the request", -ENOMEM, NULL);
+        }
+        return EXIT_OK;
+}
+
 static int build_prepare(VerbRun *v) {
         BuildState *s = v->state;
         Familyd__V1__BuildRequest *req;
@@ -327,6 +404,10 @@ static int build_prepare(VerbRun *v) {
                 return ctl_usage_error("build", "--dtype, --seed and --ranks need --materialize");
         if (!s->materialize && s->transient)
                 return ctl_usage_error("build", "--transient needs --materialize: only materialised builds are held");
+        if (!s->materialize && s->checkpoint)
+                return ctl_usage_error("build", "--checkpoint needs --materialize: a checkpoint fills this node's shards");
+        if (!s->checkpoint && (s->prefix || s->names || s->shard_socket))
+                return ctl_usage_error("build", "--prefix, --checkpoint-names and --shard-socket need --checkpoint");
         r = build_request(s);
         if (r != EXIT_OK)
                 return r;
@@ -348,7 +429,9 @@ static int build_prepare(VerbRun *v) {
                 return ctl_fail("build the request", -ENOMEM, NULL);
         if (s->mesh && !(req->mesh_id = strdup(s->mesh)))
                 return ctl_fail("build the request", -ENOMEM, NULL);
-        return s->materialize ? build_materialize(s) : EXIT_OK;
+        if (s->materialize && (r = build_materialize(s)) != EXIT_OK)
+                return r;
+        return s->checkpoint ? build_checkpoint(v) : EXIT_OK;
 }
 
 /* A materialised build is pinned unless --transient: familyctl exits at once, and its
@@ -428,13 +511,30 @@ static const VerbDef build_verb = {
                 "        --writable          writable shards, for shared mappings (`shard --mode shared`)\n"
                 "        --share WHO         who may map the shards: owner (default: this user's\n"
                 "                            processes and admins) or group (the shard socket's group)\n"
+                "        --checkpoint PATH   fill the parameters from a safetensors checkpoint instead\n"
+                "                            of their inits: a .safetensors file, or a directory (its\n"
+                "                            *.index.json and every *.safetensors in it), opened\n"
+                "                            here with your rights and handed to the daemon\n"
+                "          --prefix P        the member's place in the checkpoint, for the registry's\n"
+                "                            {prefix}, e.g. model.layers.0.mlp\n"
+                "          --checkpoint-names registry|parameters\n"
+                "                            how its tensors are named: by the registry's checkpoint\n"
+                "                            names (default), or as the member's parameters after\n"
+                "                            the prefix (P.gate_proj: what familyd.torch's\n"
+                "                            save_checkpoint writes)\n"
+                "          --shard-socket PATH\n"
+                "                            the daemon's shard socket, where the files are handed\n"
+                "                            over (default: shard.sock beside the API socket)\n"
                 "\n"
                 "A JSON file with a duplicate object key, or that is not JSON, is refused with its\n"
-                "line and column.\n"
+                "line and column. A checkpoint that cannot be handed over (missing, not readable by\n"
+                "you, a directory without *.safetensors files or with two *.index.json, more than\n"
+                "253 files) is refused before anything is sent, naming the file (exit 2).\n"
                 "\n"
                 "A materialised build is pinned (`familyctl unpin BUILD_ID` lets it go when no process\n"
                 "holds it); a live build with the same request, mesh, seed, dtypes, ranks and\n"
-                "writability, made by the same user, is answered instead of a new one.\n"
+                "writability (and checkpoint: the same files, unchanged, and prefix), made by the\n"
+                "same user, is answered instead of a new one.\n"
                 "`familyctl shard BUILD_ID RANK` shows a materialised shard; `familyctl release\n"
                 "BUILD_ID --force` frees a build whatever holds it.\n"
                 "\n",

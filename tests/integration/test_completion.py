@@ -62,6 +62,11 @@ class TestCompletion(unittest.TestCase):
         self.assertIn("--json", got)
         self.assertEqual(complete([self.ctl, "shard", "x", "0", "--mode", "pr"]), ["private"])
         self.assertEqual(complete([self.ctl, "build", "norm", "--dtype", "bf"]), ["bfloat16"])
+        self.assertEqual(complete([self.ctl, "build", "mlp", "--checkpoint-names", "p"]),
+                         ["parameters"])
+        self.assertEqual(complete([self.ctl, "build", "mlp", "--checkpoint-"]),
+                         ["--checkpoint-names"])
+        self.assertEqual(complete([self.ctl, "build", "mlp", "--prefix", "mo"]), [])
 
     def test_names_from_the_daemon(self):
         self.assertEqual(complete([self.ctl, "--socket", self.d.socket, "family", "emb"]),

@@ -63,16 +63,16 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 
 def layer_of(rel):
-    """The layer of a file (path relative to ROOT), or None for files outside the layers."""
+    """The layer of a file (path relative to ROOT): "common", "client", "shell" (a file of
+    daemon/ itself), a daemon folder's name (a layer of LAYERS, or a folder that is not one:
+    check_file() says so), or None for files outside common/, daemon/ and client/."""
     parts = rel.split(os.sep)
     if parts[0] == "common":
         return "common"
     if parts[0] == "client":
         return "client"
     if parts[0] == "daemon":
-        if len(parts) == 2:
-            return "shell"
-        return parts[1] if parts[1] in LAYERS else None
+        return "shell" if len(parts) == 2 else parts[1]
     return None
 
 
@@ -85,6 +85,10 @@ def check_file(root, rel):
     layer = layer_of(rel)
     if layer is None:
         return []
+    if layer not in LAYERS:
+        # A folder the table lacks would be checked against nothing: name it instead.
+        return ["%s:1: daemon/%s/ is not a layer; add it to LAYERS here and to the picture "
+                "in docs/architecture.md" % (rel, layer)]
     allowed = set(LAYERS[layer]) | {layer}
     here = os.path.dirname(os.path.join(root, rel))
     problems = []
@@ -111,6 +115,12 @@ def check_file(root, rel):
                                 % (rel, n, name, folder_of_layer(layer), name))
                 continue
             target = name.split("/")[0]
+            if target == "daemon":
+                # It compiles (the source root is on the include path), and it would hide the
+                # layer it names from the checks below.
+                problems.append('%s:%d: #include "%s": name a daemon header by its layer\'s '
+                                'folder ("%s")' % (rel, n, name, name.split("/", 1)[1]))
+                continue
             if target in ("..", "."):
                 problems.append('%s:%d: #include "%s": a relative path; name the header by its '
                                 'folder' % (rel, n, name))
