@@ -3,6 +3,7 @@ materialised shards are numpy arrays (and torch tensors) viewing the daemon's sh
 
 import mmap
 import os
+import re
 import warnings
 from typing import (Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
                     Tuple, Union)
@@ -22,6 +23,11 @@ BoundaryLike = Union[Mapping[str, Any], Tuple[Any, ...], List[Any], "Build", Mes
 MeshSpec = Union[Mapping[str, int], Iterable[Tuple[str, int]]]
 
 DEFAULT_SOCKET = "/run/familyd/familyd.sock"
+
+# A checkpoint given to build(): a deposit's token (ShardFdReply.checkpoint_token: 32 hex
+# digits) or the path of a safetensors file or directory.
+CheckpointLike = Union[str, "os.PathLike[str]"]
+_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 # Layout dtype -> numpy dtype name. bfloat16 has no numpy dtype: its bits are uint16.
 _NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
@@ -294,18 +300,25 @@ class ValidateResult(NamedTuple):
 
 
 class Client:
-    """Client(socket=None, timeout=30.0, protos=None).
+    """Client(socket=None, timeout=30.0, protos=None, shard_socket=None).
 
     socket: the daemon's API socket; default $FAMILYD_SOCKET, else /run/familyd/familyd.sock.
     timeout: seconds per call (None: no deadline), also for the shard socket.
+    shard_socket: the daemon's shard socket for checkpoint deposits (a Build's shards are
+    fetched where its reply says); default $FAMILYD_SHARD_SOCKET, else shard.sock beside the
+    API socket (the daemon's default).
     """
 
     def __init__(self, socket: Optional[str] = None, timeout: Optional[float] = 30.0,
-                 protos: Optional[Protos] = None) -> None:
+                 protos: Optional[Protos] = None, shard_socket: Optional[str] = None) -> None:
         self.socket = socket or os.environ.get("FAMILYD_SOCKET") or DEFAULT_SOCKET
+        self.shard_socket = shard_socket or os.environ.get("FAMILYD_SHARD_SOCKET") or None
         self.timeout = timeout
         self.protos = protos or default_protos()
         self.channel = grpc.insecure_channel("unix:" + self.socket)
+        # Checkpoint deposits of this client: (shard socket, absolute path) -> (the files'
+        # identities, token). See checkpoint_token().
+        self._deposits: Dict[Tuple[str, str], Tuple[Any, str]] = {}
 
     def close(self) -> None:
         """Closes the channel."""
@@ -318,8 +331,70 @@ class Client:
         self.close()
 
     def default_shard_socket(self) -> str:
-        """shard.sock beside the API socket."""
+        """The shard socket given to the client (shard_socket=, $FAMILYD_SHARD_SOCKET), else
+        shard.sock beside the API socket."""
+        if self.shard_socket:
+            return self.shard_socket
         return os.path.join(os.path.dirname(self.socket) or ".", "shard.sock")
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def deposit_checkpoint(self, path: CheckpointLike, shard_socket: Optional[str] = None) -> str:
+        """Deposits the safetensors checkpoint at path on the shard socket (default:
+        default_shard_socket()) and returns its token for build(checkpoint=TOKEN).
+
+        This process opens the files itself, read-only, with its own rights, and hands the
+        daemon the descriptors (the daemon never opens a checkpoint): a file is deposited alone;
+        a directory as its `*.index.json` (if it has one) and every regular `*.safetensors`
+        file in it, sorted (shard.checkpoint_files()). The token serves Builds of this uid only
+        and is dropped 120 s after the deposit or the last Build that named it. Raises
+        FileNotFoundError / PermissionError (OSError, naming the file) for a path that is
+        missing or unreadable, shard.CheckpointError (a ValueError) for a directory without
+        safetensors files, with two indexes or with more than 253 files, shard.ShardError when
+        the daemon refuses the deposit (RESOURCE_EXHAUSTED: a uid holds at most 16)."""
+        return _shard.deposit_checkpoint(shard_socket or self.default_shard_socket(), path,
+                                         timeout=self.timeout, protos=self.protos)
+
+    @staticmethod
+    def _identity(path: str) -> Any:
+        """What a cached deposit of path stands for: each file's name, device, inode, size,
+        modification and change times."""
+        directory, names = _shard.checkpoint_files(path)
+        out = []
+        for name in names:
+            st = os.stat(os.path.join(directory, name))
+            out.append((name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                        st.st_ctime_ns))
+        return tuple(out)
+
+    def checkpoint_token(self, checkpoint: CheckpointLike, shard_socket: Optional[str] = None,
+                         fresh: bool = False) -> str:
+        """The token of a checkpoint given as build() takes it: a token (32 lowercase hex
+        digits, not the name of an existing file) as it is; a path deposited once per client
+        (deposit_checkpoint), its token kept and reused while the files are the same ones
+        (name, device, inode, size, modification and change times); a changed or replaced
+        file, or fresh=True, deposits again. A uid holds at most 16 deposits at a time, so callers that
+        build many modules from one checkpoint should share a client."""
+        if isinstance(checkpoint, str) and _TOKEN.fullmatch(checkpoint) \
+                and not os.path.exists(checkpoint):
+            return checkpoint
+        path = os.path.abspath(os.fspath(checkpoint))
+        sock = shard_socket or self.default_shard_socket()
+        identity = self._identity(path)
+        cached = self._deposits.get((sock, path))
+        if cached is not None and cached[0] == identity and not fresh:
+            return cached[1]
+        token = self.deposit_checkpoint(path, sock)
+        self._deposits[(sock, path)] = (identity, token)
+        return token
+
+    def _forget_token(self, token: str) -> bool:
+        """Drops a cached deposit whose token the daemon no longer knows; whether one was."""
+        for key, (_, t) in list(self._deposits.items()):
+            if t == token:
+                del self._deposits[key]
+                return True
+        return False
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -493,9 +568,18 @@ class Client:
                       private_build: bool = False, writable: bool = False,
                       source_config: Optional[Values] = None,
                       share: Optional[str] = None,
-                      progress_tag: Optional[str] = None) -> Message:
-        """The familyd.v1.BuildRequest that build() sends (see there)."""
+                      progress_tag: Optional[str] = None,
+                      checkpoint: Optional[CheckpointLike] = None,
+                      checkpoint_prefix: str = "", checkpoint_names: str = "") -> Message:
+        """The familyd.v1.BuildRequest that build() sends (see there). A checkpoint path is
+        deposited here (checkpoint_token(): once per client and files)."""
         req = self.protos.cls("familyd.v1.BuildRequest")(family=family)
+        if checkpoint is not None:
+            req.checkpoint.token = self.checkpoint_token(checkpoint)
+            req.checkpoint.prefix = checkpoint_prefix or ""
+            req.checkpoint.names = checkpoint_names or ""
+        elif checkpoint_prefix or checkpoint_names:
+            raise ValueError("checkpoint_prefix or checkpoint_names without a checkpoint")
         if share:
             req.share = share
         if progress_tag:
@@ -551,7 +635,8 @@ class Client:
               private_build: bool = False,
               source_config: Optional[Values] = None,
               share: Optional[str] = None, progress_tag: Optional[str] = None,
-              lazy: bool = False) -> Build:
+              lazy: bool = False, checkpoint: Optional[CheckpointLike] = None,
+              checkpoint_prefix: str = "", checkpoint_names: str = "") -> Build:
         """Build and map: a Build whose .ranks hold numpy views of this node's shards.
 
         config: {field: int | float | str | bool} (BuildRequest.config); module: a
@@ -578,14 +663,37 @@ class Client:
         that reads little of them.
         GPU shards are imported through the CUDA driver (familyd.cuda); a client that cannot
         map device memory gets cuda.DeviceMemoryError and the build is released.
+
+        checkpoint: fill the parameters from a safetensors checkpoint instead of their inits
+        (BuildRequest.checkpoint; needs materialize): a token of deposit_checkpoint(), or the
+        path of a .safetensors file or of a directory of them (with its index), deposited by
+        this client once (checkpoint_token(); a path whose cached token the daemon has dropped
+        is deposited again and the Build asked once more). checkpoint_prefix: the member's
+        place in the model, the registry's `{prefix}` ("model.layers.0.mlp").
+        checkpoint_names: how its tensors are named (CheckpointRef.names): "registry" (default:
+        the registry's checkpoint names) or "parameters" (the member's parameter names after the
+        prefix, each tensor in its parameter's logical shape: what save_checkpoint writes).
         """
         mode = _shard.check_mode(mode or ("shared" if writable else "read-only"))
+        kw: Dict[str, Any] = dict(
+            private_build=private_build, writable=mode == "shared",
+            source_config=source_config, share=share, progress_tag=progress_tag,
+            checkpoint=checkpoint, checkpoint_prefix=checkpoint_prefix,
+            checkpoint_names=checkpoint_names)
         req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
-                                 arguments, module, module_fqn, context, parameter_dtypes,
-                                 private_build, writable=mode == "shared",
-                                 source_config=source_config, share=share,
-                                 progress_tag=progress_tag)
-        resp = self.call("familyd.v1.FamilyService/Build", req)
+                                 arguments, module, module_fqn, context, parameter_dtypes, **kw)
+        try:
+            resp = self.call("familyd.v1.FamilyService/Build", req)
+        except FamilydError as e:
+            # A cached deposit the daemon dropped (120 s unused): deposit the path again.
+            if not (e.reason == "CHECKPOINT_TOKEN" and checkpoint is not None
+                    and req.checkpoint.token != checkpoint
+                    and self._forget_token(req.checkpoint.token)):
+                raise
+            req = self.build_request(family, config, mesh_id, materialize, dtype, seed, ranks,
+                                     arguments, module, module_fqn, context, parameter_dtypes,
+                                     **kw)
+            resp = self.call("familyd.v1.FamilyService/Build", req)
         b = Build(self, resp.build, mode=mode, map_shards=False, lazy=lazy)
         b.shared = resp.shared
         if not map_shards:

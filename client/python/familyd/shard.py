@@ -4,6 +4,12 @@ Each frame is a 4-byte little-endian length and that many bytes (at most 65,536)
 serialized message. The client sends familyd.v1.ShardFdRequest{tokens, writable} (at most 253
 tokens) and reads one familyd.v1.ShardFdReply{code, message, sizes, device_kinds, devices}; on
 success one descriptor per token rides as SCM_RIGHTS with the first bytes of the reply.
+
+A checkpoint deposit goes the other way (deposit_checkpoint()): the client opens the checkpoint's
+files itself, read-only, with its own rights, and sends ShardFdRequest{checkpoint_files: base
+names} with one descriptor per name riding as SCM_RIGHTS on the frame's first bytes; the daemon
+answers ShardFdReply{checkpoint_token} (no descriptors), which BuildRequest.checkpoint names.
+The daemon never opens a checkpoint file itself: it reads only what its caller could.
 """
 
 import array
@@ -13,15 +19,20 @@ import errno
 import mmap
 import os
 import socket
+import stat
 import struct
 import threading
 import time
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._protos import Protos, default_protos
 
 MAX_TOKENS = 253
 MAX_FRAME = 65536
+# At most this many files in one deposit (the descriptors of one SCM_RIGHTS message).
+MAX_CHECKPOINT_FILES = 253
+CHECKPOINT_SUFFIX = ".safetensors"
+INDEX_SUFFIX = ".index.json"
 
 _STATUS_NAMES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
                  "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
@@ -280,3 +291,153 @@ def fetch(socket_path: str, tokens: Iterable[str], writable: bool = False,
             except OSError:
                 pass
         sock.close()
+
+
+# -- checkpoint deposits -----------------------------------------------------------------------
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint path that cannot be deposited as it is (no safetensors files, two indexes,
+    too many files, not a file or directory): the message says which and where. A path that
+    does not exist or cannot be read raises OSError (FileNotFoundError, PermissionError)
+    naming it instead."""
+
+
+def checkpoint_files(path: PathLike) -> Tuple[str, List[str]]:
+    """(directory, base names) of what a deposit of path sends (docs/checkpoints.md):
+
+    - a regular file (or a symbolic link to one): just it;
+    - a directory: its index, the one `*.index.json` regular file if there is one
+      (model.safetensors.index.json), then every regular `*.safetensors` file in it, sorted
+      by name (symbolic links to files followed: the Hugging Face cache's layout).
+
+    Nothing is parsed here: the daemon checks the index against the files. Raises
+    FileNotFoundError / PermissionError (OSError) for a path that is missing or cannot be
+    listed, CheckpointError for a directory without safetensors files or with more than one
+    index, more than MAX_CHECKPOINT_FILES files, or a path that is neither a file nor a
+    directory."""
+    path = os.fspath(path)
+    st = os.stat(path)      # FileNotFoundError / PermissionError name the path
+    if stat.S_ISREG(st.st_mode):
+        directory, name = os.path.split(os.path.abspath(path))
+        return directory, [name]
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError("checkpoint %s is neither a regular file nor a directory" % path)
+    indexes: List[str] = []
+    tensors: List[str] = []
+    for name in sorted(os.listdir(path)):
+        if not (name.endswith(CHECKPOINT_SUFFIX) or name.endswith(INDEX_SUFFIX)):
+            continue
+        try:
+            regular = stat.S_ISREG(os.stat(os.path.join(path, name)).st_mode)
+        except FileNotFoundError:
+            continue        # a dangling link, or gone since the listing: not a file of it
+        if not regular:
+            continue
+        (indexes if name.endswith(INDEX_SUFFIX) else tensors).append(name)
+    if not tensors:
+        raise CheckpointError("checkpoint directory %s has no %s files" % (path, CHECKPOINT_SUFFIX))
+    if len(indexes) > 1:
+        raise CheckpointError("checkpoint directory %s has %d index files (%s): keep one"
+                              % (path, len(indexes), ", ".join(indexes)))
+    names = indexes + tensors
+    if len(names) > MAX_CHECKPOINT_FILES:
+        raise CheckpointError("checkpoint directory %s has %d files to deposit, more than the %d "
+                              "one deposit carries" % (path, len(names), MAX_CHECKPOINT_FILES))
+    return os.path.abspath(path), names
+
+
+def open_checkpoint(path: PathLike) -> List[Tuple[str, int]]:
+    """[(base name, descriptor)] of checkpoint_files(path), each opened O_RDONLY | O_CLOEXEC by
+    this process with its own rights (and checked to be a regular file once open). The caller
+    closes the descriptors; on an error none is left open. OSError (PermissionError: not
+    readable) names the file."""
+    directory, names = checkpoint_files(path)
+    opened: List[Tuple[str, int]] = []
+    try:
+        for name in names:
+            full = os.path.join(directory, name)
+            # O_NONBLOCK: a FIFO put in a file's place between the listing and the open must not
+            # block the open; it is cleared again for the regular file the daemon reads.
+            fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            opened.append((name, fd))
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointError("checkpoint file %s is not a regular file" % full)
+            os.set_blocking(fd, True)
+        return opened
+    except BaseException:
+        for _, fd in opened:
+            os.close(fd)
+        raise
+
+
+def deposit(socket_path: str, files: Sequence[Tuple[str, int]],
+            timeout: Optional[float] = 30.0, protos: Optional[Protos] = None) -> str:
+    """Deposits open checkpoint files on the shard socket: one frame ShardFdRequest
+    {checkpoint_files: names} whose first bytes carry the descriptors (same order) as
+    SCM_RIGHTS; returns ShardFdReply.checkpoint_token. The descriptors stay the caller's (the
+    daemon holds its own copies). Raises ShardError when the daemon refuses (INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED: 16 deposits per uid), ValueError for no files, too many, a name with
+    "/" or a frame over the limit, OSError / TimeoutError as fetch()."""
+    protos = protos or default_protos()
+    files = list(files)
+    if not 1 <= len(files) <= MAX_CHECKPOINT_FILES:
+        raise ValueError("between 1 and %d checkpoint files, not %d"
+                         % (MAX_CHECKPOINT_FILES, len(files)))
+    for name, _ in files:
+        if not name or "/" in name:
+            raise ValueError("checkpoint file name %r is not a base name" % name)
+    req = protos.cls("familyd.v1.ShardFdRequest")()
+    req.checkpoint_files.extend(name for name, _ in files)
+    payload = req.SerializeToString()
+    if len(payload) > MAX_FRAME:
+        raise ValueError("deposit of %d bytes exceeds the %d-byte frame limit"
+                         % (len(payload), MAX_FRAME))
+    frame = struct.pack("<I", len(payload)) + payload
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd for _, fd in files]))]
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    received: List[int] = []
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        # One sendmsg: the descriptors ride with the frame's first bytes; what a short send left
+        # follows without them.
+        sent = sock.sendmsg([frame], rights)
+        if sent < len(frame):
+            sock.sendall(frame[sent:])
+        (length,) = struct.unpack("<I", _recv_exact(sock, 4, received, deadline))
+        if length > MAX_FRAME:
+            raise ValueError("shard socket: reply frame of %d bytes" % length)
+        reply = protos.cls("familyd.v1.ShardFdReply").FromString(
+            _recv_exact(sock, length, received, deadline))
+        if reply.code != 0:
+            raise ShardError(reply.code, reply.message)
+        if received:
+            raise ValueError("shard socket: %d descriptors in a deposit's reply" % len(received))
+        if not reply.checkpoint_token:
+            raise ValueError("shard socket: a deposit's reply without a checkpoint token")
+        return str(reply.checkpoint_token)
+    finally:
+        for fd in received:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        sock.close()
+
+
+def deposit_checkpoint(socket_path: str, path: PathLike, timeout: Optional[float] = 30.0,
+                       protos: Optional[Protos] = None) -> str:
+    """Opens the checkpoint at path (open_checkpoint: a safetensors file, or a directory's index
+    and .safetensors files) and deposits it (deposit()); its checkpoint token. The descriptors
+    are closed here once the daemon answered."""
+    files = open_checkpoint(path)
+    try:
+        return deposit(socket_path, files, timeout=timeout, protos=protos)
+    finally:
+        for _, fd in files:
+            os.close(fd)

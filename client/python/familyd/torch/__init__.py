@@ -8,7 +8,9 @@ familyd.torch.build makes sharded modules through familyd (build_module, build_i
 release, derive_seed); familyd.torch.validate checks a live model (validate_model,
 model_boundaries); familyd.torch.fsdp puts a built module under torch's FSDP2 over a
 data-parallel axis (fully_shard, FullyShardError); familyd.torch.clip clips gradients on several
-DeviceMeshes (clip_grad_norm_). Their names are reachable here, imported on first use. This package imports
+DeviceMeshes (clip_grad_norm_); familyd.torch.pretrained builds a Llama-style model from a
+directory of safetensors files (load_pretrained, LlamaForCausalLM, PretrainedError). Their
+names are reachable here, imported on first use. This package imports
 nothing at import time, so `import familyd.torch` stays cheap and works without torch
 installed; it reads the installed torch's version from its package metadata and refuses a torch
 older than OLDEST_TORCH with an ImportError that says so (docs/toolchain.md lists the torch
@@ -29,7 +31,8 @@ __all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
            "JobError", "JobMesh", "build_module", "build_info", "register", "release",
            "derive_seed", "BuildInfo", "ModuleBuildError", "validate_model", "model_boundaries",
            "ModelValidationError", "fsdp", "clip", "fully_shard", "FullyShardError",
-           "clip_grad_norm_"]
+           "clip_grad_norm_", "pretrained", "load_pretrained", "LlamaForCausalLM",
+           "PretrainedError"]
 
 _DISTRIBUTED = ("init", "create_mesh", "process_groups", "parallel_context", "device_mesh",
                 "make_device_mesh", "check_device_mesh", "mesh_groups", "job_mesh", "Job",
@@ -39,6 +42,7 @@ _BUILD = ("build_module", "build_info", "register", "release", "derive_seed", "B
 _VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")
 _FSDP = ("fully_shard", "FullyShardError")
 _CLIP = ("clip_grad_norm_",)
+_PRETRAINED = ("load_pretrained", "LlamaForCausalLM", "PretrainedError")
 
 
 def torch_release(version: str) -> Optional[Tuple[int, int]]:
@@ -78,6 +82,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("familyd.torch.fsdp"), name)
     if name in _CLIP:
         return getattr(importlib.import_module("familyd.torch.clip"), name)
-    if name in ("modules", "distributed", "build", "validate", "fsdp", "clip"):
+    if name in _PRETRAINED:
+        return getattr(importlib.import_module("familyd.torch.pretrained"), name)
+    if name in ("modules", "distributed", "build", "validate", "fsdp", "clip", "pretrained"):
         return importlib.import_module("familyd.torch." + name)
     raise AttributeError("module 'familyd.torch' has no attribute %r" % name)

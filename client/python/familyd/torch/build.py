@@ -48,7 +48,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from familyd.client import Build, Client
+from familyd.client import Build, Client, FamilydError
 from familyd.torch.distributed import JobMesh
 from familyd.torch.modules._common import ParallelContext
 
@@ -355,7 +355,8 @@ def build_module(client: Client, family: str, config: Any = None,
                  fqn: str = "", seed: int = 0, dtype: str = "float32",
                  parameter_dtypes: Optional[Mapping[str, str]] = None,
                  copy_weights: bool = False, trainable: bool = True,
-                 **arguments: Any) -> torch.nn.Module:
+                 checkpoint: Any = None, checkpoint_prefix: str = "",
+                 checkpoint_names: str = "", **arguments: Any) -> torch.nn.Module:
     """The member of `family` for this job, as an nn.Module over this rank's shards.
 
     config: the model config (a dict, or an object with attributes: a transformers config);
@@ -368,7 +369,15 @@ def build_module(client: Client, family: str, config: Any = None,
     handout, this process's own writable build of its own rank, mapped shared read-write (no
     copy-on-write on the first optimizer step, never mapped by another process); False a frozen
     module: one build shared by the node's processes, mapped copy-on-write, its parameters with
-    requires_grad=False. arguments: the family's selectors and arguments. Raises FamilydError
+    requires_grad=False. checkpoint: the weights instead of the registry's init, from a
+    safetensors checkpoint: the path of a .safetensors file or of a directory of them (with its
+    model.safetensors.index.json), deposited by this client once and its token reused
+    (Client.checkpoint_token), or a deposit's token; checkpoint_prefix: the module's place in
+    the checkpoint, the registry's `{prefix}` ("model.layers.0.mlp"); checkpoint_names:
+    "registry" (default) or "parameters" (tensors named "{prefix}.<parameter>", as
+    Client.build). The daemon reads the files once per node into the shards, resharded to the
+    mesh. arguments: the family's
+    selectors and arguments. Raises FamilydError
     for a refused Build, ModuleBuildError / TypeError / NotImplementedError (a member this
     package does not implement) otherwise; on any failure this process's reference to the
     build is released."""
@@ -382,8 +391,13 @@ def build_module(client: Client, family: str, config: Any = None,
     if "config" in arguments:
         raise ValueError("%s: config was supplied twice" % where)
     taken = _taken_config(module) if module is not None else None
+    if (checkpoint_prefix or checkpoint_names) and checkpoint is None:
+        raise ValueError("%s: checkpoint_prefix or checkpoint_names without a checkpoint"
+                         % where)
     mesh_id, rank, ranks, context = _placement(mesh, fqn)
     derived = derive_seed(seed, fqn)
+    # One deposit per client and checkpoint: the request and the Build name the same token.
+    token = client.checkpoint_token(checkpoint) if checkpoint is not None else None
     request_kw: Dict[str, Any] = dict(
         config=_config_values(config) if config is not None else None,
         mesh_id=mesh_id or None, dtype=dtype, seed=derived,
@@ -391,9 +405,19 @@ def build_module(client: Client, family: str, config: Any = None,
         module=_source_module(module, fqn) if module is not None else None,
         module_fqn=fqn or None, parameter_dtypes=parameter_dtypes,
         source_config=_config_values(taken) if taken is not None else None,
-        private_build=trainable)
+        private_build=trainable, checkpoint=token,
+        checkpoint_prefix=checkpoint_prefix if token is not None else "",
+        checkpoint_names=checkpoint_names if token is not None else "")
     request = client.build_request(family, writable=trainable, **request_kw)
-    build = client.build(family, mode="shared" if trainable else "private", **request_kw)
+    try:
+        build = client.build(family, mode="shared" if trainable else "private", **request_kw)
+    except FamilydError as e:
+        # The cached deposit of a path was dropped by the daemon (120 s unused): once more.
+        if e.reason != "CHECKPOINT_TOKEN" or token is None or token == checkpoint:
+            raise
+        request_kw["checkpoint"] = client.checkpoint_token(checkpoint, fresh=True)
+        request = client.build_request(family, writable=trainable, **request_kw)
+        build = client.build(family, mode="shared" if trainable else "private", **request_kw)
     try:
         result, shapes = _make(client, build, config if module is None else taken, module, fqn,
                                context, rank, where, parameter_dtypes or {}, dtype, mesh,
