@@ -41,6 +41,9 @@ int build_compute_layout(BuildState *b, FamilyError *ret_error) {
                         .n_placements = plan->parameters[i].n_placements,
                         .has_dtype = true,
                         .dtype = build_plan_parameter_dtype(plan, i, b->dtype),
+                        .checkpoint = plan->parameters[i].has_checkpoint
+                                              ? plan->parameters[i].checkpoint.text
+                                              : NULL,
                 };
         return layout_compute(plan->mesh, params, plan->n_parameters, b->dtype,
                               LAYOUT_MIN_ALIGN, &b->layout, ret_error);

@@ -308,6 +308,7 @@ static int layout_encode(Arena *a, const CodecBuild *b, Familyd__V1__Layout **re
                 if (r < 0)
                         return r;
                 e->mesh_view = (char *) layout_view_to_string(p->view);
+                e->checkpoint = (char *) strempty(p->checkpoint);
                 pb->parameters[i] = e;
         }
         pb->n_parameters = l->n_parameters;

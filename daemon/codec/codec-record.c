@@ -361,6 +361,8 @@ static int parameter_decode(const Familyd__V1__ParameterLayout *pb, const Mesh *
                 return CORRUPT(w, "parameter '%.64s' has the unknown dtype '%.32s'", pb->name,
                                pb->dtype);
 
+        if (!isempty(pb->checkpoint) && !(p->checkpoint = strdup(pb->checkpoint)))
+                return -ENOMEM;
         p->view = layout_view_from_string(pb->mesh_view);
         if (p->view < 0 || (p->view == LAYOUT_VIEW_EXPERT && (!mesh || mesh->spec.expert.n == 0)))
                 return CORRUPT(w, "parameter '%.64s' names no view of its mesh", pb->name);

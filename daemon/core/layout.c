@@ -28,6 +28,7 @@ LayoutView layout_view_from_string(const char *s) {
 
 static void parameter_layout_done(ParameterLayout *p) {
         free(p->name);
+        free(p->checkpoint);
         free(p->shape);
         for (size_t i = 0; i < p->n_placements; i++)
                 free(p->placements[i].axis);
@@ -167,6 +168,8 @@ static int parameter_prepare(const Mesh *mesh, const LayoutParameter *in, Dtype 
         view = p.view == LAYOUT_VIEW_EXPERT ? expert : device;
 
         p.name = strdup(name);
+        if (in->checkpoint && !(p.checkpoint = strdup(in->checkpoint)))
+                return -ENOMEM;
         if (!p.name)
                 return -ENOMEM;
         p.shape = calloc(in->n_dims + 1, sizeof(int64_t));

@@ -39,6 +39,7 @@ typedef struct LayoutParameter {
         size_t n_placements;
         bool has_dtype; /* false: the layout's default dtype */
         Dtype dtype;
+        const char *checkpoint; /* its checkpoint names' canonical text; NULL: none */
 } LayoutParameter;
 
 /* A parameter as laid out. */
@@ -52,6 +53,7 @@ typedef struct ParameterLayout {
         size_t n_placements;
         LayoutView view;
         Dtype dtype; /* its own element type: its slices hold dtype_size(dtype) bytes per element */
+        char *checkpoint; /* the registry's checkpoint names (canonical text), or NULL */
 } ParameterLayout;
 
 /*

@@ -329,6 +329,10 @@ class TestBuild(Base):
         b = self.build(request(self.deposit(self.split), mesh([("tp", 2)])))
         self.assertEqual(len(b.shards), 2)
         self.check_values(b, self.tensors)
+        # The reply names each parameter's checkpoint tensors (ParameterLayout.checkpoint).
+        self.assertEqual({p.name: p.checkpoint for p in b.info.layout.parameters},
+                         {n: "{prefix}.%s.weight" % n
+                          for n in ("gate_proj", "up_proj", "down_proj")})
 
     def test_dp_tp_single_file_and_bytes_read(self):
         before = daemon_rchar()
