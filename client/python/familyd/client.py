@@ -351,7 +351,7 @@ class Client:
         FileNotFoundError / PermissionError (OSError, naming the file) for a path that is
         missing or unreadable, shard.CheckpointError (a ValueError) for a directory without
         safetensors files, with two indexes or with more than 253 files, shard.ShardError when
-        the daemon refuses the deposit (RESOURCE_EXHAUSTED: a uid holds at most 16)."""
+        the daemon refuses the deposit (RESOURCE_EXHAUSTED: a uid holds at most 64)."""
         return _shard.deposit_checkpoint(shard_socket or self.default_shard_socket(), path,
                                          timeout=self.timeout, protos=self.protos)
 
@@ -373,7 +373,7 @@ class Client:
         digits, not the name of an existing file) as it is; a path deposited once per client
         (deposit_checkpoint), its token kept and reused while the files are the same ones
         (name, device, inode, size, modification and change times); a changed or replaced
-        file, or fresh=True, deposits again. A uid holds at most 16 deposits at a time, so callers that
+        file, or fresh=True, deposits again. A uid holds at most 64 deposits at a time, so callers that
         build many modules from one checkpoint should share a client."""
         if isinstance(checkpoint, str) and _TOKEN.fullmatch(checkpoint) \
                 and not os.path.exists(checkpoint):

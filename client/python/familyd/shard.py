@@ -379,7 +379,7 @@ def deposit(socket_path: str, files: Sequence[Tuple[str, int]],
     {checkpoint_files: names} whose first bytes carry the descriptors (same order) as
     SCM_RIGHTS; returns ShardFdReply.checkpoint_token. The descriptors stay the caller's (the
     daemon holds its own copies). Raises ShardError when the daemon refuses (INVALID_ARGUMENT,
-    RESOURCE_EXHAUSTED: 16 deposits per uid), ValueError for no files, too many, a name with
+    RESOURCE_EXHAUSTED: 64 deposits per uid), ValueError for no files, too many, a name with
     "/" or a frame over the limit, OSError / TimeoutError as fetch()."""
     protos = protos or default_protos()
     files = list(files)

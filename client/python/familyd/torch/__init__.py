@@ -32,7 +32,7 @@ __all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
            "derive_seed", "BuildInfo", "ModuleBuildError", "validate_model", "model_boundaries",
            "ModelValidationError", "fsdp", "clip", "fully_shard", "FullyShardError",
            "clip_grad_norm_", "pretrained", "load_pretrained", "LlamaForCausalLM",
-           "PretrainedError"]
+           "PretrainedError", "checkpoint", "save_checkpoint", "CheckpointSaveError"]
 
 _DISTRIBUTED = ("init", "create_mesh", "process_groups", "parallel_context", "device_mesh",
                 "make_device_mesh", "check_device_mesh", "mesh_groups", "job_mesh", "Job",
@@ -43,6 +43,7 @@ _VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")
 _FSDP = ("fully_shard", "FullyShardError")
 _CLIP = ("clip_grad_norm_",)
 _PRETRAINED = ("load_pretrained", "LlamaForCausalLM", "PretrainedError")
+_CHECKPOINT = ("save_checkpoint", "CheckpointSaveError")
 
 
 def torch_release(version: str) -> Optional[Tuple[int, int]]:
@@ -84,6 +85,9 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("familyd.torch.clip"), name)
     if name in _PRETRAINED:
         return getattr(importlib.import_module("familyd.torch.pretrained"), name)
-    if name in ("modules", "distributed", "build", "validate", "fsdp", "clip", "pretrained"):
+    if name in _CHECKPOINT:
+        return getattr(importlib.import_module("familyd.torch.checkpoint"), name)
+    if name in ("modules", "distributed", "build", "validate", "fsdp", "clip", "pretrained",
+                "checkpoint"):
         return importlib.import_module("familyd.torch." + name)
     raise AttributeError("module 'familyd.torch' has no attribute %r" % name)

@@ -42,12 +42,14 @@ two identical blocks get different weights and different builds.
 import hashlib
 import importlib
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
+from familyd import shard as _shard
 from familyd.client import Build, Client, FamilydError
 from familyd.torch.distributed import JobMesh
 from familyd.torch.modules._common import ParallelContext
@@ -149,6 +151,31 @@ def _source_module(module: Any, fqn: str) -> Dict[str, Any]:
     params = [{"name": name, "shape": logical.get(name, list(p.shape))}
               for name, p in module.named_parameters()]
     return {"fqn": fqn, "parameters": params}
+
+
+def _deposit_module(client: Client, module: Any, where: str) -> str:
+    """Deposits module's parameters (whole: a DTensor's full_tensor(), a collective) as one
+    safetensors file in a memfd, each under its name in the module: the deposit's token."""
+    try:
+        from safetensors.torch import save as save_safetensors
+    except ImportError:
+        raise ModuleBuildError("%s: copy_weights needs the safetensors package (pip install "
+                               "safetensors)" % where) from None
+    tensors = {}
+    for name, p in module.named_parameters():
+        t = p.full_tensor() if isinstance(p, DTensor) else p
+        tensors[name] = t.detach().cpu().contiguous().clone()
+    data = save_safetensors(tensors)
+    fd = os.memfd_create("familyd-copy-weights", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        return _shard.deposit(client.default_shard_socket(),
+                              [("copy-weights.safetensors", fd)], timeout=client.timeout,
+                              protos=client.protos)
+    finally:
+        os.close(fd)
 
 
 def _taken_config(module: Any) -> Any:
@@ -360,9 +387,11 @@ def build_module(client: Client, family: str, config: Any = None,
     """The member of `family` for this job, as an nn.Module over this rank's shards.
 
     config: the model config (a dict, or an object with attributes: a transformers config);
-    module: instead of config, an existing module to replace (config taken from it; the
-    replacement's weights are the registry's init: copy_weights=True, converting the existing
-    weights, is not supported yet). mesh: a JobMesh (job_mesh()); None builds the whole module
+    module: instead of config, an existing module to replace (config taken from it); its
+    replacement's weights are the registry's init, or with copy_weights=True exactly the
+    module's values, resharded: this process writes the module's parameters (whole) into a
+    memfd as safetensors and deposits it, and the member is built from it by parameter name
+    (checkpoint_names "parameters"). mesh: a JobMesh (job_mesh()); None builds the whole module
     in this process (rank 0, every axis 1). fqn: the module's path in the model (its seed, its
     build, and the names in errors). seed: the job's seed (each module gets derive_seed(seed,
     fqn)). dtype, parameter_dtypes: as Client.build. trainable: True (default) makes a training
@@ -382,12 +411,16 @@ def build_module(client: Client, family: str, config: Any = None,
     package does not implement) otherwise; on any failure this process's reference to the
     build is released."""
     where = _where(fqn, family)
-    if copy_weights:
-        raise NotImplementedError("%s: converting an existing module's weights is not supported "
-                                  "yet; the replacement starts from the registry's init (copy "
-                                  "the weights into it yourself)" % where)
     if (config is None) == (module is None):
         raise ValueError("%s: provide exactly one of config or module" % where)
+    if copy_weights:
+        if module is None or checkpoint is not None:
+            raise ValueError("%s: copy_weights needs module= (the source of a replacement) and "
+                             "no checkpoint" % where)
+        # The source's values, resharded by the daemon: its parameters as a checkpoint of
+        # their own names, in a memfd this process fills and deposits.
+        checkpoint = _deposit_module(client, module, where)
+        checkpoint_prefix, checkpoint_names = "", "parameters"
     if "config" in arguments:
         raise ValueError("%s: config was supplied twice" % where)
     taken = _taken_config(module) if module is not None else None
