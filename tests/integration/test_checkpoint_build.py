@@ -443,6 +443,29 @@ class TestBuild(Base):
         self.refused(request(self.deposit(path), mesh([("tp", 2)]), prefix="blk"),
                      "NOT_FOUND", "CHECKPOINT_TENSOR_MISSING", "'blk.gate_proj.weight'")
 
+    def test_watch_build_reports_bytes_read(self):
+        """BuildProgress of a Build from a checkpoint: bytes_to_read is what the shards need,
+        bytes_read reaches it; a seeded Build reports neither."""
+        req = request(self.deposit(self.single), mesh([("tp", 2)]), private=True)
+        req.progress_tag = "ckpt-progress"
+        b = self.build(req)
+        res = D.client.stream_first("familyd.v1.FamilyService/WatchBuild",
+                                    {"progressTag": "ckpt-progress"})
+        self.assertTrue(res.ok, res.message)
+        p = res.reply
+        self.assertEqual(p.build_id, b.build_id)
+        self.assertEqual(p.state, 2)  # BUILD_PROGRESS_STATE_DONE
+        need = sum(v.nbytes for v in self.tensors.values())
+        self.assertEqual((p.bytes_read, p.bytes_to_read), (need, need))
+        seeded = request("", mesh([("tp", 2)]), private=True)
+        seeded.ClearField("checkpoint")
+        seeded.progress_tag = "seeded-progress"
+        self.build(seeded)
+        p = D.client.stream_first("familyd.v1.FamilyService/WatchBuild",
+                                  {"progressTag": "seeded-progress"}).reply
+        self.assertEqual((p.bytes_read, p.bytes_to_read), (0, 0))
+        self.assertGreater(p.bytes_total, 0)
+
     def test_metrics_count_bytes_read(self):
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])
