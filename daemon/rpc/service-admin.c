@@ -116,6 +116,10 @@ static int get_status(RpcContext *ctx, Arena *arena, const ProtobufCMessage *req
         reply->fills_started = counters.fills_started;
         reply->bytes_filled = counters.bytes_filled;
         reply->builds_in_grace = counters.builds_in_grace;
+        reply->checkpoint_bytes_read = counters.checkpoint_bytes_read;
+        reply->shard_socket = arena_strdup(arena, strempty(ctx->shard_socket));
+        if (!reply->shard_socket)
+                return -ENOMEM;
         reply->api = arena_strdup(arena, familyd__v1__get_status_response__descriptor.package_name);
         if (!reply->api)
                 return -ENOMEM;

@@ -469,11 +469,17 @@ class TestBuild(Base):
     def test_metrics_count_bytes_read(self):
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])
+        status = "familyd.v1.AdminService/GetStatus"
         before = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_read_bytes_total")
+        st0 = D.client.call(status).reply
         b = self.build(request(self.deposit(self.single), mesh([("tp", 4)]), private=True))
         after = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_read_bytes_total")
+        st1 = D.client.call(status).reply
         self.assertEqual(len(b.shards), 4)
-        self.assertEqual(after - before, sum(v.nbytes for v in self.tensors.values()))
+        need = sum(v.nbytes for v in self.tensors.values())
+        self.assertEqual(after - before, need)
+        self.assertEqual(st1.checkpoint_bytes_read - st0.checkpoint_bytes_read, need)
+        self.assertEqual(st1.shard_socket, D.shard_socket)
 
 
 class TestRefusals(Base):

@@ -169,6 +169,25 @@ class TestSave(Base):
             _parts("test", torch.arange(6.0), 0, 2, 2)
 
 
+class TestShardSocket(Base):
+    def test_default_is_the_daemons(self):
+        """Without shard_socket= or $FAMILYD_SHARD_SOCKET a client deposits on the socket the
+        daemon names (GetStatus.shard_socket), not shard.sock beside its API socket."""
+        import familyd
+        saved = os.environ.pop("FAMILYD_SHARD_SOCKET", None)
+        try:
+            c = familyd.Client(D.socket)
+        finally:
+            if saved is not None:
+                os.environ["FAMILYD_SHARD_SOCKET"] = saved
+        self.addCleanup(c.close)
+        self.assertNotEqual(os.path.dirname(D.shard_socket) + "/shard.sock", D.shard_socket)
+        self.assertEqual(c.default_shard_socket(), D.shard_socket)
+        CF.write_checkpoint(os.path.join(TMP, "one"), {"weight": np.ones(32, np.float32)},
+                            files=1)
+        self.assertRegex(c.deposit_checkpoint(os.path.join(TMP, "one")), "^[0-9a-f]{32}$")
+
+
 class TestCopyWeights(Base):
     def source(self, shapes, seed):
         import torch

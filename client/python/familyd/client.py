@@ -313,6 +313,7 @@ class Client:
                  protos: Optional[Protos] = None, shard_socket: Optional[str] = None) -> None:
         self.socket = socket or os.environ.get("FAMILYD_SOCKET") or DEFAULT_SOCKET
         self.shard_socket = shard_socket or os.environ.get("FAMILYD_SHARD_SOCKET") or None
+        self._daemon_shard_socket: Optional[str] = None
         self.timeout = timeout
         self.protos = protos or default_protos()
         self.channel = grpc.insecure_channel("unix:" + self.socket)
@@ -332,10 +333,16 @@ class Client:
 
     def default_shard_socket(self) -> str:
         """The shard socket given to the client (shard_socket=, $FAMILYD_SHARD_SOCKET), else
-        shard.sock beside the API socket."""
+        the daemon's own (GetStatus.shard_socket, asked once), else shard.sock beside the API
+        socket (a daemon that does not say)."""
         if self.shard_socket:
             return self.shard_socket
-        return os.path.join(os.path.dirname(self.socket) or ".", "shard.sock")
+        if self._daemon_shard_socket is None:
+            status = self.call("familyd.v1.AdminService/GetStatus",
+                               self.protos.cls("familyd.v1.GetStatusRequest")())
+            self._daemon_shard_socket = status.shard_socket or os.path.join(
+                os.path.dirname(self.socket) or ".", "shard.sock")
+        return self._daemon_shard_socket
 
     # -- checkpoints ---------------------------------------------------------------------
 
