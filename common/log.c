@@ -44,10 +44,6 @@ void log_set_max_level(int level) {
         max_level = level;
 }
 
-int log_get_max_level(void) {
-        return max_level;
-}
-
 static LogTarget log_detect_target(void) {
         const char *e = getenv("JOURNAL_STREAM");
         unsigned long long dev, ino;

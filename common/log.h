@@ -7,7 +7,6 @@
 #include "macro.h"
 
 void log_set_max_level(int level);
-int log_get_max_level(void);
 
 /* Where lines go, decided once from the environment (log.c says how). */
 typedef enum LogTarget {

@@ -63,10 +63,6 @@ void build_fill_stop(Builder *builder) {
         builder->fill = NULL;
 }
 
-unsigned build_fill_threads(const Builder *builder) {
-        return builder->fill ? fill_pool_threads(builder->fill->pool) : 0;
-}
-
 /* The NUMA node of this node's device local_device, or -1. */
 static int32_t device_numa(const Builder *builder, int32_t local_device) {
         _cleanup_(topology_unrefp) Topology *t = manager_topology(builder->manager);

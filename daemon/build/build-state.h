@@ -79,7 +79,7 @@ struct BuildProgressTable;
 /* The fill of build id starts: total_bytes to fill. tag and family are copied. */
 int build_progress_start(struct BuildProgressTable *t, const char *id, const char *tag,
                          const char *family, uint64_t total_bytes, BuildProgress **ret);
-/* The counter fill_run() adds to (fill_progress_bind()); NULL for NULL. */
+/* The counter fill_run() adds to (FillContext.progress); NULL for NULL. */
 FillProgress *build_progress_fill(BuildProgress *p);
 /* At least done bytes are filled (a segment finished). */
 void build_progress_advance(BuildProgress *p, uint64_t done);

@@ -475,10 +475,6 @@ int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *use
         return r;
 }
 
-int build_release(const Builder *builder, const char *id, FamilyError *ret_error) {
-        return build_free(builder, id, BUILD_TAKE_ANY, 0, "released", ret_error);
-}
-
 int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64_t now_ms,
                const char *why, FamilyError *ret_error) {
         _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;

@@ -6,14 +6,14 @@
  * bytes and a slot in the build table (build_draft()); then its segments are made and filled,
  * and only a finished build is committed and its tokens published (build_draft_finish()). Any
  * failure returns the reservation and drops what was made: nothing is half-built.
- * build_release() withdraws the tokens first, so no new descriptor is handed out, then drops
+ * build_free() withdraws the tokens first, so no new descriptor is handed out, then drops
  * the daemon's hold; mappings trainers already have stay valid (the kernel frees the memory
  * when the last one goes).
  *
  * Where builds outlive the daemon (daemon/state/: the fd store, or --state-dir), a Build
  * draws its id before materialising (its segments are named after it), reserves room in the
  * fd store with its bytes, and is saved (segments, then its record) before it is committed:
- * a build anyone can see is a build a restart brings back (build_restore()). build_release()
+ * a build anyone can see is a build a restart brings back (build_restore()). build_free()
  * forgets it there. Builds with shards in GPU memory are the exception: they are never kept
  * (build-keep.c says why).
  *
@@ -75,8 +75,6 @@ typedef struct Builder {
 int build_fill_start(Builder *builder, unsigned n_threads);
 /* Stops the pool once no Build fills any more (after the Build threads); accepts none. */
 void build_fill_stop(Builder *builder);
-/* The pool's threads; 0 without one. */
-unsigned build_fill_threads(const Builder *builder);
 
 /* ---- callers (build-caller.c) ----------------------------------------------------------- */
 
@@ -201,16 +199,12 @@ void build_draft_abandon(BuildDraft *d);
 int build_draft_finish(BuildDraft *d, bool (*expired)(void *userdata), void *userdata,
                        BuildRecord **ret, FamilyError *ret_error);
 
-/* ReleaseBuild: tokens withdrawn, the build forgotten where it was kept, its bytes back in the
- * budget. NOT_FOUND as build_table_get(). */
-int build_release(const Builder *builder, const char *id, FamilyError *ret_error);
-
 /*
  * ReleaseBuild with references: force frees the build whatever holds it (the adapter checks
  * that actor is an admin); else the caller's reference goes (FAILED_PRECONDITION NOT_HELD when
  * it holds none) and a build left unheld starts its grace period (0: freed now). A build
- * without references (layout only) is freed as build_release(), by its owner's uid or an admin
- * only (PERMISSION_DENIED RELEASE_NOT_ALLOWED; anyone for a build of no known owner).
+ * without references (layout only) is freed at once (build_free()), by its owner's uid or an
+ * admin only (PERMISSION_DENIED RELEASE_NOT_ALLOWED; anyone for a build of no known owner).
  * *ret_freed: this call freed it.
  */
 int build_release_held(const Builder *builder, const char *id, const BuildCaller *caller,

@@ -39,10 +39,6 @@ int fill_pool_new(unsigned n_threads, const FillPoolGroup *groups, size_t n_grou
 /* Stops the threads once the chunks they run have returned, and frees the pool; accepts NULL.
  * No fill may be running through it (its callers returned). */
 FillPool *fill_pool_free(FillPool *p);
-static inline void fill_pool_freep(FillPool **p) {
-        if (*p)
-                (void) fill_pool_free(*p);
-}
 
 unsigned fill_pool_threads(const FillPool *p);
 /* Groups of bound threads; 0 when the threads are not bound. */

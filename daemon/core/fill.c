@@ -770,10 +770,6 @@ void fill_context_bind(const FillContext *c) {
         fill_context_bound = c ? *c : (FillContext) { .group = -1 };
 }
 
-void fill_progress_bind(FillProgress *p) {
-        fill_context_bound.progress = p;
-}
-
 bool fill_bound_cancelled(void) {
         const FillContext *c = &fill_context_bound;
 

@@ -136,8 +136,6 @@ typedef struct FillContext {
 /* Binds a copy of c (NULL: none) to the calling thread; what it points to must outlive the
  * fills. */
 void fill_context_bind(const FillContext *c);
-/* Binds p (NULL: none) as the bound context's progress; p must outlive the fills. */
-void fill_progress_bind(FillProgress *p);
 
 /* For work done in place of a fill (a copy of an equal fill's bytes): true when the calling
  * thread's binding says the fill is cancelled (never without one). */

@@ -8,27 +8,6 @@
 #include "repr.h"
 #include "validate.h"
 
-void model_boundary_done(ModelBoundary *b) {
-        if (!b)
-                return;
-        for (size_t i = 0; i < b->n_fqns; i++)
-                free(b->fqns[i]);
-        free(b->fqns);
-        free(b->build_id);
-        free(b->layout.mesh_id);
-        for (size_t i = 0; i < b->layout.n_parameters; i++) {
-                ValidateParameter *p = &b->layout.parameters[i];
-                free(p->name);
-                free(p->shape);
-                for (size_t j = 0; j < p->n_placements; j++)
-                        free(p->placements[j].axis);
-                free(p->placements);
-                free(p->dtype);
-        }
-        free(b->layout.parameters);
-        *b = (ModelBoundary) {};
-}
-
 void violation_list_done(ViolationList *l) {
         if (!l)
                 return;

@@ -32,7 +32,6 @@ typedef struct ModelBoundary {
         AppliedLayout layout;
 } ModelBoundary;
 
-void model_boundary_done(ModelBoundary *b);
 
 /* What Validate needs of a build, looked up by id; borrowed for the duration of the call. */
 typedef struct BuiltFamily {

@@ -527,10 +527,6 @@ int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoi
         return 0;
 }
 
-void *peer_endpoint_userdata(PeerEndpoint *ep) {
-        return ep->userdata;
-}
-
 void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep) {
         if (ep)
                 peer_endpoint_close(u, ep);

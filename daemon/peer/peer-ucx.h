@@ -47,7 +47,6 @@ void peer_ucx_dispatch(PeerUcx *u);
 
 /* Dials a daemon at "host:port". The connection completes in the background. */
 int peer_ucx_connect(PeerUcx *u, const char *address, void *userdata, PeerEndpoint **ret);
-void *peer_endpoint_userdata(PeerEndpoint *ep);
 /* Closes (forcibly) and forgets the endpoint; its userdata is not touched again. */
 void peer_ucx_close(PeerUcx *u, PeerEndpoint *ep);
 

@@ -236,13 +236,6 @@ void caller_table_unqueue(CallerTable *t, RpcConnection *c, size_t size) {
         }
 }
 
-uint64_t caller_table_queued(CallerTable *t) {
-        (void) pthread_mutex_lock(&t->lock);
-        uint64_t n = t->queued;
-        (void) pthread_mutex_unlock(&t->lock);
-        return n;
-}
-
 unsigned caller_table_shutdown_all(CallerTable *t) {
         unsigned n = 0;
 

@@ -81,8 +81,6 @@ int caller_table_queue(CallerTable *t, RpcConnection *c, size_t size, uint64_t *
                        uint64_t *ret_limit);
 /* The reply's bytes are freed (sent, or dropped with the call or the connection). */
 void caller_table_unqueue(CallerTable *t, RpcConnection *c, size_t size);
-/* Bytes waiting over all connections. */
-uint64_t caller_table_queued(CallerTable *t);
 
 /* At the server's shutdown: shuts down both ways every filed connection still open at its
  * number (the same socket), so that gRPC closes it even while a write to a client that never
