@@ -52,7 +52,7 @@
  * answered on: it hears most members only through others, so the last news of the previous
  * start says little about when its link was made.
  *
- * Rules against a member that errs (issue 16; the membership's own are in membership.h):
+ * Rules against a member that errs (the membership's own are in membership.h):
  * - a refusal counts only when it comes back on a link this daemon dialed (the origin names
  *   it) and closes that link alone, which is dialed again after PROTOCOL_REFUSED_BACKOFF_MIN_MS,
  *   doubling to PROTOCOL_REFUSED_BACKOFF_MAX_MS (the other side's configuration may change);

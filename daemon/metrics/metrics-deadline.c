@@ -3,7 +3,7 @@
 /*
  * DESIGN: libmicrohttpd's connection timeout counts any byte as traffic, so a scraper that
  * drips its headers a byte at a time holds its connection for as long as it likes, and 16 of
- * them (the connection limit) kept every other scraper out (issue 37). The library has no
+ * them (the connection limit) kept every other scraper out (an adversarial run found it). The library has no
  * deadline for a request's headers, so this file keeps one: each connection, from its
  * NOTIFY_CONNECTION start to its close, has an entry (its socket context) with the time its
  * request's headers are due, from accept and again from the end of each request on a

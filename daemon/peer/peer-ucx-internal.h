@@ -32,7 +32,7 @@
 #define PEER_TIMER_ACCURACY_USEC 1000u
 /* Handshakes in progress on the listening side; more are closed at once. One source address
  * holds at most PEER_MAX_HANDSHAKES_PER_SOURCE of them, so a flood from one host leaves room
- * for the others (issue 16: 837k idle connections from one address held all 64). */
+ * for the others (a flood of 837k idle connections from one address once held all 64). */
 #define PEER_MAX_HANDSHAKES 64u
 #define PEER_MAX_HANDSHAKES_PER_SOURCE 8u
 #define PEER_FLOOD_LOG_USEC (10u * 1000000u)

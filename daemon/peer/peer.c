@@ -16,7 +16,7 @@
  * re-armed, and the protocol flushes (eager heartbeats, a new topology for the manager, which
  * pushes it to watchers). Every message names the sender's registry digest: each heartbeat
  * first reads the manager's, so a reload reaches every peer within one interval. The traffic
- * counters count what UCX reports sent (on_sent()), not what was queued (issue 16).
+ * counters count what UCX reports sent (on_sent()), not what was queued.
  */
 
 #include <inttypes.h>
@@ -230,7 +230,7 @@ static void sink_note(void *userdata, const ProtocolNote *n) {
 
 /* --- from peer-ucx --- */
 
-/* UCX finished sending a message: only bytes that left count (issue 16). */
+/* UCX finished sending a message: only bytes that left count. */
 static void on_sent(void *userdata, size_t size) {
         Peer *p = userdata;
 

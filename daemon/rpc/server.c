@@ -20,7 +20,7 @@
 
 /* At shutdown, how long gRPC may take to close its connections itself (writing the cancelled
  * calls' trailers) before familyd shuts their sockets: a connection whose client never reads
- * would otherwise keep the shutdown waiting forever (issue 37). */
+ * would otherwise keep the shutdown waiting forever. */
 #define SERVER_SHUTDOWN_GRACE_SEC 2
 
 static const RpcService *const services[] = {
@@ -130,7 +130,7 @@ int server_new(const ServerParams *params, Server **ret) {
         /* No ping policing (0: strikes unlimited). gRPC 1.51 answers each PING past the
          * strike limit with another close of the transport, which waits for the write in
          * progress and keeps every attempt's error (about 3.6 KB a PING) while a client that
-         * never reads holds that write: 80 MiB a connection measured, issue 37. Without
+         * never reads holds that write: 80 MiB a connection measured. Without
          * strikes a PING costs its ACK, and chttp2 stops reading a connection with 10,000
          * ACKs (and SETTINGS ACKs, RST_STREAMs) unwritten: under 1 MiB a connection. */
         args[3] = (grpc_arg) { .type = GRPC_ARG_INTEGER,
