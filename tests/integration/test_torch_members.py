@@ -14,12 +14,13 @@
   member's output; weight gradients pass straight through.
 - RingGQAAttention: one process (cp 1) equals eager; its refusals.
 - Two torchrun jobs (gloo, CPU) of this file's worker: 2 ranks (tp=2: flash with and without
-  window, fused; cp=2: ring batched, unbatched with position_ids, with as many kv heads as
-  heads, chunks of different shapes refused on both ranks; ep=2: mxfp8) and 4 ranks (ring over
-  cp=2 x tp=2). The parent compares each rank's output and input gradient with the unsharded
-  member on the whole input in this process (ring: the eager member on the whole sequence, the
-  rank's chunk of it), and the weight gradients, summed over cp and concatenated over tp or ep
-  shards, with the whole member's, within 1e-5 relative to the largest value.
+  window, fused, fused in bfloat16; cp=2: ring batched, in bfloat16, unbatched with
+  position_ids, with as many kv heads as heads, chunks of different shapes refused on both
+  ranks; ep=2: mxfp8) and 4 ranks (ring over cp=2 x tp=2). The parent compares each rank's
+  output and input gradient with the unsharded member on the whole input in this process
+  (ring: the eager member on the whole sequence, the rank's chunk of it), and the weight
+  gradients, summed over cp and concatenated over tp or ep shards, with the whole member's,
+  within 1e-5 relative to the largest value (bfloat16: 2e-2).
 """
 
 import math
@@ -101,8 +102,12 @@ CASES = {
     "ring_cp_tp": ({"cp": 2, "tp": 2}, M.RingGQAAttention, M.EagerGQAAttention, ATTN_TP4,
                    {"rope_theta": 1e4}, ATTN_SHARDS, (2, 8, 16), False),
 }
+CASES["ring_cp_bf16"] = CASES["ring_cp"]
+CASES["fused_tp_bf16"] = CASES["fused_tp"]
+BF16 = {"ring_cp_bf16", "fused_tp_bf16"}
+BF16_RTOL = 2e-2           # bfloat16 keeps 8 bits: the members round at different places
 JOBS = {2: ("flash_tp", "flash_tp_window", "fused_tp", "ring_cp", "ring_cp_positions",
-            "ring_cp_mha", "mxfp8_ep"),
+            "ring_cp_mha", "mxfp8_ep", "ring_cp_bf16", "fused_tp_bf16"),
         4: ("ring_cp_tp",)}
 EP_TOKENS = [6, 3]
 
@@ -139,7 +144,13 @@ def ep_inputs(rank):
     return x, idx, torch.rand(tokens, 2, generator=g), torch.randn(tokens, 40, generator=g)
 
 
+def dtype_of(name):
+    return torch.bfloat16 if name in BF16 else torch.float32
+
+
 def forward_backward(module, x, probe, *args, **kw):
+    dtype = next(module.parameters()).dtype
+    x, probe = x.to(dtype), probe.to(dtype)
     x = x.clone().requires_grad_()
     out = module(x, *args, **kw)
     (out * probe).sum().backward()
@@ -164,7 +175,9 @@ def worker(outdir):
                     groups[axis] = g
         context = M.ParallelContext(groups=groups, **{a + "_size": s for a, s in sizes.items()})
         weights = full_weights(ref_cls(config=config, **kw))
-        part = part_cls(config=config, context=context, **kw)
+        dtype = dtype_of(name)
+        weights = {n: t.to(dtype) for n, t in weights.items()}
+        part = part_cls(config=config, context=context, dtype=dtype, **kw)
         local = {}
         for n, t in weights.items():
             axis = "ep" if "ep" in sizes else "tp"
@@ -243,16 +256,19 @@ class ParallelJobs(Close, unittest.TestCase):
         sizes, _, ref_cls, config, kw, shards, _, _ = CASES[name]
         world = math.prod(sizes.values())
         got = self.results[world]
-        ref = load(ref_cls(config=config, **kw), full_weights(ref_cls(config=config, **kw)))
+        dtype = dtype_of(name)
+        rtol = BF16_RTOL if dtype == torch.bfloat16 else RTOL
+        ref = load(ref_cls(config=config, dtype=dtype, **kw),
+                   {n: t.to(dtype) for n, t in full_weights(ref_cls(config=config, **kw)).items()})
         if "ep" in sizes:
             for r in range(world):
                 x, idx, w, probe = ep_inputs(r)
                 out, xg, _ = forward_backward(ref, x, probe, idx, w)   # grads accumulate
-                self.assertClose(got[r][name][0], out, "%s rank %d output" % (name, r))
-                self.assertClose(got[r][name][1], xg, "%s rank %d input grad" % (name, r))
+                self.assertClose(got[r][name][0], out, "%s rank %d output" % (name, r), rtol)
+                self.assertClose(got[r][name][1], xg, "%s rank %d input grad" % (name, r), rtol)
             for n, p in ref.named_parameters():
                 self.assertClose(torch.cat([got[r][name][2][n] for r in range(world)],
-                                           shards[n]), p.grad, "%s grad of %s" % (name, n))
+                                           shards[n]), p.grad, "%s grad of %s" % (name, n), rtol)
             return
         x, probe, pos = whole_inputs(name)
         out, xg, grads = forward_backward(ref, x, probe,
@@ -261,9 +277,9 @@ class ParallelJobs(Close, unittest.TestCase):
             c = coords(r, sizes)
             start, stop = chunk(x.shape[-2], sizes.get("cp", 1), c.get("cp", 0))
             self.assertClose(got[r][name][0], out[..., start:stop, :],
-                             "%s rank %d output" % (name, r))
+                             "%s rank %d output" % (name, r), rtol)
             self.assertClose(got[r][name][1], xg[..., start:stop, :],
-                             "%s rank %d input grad" % (name, r))
+                             "%s rank %d input grad" % (name, r), rtol)
         tp = sizes.get("tp", 1)
         for n, want in grads.items():
             parts = []
@@ -271,7 +287,7 @@ class ParallelJobs(Close, unittest.TestCase):
                 ranks = [r for r in range(world) if coords(r, sizes).get("tp", 0) == t]
                 parts.append(sum(got[r][name][2][n] for r in ranks))
             gathered = torch.cat(parts, shards[n]) if n in shards else parts[0]
-            self.assertClose(gathered, want, "%s grad of %s" % (name, n))
+            self.assertClose(gathered, want, "%s grad of %s" % (name, n), rtol)
 
     def test_flash_tp2(self):
         self.check("flash_tp")
@@ -299,6 +315,14 @@ class ParallelJobs(Close, unittest.TestCase):
 
     def test_ring_cp2_as_many_kv_heads(self):
         self.check("ring_cp_mha")
+
+    def test_bfloat16_over_gloo(self):
+        """bfloat16 members on gloo (no bfloat16 there): ring sends its K/V chunks as float32
+        (it computes in float32), fused all-reduces as float32; within bfloat16's precision of
+        the eager and plain members in bfloat16."""
+        self.check("ring_cp_bf16")
+        self.check("fused_tp_bf16")
+        self.assertEqual(self.results[2][0]["ring_cp_bf16"][0].dtype, torch.bfloat16)
 
     def test_ring_cp2_tp2(self):
         """4 ranks, cp=2 x tp=2: heads over tp, the sequence over cp."""
