@@ -4,12 +4,12 @@ familyd.torch.validate, on a real familyd and real torch (Debian's 1.13, CPU).
 
 One daemon (--host-devices 4, a short --build-grace-ms) serves the test's own registry
 (torch_registry/: families whose constructors are classes of torch_members.py, each bad one
-wrong in one way) together with the example registry (deploy/registry: the members
-familyd.torch.modules does not implement). Bad input gives a Python error naming the module
-(its fqn) and, where one is at fault, the parameter; the daemon keeps answering and the failed
-build is released (no reference of this process, gone after the grace period). Provenance,
-replacement, seeds, zero-copy and copy-on-write (a second process, torch_build_worker.py,
-maps the same build), argument binding, the model walk, and the order of process groups.
+wrong in one way) together with the example registry (deploy/registry: the members its
+selectors choose). Bad input gives a Python error naming the module (its fqn) and, where one
+is at fault, the parameter; the daemon keeps answering and the failed build is released (no
+reference of this process, gone after the grace period). Provenance, replacement, seeds,
+zero-copy and copy-on-write (a second process, torch_build_worker.py, maps the same build),
+argument binding, the model walk, and the order of process groups.
 """
 
 import ctypes
@@ -209,35 +209,36 @@ class TestBadInput(Base):
         m = self.build("tb_linear", CFG, fqn="after.bad")
         self.assertEqual(tuple(m.weight.shape), (6, 4))
 
-    def test_unimplemented_members(self):
-        """flash, mxfp8, fused and ring (deploy/registry) raise NotImplementedError naming the
-        member, and their builds are released."""
-        cases = [("attention", ATTENTION, {"use_flash": True}, "FlashGQAAttention"),
-                 ("grouped_experts", EXPERTS, {"use_mxfp8": True}, "MXFP8GroupedSwiGLU"),
-                 ("mlp", MLP, {"use_fused_swiglu": True}, "FusedSwiGLUMLP")]
-        for family, config, selectors, member in cases:
+    def test_flash_mxfp8_fused_and_ring_members(self):
+        """The selectors' members (deploy/registry) build: flash, mxfp8 and fused on no mesh,
+        ring on a mesh with cp=2 (this process its rank 0; the cp group is forward's need, not
+        the constructor's), each with the registry's parameters, filled (normal init), and
+        the first three compute. Their maths: test_torch_members.py."""
+        cases = [("attention", ATTENTION, {"use_flash": True}, "FlashGQAAttention",
+                  {"wq": (8, 8), "wk": (4, 8), "wv": (4, 8), "wo": (8, 8)}, (3, 8)),
+                 ("grouped_experts", EXPERTS, {"use_mxfp8": True}, "MXFP8GroupedSwiGLU",
+                  {"gate_up_proj": (2, 8, 8), "down_proj": (2, 4, 8)}, None),
+                 ("mlp", MLP, {"use_fused_swiglu": True}, "FusedSwiGLUMLP",
+                  {"gate_proj": (6, 8), "up_proj": (6, 8), "down_proj": (8, 6)}, (3, 8))]
+        for family, config, selectors, member, shapes, x in cases:
             with self.subTest(member=member):
-                with self.assertRaisesRegex(NotImplementedError,
-                                            "^familyd.torch.build_module\\('%s', fqn='layers.0.x'"
-                                            "\\): member '[a-z0-9_]+' \\([a-z.A-Z0-9]+\\): "
-                                            "familyd.torch.modules.%s \\(family %s\\) is not "
-                                            "implemented by familyd.torch.modules; use "
-                                            % (family, member, family)):
-                    FT.build_module(client, family, config, fqn="layers.0.x", **selectors)
-                self.assert_released(family)
-        # ring: attention on a mesh with cp=2 (this process is its rank 0)
+                m = self.build(family, config, fqn="layers.0.x", **selectors)
+                self.assertEqual(type(m).__name__, member)
+                self.assertEqual({n: tuple(p.shape) for n, p in m.named_parameters()}, shapes)
+                for n, p in m.named_parameters():
+                    self.assertGreater(float(p.detach().abs().sum()), 0.0, n)
+                if x is not None:
+                    self.assertEqual(tuple(m(torch.randn(*x)).shape), x)
+                else:
+                    y = m(torch.randn(3, 8), torch.tensor([[0], [1], [1]]), torch.ones(3, 1))
+                    self.assertEqual(tuple(y.shape), (3, 8))
         mesh = client.create_mesh({"cp": 2}, ranks=[0, 1])
         job = D.Job(rank=0, world_size=2, local_rank=0, local_world_size=2, familyd_rank=0,
                     familyd_ranks=[0, 1])
         jm = D.JobMesh(job=job, mesh=mesh, groups={}, context=ParallelContext(cp_size=2))
-        with self.assertRaisesRegex(NotImplementedError,
-                                    "^familyd.torch.build_module\\('attention', "
-                                    "fqn='layers.0.attn'\\): member 'ring' \\([a-zA-Z.]+\\): "
-                                    "familyd.torch.modules.RingGQAAttention \\(family attention\\)"
-                                    " is not implemented by familyd.torch.modules; context "
-                                    "parallelism"):
-            FT.build_module(client, "attention", ATTENTION, mesh=jm, fqn="layers.0.attn")
-        self.assert_released("attention")
+        m = self.build("attention", ATTENTION, mesh=jm, fqn="layers.0.attn")
+        self.assertEqual((type(m).__name__, m.cp_size), ("RingGQAAttention", 2))
+        self.assertEqual([n for n, _ in m.named_parameters()], ["wq", "wk", "wv", "wo"])
 
     def test_refused_arguments(self):
         for kw, exc, text in (({"module": TM.Source(CFG)}, ValueError,

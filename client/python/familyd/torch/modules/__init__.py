@@ -7,22 +7,22 @@ registry's names and the LOCAL shard shapes of this process's coordinate on the 
 (context: a ParallelContext or a dict with its keys). They are initialised as the registry says,
 except on `meta`, where they stay empty for binding to familyd's shards.
 
-    grouped_experts  GroupedExpertsLocal, EPGroupedExperts        (MXFP8GroupedSwiGLU: raises)
-    mlp              PlainSwiGLUMLP, TPSwiGLUMLP                  (FusedSwiGLUMLP: raises)
-    attention        EagerGQAAttention                            (Flash/RingGQAAttention: raise)
+    grouped_experts  GroupedExpertsLocal, EPGroupedExperts, MXFP8GroupedSwiGLU
+    mlp              PlainSwiGLUMLP, TPSwiGLUMLP, FusedSwiGLUMLP
+    attention        EagerGQAAttention, FlashGQAAttention, RingGQAAttention (cp)
     embedding        PlainEmbedding, VocabParallelEmbedding
     norm             PlainRMSNorm
 """
 
 from ._common import ParallelContext, chunk_range
-from .attention import EagerGQAAttention
+from .attention import EagerGQAAttention, FlashGQAAttention, RingGQAAttention
 from .embedding import PlainEmbedding, VocabParallelEmbedding
-from .grouped_experts import EPGroupedExperts, GroupedExpertsLocal
-from .mlp import PlainSwiGLUMLP, TPSwiGLUMLP
+from .grouped_experts import (EPGroupedExperts, GroupedExpertsLocal, MXFP8GroupedSwiGLU,
+                              mxfp8_dequantize, mxfp8_quantize)
+from .mlp import FusedSwiGLUMLP, PlainSwiGLUMLP, TPSwiGLUMLP
 from .norm import PlainRMSNorm
-from .unimplemented import FlashGQAAttention, FusedSwiGLUMLP, MXFP8GroupedSwiGLU, RingGQAAttention
 
 __all__ = ["EPGroupedExperts", "EagerGQAAttention", "FlashGQAAttention", "FusedSwiGLUMLP",
            "GroupedExpertsLocal", "MXFP8GroupedSwiGLU", "ParallelContext", "PlainEmbedding",
            "PlainRMSNorm", "PlainSwiGLUMLP", "RingGQAAttention", "TPSwiGLUMLP",
-           "VocabParallelEmbedding", "chunk_range"]
+           "VocabParallelEmbedding", "chunk_range", "mxfp8_dequantize", "mxfp8_quantize"]

@@ -90,8 +90,10 @@ class Axis:
         return self.group
 
 
-def context_axis(context: Any, axis: str, owner: str) -> Axis:
-    """Read one axis from the context: its size, coordinate and group, checked."""
+def context_axis(context: Any, axis: str, owner: str, coordinate: bool = True) -> Axis:
+    """Read one axis from the context: its size, coordinate and group, checked. coordinate
+    False: a member whose parameters do not depend on its coordinate on the axis (forward
+    takes it from the group) is made without a group or ranks too; rank is then 0."""
     size = _context_get(context, axis + "_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError("%s: %s_size must be a positive integer, not %r" % (owner, axis, size))
@@ -104,7 +106,7 @@ def context_axis(context: Any, axis: str, owner: str) -> Axis:
             raise ValueError("%s: %s_size=%d but the %s group has %d ranks"
                              % (owner, axis, size, axis, actual))
         rank = dist.get_rank(group)
-    elif size == 1:
+    elif size == 1 or (not coordinate and axis not in ranks):
         rank = 0
     elif axis in ranks:
         rank = ranks[axis]

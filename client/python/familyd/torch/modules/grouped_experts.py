@@ -1,4 +1,4 @@
-"""Grouped MoE experts (registry family grouped_experts): local and expert-parallel.
+"""Grouped MoE experts (registry family grouped_experts): local, expert-parallel and MXFP8.
 
 Parameters (deploy/registry/grouped_experts.yaml):
   gate_up_proj [num_experts, hidden_size, 2 * moe_intermediate_size], ep shard(0)
@@ -13,6 +13,10 @@ EPGroupedExperts holds the experts of its ep coordinate only (torch.chunk ranges
 dim, familyd's shard(0)); each (token, slot) pair goes to the rank of its expert with
 all_to_all_single over the ep group and its result comes back the same way. Every rank of the
 group must call forward together (with its own tokens; any count, zero included).
+
+MXFP8GroupedSwiGLU is EPGroupedExperts computing with its weights quantised to float8 e4m3 in
+blocks of 32 along the reduction dim, one float32 scale each (mxfp8_quantize), dequantised to
+float32.
 """
 
 from typing import Any, Callable, Dict, List, Tuple
@@ -135,6 +139,13 @@ class EPGroupedExperts(_GroupedExpertsBase):
 
     def forward(self, hidden_states: torch.Tensor, expert_indices: torch.Tensor,
                 expert_weights: torch.Tensor) -> torch.Tensor:
+        return self._dispatch(hidden_states, expert_indices, expert_weights,
+                              local(self.gate_up_proj), local(self.down_proj))
+
+    def _dispatch(self, hidden_states: torch.Tensor, expert_indices: torch.Tensor,
+                  expert_weights: torch.Tensor, gate_up: torch.Tensor,
+                  down: torch.Tensor) -> torch.Tensor:
+        """forward with the local experts' weights gate_up and down."""
         owner = type(self).__name__
         group = self._ep.require_group(owner)
         _check_routing(hidden_states, expert_indices, expert_weights, self.hidden_size,
@@ -149,8 +160,75 @@ class EPGroupedExperts(_GroupedExpertsBase):
         recv = exchange_counts(send, group).tolist() if group is not None else send
         rows = all_to_all(hidden_states[token_of], send, recv, group)
         got_ids = exchange_ints(sorted_ids, send, recv, group) if group is not None else sorted_ids
-        y = _run_experts(rows, got_ids - self.expert_start, local(self.gate_up_proj),
-                         local(self.down_proj), self._act)
+        y = _run_experts(rows, got_ids - self.expert_start, gate_up, down, self._act)
         y = all_to_all(y, recv, send, group)
         y = y * expert_weights.reshape(-1)[order].reshape(-1, 1).to(y.dtype)
         return hidden_states.new_zeros(hidden_states.shape).index_add(0, token_of, y)
+
+
+MX_BLOCK = 32                 # elements per scale (OCP MX's k)
+E4M3_MAX = 448.0              # the largest finite float8 e4m3fn value
+
+
+def _blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """t with `dim` moved last, zero-padded to whole blocks and split: [..., blocks, 32]."""
+    t = t.movedim(dim, -1)
+    n = t.shape[-1]
+    blocks = -(-n // MX_BLOCK)
+    return F.pad(t, (0, blocks * MX_BLOCK - n)).unflatten(-1, (blocks, MX_BLOCK))
+
+
+def _unblocks(b: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    return b.flatten(-2)[..., :n].movedim(-1, dim)
+
+
+def mxfp8_quantize(w: torch.Tensor, dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """w as float8 e4m3 (torch.float8_e4m3fn) with one float32 scale per block of 32
+    consecutive elements along `dim` (the last block shorter when 32 does not divide it):
+    scale = max|block| / 448 in float32 (1 for a block of zeros), element = w / scale rounded
+    to nearest e4m3 (ties to even), so each block's largest element maps to 448. Returns
+    (elements, w's shape; scales, w's shape with ceil(n / 32) along dim). Not OCP MX's E8M0
+    power-of-two scale: a float32 scale wastes none of e4m3's range."""
+    n = w.shape[dim]
+    b = _blocks(w.detach().float(), dim)
+    amax = b.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (b / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return _unblocks(q, n, dim), scale.squeeze(-1).movedim(-1, dim)
+
+
+def mxfp8_dequantize(q: torch.Tensor, scales: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """float32 elements * their block's scale: what mxfp8_quantize's output stands for."""
+    b = _blocks(q.float(), dim) * scales.movedim(dim, -1).unsqueeze(-1)
+    return _unblocks(b, q.shape[dim], dim)
+
+
+class MXFP8GroupedSwiGLU(EPGroupedExperts):
+    """The grouped experts with MX-style float8 weights (variant mxfp8): the parameters are
+    the other members' (float32 or whatever dtype they are made in); forward quantises
+    gate_up_proj and down_proj with mxfp8_quantize along their reduction dim (hidden_size for
+    gate_up_proj, moe_intermediate_size for down_proj: dim 1 of both), dequantises them and
+    computes the SwiGLU experts in float32, the output in the input's dtype. Expert parallel
+    over ep as EPGroupedExperts (the registry allows ep 1 or 2). Backward passes the weight
+    gradient straight through the quantisation (to the parameter as if unquantised)."""
+
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, *, device: Any = None, dtype: Any = None) -> None:
+        super().__init__(config, module, module_fqn, context, "silu", device=device,
+                         dtype=dtype)
+
+    def dequantized(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up_proj, down_proj) as forward computes with them: quantised, dequantised,
+        float32, with the parameters' gradient passed straight through."""
+        out = []
+        for p in (local(self.gate_up_proj), local(self.down_proj)):
+            w = p.float()
+            out.append(w + (mxfp8_dequantize(*mxfp8_quantize(w)) - w).detach())
+        return out[0], out[1]
+
+    def forward(self, hidden_states: torch.Tensor, expert_indices: torch.Tensor,
+                expert_weights: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.dequantized()
+        y = self._dispatch(hidden_states.float(), expert_indices, expert_weights.float(),
+                           gate_up, down)
+        return y.to(hidden_states.dtype)

@@ -1,4 +1,4 @@
-"""SwiGLU feed-forward (registry family mlp): plain and tensor parallel.
+"""SwiGLU feed-forward (registry family mlp): plain, tensor parallel and fused.
 
 Parameters (deploy/registry/mlp.yaml), [out_features, in_features] as torch.nn.Linear keeps them:
   gate_proj [intermediate_size, hidden_size], tp shard(0)   (column-parallel)
@@ -8,7 +8,8 @@ Parameters (deploy/registry/mlp.yaml), [out_features, in_features] as torch.nn.L
 forward(x [..., H]) = (silu(x @ gate_proj.T) * (x @ up_proj.T)) @ down_proj.T. TPSwiGLUMLP holds
 the tp coordinate's rows of gate_proj/up_proj and the same columns of down_proj (torch.chunk
 ranges of intermediate_size), and all-reduces its partial output over the tp group; the input is
-the whole x on every tp rank.
+the whole x on every tp rank. FusedSwiGLUMLP computes gate and up in one matmul over the
+concatenated weights, with or without tp.
 """
 
 from typing import Any, Callable, Tuple
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import (chunk_range, config_int, config_value, context_axis, init_normal, local,
-                      new_parameter, resolve_config)
+                      new_parameter, reject_axis, resolve_config)
 from ._comm import copy_to_parallel, reduce_from_parallel
 
 
@@ -76,3 +77,30 @@ class TPSwiGLUMLP(_SwiGLUMLPBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self._tp.require_group(type(self).__name__)
         return reduce_from_parallel(self._local(copy_to_parallel(x, group)), group)
+
+
+class FusedSwiGLUMLP(_SwiGLUMLPBase):
+    """The same parameters and result with gate and up in one matmul (variant fused): x times
+    the concatenated [gate_proj; up_proj] (torch.cat of the two, [2 * I/tp, H]), split into
+    gate and up, silu(gate) * up, then down_proj. Tensor parallel as TPSwiGLUMLP over the
+    context's tp group (each rank its rows of gate/up, its columns of down, all-reduce), the
+    plain MLP with tp_size 1. pp_size > 1 is refused, as the registry's requires says."""
+
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "",
+                 context: Any = None, *, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        reject_axis(context, "pp", owner, "PlainSwiGLUMLP or TPSwiGLUMLP")
+        self._tp = context_axis(context, "tp", owner)
+        self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self._setup(config, module, module_fqn,
+                    lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        group = self._tp.require_group(type(self).__name__)
+        x = copy_to_parallel(x, group)
+        gate_up = torch.cat((local(self.gate_proj), local(self.up_proj)))
+        h = F.linear(x, gate_up)
+        rows = self.inter_stop - self.inter_start
+        gate, up = h[..., :rows], h[..., rows:]
+        return reduce_from_parallel(F.linear(F.silu(gate) * up, local(self.down_proj)), group)
