@@ -264,7 +264,9 @@ class TestProvenance(Base):
         self.assertEqual(list(info.request.materialize.ranks), [0])
         self.assertEqual((info.member.variant, info.member.constructor),
                          ("good", "torch_members.GoodLinear"))
-        self.assertIs(info.config, CFG)
+        # A snapshot: equal, and not the caller's object (a later change does not reach it).
+        self.assertEqual(info.config, CFG)
+        self.assertIsNot(info.config, CFG)
         self.assertEqual(info.origin, "direct")
         self.assertEqual([(p.name, list(p.shape)) for p in info.layout.parameters],
                          [("weight", [6, 4]), ("bias", [6])])
@@ -303,7 +305,8 @@ class TestProvenance(Base):
         r = self.build("tb_linear", module=source, fqn=fqn, seed=3)
         info = FT.build_info(r)
         self.assertEqual(info.origin, "replacement")
-        self.assertIs(info.config, source.config)           # taken from the existing module
+        self.assertEqual(info.config, source.config)        # taken from the existing module
+        self.assertIsNot(info.config, source.config)        # as a snapshot
         self.assertIs(r.config, source.config)
         self.assertEqual(info.request.module.fqn, fqn)
         self.assertEqual([(p.name, list(p.shape)) for p in info.request.module.parameters],
@@ -331,15 +334,16 @@ class TestProvenance(Base):
         self.assertTrue(torch.equal(r.weight, direct.weight), r.weight)
         self.assertGreater(float(r.weight.abs().sum()), 0.0)
 
-    def test_replacement_copy_weights_not_supported(self):
-        builds = len(client.list_builds())
-        with self.assertRaisesRegex(NotImplementedError,
-                                    "^familyd.torch.build_module\\('tb_linear', fqn='l.0'\\): "
-                                    "converting an existing module's weights is not supported "
-                                    "yet"):
-            FT.build_module(client, "tb_linear", module=TM.Source(dict(CFG)), fqn="l.0",
-                            copy_weights=True)
-        self.assertEqual(len(client.list_builds()), builds)
+    def test_replacement_copy_weights(self):
+        """copy_weights=True: the source's values, not the registry's init."""
+        source = TM.Source(dict(CFG))
+        with torch.no_grad():
+            source.weight.copy_(torch.arange(24.0).reshape(6, 4))
+            source.bias.fill_(5.0)
+        r = FT.build_module(client, "tb_linear", module=source, fqn="l.0", copy_weights=True)
+        self.addCleanup(FT.release, r)
+        self.assertTrue(torch.equal(r.weight.detach(), source.weight.detach()))
+        self.assertTrue(torch.equal(r.bias.detach(), source.bias.detach()))
 
 
 class TestSeeds(Base):

@@ -39,6 +39,7 @@ The module carries its provenance (build_info). Each module's seed is derive_see
 two identical blocks get different weights and different builds.
 """
 
+import copy
 import hashlib
 import importlib
 import inspect
@@ -120,6 +121,45 @@ def derive_seed(seed: int, fqn: str) -> int:
         raise ValueError("familyd.torch: seed must be an integer in [0, 2**64), not %r" % (seed,))
     digest = hashlib.blake2b(b"%d\0%s" % (seed, fqn.encode()), digest_size=8).digest()
     return int.from_bytes(digest, "little")
+
+
+def _python_value(v: Any) -> Any:
+    """A familyd.v1.Value as the Python value a Build's arguments take."""
+    kind = v.WhichOneof("kind")
+    if kind == "list_value":
+        return [_python_value(x) for x in v.list_value.values]
+    return getattr(v, kind) if kind else None
+
+
+def _target(target: Any, arguments: Dict[str, Any], config: Any,
+            where: str) -> Tuple[str, Dict[str, Any], Any]:
+    """(family, arguments, config) of build_module's target: a family's name or baseline; a
+    preserved request (a familyd.v1.BuildRequest, or the BuildInfo build_info() returns: its
+    family and arguments, which keywords may not be added to); or a class, the family's public
+    class, by its dotted path (the registry's `baseline`). A
+    "config" among the arguments is the config ("config was supplied twice" with config=)."""
+    if isinstance(target, BuildInfo):
+        target = target.request
+    descriptor = getattr(target, "DESCRIPTOR", None)
+    if descriptor is not None and descriptor.full_name == "familyd.v1.BuildRequest":
+        if arguments:
+            raise ValueError("%s: request arguments cannot be combined with additional keywords"
+                             % where)
+        family = target.family
+        arguments = {k: _python_value(v) for k, v in target.arguments.items()}
+    elif isinstance(target, str):
+        family = target
+    elif isinstance(target, type):
+        family = "%s.%s" % (target.__module__, target.__qualname__)
+    else:
+        raise TypeError("build_module: the target must be a family name, a preserved request "
+                        "or a class, not %r" % (target,))
+    if "config" in arguments:
+        arguments = dict(arguments)
+        if config is not None:
+            raise ValueError("%s: config was supplied twice" % where)
+        config = arguments.pop("config")
+    return family, arguments, config
 
 
 def _where(fqn: str, family: str) -> str:
@@ -377,7 +417,7 @@ def _placement(mesh: Optional[JobMesh], fqn: str) -> Tuple[str, int, List[int], 
     return mesh.mesh_id, mesh.job.familyd_rank, mesh.job.local_familyd_ranks(), mesh.context
 
 
-def build_module(client: Client, family: str, config: Any = None,
+def build_module(client: Client, family: Any, config: Any = None,
                  mesh: Optional[JobMesh] = None, module: Optional[torch.nn.Module] = None,
                  fqn: str = "", seed: int = 0, dtype: str = "float32",
                  parameter_dtypes: Optional[Mapping[str, str]] = None,
@@ -385,6 +425,12 @@ def build_module(client: Client, family: str, config: Any = None,
                  checkpoint: Any = None, checkpoint_prefix: str = "",
                  checkpoint_names: str = "", **arguments: Any) -> torch.nn.Module:
     """The member of `family` for this job, as an nn.Module over this rank's shards.
+
+    family: the family's name or baseline; a preserved request (build_info(m).request, or the
+    BuildInfo itself: its family and arguments again, with no further keywords); or the
+    family's public class (its dotted path is the registry's baseline). A "config" among
+    a preserved request's arguments is taken as the config ("config was supplied twice" when
+    config= is given too). BuildInfo.config is a deep copy of the config, taken at the build.
 
     config: the model config (a dict, or an object with attributes: a transformers config);
     module: instead of config, an existing module to replace (config taken from it); its
@@ -410,6 +456,9 @@ def build_module(client: Client, family: str, config: Any = None,
     for a refused Build, ModuleBuildError / TypeError / NotImplementedError (a member this
     package does not implement) otherwise; on any failure this process's reference to the
     build is released."""
+    family, arguments, config = _target(family, arguments, config,
+                                        _where(fqn, family if isinstance(family, str)
+                                               else "the target"))
     where = _where(fqn, family)
     if (config is None) == (module is None):
         raise ValueError("%s: provide exactly one of config or module" % where)
@@ -421,8 +470,6 @@ def build_module(client: Client, family: str, config: Any = None,
         # their own names, in a memfd this process fills and deposits.
         checkpoint = _deposit_module(client, module, where)
         checkpoint_prefix, checkpoint_names = "", "parameters"
-    if "config" in arguments:
-        raise ValueError("%s: config was supplied twice" % where)
     taken = _taken_config(module) if module is not None else None
     if (checkpoint_prefix or checkpoint_names) and checkpoint is None:
         raise ValueError("%s: checkpoint_prefix or checkpoint_names without a checkpoint"
@@ -464,7 +511,8 @@ def build_module(client: Client, family: str, config: Any = None,
         raise
     info = build.message.info
     setattr(result, _ATTR, BuildInfo(
-        request=request, member=info.resolved, config=config if module is None else taken,
+        request=request, member=info.resolved,
+        config=copy.deepcopy(config if module is None else taken),
         origin=info.origin or ("replacement" if module is not None else "direct"),
         layout=info.layout, build_id=build.id, fqn=fqn, seed=derived, mesh_id=mesh_id, rank=rank,
         build=build, local_shapes=shapes, trainable=trainable))
