@@ -274,8 +274,8 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                 r = violation_add(l, f, "AXIS_SIZE_MISMATCH",
                                   "family at %s was constructed with %s=%" PRId64
                                   ", job requires %" PRId64
-                                  "; call prepare_model_components with the job context "
-                                  "before layout",
+                                  "; build it again on the job's mesh "
+                                  "(familyd.torch.build_module with mesh=)",
                                   t, axis_to_string(a), built.axis_size[a], job->size[a]);
                 if (r < 0)
                         return r;

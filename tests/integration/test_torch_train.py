@@ -119,15 +119,15 @@ class TrainOneNode(unittest.TestCase):
             self.assertEqual(r["misfits"]["other_mesh"], [
                 ["MESH_MISMATCH", ["misfit"], "context and mesh belong to different jobs"],
                 ["AXIS_SIZE_MISMATCH", ["misfit"],
-                 "family at ('misfit',) was constructed with ep=1, job requires 2; call "
-                 "prepare_model_components with the job context before layout"]])
+                 "family at ('misfit',) was constructed with ep=1, job requires 2; build it "
+                 "again on the job's mesh (familyd.torch.build_module with mesh=)"]])
 
     def test_experts_built_for_another_ep_size(self):
         for rank, r in self.ranks().items():
             self.assertEqual(r["misfits"]["ep_1"], [
                 ["AXIS_SIZE_MISMATCH", ["misfit"],
-                 "family at ('misfit',) was constructed with ep=1, job requires 2; call "
-                 "prepare_model_components with the job context before layout"]])
+                 "family at ('misfit',) was constructed with ep=1, job requires 2; build it "
+                 "again on the job's mesh (familyd.torch.build_module with mesh=)"]])
 
     def test_parameter_tied_between_builds_of_different_shapes(self):
         for rank, r in self.ranks().items():

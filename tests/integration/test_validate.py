@@ -12,7 +12,7 @@ REGISTRY = os.path.join(H.CONFORMANCE, "registry")
 CFG = {"fields": {"num_experts": {"intValue": 8}, "hidden_size": {"intValue": 16},
                   "moe_intermediate_size": {"intValue": 8},
                   "initializer_range": {"doubleValue": 0.02}}}
-TAIL = "; call prepare_model_components with the job context before layout"
+TAIL = "; build it again on the job's mesh (familyd.torch.build_module with mesh=)"
 
 
 class TestValidate(unittest.TestCase):

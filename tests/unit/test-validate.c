@@ -81,11 +81,11 @@ static void test_all_kinds_in_order(void **state) {
                 { "MESH_MISMATCH", "context and mesh belong to different jobs" },
                 { "CONTEXT_MESH_DISAGREE", "context and mesh disagree on tp_size" },
                 { "AXIS_SIZE_MISMATCH", "family at ('a',) was constructed with cp=1, job "
-                                        "requires 2; call prepare_model_components with the job "
-                                        "context before layout" },
+                                        "requires 2; build it again on the job's mesh "
+                                        "(familyd.torch.build_module with mesh=)" },
                 { "AXIS_SIZE_MISMATCH", "family at ('a',) was constructed with ep=4, job "
-                                        "requires 1; call prepare_model_components with the job "
-                                        "context before layout" },
+                                        "requires 1; build it again on the job's mesh "
+                                        "(familyd.torch.build_module with mesh=)" },
                 { "MESH_MISMATCH", NULL },
                 { "CONTEXT_MESH_DISAGREE", NULL },
                 { "LAYOUT_MESH_MISMATCH",
