@@ -334,6 +334,18 @@ class TestProvenance(Base):
         self.assertTrue(torch.equal(r.weight, direct.weight), r.weight)
         self.assertGreater(float(r.weight.abs().sum()), 0.0)
 
+    def test_buffers_are_materialised(self):
+        """A member's buffers, made on meta with it, are on the parameters' device with the
+        values the member computes; its parameters are the build's."""
+        m = FT.build_module(client, "tb_buffers", dict(CFG), fqn="b.0")
+        self.addCleanup(FT.release, m)
+        hidden = CFG["hidden_size"]
+        self.assertFalse(any(b.is_meta for b in m.buffers()))
+        self.assertEqual(m.scale.device, m.weight.device)
+        self.assertTrue(torch.equal(m.scale, torch.arange(hidden) * 0.5))
+        self.assertTrue(torch.equal(m.inner.table, torch.arange(hidden) ** 2))
+        self.assertTrue(torch.equal(m.weight.detach(), torch.ones(hidden)))
+
     def test_replacement_copy_weights(self):
         """copy_weights=True: the source's values, not the registry's init."""
         source = TM.Source(dict(CFG))

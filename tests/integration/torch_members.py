@@ -66,6 +66,20 @@ class GoodLinear(torch.nn.Module):
         return (x @ self.weight.t() + self.bias) * self.scale
 
 
+class WithBuffers(torch.nn.Module):
+    """weight [hidden_size], and buffers computed from the config: scale (0.5 * i), and a
+    submodule's table (i squared), made on the device it is given."""
+
+    def __init__(self, config: Any = None, module: Any = None, module_fqn: str = "", *,
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        hidden = _field(_config(config, module), "hidden_size")
+        self.weight = _empty((hidden,), device, dtype)
+        self.register_buffer("scale", torch.arange(hidden, device=device) * 0.5)
+        self.inner = torch.nn.Module()
+        self.inner.register_buffer("table", torch.arange(hidden, device=device) ** 2)
+
+
 class Block(torch.nn.Module):
     """A plain container of two modules (a model's layer): not built by familyd."""
 

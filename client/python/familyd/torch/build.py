@@ -538,8 +538,36 @@ def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, cont
         kwargs["dtype"] = _TORCH_DTYPES[_DTYPE_ALIASES.get(dtype, dtype)]
     result = _construct(member, constructor, kwargs, where)
     tensors = _rank_tensors(build, rank)
-    return result, _bind_parameters(result, tensors, build, parameter_dtypes, where, mesh, rank,
-                                    trainable)
+    shapes = _bind_parameters(result, tensors, build, parameter_dtypes, where, mesh, rank,
+                              trainable)
+    _materialize_buffers(result, member, constructor, kwargs, where)
+    return result, shapes
+
+
+def _materialize_buffers(result: torch.nn.Module, member: Any, constructor: Any,
+                         kwargs: Dict[str, Any], where: str) -> None:
+    """Buffers the member made on `meta` (it was constructed there) get their values: the
+    member is constructed once more on the parameters' device, and its buffers are taken; the
+    rest of that twin is dropped. Members without buffers on meta cost nothing."""
+    missing = [name for name, b in result.named_buffers() if b.is_meta]
+    if not missing:
+        return
+    params = [p for p in result.parameters() if not p.is_meta]
+    device = params[0].device if params else torch.device("cpu")
+    twin_kwargs = dict(kwargs)
+    if "device" in twin_kwargs:
+        twin_kwargs["device"] = device
+    with torch.device(device):
+        twin = _construct(member, constructor, twin_kwargs, where)
+    made = dict(twin.named_buffers())
+    for name in missing:
+        owner_name, _, leaf = name.rpartition(".")
+        owner = result.get_submodule(owner_name) if owner_name else result
+        value = made.get(name)
+        if value is None or value.is_meta:
+            raise ModuleBuildError("%s: buffer %r stays on meta: the member makes it only on "
+                                   "the device it is given" % (where, name))
+        owner._buffers[leaf] = value.to(device)
 
 
 def release(model: torch.nn.Module, force: bool = False) -> List[str]:
