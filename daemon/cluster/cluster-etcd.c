@@ -26,7 +26,6 @@
 
 #include "cluster-etcd.h"
 #include "cluster-table.h"
-#include "cluster-ucx.h"
 #include "codec/codec-coord-member.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -47,7 +46,6 @@ struct ClusterEtcd {
         Manager *manager;
         char *prefix, *alive_key, *member_key;
         CoordClient *client;
-        ClusterUcx *ucx;
         CoordMember self; /* what members/<name> holds, digest as last written */
         uint64_t forget_after_ms;
 
@@ -170,10 +168,9 @@ static void *keeper_run(void *userdata) {
         return NULL;
 }
 
-/* This node's record: who it is as its configuration says, its UCX worker, its registry. */
+/* This node's record: who it is as its configuration says, its devices, its registry. No
+ * UCX worker address: in etcd mode nothing dials one (the record's field stays empty). */
 static int self_init(ClusterEtcd *c, const ClusterEtcdParams *p, const Node *local) {
-        size_t size;
-        const uint8_t *address = cluster_ucx_address(c->ucx, &size);
         int r;
 
         c->self = (CoordMember) {
@@ -186,16 +183,6 @@ static int self_init(ClusterEtcd *c, const ClusterEtcdParams *p, const Node *loc
         c->self.name = strdup(local->name);
         if (!c->self.name)
                 return -ENOMEM;
-        if (size <= COORD_MEMBER_MAX_UCX_ADDRESS && size > 0) {
-                c->self.ucx_address = malloc(size);
-                if (!c->self.ucx_address)
-                        return -ENOMEM;
-                memcpy(c->self.ucx_address, address, size);
-                c->self.ucx_address_size = size;
-        } else
-                log_warning("The UCX worker address is %zu bytes, more than the %u a member "
-                            "record holds: publishing none.",
-                            size, COORD_MEMBER_MAX_UCX_ADDRESS);
         if (local->n_devices > 0) {
                 c->self.devices = calloc(local->n_devices, sizeof(Device));
                 if (!c->self.devices)
@@ -292,9 +279,6 @@ int cluster_etcd_new(const ClusterEtcdParams *p, ClusterEtcd **ret) {
         r = cluster_table_new(c->prefix, p->cluster, local, p->max_nodes, &c->table);
         if (r < 0)
                 return r;
-        r = cluster_ucx_new(&c->ucx);
-        if (r < 0)
-                return r;
         r = self_init(c, p, local);
         if (r < 0)
                 return log_error_errno(r, "Failed to make this node's member record: %m");
@@ -341,7 +325,6 @@ ClusterEtcd *cluster_etcd_free(ClusterEtcd *c) {
         coordinator_status_clear();
         cluster_table_free(c->table);
         coord_member_done(&c->self);
-        cluster_ucx_free(c->ucx);
         free(c->prefix);
         free(c->alive_key);
         free(c->member_key);

@@ -60,6 +60,39 @@ def member_record(name, node_rank=-1, cluster="c1"):
             + string(8, cluster))
 
 
+def wire_fields(data):
+    """{field number: [values]} of a serialized protobuf message (varints as ints,
+    length-delimited fields as bytes): enough to look at a record without its descriptor."""
+    out, i = {}, 0
+
+    def read_varint():
+        nonlocal i
+        shift = n = 0
+        while True:
+            b = data[i]
+            i += 1
+            n |= (b & 0x7f) << shift
+            shift += 7
+            if not b & 0x80:
+                return n
+    while i < len(data):
+        key = read_varint()
+        field, kind = key >> 3, key & 7
+        if kind == 0:
+            value = read_varint()
+        elif kind == 2:
+            size = read_varint()
+            value, i = data[i:i + size], i + size
+        elif kind == 1:
+            value, i = data[i:i + 8], i + 8
+        elif kind == 5:
+            value, i = data[i:i + 4], i + 4
+        else:
+            raise ValueError("wire type %d" % kind)
+        out.setdefault(field, []).append(value)
+    return out
+
+
 class EtcdDaemons(DaemonViews):
     """n familyd daemons in etcd mode against etcd (endpoints), cluster c1, 2 host devices each."""
 
@@ -221,6 +254,12 @@ class TestMembership(unittest.TestCase):
                                     state_dir=False)
             c.daemons[1].start()
             c.wait_agreement(states=["up"] * 2)
+
+            # The record: its name, and no UCX worker address (etcd mode dials none:
+            # docs/coordinator.md, "No UCX worker in etcd mode").
+            record = wire_fields(etcd.get("/familyd/c1/members/node1"))
+            self.assertEqual(record[1], [b"node1"])
+            self.assertNotIn(5, record)
 
             def digests(i):
                 return [n.registry_digest for n in c.topology(i).nodes]
