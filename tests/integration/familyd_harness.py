@@ -443,6 +443,37 @@ class Daemon:
         return False
 
 
+def run_on_terminal(argv, timeout=300):
+    """argv with stderr on a pseudo-terminal (and no FAMILYD_SOCKET in its environment):
+    (exit status, stdout, what the terminal got), as familyctl's progress bar draws it."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    env = dict(os.environ)
+    env.pop("FAMILYD_SOCKET", None)
+    p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=slave,
+                         stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            if p.poll() is not None:
+                break
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:   # EIO: the terminal's last writer is gone
+            break
+        if not data:
+            break
+        seen += data
+    os.close(master)
+    out = p.communicate(timeout=60)[0]
+    return p.returncode, out.decode(), seen.decode("utf-8", "replace")
+
+
 def rss(pid):
     """A process's resident memory in bytes (/proc/PID/status VmRSS)."""
     with open("/proc/%d/status" % pid) as f:

@@ -20,8 +20,6 @@ terminal the progress bar counts the bytes read from the checkpoint ("reading").
 
 import json
 import os
-import pty
-import select
 import shutil
 import subprocess
 import sys
@@ -302,30 +300,7 @@ class TestFamilyctlCheckpoint(unittest.TestCase):
 
 def ctl_on_terminal(*args, timeout=300):
     """familyctl with stderr on a pseudo-terminal: (status, stdout, what the terminal got)."""
-    master, slave = pty.openpty()
-    env = dict(os.environ)
-    env.pop("FAMILYD_SOCKET", None)
-    p = subprocess.Popen([CTL, "--socket", D.socket] + list(args), stdout=subprocess.PIPE,
-                         stderr=slave, stdin=subprocess.DEVNULL, env=env)
-    os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 1.0)
-        if not ready:
-            if p.poll() is not None:
-                break
-            continue
-        try:
-            data = os.read(master, 65536)
-        except OSError:   # EIO: the terminal's last writer is gone
-            break
-        if not data:
-            break
-        seen += data
-    os.close(master)
-    out = p.communicate(timeout=60)[0]
-    return p.returncode, out.decode(), seen.decode("utf-8", "replace")
+    return H.run_on_terminal([CTL, "--socket", D.socket] + list(args), timeout=timeout)
 
 
 class TestProgressBar(unittest.TestCase):

@@ -31,7 +31,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_job_common import (PACKAGE, free_port, job_env, launcher, require_torch,  # noqa: E402
+from torch_job_common import (Close, PACKAGE, free_port, job_env, launcher, require_torch,  # noqa: E402
                               run)
 
 require_torch()
@@ -235,14 +235,6 @@ def launch(world):
         return {r: torch.load(os.path.join(outdir, "rank%d.pt" % r)) for r in range(world)}
 
 
-class Close:
-    def assertClose(self, got, want, what, rtol=RTOL):
-        self.assertEqual(tuple(got.shape), tuple(want.shape), what)
-        self.assertEqual(got.dtype, want.dtype, what)
-        scale = float(want.abs().max()) if want.numel() else 0.0
-        err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
-        self.assertLessEqual(err, rtol * max(scale, 1e-30), "%s: max error %g, scale %g"
-                             % (what, err, scale))
 
 
 class ParallelJobs(Close, unittest.TestCase):

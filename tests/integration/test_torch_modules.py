@@ -39,6 +39,9 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 from familyd.torch import modules as M  # noqa: E402
 
+sys.path.insert(0, HERE)
+from torch_job_common import Close  # noqa: E402
+
 REGISTRY = os.path.join(SOURCE_ROOT, "deploy", "registry")
 RTOL = 1e-5
 WORKER_TIMEOUT = 150
@@ -238,14 +241,6 @@ def _launch(world, names, outdir):
     return {r: torch.load(os.path.join(outdir, "rank%d.pt" % r)) for r in range(world)}
 
 
-class Close:
-    def assertClose(self, got, want, what, rtol=RTOL):
-        self.assertEqual(tuple(got.shape), tuple(want.shape), what)
-        self.assertEqual(got.dtype, want.dtype, what)
-        scale = float(want.abs().max()) if want.numel() else 0.0
-        err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
-        self.assertLessEqual(err, rtol * max(scale, 1e-30), "%s: max error %g, scale %g"
-                             % (what, err, scale))
 
 
 class ParallelWorld(Close):

@@ -154,3 +154,16 @@ def segments(build):
     """The distinct contents of a build's local ranks: replicas share one segment."""
     return len({tuple((sl.parameter, tuple(sl.global_offset), tuple(sl.local_shape))
                       for sl in s.slices) for s in build.shards if s.token})
+
+
+class Close:
+    """A unittest mixin: assertClose(got, want, what, rtol), tensors of one shape and dtype
+    whose largest difference is within rtol of want's largest magnitude."""
+
+    def assertClose(self, got, want, what, rtol=1e-5):
+        self.assertEqual(tuple(got.shape), tuple(want.shape), what)
+        self.assertEqual(got.dtype, want.dtype, what)
+        scale = float(want.abs().max()) if want.numel() else 0.0
+        err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
+        self.assertLessEqual(err, rtol * max(scale, 1e-30), "%s: max error %g, scale %g"
+                             % (what, err, scale))
