@@ -296,7 +296,7 @@ class Wire(unittest.TestCase):
 
 
 class Daemon(unittest.TestCase):
-    """The real daemon. A uid holds at most 16 deposits: this class makes 9."""
+    """The real daemon. A uid holds at most 64 deposits: this class makes 9."""
 
     @classmethod
     def setUpClass(cls):
