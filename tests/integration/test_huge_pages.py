@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Shards on huge pages (--huge-pages; README "Huge pages") with the real daemon, as root.
+"""Shards on huge pages (--huge-pages; docs/operating.md "Huge pages") with the real daemon, as
+root.
 
 The test reserves hugetlb pages for its own run (vm.nr_hugepages, put back at the end, under
 the lock file test-huge-pages and test-shard-populate hold too) and runs the daemon in its

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""The three mapping modes (README "Mapping modes") against the real daemon and real processes.
+"""The three mapping modes (docs/operating.md "Mapping modes") against the real daemon and real
+processes.
 
 - private: two trainer processes map the same shard MAP_PRIVATE and write into it: each sees
   its own writes only; the daemon's bytes (fetched afresh) and a read-only reader's view do not

@@ -2,14 +2,15 @@
 """familyd's options are one table (daemon/config.c); nothing that lists them may drift from it.
 
 (a) deploy/systemd/familyd.conf is byte for byte `familyd --print-config`;
-(b) the usage block of README.md ("Running familyd") names exactly the options of `--help`,
+(b) the usage block of docs/operating.md ("Running familyd") names exactly the options of
+    `--help`,
     each synopsis in --help's order;
 (c) every default that section states (its defaults table, the options it calls off unless
     given, and numbers it ties to an option in prose) is the one `--help` states;
 (d) every key of familyd.conf, uncommented, is accepted: `familyd --check-config` passes.
 
 Each check is a function returning its problems; TestChecksCatchDrift feeds them drifted copies
-of the README and the example to show that each one fails when they drift.
+of docs/operating.md and the example to show that each one fails when they drift.
 """
 
 import difflib
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 
 REGISTRY = os.path.join(H.CONFORMANCE, "registry")
-README = os.path.join(H.SOURCE_ROOT, "README.md")
+OPERATING = os.path.join(H.SOURCE_ROOT, "docs", "operating.md")
 EXAMPLE = os.path.join(H.SOURCE_ROOT, "deploy", "systemd", "familyd.conf")
 
 # The column where --help's sentences start.
@@ -78,10 +79,10 @@ def parse_help(text):
     return options
 
 
-def running_section(readme):
+def running_section(doc):
     """The text of "## Running familyd", up to the next section."""
-    m = re.search(r"^## Running familyd\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
-    assert m, "README.md has no section '## Running familyd'"
+    m = re.search(r"^## Running familyd\n(.*?)(?=^## |\Z)", doc, re.M | re.S)
+    assert m, "docs/operating.md has no section '## Running familyd'"
     return m.group(1)
 
 
@@ -92,9 +93,9 @@ def usage_block(section):
     return None
 
 
-def usage_problems(readme, help_text):
+def usage_problems(doc, help_text):
     """(b): the usage block against --help."""
-    block = usage_block(running_section(readme))
+    block = usage_block(running_section(doc))
     if block is None:
         return ["no usage block starting `familyd [--config FILE]` under '## Running familyd'"]
     synopses = []
@@ -145,9 +146,9 @@ def prose_numbers(section):
     return found
 
 
-def default_problems(readme, help_text):
+def default_problems(doc, help_text):
     """(c): the defaults the section states against those of --help."""
-    section = running_section(readme)
+    section = running_section(doc)
     options = parse_help(help_text)
     by_name = {o.name: o for o in options}
     problems = []
@@ -169,18 +170,18 @@ def default_problems(readme, help_text):
     if off is None:
         problems.append("no sentence naming the options that are off unless given")
     elif off != want_off:
-        problems.append("off unless given: README says %s, --help %s" % (off, want_off))
+        problems.append("off unless given: docs/operating.md says %s, --help %s" % (off, want_off))
 
     for name, number, unit in prose_numbers(section):
         o = by_name.get(name)
         d = o and o.default and re.match(r"\d+", o.default)
         if not d:
-            problems.append("the README ties %s to --%s, which has no numeric default"
+            problems.append("docs/operating.md ties %s to --%s, which has no numeric default"
                             % (number, name))
             continue
         value = int(number) * (1000 if unit == "s" and name.endswith("-ms") else 1)
         if value != int(d.group(0)):
-            problems.append("the README says %s%s for --%s; --help's default is %s"
+            problems.append("docs/operating.md says %s%s for --%s; --help's default is %s"
                             % (number, " " + unit if unit else "", name, o.default))
     return problems
 
@@ -300,14 +301,14 @@ class OptionsTable(Base):
         self.assertEqual(keys, [o.name for o in self.options
                                 if o.metavar and o.name not in ACTING_WITH_VALUE])
 
-    def test_b_readme_usage_lists_the_options_of_help(self):
-        self.assertEqual(usage_problems(read(README), self.help), [])
+    def test_b_operating_usage_lists_the_options_of_help(self):
+        self.assertEqual(usage_problems(read(OPERATING), self.help), [])
 
-    def test_c_readme_defaults_are_those_of_help(self):
-        readme = read(README)
-        self.assertEqual(default_problems(readme, self.help), [])
+    def test_c_operating_defaults_are_those_of_help(self):
+        doc = read(OPERATING)
+        self.assertEqual(default_problems(doc, self.help), [])
         # The prose check has something to check.
-        self.assertGreaterEqual(len(prose_numbers(running_section(readme))), 3)
+        self.assertGreaterEqual(len(prose_numbers(running_section(doc))), 3)
 
     def test_d_every_key_of_the_example_is_accepted(self):
         self.assertEqual(key_problems(read(EXAMPLE), self.help, self.tmp), [])
@@ -331,24 +332,24 @@ class TestChecksCatchDrift(Base):
         self.assertNotEqual(example_problems(printed + "\n", printed), [])
 
     def test_b_catches_a_changed_usage_block(self):
-        readme = read(README)
-        self.assertEqual(usage_problems(readme, self.help), [])
+        doc = read(OPERATING)
+        self.assertEqual(usage_problems(doc, self.help), [])
         for old, new in (("[--max-builds N] ", ""),                       # an option missing
                          ("[--log-level LEVEL]", "[--log-level LEVEL] [--bogus N]"),  # unknown
                          ("[--heartbeat-ms N] [--suspect-ms N]",          # out of order
                           "[--suspect-ms N] [--heartbeat-ms N]"),
                          ("familyd --help | --version", "familyd --help")):
             with self.subTest(old=old):
-                self.assertNotEqual(usage_problems(self.drifted(readme, old, new), self.help),
+                self.assertNotEqual(usage_problems(self.drifted(doc, old, new), self.help),
                                     [])
-        # An option --help gains that the README does not list.
+        # An option --help gains that docs/operating.md does not list.
         grown = self.help.replace(
             "     --version ", "     --frobnicate N         Frobnicate\n     --version ", 1)
-        self.assertNotEqual(usage_problems(readme, grown), [])
+        self.assertNotEqual(usage_problems(doc, grown), [])
 
     def test_c_catches_a_changed_default(self):
-        readme = read(README)
-        self.assertEqual(default_problems(readme, self.help), [])
+        doc = read(OPERATING)
+        self.assertEqual(default_problems(doc, self.help), [])
         for old, new in (("| `--max-builds` | `1024` |", "| `--max-builds` | `2048` |"),
                          ("| `--threads` | `2` |\n", ""),
                          ("| `--node-name` | the host name |", "| `--node-name` | `localhost` |"),
@@ -357,12 +358,12 @@ class TestChecksCatchDrift(Base):
                          ("closed after 120 s", "closed after 60 s"),
                          ("1,024 open Watch streams", "4,096 open Watch streams")):
             with self.subTest(old=old):
-                self.assertNotEqual(default_problems(self.drifted(readme, old, new), self.help),
+                self.assertNotEqual(default_problems(self.drifted(doc, old, new), self.help),
                                     [])
         # --help changing a default is caught the same way.
         changed = self.drifted(self.help, "Live builds (default 1024)",
                                "Live builds (default 4096)")
-        self.assertNotEqual(default_problems(readme, changed), [])
+        self.assertNotEqual(default_problems(doc, changed), [])
 
     def test_d_catches_an_unknown_or_bad_key(self):
         example = read(EXAMPLE)

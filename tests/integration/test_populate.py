@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Populated mappings (README "Mapping modes"): the Python client maps a real daemon's shards
-with every page in this process's page tables before the first read, unless asked to be lazy.
+"""Populated mappings (docs/operating.md "Mapping modes"): the Python client maps a real daemon's
+shards with every page in this process's page tables before the first read, unless asked to be lazy.
 
 Residency is read from /proc/self/smaps (the mapping's Rss), not mincore(): a shard's pages are
 in memory from the daemon's fill on, so mincore() reports every page of any mapping of them as

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Restart without loss, without a service manager: --state-dir on a tmpfs.
 
-With --state-dir (README, "Restart without loss"), segments are files on a tmpfs and their
-records sit beside them; a restarted daemon re-adopts them: the same build ids, tokens, bytes,
+With --state-dir (docs/operating.md, "Restart without loss"), segments are files on a tmpfs and
+their records sit beside them; a restarted daemon re-adopts them: the same build ids, tokens, bytes,
 meshes and budget. Such files cannot be sealed, so shards are handed out read-only. A trainer's
 mapping survives a SIGKILL of the daemon. Damaged records are logged and dropped; a full tmpfs
 fails the Build with RESOURCE_EXHAUSTED and keeps nothing.

@@ -5,8 +5,8 @@ daemon logs at start, a config file's key, a flag winning over it).
 
 Every test starts real daemons (cluster_harness.Cluster) that talk UCX over tcp on lo, and talks
 to them only through gRPC (grpcio): GetTopology, GetStatus, WatchTopology and ForgetNode.
-Every daemon of a cluster runs the same mode (a mixed cluster is unsupported: README, "A
-cluster of daemons").
+Every daemon of a cluster runs the same mode (a mixed cluster is unsupported:
+docs/cluster.md).
 """
 
 import math
