@@ -215,7 +215,7 @@ int familyd_unpin_build(FamilydClient *client, const char *build_id, Familyd__V1
 int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *request, Familyd__V1__ValidateResponse **ret_response, FamilydError *ret_error);
 
 /*
- * The shard socket (not gRPC; proto/familyd/v1/shard.proto, README "Build and the shard
+ * The shard socket (not gRPC; proto/familyd/v1/shard.proto, docs/operating.md "Build and the shard
  * socket"): trades RankShard tokens for file descriptors of the shards' shared memory.
  *
  * familyd_shard_fetch() connects to shard_socket_path (NULL or "": shard.sock in the directory
@@ -300,7 +300,7 @@ int familyd_checkpoint_deposit(
                 FamilydError *ret_error);
 
 /*
- * How a trainer maps a shard (README, "Mapping modes"):
+ * How a trainer maps a shard (docs/operating.md, "Mapping modes"):
  *
  *   FAMILYD_MAP_READ_ONLY  MAP_SHARED, PROT_READ: the daemon's bytes, zero-copy; writes fault.
  *   FAMILYD_MAP_PRIVATE    MAP_PRIVATE, PROT_READ | PROT_WRITE of a read-only descriptor:

@@ -61,7 +61,7 @@ typedef struct ConfigOption {
         const char *metavar; /* what --help calls the value; NULL for a flag */
         OptionType type;
         OptionAction action;
-        bool hidden;         /* left out of --help (documented in README.md) */
+        bool hidden;         /* left out of --help (documented in docs/operating.md) */
         uint64_t min, max;   /* integers: the range; OPTION_STRING: the longest (0: any) */
         size_t offset;       /* the Config field it sets */
 

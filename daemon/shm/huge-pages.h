@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * DESIGN: the operator gives familyd huge pages two ways (README, "Huge pages"): reserved
+ * DESIGN: the operator gives familyd huge pages two ways (docs/operating.md, "Huge pages"): reserved
  * hugetlb pages (vm.nr_hugepages), which host segments use as MFD_HUGETLB memfds, and shmem
  * transparent huge pages in `advise` mode, which a normal memfd gets by MADV_HUGEPAGE on its
  * mappings. The mode is one setting of the whole process, set once at start before any

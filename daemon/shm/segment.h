@@ -37,7 +37,7 @@
  * A device segment (a GPU allocation, shard/backend-cuda.c) is an exported descriptor of the
  * allocation plus the backend's handle, released through the backend when the last reference
  * goes. Such descriptors cannot be sealed and carry no access mode: any process that imports
- * one may map it read-write, so for them "read-only" is advisory (README, "Accelerators"):
+ * one may map it read-write, so for them "read-only" is advisory (docs/operating.md, "Accelerators"):
  * every handout is a dup of the exported descriptor.
  *
  * Writable handouts are for builds made writable (BuildRequest.writable): their bytes are
