@@ -62,6 +62,7 @@ typedef struct ConfigOption {
         OptionType type;
         OptionAction action;
         bool hidden;         /* left out of --help (documented in docs/operating.md) */
+        const char *alias_of; /* an old name of that option: accepted, never printed */
         uint64_t min, max;   /* integers: the range; OPTION_STRING: the longest (0: any) */
         size_t offset;       /* the Config field it sets */
 
@@ -275,9 +276,15 @@ static const ConfigOption config_options[] = {
           DEFAULT(FAMILYD_MAX_CONNECTIONS),
           .default_text = "; fewer when the open-file limit is too low",
           .help = "Concurrent API connections" },
-        { .name = "max-connections-per-peer", .metavar = "N",
-          TYPE_UNSIGNED(max_connections_per_peer, 1, 65536),
+        { .name = "max-connections-per-process", .metavar = "N",
+          TYPE_UNSIGNED(max_connections_per_process, 1, 65536),
           DEFAULT(FAMILYD_MAX_CONNECTIONS_PER_PEER),
+          .help = "Concurrent API connections from one process" },
+        /* Its name before 2026-12-07 ("peer" is a cluster member elsewhere). */
+        { .name = "max-connections-per-peer", .metavar = "N",
+          TYPE_UNSIGNED(max_connections_per_process, 1, 65536),
+          DEFAULT(FAMILYD_MAX_CONNECTIONS_PER_PEER), .hidden = true,
+          .alias_of = "max-connections-per-process",
           .help = "Concurrent API connections from one process" },
         { .name = "max-connections-per-uid", .metavar = "N",
           TYPE_UNSIGNED(max_connections_per_uid, 1, 65536),
@@ -549,7 +556,7 @@ static int print_config(void) {
                 _cleanup_free_ char *sentence = NULL, *comment = NULL;
                 char value[64];
 
-                if (!option_is_key(o))
+                if (!option_is_key(o) || o->alias_of)
                         continue;
                 sentence = option_sentence(o);
                 if (!sentence || asprintf(&comment, "%s.%s%s", sentence, o->note ? " " : "",
@@ -706,7 +713,7 @@ static int config_apply(Config *c, const ConfigSource *src, const ConfigOption *
         uint64_t u;
         int r;
 
-        r = config_set_origin(c, src, o->name);
+        r = config_set_origin(c, src, o->alias_of ? o->alias_of : o->name);
         if (r < 0)
                 return r;
 

@@ -50,7 +50,7 @@ typedef struct Config {
         unsigned connection_idle_ms; /* close a connection with no call for this long */
         unsigned max_watches;
         unsigned max_shards; /* 0: fitted to RLIMIT_NOFILE */
-        unsigned max_connections_per_peer;
+        unsigned max_connections_per_process;
         unsigned max_connections_per_uid; /* 0: half of max_connections */
         unsigned max_watches_per_process;
         uint64_t max_queued_bytes_per_connection; /* reply bytes not yet taken by the client */

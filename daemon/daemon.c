@@ -647,7 +647,7 @@ int daemon_new(const Config *c, Daemon **ret) {
 
         ListenerLimits limits = {
                 .max_connections = daemon_setup_fd_limit(c->max_connections),
-                .max_per_peer = c->max_connections_per_peer,
+                .max_per_peer = c->max_connections_per_process,
                 .max_per_uid = c->max_connections_per_uid,
         };
 

@@ -954,7 +954,7 @@ static void call_refuse(Call *c) {
                 (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "CONNECTION_LIMIT",
                                         NULL,
                                         "connection limit reached: process %d has %u "
-                                        "connections open (--max-connections-per-peer)",
+                                        "connections open (--max-connections-per-process)",
                                         (int) caller->pid, refusal->limit);
         else if (refusal->kind == RPC_REFUSAL_UID)
                 (void) family_error_set(&e, FAMILY_STATUS_RESOURCE_EXHAUSTED, "CONNECTION_LIMIT",

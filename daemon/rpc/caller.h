@@ -20,7 +20,7 @@ typedef struct RpcCaller {
 typedef enum RpcRefusalKind {
         RPC_REFUSAL_NONE,
         RPC_REFUSAL_CONNECTIONS, /* --max-connections */
-        RPC_REFUSAL_PEER,        /* --max-connections-per-peer */
+        RPC_REFUSAL_PEER,        /* --max-connections-per-process */
         RPC_REFUSAL_UID,         /* --max-connections-per-uid */
         _RPC_REFUSAL_KIND_MAX,
         _RPC_REFUSAL_KIND_INVALID = -EINVAL,

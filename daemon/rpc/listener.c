@@ -60,7 +60,7 @@ struct Listener {
         bool out_of_fds;   /* an episode of EMFILE/ENFILE is under way (logged once) */
         unsigned n_shed;   /* connections closed during it */
         LogLimit log_cap;  /* --max-connections refusals */
-        LogLimit log_peer; /* --max-connections-per-peer refusals */
+        LogLimit log_peer; /* --max-connections-per-process refusals */
         LogLimit log_uid;  /* --max-connections-per-uid refusals */
 };
 
@@ -313,7 +313,7 @@ static void listener_log_refusal(Listener *l, const RpcRefusal *refusal, pid_t p
         case RPC_REFUSAL_PEER:
                 if (log_limit_test(&l->log_peer, &suppressed))
                         log_warning("Refusing a connection from pid %d: it has %u connections "
-                                    "open, the limit (--max-connections-per-peer); %u more "
+                                    "open, the limit (--max-connections-per-process); %u more "
                                     "refused since the last message",
                                     (int) pid, refusal->limit, suppressed);
                 break;

@@ -12,7 +12,7 @@ typedef struct Listener Listener;
 
 typedef struct ListenerLimits {
         unsigned max_connections; /* live connections in all (--max-connections) */
-        unsigned max_per_peer;    /* from one peer pid (--max-connections-per-peer) */
+        unsigned max_per_peer;    /* from one client process (--max-connections-per-process) */
         unsigned max_per_uid;     /* from one uid (--max-connections-per-uid); 0: half of
                                    * max_connections */
 } ListenerLimits;

@@ -404,7 +404,7 @@ class Holder:
 
 
 class TestCaps(unittest.TestCase):
-    """--max-connections 24 --max-connections-per-peer 10: the uid cap defaults to 12."""
+    """--max-connections 24 --max-connections-per-process 10: the uid cap defaults to 12."""
 
     def setUp(self):
         self.tmp = H.short_tmpdir("fd-caps-")
@@ -412,7 +412,7 @@ class TestCaps(unittest.TestCase):
         os.chmod(self.tmp, 0o755)
         self.d = H.Daemon(registry=REGISTRY, tmpdir=self.tmp,
                           extra_args=["--max-connections", "24",
-                                      "--max-connections-per-peer", "10"])
+                                      "--max-connections-per-process", "10"])
         self.d.start()
         self.addCleanup(self.d.stop_checked)
         os.chmod(self.d.socket, 0o666)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """API connections under pressure: out of file descriptors, silent sockets, one greedy peer.
 
-A connection over a cap (--max-connections, --max-connections-per-peer; per uid in
+A connection over a cap (--max-connections, --max-connections-per-process; per uid in
 test_client_memory.py) is served by gRPC just long enough to answer its first call
 RESOURCE_EXHAUSTED CONNECTION_LIMIT with the sentence of docs/semantics.md, then closed; past
 32 such connections at once, one more is closed bare.
@@ -215,6 +215,7 @@ class TestPerPeerCap(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.tmp, True)
 
     def test_one_peer_cannot_take_every_connection(self):
+        # Under its earlier name, in the file (kept as an alias); the messages say the new one.
         conf = os.path.join(self.tmp, "familyd.conf")
         with open(conf, "w") as f:
             f.write("max-connections-per-peer = 3\n")
@@ -227,14 +228,14 @@ class TestPerPeerCap(unittest.TestCase):
                              ["OK"] * 3 + ["RESOURCE_EXHAUSTED"] * 2, results)
             for r in results[3:]:
                 self.assertEqual(r["message"], "connection limit reached: process %d has 3 "
-                                 "connections open (--max-connections-per-peer)" % pid)
+                                 "connections open (--max-connections-per-process)" % pid)
             # Another process still gets in, and the refused connections are gone.
             r = subprocess.run([sys.executable, "-c", HEALTH_CHECK, d.socket],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
             self.assertEqual(r.returncode, 0, r.stdout.decode("utf-8", "replace"))
             self.assertTrue(health_until_ok(d.socket))
             err = d.stderr()
-            self.assertIn("--max-connections-per-peer", err)
+            self.assertIn("--max-connections-per-process", err)
             self.assertIn("from pid %d" % pid, err)
             self.assertEqual(err.count("Refusing a connection from pid"), 1, err)
 
@@ -270,7 +271,25 @@ class TestPerPeerCap(unittest.TestCase):
     def test_help_names_the_flag(self):
         r = subprocess.run([H.familyd_bin(), "--help"], stdout=subprocess.PIPE, text=True,
                            timeout=20)
-        self.assertIn("--max-connections-per-peer", r.stdout)
+        self.assertIn("--max-connections-per-process", r.stdout)
+        # The earlier name is accepted, never printed (--help, --print-config).
+        self.assertNotIn("--max-connections-per-peer", r.stdout)
+        conf = subprocess.run([H.familyd_bin(), "--print-config"], stdout=subprocess.PIPE,
+                              text=True, timeout=20).stdout
+        self.assertIn("#max-connections-per-process = 64", conf)
+        self.assertNotIn("max-connections-per-peer", conf)
+
+    def test_both_names_on_the_command_line(self):
+        for flag in ("--max-connections-per-process", "--max-connections-per-peer"):
+            def check(value):
+                return subprocess.run([H.familyd_bin(), "--check-config=/dev/null",
+                                       "--registry", REGISTRY, flag, value],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, timeout=20)
+            self.assertEqual(check("5").returncode, 0, flag)
+            bad = check("0")
+            self.assertEqual(bad.returncode, 2, flag)
+            self.assertIn("%s: '0' is not an integer in [1, 65536]" % flag, bad.stdout)
 
 
 class TestIdleConnections(unittest.TestCase):

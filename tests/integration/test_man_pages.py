@@ -60,6 +60,14 @@ class TestManPages(unittest.TestCase):
         helptext = run([H.familyd_bin(), "--help"])
         have = set(re.findall(r"(?m)^\s+(?:-\w\s+)?(--[a-z][a-z0-9-]*)", helptext))
         have.add("--print-config")      # not in --help: it prints familyd.conf(5)
+        # An option's earlier name, accepted but not in --help (the page says so).
+        alias = "--max-connections-per-peer"
+        r = subprocess.run([H.familyd_bin(), "--check-config=/dev/null", "--registry",
+                            os.path.join(H.CONFORMANCE, "registry"), alias, "5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=20)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        have.add(alias)
         self.assertGreater(len(have), 20, helptext)
         page = source("familyd.8")
         named = set(re.findall(r"\*(--[a-z][a-z0-9-]*)\*", page))
