@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "build-holders-keep.h"
-#include "shm/peer-cred.h"
+#include "shm/socket-cred.h"
 
 static int pidfd_open_(pid_t pid) {
         return (int) syscall(SYS_pidfd_open, pid, 0);
@@ -57,7 +57,7 @@ int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller
                 pidfd = pidfd_open_(pid);
         if (pidfd < 0 && errno != ENOSYS)
                 return unknown(ret_error, pid, "it has exited");
-        r = peer_cred_start_time(pid, &start);
+        r = socket_cred_start_time(pid, &start);
         if (r < 0 || (pidfd >= 0 && !pidfd_alive(pidfd, pid)))
                 return unknown(ret_error, pid, "it has exited");
         *ret = (BuildCaller) { .pid = pid, .uid = uid, .start_time = start };
@@ -76,7 +76,7 @@ int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd) {
                 return -ESRCH;
         /* As build_caller_identify(): the start time read after the pidfd, then the pidfd's
          * process still there, so both name the same process (no pidfd: polled). */
-        if (peer_cred_start_time(saved->pid, &start) < 0 || start != saved->start_time ||
+        if (socket_cred_start_time(saved->pid, &start) < 0 || start != saved->start_time ||
             (pidfd >= 0 && !pidfd_alive(pidfd, saved->pid)))
                 return -ESRCH;
         *ret_pidfd = TAKE_FD(pidfd);
@@ -86,5 +86,5 @@ int build_caller_reopen(const BuildCaller *saved, int *ret_pidfd) {
 bool build_caller_alive(const BuildCaller *c) {
         uint64_t start;
 
-        return peer_cred_start_time(c->pid, &start) >= 0 && start == c->start_time;
+        return socket_cred_start_time(c->pid, &start) >= 0 && start == c->start_time;
 }

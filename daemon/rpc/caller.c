@@ -32,7 +32,7 @@
 #include "caller.h"
 #include "common/log.h"
 #include "common/macro.h"
-#include "shm/peer-cred.h"
+#include "shm/socket-cred.h"
 
 /* A total this large since the last trim is worth returning once nothing waits. */
 #define CALLER_TRIM_AFTER_BYTES (8ull << 20)
@@ -138,7 +138,7 @@ int caller_table_add(CallerTable *t, int fd, const RpcRefusal *refusal) {
                 .caller = { .pid = cred.pid,
                             .uid = cred.uid,
                             .gid = cred.gid,
-                            .admin = peer_cred_is_admin(fd, &cred, t->admin_gid) },
+                            .admin = socket_cred_is_admin(fd, &cred, t->admin_gid) },
                 .refusal = refusal ? *refusal : (RpcRefusal) {},
         };
 

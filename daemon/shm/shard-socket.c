@@ -74,7 +74,7 @@
 
 #include "core/error.h"
 #include "checkpoint-deposit.h"
-#include "peer-cred.h"
+#include "socket-cred.h"
 #include "codec/codec-shard.h"
 #include "common/log.h"
 #include "shard-socket.h"
@@ -845,7 +845,7 @@ static int connection_new(ShardServer *s, int fd, const struct ucred *cred, bool
         c->uid = cred->uid;
         c->admin = admin;
         /* A process that cannot be named is nobody's: bound tokens are refused to it. */
-        if (peer_cred_process(fd, cred, &c->start_time) >= 0)
+        if (socket_cred_process(fd, cred, &c->start_time) >= 0)
                 c->pid = cred->pid;
         c->watched = EPOLLIN;
         c->next = s->connections;
@@ -915,7 +915,7 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                         continue;
                 }
 
-                bool admin = peer_cred_is_admin(fd, &cred, (gid_t) atomic_load(&s->admin_gid));
+                bool admin = socket_cred_is_admin(fd, &cred, (gid_t) atomic_load(&s->admin_gid));
                 int r = connection_new(s, fd, &cred, admin);
                 if (r < 0)
                         log_warning_errno(r, "Shard socket: failed to watch a connection, "

@@ -1,5 +1,4 @@
-/* peer-cred.h: a Unix socket's peer: whether it is an admin (root, or in --admin-group), and
- * which process it is (pid and start time). */
+/* socket-cred.h: the process at the other end of a Unix socket (SO_PEERCRED): whether it is an admin (root, or in --admin-group), its pid and start time. */
 #pragma once
 
 #include <stdbool.h>
@@ -12,10 +11,10 @@
  * is an admin then). SO_PEERCRED carries only the primary group, so the supplementary groups
  * are read too (SO_PEERGROUPS); a list that cannot be read counts as no membership.
  */
-bool peer_cred_is_admin(int fd, const struct ucred *cred, gid_t admin_gid);
+bool socket_cred_is_admin(int fd, const struct ucred *cred, gid_t admin_gid);
 
 /* Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot. */
-int peer_cred_start_time(pid_t pid, uint64_t *ret);
+int socket_cred_start_time(pid_t pid, uint64_t *ret);
 
 /*
  * The start time of the process behind fd (cred its SO_PEERCRED): a pidfd of it first
@@ -24,4 +23,4 @@ int peer_cred_start_time(pid_t pid, uint64_t *ret);
  * (as build_caller_identify() names a caller). -ESRCH when the process cannot be named (pid 0:
  * another pid namespace; gone already).
  */
-int peer_cred_process(int fd, const struct ucred *cred, uint64_t *ret_start_time);
+int socket_cred_process(int fd, const struct ucred *cred, uint64_t *ret_start_time);

@@ -1,4 +1,4 @@
-/* peer-cred.c: whether a Unix socket's peer is an admin (API socket and shard socket alike),
+/* socket-cred.c: whether a Unix socket's peer is an admin (API socket and shard socket alike),
  * and which process it is. */
 
 #include <errno.h>
@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "common/macro.h"
-#include "peer-cred.h"
+#include "socket-cred.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59 /* Linux 4.13 */
@@ -45,7 +45,7 @@ static bool peer_in_group(int fd, gid_t gid) {
         return false;
 }
 
-bool peer_cred_is_admin(int fd, const struct ucred *cred, gid_t admin_gid) {
+bool socket_cred_is_admin(int fd, const struct ucred *cred, gid_t admin_gid) {
         if (cred->uid == 0)
                 return true;
         if (admin_gid == (gid_t) -1)
@@ -53,7 +53,7 @@ bool peer_cred_is_admin(int fd, const struct ucred *cred, gid_t admin_gid) {
         return cred->gid == admin_gid || peer_in_group(fd, admin_gid);
 }
 
-int peer_cred_start_time(pid_t pid, uint64_t *ret) {
+int socket_cred_start_time(pid_t pid, uint64_t *ret) {
         char path[64], buf[1024];
         unsigned long long start;
         ssize_t n;
@@ -86,7 +86,7 @@ int peer_cred_start_time(pid_t pid, uint64_t *ret) {
         return 0;
 }
 
-int peer_cred_process(int fd, const struct ucred *cred, uint64_t *ret_start_time) {
+int socket_cred_process(int fd, const struct ucred *cred, uint64_t *ret_start_time) {
         _cleanup_close_ int pidfd = -1;
         socklen_t len = sizeof pidfd;
         uint64_t start;
@@ -98,7 +98,7 @@ int peer_cred_process(int fd, const struct ucred *cred, uint64_t *ret_start_time
                 if (pidfd < 0 && errno != ENOSYS)
                         return -ESRCH;
         }
-        if (peer_cred_start_time(cred->pid, &start) < 0)
+        if (socket_cred_start_time(cred->pid, &start) < 0)
                 return -ESRCH;
         /* Signal 0 checks the process is there without signalling it. */
         if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0 &&
