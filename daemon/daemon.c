@@ -41,11 +41,11 @@
 #include "sd/notify.h"
 #include "core/resource-limits.h"
 #include "rpc/server.h"
-#include "shm/shard-socket.h"
-#include "shm/shard-table.h"
+#include "handout/shard-socket.h"
+#include "handout/shard-table.h"
 #include "state/state.h"
 #include "common/random.h"
-#include "shm/token.h"
+#include "handout/token.h"
 
 struct Daemon {
         Manager *manager;

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "build-holders-keep.h"
-#include "shm/socket-cred.h"
+#include "handout/socket-cred.h"
 
 static int pidfd_open_(pid_t pid) {
         return (int) syscall(SYS_pidfd_open, pid, 0);

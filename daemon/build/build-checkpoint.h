@@ -8,7 +8,7 @@
 #include "core/checkpoint-plan.h"
 #include "core/error.h"
 #include "core/layout.h"
-#include "shm/checkpoint-deposit.h"
+#include "handout/checkpoint-deposit.h"
 
 /* The headers one Build parses, in all (a model's are a few megabytes). */
 #define BUILD_CHECKPOINT_HEADERS_MAX (UINT64_C(256) << 20)

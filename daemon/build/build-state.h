@@ -11,7 +11,7 @@
 #include "build-checkpoint.h"
 #include "shm/accel.h"
 #include "shm/segment.h"
-#include "shm/token.h"
+#include "handout/token.h"
 
 /* Per rank of the layout, in the layout's rank order. */
 typedef struct BuildRankState {

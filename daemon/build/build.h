@@ -38,8 +38,8 @@
 #include "core/error.h"
 #include "core/manager.h"
 #include "shm/accel.h"
-#include "shm/checkpoint-deposit.h"
-#include "shm/shard-table.h"
+#include "handout/checkpoint-deposit.h"
+#include "handout/shard-table.h"
 #include "state/state.h"
 
 typedef struct BuildSharing BuildSharing;

@@ -14,7 +14,7 @@
 #include "core/manager.h"
 #include "metrics-snapshot.h"
 #include "shm/accel.h"
-#include "shm/shard-socket.h"
+#include "handout/shard-socket.h"
 
 static int gather_builds(Manager *m, MetricsSnapshot *s) {
         BuildRecord **list = NULL;

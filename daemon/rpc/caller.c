@@ -32,7 +32,7 @@
 #include "caller.h"
 #include "common/log.h"
 #include "common/macro.h"
-#include "shm/socket-cred.h"
+#include "handout/socket-cred.h"
 
 /* A total this large since the last trim is worth returning once nothing waits. */
 #define CALLER_TRIM_AFTER_BYTES (8ull << 20)

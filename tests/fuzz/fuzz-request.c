@@ -34,7 +34,7 @@
 #include "codec/codec-wire.h"
 #include "codec/codec.h"
 #include "rpc/rpc.h"
-#include "shm/shard-table.h"
+#include "handout/shard-table.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,7 +1,7 @@
 /* fuzz-shard-socket.c: a byte stream sent to the real shard socket server, its replies checked. */
 
 /*
- * DESIGN: the daemon's own ShardServer (daemon/shm/shard-socket.c, its thread and epoll loop)
+ * DESIGN: the daemon's own ShardServer (daemon/handout/shard-socket.c, its thread and epoll loop)
  * runs in this process on a temporary socket, over a shard table holding two live tokens and a
  * released one. Each input is the byte stream one client sends on one connection: frames of a
  * 4-byte little-endian length and a ShardFdRequest, or anything else. The 32-character
@@ -35,8 +35,8 @@
 #include "familyd-v1-shard.pb-c.h"
 #include "common/log.h"
 #include "shm/segment.h"
-#include "shm/shard-socket.h"
-#include "shm/shard-table.h"
+#include "handout/shard-socket.h"
+#include "handout/shard-table.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -48,7 +48,7 @@ declare -A REQUIRED=(
         [expr]="daemon/core/expr.c:expr_parse daemon/core/expr.c:expr_to_string daemon/core/expr.c:expr_eval daemon/core/expr.c:expr_foreach_field"
         [config]="daemon/config.c:config_parse daemon/config.c:config_parse_file daemon/config.c:config_apply daemon/config.c:config_fill_derived"
         [peer]="daemon/codec/codec-peer.c:codec_peer_decode daemon/core/peer-protocol.c:protocol_on_message daemon/core/membership.c:membership_heard_from daemon/core/membership.c:membership_learn daemon/core/membership.c:membership_forget daemon/core/membership.c:membership_tick daemon/core/membership.c:membership_topology daemon/core/membership.c:membership_verdict"
-        [shard-socket]="daemon/shm/shard-socket.c:on_listener_io daemon/shm/shard-socket.c:connection_read daemon/shm/shard-socket.c:connection_handle_frame daemon/shm/shard-socket.c:connection_answer daemon/shm/shard-socket.c:connection_flush daemon/shm/shard-table.c:shard_table_lookup_many_as daemon/shm/segment.c:shard_segment_open"
+        [shard-socket]="daemon/handout/shard-socket.c:on_listener_io daemon/handout/shard-socket.c:connection_read daemon/handout/shard-socket.c:connection_handle_frame daemon/handout/shard-socket.c:connection_answer daemon/handout/shard-socket.c:connection_flush daemon/handout/shard-table.c:shard_table_lookup_many_as daemon/shm/segment.c:shard_segment_open"
         [safetensors]="common/safetensors.c:safetensors_header_size common/safetensors.c:safetensors_header_parse common/safetensors.c:tensor_parse common/safetensors.c:coverage_check common/safetensors.c:safetensors_index_parse common/safetensors.c:safetensors_index_check"
 )
 

@@ -37,8 +37,8 @@ CLEAN = {
 BAD = {
     "daemon/state/record.c": ('#include "rpc/build-state.h"\n', "daemon/state may not include daemon/rpc"),
     "daemon/core/manager.h": ('#include "shm/accel.h"\n', "daemon/core may not include daemon/shm"),
-    "daemon/shm/shard-socket.c": ('#include "familyd-v1-shard.pb-c.h"\n', "belong to codec/"),
-    "daemon/peer/peer2.c": ('#include "shm/token.h"\n', "daemon/peer may not include daemon/shm"),
+    "daemon/handout/shard-socket.c": ('#include "familyd-v1-shard.pb-c.h"\n', "belong to codec/"),
+    "daemon/peer/peer2.c": ('#include "handout/token.h"\n', "daemon/peer may not include daemon/handout"),
     "daemon/rpc/peer-use.c": ('#include "peer/peer.h"\n', "daemon/rpc may not include daemon/peer"),
     "daemon/state/flat.c": ('#include "mesh.h"\n', "not in daemon/state/"),
     "client/shard.c": ('#include "../daemon/hw/cuda-driver.h"\n', "a relative path"),
@@ -69,7 +69,7 @@ def make_tree(files):
     # Headers the clean tree names, so that bare and qualified names resolve.
     for rel in ("daemon/state/store.h", "daemon/codec/codec.h", "daemon/build/build.h",
                 "daemon/rpc/service.h", "daemon/peer/peer.h", "daemon/shm/accel.h",
-                "daemon/shm/token.h", "daemon/rpc/build-state.h"):
+                "daemon/handout/token.h", "daemon/rpc/build-state.h"):
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "a").close()

@@ -1,4 +1,4 @@
-/* test-checkpoint-deposit.c: shm/checkpoint-deposit.c: deposits under tokens for their uid only,
+/* test-checkpoint-deposit.c: handout/checkpoint-deposit.c: deposits under tokens for their uid only,
  * duplicates handed out, the per-uid and global limits, the file checks, and idle deposits
  * dropped with their descriptors closed. */
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "shm/checkpoint-deposit.h"
+#include "handout/checkpoint-deposit.h"
 
 static char path[] = "/tmp/test-deposit-XXXXXX";
 

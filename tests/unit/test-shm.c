@@ -27,9 +27,9 @@
 #include "familyd-v1-shard.pb-c.h"
 #include "common/macro.h"
 #include "shm/segment.h"
-#include "shm/shard-socket.h"
-#include "shm/shard-table.h"
-#include "shm/token.h"
+#include "handout/shard-socket.h"
+#include "handout/shard-table.h"
+#include "handout/token.h"
 
 typedef Familyd__V1__ShardFdRequest Request;
 typedef Familyd__V1__ShardFdReply Reply;

@@ -20,7 +20,7 @@
 #include "core/build-table.h"
 #include "core/mesh.h"
 #include "shm/segment.h"
-#include "shm/shard-table.h"
+#include "handout/shard-table.h"
 #include "codec/codec-record.h"
 #include "state/state.h"
 

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "common/macro.h"
-#include "segment.h"
+#include "shm/segment.h"
 #include "token.h"
 
 /* Live tokens in one daemon (one per local shard per build): the default cap. */
