@@ -77,7 +77,7 @@ for path in sys.argv[1:]:
 # log, and the last lines it printed.
 for path, t in failures:
     print(f"FAILED {t['name']} ({t['result']}, {path})")
-    out = (t.get("stdout") or "").rstrip().splitlines()
+    out = ((t.get("stdout") or "") + (t.get("stderr") or "")).rstrip().splitlines()
     for l in out[-25:]:
         print(f"  | {l[:300]}")
 print(f"familyd: {passed} passed, {failed} failed, {skipped} skipped")
