@@ -48,6 +48,14 @@
  * sendmsg fail before any byte leaves: that reply becomes RESOURCE_EXHAUSTED without
  * descriptors, with a rate-limited warning, and the connection lives on.
  *
+ * Descriptors coming in (a checkpoint deposit's, checkpoint-deposit.h) are the daemon's from
+ * the moment they are read: a connection keeps at most SHARD_SOCKET_MAX_TOKENS with the frame
+ * being read, and all unfinished frames together at most SHARD_SOCKET_MAX_IN_FDS; a connection
+ * that sends past either is closed (its descriptors with it), so a client that sends
+ * descriptors and never finishes its frame holds a bounded number of them until the idle
+ * timeout. A finished frame's descriptors go to the deposit table (its own limits) or are
+ * closed with the refusal.
+ *
  * The thread owns the loop and the connections outright; other threads touch only the atomic
  * settings, the stop eventfd, whose source ends the loop, and the counters (relaxed atomics the
  * thread bumps and /metrics reads: shard_server_counters). All signals are blocked in the
@@ -92,6 +100,9 @@
 #define UNREAD_RECHECK_USEC (SHARD_SOCKET_UNREAD_RECHECK_MS * 1000u)
 /* Timers fire within this of their deadline (sd-event's default, 250 ms, would stretch them). */
 #define SHARD_SOCKET_TIMER_ACCURACY_USEC 1000u
+/* Descriptors that frames still being read may hold in all (a deposit's, before its frame
+ * is complete): past it the connection that sends more is closed. */
+#define SHARD_SOCKET_MAX_IN_FDS 1024u
 /* Idle checkpoint deposits are looked for this often (their descriptors keep files alive). */
 #define SHARD_SOCKET_DEPOSIT_SWEEP_MS 5000u
 
@@ -158,6 +169,7 @@ struct ShardServer {
         atomic_uint admin_gid; /* (gid_t) -1: none */
         /* Owned by the thread from here on. */
         Connection *connections;
+        unsigned n_in_fds; /* descriptors held by frames not yet complete (in_fds) */
         unsigned n_connections;
         RateLimit cap_log, uid_cap_log, inflight_log;
         /* Written by the thread, read by any (shard_server_counters). */
@@ -218,6 +230,7 @@ static void connection_drop_reply(Connection *c) {
 static void connection_drop_in_fds(Connection *c) {
         for (size_t i = 0; i < c->n_in_fds; i++)
                 safe_close(c->in_fds[i]);
+        c->server->n_in_fds -= c->n_in_fds;
         c->n_in_fds = 0;
 }
 
@@ -450,6 +463,7 @@ static int connection_deposit(ShardServer *s, Connection *c, const ShardRequest 
         }
         memcpy(files.fds, c->in_fds, n * sizeof(int));
         files.n = n;
+        c->server->n_in_fds -= n;
         c->n_in_fds = 0;
 
         if (!deposits)
@@ -630,17 +644,20 @@ static ssize_t connection_recv(Connection *c, void *buf, size_t len) {
                 for (size_t i = 0; i < n; i++) {
                         int fd;
                         memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-                        if (c->n_in_fds < SHARD_SOCKET_MAX_TOKENS)
+                        if (c->n_in_fds < SHARD_SOCKET_MAX_TOKENS &&
+                            c->server->n_in_fds < SHARD_SOCKET_MAX_IN_FDS) {
                                 c->in_fds[c->n_in_fds++] = fd;
-                        else {
+                                c->server->n_in_fds++;
+                        } else {
                                 safe_close(fd);
                                 bad = true;
                         }
                 }
         }
         if (bad || (mh.msg_flags & MSG_CTRUNC)) {
-                log_debug("Shard socket: more descriptors than %u came with a frame, closing "
-                          "the connection", SHARD_SOCKET_MAX_TOKENS);
+                log_debug("Shard socket: more descriptors came with a frame than %u, or than "
+                          "%u with every unfinished frame, closing the connection",
+                          SHARD_SOCKET_MAX_TOKENS, SHARD_SOCKET_MAX_IN_FDS);
                 return -EPROTO;
         }
         return k;

@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -312,6 +313,46 @@ class TestDeposit(Base):
         finally:
             for x in (fd, wfd, rp, wp):
                 os.close(x)
+
+
+class TestHeldDescriptors(Base):
+    def test_unfinished_frames_hold_at_most_1024_descriptors(self):
+        """Frames whose body never comes hold the descriptors sent with them: at most 1,024
+        over all connections (4 x 253 fit), the connection past it is closed, and the daemon's
+        own descriptors stay bounded; once they go, deposits work again."""
+        path = os.path.join(TMP, "held.safetensors")
+        save(mlp_tensors(13), path)
+        fd = os.open(path, os.O_RDONLY)
+        socks = []
+        try:
+            before = len(os.listdir("/proc/%d/fd" % D.proc.pid))
+            for i in range(5):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(10)
+                s.connect(D.shard_socket)
+                # A header announcing 100 bytes, and 253 descriptors; no body.
+                s.sendmsg([struct.pack("<I", 100)],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                            struct.pack("253i", *([fd] * 253)))])
+                socks.append(s)
+            # One of them (the daemon reads them in any order) is closed; four stay open.
+            time.sleep(0.5)
+            closed = 0
+            for s in socks:
+                s.setblocking(False)
+                try:
+                    closed += s.recv(1) == b""
+                except BlockingIOError:
+                    pass
+            self.assertEqual(closed, 1)
+            held = len(os.listdir("/proc/%d/fd" % D.proc.pid)) - before
+            self.assertLessEqual(held, 1024 + 8)
+            self.assertGreaterEqual(held, 4 * 253)
+        finally:
+            for s in socks:
+                s.close()
+            os.close(fd)
+        self.assertRegex(self.deposit(path), "^[0-9a-f]{32}$")
 
 
 class TestBuild(Base):
