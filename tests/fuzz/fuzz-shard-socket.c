@@ -87,7 +87,7 @@ static void setup(void) {
                         abort();
                 shard_segment_unmap(segments[i]);
                 /* A writable build's segments: writable handouts are part of what is fuzzed
-                 * (test-shm.c has the refusal of the others). */
+                 * (test-segment.c has the refusal of the others). */
                 shard_segment_allow_writes(segments[i]);
                 if (shard_segment_seal(segments[i]) < 0)
                         abort();

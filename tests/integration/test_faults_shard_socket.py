@@ -7,7 +7,7 @@ over the 64 KiB limit. The offending connection alone is closed (the stalled one
 (test_faults_common.HealthyClient) keeps building and fetching shards throughout.
 
 The per-connection mechanics (timeouts made short, back-pressure, the in-flight limit) are unit
-tests of the server in tests/unit/test-shm.c; these check the daemon as shipped.
+tests of the server in tests/unit/test-shard-socket.c; these check the daemon as shipped.
 """
 
 import os
