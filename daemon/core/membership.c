@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "member-records.h"
 #include "membership.h"
 #include "name-index.h"
 #include "rank-index.h"
@@ -151,23 +152,7 @@ int member_info_copy(const MemberInfo *from, MemberInfo *ret) {
         return 0;
 }
 
-/* --- records --- */
-
-struct MemberRecord {
-        MemberInfo info; /* first: a Member's info points here */
-        uint64_t hash;
-        uint64_t start_digest; /* membership_digest_member() of its name and boot id */
-        size_t n_ref;
-        size_t bytes;
-        MemberRecords *owner; /* NULL: a member's own, in no table */
-        MemberRecord *next;   /* in its bucket */
-};
-
-struct MemberRecords {
-        MemberRecord **buckets;
-        size_t n_buckets; /* a power of two */
-        size_t n, bytes;
-};
+/* --- records (member-records.c) --- */
 
 static MemberRecord *record_of(const Member *e) {
         return (MemberRecord *) e->info;
@@ -179,191 +164,10 @@ static uint64_t member_digest(const Member *e) {
         return ((const MemberRecord *) e->info)->start_digest;
 }
 
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                h = (h ^ ((const unsigned char *) p)[i]) * UINT64_C(1099511628211);
-        return h;
-}
-
-static uint64_t hash_string(uint64_t h, const char *s) {
-        return hash_bytes(h, strempty(s), strlen(strempty(s)) + 1);
-}
-
-/* Over everything a record holds. */
-static uint64_t record_hash(const MemberInfo *info) {
-        uint64_t h = membership_digest_member(strempty(info->name), info->boot_id);
-
-        h = hash_string(h, info->address);
-        h = hash_string(h, info->registry_digest);
-        h = hash_bytes(h, &info->node_rank, sizeof info->node_rank);
-        h = hash_bytes(h, &info->started_unix_ms, sizeof info->started_unix_ms);
-        if (info->has_record_mac)
-                h = hash_bytes(h, info->record_mac, sizeof info->record_mac);
-        for (size_t i = 0; i < info->n_devices; i++) {
-                const Device *d = &info->devices[i];
-                h = hash_string(hash_string(h, d->kind), d->name);
-                h = hash_string(hash_string(h, d->uuid), d->pci_bus_id);
-                h = hash_bytes(h, &d->memory_bytes, sizeof d->memory_bytes);
-        }
-        return hash_bytes(h, &info->n_devices, sizeof info->n_devices);
-}
-
-static bool device_equal(const Device *a, const Device *b) {
-        return a->local_index == b->local_index && a->memory_bytes == b->memory_bytes &&
-               a->numa_node == b->numa_node && streq(strempty(a->kind), strempty(b->kind)) &&
-               streq(strempty(a->name), strempty(b->name)) &&
-               streq(strempty(a->uuid), strempty(b->uuid)) &&
-               streq(strempty(a->pci_bus_id), strempty(b->pci_bus_id));
-}
-
-static bool record_equal(const MemberInfo *a, const MemberInfo *b) {
-        if (a->boot_id != b->boot_id || a->node_rank != b->node_rank ||
-            a->started_unix_ms != b->started_unix_ms || a->n_devices != b->n_devices ||
-            a->has_record_mac != b->has_record_mac ||
-            (a->has_record_mac && memcmp(a->record_mac, b->record_mac, sizeof a->record_mac)) ||
-            !streq(strempty(a->name), strempty(b->name)) ||
-            !streq(strempty(a->address), strempty(b->address)) ||
-            !streq(a->registry_digest, b->registry_digest))
-                return false;
-        for (size_t i = 0; i < a->n_devices; i++)
-                if (!device_equal(&a->devices[i], &b->devices[i]))
-                        return false;
-        return true;
-}
-
-static size_t record_bytes(const MemberInfo *info) {
-        size_t n = sizeof(MemberRecord) + strlen(info->name) + strlen(info->address) + 2 +
-                   info->n_devices * sizeof(Device);
-
-        for (size_t i = 0; i < info->n_devices; i++) {
-                const Device *d = &info->devices[i];
-                n += strlen(strempty(d->kind)) + strlen(strempty(d->name)) +
-                     strlen(strempty(d->uuid)) + strlen(strempty(d->pci_bus_id)) + 4;
-        }
-        return n;
-}
-
-int member_records_new(MemberRecords **ret) {
-        MemberRecords *r = calloc(1, sizeof(MemberRecords));
-
-        if (!r)
-                return -ENOMEM;
-        r->n_buckets = 1024;
-        r->buckets = calloc(r->n_buckets, sizeof(MemberRecord *));
-        if (!r->buckets) {
-                free(r);
-                return -ENOMEM;
-        }
-        *ret = r;
-        return 0;
-}
-
-static void record_free(MemberRecord *rec) {
-        member_info_done(&rec->info);
-        free(rec);
-}
-
-MemberRecords *member_records_free(MemberRecords *r) {
-        if (!r)
-                return NULL;
-        for (size_t b = 0; b < r->n_buckets; b++)
-                while (r->buckets[b]) {
-                        MemberRecord *e = r->buckets[b];
-                        r->buckets[b] = e->next;
-                        record_free(e);
-                }
-        free(r->buckets);
-        return mfree(r);
-}
-
-size_t member_records_count(const MemberRecords *r) {
-        return r->n;
-}
-
-size_t member_records_bytes(const MemberRecords *r) {
-        return r->bytes + r->n_buckets * sizeof(MemberRecord *);
-}
-
-/* Twice the buckets once there are more records than buckets (a failure keeps the old). */
-static void records_grow(MemberRecords *r) {
-        size_t n = r->n_buckets * 2;
-        MemberRecord **grown;
-
-        if (r->n <= r->n_buckets || !(grown = calloc(n, sizeof(MemberRecord *))))
-                return;
-        for (size_t b = 0; b < r->n_buckets; b++)
-                while (r->buckets[b]) {
-                        MemberRecord *e = r->buckets[b];
-                        r->buckets[b] = e->next;
-                        e->next = grown[e->hash & (n - 1)];
-                        grown[e->hash & (n - 1)] = e;
-                }
-        free(r->buckets);
-        r->buckets = grown;
-        r->n_buckets = n;
-}
-
-/* A record equal to `info` (not partial, not proven): the one `r` holds, made there when there
- * is none, or with r NULL a new one of the caller's own; one reference more. */
-static int records_take(MemberRecords *r, const MemberInfo *info, MemberRecord **ret) {
-        uint64_t h = r ? record_hash(info) : 0;
-        MemberRecord *e;
-        int k;
-
-        if (r)
-                for (e = r->buckets[h & (r->n_buckets - 1)]; e; e = e->next)
-                        if (e->hash == h && record_equal(&e->info, info)) {
-                                e->n_ref++;
-                                *ret = e;
-                                return 0;
-                        }
-        e = calloc(1, sizeof(MemberRecord));
-        if (!e)
-                return -ENOMEM;
-        k = member_info_copy(info, &e->info);
-        if (k < 0) {
-                free(e);
-                return k;
-        }
-        e->info.partial = false;
-        e->hash = h;
-        e->start_digest = membership_digest_member(e->info.name, e->info.boot_id);
-        e->n_ref = 1;
-        e->owner = r;
-        if (r) {
-                e->bytes = record_bytes(&e->info);
-                e->next = r->buckets[h & (r->n_buckets - 1)];
-                r->buckets[h & (r->n_buckets - 1)] = e;
-                r->n++;
-                r->bytes += e->bytes;
-                records_grow(r);
-        }
-        *ret = e;
-        return 0;
-}
-
-static void records_release(MemberRecord *rec) {
-        MemberRecords *r = rec->owner;
-
-        if (--rec->n_ref > 0)
-                return;
-        if (r) {
-                for (MemberRecord **p = &r->buckets[rec->hash & (r->n_buckets - 1)]; *p;
-                     p = &(*p)->next)
-                        if (*p == rec) {
-                                *p = rec->next;
-                                break;
-                        }
-                r->n--;
-                r->bytes -= rec->bytes;
-        }
-        record_free(rec);
-}
-
 /* Sets e's record to one equal to `info` (shared when the table shares records). */
 static int member_store(Membership *m, Member *e, const MemberInfo *info) {
         MemberRecord *rec;
-        int r = records_take(m->records, info, &rec);
+        int r = member_records_take(m->records, info, &rec);
 
         if (r < 0)
                 return r;
@@ -373,7 +177,7 @@ static int member_store(Membership *m, Member *e, const MemberInfo *info) {
 
 static void member_drop(Member *e) {
         if (e->info)
-                records_release(record_of(e));
+                member_records_release(record_of(e));
         e->info = NULL;
 }
 
@@ -481,7 +285,7 @@ static bool member_set_digest(Membership *m, Member *e, const char *digest) {
         if (strncmp(e->info->registry_digest, digest, sizeof with.registry_digest) == 0)
                 return false;
         (void) snprintf(with.registry_digest, sizeof with.registry_digest, "%s", digest);
-        if (records_take(rec->owner, &with, &rec) < 0)
+        if (member_records_take(rec->owner, &with, &rec) < 0)
                 return false;
         member_drop(e);
         e->info = &rec->info;
