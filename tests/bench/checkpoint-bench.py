@@ -45,6 +45,7 @@ import math
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -223,9 +224,10 @@ def fio_uring8(files, direct):
 
 def memcpy_seconds(files, threads):
     """Seconds to copy the files' tensor bytes from their (resident, pre-touched) mappings into
-    fresh memory on threads threads, in pieces of 16 MiB: what a warm load's reads and copies
-    cost at best, the first touch of the destination's pages included, as the daemon's of its
-    fresh segments."""
+    memory on threads threads, in pieces of 16 MiB: (into fresh memory made as the daemon makes
+    a segment, a memfd fallocated and mapped shared, the making included and every page's first
+    touch by the copy; into the same memory again, every page present: the copy alone), and the
+    bytes."""
     import mmap
     import numpy as np
 
@@ -242,31 +244,44 @@ def memcpy_seconds(files, threads):
             piece = data[off:off + 16 * MIB]
             pieces.append((piece, total))
             total += piece.size
-    dst = np.empty(total, dtype=np.uint8)    # fresh: its pages are touched by the copy
     lock = threading.Lock()
-    todo = list(reversed(pieces))
+    dst = None
 
-    def run():
-        while True:
-            with lock:
-                if not todo:
-                    return
-                src, at = todo.pop()
-            np.copyto(dst[at:at + src.size], src)   # numpy lets go of the GIL for this
+    def copy_all():
+        todo = list(reversed(pieces))
 
+        def run():
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    src, at = todo.pop()
+                np.copyto(dst[at:at + src.size], src)   # numpy lets go of the GIL here
+
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=run) for _ in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return time.perf_counter() - t0
+
+    # Fresh memory as the daemon makes a segment: a memfd, fallocated, mapped shared.
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=run) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    secs = time.perf_counter() - t0
-    del dst, todo
+    fd = os.memfd_create("checkpoint-bench-memcpy")
+    os.posix_fallocate(fd, 0, total)
+    seg = mmap.mmap(fd, total)
+    os.close(fd)
+    dst = np.frombuffer(seg, dtype=np.uint8)
+    fresh = time.perf_counter() - t0 + copy_all()
+    again = copy_all()
+    dst = None
+    seg.close()
     pieces.clear()
     data = piece = None           # noqa: F841 (the mappings close only without views)
     for m in maps:
         m.close()
-    return secs, total
+    return fresh, again, total
 
 
 # -- the daemon -------------------------------------------------------------------------------
@@ -310,6 +325,14 @@ def start_daemon(binary, tmp):
 def proc_io(pid):
     with open("/proc/%d/io" % pid) as f:
         return {k: int(v) for k, v in (line.split(":") for line in f)}
+
+
+def cpu_seconds(pid):
+    """(user, system) CPU seconds of process pid so far (/proc/PID/stat)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def rollup(pid="self"):
@@ -376,10 +399,13 @@ def worker(a):
     before = rollup()
     t0 = time.perf_counter()
     params, keep = {}, []
+    in_build = 0.0
     if a.side == "familyd":
         token = SC.deposit(a.shard_socket, client.protos, a.ckpt)
         for i in range(a.layers):
+            t1 = time.perf_counter()
             b = client.call(BUILD, build_request(client, cfg, a.mesh, token, i, False)).build
+            in_build += time.perf_counter() - t1
             s = next(s for s in b.shards if s.rank == rank)
             h = FS.fetch(b.shard_socket or a.shard_socket, [s.token], False, timeout=600,
                          protos=client.protos)[0]
@@ -411,7 +437,8 @@ def worker(a):
                                                                "Pss_Shmem", "Rss")}
     crcs = {k: zlib.crc32(np.ascontiguousarray(v).view(np.uint8).data) for k, v in
             sorted(params.items())}
-    print(json.dumps({"rank": rank, "seconds": secs, "grown": grown, "crc": crcs}), flush=True)
+    print(json.dumps({"rank": rank, "seconds": secs, "build_s": in_build, "grown": grown,
+                      "crc": crcs}), flush=True)
     sys.stdin.readline()     # the mappings live until the driver has counted the memory
     del params, keep
 
@@ -457,7 +484,9 @@ def run_ranks(a, side, ckpt, sock, shard_sock, mesh_id, hidden, inter, layers, d
     anon = sum(r["grown"]["Pss_Anon"] for r in rows)
     daemon_anon = daemon1.get("Pss_Anon", 0) - daemon0.get("Pss_Anon", 0) \
         if side == "familyd" else 0
-    return {"seconds": secs, "workers_anon": anon, "daemon_anon": daemon_anon, "shm": shm,
+    return {"seconds": secs, "build_s": max(r["build_s"] for r in rows),
+            "rank_s": max(r["seconds"] for r in rows), "workers_anon": anon,
+            "daemon_anon": daemon_anon, "shm": shm,
             "memory": anon + daemon_anon + shm,
             "page_cache_mapped": sum(r["grown"]["Pss_File"] for r in rows),
             "workers_shmem": sum(r["grown"]["Pss_Shmem"] for r in rows),
@@ -480,38 +509,50 @@ def measure(a, tmp, ckpt, files, hidden, inter, layers, needed):
         tensors = [f for f in files if f.endswith(".safetensors")]
         jobs = os.path.join(tmp, "job.fio")
 
-        # 5 (cold) and the baseline of 1: fio's O_DIRECT reads need no eviction.
-        res["fio_seq_direct"], _ = fio(jobs, fio_one_stream(tensors, True))
+        # 5: the read engines, cold (O_DIRECT needs no eviction) and warm.
         res["fio_psync8_direct"], _ = fio(jobs, fio_psync8(tensors, True))
         res["fio_uring8_direct"], _ = fio(jobs, fio_uring8(tensors, True))
-
-        # 1: cold load, dp=2 x tp=2.
-        evict(tensors)
-        io0 = proc_io(proc.pid)
-        secs, builds = load_layers(client, shard_sock, ckpt, mesh22, cfg, layers)
-        io1 = proc_io(proc.pid)
-        release(client, builds)
-        res["cold_s"] = secs
-        res["cold_rchar"] = io1["rchar"] - io0["rchar"]
-        res["cold_disk"] = io1["read_bytes"] - io0["read_bytes"]
-        # 4 (cold): identity layout.
-        evict(tensors)
-        secs, builds = load_layers(client, shard_sock, ckpt, mesh41, cfg, layers)
-        release(client, builds)
-        res["cold_identity_s"] = secs
-
-        # 2 and 4 (warm).
         warm(tensors)
         res["fio_psync8_buffered"], _ = fio(jobs, fio_psync8(tensors, False))
         res["fio_uring8_buffered"], _ = fio(jobs, fio_uring8(tensors, False))
-        res["warm_s"], builds = load_layers(client, shard_sock, ckpt, mesh22, cfg, layers)
-        release(client, builds)
-        res["warm_identity_s"], builds = load_layers(client, shard_sock, ckpt, mesh41, cfg,
-                                                     layers)
-        release(client, builds)
-        res["memcpy_s"], copied = memcpy_seconds(tensors, a.fill_threads)
-        if copied != needed:
-            raise SystemExit("checkpoint-bench: memcpy copied %d of %d bytes" % (copied, needed))
+
+        # 1, 2 and 4, each load next to its baseline, --repeat rounds.
+        res["rounds"] = []
+        for _ in range(a.repeat):
+            r = {}
+            r["fio_seq_direct"], _ = fio(jobs, fio_one_stream(tensors, True))
+            evict(tensors)
+            io0, cpu0 = proc_io(proc.pid), cpu_seconds(proc.pid)
+            r["cold_s"], builds = load_layers(client, shard_sock, ckpt, mesh22, cfg, layers)
+            io1, cpu1 = proc_io(proc.pid), cpu_seconds(proc.pid)
+            r["cold_user_s"], r["cold_sys_s"] = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+            release(client, builds)
+            r["cold_rchar"] = io1["rchar"] - io0["rchar"]
+            r["cold_disk"] = io1["read_bytes"] - io0["read_bytes"]
+            evict(tensors)      # the same stream through the page cache, as pread reads
+            r["fio_seq_buffered_cold"], _ = fio(jobs, fio_one_stream(tensors, False))
+            evict(tensors)
+            r["cold_identity_s"], builds = load_layers(client, shard_sock, ckpt, mesh41, cfg,
+                                                       layers)
+            release(client, builds)
+
+            warm(tensors)
+            cpu0 = cpu_seconds(proc.pid)
+            r["warm_s"], builds = load_layers(client, shard_sock, ckpt, mesh22, cfg, layers)
+            cpu1 = cpu_seconds(proc.pid)
+            r["warm_user_s"], r["warm_sys_s"] = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+            release(client, builds)
+            r["memcpy_s"], r["memcpy_warm_s"], copied = memcpy_seconds(tensors,
+                                                                       a.fill_threads)
+            if copied != needed:
+                raise SystemExit("checkpoint-bench: memcpy copied %d of %d bytes"
+                                 % (copied, needed))
+            r["warm_identity_s"], builds = load_layers(client, shard_sock, ckpt, mesh41, cfg,
+                                                       layers)
+            release(client, builds)
+            res["rounds"].append(r)
+        for k in res["rounds"][0]:
+            res[k] = statistics.median(r[k] for r in res["rounds"])
 
         # 3: four ranks, cold then warm.
         for state in ("cold", "warm"):
@@ -542,61 +583,87 @@ def report(a, res, hidden, inter, layers, needed, nfiles, fstype):
     gbs = lambda bps: bps / 1e9   # noqa: E731
     need = needed
     cold_bw, warm_bw = need / res["cold_s"], need / res["warm_s"]
-    memcpy_bw = need / res["memcpy_s"]
+    memcpy_bw, memcpy_warm_bw = need / res["memcpy_s"], need / res["memcpy_warm_s"]
     fc, sc = res["ranks_cold_familyd"], res["ranks_cold_safetensors"]
     fw, sw = res["ranks_warm_familyd"], res["ranks_warm_safetensors"]
     print("\ncheckpoint: %d layers x MLP (hidden %d, intermediate %d), float32, %.3f GiB of "
           "tensors in %d files on %s; dp=2 x tp=2, 4 host ranks; %d fill threads"
           % (layers, hidden, inter, need / GIB, nfiles, fstype, a.fill_threads))
-    print("throughput GB/s: cold load %.3f, fio O_DIRECT 1 stream %.3f, psync x8 %.3f, "
-          "io_uring depth 8 %.3f; warm load %.3f, memcpy %.3f, buffered psync x8 %.3f, "
-          "io_uring depth 8 %.3f"
+    print("cold GB/s: load %.3f; fio O_DIRECT 1 stream %.3f, psync x8 %.3f, io_uring depth 8 "
+          "%.3f; fio buffered 1 stream %.3f"
           % (gbs(cold_bw), gbs(res["fio_seq_direct"]), gbs(res["fio_psync8_direct"]),
-             gbs(res["fio_uring8_direct"]), gbs(warm_bw), gbs(memcpy_bw),
-             gbs(res["fio_psync8_buffered"]), gbs(res["fio_uring8_buffered"])))
+             gbs(res["fio_uring8_direct"]), gbs(res["fio_seq_buffered_cold"])))
+    print("warm GB/s: load %.3f; memcpy into fresh memory %.3f, into present pages %.3f; fio "
+          "buffered psync x8 %.3f, io_uring depth 8 %.3f"
+          % (gbs(warm_bw), gbs(memcpy_bw), gbs(memcpy_warm_bw), gbs(res["fio_psync8_buffered"]),
+             gbs(res["fio_uring8_buffered"])))
     print("cold load: the daemon read %d bytes (rchar), %d from the disk (read_bytes), for %d "
           "bytes of tensors" % (res["cold_rchar"], res["cold_disk"], need))
-    print("seconds: cold load %.3f (identity %.3f), warm load %.3f (identity %.3f), memcpy %.3f"
+    print("seconds: cold load %.3f (identity %.3f), warm load %.3f (identity %.3f), memcpy "
+          "%.3f (present pages %.3f)"
           % (res["cold_s"], res["cold_identity_s"], res["warm_s"], res["warm_identity_s"],
-             res["memcpy_s"]))
+             res["memcpy_s"], res["memcpy_warm_s"]))
+    print("the daemon's CPU during the loads (dp=2 x tp=2): cold %.3f s user, %.3f s system; "
+          "warm %.3f s user, %.3f s system" % (res["cold_user_s"], res["cold_sys_s"],
+                                               res["warm_user_s"], res["warm_sys_s"]))
     for state, f, s in (("cold", fc, sc), ("warm", fw, sw)):
         for side, r in (("familyd", f), ("safetensors", s)):
-            print("4 ranks %s, %-11s: %.3f s to every rank's parameters; memory %.3f GiB "
-                  "(workers' anonymous %.3f, daemon's anonymous %.3f, shared memory %.3f); "
-                  "workers' shmem PSS %.3f, mapped page cache %.3f"
-                  % (state, side, r["seconds"], r["memory"] / GIB, r["workers_anon"] / GIB,
-                     r["daemon_anon"] / GIB, r["shm"] / GIB, r["workers_shmem"] / GIB,
-                     r["page_cache_mapped"] / GIB))
+            print("4 ranks %s, %-11s: %.3f s to every rank's parameters (slowest rank %.3f, "
+                  "of it in Build calls %.3f); memory %.3f GiB (workers' anonymous %.3f, "
+                  "daemon's anonymous %.3f, shared memory %.3f); workers' shmem PSS %.3f, "
+                  "mapped page cache %.3f"
+                  % (state, side, r["seconds"], r["rank_s"], r["build_s"], r["memory"] / GIB,
+                     r["workers_anon"] / GIB, r["daemon_anon"] / GIB, r["shm"] / GIB,
+                     r["workers_shmem"] / GIB, r["page_cache_mapped"] / GIB))
+    rounds = res["rounds"]
+
+    def over_rounds(f):
+        """The median over the rounds of a round's ratio, and every round's."""
+        vals = [f(r) for r in rounds]
+        return statistics.median(vals), vals
+
     rows = [
-        ("cold load / fio O_DIRECT sequential (throughput)", cold_bw / res["fio_seq_direct"],
-         ">=", 0.9),
-        ("cold bytes read / bytes the shards need", res["cold_rchar"] / need, "<=", 1.01),
-        ("warm load / memcpy (throughput)", warm_bw / memcpy_bw, ">=", 0.8),
+        ("cold load / fio O_DIRECT sequential (throughput)",
+         over_rounds(lambda r: need / (r["cold_s"] * r["fio_seq_direct"])), ">=", 0.9),
+        ("cold bytes read / bytes the shards need",
+         over_rounds(lambda r: r["cold_rchar"] / need), "<=", 1.01),
+        ("cold load / fio buffered sequential (throughput)",
+         over_rounds(lambda r: need / (r["cold_s"] * r["fio_seq_buffered_cold"])), None, None),
+        ("warm load / memcpy into fresh memory (throughput)",
+         over_rounds(lambda r: r["memcpy_s"] / r["warm_s"]), ">=", 0.8),
+        ("warm load / memcpy into present pages (throughput)",
+         over_rounds(lambda r: r["memcpy_warm_s"] / r["warm_s"]), None, None),
         ("4 ranks cold: familyd / safetensors (time)", fc["seconds"] / sc["seconds"], "<=", 0.3),
         ("4 ranks cold: familyd / safetensors (memory)", fc["memory"] / max(sc["memory"], 1),
          None, None),
         ("4 ranks warm: familyd / safetensors (time)", fw["seconds"] / sw["seconds"], "<=", 0.3),
         ("4 ranks warm: familyd / safetensors (memory)", fw["memory"] / max(sw["memory"], 1),
          None, None),
-        ("cold: resharded tp=2 / identity tp=1 (time)", res["cold_s"] / res["cold_identity_s"],
-         "<=", 1.05),
-        ("warm: resharded tp=2 / identity tp=1 (time)", res["warm_s"] / res["warm_identity_s"],
-         "<=", 1.05),
+        ("cold: resharded tp=2 / identity tp=1 (time)",
+         over_rounds(lambda r: r["cold_s"] / r["cold_identity_s"]), "<=", 1.05),
+        ("warm: resharded tp=2 / identity tp=1 (time)",
+         over_rounds(lambda r: r["warm_s"] / r["warm_identity_s"]), "<=", 1.05),
         ("fio cold: io_uring depth 8 / psync x8 (throughput)",
          res["fio_uring8_direct"] / res["fio_psync8_direct"], None, None),
         ("fio warm: io_uring depth 8 / psync x8 (throughput)",
          res["fio_uring8_buffered"] / res["fio_psync8_buffered"], None, None),
     ]
-    print("\n%-52s %8s %8s  %s" % ("ratio", "value", "goal", "result"))
+    print("\n%-52s %8s %8s  %-10s %s" % ("ratio", "value", "goal", "result",
+                                           "rounds" if len(rounds) > 1 else ""))
     out = []
     for name, v, op, goal in rows:
+        each = []
+        if isinstance(v, tuple):
+            v, each = v
         if op is None:
             verdict, g = "(reported)", "-"
         else:
             ok = v >= goal if op == ">=" else v <= goal
             verdict, g = ("met" if ok else "missed"), "%s %.2f" % (op, goal)
-        print("%-52s %8.3f %8s  %s" % (name, v, g, verdict))
-        out.append({"ratio": name, "value": v, "goal": g, "result": verdict})
+        print("%-52s %8.3f %8s  %-10s %s" % (name, v, g, verdict,
+                                             " ".join("%.3f" % x for x in each)
+                                             if len(each) > 1 else ""))
+        out.append({"ratio": name, "value": v, "goal": g, "result": verdict, "rounds": each})
     return out
 
 
@@ -619,6 +686,8 @@ def main():
     p.add_argument("--dir", default="/var/tmp",
                    help="where the checkpoint's folder goes (a disk, not a tmpfs)")
     p.add_argument("--build-dir", help="release build folder (default build-bench)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of the loads beside their baselines (1, 2, 4); medians")
     p.add_argument("--json", help="write the measurements and ratios here")
     a = p.parse_args()
     if a.worker:
