@@ -432,6 +432,7 @@ def worker(a):
                     arr = sl[tp * half:(tp + 1) * half]
                 params["%d.%s" % (i, p)] = arr
     secs = time.perf_counter() - t0
+    print("done", flush=True)           # the driver's clock stops at every rank's "done"
     after = rollup()
     grown = {k: after.get(k, 0) - before.get(k, 0) for k in ("Pss_Anon", "Pss_File",
                                                                "Pss_Shmem", "Rss")}
@@ -466,8 +467,11 @@ def run_ranks(a, side, ckpt, sock, shard_sock, mesh_id, hidden, inter, layers, d
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
-        rows = [json.loads(p.stdout.readline()) for p in procs]
+        for p in procs:
+            if p.stdout.readline().strip() != "done":
+                raise SystemExit("checkpoint-bench: a %s rank failed to load" % side)
         secs = time.perf_counter() - t0
+        rows = [json.loads(p.stdout.readline()) for p in procs]
         daemon1 = rollup(daemon_pid)
         shm = shm_in_use(client) if side == "familyd" else 0
         for p in procs:
