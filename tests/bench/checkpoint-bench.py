@@ -3,7 +3,8 @@
 and the usual per-rank path, in one run (issue 31; docs/benchmarks.md, "Checkpoint loads").
 
     .venv/bin/python3 tests/bench/checkpoint-bench.py [--smoke] [--gib G] [--files N]
-                                                     [--dir DIR] [--build-dir DIR] [--json F]
+                                                     [--repeat R] [--dir DIR]
+                                                     [--build-dir DIR] [--json F]
 
 The checkpoint: L layers of Llama-style MLP weights (model.layers.N.mlp.{gate,up,down}_proj.weight,
 float32, intermediate = 4 x hidden), about --gib GiB, written by the safetensors library into
@@ -14,11 +15,14 @@ with --host-devices 4) builds the example registry's family `mlp` from it. Measu
   1. cold load: every layer's Build (a client's deposit, then one Build per layer in turn, mesh
      dp=2 x tp=2) with the files' pages evicted first (posix_fadvise DONTNEED, checked with
      fincore), against fio's O_DIRECT sequential read of the same files (psync, bs 4m, one
-     job): throughput ratio, goal >= 0.9; the daemon's bytes read (/proc/PID/io rchar) over the
-     bytes the shards need too (goal <= 1.01);
+     job): throughput ratio, goal >= 0.9; against the same fio stream through the page cache
+     (buffered, evicted first; reported); the daemon's bytes read (/proc/PID/io rchar) over the
+     bytes the shards need (goal <= 1.01);
   2. warm load: the same with the files in the page cache, against a memcpy of the same bytes
-     (the files' resident mappings into fresh memory, on as many threads as the daemon has
-     fill threads): goal >= 0.8;
+     from the files' resident mappings, on as many threads as the daemon has fill threads,
+     into fresh memory made as the daemon makes a segment (a memfd, fallocated, mapped; its
+     making and every page's first touch timed, as the load's are): goal >= 0.8; against the
+     copy into present pages too (reported);
   3. four rank processes (dp=2 x tp=2), each depositing, building every layer and mapping its
      own shard (populated), sharing one build per layer, against four processes that open the
      files with safetensors' safe_open (mmap) and slice their tp shards with get_slice into
@@ -35,6 +39,9 @@ with --host-devices 4) builds the example registry's family `mlp` from it. Measu
      (buffered, cache kept): the io_uring / psync throughput ratio (docs/decisions.md,
      "Checkpoint reads").
 
+1, 2 and 4 run in --repeat rounds, each load next to its baseline, and report the median of
+the rounds' ratios (every round's shown); the daemon's user and system CPU during the loads
+and the ranks' time inside Build calls are printed beside them, to show where time goes.
 Prints a table of the ratios, each goal and met/missed. --smoke: a 0.02 GiB checkpoint, to check
 that the bench runs and prints every ratio (goals not judged).
 """
