@@ -20,9 +20,9 @@ with --host-devices 4) builds the example registry's family `mlp` from it. Measu
      bytes the shards need (goal <= 1.01);
   2. warm load: the same with the files in the page cache, against a memcpy of the same bytes
      from the files' resident mappings, on as many threads as the daemon has fill threads,
-     into fresh memory made as the daemon makes a segment (a memfd, fallocated, mapped; its
-     making and every page's first touch timed, as the load's are): goal >= 0.8; against the
-     copy into present pages too (reported);
+     into fresh memory made as the daemon makes a segment (a memfd of the size, mapped; its
+     making and every page's allocation at first touch timed, as the load's are): goal >= 0.8;
+     against the copy into present pages too (reported);
   3. four rank processes (dp=2 x tp=2), each depositing, building every layer and mapping its
      own shard (populated), sharing one build per layer, against four processes that open the
      files with safetensors' safe_open (mmap) and slice their tp shards with get_slice into
@@ -232,9 +232,9 @@ def fio_uring8(files, direct):
 def memcpy_seconds(files, threads):
     """Seconds to copy the files' tensor bytes from their (resident, pre-touched) mappings into
     memory on threads threads, in pieces of 16 MiB: (into fresh memory made as the daemon makes
-    a segment, a memfd fallocated and mapped shared, the making included and every page's first
-    touch by the copy; into the same memory again, every page present: the copy alone), and the
-    bytes."""
+    a segment, a memfd of the size mapped shared, the making included and every page allocated
+    at its first touch by the copy; into the same memory again, every page present: the copy
+    alone), and the bytes."""
     import mmap
     import numpy as np
 
@@ -273,10 +273,11 @@ def memcpy_seconds(files, threads):
             t.join()
         return time.perf_counter() - t0
 
-    # Fresh memory as the daemon makes a segment: a memfd, fallocated, mapped shared.
+    # Fresh memory as the daemon makes a segment: a memfd, its size set, mapped shared (each
+    # page allocated at its first touch, by the copy).
     t0 = time.perf_counter()
     fd = os.memfd_create("checkpoint-bench-memcpy")
-    os.posix_fallocate(fd, 0, total)
+    os.ftruncate(fd, total)
     seg = mmap.mmap(fd, total)
     os.close(fd)
     dst = np.frombuffer(seg, dtype=np.uint8)
