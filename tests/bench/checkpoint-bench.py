@@ -335,6 +335,15 @@ def proc_io(pid):
         return {k: int(v) for k, v in (line.split(":") for line in f)}
 
 
+def disk_reads(path):
+    """(read requests completed, sectors read) of the block device holding path (its
+    /sys/dev/block/MAJ:MIN/stat: the whole machine's reads of that device)."""
+    st = os.stat(path).st_dev
+    with open("/sys/dev/block/%d:%d/stat" % (os.major(st), os.minor(st))) as f:
+        w = f.read().split()
+    return int(w[0]), int(w[2])
+
+
 def cpu_seconds(pid):
     """(user, system) CPU seconds of process pid so far (/proc/PID/stat)."""
     with open("/proc/%d/stat" % pid) as f:
@@ -534,9 +543,12 @@ def measure(a, tmp, ckpt, files, hidden, inter, layers, needed):
             r = {}
             r["fio_seq_direct"], _ = fio(jobs, fio_one_stream(tensors, True))
             evict(tensors)
-            io0, cpu0 = proc_io(proc.pid), cpu_seconds(proc.pid)
+            io0, cpu0, dk0 = proc_io(proc.pid), cpu_seconds(proc.pid), disk_reads(ckpt)
             r["cold_s"], builds = load_layers(client, shard_sock, ckpt, mesh22, cfg, layers)
-            io1, cpu1 = proc_io(proc.pid), cpu_seconds(proc.pid)
+            io1, cpu1, dk1 = proc_io(proc.pid), cpu_seconds(proc.pid), disk_reads(ckpt)
+            r["cold_syscr"] = io1["syscr"] - io0["syscr"]
+            r["cold_disk_requests"] = dk1[0] - dk0[0]
+            r["cold_disk_sectors"] = dk1[1] - dk0[1]
             r["cold_user_s"], r["cold_sys_s"] = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
             release(client, builds)
             r["cold_rchar"] = io1["rchar"] - io0["rchar"]
@@ -544,8 +556,13 @@ def measure(a, tmp, ckpt, files, hidden, inter, layers, needed):
             evict(tensors)      # the same stream through the page cache, as pread reads
             r["fio_seq_buffered_cold"], _ = fio(jobs, fio_one_stream(tensors, False))
             evict(tensors)
+            io0, dk0 = proc_io(proc.pid), disk_reads(ckpt)
             r["cold_identity_s"], builds = load_layers(client, shard_sock, ckpt, mesh41, cfg,
                                                        layers)
+            io1, dk1 = proc_io(proc.pid), disk_reads(ckpt)
+            r["cold_identity_syscr"] = io1["syscr"] - io0["syscr"]
+            r["cold_identity_disk_requests"] = dk1[0] - dk0[0]
+            r["cold_identity_disk_sectors"] = dk1[1] - dk0[1]
             release(client, builds)
 
             warm(tensors)
@@ -615,6 +632,13 @@ def report(a, res, hidden, inter, layers, needed, nfiles, fstype):
           "%.3f (present pages %.3f)"
           % (res["cold_s"], res["cold_identity_s"], res["warm_s"], res["warm_identity_s"],
              res["memcpy_s"], res["memcpy_warm_s"]))
+    for name, pre in (("resharded (dp=2 x tp=2)", "cold"), ("identity (dp=4 x tp=1)",
+                                                             "cold_identity")):
+        print("cold load, %s: the daemon's read calls %d (%.0f KiB each); the disk's read "
+              "requests %d (%.0f KiB each, the whole machine's)"
+              % (name, res[pre + "_syscr"], need / 1024 / max(res[pre + "_syscr"], 1),
+                 res[pre + "_disk_requests"],
+                 res[pre + "_disk_sectors"] / 2 / max(res[pre + "_disk_requests"], 1)))
     print("the daemon's CPU during the loads (dp=2 x tp=2): cold %.3f s user, %.3f s system; "
           "warm %.3f s user, %.3f s system" % (res["cold_user_s"], res["cold_sys_s"],
                                                res["warm_user_s"], res["warm_sys_s"]))
