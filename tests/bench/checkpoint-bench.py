@@ -35,9 +35,9 @@ with --host-devices 4) builds the example registry's family `mlp` from it. Measu
   4. resharded (dp=2 x tp=2) against identity layout (dp=4 x tp=1: every tensor whole) on the
      same files, one client as in 1, cold and warm: goal <= 1.05;
   5. the read engine: fio on the same files, bs 4m, 8 in flight: psync with 8 jobs (each an
-     eighth of the bytes) against io_uring with iodepth 8 and one job, cold (O_DIRECT) and warm
-     (buffered, cache kept): the io_uring / psync throughput ratio (docs/decisions.md,
-     "Checkpoint reads").
+     eighth of the bytes) against io_uring with iodepth 8 and one job, cold (O_DIRECT), cold
+     through the page cache (evicted first, as the daemon reads) and warm (buffered, cache
+     kept): the io_uring / psync throughput ratio (docs/decisions.md, "Checkpoint reads").
 
 1, 2 and 4 run in --repeat rounds, each load next to its baseline, and report the median of
 the rounds' ratios (every round's shown); the daemon's user and system CPU during the loads
@@ -533,6 +533,10 @@ def measure(a, tmp, ckpt, files, hidden, inter, layers, needed):
         # 5: the read engines, cold (O_DIRECT needs no eviction) and warm.
         res["fio_psync8_direct"], _ = fio(jobs, fio_psync8(tensors, True))
         res["fio_uring8_direct"], _ = fio(jobs, fio_uring8(tensors, True))
+        evict(tensors)      # cold through the page cache, as the daemon reads
+        res["fio_psync8_buffered_cold"], _ = fio(jobs, fio_psync8(tensors, False))
+        evict(tensors)
+        res["fio_uring8_buffered_cold"], _ = fio(jobs, fio_uring8(tensors, False))
         warm(tensors)
         res["fio_psync8_buffered"], _ = fio(jobs, fio_psync8(tensors, False))
         res["fio_uring8_buffered"], _ = fio(jobs, fio_uring8(tensors, False))
@@ -619,9 +623,10 @@ def report(a, res, hidden, inter, layers, needed, nfiles, fstype):
           "tensors in %d files on %s; dp=2 x tp=2, 4 host ranks; %d fill threads"
           % (layers, hidden, inter, need / GIB, nfiles, fstype, a.fill_threads))
     print("cold GB/s: load %.3f; fio O_DIRECT 1 stream %.3f, psync x8 %.3f, io_uring depth 8 "
-          "%.3f; fio buffered 1 stream %.3f"
+          "%.3f; fio buffered 1 stream %.3f, psync x8 %.3f, io_uring depth 8 %.3f"
           % (gbs(cold_bw), gbs(res["fio_seq_direct"]), gbs(res["fio_psync8_direct"]),
-             gbs(res["fio_uring8_direct"]), gbs(res["fio_seq_buffered_cold"])))
+             gbs(res["fio_uring8_direct"]), gbs(res["fio_seq_buffered_cold"]),
+             gbs(res["fio_psync8_buffered_cold"]), gbs(res["fio_uring8_buffered_cold"])))
     print("warm GB/s: load %.3f; memcpy into fresh memory %.3f, into present pages %.3f; fio "
           "buffered psync x8 %.3f, io_uring depth 8 %.3f"
           % (gbs(warm_bw), gbs(memcpy_bw), gbs(memcpy_warm_bw), gbs(res["fio_psync8_buffered"]),
@@ -681,6 +686,8 @@ def report(a, res, hidden, inter, layers, needed, nfiles, fstype):
          over_rounds(lambda r: r["warm_s"] / r["warm_identity_s"]), "<=", 1.05),
         ("fio cold: io_uring depth 8 / psync x8 (throughput)",
          res["fio_uring8_direct"] / res["fio_psync8_direct"], None, None),
+        ("fio cold buffered: io_uring depth 8 / psync x8",
+         res["fio_uring8_buffered_cold"] / res["fio_psync8_buffered_cold"], None, None),
         ("fio warm: io_uring depth 8 / psync x8 (throughput)",
          res["fio_uring8_buffered"] / res["fio_psync8_buffered"], None, None),
     ]
