@@ -75,6 +75,9 @@ if $tests; then
     packages+=(systemd util-linux)
     # ss (coord-bench.py, test coordinator-bench-smoke) reads the daemons' sockets to etcd.
     packages+=(iproute2)
+    # checkpoint-bench.py (test checkpoint-bench-smoke) times fio's reads of the same files as
+    # its baselines (psync and io_uring engines; Debian's fio links liburing).
+    packages+=(fio)
     # test etcd-client: a real etcd (and etcdctl), started by the test on free loopback ports;
     # openssl makes its TLS certificates.
     packages+=(etcd-server etcd-client openssl)
