@@ -30,6 +30,7 @@
 #include "handout/shard-socket.h"
 #include "handout/shard-table.h"
 #include "handout/token.h"
+#include "sealed-segments.h"
 
 typedef Familyd__V1__ShardFdRequest Request;
 typedef Familyd__V1__ShardFdReply Reply;
@@ -69,22 +70,6 @@ static size_t settled_open_fds(void) {
 }
 
 /* ---- tokens ---- */
-
-static ShardSegment *segment_make(uint64_t size, int device, uint8_t fill, bool writable) {
-        ShardSegment *s = NULL;
-
-        assert_int_equal(shard_segment_new_host("test", size, device, &s), 0);
-        memset(shard_segment_data(s), fill, size);
-        shard_segment_unmap(s);
-        if (writable)
-                shard_segment_allow_writes(s);
-        assert_int_equal(shard_segment_seal(s), 0);
-        return s;
-}
-
-static ShardSegment *segment_new(uint64_t size, int device, uint8_t fill) {
-        return segment_make(size, device, fill, false);
-}
 
 typedef struct Fixture {
         char dir[64];

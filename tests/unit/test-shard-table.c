@@ -30,28 +30,13 @@
 #include "handout/shard-socket.h"
 #include "handout/shard-table.h"
 #include "handout/token.h"
+#include "sealed-segments.h"
 
 typedef Familyd__V1__ShardFdRequest Request;
 typedef Familyd__V1__ShardFdReply Reply;
 
 static int token_cmp(const void *a, const void *b) {
         return strcmp(((const ShardToken *) a)->hex, ((const ShardToken *) b)->hex);
-}
-
-static ShardSegment *segment_make(uint64_t size, int device, uint8_t fill, bool writable) {
-        ShardSegment *s = NULL;
-
-        assert_int_equal(shard_segment_new_host("test", size, device, &s), 0);
-        memset(shard_segment_data(s), fill, size);
-        shard_segment_unmap(s);
-        if (writable)
-                shard_segment_allow_writes(s);
-        assert_int_equal(shard_segment_seal(s), 0);
-        return s;
-}
-
-static ShardSegment *segment_new(uint64_t size, int device, uint8_t fill) {
-        return segment_make(size, device, fill, false);
 }
 
 static void test_token_format_unique(void **state) {
