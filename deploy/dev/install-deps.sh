@@ -78,6 +78,9 @@ if $tests; then
     # checkpoint-bench.py (test checkpoint-bench-smoke) times fio's reads of the same files as
     # its baselines (psync and io_uring engines; Debian's fio links liburing).
     packages+=(fio)
+    # and fincore (util-linux-extra, not util-linux, on Debian 12 and 13) checks that the files'
+    # pages were evicted before a cold load.
+    packages+=(util-linux-extra)
     # test etcd-client: a real etcd (and etcdctl), started by the test on free loopback ports;
     # openssl makes its TLS certificates.
     packages+=(etcd-server etcd-client openssl)

@@ -137,7 +137,7 @@ def disk_folder(base):
 
 
 def resident(paths):
-    """Bytes of the files in the page cache (util-linux fincore)."""
+    """Bytes of the files in the page cache (fincore, from util-linux-extra)."""
     out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES"] + paths,
                          check=True, capture_output=True, text=True).stdout.split()
     return sum(int(x) for x in out)
