@@ -19,6 +19,7 @@ and field.
 import json
 import os
 import shutil
+import subprocess
 import sys
 import unittest
 
@@ -80,6 +81,11 @@ def setUpModule():
     D.start()
     for name, extra in JOBS.items():
         RESULTS[name] = run_job(name, extra)
+        result = RESULTS[name][2]
+        if result is not None:      # for the log: what the comparisons below compare
+            sys.stderr.write("%s: losses %s grad_norms %s\n" % (
+                name, ["%.8f" % x for x in result["losses"]],
+                ["%.8f" % x for x in result["grad_norms"]]))
 
 
 def tearDownModule():
@@ -252,6 +258,17 @@ class ResolveWithFlags(unittest.TestCase):
                         for v in res.reply.variants}
             self.assertEqual(requires, {"plain": {}, "sp": {"sequence_parallel": [True]},
                                         "fused": {"loss_parallel": [False]}})
+            # familyctl shows them as the registry wrote them.
+            ctl = H.familyctl_bin()
+            self.assertIsNotNone(ctl, "familyctl not built")
+            out = subprocess.run([ctl, "--socket", d.socket, "family", "flagged"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 timeout=30)
+            self.assertEqual(out.returncode, 0, out.stdout)
+            rows = {line.split()[0]: line.split()[-1] for line in out.stdout.splitlines()
+                    if line.split() and line.split()[0] in ("plain", "sp", "fused")}
+            self.assertEqual(rows, {"plain": "-", "sp": "sequence_parallel=true",
+                                    "fused": "loss_parallel=false"}, out.stdout)
         shutil.rmtree(registry)
 
 
