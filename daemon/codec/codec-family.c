@@ -108,6 +108,29 @@ static int requirement_encode(Arena *a, const Requirement *q,
         return 0;
 }
 
+/* A job flag's requirement: its name -> a list of the one bool it must be. */
+static int flag_requirement_encode(Arena *a, JobFlag f, bool value,
+                                   Familyd__V1__Variant__RequiresEntry **ret) {
+        Familyd__V1__Variant__RequiresEntry *pb = MSG_NEW(
+                a, Familyd__V1__Variant__RequiresEntry, familyd__v1__variant__requires_entry__init);
+        Value v = { .kind = VALUE_BOOL, .b = value };
+        int r;
+
+        if (!pb)
+                return -ENOMEM;
+        pb->key = arena_strdup(a, job_flag_to_string(f));
+        pb->value = MSG_NEW(a, Familyd__V1__ValueList, familyd__v1__value_list__init);
+        if (!pb->key || !pb->value || !ARRAY_NEW(a, pb->value->values, 1))
+                return -ENOMEM;
+        r = codec_value_encode(a, &v, &pb->value->values[0]);
+        if (r < 0)
+                return r;
+        pb->value->n_values = 1;
+
+        *ret = pb;
+        return 0;
+}
+
 static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret) {
         Familyd__V1__Variant *pb = MSG_NEW(a, Familyd__V1__Variant, familyd__v1__variant__init);
         int r;
@@ -128,7 +151,10 @@ static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret
         }
         pb->n_accepts = v->n_accepts;
 
-        if (!ARRAY_NEW(a, pb->requires, v->n_requires))
+        size_t n_flags = 0;
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++)
+                n_flags += v->requires_flag[f];
+        if (!ARRAY_NEW(a, pb->requires, v->n_requires + n_flags))
                 return -ENOMEM;
         for (size_t i = 0; i < v->n_requires; i++) {
                 r = requirement_encode(a, &v->requires[i], &pb->requires[i]);
@@ -136,6 +162,13 @@ static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret
                         return r;
         }
         pb->n_requires = v->n_requires;
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++)
+                if (v->requires_flag[f]) {
+                        r = flag_requirement_encode(a, f, v->required_value[f], &pb->requires[pb->n_requires]);
+                        if (r < 0)
+                                return r;
+                        pb->n_requires++;
+                }
 
         if (v->has_parameters) {
                 r = parameters_encode(a, v->parameters, v->n_parameters, &pb->parameters,
@@ -347,6 +380,8 @@ int codec_resolved_family_encode(Arena *a, const ResolvedFamily *res,
                 pb->axis_sizes[x] = e;
         }
         pb->n_axis_sizes = _AXIS_MAX;
+        pb->sequence_parallel = res->flag[JOB_FLAG_SEQUENCE_PARALLEL];
+        pb->loss_parallel = res->flag[JOB_FLAG_LOSS_PARALLEL];
 
         *ret = pb;
         return 0;

@@ -732,6 +732,7 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         const Variant *v;
         const char *fqn = NULL;
         int64_t size[_AXIS_MAX];
+        bool flag[_JOB_FLAG_MAX];
         int r;
 
         if (!reg || !req || !ret)
@@ -764,7 +765,8 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         r = resolve_axis_sizes(meshes, &ctx, size, &plan.mesh, ret_error);
         if (r < 0)
                 return r;
-        r = resolve_select(f, &req->arguments, size, &plan.resolved, ret_error);
+        resolve_job_flags(&ctx, plan.mesh, flag);
+        r = resolve_select(f, &req->arguments, size, flag, &plan.resolved, ret_error);
         if (r < 0)
                 return r;
         v = family_find_variant(f, plan.resolved.variant);

@@ -265,6 +265,26 @@ const char *init_kind_to_string(InitKind k) {
         return init_kind_table[k];
 }
 
+static const char *const job_flag_table[_JOB_FLAG_MAX] = {
+        [JOB_FLAG_SEQUENCE_PARALLEL] = "sequence_parallel",
+        [JOB_FLAG_LOSS_PARALLEL] = "loss_parallel",
+};
+
+const char *job_flag_to_string(JobFlag f) {
+        if (f < 0 || f >= _JOB_FLAG_MAX)
+                return NULL;
+        return job_flag_table[f];
+}
+
+JobFlag job_flag_from_string(const char *s) {
+        if (!s)
+                return _JOB_FLAG_INVALID;
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++)
+                if (streq(job_flag_table[f], s))
+                        return f;
+        return _JOB_FLAG_INVALID;
+}
+
 bool is_reserved_runtime_name(const char *name) {
         static const char *const reserved[] = { "config", "module", "module_fqn", "context" };
 

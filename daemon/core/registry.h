@@ -17,7 +17,7 @@ typedef struct TypedField {
 } TypedField;
 
 typedef struct RuleCondition {
-        char *key; /* a selector name, or "parallel" */
+        char *key; /* a selector name, "parallel", or a job flag's name */
         Value value;
 } RuleCondition;
 
@@ -35,6 +35,17 @@ typedef struct Rule {
         RuleOutcome outcome;
         char *text; /* variant name, or the error/unsupported message */
 } Rule;
+
+/* The job's switches that are not axes: Resolve's rules and requires may name them. */
+typedef enum JobFlag {
+        JOB_FLAG_SEQUENCE_PARALLEL,
+        JOB_FLAG_LOSS_PARALLEL,
+        _JOB_FLAG_MAX,
+        _JOB_FLAG_INVALID = -EINVAL,
+} JobFlag;
+
+const char *job_flag_to_string(JobFlag f); /* "sequence_parallel" | "loss_parallel" */
+JobFlag job_flag_from_string(const char *s);
 
 typedef struct Requirement {
         Axis axis;
@@ -98,6 +109,8 @@ typedef struct Variant {
         size_t n_accepts;
         Requirement *requires; /* axes in tp, cp, ep, pp order */
         size_t n_requires;
+        bool requires_flag[_JOB_FLAG_MAX];   /* the flag is constrained... */
+        bool required_value[_JOB_FLAG_MAX];  /* ...to this value */
         bool has_parameters; /* the variant's own parameters replace the family's */
         ParameterSpec *parameters;
         size_t n_parameters;

@@ -678,6 +678,10 @@ static void test_schema_errors_family(void **state) {
 static void test_schema_errors_fields(void **state) {
         expect_error(BASE "selectors:\n  parallel: {type: bool, default: false}\n",
                      "f.yaml:8:3: family 'x': selector name 'parallel' is reserved");
+        expect_error(BASE "selectors:\n  sequence_parallel: {type: bool, default: false}\n",
+                     "f.yaml:8:3: family 'x': selector name 'sequence_parallel' is reserved");
+        expect_error(BASE "selectors:\n  loss_parallel: {type: bool, default: false}\n",
+                     "f.yaml:8:3: family 'x': selector name 'loss_parallel' is reserved");
         expect_error(BASE "selectors:\n  context: {type: bool, default: false}\n",
                      "f.yaml:8:3: family 'x': selector name 'context' is reserved");
         expect_error(BASE "selectors:\n  s: {type: int, default: 0}\n  module_fqn: {type: string, default: a}\n",
@@ -737,7 +741,13 @@ static void test_schema_errors_variants(void **state) {
         expect_error("name: x\nbaseline: a.B\nvariants:\n  v:\n    constructor: a.V\n    accepts: [[config]]\n",
                      "f.yaml:6:15: family 'x': variant 'v': 'accepts' entries must be a string, not a collection");
         expect_error(BASE "    requires: {xp: 1}\n",
-                     "f.yaml:7:16: family 'x': variant 'v': 'requires': unknown axis 'xp' (axes are tp, cp, ep, pp)");
+                     "f.yaml:7:16: family 'x': variant 'v': 'requires': unknown key 'xp' (axes are tp, cp, ep, pp; flags are sequence_parallel, loss_parallel)");
+        expect_error(BASE "    requires: {sequence_parallel: 1}\n",
+                     "f.yaml:7:35: family 'x': variant 'v': 'requires': 'sequence_parallel' must be bool");
+        expect_error(BASE "    requires: {loss_parallel: [true]}\n",
+                     "f.yaml:7:31: family 'x': variant 'v': 'requires': 'loss_parallel' must be bool");
+        expect_error(BASE "    requires: {loss_parallel: true, loss_parallel: false}\n",
+                     "f.yaml:7:37: family 'x': variant 'v': duplicate key 'loss_parallel'");
         expect_error(BASE "    requires: {tp: 0}\n",
                      "f.yaml:7:20: family 'x': variant 'v': 'requires' tp must be an integer >= 1 or a non-empty list of them");
         expect_error(BASE "    requires: {ep: []}\n",
@@ -759,7 +769,11 @@ static void test_schema_errors_rules(void **state) {
         expect_error(SEL "rules:\n  - {when: {}, variant: v}\n",
                      "f.yaml:10:12: family 'x': rule 1: 'when' must not be empty");
         expect_error(SEL "rules:\n  - {when: {s: 1}, variant: v}\n  - {when: {t: 1}, variant: v}\n",
-                     "f.yaml:11:13: family 'x': rule 2: 'when': 't' is not a declared selector (nor 'parallel')");
+                     "f.yaml:11:13: family 'x': rule 2: 'when': 't' is not a declared selector (nor 'parallel', 'sequence_parallel', 'loss_parallel')");
+        expect_error(SEL "rules:\n  - {when: {sequence_parallel: yes}, variant: v}\n",
+                     "f.yaml:10:32: family 'x': rule 1: 'when': 'sequence_parallel' must be bool");
+        expect_error(SEL "rules:\n  - {when: {loss_parallel: 0}, variant: v}\n",
+                     "f.yaml:10:28: family 'x': rule 1: 'when': 'loss_parallel' must be bool");
         expect_error(SEL "rules:\n  - {when: {s: x}, variant: v}\n",
                      "f.yaml:10:16: family 'x': rule 1: 'when': 's' must be int");
         expect_error(SEL "rules:\n  - {when: {parallel: 1}, variant: v}\n",
