@@ -549,12 +549,11 @@ def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, cont
 def _with_flags(context: Any, member: Any) -> Any:
     """The member's context with the job's sequence_parallel and loss_parallel as Resolve
     answered them (the mesh's: its word wins over anything the trainer's context says)."""
-    flags = {"sequence_parallel": bool(member.sequence_parallel),
-             "loss_parallel": bool(member.loss_parallel)}
+    sp, lp = bool(member.sequence_parallel), bool(member.loss_parallel)
     if isinstance(context, ParallelContext):
-        return dataclasses.replace(context, **flags)
+        return dataclasses.replace(context, sequence_parallel=sp, loss_parallel=lp)
     if isinstance(context, dict):
-        return dict(context, **flags)
+        return dict(context, sequence_parallel=sp, loss_parallel=lp)
     return context
 
 

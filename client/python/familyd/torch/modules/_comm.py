@@ -134,7 +134,7 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 def _pieces(x: torch.Tensor, dim: int, group: Any, owner: str) -> int:
     """The tp size, after checking that x's sequence dimension splits into equal pieces."""
-    size = dist.get_world_size(group)
+    size = int(dist.get_world_size(group))
     if x.shape[dim] % size:
         raise ValueError("%s: the sequence length %d does not split evenly over tp=%d "
                          "(sequence parallelism needs equal pieces)" % (owner, x.shape[dim], size))
