@@ -691,7 +691,7 @@ class TestBuildErrors(Base):
         self.assertEqual(res.code, "NOT_FOUND")
 
     def test_mesh_use_count(self):
-        m = self.mesh([("ep", 8)])
+        m = self.mesh([("dp", 2), ("ep", 4)])
         b1 = self.assertOk(self.build(GE, GE_SMALL, mesh_id=m.mesh_id)).build
         b2 = self.assertOk(self.build(GE, GE_SMALL, context={"mesh_id": m.mesh_id},
                                       materialize={})).build
@@ -859,7 +859,7 @@ class TestLayout(Base):
         return exp
 
     def test_layout_on_meshes(self):
-        for E in (8, 6, 3):
+        for E in (8, 4, 12):
             cfg = dict(GE_SMALL, num_experts=E)
             for device, expert, ranks in LAYOUT_MESHES:
                 with self.subTest(E=E, device=device, expert=expert, ranks=ranks):
@@ -872,18 +872,44 @@ class TestLayout(Base):
                     self.assertFalse(any(s.token for s in b.shards))
                     self.release(b.build_id)
 
+    def test_experts_that_do_not_divide_over_ep_are_refused(self):
+        """semantics.md, Layout: experts divide over ep; an uneven split is refused, on every
+        mesh (the ep dimension in the device view or in the expert view), materialised or not."""
+        for E in (6, 3, 9):
+            for device, expert, ranks in LAYOUT_MESHES:
+                for materialize in (None, {}):
+                    with self.subTest(E=E, device=device, expert=expert, materialize=materialize):
+                        m = self.mesh(device, expert, ranks)
+                        res = self.assertBuildFails(
+                            (GE, dict(GE_SMALL, num_experts=E)), "INVALID_ARGUMENT",
+                            "parameter 'gate_up_proj': %d experts (dimension 0) do not divide over "
+                            "ep=4; each ep rank must hold the same number of experts" % E,
+                            "EXPERTS_UNEVEN", mesh_id=m.mesh_id,
+                            **({} if materialize is None else {"materialize": materialize}))
+                        infos = self.d.client.error_details(res)[1]
+                        self.assertEqual(dict(infos[0].metadata).get("field"), "gate_up_proj")
+
     def test_empty_ranks_have_no_token(self):
-        cfg = dict(GE_SMALL, num_experts=3)
-        for device, expert, ranks in LAYOUT_MESHES[:2]:
-            with self.subTest(device=device, expert=expert):
-                m = self.mesh(device, expert, ranks)
+        """tp may split unevenly: attention's 3 rows over tp=4 leave tp coordinate 3 empty."""
+        cfg = dict(ATT_CFG, num_attention_heads=3, num_key_value_heads=3, head_dim=1, hidden_size=8)
+        shapes = {"wq": ([3, 8], 0), "wk": ([3, 8], 0), "wv": ([3, 8], 0), "wo": ([8, 3], 1)}
+        for device, ranks in (([("dp", 2), ("tp", 4)], None),
+                              ([("tp", 4), ("dp", 2)], [1, 3, 5, 7, 0, 2, 4, 6])):
+            with self.subTest(device=device):
+                m = self.mesh(device, [], ranks)
                 in_use = self.state()[1]
-                b = self.built(GE, cfg, mesh_id=m.mesh_id, materialize={"dtype": "bf16"})
-                self.assertEqual(b.info.layout.parameters[0].dtype, "bfloat16")
-                exp = self.check_layout(b, cfg, device, expert, ranks, 2)
+                b = self.built(ATT, cfg, mesh_id=m.mesh_id, materialize={"dtype": "bf16"})
+                exp = {}
+                for p in b.info.layout.parameters:
+                    shape, dim = shapes[p.name]
+                    exp[p.name], _ = expected_layout(shape, [("tp", "shard", dim)], device, [],
+                                                     ranks if ranks is not None else range(8))
                 empties = 0
                 for s in b.shards:
-                    empty = exp["gate_up_proj"][s.rank][0][0] == 0
+                    for sl in s.slices:
+                        self.assertEqual((list(sl.local_shape), list(sl.global_offset)),
+                                         exp[sl.parameter][s.rank])
+                    empty = all(0 in exp[n][s.rank][0] for n in shapes)
                     if empty:
                         empties += 1
                         self.assertEqual(s.size_bytes, 0, "rank %d" % s.rank)
@@ -892,12 +918,13 @@ class TestLayout(Base):
                         self.assertGreater(s.size_bytes, 0)
                         self.assertTrue(s.token, "rank %d holds bytes: needs a token" % s.rank)
                     self.assertEqual(s.device_kind, "host")
-                self.assertEqual(empties, 2)   # ep coordinate 3, two replicas
+                self.assertEqual(empties, 2)   # tp coordinate 3, two replicas
                 # Replicas (the same slices) share one segment, counted once (docs/sharing.md).
                 distinct = {tuple(x.SerializeToString(deterministic=True) for x in s.slices):
                             s.size_bytes for s in b.shards}
                 self.assertEqual(self.state()[1] - in_use, sum(distinct.values()))
                 self.release(b.build_id)
+        self.assertTrue(b.shard_socket)
 
     def test_nested_shards_and_missing_axes(self):
         """nest.w: {ep: shard(0), dp: shard(0), tp: shard(-1)}: axes on one dim nest in the
@@ -906,7 +933,9 @@ class TestLayout(Base):
         cases = [([("dp", 2), ("tp", 2), ("ep", 2)], [], None),
                  ([("ep", 2), ("dp", 2), ("tp", 2)], [], [4, 5, 6, 7, 0, 1, 2, 3]),
                  ([("dp", 2), ("tp", 4)], [("dp", 2), ("ep", 4)], None)]
-        for n in (7, 3):
+        # n is a multiple of 8, so ep divides it however the other axes nest around it
+        # (semantics.md, Layout); tp's 3 columns still split unevenly, some over tp=4 empty.
+        for n in (8, 16):
             for device, expert, ranks in cases:
                 with self.subTest(n=n, device=device, expert=expert):
                     m = self.mesh(device, expert, ranks)
@@ -930,6 +959,12 @@ class TestLayout(Base):
                                                  ref_uniform("w", 3, n * 3, 0, 1)])
                     self.assertEqual(full["v"], [f32_bits(-2.5)] * 5)
                     self.release(b.build_id)
+        # dp splits 6 as 3 + 3 before ep=2 splits each piece: 3 experts do not divide over ep
+        m = self.mesh(cases[0][0], [], None)
+        self.assertBuildFails(("nest", {"n": 6}), "INVALID_ARGUMENT",
+                              "parameter 'w': 3 experts (dimension 0) do not divide over ep=2; "
+                              "each ep rank must hold the same number of experts",
+                              "EXPERTS_UNEVEN", mesh_id=m.mesh_id)
 
     def test_dtype_aliases(self):
         for given, canon, size in (("", "float32", 4), ("f32", "float32", 4),
@@ -963,7 +998,7 @@ class TestLayout(Base):
 # ---------------------------------------------------------------------------------------------
 # 3. Invariance across meshes
 
-INV_CFG = {"num_experts": 6, "hidden_size": 16, "moe_intermediate_size": 8,
+INV_CFG = {"num_experts": 8, "hidden_size": 16, "moe_intermediate_size": 8,
            "initializer_range": 0.02}
 INV_MESHES = [None, ([("dp", 2), ("ep", 4)], []),
               ([("dp", 8)], [("edp_shard", 2), ("ep", 4)], [3, 1, 4, 0, 5, 2, 6, 7])]
