@@ -28,7 +28,33 @@ static int typed_fields_encode(Arena *a, const TypedField *fields, size_t n,
         return 0;
 }
 
+/* A placement that depends on the job: kind "cases", dim 0, and each case. */
+static int placement_cases_encode(Arena *a, const PlacementCases *c, Familyd__V1__Placement *e) {
+        e->kind = (char *) "cases";
+        e->dim = 0;
+        if (!ARRAY_NEW(a, e->cases, c->n))
+                return -ENOMEM;
+        for (size_t i = 0; i < c->n; i++) {
+                const PlacementCase *pc = &c->items[i];
+                Familyd__V1__PlacementCase *x =
+                        MSG_NEW(a, Familyd__V1__PlacementCase, familyd__v1__placement_case__init);
+                _cleanup_free_ char *when = pc->when ? expr_to_string(pc->when) : strdup("");
+
+                if (!x || !when)
+                        return -ENOMEM;
+                x->when = arena_strdup(a, when);
+                x->kind = arena_strdup(a, pc->none ? "none" : placement_kind_to_string(pc->kind));
+                if (!x->when || !x->kind)
+                        return -ENOMEM;
+                x->dim = !pc->none && pc->kind == PLACEMENT_SHARD ? pc->dim : 0;
+                e->cases[i] = x;
+        }
+        e->n_cases = c->n;
+        return 0;
+}
+
 static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__ParameterSpec **ret) {
+        int r;
         Familyd__V1__ParameterSpec *pb =
                 MSG_NEW(a, Familyd__V1__ParameterSpec, familyd__v1__parameter_spec__init);
         if (!pb)
@@ -64,6 +90,11 @@ static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__Param
                 if (!e->axis || !e->kind)
                         return -ENOMEM;
                 e->dim = pl->kind == PLACEMENT_SHARD ? pl->dim : 0;
+                if (p->placement_cases && p->placement_cases[i].n > 0) {
+                        r = placement_cases_encode(a, &p->placement_cases[i], e);
+                        if (r < 0)
+                                return r;
+                }
                 pb->placements[i] = e;
         }
         pb->n_placements = p->n_placements;

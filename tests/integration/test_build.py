@@ -97,6 +97,34 @@ families:
       v:
         shape: [5]
         init: {constant: {value: -2.5}}
+  - name: jobplace
+    baseline: itest.JobPlace
+    default_variant: plain
+    variants:
+      plain:
+        constructor: itest.JobPlacePlain
+        accepts: [config]
+      bad:
+        constructor: itest.JobPlaceBad
+        accepts: [config]
+        parameters:
+          w:
+            shape: [4]
+            placements:
+              tp: [{when: 'tp_size / (cp_size - 1) > 1', placement: shard(0)}]
+    selectors:
+      pick: {type: string, default: plain}
+    rules:
+      - {when: {pick: bad}, variant: bad}
+    parameters:
+      head:
+        shape: [vocab, hidden]
+        placements:
+          tp:
+            - {when: 'loss_parallel', placement: shard(0)}
+            - {when: 'tp_size > 1', placement: shard(-1)}
+            - {placement: none}
+        init: {uniform: {low: 0, high: 1}}
   - name: noconfig
     baseline: itest.NoConfig
     default_variant: grouped
@@ -993,6 +1021,62 @@ class TestLayout(Base):
         for sl in s.slices:
             self.assertEqual(list(sl.global_offset), [0, 0, 0])
         self.assertTrue(b.shard_socket)
+
+
+class TestJobPlacements(Base):
+    """registry.md, "Placements that depend on the job": GetFamily shows the cases; Build decides
+    each placement by the first case that holds over the job (the mesh's sizes and flags), lays
+    it out and fills the same values whatever the layout; a condition that cannot be evaluated
+    is refused."""
+    daemon = None
+
+    def setUp(self):
+        self.daemon = X
+
+    def flagged_mesh(self, device, **flags):
+        m = {"deviceMesh": [{"name": n, "size": s} for n, s in device]}
+        m.update(flags)
+        return self.assertOk(self.call("familyd.v1.MeshService/CreateMesh", {"mesh": m}))
+
+    def test_get_family_shows_the_cases(self):
+        f = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="jobplace"))
+        head = [p for p in f.parameters if p.name == "head"][0]
+        self.assertEqual([(p.axis, p.kind, p.dim) for p in head.placements], [("tp", "cases", 0)])
+        self.assertEqual([(c.when, c.kind, c.dim) for c in head.placements[0].cases],
+                         [("loss_parallel", "shard", 0), ("tp_size > 1", "shard", -1),
+                          ("", "none", 0)])
+
+    def test_build_decides_by_the_job(self):
+        cfg = {"vocab": 8, "hidden": 6}
+        want_full = None
+        for flags, device, want in (
+                ({"lossParallel": True}, [("dp", 2), ("tp", 4)], [("tp", "shard", 0)]),
+                ({}, [("dp", 2), ("tp", 4)], [("tp", "shard", 1)]),
+                ({"sequenceParallel": True}, [("dp", 8)], [])):
+            with self.subTest(flags=flags, device=device):
+                m = self.flagged_mesh(device, **flags)
+                b = self.built("jobplace", cfg, mesh_id=m.mesh_id, materialize={"seed": 5})
+                head = b.info.layout.parameters[0]
+                self.assertEqual([(x.axis, x.kind, x.dim) for x in head.placements], want)
+                exp, _ = expected_layout([8, 6], want, device, [], range(8))
+                for sh in b.shards:
+                    sl = sh.slices[0]
+                    self.assertEqual((list(sl.local_shape), list(sl.global_offset)), exp[sh.rank])
+                full = self.assemble(b, "I")["head"]
+                if want_full is None:
+                    want_full = full
+                self.assertEqual(full, want_full, "the values do not depend on the layout")
+                self.release(b.build_id)
+        # without a mesh: the context's flags and sizes
+        b = self.built("jobplace", cfg, context={"loss_parallel": True})
+        self.assertEqual([(x.axis, x.kind, x.dim) for x in b.info.layout.parameters[0].placements],
+                         [("tp", "shard", 0)])
+
+    def test_a_condition_that_cannot_be_evaluated(self):
+        self.assertBuildFails(("jobplace", {}, None, {"pick": "bad"}), "INVALID_ARGUMENT",
+                              "parameter 'w': the placement over 'tp' cannot be decided: case 1's "
+                              "condition 'tp_size / (cp_size - 1) > 1' division by zero",
+                              "PLACEMENT")
 
 
 # ---------------------------------------------------------------------------------------------

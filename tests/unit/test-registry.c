@@ -839,6 +839,72 @@ static void test_schema_errors_parameters(void **state) {
 #undef PAR
 }
 
+/* Placements that depend on the job: cases {when, placement}, the first that holds deciding. */
+static void test_placement_cases(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "parameters:\n"
+                "  w:\n"
+                "    shape: [8, 4]\n"
+                "    placements:\n"
+                "      dp: replicate\n"
+                "      tp:\n"
+                "        - {when: 'sequence_parallel and tp_size>1', placement: shard( -2 )}\n"
+                "        - {when: 'ep_size == 1 or not loss_parallel', placement: none}\n"
+                "        - {placement: shard(1)}\n"
+                "  v:\n"
+                "    shape: [4]\n"
+                "    placements: {ep: shard(0)}\n");
+        const ParameterSpec *w = &reg->families[0].parameters[0];
+        const ParameterSpec *v = &reg->families[0].parameters[1];
+        _cleanup_free_ char *t0 = NULL, *t1 = NULL;
+
+        assert_int_equal(w->n_placements, 2);
+        assert_non_null(w->placement_cases);
+        assert_int_equal(w->placement_cases[0].n, 0); /* dp is static */
+        assert_int_equal(w->placements[0].kind, PLACEMENT_REPLICATE);
+        assert_string_equal(w->placements[1].axis, "tp");
+        /* until Build decides: replicate, dim 0 */
+        assert_int_equal(w->placements[1].kind, PLACEMENT_REPLICATE);
+        const PlacementCases *c = &w->placement_cases[1];
+        assert_int_equal(c->n, 3);
+        t0 = expr_to_string(c->items[0].when);
+        t1 = expr_to_string(c->items[1].when);
+        assert_string_equal(t0, "sequence_parallel and tp_size > 1");
+        assert_string_equal(t1, "ep_size == 1 or not loss_parallel");
+        assert_false(c->items[0].none);
+        assert_int_equal(c->items[0].kind, PLACEMENT_SHARD);
+        assert_int_equal(c->items[0].dim, -2);
+        assert_true(c->items[1].none);
+        assert_null(c->items[2].when);
+        assert_int_equal(c->items[2].dim, 1);
+        assert_null(v->placement_cases);
+
+#define PC BASE "parameters:\n  w:\n    shape: [4]\n    placements:\n      tp:\n"
+        expect_error(PC "        - {when: 'hidden_size > 1', placement: shard(0)}\n",
+                     "f.yaml:12:18: family 'x': parameter 'w': placement 'tp' case 1: 'when' names "
+                     "'hidden_size'; a condition may name tp_size, cp_size, ep_size, pp_size, "
+                     "sequence_parallel and loss_parallel");
+        expect_error(PC "        - {when: 'tp_size >', placement: shard(0)}\n",
+                     "f.yaml:12:18: family 'x': parameter 'w': placement 'tp' case 1: 'when': "
+                     "unexpected end of expression");
+        expect_error(PC "        - {placement: replicate}\n        - {placement: shard(1)}\n",
+                     "f.yaml:13:23: family 'x': parameter 'w': placement 'tp' case 2: shard(1) is "
+                     "out of range for 1 dimensions");
+        expect_error(PC "        - {placement: split}\n",
+                     "f.yaml:12:23: family 'x': parameter 'w': placement 'tp' case 1 must be "
+                     "shard(d), replicate or none");
+        expect_error(PC "        - {when: sequence_parallel}\n",
+                     "f.yaml:12:11: family 'x': parameter 'w': missing key 'placement'");
+        expect_error(PC "        - {placement: replicate, if: tp_size}\n",
+                     "f.yaml:12:34: family 'x': parameter 'w': unknown key 'if'");
+        expect_error(PC "        - replicate\n",
+                     "f.yaml:12:11: family 'x': parameter 'w': placement 'tp' case 1 must be a mapping");
+        expect_error(BASE "parameters:\n  w:\n    shape: [4]\n    placements: {tp: []}\n",
+                     "f.yaml:10:22: family 'x': parameter 'w': placement 'tp' must list 1 to 16 cases");
+#undef PC
+}
+
 /* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
  * with a canonical text; every refusal at its node. */
 static void test_parameter_checkpoint(void **state) {
@@ -1206,6 +1272,7 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_variants),
                 cmocka_unit_test(test_schema_errors_rules),
                 cmocka_unit_test(test_schema_errors_parameters),
+                cmocka_unit_test(test_placement_cases),
                 cmocka_unit_test(test_parameter_dtype),
                 cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),
