@@ -133,6 +133,7 @@ void build_plan_done(BuildPlan *p) {
         value_map_done(&p->init_fields);
         materialize_options_done(&p->materialize);
         parameter_dtypes_free(p->parameter_dtypes, p->n_parameter_dtypes);
+        activation_layout_done(&p->activations);
         *p = (BuildPlan) {};
 }
 
@@ -857,6 +858,13 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
                 r = plan_job_placements(f, v, &job, &plan, ret_error);
                 if (r < 0)
                         return r;
+        }
+
+        if (f->has_layout) {
+                r = activation_layout_copy(&f->layout, &plan.activations);
+                if (r < 0)
+                        return r;
+                plan.has_activations = true;
         }
 
         /* hyper_parallel marks a direct build whose module can reset its parameters; here every

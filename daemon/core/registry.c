@@ -78,6 +78,7 @@ void family_done(Family *f) {
                 rule_done(&f->rules[i]);
         free(f->rules);
         parameter_specs_free(f->parameters, f->n_parameters);
+        activation_layout_done(&f->layout);
         free(f->source);
         *f = (Family) { .parallel_axis = _AXIS_INVALID };
 }

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "activation-layout.h"
 #include "axis.h"
 #include "checkpoint-source.h"
 #include "error.h"
@@ -135,6 +136,8 @@ typedef struct Family {
         size_t n_rules;
         ParameterSpec *parameters;
         size_t n_parameters;
+        bool has_layout;         /* the family declares `layout` */
+        ActivationLayout layout; /* its inputs' and outputs' placements (registry.md) */
         char *source; /* "file:line" */
 } Family;
 

@@ -28,6 +28,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 import shard_client as SC  # noqa: E402
+from google.protobuf import json_format  # noqa: E402  (present: the harness imported it)
 
 try:
     import torch  # noqa: F401  (used only when present)
@@ -125,6 +126,13 @@ families:
             - {when: 'tp_size > 1', placement: shard(-1)}
             - {placement: none}
         init: {uniform: {low: 0, high: 1}}
+    layout:
+      in_src: [{tp: shard(1), dp: replicate}]
+      in_dst: [{tp: replicate}]
+      out_src: [{tp: partial}]
+      out_dst: [{tp: replicate}]
+      out_names: [logits]
+      boundary: true
   - name: noconfig
     baseline: itest.NoConfig
     default_variant: grouped
@@ -1077,6 +1085,65 @@ class TestJobPlacements(Base):
                               "parameter 'w': the placement over 'tp' cannot be decided: case 1's "
                               "condition 'tp_size / (cp_size - 1) > 1' division by zero",
                               "PLACEMENT")
+
+
+class TestActivationLayout(Base):
+    """registry.md, "Activation layouts": GetFamily shows the family's `layout`, the Build reply
+    carries it (Layout.activations), and Validate refuses a model whose applied activation
+    layout differs, field by field (semantics.md, Validate)."""
+
+    def setUp(self):
+        self.daemon = X
+
+    WANT = {"inSrc": [{"placements": [{"axis": "tp", "kind": "shard", "dim": "1"},
+                                      {"axis": "dp", "kind": "replicate"}]}],
+            "inDst": [{"placements": [{"axis": "tp", "kind": "replicate"}]}],
+            "outSrc": [{"placements": [{"axis": "tp", "kind": "partial"}]}],
+            "outDst": [{"placements": [{"axis": "tp", "kind": "replicate"}]}],
+            "outNames": ["logits"], "isBoundary": True}
+
+    def as_json(self, msg):
+        return json_format.MessageToDict(msg)
+
+    def test_declared_shown_and_carried(self):
+        f = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="jobplace"))
+        self.assertEqual(self.as_json(f.layout), self.WANT)
+        noconfig = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="noconfig"))
+        self.assertFalse(noconfig.HasField("layout"))
+        b = self.built("jobplace", {"vocab": 8, "hidden": 6})
+        self.assertEqual(self.as_json(b.info.layout.activations), self.WANT)
+        got = self.assertOk(self.call("familyd.v1.FamilyService/GetBuild", build_id=b.build_id))
+        self.assertEqual(self.as_json(got.info.layout.activations), self.WANT)
+
+    def validate(self, build_id, activations):
+        layout = {"parameters": []}
+        if activations is not None:
+            layout["activations"] = activations
+        req = {"boundaries": [{"fqns": ["lm_head", "tied"], "buildId": build_id,
+                               "appliedLayout": layout}]}
+        return self.assertOk(self.call("familyd.v1.FamilyService/Validate", req))
+
+    def test_validate_compares_each_field(self):
+        b = self.built("jobplace", {"vocab": 8, "hidden": 6})
+        self.assertEqual(list(self.validate(b.build_id, None).violations), [])
+        self.assertEqual(list(self.validate(b.build_id, self.WANT).violations), [])
+        # another axis order inside one activation is the same placement
+        same = dict(self.WANT, inSrc=[{"placements": list(reversed(self.WANT["inSrc"][0]["placements"]))}])
+        self.assertEqual(list(self.validate(b.build_id, same).violations), [])
+        changed = dict(self.WANT, outSrc=[{"placements": [{"axis": "tp", "kind": "replicate"}]}],
+                       outNames=["y"], isBoundary=False)
+        res = self.validate(b.build_id, changed)
+        self.assertFalse(res.ok)
+        self.assertEqual([(v.reason, list(v.fqns), v.message) for v in res.violations], [
+            ("ACTIVATION_LAYOUT_CONFLICT", ["lm_head", "tied"],
+             "%s at 'lm_head' conflicts with its constructed family layout" % field)
+            for field in ("out_src", "out_names", "is_boundary")])
+        # a family that declares none: an applied one that states any field conflicts
+        n = self.built("nest", {"n": 8})
+        self.assertEqual(list(self.validate(n.build_id, {}).violations), [])
+        res = self.validate(n.build_id, {"inSrc": [{}]})
+        self.assertEqual([v.message for v in res.violations],
+                         ["in_src at 'lm_head' conflicts with its constructed family layout"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -253,6 +253,10 @@ static void test_counts_what_resolve_and_build_read(void **state) {
         expect_differs("  act: {type: string}\n", "  act: {type: string}\n  gain: {type: float}\n");
         expect_differs("default_variant: plain\n", "default_variant: bare\n");
         expect_differs("parallel_axis: ep\n", "parallel_axis: tp\n");
+        /* An activation layout: declared or not, and each of its fields. */
+        expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {}\n");
+        expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {boundary: true}\n");
+        expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {out_src: [{tp: partial}]}\n");
         /* Variants: constructor, accepts (a list: its order too), requires, and a variant
          * whose `parameters: {}` replaces the family's with none. */
         expect_differs("pkg.BareExperts", "pkg.OtherExperts");

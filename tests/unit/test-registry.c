@@ -905,6 +905,55 @@ static void test_placement_cases(void **state) {
 #undef PC
 }
 
+/* A family's activation layout: its inputs' and outputs' placements, out_names, boundary. */
+static void test_activation_layout(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "layout:\n"
+                "  in_src: [{tp: shard(1), dp: replicate}]\n"
+                "  in_dst: [{tp: replicate}]\n"
+                "  out_src: [{tp: partial}, {}]\n"
+                "  out_dst: [{tp: shard( -1 )}]\n"
+                "  out_names: [hidden, aux]\n"
+                "  boundary: true\n");
+        const Family *f = &reg->families[0];
+        const ActivationLayout *l = &f->layout;
+
+        assert_true(f->has_layout);
+        assert_int_equal(l->n_lists[ACTIVATION_IN_SRC], 1);
+        assert_int_equal(l->lists[ACTIVATION_IN_SRC][0].n_placements, 2);
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].axis, "tp");
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].kind, "shard");
+        assert_int_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].dim, 1);
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[1].kind, "replicate");
+        assert_int_equal(l->n_lists[ACTIVATION_OUT_SRC], 2);
+        assert_string_equal(l->lists[ACTIVATION_OUT_SRC][0].placements[0].kind, "partial");
+        assert_int_equal(l->lists[ACTIVATION_OUT_SRC][1].n_placements, 0);
+        assert_int_equal(l->lists[ACTIVATION_OUT_DST][0].placements[0].dim, -1);
+        assert_int_equal(l->n_out_names, 2);
+        assert_string_equal(l->out_names[1], "aux");
+        assert_true(l->is_boundary);
+
+        _cleanup_(registry_unrefp) Registry *none = load_text(BASE);
+        assert_false(none->families[0].has_layout);
+        _cleanup_(registry_unrefp) Registry *empty = load_text(BASE "layout: {}\n");
+        assert_true(empty->families[0].has_layout);
+        assert_false(empty->families[0].layout.is_boundary);
+
+        expect_error(BASE "layout: {in_src: [{tp: split}]}\n",
+                     "f.yaml:7:24: family 'x': 'in_src' entry 1 placement 'tp' must be shard(d), replicate or partial");
+        expect_error(BASE "layout: {in_dst: {tp: replicate}}\n",
+                     "f.yaml:7:18: family 'x': 'in_dst' must be a list");
+        expect_error(BASE "layout: {out_names: [y, y]}\n",
+                     "f.yaml:7:25: family 'x': 'out_names' names 'y' twice");
+        expect_error(BASE "layout: {boundary: 1}\n",
+                     "f.yaml:7:20: family 'x': 'boundary' must be bool");
+        expect_error(BASE "layout: {is_boundary: true}\n",
+                     "f.yaml:7:10: family 'x': unknown key 'is_boundary'");
+        expect_error(BASE "layout: [in_src]\n",
+                     "f.yaml:7:9: family 'x': 'layout' must be a mapping");
+}
+
 /* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
  * with a canonical text; every refusal at its node. */
 static void test_parameter_checkpoint(void **state) {
@@ -1273,6 +1322,7 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_rules),
                 cmocka_unit_test(test_schema_errors_parameters),
                 cmocka_unit_test(test_placement_cases),
+                cmocka_unit_test(test_activation_layout),
                 cmocka_unit_test(test_parameter_dtype),
                 cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),
