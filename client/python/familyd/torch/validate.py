@@ -17,6 +17,13 @@ that view (mesh position i is torch rank i, familyd.torch.distributed); with a J
 context, each of its process groups must be the mesh's too. A module that fails either is sent
 with an applied layout naming another mesh (the DeviceMesh or groups it found), and Validate
 reports LAYOUT_MESH_MISMATCH with that text.
+
+Activation layouts: a family's declared one (the registry's `layout`) comes with its build
+(BuildInfo.layout.activations). A trainer that applies another records it on the module
+(set_activation_layout); validate_model sends it and Validate reports each field that differs
+(ACTIVATION_LAYOUT_CONFLICT). validate_model itself compares neighbours: for two boundaries next
+to each other in the walk (neither inside the other), the first's out_dst must be the second's
+in_src when both state them (ACTIVATION_NEIGHBOUR_MISMATCH, a violation made here).
 """
 
 from dataclasses import dataclass
@@ -30,6 +37,9 @@ from familyd.client import Client
 from familyd.torch.build import build_info
 from familyd.torch.distributed import JobMesh, axis_groups, mesh_groups
 from familyd.torch.fsdp import FSDP_AXIS_ATTR
+
+ACTIVATION_ATTR = "_familyd_activation_layout"
+NEIGHBOUR_REASON = "ACTIVATION_NEIGHBOUR_MISMATCH"
 
 _TORCH_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -124,7 +134,92 @@ def applied_layout(module: torch.nn.Module, mesh_id: Optional[str] = None) -> Di
         if tensor is not None and tensor.dtype in _TORCH_NAMES:
             entry["dtype"] = _TORCH_NAMES[tensor.dtype]
         params.append(entry)
-    return {"meshId": info.mesh_id if mesh_id is None else mesh_id, "parameters": params}
+    out: Dict[str, Any] = {"meshId": info.mesh_id if mesh_id is None else mesh_id,
+                           "parameters": params}
+    applied = getattr(module, ACTIVATION_ATTR, None)
+    if applied is not None:
+        out["activations"] = dict(applied)
+    return out
+
+
+def _activations_dict(layout: Any) -> Dict[str, Any]:
+    """A familyd.v1.ActivationLayout (message or proto3 JSON dict) as a proto3 JSON dict."""
+    if isinstance(layout, Mapping):
+        return dict(layout)
+    from google.protobuf import json_format
+    result: Dict[str, Any] = json_format.MessageToDict(layout)
+    return result
+
+
+def set_activation_layout(module: torch.nn.Module, layout: Any) -> None:
+    """Records the activation layout the trainer applies to a module build_module made (a
+    familyd.v1.ActivationLayout or its proto3 JSON dict: inSrc, inDst, outSrc, outDst, each a
+    list of {"placements": [{"axis", "kind", "dim"}]}, outNames, isBoundary); None forgets
+    it. validate_model sends it, and Validate compares it with the constructed one."""
+    if build_info(module) is None:
+        raise ValueError("module %s was not built by familyd" % type(module).__name__)
+    if layout is None:
+        if hasattr(module, ACTIVATION_ATTR):
+            delattr(module, ACTIVATION_ATTR)
+        return
+    setattr(module, ACTIVATION_ATTR, _activations_dict(layout))
+
+
+def activation_layout(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
+    """The module's activation layout as a proto3 JSON dict: the one the trainer applied
+    (set_activation_layout), else its family's as built, else None (none declared)."""
+    applied = getattr(module, ACTIVATION_ATTR, None)
+    if applied is not None:
+        return dict(applied)
+    info = build_info(module)
+    if info is None:
+        raise ValueError("module %s was not built by familyd" % type(module).__name__)
+    if info.layout.HasField("activations"):
+        return _activations_dict(info.layout.activations)
+    return None
+
+
+def _activation_key(activation: Mapping[str, Any]) -> Tuple[Tuple[str, str, int], ...]:
+    """One activation's placements, comparable: (axis, kind, dim for shard), sorted by axis."""
+    out = []
+    for p in activation.get("placements", []):
+        kind = p.get("kind", "")
+        out.append((p.get("axis", ""), kind, int(p.get("dim", 0)) if kind == "shard" else 0))
+    return tuple(sorted(out))
+
+
+def _activation_text(activations: List[Mapping[str, Any]]) -> str:
+    """[{tp: shard(1), dp: replicate}] as the registry writes it."""
+    def one(a: Mapping[str, Any]) -> str:
+        return "{%s}" % ", ".join(
+            "%s: %s" % (axis, "shard(%d)" % dim if kind == "shard" else kind)
+            for axis, kind, dim in _activation_key(a))
+    return "[%s]" % ", ".join(one(a) for a in activations)
+
+
+def _inside(outer: str, inner: str) -> bool:
+    return outer == "" or inner == outer or inner.startswith(outer + ".")
+
+
+def neighbour_mismatches(client: Client, boundaries: List[Boundary]) -> List[Any]:
+    """Violations (made here, reason ACTIVATION_NEIGHBOUR_MISMATCH) for each two boundaries next
+    to each other in the walk, neither inside the other, whose out_dst and in_src are both
+    stated and differ."""
+    Violation = client.protos.cls("familyd.v1.Violation")
+    out = []
+    for a, b in zip(boundaries, boundaries[1:]):
+        fa, fb = (a.fqns[0] if a.fqns else ""), (b.fqns[0] if b.fqns else "")
+        if _inside(fa, fb) or _inside(fb, fa):
+            continue
+        la, lb = activation_layout(a.module), activation_layout(b.module)
+        if not la or not lb or not la.get("outDst") or not lb.get("inSrc"):
+            continue
+        if [_activation_key(x) for x in la["outDst"]] == [_activation_key(x) for x in lb["inSrc"]]:
+            continue
+        out.append(Violation(fqns=[fa, fb], reason=NEIGHBOUR_REASON, message=(
+            "out_dst at %r %s disagrees with in_src at %r %s, the next component"
+            % (fa, _activation_text(la["outDst"]), fb, _activation_text(lb["inSrc"])))))
+    return out
 
 
 def _all_parameters(module: torch.nn.Module) -> List[Tuple[str, Any]]:
@@ -253,7 +348,10 @@ def validate_model(client: Client, model: torch.nn.Module,
     instead of returning a non-empty list. A module whose parameters are not on its build's
     mesh as the job lays it (a DTensor on another DeviceMesh, or a JobMesh context whose
     process groups are not its mesh's) is LAYOUT_MESH_MISMATCH: "constructed families cannot
-    be applied with a different job mesh" (docs/torch.md)."""
+    be applied with a different job mesh" (docs/torch.md). An activation layout recorded with
+    set_activation_layout is sent and compared (ACTIVATION_LAYOUT_CONFLICT); neighbouring
+    boundaries whose out_dst and in_src disagree are reported after the daemon's violations
+    (ACTIVATION_NEIGHBOUR_MISMATCH)."""
     boundaries = model_boundaries(model)
     check = _MeshCheck(client, context if isinstance(context, JobMesh) else None)
     request = [{"fqns": list(b.fqns), "build_id": b.build_id,
@@ -261,11 +359,12 @@ def validate_model(client: Client, model: torch.nn.Module,
                for b in boundaries]
     result = client.validate(request, _context(context),
                              shared_parameters=shared_parameters(boundaries))
-    violations = list(result.violations)
+    violations = list(result.violations) + neighbour_mismatches(client, boundaries)
     if violations and raise_errors:
         raise ModelValidationError(violations)
     return violations
 
 
-__all__ = ["Boundary", "ModelValidationError", "applied_layout", "model_boundaries",
+__all__ = ["Boundary", "ModelValidationError", "activation_layout", "applied_layout",
+           "model_boundaries", "neighbour_mismatches", "set_activation_layout",
            "shared_parameters", "validate_model"]
