@@ -7,11 +7,11 @@
 
 static const char *const family_keys[] = {
         "name", "baseline", "default_variant", "parallel_axis", "selectors", "arguments",
-        "variants", "rules", "parameters",
+        "variants", "rules", "parameters", "layout",
 };
 enum {
         FK_NAME, FK_BASELINE, FK_DEFAULT_VARIANT, FK_PARALLEL_AXIS, FK_SELECTORS, FK_ARGUMENTS,
-        FK_VARIANTS, FK_RULES, FK_PARAMETERS, _FK_MAX,
+        FK_VARIANTS, FK_RULES, FK_PARAMETERS, FK_LAYOUT, _FK_MAX,
 };
 
 static int load_typed_fields(Loader *l, const Family *f, const YNode *n, const char *ctx,
@@ -557,6 +557,15 @@ int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_l
         if (v[FK_PARAMETERS]) {
                 r = loader_fold(&acc, loader_parameters(l, v[FK_PARAMETERS], ctx, &f->parameters,
                                                &f->n_parameters));
+                if (r < 0)
+                        return r;
+        }
+
+        if (v[FK_LAYOUT]) {
+                r = loader_activation_layout(l, v[FK_LAYOUT], ctx, &f->layout);
+                if (r >= 0)
+                        f->has_layout = true;
+                r = loader_fold(&acc, r);
                 if (r < 0)
                         return r;
         }

@@ -1,6 +1,7 @@
 /* registry.c: the registry snapshot's lifetime, lookups and load diagnostics. */
 #include <stdio.h>
 
+#include "placement-case.h"
 #include "registry.h"
 #include "repr.h"
 
@@ -25,9 +26,13 @@ void parameter_spec_done(ParameterSpec *p) {
         for (size_t i = 0; i < p->n_dims; i++)
                 expr_free(p->shape[i]);
         free(p->shape);
-        for (size_t i = 0; i < p->n_placements; i++)
+        for (size_t i = 0; i < p->n_placements; i++) {
                 free(p->placements[i].axis);
+                if (p->placement_cases)
+                        placement_cases_done(&p->placement_cases[i]);
+        }
         free(p->placements);
+        free(p->placement_cases);
         free(p->init.a.field);
         free(p->init.b.field);
         free(p->init_text);
@@ -73,6 +78,7 @@ void family_done(Family *f) {
                 rule_done(&f->rules[i]);
         free(f->rules);
         parameter_specs_free(f->parameters, f->n_parameters);
+        activation_layout_done(&f->layout);
         free(f->source);
         *f = (Family) { .parallel_axis = _AXIS_INVALID };
 }

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "activation-layout.h"
 #include "axis.h"
 #include "checkpoint-source.h"
 #include "error.h"
@@ -67,6 +68,22 @@ typedef struct Placement {
         int64_t dim; /* shard only; -rank <= dim < rank */
 } Placement;
 
+/*
+ * One case of a placement that depends on the job (registry.md, "Placements that depend on the
+ * job"): the first case whose condition holds decides the axis's placement at Build.
+ */
+typedef struct PlacementCase {
+        Expr *when;         /* a condition over the job (placement-case.h); NULL: always */
+        bool none;          /* the axis is not placed */
+        PlacementKind kind; /* unless none */
+        int64_t dim;        /* shard only; -rank <= dim < rank */
+} PlacementCase;
+
+typedef struct PlacementCases {
+        PlacementCase *items;
+        size_t n; /* 0: the placement is static, as Placement says */
+} PlacementCases;
+
 typedef enum InitKind {
         INIT_ZEROS,
         INIT_ONES,
@@ -93,8 +110,9 @@ typedef struct ParameterSpec {
         char *name;
         Expr **shape;
         size_t n_dims;
-        Placement *placements;
+        Placement *placements; /* one with cases: replicate, dim 0, until Build decides */
         size_t n_placements;
+        PlacementCases *placement_cases; /* NULL, or one per placement */
         InitSpec init;
         char *init_text; /* canonical text: "zeros", "constant(value=1)", "normal(mean=0, std=x)" */
         char *dtype;     /* its element type, canonical ("float32"); NULL: none named */
@@ -131,6 +149,8 @@ typedef struct Family {
         size_t n_rules;
         ParameterSpec *parameters;
         size_t n_parameters;
+        bool has_layout;         /* the family declares `layout` */
+        ActivationLayout layout; /* its inputs' and outputs' placements (registry.md) */
         char *source; /* "file:line" */
 } Family;
 

@@ -853,6 +853,121 @@ static void test_schema_errors_parameters(void **state) {
 #undef PAR
 }
 
+/* Placements that depend on the job: cases {when, placement}, the first that holds deciding. */
+static void test_placement_cases(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "parameters:\n"
+                "  w:\n"
+                "    shape: [8, 4]\n"
+                "    placements:\n"
+                "      dp: replicate\n"
+                "      tp:\n"
+                "        - {when: 'sequence_parallel and tp_size>1', placement: shard( -2 )}\n"
+                "        - {when: 'ep_size == 1 or not loss_parallel', placement: none}\n"
+                "        - {placement: shard(1)}\n"
+                "  v:\n"
+                "    shape: [4]\n"
+                "    placements: {ep: shard(0)}\n");
+        const ParameterSpec *w = &reg->families[0].parameters[0];
+        const ParameterSpec *v = &reg->families[0].parameters[1];
+        _cleanup_free_ char *t0 = NULL, *t1 = NULL;
+
+        assert_int_equal(w->n_placements, 2);
+        assert_non_null(w->placement_cases);
+        assert_int_equal(w->placement_cases[0].n, 0); /* dp is static */
+        assert_int_equal(w->placements[0].kind, PLACEMENT_REPLICATE);
+        assert_string_equal(w->placements[1].axis, "tp");
+        /* until Build decides: replicate, dim 0 */
+        assert_int_equal(w->placements[1].kind, PLACEMENT_REPLICATE);
+        const PlacementCases *c = &w->placement_cases[1];
+        assert_int_equal(c->n, 3);
+        t0 = expr_to_string(c->items[0].when);
+        t1 = expr_to_string(c->items[1].when);
+        assert_string_equal(t0, "sequence_parallel and tp_size > 1");
+        assert_string_equal(t1, "ep_size == 1 or not loss_parallel");
+        assert_false(c->items[0].none);
+        assert_int_equal(c->items[0].kind, PLACEMENT_SHARD);
+        assert_int_equal(c->items[0].dim, -2);
+        assert_true(c->items[1].none);
+        assert_null(c->items[2].when);
+        assert_int_equal(c->items[2].dim, 1);
+        assert_null(v->placement_cases);
+
+#define PC BASE "parameters:\n  w:\n    shape: [4]\n    placements:\n      tp:\n"
+        expect_error(PC "        - {when: 'hidden_size > 1', placement: shard(0)}\n",
+                     "f.yaml:12:18: family 'x': parameter 'w': placement 'tp' case 1: 'when' names "
+                     "'hidden_size'; a condition may name tp_size, cp_size, ep_size, pp_size, "
+                     "sequence_parallel and loss_parallel");
+        expect_error(PC "        - {when: 'tp_size >', placement: shard(0)}\n",
+                     "f.yaml:12:18: family 'x': parameter 'w': placement 'tp' case 1: 'when': "
+                     "unexpected end of expression");
+        expect_error(PC "        - {placement: replicate}\n        - {placement: shard(1)}\n",
+                     "f.yaml:13:23: family 'x': parameter 'w': placement 'tp' case 2: shard(1) is "
+                     "out of range for 1 dimensions");
+        expect_error(PC "        - {placement: split}\n",
+                     "f.yaml:12:23: family 'x': parameter 'w': placement 'tp' case 1 must be "
+                     "shard(d), replicate or none");
+        expect_error(PC "        - {when: sequence_parallel}\n",
+                     "f.yaml:12:11: family 'x': parameter 'w': missing key 'placement'");
+        expect_error(PC "        - {placement: replicate, if: tp_size}\n",
+                     "f.yaml:12:34: family 'x': parameter 'w': unknown key 'if'");
+        expect_error(PC "        - replicate\n",
+                     "f.yaml:12:11: family 'x': parameter 'w': placement 'tp' case 1 must be a mapping");
+        expect_error(BASE "parameters:\n  w:\n    shape: [4]\n    placements: {tp: []}\n",
+                     "f.yaml:10:22: family 'x': parameter 'w': placement 'tp' must list 1 to 16 cases");
+#undef PC
+}
+
+/* A family's activation layout: its inputs' and outputs' placements, out_names, boundary. */
+static void test_activation_layout(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "layout:\n"
+                "  in_src: [{tp: shard(1), dp: replicate}]\n"
+                "  in_dst: [{tp: replicate}]\n"
+                "  out_src: [{tp: partial}, {}]\n"
+                "  out_dst: [{tp: shard( -1 )}]\n"
+                "  out_names: [hidden, aux]\n"
+                "  boundary: true\n");
+        const Family *f = &reg->families[0];
+        const ActivationLayout *l = &f->layout;
+
+        assert_true(f->has_layout);
+        assert_int_equal(l->n_lists[ACTIVATION_IN_SRC], 1);
+        assert_int_equal(l->lists[ACTIVATION_IN_SRC][0].n_placements, 2);
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].axis, "tp");
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].kind, "shard");
+        assert_int_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].dim, 1);
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[1].kind, "replicate");
+        assert_int_equal(l->n_lists[ACTIVATION_OUT_SRC], 2);
+        assert_string_equal(l->lists[ACTIVATION_OUT_SRC][0].placements[0].kind, "partial");
+        assert_int_equal(l->lists[ACTIVATION_OUT_SRC][1].n_placements, 0);
+        assert_int_equal(l->lists[ACTIVATION_OUT_DST][0].placements[0].dim, -1);
+        assert_int_equal(l->n_out_names, 2);
+        assert_string_equal(l->out_names[1], "aux");
+        assert_true(l->is_boundary);
+
+        _cleanup_(registry_unrefp) Registry *none = load_text(BASE);
+        assert_false(none->families[0].has_layout);
+        _cleanup_(registry_unrefp) Registry *empty = load_text(BASE "layout: {}\n");
+        assert_true(empty->families[0].has_layout);
+        assert_false(empty->families[0].layout.is_boundary);
+
+        expect_error(BASE "layout: {in_src: [{tp: split}]}\n",
+                     "f.yaml:7:24: family 'x': 'in_src' entry 1 placement 'tp' must be shard(d), replicate or partial");
+        expect_error(BASE "layout: {in_dst: {tp: replicate}}\n",
+                     "f.yaml:7:18: family 'x': 'in_dst' must be a list");
+        expect_error(BASE "layout: {out_names: [y, y]}\n",
+                     "f.yaml:7:25: family 'x': 'out_names' names 'y' twice");
+        expect_error(BASE "layout: {boundary: 1}\n",
+                     "f.yaml:7:20: family 'x': 'boundary' must be bool");
+        expect_error(BASE "layout: {is_boundary: true}\n",
+                     "f.yaml:7:10: family 'x': unknown key 'is_boundary'");
+        expect_error(BASE "layout: [in_src]\n",
+                     "f.yaml:7:9: family 'x': 'layout' must be a mapping");
+}
+
 /* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
  * with a canonical text; every refusal at its node. */
 static void test_parameter_checkpoint(void **state) {
@@ -1220,6 +1335,8 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_variants),
                 cmocka_unit_test(test_schema_errors_rules),
                 cmocka_unit_test(test_schema_errors_parameters),
+                cmocka_unit_test(test_placement_cases),
+                cmocka_unit_test(test_activation_layout),
                 cmocka_unit_test(test_parameter_dtype),
                 cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),

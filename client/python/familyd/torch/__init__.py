@@ -30,7 +30,7 @@ __all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
            "check_device_mesh", "mesh_groups", "job_mesh", "Job",
            "JobError", "JobMesh", "build_module", "build_info", "register", "release",
            "derive_seed", "BuildInfo", "ModuleBuildError", "validate_model", "model_boundaries",
-           "ModelValidationError", "fsdp", "clip", "fully_shard", "FullyShardError",
+           "ModelValidationError", "activation_layout", "set_activation_layout", "fsdp", "clip", "fully_shard", "FullyShardError",
            "clip_grad_norm_", "pretrained", "load_pretrained", "LlamaForCausalLM",
            "PretrainedError", "checkpoint", "save_checkpoint", "CheckpointSaveError",
            "vocab_parallel_cross_entropy", "gather_sequence", "reduce_scatter_sequence",
@@ -41,7 +41,8 @@ _DISTRIBUTED = ("init", "create_mesh", "process_groups", "parallel_context", "de
                 "JobError", "JobMesh")
 _BUILD = ("build_module", "build_info", "register", "release", "derive_seed", "BuildInfo",
           "ModuleBuildError")
-_VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")
+_VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError", "activation_layout",
+             "set_activation_layout")
 _FSDP = ("fully_shard", "FullyShardError")
 _CLIP = ("clip_grad_norm_",)
 _PRETRAINED = ("load_pretrained", "LlamaForCausalLM", "PretrainedError")
