@@ -311,11 +311,37 @@ int codec_family_encode(Arena *a, const Family *f, Familyd__V1__Family **ret) {
         return 0;
 }
 
+/* An activation placement that depends on the job: kind "cases", dim 0, and each case. */
+static int activation_cases_encode(Arena *a, const ActivationPlacement *ap, Familyd__V1__Placement *e) {
+        e->kind = (char *) "cases";
+        e->dim = 0;
+        if (!ARRAY_NEW(a, e->cases, ap->n_cases))
+                return -ENOMEM;
+        for (size_t i = 0; i < ap->n_cases; i++) {
+                const ActivationCase *c = &ap->cases[i];
+                Familyd__V1__PlacementCase *x =
+                        MSG_NEW(a, Familyd__V1__PlacementCase, familyd__v1__placement_case__init);
+                _cleanup_free_ char *when = c->when ? expr_to_string(c->when) : strdup("");
+
+                if (!x || !when)
+                        return -ENOMEM;
+                x->when = arena_strdup(a, when);
+                x->kind = arena_strdup(a, c->kind ?: "none");
+                if (!x->when || !x->kind)
+                        return -ENOMEM;
+                x->dim = c->kind && streq(c->kind, "shard") ? c->dim : 0;
+                e->cases[i] = x;
+        }
+        e->n_cases = ap->n_cases;
+        return 0;
+}
+
 int codec_activation_layout_encode(Arena *a, const ActivationLayout *l, Familyd__V1__ActivationLayout **ret) {
         Familyd__V1__ActivationLayout *pb =
                 MSG_NEW(a, Familyd__V1__ActivationLayout, familyd__v1__activation_layout__init);
         Familyd__V1__Activation ***lists[_ACTIVATION_PLACEMENT_FIELDS];
         size_t *counts[_ACTIVATION_PLACEMENT_FIELDS];
+        int r;
 
         if (!pb)
                 return -ENOMEM;
@@ -345,6 +371,11 @@ int codec_activation_layout_encode(Arena *a, const ActivationLayout *l, Familyd_
                                     !(p->kind = arena_strdup(a, act->placements[j].kind)))
                                         return -ENOMEM;
                                 p->dim = streq(act->placements[j].kind, "shard") ? act->placements[j].dim : 0;
+                                if (act->placements[j].n_cases > 0) {
+                                        r = activation_cases_encode(a, &act->placements[j], p);
+                                        if (r < 0)
+                                                return r;
+                                }
                                 e->placements[j] = p;
                         }
                         e->n_placements = act->n_placements;

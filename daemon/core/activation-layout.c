@@ -18,8 +18,15 @@ const char *activation_field_to_string(ActivationField f) {
 
 static void activation_done(Activation *a) {
         for (size_t i = 0; i < a->n_placements; i++) {
-                free(a->placements[i].axis);
-                free(a->placements[i].kind);
+                ActivationPlacement *p = &a->placements[i];
+
+                free(p->axis);
+                free(p->kind);
+                for (size_t k = 0; k < p->n_cases; k++) {
+                        expr_free(p->cases[k].when);
+                        free(p->cases[k].kind);
+                }
+                free(p->cases);
         }
         free(a->placements);
         *a = (Activation) {};
@@ -84,6 +91,15 @@ int activation_layout_copy(const ActivationLayout *src, ActivationLayout *ret) {
         *ret = l;
         l = (ActivationLayout) {};
         return 0;
+}
+
+bool activation_layout_has_cases(const ActivationLayout *l) {
+        for (size_t f = 0; f < _ACTIVATION_PLACEMENT_FIELDS; f++)
+                for (size_t i = 0; i < l->n_lists[f]; i++)
+                        for (size_t j = 0; j < l->lists[f][i].n_placements; j++)
+                                if (l->lists[f][i].placements[j].n_cases > 0)
+                                        return true;
+        return false;
 }
 
 static const ActivationPlacement *find_axis(const Activation *a, const char *axis) {

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "common/macro.h"
+#include "expr.h"
 
 /* The four placement lists, in the order Validate compares them, then out_names, is_boundary. */
 typedef enum ActivationField {
@@ -21,11 +22,26 @@ typedef enum ActivationField {
 /* "in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary". */
 const char *activation_field_to_string(ActivationField f);
 
-/* One mesh dimension's placement of one activation: kind "shard" (dim), "replicate", "partial". */
+/*
+ * One case of an activation placement that depends on the job (registry.md, "Activation
+ * layouts"): the first case whose condition holds decides the axis's placement at Build.
+ */
+typedef struct ActivationCase {
+        Expr *when; /* a condition over the job (placement-case.h); NULL: always */
+        char *kind; /* "shard" (dim), "replicate", "partial"; NULL: none, the axis is not placed */
+        int64_t dim;
+} ActivationCase;
+
+/*
+ * One mesh dimension's placement of one activation: kind "shard" (dim), "replicate", "partial";
+ * in a registry family's layout also "cases" (dim 0): decided at Build by its cases.
+ */
 typedef struct ActivationPlacement {
         char *axis;
         char *kind;
-        int64_t dim; /* shard only, as declared; 0 otherwise */
+        int64_t dim;           /* shard only, as declared; 0 otherwise */
+        ActivationCase *cases; /* kind "cases" only, n_cases of them */
+        size_t n_cases;
 } ActivationPlacement;
 
 /* One input's or output's placements over the mesh dimensions, unique axes. */
@@ -44,7 +60,11 @@ typedef struct ActivationLayout {
 
 /* Frees what the layout owns (one made by the registry loader or activation_layout_copy()). */
 void activation_layout_done(ActivationLayout *l);
+/* A copy without the cases: a placement of kind "cases" is copied as that kind, dim 0. */
 int activation_layout_copy(const ActivationLayout *src, ActivationLayout *ret);
+
+/* Whether some placement of the layout depends on the job (has cases). */
+bool activation_layout_has_cases(const ActivationLayout *l);
 
 /*
  * Whether field f is the same in both: for a placement list, as many activations, each with the

@@ -774,6 +774,35 @@ static int plan_job_placements(const Family *f, const Variant *v, const Placemen
         return 0;
 }
 
+/*
+ * The family's activation layout as this job decides it (registry.md, "Activation layouts"):
+ * each placement with cases by its first that holds; one that cannot be decided fails the Build
+ * as a parameter's does (INVALID_ARGUMENT PLACEMENT, field layout).
+ */
+static int plan_activations(const ActivationLayout *declared, const PlacementJob *job, BuildPlan *plan,
+                            FamilyError *e) {
+        ActivationDecideError err = {};
+        int r;
+
+        r = activation_layout_decide(declared, job, &plan->activations, &err);
+        if (r == -EINVAL) {
+                _cleanup_free_ char *when = expr_to_string(err.when);
+                char buf[64];
+
+                if (!when)
+                        return -ENOMEM;
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "PLACEMENT", "layout",
+                                        "activation layout: the placement of '%s' entry %zu over '%s' cannot "
+                                        "be decided: case %zu's condition '%s' %s",
+                                        activation_field_to_string(err.field), err.activation + 1, err.axis,
+                                        err.case_index + 1, when, eval_problem(&err.eval, buf));
+        }
+        if (r < 0)
+                return r;
+        plan->has_activations = true;
+        return 0;
+}
+
 static int copy_request(const BuildRequest *req, const JobContext *ctx, ResolveRequest *ret) {
         _cleanup_(resolve_request_done) ResolveRequest r = {};
         int k;
@@ -860,13 +889,11 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
                 r = plan_job_placements(f, v, &job, &plan, ret_error);
                 if (r < 0)
                         return r;
-        }
-
-        if (f->has_layout) {
-                r = activation_layout_copy(&f->layout, &plan.activations);
-                if (r < 0)
-                        return r;
-                plan.has_activations = true;
+                if (f->has_layout) {
+                        r = plan_activations(&f->layout, &job, &plan, ret_error);
+                        if (r < 0)
+                                return r;
+                }
         }
 
         /* hyper_parallel marks a direct build whose module can reset its parameters; here every

@@ -30,3 +30,22 @@ void placement_cases_done(PlacementCases *c);
  */
 int placement_cases_decide(const PlacementCases *c, const PlacementJob *job, size_t *ret_index,
                            ExprEvalError *ret_error);
+
+/* Where activation_layout_decide() failed: the field, the activation, the axis and the case. */
+typedef struct ActivationDecideError {
+        ActivationField field;
+        size_t activation;    /* from 0 */
+        const char *axis;     /* borrowed from the declared layout */
+        size_t case_index;    /* from 0 */
+        const Expr *when;     /* the condition that failed, borrowed */
+        ExprEvalError eval;
+} ActivationDecideError;
+
+/*
+ * The activation layout a Build answers: a copy of the declared one with each placement that
+ * depends on the job decided by its first case that holds over job (none holding, or `none`,
+ * leaves the axis out of that activation). A condition that cannot be evaluated returns
+ * -EINVAL with *ret_error filled.
+ */
+int activation_layout_decide(const ActivationLayout *declared, const PlacementJob *job,
+                             ActivationLayout *ret, ActivationDecideError *ret_error);

@@ -3,12 +3,120 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "placement-case.h"
 #include "resource-limits.h"
 #include "registry-load.h"
 
 static const char *const layout_keys[] = {
         "in_src", "in_dst", "out_src", "out_dst", "out_names", "boundary",
 };
+
+typedef struct WhenCheck {
+        Loader *l;
+        const YNode *n;
+        const char *ctx, *what;
+        int acc;
+} WhenCheck;
+
+/* A condition names only what placement_job_has_field() allows, as a parameter's cases. */
+static int when_check_field(const char *name, void *userdata) {
+        WhenCheck *w = userdata;
+        _cleanup_free_ char *format = NULL;
+
+        if (placement_job_has_field(name))
+                return 0;
+        if (asprintf(&format, "%s: 'when' names %%s; a condition may name tp_size, cp_size, "
+                     "ep_size, pp_size, sequence_parallel and loss_parallel", w->what) < 0)
+                return -ENOMEM;
+        return loader_fold(&w->acc, loader_diag_q(w->l, w->n, w->ctx, format, name));
+}
+
+/* "shard(d)", "replicate" or "partial" (and with cases "none": kind NULL); -EINVAL otherwise. */
+static int parse_activation_placement(const char *s, bool allow_none, char **ret_kind, int64_t *ret_dim) {
+        PlacementKind kind = PLACEMENT_REPLICATE;
+        int64_t dim = 0;
+
+        if (allow_none && streq(s, "none")) {
+                *ret_kind = NULL;
+                *ret_dim = 0;
+                return 0;
+        }
+        if (!streq(s, "partial") && registry_parse_placement(s, &kind, &dim) < 0)
+                return -EINVAL;
+        *ret_kind = strdup(streq(s, "partial") ? "partial" : placement_kind_to_string(kind));
+        if (!*ret_kind)
+                return -ENOMEM;
+        *ret_dim = dim;
+        return 0;
+}
+
+/*
+ * A placement that depends on the job, with the syntax of a parameter's: a list of cases
+ * {when: CONDITION, placement: P}, P shard(d), replicate, partial or none.
+ */
+static int load_activation_cases(Loader *l, const YNode *n, const char *ctx, const char *what,
+                                 ActivationPlacement *ret) {
+        static const char *const keys[] = { "when", "placement" };
+        int acc = 0, r;
+
+        if (n->n_items == 0 || n->n_items > FAMILYD_MAX_MESH_DIMS)
+                return loader_diag(l, n, ctx, "%s must list 1 to %u cases", what, FAMILYD_MAX_MESH_DIMS);
+        ret->cases = calloc(n->n_items, sizeof(ActivationCase));
+        if (!ret->cases)
+                return -ENOMEM;
+        for (size_t i = 0; i < n->n_items; i++) {
+                const YNode *item = n->items[i], *values[ELEMENTSOF(keys)] = {};
+                _cleanup_free_ char *cwhat = NULL, *s = NULL, *when = NULL, *message = NULL;
+                ActivationCase *c = &ret->cases[ret->n_cases];
+
+                if (asprintf(&cwhat, "%s case %zu", what, i + 1) < 0)
+                        return -ENOMEM;
+                r = loader_expect_kind(l, item, ctx, cwhat, YNODE_MAPPING);
+                if (r >= 0)
+                        r = loader_map_fixed(l, item, ctx, keys, values, ELEMENTSOF(keys));
+                r = loader_fold(&acc, r);
+                if (r < 0)
+                        return r;
+                if (item->kind != YNODE_MAPPING)
+                        continue;
+                ret->n_cases++;
+
+                if (!values[1])
+                        r = loader_missing_key(l, item, ctx, "placement");
+                else {
+                        r = loader_string(l, values[1], ctx, cwhat, FAMILYD_MAX_NAME_LENGTH, &s);
+                        if (r >= 0) {
+                                r = parse_activation_placement(s, true, &c->kind, &c->dim);
+                                if (r == -EINVAL)
+                                        r = loader_diag(l, values[1], ctx,
+                                                        "%s must be shard(d), replicate, partial or none", cwhat);
+                        }
+                }
+                r = loader_fold(&acc, r);
+                if (r < 0)
+                        return r;
+
+                if (values[0]) {
+                        r = loader_string(l, values[0], ctx, cwhat, FAMILYD_MAX_EXPR_LENGTH * 4, &when);
+                        if (r >= 0) {
+                                r = expr_parse_condition(when, &c->when, &message);
+                                if (r == -EINVAL)
+                                        r = loader_diag(l, values[0], ctx, "%s: 'when': %s", cwhat, message);
+                        }
+                        if (r >= 0) {
+                                WhenCheck w = { .l = l, .n = values[0], .ctx = ctx, .what = cwhat };
+
+                                r = expr_foreach_field(c->when, when_check_field, &w);
+                                if (r >= 0)
+                                        r = w.acc;
+                        }
+                        r = loader_fold(&acc, r);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        return acc;
+}
 
 /* One activation: a mapping of mesh dimension names to shard(d), replicate or partial. */
 static int load_activation(Loader *l, const YNode *n, const char *ctx, const char *what, Activation *ret) {
@@ -25,23 +133,29 @@ static int load_activation(Loader *l, const YNode *n, const char *ctx, const cha
                 return -ENOMEM;
         for (size_t i = 0; i < n_e; i++) {
                 _cleanup_free_ char *s = NULL, *pwhat = NULL;
-                PlacementKind kind = PLACEMENT_REPLICATE;
-                int64_t dim = 0;
+                ActivationPlacement *p = &ret->placements[ret->n_placements];
 
                 if (asprintf(&pwhat, "%s placement '%s'", what, e[i].key) < 0)
                         return -ENOMEM;
-                r = loader_string(l, e[i].value, ctx, pwhat, FAMILYD_MAX_NAME_LENGTH, &s);
-                if (r >= 0 && !streq(s, "partial") && registry_parse_placement(s, &kind, &dim) < 0)
-                        r = loader_diag(l, e[i].value, ctx, "%s must be shard(d), replicate or partial", pwhat);
-                if (r >= 0) {
-                        ActivationPlacement *p = &ret->placements[ret->n_placements];
-
-                        p->axis = strdup(e[i].key);
-                        p->kind = strdup(streq(s, "partial") ? "partial" : placement_kind_to_string(kind));
-                        ret->n_placements++;
-                        if (!p->axis || !p->kind)
-                                return -ENOMEM;
-                        p->dim = dim;
+                p->axis = strdup(e[i].key);
+                if (!p->axis)
+                        return -ENOMEM;
+                ret->n_placements++;
+                if (e[i].value->kind == YNODE_SEQUENCE) {
+                        r = load_activation_cases(l, e[i].value, ctx, pwhat, p);
+                        if (r >= 0) {
+                                p->kind = strdup("cases");
+                                if (!p->kind)
+                                        return -ENOMEM;
+                        }
+                } else {
+                        r = loader_string(l, e[i].value, ctx, pwhat, FAMILYD_MAX_NAME_LENGTH, &s);
+                        if (r >= 0) {
+                                r = parse_activation_placement(s, false, &p->kind, &p->dim);
+                                if (r == -EINVAL)
+                                        r = loader_diag(l, e[i].value, ctx,
+                                                        "%s must be shard(d), replicate or partial", pwhat);
+                        }
                 }
                 r = loader_fold(&acc, r);
                 if (r < 0)

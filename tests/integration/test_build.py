@@ -133,6 +133,30 @@ families:
       out_dst: [{tp: replicate}]
       out_names: [logits]
       boundary: true
+  - name: jobact
+    baseline: itest.JobAct
+    default_variant: plain
+    variants:
+      plain: {constructor: itest.JobActPlain, accepts: [config]}
+    parameters:
+      w: {shape: [4]}
+    layout:
+      in_src:
+        - tp:
+            - {when: 'sequence_parallel and tp_size > 1', placement: shard(-2)}
+            - {placement: replicate}
+      out_src:
+        - tp: [{when: 'tp_size > 1', placement: partial}, {placement: replicate}]
+          cp: [{when: 'cp_size > 1', placement: shard(1)}, {placement: none}]
+  - name: badact
+    baseline: itest.BadAct
+    default_variant: plain
+    variants:
+      plain: {constructor: itest.BadActPlain, accepts: [config]}
+    parameters:
+      w: {shape: [4]}
+    layout:
+      out_dst: [{}, {tp: [{when: 'tp_size / (cp_size - 1) > 1', placement: partial}]}]
   - name: noconfig
     baseline: itest.NoConfig
     default_variant: grouped
@@ -1085,6 +1109,56 @@ class TestJobPlacements(Base):
                               "parameter 'w': the placement over 'tp' cannot be decided: case 1's "
                               "condition 'tp_size / (cp_size - 1) > 1' division by zero",
                               "PLACEMENT")
+
+
+class TestActivationLayoutCases(TestJobPlacements):
+    """registry.md, "Activation layouts": an activation's placement may depend on the job with
+    a parameter placement's cases; GetFamily shows them, Build decides them over the job."""
+
+    def test_get_family_shows_the_cases(self):
+        f = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="jobact"))
+        tp, cp = f.layout.out_src[0].placements
+        self.assertEqual((tp.axis, tp.kind, cp.axis, cp.kind), ("tp", "cases", "cp", "cases"))
+        self.assertEqual([(c.when, c.kind, c.dim) for c in tp.cases],
+                         [("tp_size > 1", "partial", 0), ("", "replicate", 0)])
+        self.assertEqual([(c.when, c.kind, c.dim) for c in cp.cases],
+                         [("cp_size > 1", "shard", 1), ("", "none", 0)])
+        self.assertEqual([(c.when, c.kind, c.dim) for c in f.layout.in_src[0].placements[0].cases],
+                         [("sequence_parallel and tp_size > 1", "shard", -2), ("", "replicate", 0)])
+
+    def test_build_decides_by_the_job(self):
+        def placed(acts):
+            return [[(x.axis, x.kind, x.dim) for x in a.placements] for a in acts]
+
+        for flags, device, want_in, want_out in (
+                ({"sequenceParallel": True}, [("dp", 2), ("tp", 4)], [("tp", "shard", -2)],
+                 [("tp", "partial", 0)]),
+                ({}, [("dp", 2), ("tp", 4)], [("tp", "replicate", 0)], [("tp", "partial", 0)]),
+                ({"sequenceParallel": True}, [("dp", 8)], [("tp", "replicate", 0)],
+                 [("tp", "replicate", 0)]),
+                ({}, [("cp", 2), ("tp", 4)], [("tp", "replicate", 0)],
+                 [("tp", "partial", 0), ("cp", "shard", 1)])):
+            with self.subTest(flags=flags, device=device):
+                m = self.flagged_mesh(device, **flags)
+                b = self.built("jobact", {}, mesh_id=m.mesh_id)
+                acts = b.info.layout.activations
+                self.assertEqual((placed(acts.in_src), placed(acts.out_src)), ([want_in], [want_out]))
+                got = self.assertOk(self.call("familyd.v1.FamilyService/GetBuild", build_id=b.build_id))
+                self.assertEqual(placed(got.info.layout.activations.in_src), [want_in])
+                # Validate compares the applied layout with the decided one
+                applied = json_format.MessageToDict(acts)
+                req = {"boundaries": [{"fqns": ["a"], "buildId": b.build_id,
+                                       "appliedLayout": {"parameters": [], "activations": applied}}],
+                       "context": {"meshId": m.mesh_id}}
+                self.assertEqual(list(self.assertOk(self.call(
+                    "familyd.v1.FamilyService/Validate", req)).violations), [])
+                self.release(b.build_id)
+
+    def test_a_condition_that_cannot_be_evaluated(self):
+        self.assertBuildFails(("badact", {}, None, {}), "INVALID_ARGUMENT",
+                              "activation layout: the placement of 'out_dst' entry 2 over 'tp' "
+                              "cannot be decided: case 1's condition 'tp_size / (cp_size - 1) > 1' "
+                              "division by zero", "PLACEMENT")
 
 
 class TestActivationLayout(Base):

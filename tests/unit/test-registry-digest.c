@@ -182,6 +182,17 @@ static void expect_differs(const char *from, const char *to) {
                 fail_msg("same digest after replacing '%s' with '%s'", from, to);
 }
 
+/* EXPERTS with `from` replaced by a, then by b: the two digests must differ. */
+static void expect_pair_differs(const char *from, const char *a, const char *b) {
+        char da[REGISTRY_DIGEST_LENGTH + 1], db[REGISTRY_DIGEST_LENGTH + 1];
+        _cleanup_free_ char *ta = replace(EXPERTS, from, a), *tb = replace(EXPERTS, from, b);
+
+        digest_files(da, "a.yaml", ta, "b.yaml", NORM, NULL);
+        digest_files(db, "a.yaml", tb, "b.yaml", NORM, NULL);
+        if (streq(da, db))
+                fail_msg("same digest for '%s' and '%s'", a, b);
+}
+
 static void expect_same(const char *from, const char *to) {
         char base[REGISTRY_DIGEST_LENGTH + 1], other[REGISTRY_DIGEST_LENGTH + 1];
         _cleanup_free_ char *changed = replace(EXPERTS, from, to);
@@ -257,6 +268,13 @@ static void test_counts_what_resolve_and_build_read(void **state) {
         expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {}\n");
         expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {boundary: true}\n");
         expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {out_src: [{tp: partial}]}\n");
+        /* ...and an activation placement's cases: the condition, the placement, their order. */
+        expect_pair_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {out_src: [{tp: [{when: 'tp_size > 1', placement: partial}]}]}\n",
+                            "parallel_axis: ep\nlayout: {out_src: [{tp: [{when: 'tp_size > 2', placement: partial}]}]}\n");
+        expect_pair_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {out_src: [{tp: [{when: 'tp_size > 1', placement: partial}]}]}\n",
+                            "parallel_axis: ep\nlayout: {out_src: [{tp: [{when: 'tp_size > 1', placement: none}]}]}\n");
+        expect_pair_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {out_src: [{tp: [{placement: partial}, {placement: none}]}]}\n",
+                            "parallel_axis: ep\nlayout: {out_src: [{tp: [{placement: none}, {placement: partial}]}]}\n");
         /* Variants: constructor, accepts (a list: its order too), requires, and a variant
          * whose `parameters: {}` replaces the family's with none. */
         expect_differs("pkg.BareExperts", "pkg.OtherExperts");

@@ -1,6 +1,7 @@
 /* test-registry.c: loading registry directories, every load error, lookups and lifetime. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 #include <cmocka.h>
 
 #include "core/expr.h"
+#include "core/placement-case.h"
 #include "common/macro.h"
 #include "core/registry.h"
 #include "test-fixtures.h"
@@ -438,6 +440,39 @@ static void test_helpers(void **state) {
 
 /* ---- the example registry in deploy/ ---- */
 
+/* One decided list of activations as text: "[tp=shard(-2) cp=replicate, ]" (declared axis order). */
+static char *activations_text(const ActivationLayout *l, ActivationField f) {
+        char *buf = NULL;
+        size_t size = 0;
+        FILE *out = open_memstream(&buf, &size);
+
+        assert_non_null(out);
+        fputc('[', out);
+        for (size_t i = 0; i < l->n_lists[f]; i++) {
+                const Activation *a = &l->lists[f][i];
+
+                for (size_t j = 0; j < a->n_placements; j++) {
+                        fprintf(out, "%s%s=%s", j ? " " : "", a->placements[j].axis, a->placements[j].kind);
+                        if (streq(a->placements[j].kind, "shard"))
+                                fprintf(out, "(%" PRId64 ")", a->placements[j].dim);
+                }
+                fputs(", ", out);
+        }
+        fputc(']', out);
+        assert_int_equal(fclose(out), 0);
+        return buf;
+}
+
+static void expect_decided(const ActivationLayout *declared, const PlacementJob *job, ActivationField f,
+                           const char *want) {
+        _cleanup_(activation_layout_done) ActivationLayout l = {};
+        _cleanup_free_ char *got = NULL;
+
+        assert_int_equal(activation_layout_decide(declared, job, &l, NULL), 0);
+        got = activations_text(&l, f);
+        assert_string_equal(got, want);
+}
+
 static int llama_lookup(const char *name, int64_t *ret, void *userdata) {
         static const struct {
                 const char *name;
@@ -547,6 +582,52 @@ static void test_deploy_registry(void **state) {
         check_evaluated(&f->parameters[0], (const int64_t[]) { 4096 }, 1);
         assert_int_equal(f->parameters[0].init.kind, INIT_ONES);
         check_placement(&f->parameters[0], "tp", PLACEMENT_REPLICATE, 0);
+
+        /* Activation layouts, as the members' forwards place them: over tp the whole input and
+         * a partial output handed on all-reduced, with sequence parallelism the sequence's piece
+         * in and out; the experts each ep rank's own tokens. */
+        const PlacementJob plain = { .axis_size = { [AXIS_TP] = 2, [AXIS_CP] = 1, [AXIS_EP] = 2, [AXIS_PP] = 1 } };
+        const PlacementJob sp = { .axis_size = { [AXIS_TP] = 2, [AXIS_CP] = 1, [AXIS_EP] = 1, [AXIS_PP] = 1 },
+                                  .sequence_parallel = true };
+        const PlacementJob one = { .axis_size = { [AXIS_TP] = 1, [AXIS_CP] = 2, [AXIS_EP] = 1, [AXIS_PP] = 1 },
+                                   .sequence_parallel = true };
+        static const char *const boundary_families[] = { "attention", "embedding", "grouped_experts", "mlp" };
+        for (size_t i = 0; i < ELEMENTSOF(boundary_families); i++) {
+                assert_int_equal(registry_find(reg, boundary_families[i], &f, NULL), 0);
+                assert_true(f->has_layout);
+                assert_true(f->layout.is_boundary);
+                assert_int_equal(f->layout.n_out_names, 1);
+                assert_string_equal(f->layout.out_names[0], "hidden_states");
+        }
+        assert_int_equal(registry_find(reg, "mlp", &f, NULL), 0);
+        expect_decided(&f->layout, &plain, ACTIVATION_IN_SRC, "[tp=replicate, ]");
+        expect_decided(&f->layout, &plain, ACTIVATION_OUT_SRC, "[tp=partial, ]");
+        expect_decided(&f->layout, &plain, ACTIVATION_OUT_DST, "[tp=replicate, ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_IN_SRC, "[tp=shard(-2), ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_IN_DST, "[tp=replicate, ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_OUT_SRC, "[tp=partial, ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_OUT_DST, "[tp=shard(-2), ]");
+        expect_decided(&f->layout, &one, ACTIVATION_OUT_SRC, "[tp=replicate, ]");
+        expect_decided(&f->layout, &one, ACTIVATION_OUT_DST, "[tp=replicate, ]");
+        assert_int_equal(registry_find(reg, "attention", &f, NULL), 0);
+        expect_decided(&f->layout, &sp, ACTIVATION_IN_SRC, "[tp=shard(-2), ]");
+        expect_decided(&f->layout, &plain, ACTIVATION_OUT_DST, "[tp=replicate, ]");
+        expect_decided(&f->layout, &one, ACTIVATION_IN_SRC, "[tp=replicate cp=shard(-2), ]");
+        expect_decided(&f->layout, &one, ACTIVATION_OUT_SRC, "[tp=replicate cp=shard(-2), ]");
+        assert_int_equal(registry_find(reg, "embedding", &f, NULL), 0);
+        expect_decided(&f->layout, &sp, ACTIVATION_IN_SRC, "[tp=replicate, ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_OUT_SRC, "[tp=partial, ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_OUT_DST, "[tp=shard(-2), ]");
+        expect_decided(&f->layout, &plain, ACTIVATION_OUT_DST, "[tp=replicate, ]");
+        assert_int_equal(registry_find(reg, "norm", &f, NULL), 0);
+        assert_false(f->layout.is_boundary);
+        expect_decided(&f->layout, &sp, ACTIVATION_IN_SRC, "[tp=shard(-2), ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_OUT_DST, "[tp=shard(-2), ]");
+        expect_decided(&f->layout, &plain, ACTIVATION_OUT_DST, "[tp=replicate, ]");
+        assert_int_equal(registry_find(reg, "grouped_experts", &f, NULL), 0);
+        expect_decided(&f->layout, &plain, ACTIVATION_IN_SRC, "[ep=shard(0), ep=shard(0), ep=shard(0), ]");
+        expect_decided(&f->layout, &plain, ACTIVATION_OUT_DST, "[ep=shard(0), ]");
+        expect_decided(&f->layout, &sp, ACTIVATION_IN_DST, "[, , , ]");
 }
 
 /* ---- directories and files ---- */
@@ -968,6 +1049,75 @@ static void test_activation_layout(void **state) {
                      "f.yaml:7:9: family 'x': 'layout' must be a mapping");
 }
 
+/* Activation placements that depend on the job: a parameter's case syntax, partial allowed. */
+static void test_activation_layout_cases(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "layout:\n"
+                "  out_src:\n"
+                "    - tp:\n"
+                "        - {when: 'tp_size > 1', placement: partial}\n"
+                "        - {placement: replicate}\n"
+                "      cp: [{when: 'cp_size > 1', placement: shard(-2)}, {placement: none}]\n"
+                "      dp: replicate\n"
+                "  out_dst:\n"
+                "    - tp: [{when: 'sequence_parallel and tp_size > 1', placement: shard(1)}]\n");
+        const ActivationLayout *l = &reg->families[0].layout;
+        const ActivationPlacement *p = &l->lists[ACTIVATION_OUT_SRC][0].placements[0];
+        const PlacementJob tp2 = { .axis_size = { [AXIS_TP] = 2, [AXIS_CP] = 1, [AXIS_EP] = 1, [AXIS_PP] = 1 } };
+        const PlacementJob cp2 = { .axis_size = { [AXIS_TP] = 1, [AXIS_CP] = 2, [AXIS_EP] = 1, [AXIS_PP] = 1 } };
+        const PlacementJob sp = { .axis_size = { [AXIS_TP] = 2, [AXIS_CP] = 1, [AXIS_EP] = 1, [AXIS_PP] = 1 },
+                                  .sequence_parallel = true };
+        const PlacementJob zero = { .axis_size = { [AXIS_TP] = 0 } };
+
+        assert_string_equal(p->kind, "cases");
+        assert_int_equal(p->n_cases, 2);
+        assert_string_equal(p->cases[0].kind, "partial");
+        assert_non_null(p->cases[0].when);
+        assert_null(p->cases[1].when);
+        assert_null(l->lists[ACTIVATION_OUT_SRC][0].placements[1].cases[1].kind); /* none */
+        assert_true(activation_layout_has_cases(l));
+
+        expect_decided(l, &tp2, ACTIVATION_OUT_SRC, "[tp=partial dp=replicate, ]");
+        expect_decided(l, &cp2, ACTIVATION_OUT_SRC, "[tp=replicate cp=shard(-2) dp=replicate, ]");
+        expect_decided(l, &tp2, ACTIVATION_OUT_DST, "[, ]");   /* none holds: not placed */
+        expect_decided(l, &sp, ACTIVATION_OUT_DST, "[tp=shard(1), ]");
+
+        /* A decided layout has no cases left; a condition that cannot be evaluated names its place. */
+        {
+                _cleanup_(activation_layout_done) ActivationLayout d = {};
+                _cleanup_(registry_unrefp) Registry *div = load_text(
+                        BASE "layout: {in_src: [{}, {tp: [{when: '4 / tp_size > 1', placement: partial}]}]}\n");
+                ActivationDecideError err = {};
+
+                assert_int_equal(activation_layout_decide(l, &tp2, &d, NULL), 0);
+                assert_false(activation_layout_has_cases(&d));
+                assert_int_equal(activation_layout_decide(&div->families[0].layout, &zero, &d, &err), -EINVAL);
+                assert_int_equal(err.field, ACTIVATION_IN_SRC);
+                assert_int_equal(err.activation, 1);
+                assert_string_equal(err.axis, "tp");
+                assert_int_equal(err.case_index, 0);
+                assert_int_equal(err.eval.failure, EXPR_FAILURE_DIVISION_BY_ZERO);
+        }
+
+        expect_error(BASE "layout: {in_src: [{tp: [{placement: split}]}]}\n",
+                     "f.yaml:7:37: family 'x': 'in_src' entry 1 placement 'tp' case 1 must be shard(d), "
+                     "replicate, partial or none");
+        expect_error(BASE "layout: {in_src: [{tp: []}]}\n",
+                     "f.yaml:7:24: family 'x': 'in_src' entry 1 placement 'tp' must list 1 to 16 cases");
+        expect_error(BASE "layout: {in_src: [{tp: [{when: 'tp_size > 1'}]}]}\n",
+                     "f.yaml:7:25: family 'x': missing key 'placement'");
+        expect_error(BASE "layout: {in_src: [{tp: [{when: 'tp_size >', placement: partial}]}]}\n",
+                     "f.yaml:7:32: family 'x': 'in_src' entry 1 placement 'tp' case 1: 'when': "
+                     "unexpected end of expression");
+        expect_error(BASE "layout: {in_src: [{tp: [{when: 'hidden_size > 1', placement: partial}]}]}\n",
+                     "f.yaml:7:32: family 'x': 'in_src' entry 1 placement 'tp' case 1: 'when' names "
+                     "'hidden_size'; a condition may name tp_size, cp_size, ep_size, pp_size, "
+                     "sequence_parallel and loss_parallel");
+        expect_error(BASE "layout: {in_src: [{tp: [{placement: partial, if: x}]}]}\n",
+                     "f.yaml:7:46: family 'x': unknown key 'if'");
+}
+
 /* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
  * with a canonical text; every refusal at its node. */
 static void test_parameter_checkpoint(void **state) {
@@ -1337,6 +1487,7 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_parameters),
                 cmocka_unit_test(test_placement_cases),
                 cmocka_unit_test(test_activation_layout),
+                cmocka_unit_test(test_activation_layout_cases),
                 cmocka_unit_test(test_parameter_dtype),
                 cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),
