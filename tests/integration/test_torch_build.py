@@ -43,6 +43,7 @@ from familyd.torch import build as B  # noqa: E402
 from familyd.torch import distributed as D  # noqa: E402
 from familyd.torch import validate as V  # noqa: E402
 from familyd.torch.modules import ParallelContext  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
 
 GRACE_MS = 1000
 WORKER_TIMEOUT = 60
@@ -716,8 +717,13 @@ class TestActivationLayouts(Base):
         self.assertTrue(got["isBoundary"])
         self.assertEqual(got["outSrc"], [{"placements": [{"axis": "tp", "kind": "partial"}]}])
         self.assertIsNone(FT.activation_layout(self.build("tb_linear", CFG, fqn="l", seed=1)))
-        # nothing applied: nothing sent
+        # build_module records the build's as the layout the module applies: it is sent
+        self.assertEqual(V.applied_layout(m)["activations"],
+                         json_format.MessageToDict(FT.build_info(m).layout.activations))
+        # forgotten: nothing sent, the build's still answered
+        FT.set_activation_layout(m, None)
         self.assertNotIn("activations", V.applied_layout(m))
+        self.assertEqual(FT.activation_layout(m)["outNames"], ["hidden"])
 
     def test_neighbours(self):
         # column then row: the split output is what the row-parallel linear takes in
@@ -730,25 +736,36 @@ class TestActivationLayouts(Base):
              "the next component")])
         with self.assertRaises(FT.ModelValidationError):
             FT.validate_model(client, self.model("tb_row", "tb_col", "tb_col"), raise_errors=True)
-        # a family that declares none has no neighbours to compare
+        # a family that declares none is no boundary: passed over (row's replicated output is
+        # what col takes in)
         self.assertEqual(FT.validate_model(client, self.model("tb_row", "tb_linear", "tb_col")), [])
+        got = FT.validate_model(client, self.model("tb_row", "tb_linear", "tb_row"))
+        self.assertEqual([(v.reason, list(v.fqns)) for v in got],
+                         [("ACTIVATION_NEIGHBOUR_MISMATCH", ["c0", "c2"])])
 
     def test_applied_layout_that_differs(self):
         model = self.model("tb_col", "tb_row")
         row = model.c1
         applied = FT.activation_layout(row)
         applied["inSrc"] = [{"placements": [{"axis": "tp", "kind": "replicate"}]}]
-        applied["isBoundary"] = False
+        applied["outNames"] = ["y"]
         FT.set_activation_layout(row, applied)
         got = FT.validate_model(client, model)
         self.assertEqual([(v.reason, list(v.fqns), v.message) for v in got], [
             ("ACTIVATION_LAYOUT_CONFLICT", ["c1"],
              "in_src at 'c1' conflicts with its constructed family layout"),
             ("ACTIVATION_LAYOUT_CONFLICT", ["c1"],
-             "is_boundary at 'c1' conflicts with its constructed family layout"),
+             "out_names at 'c1' conflicts with its constructed family layout"),
             ("ACTIVATION_NEIGHBOUR_MISMATCH", ["c0", "c1"],
              "out_dst at 'c0' [{tp: shard(-1)}] disagrees with in_src at 'c1' [{tp: replicate}], "
              "the next component")])
+        # no longer a boundary: a conflict, and no neighbour to compare
+        applied = dict(json_format.MessageToDict(FT.build_info(row).layout.activations),
+                       isBoundary=False)
+        FT.set_activation_layout(row, applied)
+        self.assertEqual([(v.reason, v.message) for v in FT.validate_model(client, model)], [
+            ("ACTIVATION_LAYOUT_CONFLICT",
+             "is_boundary at 'c1' conflicts with its constructed family layout")])
         # the same as built, applied explicitly: nothing
         FT.set_activation_layout(row, FT.build_info(row).layout.activations)
         self.assertEqual(FT.validate_model(client, model), [])

@@ -11,7 +11,9 @@ loss from the vocabulary-split logits, vocab_parallel_cross_entropy). Each job's
 and gradient norms of 3 steps equal the plain job's (1e-5 relative at step 0, 1e-4 after: float32
 sums in another order). Resolve through the daemon: the norm family's rule picks its
 sequence-parallel member on a mesh that says so, the mesh's word wins over the request's both
-ways, and the answer carries the flags; with a registry of this test's own, a variant that
+ways, and the answer carries the flags; activation layouts on the example's model
+(torch_activation_worker.py: recorded by the build, validated clean, a changed one refused,
+disagreeing neighbours reported); with a registry of this test's own, a variant that
 requires sequence_parallel (or excludes loss_parallel) is refused with the exact text, reason
 and field.
 """
@@ -32,6 +34,7 @@ import torch_job_common as C  # noqa: E402
 D = None
 RESULTS = {}
 WORKER = os.path.join(HERE, "torch_sp_worker.py")
+ACTIVATION_WORKER = os.path.join(HERE, "torch_activation_worker.py")
 JOBS = {"plain": [], "sequence_parallel": ["--sequence-parallel"],
         "loss_parallel": ["--loss-parallel"]}
 
@@ -176,6 +179,27 @@ class Members(unittest.TestCase):
         for rank in range(2):
             with open(os.path.join(outdir, "%d.json" % rank)) as f:
                 got = json.load(f)
+            self.assertEqual(sorted(got), sorted(names), "rank %d: %s" % (rank, got))
+            for name in names:
+                self.assertTrue(got[name][0], "rank %d, %s: %s" % (rank, name, got[name][1]))
+
+
+class ActivationLayouts(unittest.TestCase):
+    """torch_activation_worker.py on 4 workers against this daemon (deploy/registry): the
+    example's model built on the job's mesh, with and without sequence parallelism, carries
+    its Build's activation layouts and validates clean; a recorded layout changed after the
+    build is refused with the exact text (and its neighbour reported); two vocab-parallel
+    embeddings next to each other on the sequence-parallel mesh are reported."""
+
+    def test_example_model_layouts(self):
+        outdir = os.path.join(D.tmpdir, "activations")
+        os.mkdir(outdir)
+        rc, out, results = C.worker_job(ACTIVATION_WORKER, 4, D.socket, outdir)
+        self.assertEqual(rc, 0, out[-6000:])
+        names = ["plain_recorded", "plain_clean", "plain_changed", "sp_recorded", "sp_clean",
+                 "sp_changed", "sp_neighbours"]
+        self.assertEqual(sorted(results), [0, 1, 2, 3], out[-6000:])
+        for rank, got in results.items():
             self.assertEqual(sorted(got), sorted(names), "rank %d: %s" % (rank, got))
             for name in names:
                 self.assertTrue(got[name][0], "rank %d, %s: %s" % (rank, name, got[name][1]))

@@ -57,6 +57,9 @@ from familyd.torch.distributed import JobMesh
 from familyd.torch.modules._common import ParallelContext
 
 _ATTR = "_familyd_build_info"
+# The activation layout the module applies (a proto3 JSON dict of familyd.v1.ActivationLayout):
+# build_module records its build's; familyd.torch.set_activation_layout changes it.
+ACTIVATION_ATTR = "_familyd_activation_layout"
 _RUNTIME = ("config", "module", "module_fqn", "context")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"": "float32", "f32": "float32", "fp32": "float32", "bf16": "bfloat16",
@@ -517,6 +520,11 @@ def build_module(client: Client, family: Any, config: Any = None,
         origin=info.origin or ("replacement" if module is not None else "direct"),
         layout=info.layout, build_id=build.id, fqn=fqn, seed=derived, mesh_id=mesh_id, rank=rank,
         build=build, local_shapes=shapes, trainable=trainable))
+    if info.layout.HasField("activations"):
+        # The module applies the layout it was constructed with: validate_model sends it, so a
+        # later change is refused (ACTIVATION_LAYOUT_CONFLICT) without the trainer saying so.
+        from google.protobuf import json_format
+        setattr(result, ACTIVATION_ATTR, json_format.MessageToDict(info.layout.activations))
     return result
 
 

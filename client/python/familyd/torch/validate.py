@@ -18,12 +18,17 @@ context, each of its process groups must be the mesh's too. A module that fails 
 with an applied layout naming another mesh (the DeviceMesh or groups it found), and Validate
 reports LAYOUT_MESH_MISMATCH with that text.
 
-Activation layouts: a family's declared one (the registry's `layout`) comes with its build
-(BuildInfo.layout.activations). A trainer that applies another records it on the module
-(set_activation_layout); validate_model sends it and Validate reports each field that differs
-(ACTIVATION_LAYOUT_CONFLICT). validate_model itself compares neighbours: for two boundaries next
-to each other in the walk (neither inside the other), the first's out_dst must be the second's
-in_src when both state them (ACTIVATION_NEIGHBOUR_MISMATCH, a violation made here).
+Activation layouts: a family's declared one (the registry's `layout`, decided over the job)
+comes with its build (BuildInfo.layout.activations), and build_module records it on the module
+as the layout the module applies. A trainer that applies another records that instead
+(set_activation_layout); validate_model sends the recorded one and Validate reports each field
+that differs from the constructed one (ACTIVATION_LAYOUT_CONFLICT). validate_model itself
+compares neighbours: the modules whose layout says is_boundary, in walk order; for two next to
+each other (neither inside the other) that both state the first's out_dst and the second's
+in_src and name a mesh dimension in common, those lists must agree over the dimensions both name
+(ACTIVATION_NEIGHBOUR_MISMATCH, a violation made here). A module that is no boundary (a norm)
+keeps the placements it is given, so it is passed over; neighbours over different mesh
+dimensions (an expert view's ep after tp) say nothing about each other.
 """
 
 from dataclasses import dataclass
@@ -34,11 +39,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from familyd.client import Client
-from familyd.torch.build import build_info
+from familyd.torch.build import ACTIVATION_ATTR, build_info
 from familyd.torch.distributed import JobMesh, axis_groups, mesh_groups
 from familyd.torch.fsdp import FSDP_AXIS_ATTR
 
-ACTIVATION_ATTR = "_familyd_activation_layout"
 NEIGHBOUR_REASON = "ACTIVATION_NEIGHBOUR_MISMATCH"
 
 _TORCH_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -154,8 +158,9 @@ def _activations_dict(layout: Any) -> Dict[str, Any]:
 def set_activation_layout(module: torch.nn.Module, layout: Any) -> None:
     """Records the activation layout the trainer applies to a module build_module made (a
     familyd.v1.ActivationLayout or its proto3 JSON dict: inSrc, inDst, outSrc, outDst, each a
-    list of {"placements": [{"axis", "kind", "dim"}]}, outNames, isBoundary); None forgets
-    it. validate_model sends it, and Validate compares it with the constructed one."""
+    list of {"placements": [{"axis", "kind", "dim"}]}, outNames, isBoundary), in place of the
+    one build_module recorded (its build's); None forgets it (nothing is sent then).
+    validate_model sends it, and Validate compares it with the constructed one."""
     if build_info(module) is None:
         raise ValueError("module %s was not built by familyd" % type(module).__name__)
     if layout is None:
@@ -166,8 +171,9 @@ def set_activation_layout(module: torch.nn.Module, layout: Any) -> None:
 
 
 def activation_layout(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
-    """The module's activation layout as a proto3 JSON dict: the one the trainer applied
-    (set_activation_layout), else its family's as built, else None (none declared)."""
+    """The module's activation layout as a proto3 JSON dict: the one recorded on it (its
+    build's, as build_module recorded it, or the one set_activation_layout applied), else its
+    family's as built, else None (none declared)."""
     applied = getattr(module, ACTIVATION_ATTR, None)
     if applied is not None:
         return dict(applied)
@@ -201,20 +207,32 @@ def _inside(outer: str, inner: str) -> bool:
     return outer == "" or inner == outer or inner.startswith(outer + ".")
 
 
+def _axes(activations: List[Mapping[str, Any]]) -> set:
+    return {p.get("axis", "") for a in activations for p in a.get("placements", [])}
+
+
+def _over(activations: List[Mapping[str, Any]], axes: set) -> List[Tuple[Tuple[str, str, int], ...]]:
+    """Each activation's placements over the given mesh dimensions only, comparable."""
+    return [tuple(x for x in _activation_key(a) if x[0] in axes) for a in activations]
+
+
 def neighbour_mismatches(client: Client, boundaries: List[Boundary]) -> List[Any]:
-    """Violations (made here, reason ACTIVATION_NEIGHBOUR_MISMATCH) for each two boundaries next
-    to each other in the walk, neither inside the other, whose out_dst and in_src are both
-    stated and differ."""
+    """Violations (made here, reason ACTIVATION_NEIGHBOUR_MISMATCH) for each two modules whose
+    activation layouts say is_boundary, next to each other among those in the walk, neither
+    inside the other, whose out_dst and in_src are both stated, name a mesh dimension in common
+    and differ over the dimensions both name (as many activations, the same placements)."""
     Violation = client.protos.cls("familyd.v1.Violation")
+    layouts = [(b, activation_layout(b.module)) for b in boundaries]
+    marked = [(b, la) for b, la in layouts if la and la.get("isBoundary")]
     out = []
-    for a, b in zip(boundaries, boundaries[1:]):
+    for (a, la), (b, lb) in zip(marked, marked[1:]):
         fa, fb = (a.fqns[0] if a.fqns else ""), (b.fqns[0] if b.fqns else "")
         if _inside(fa, fb) or _inside(fb, fa):
             continue
-        la, lb = activation_layout(a.module), activation_layout(b.module)
-        if not la or not lb or not la.get("outDst") or not lb.get("inSrc"):
+        if not la.get("outDst") or not lb.get("inSrc"):
             continue
-        if [_activation_key(x) for x in la["outDst"]] == [_activation_key(x) for x in lb["inSrc"]]:
+        common = _axes(la["outDst"]) & _axes(lb["inSrc"])
+        if not common or _over(la["outDst"], common) == _over(lb["inSrc"], common):
             continue
         out.append(Violation(fqns=[fa, fb], reason=NEIGHBOUR_REASON, message=(
             "out_dst at %r %s disagrees with in_src at %r %s, the next component"
@@ -348,10 +366,10 @@ def validate_model(client: Client, model: torch.nn.Module,
     instead of returning a non-empty list. A module whose parameters are not on its build's
     mesh as the job lays it (a DTensor on another DeviceMesh, or a JobMesh context whose
     process groups are not its mesh's) is LAYOUT_MESH_MISMATCH: "constructed families cannot
-    be applied with a different job mesh" (docs/torch.md). An activation layout recorded with
-    set_activation_layout is sent and compared (ACTIVATION_LAYOUT_CONFLICT); neighbouring
-    boundaries whose out_dst and in_src disagree are reported after the daemon's violations
-    (ACTIVATION_NEIGHBOUR_MISMATCH)."""
+    be applied with a different job mesh" (docs/torch.md). The activation layout recorded on
+    each module (its build's, or one set_activation_layout applied) is sent and compared
+    (ACTIVATION_LAYOUT_CONFLICT); neighbouring boundaries whose out_dst and in_src disagree
+    are reported after the daemon's violations (ACTIVATION_NEIGHBOUR_MISMATCH)."""
     boundaries = model_boundaries(model)
     check = _MeshCheck(client, context if isinstance(context, JobMesh) else None)
     request = [{"fqns": list(b.fqns), "build_id": b.build_id,
