@@ -7,7 +7,8 @@ torch.distributed.run does not work on this torch with Python 3.11) each take th
 one seeded full set of weights, run forward and backward, and save what they got; the parent
 compares the outputs and the gradients (the ranks' weight gradients concatenated along the shard
 dim) with the unsharded member on the full weights in this process, within 1e-5 relative to the
-largest value. Worlds of 2 and 4 ranks, uneven shards (an empty one included), a rank with no
+largest value. Worlds of 2 and 4 ranks, uneven tp shards, experts that divide evenly over ep
+(3 per rank; experts that do not are refused, as the daemon's Build refuses them), a rank with no
 tokens. The plain members are checked against formulas written here; names and local shapes
 against deploy/registry; the refusals raise what they say. (The flash, ring, fused and mxfp8
 members: test_torch_members.py.)
@@ -108,11 +109,11 @@ def case(name, world):
         return ("ep", M.EPGroupedExperts, M.GroupedExpertsLocal, c, {},
                 {"gate_up_proj": 0, "down_proj": 0},
                 lambda r: _routing(r, EXPERT_TOKENS[world][r], 8, 2, 16), False)
-    if name == "experts_uneven":                # 6 experts over 4: 2, 2, 2, 0
-        c = cfg(num_experts=6)
+    if name == "experts_twelve":                # 12 experts over 4: 3 each, top 3
+        c = cfg(num_experts=12)
         return ("ep", M.EPGroupedExperts, M.GroupedExpertsLocal, c, {"activation": "silu"},
                 {"gate_up_proj": 0, "down_proj": 0},
-                lambda r: _routing(r, EXPERT_TOKENS[world][r], 6, 3, 16), False)
+                lambda r: _routing(r, EXPERT_TOKENS[world][r], 12, 3, 16), False)
     if name == "mlp":                           # intermediate 22: 11+11, or 6+6+6+4
         return ("tp", M.TPSwiGLUMLP, M.PlainSwiGLUMLP, cfg(), {},
                 {"gate_proj": 0, "up_proj": 0, "down_proj": 1},
@@ -312,20 +313,21 @@ class TestParallelTwo(ParallelWorld, unittest.TestCase):
 
 
 class TestParallelFour(ParallelWorld, unittest.TestCase):
-    """Four ranks: uneven shards (6 experts: 2, 2, 2, 0; vocab 37; intermediate 22), a rank
-    routing no tokens, one kv head per rank."""
+    """Four ranks: experts even over ep (8: 2 each; 12: 3 each), uneven tp shards (vocab 37;
+    intermediate 22), a rank routing no tokens, one kv head per rank."""
 
     WORLD = 4
-    CASES = ("experts", "experts_uneven", "mlp", "attention", "embedding", "experts_pairs",
+    CASES = ("experts", "experts_twelve", "mlp", "attention", "embedding", "experts_pairs",
              "mlp_pairs")
 
     def test_ep_grouped_experts(self):
         self.check("experts")
 
-    def test_ep_grouped_experts_uneven_and_empty(self):
-        self.check("experts_uneven")
-        self.assertEqual(tuple(self.results[3]["experts_uneven"][2]["gate_up_proj"].shape),
-                         (0, 16, 16))
+    def test_ep_grouped_experts_three_per_rank(self):
+        self.check("experts_twelve")
+        for rank in range(4):
+            self.assertEqual(tuple(self.results[rank]["experts_twelve"][2]["gate_up_proj"].shape),
+                             (3, 16, 16))
 
     def test_tp_swiglu_mlp_uneven(self):
         self.check("mlp")
@@ -492,8 +494,8 @@ class TestRegistryAgreement(unittest.TestCase):
 
         self.assertEqual(shapes(M.EPGroupedExperts, "ep", 4, 1),
                          {"gate_up_proj": (2, 16, 16), "down_proj": (2, 8, 16)})
-        self.assertEqual(shapes(M.EPGroupedExperts, "ep", 4, 3, cfg(num_experts=6))
-                         ["gate_up_proj"], (0, 16, 16))
+        self.assertEqual(shapes(M.EPGroupedExperts, "ep", 4, 3, cfg(num_experts=12))
+                         ["gate_up_proj"], (3, 16, 16))
         self.assertEqual(shapes(M.TPSwiGLUMLP, "tp", 4, 3),
                          {"gate_proj": (4, 16), "up_proj": (4, 16), "down_proj": (16, 4)})
         self.assertEqual(shapes(M.EagerGQAAttention, "tp", 2, 1),
@@ -528,6 +530,15 @@ class TestRegistryAgreement(unittest.TestCase):
              ValueError, r"TPSwiGLUMLP: tp_size=2 needs context.groups\['tp'\]"),
             (lambda: M.EPGroupedExperts(config=cfg(), context={"ep_size": 0}), ValueError,
              "EPGroupedExperts: ep_size must be a positive integer, not 0"),
+            # experts that do not divide over ep: the daemon's EXPERTS_UNEVEN sentence
+            (lambda: M.EPGroupedExperts(config=cfg(num_experts=6),
+                                        context={"ep_size": 4, "ranks": {"ep": 1}}), ValueError,
+             r"^parameter 'gate_up_proj': 6 experts \(dimension 0\) do not divide over ep=4; "
+             r"each ep rank must hold the same number of experts$"),
+            (lambda: M.MXFP8GroupedSwiGLU(config=cfg(num_experts=3),
+                                          context={"ep_size": 2, "ranks": {"ep": 0}}), ValueError,
+             r"^parameter 'gate_up_proj': 3 experts \(dimension 0\) do not divide over ep=2; "
+             r"each ep rank must hold the same number of experts$"),
             (lambda: M.EagerGQAAttention(config=cfg(), context={"cp_size": 2}), ValueError,
              "EagerGQAAttention does not support cp_size=2; use RingGQAAttention"),
             (lambda: M.EagerGQAAttention(config=cfg(), context={"tp_size": 4, "ranks": {"tp": 0}}),

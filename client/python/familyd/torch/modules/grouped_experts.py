@@ -10,7 +10,10 @@ default activation "silu"). The router is the caller's: forward takes the hidden
 sum_k weight * expert(x) as [T, H].
 
 EPGroupedExperts holds the experts of its ep coordinate only (torch.chunk ranges of the expert
-dim, familyd's shard(0)); each (token, slot) pair goes to the rank of its expert with
+dim, familyd's shard(0)), the same number on every ep rank: experts that do not divide over ep
+are refused with the daemon's sentence (its EXPERTS_UNEVEN, docs/semantics.md): "parameter
+'gate_up_proj': 6 experts (dimension 0) do not divide over ep=4; each ep rank must hold the same
+number of experts". Each (token, slot) pair goes to the rank of its expert with
 all_to_all_single over the ep group and its result comes back the same way. Every rank of the
 group must call forward together (with its own tokens; any count, zero included).
 
@@ -133,9 +136,17 @@ class EPGroupedExperts(_GroupedExpertsBase):
         super().__init__()
         owner = type(self).__name__
         self._ep = context_axis(context, "ep", owner)
-        self._setup(config, module, module_fqn, activation,
-                    lambda n: chunk_range(n, self._ep.size, self._ep.rank), device, dtype)
+        self._setup(config, module, module_fqn, activation, self._experts, device, dtype)
         self.ep_size, self.ep_rank = self._ep.size, self._ep.rank
+
+    def _experts(self, n: int) -> Tuple[int, int]:
+        """This ep coordinate's experts: n / ep of them, refused as familyd's Build refuses
+        them (EXPERTS_UNEVEN) when n does not divide over ep."""
+        if n % self._ep.size:
+            raise ValueError("parameter 'gate_up_proj': %d experts (dimension 0) do not divide "
+                             "over ep=%d; each ep rank must hold the same number of experts"
+                             % (n, self._ep.size))
+        return chunk_range(n, self._ep.size, self._ep.rank)
 
     def forward(self, hidden_states: torch.Tensor, expert_indices: torch.Tensor,
                 expert_weights: torch.Tensor) -> torch.Tensor:
