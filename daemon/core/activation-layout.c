@@ -1,4 +1,9 @@
 /* activation-layout.c: a family's activation layout: its lifetime and Validate's comparison. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "activation-layout.h"
 
 static const char *const field_table[_ACTIVATION_FIELD_MAX] = {
@@ -141,4 +146,89 @@ bool activation_layout_field_equal(const ActivationLayout *a, const ActivationLa
                                 return false;
                 return true;
         }
+}
+
+static bool activations_name(const Activation *list, size_t n, const char *axis) {
+        for (size_t i = 0; i < n; i++)
+                if (find_axis(&list[i], axis))
+                        return true;
+        return false;
+}
+
+/* Whether activation a and b place every axis of `common` (a list's axes named by the other
+ * list too) alike: both leave it out, or both place it the same way. */
+static bool activation_agrees_over(const Activation *a, const Activation *b, const Activation *other_list,
+                                   size_t n_other) {
+        for (size_t i = 0; i < a->n_placements; i++) {
+                const ActivationPlacement *x = &a->placements[i], *y;
+
+                if (!activations_name(other_list, n_other, x->axis))
+                        continue;
+                y = find_axis(b, x->axis);
+                if (!y || !streq(strempty(x->kind), strempty(y->kind)) ||
+                    (streq(strempty(x->kind), "shard") && x->dim != y->dim))
+                        return false;
+        }
+        return true;
+}
+
+int activation_lists_agree(const Activation *a, size_t n_a, const Activation *b, size_t n_b) {
+        bool common = false;
+
+        for (size_t i = 0; i < n_a && !common; i++)
+                for (size_t j = 0; j < a[i].n_placements && !common; j++)
+                        common = activations_name(b, n_b, a[i].placements[j].axis);
+        if (!common)
+                return -1;
+        /* Position by position as far as both go (the first's outputs feed the next one's first
+         * inputs; its other inputs come from elsewhere), over the axes both lists name: each of
+         * a's placed there is b's, and the other way. */
+        for (size_t i = 0; i < MIN(n_a, n_b); i++)
+                if (!activation_agrees_over(&a[i], &b[i], b, n_b) ||
+                    !activation_agrees_over(&b[i], &a[i], a, n_a))
+                        return 0;
+        return 1;
+}
+
+static int placement_axis_cmp(const void *x, const void *y) {
+        const ActivationPlacement *const *a = x, *const *b = y;
+        return strcmp(strempty((*a)->axis), strempty((*b)->axis));
+}
+
+char *activation_list_to_string(const Activation *list, size_t n) {
+        _cleanup_free_ char *buf = NULL;
+        size_t size = 0;
+        FILE *f;
+
+        f = open_memstream(&buf, &size);
+        if (!f)
+                return NULL;
+        fputc('[', f);
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_free_ const ActivationPlacement **sorted =
+                        calloc(list[i].n_placements + 1, sizeof(ActivationPlacement *));
+
+                if (!sorted) {
+                        fclose(f);
+                        return NULL;
+                }
+                for (size_t j = 0; j < list[i].n_placements; j++)
+                        sorted[j] = &list[i].placements[j];
+                qsort(sorted, list[i].n_placements, sizeof(*sorted), placement_axis_cmp);
+                fputs(i ? ", {" : "{", f);
+                for (size_t j = 0; j < list[i].n_placements; j++) {
+                        const ActivationPlacement *p = sorted[j];
+
+                        fprintf(f, "%s%s: ", j ? ", " : "", strempty(p->axis));
+                        if (streq(strempty(p->kind), "shard"))
+                                fprintf(f, "shard(%" PRId64 ")", p->dim);
+                        else
+                                fputs(strempty(p->kind), f);
+                }
+                fputc('}', f);
+        }
+        fputc(']', f);
+        if (fclose(f) != 0)
+                return NULL;
+        return TAKE_PTR(buf);
 }

@@ -71,3 +71,15 @@ bool activation_layout_has_cases(const ActivationLayout *l);
  * same placements (axis, kind, and dim for shard), in any axis order; out_names in order.
  */
 bool activation_layout_field_equal(const ActivationLayout *a, const ActivationLayout *b, ActivationField f);
+
+/*
+ * Whether a neighbour's out_dst (a) and the next one's in_src (b) agree over the mesh dimensions
+ * both name: -1 when no dimension is named by both (neighbours over different dimensions are
+ * not compared); else 1 when, position by position as far as both lists go, each two
+ * activations place every such dimension alike (both leave it out, or the same kind, and dim for
+ * shard), 0 otherwise.
+ */
+int activation_lists_agree(const Activation *a, size_t n_a, const Activation *b, size_t n_b);
+
+/* "[{cp: shard(-2), tp: replicate}, {}]": a list of activations, each's axes in byte order. */
+char *activation_list_to_string(const Activation *list, size_t n);

@@ -511,6 +511,79 @@ static int validate_shared(const SharedParameter *s, ValidateLookup lookup, void
         return 0;
 }
 
+/* The activation layout a boundary applies: the one the model states, else its build's; NULL:
+ * none (no build, or its family declares none). */
+static int boundary_activations(const ModelBoundary *b, ValidateLookup lookup, void *userdata,
+                                const ActivationLayout **ret) {
+        BuiltFamily built;
+        int r;
+
+        *ret = NULL;
+        if (b->has_layout && b->layout.has_activations) {
+                *ret = &b->layout.activations;
+                return 0;
+        }
+        r = lookup(strempty(b->build_id), &built, userdata);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                *ret = built.activations;
+        return 0;
+}
+
+/* fqn inner is outer or below it ("" holds everything). */
+static bool fqn_inside(const char *outer, const char *inner) {
+        size_t n = strlen(outer);
+
+        return n == 0 || streq(inner, outer) || (strncmp(inner, outer, n) == 0 && inner[n] == '.');
+}
+
+/*
+ * Neighbours (semantics.md, Validate 5b): the boundaries whose activation layout says
+ * is_boundary, in model order; for each two next to each other, neither inside the other, the
+ * first's out_dst and the second's in_src, both stated and naming a mesh dimension in common,
+ * must agree over the dimensions both name (ACTIVATION_NEIGHBOUR_MISMATCH, both fqns).
+ */
+static int validate_neighbours(const ModelBoundary *boundaries, size_t n, ValidateLookup lookup,
+                               void *userdata, ViolationList *l) {
+        const ActivationLayout *prev = NULL;
+        const char *prev_fqn = NULL;
+        int r;
+
+        for (size_t i = 0; i < n; i++) {
+                const ActivationLayout *cur;
+                const char *fqn = boundaries[i].n_fqns > 0 ? strempty(boundaries[i].fqns[0]) : "";
+
+                r = boundary_activations(&boundaries[i], lookup, userdata, &cur);
+                if (r < 0)
+                        return r;
+                if (!cur || !cur->is_boundary)
+                        continue;
+                if (prev && !fqn_inside(prev_fqn, fqn) && !fqn_inside(fqn, prev_fqn) &&
+                    prev->n_lists[ACTIVATION_OUT_DST] > 0 && cur->n_lists[ACTIVATION_IN_SRC] > 0 &&
+                    activation_lists_agree(prev->lists[ACTIVATION_OUT_DST], prev->n_lists[ACTIVATION_OUT_DST],
+                                           cur->lists[ACTIVATION_IN_SRC], cur->n_lists[ACTIVATION_IN_SRC]) == 0) {
+                        _cleanup_free_ char *qa = repr_string(prev_fqn), *qb = repr_string(fqn),
+                                            *ta = activation_list_to_string(prev->lists[ACTIVATION_OUT_DST],
+                                                                            prev->n_lists[ACTIVATION_OUT_DST]),
+                                            *tb = activation_list_to_string(cur->lists[ACTIVATION_IN_SRC],
+                                                                            cur->n_lists[ACTIVATION_IN_SRC]);
+                        char *pair[] = { (char *) prev_fqn, (char *) fqn };
+
+                        if (!qa || !qb || !ta || !tb)
+                                return -ENOMEM;
+                        r = violation_add(l, (FqnList) { .items = pair, .n = 2 }, "ACTIVATION_NEIGHBOUR_MISMATCH",
+                                          "out_dst at %s %s disagrees with in_src at %s %s, the next component",
+                                          qa, ta, qb, tb);
+                        if (r < 0)
+                                return r;
+                }
+                prev = cur;
+                prev_fqn = fqn;
+        }
+        return 0;
+}
+
 int validate_model(const ModelBoundary *boundaries, size_t n, const SharedParameter *shared,
                    size_t n_shared, const ValidateJob *job, ValidateLookup lookup, void *userdata,
                    ViolationList *ret) {
@@ -534,6 +607,9 @@ int validate_model(const ModelBoundary *boundaries, size_t n, const SharedParame
                 if (r < 0)
                         return r;
         }
+        r = validate_neighbours(boundaries, n, lookup, userdata, &l);
+        if (r < 0)
+                return r;
         *ret = l;
         l = (ViolationList) {};
         return 0;

@@ -96,8 +96,8 @@ void violation_list_done(ViolationList *l);
 /*
  * Every violation of docs/semantics.md's Validate, in the order of the boundaries and, within one,
  * unknown build, mesh problems, cp, ep, shared shapes, layout, activation layout fields; then those of the shared
- * parameters (already checked by validate_shared_check()), in their order. Negative errno only
- * for OOM.
+ * parameters (already checked by validate_shared_check()), in their order; then neighbours whose
+ * activation layouts disagree, in model order. Negative errno only for OOM.
  */
 int validate_model(const ModelBoundary *boundaries, size_t n, const SharedParameter *shared,
                    size_t n_shared, const ValidateJob *job, ValidateLookup lookup, void *userdata,

@@ -9,7 +9,8 @@ false, "violations": [...]}, same exit status); an applied layout with other pla
 (LAYOUT_CONFLICT); proto field names (build_id, applied_layout) and the file's context; the
 daemon's refusal (unknown mesh: exit 1, stderr); usage errors (exit 2, nothing sent), a
 duplicate key or a syntax error named with the file, line and column; -o/--noheadings/--raw over
-the violation table; no daemon (exit 3); --help. Then Client.validate with dicts, tuples, Build
+the violation table; two neighbouring embeddings on a sequence-parallel mesh whose activation
+layouts disagree (ACTIVATION_NEIGHBOUR_MISMATCH); no daemon (exit 3); --help. Then Client.validate with dicts, tuples, Build
 objects and contexts.
 """
 
@@ -195,6 +196,31 @@ class TestFamilyctlValidate(unittest.TestCase):
         self.assertEqual([r[1] for r in rows], ["LAYOUT_CONFLICT"], out)
         self.assertEqual(rows[0][2],
                          "layout at 'layers.0.moe' conflicts with its constructed family layout")
+
+    def test_neighbours(self):
+        # Two vocab-parallel embeddings next to each other on a sequence-parallel mesh: the
+        # first hands on its piece of the sequence, the second takes whole token ids
+        # (semantics.md, Validate 7). The activation layouts are the builds'.
+        sp = json.loads(ctl_ok("--json", "mesh", "create", "dp=2,tp=2", "--ranks", "0-3",
+                               "--sequence-parallel"))["meshId"]
+        kv = ["vocab_size=16", "hidden_size=8", "initializer_range=0.02"]
+        emb = json.loads(ctl_ok("--json", "build", "embedding", *kv, "--mesh", sp))["build"]
+        ids = [emb["buildId"]] * 2       # one build at both places: its layout is each's
+        path = model_file("neighbours.json", {"boundaries": [
+            {"fqns": ["embed"], "buildId": ids[0]}, {"fqns": ["head"], "buildId": ids[1]}],
+            "context": {"meshId": sp}})
+        rc, out, err = ctl("validate", path)
+        self.assertEqual(rc, 1, out + err)
+        self.assertEqual(table_rows(out), [
+            ("embed,head", "ACTIVATION_NEIGHBOUR_MISMATCH",
+             "out_dst at 'embed' [{tp: shard(-2)}] disagrees with in_src at 'head' "
+             "[{tp: replicate}], the next component")])
+        # one inside the other: not neighbours
+        path = model_file("inside.json", {"boundaries": [
+            {"fqns": ["embed"], "buildId": ids[0]}, {"fqns": ["embed.inner"], "buildId": ids[1]}],
+            "context": {"meshId": sp}})
+        rc, out, err = ctl("validate", path)
+        self.assertEqual((rc, out.strip()), (0, "ok"), err)
 
     def test_daemon_refusal(self):
         path = model_file("one.json", {"boundaries": [{"fqns": ["x"], "buildId": A}]})

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "core/resource-limits.h"
@@ -578,6 +580,119 @@ static void test_activation_layout(void **state) {
                 "in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary", NULL });
 }
 
+/* Neighbours (Validate 5b): boundaries' out_dst against the next one's in_src. */
+static ActivationPlacement tp_split[] = { { .axis = (char *) "tp", .kind = (char *) "shard", .dim = -1 } };
+static ActivationPlacement ep_tokens[] = { { .axis = (char *) "ep", .kind = (char *) "shard", .dim = 0 } };
+static ActivationPlacement tp_cp[] = {
+        { .axis = (char *) "tp", .kind = (char *) "replicate" },
+        { .axis = (char *) "cp", .kind = (char *) "shard", .dim = -2 },
+};
+static Activation act_split = { tp_split, 1 }, act_tokens[] = { { ep_tokens, 1 }, { ep_tokens, 1 } },
+                  act_tp_cp = { tp_cp, 2 }, act_two[] = { { tp_split, 1 }, { tp_replicate, 1 } };
+
+static ActivationLayout layout_in_out(Activation *in, size_t n_in, Activation *out, size_t n_out, bool boundary) {
+        return (ActivationLayout) {
+                .lists = { [ACTIVATION_IN_SRC] = in, [ACTIVATION_OUT_DST] = out },
+                .n_lists = { [ACTIVATION_IN_SRC] = n_in, [ACTIVATION_OUT_DST] = n_out },
+                .is_boundary = boundary,
+        };
+}
+
+static ActivationLayout neigh_col, neigh_row, neigh_norm, neigh_ep, neigh_cp, neigh_two;
+
+static int lookup_neighbour(const char *id, BuiltFamily *ret, void *userdata) {
+        static const struct {
+                const char *id;
+                const ActivationLayout *layout;
+        } table[] = {
+                { "col", &neigh_col }, { "row", &neigh_row }, { "norm", &neigh_norm },
+                { "ep", &neigh_ep },   { "cp", &neigh_cp },   { "two", &neigh_two },
+        };
+
+        neigh_col = layout_in_out(&act_replicate, 1, &act_split, 1, true);
+        neigh_row = layout_in_out(&act_split, 1, &act_replicate, 1, true);
+        neigh_norm = layout_in_out(&act_split, 1, &act_split, 1, false);
+        neigh_ep = layout_in_out(act_tokens, 2, act_tokens, 1, true);
+        neigh_cp = layout_in_out(&act_tp_cp, 1, &act_tp_cp, 1, true);
+        neigh_two = layout_in_out(act_two, 2, &act_replicate, 1, true);
+        for (size_t i = 0; i < ELEMENTSOF(table); i++)
+                if (streq(id, table[i].id)) {
+                        int r = lookup("b1", ret, userdata);
+                        ret->activations = table[i].layout;
+                        return r;
+                }
+        return lookup(id, ret, userdata);
+}
+
+/* The model: "fqn=build" words; want: "fqn,fqn: message" lines, NULL-terminated. */
+static void expect_neighbours(const char *const *model, const char *const *want) {
+        ModelBoundary b[8] = {};
+        char *fqns[8], *ids[8];
+        size_t n = 0, n_want = 0;
+        ValidateJob j = job_on_mesh();
+        _cleanup_(violation_list_done) ViolationList v = {};
+
+        for (; model[n]; n++) {
+                const char *eq = strchr(model[n], '=');
+                fqns[n] = strndup(model[n], eq - model[n]);
+                ids[n] = strdup(eq + 1);
+                b[n] = (ModelBoundary) { .fqns = &fqns[n], .n_fqns = 1, .build_id = ids[n] };
+        }
+        assert_int_equal(validate_model(b, n, NULL, 0, &j, lookup_neighbour, NULL, &v), 0);
+        /* only the neighbours (an unknown build is reported too) */
+        const Violation *mine[16];
+        size_t n_mine = 0;
+        for (size_t i = 0; i < v.n && n_mine < ELEMENTSOF(mine); i++)
+                if (streq(v.items[i].reason, "ACTIVATION_NEIGHBOUR_MISMATCH"))
+                        mine[n_mine++] = &v.items[i];
+        while (want[n_want])
+                n_want++;
+        if (n_mine != n_want)
+                for (size_t i = 0; i < v.n; i++)
+                        print_message("violation %zu: %s %s\n", i, v.items[i].reason, v.items[i].message);
+        assert_int_equal(n_mine, n_want);
+        for (size_t i = 0; i < n_want; i++) {
+                _cleanup_free_ char *got = NULL;
+                assert_int_equal(mine[i]->n_fqns, 2);
+                assert_true(asprintf(&got, "%s,%s: %s", mine[i]->fqns[0], mine[i]->fqns[1], mine[i]->message) > 0);
+                assert_string_equal(got, want[i]);
+        }
+        for (size_t i = 0; i < n; i++) {
+                free(fqns[i]);
+                free(ids[i]);
+        }
+}
+
+static void test_activation_neighbours(void **state) {
+        /* column then row: the split output is what the row-parallel one takes in */
+        expect_neighbours((const char *const[]) { "c0=col", "c1=row", NULL }, (const char *const[]) { NULL });
+        expect_neighbours((const char *const[]) { "c0=row", "c1=row", NULL }, (const char *const[]) {
+                "c0,c1: out_dst at 'c0' [{tp: replicate}] disagrees with in_src at 'c1' [{tp: shard(-1)}], "
+                "the next component", NULL });
+        /* no boundary (a norm), or a build without a layout: passed over */
+        expect_neighbours((const char *const[]) { "c0=row", "n=norm", "x=b1", "c1=row", NULL }, (const char *const[]) {
+                "c0,c1: out_dst at 'c0' [{tp: replicate}] disagrees with in_src at 'c1' [{tp: shard(-1)}], "
+                "the next component", NULL });
+        expect_neighbours((const char *const[]) { "c0=row", "n=norm", "c1=col", NULL }, (const char *const[]) { NULL });
+        /* over different mesh dimensions: not compared, either way */
+        expect_neighbours((const char *const[]) { "c0=row", "e=ep", "c1=row", NULL }, (const char *const[]) { NULL });
+        /* one inside the other: not neighbours */
+        expect_neighbours((const char *const[]) { "a=row", "a.b=row", NULL }, (const char *const[]) { NULL });
+        expect_neighbours((const char *const[]) { "=row", "a=row", NULL }, (const char *const[]) { NULL });
+        /* compared over the dimensions both name; the text lists each activation's axes sorted */
+        expect_neighbours((const char *const[]) { "c0=row", "c1=cp", NULL }, (const char *const[]) { NULL });
+        expect_neighbours((const char *const[]) { "c0=col", "c1=cp", "c2=two", NULL }, (const char *const[]) {
+                "c0,c1: out_dst at 'c0' [{tp: shard(-1)}] disagrees with in_src at 'c1' [{cp: shard(-2), "
+                "tp: replicate}], the next component",
+                "c1,c2: out_dst at 'c1' [{cp: shard(-2), tp: replicate}] disagrees with in_src at 'c2' "
+                "[{tp: shard(-1)}, {tp: replicate}], the next component", NULL });
+        /* position by position as far as both go: one output into the first of two inputs */
+        expect_neighbours((const char *const[]) { "c0=col", "c1=two", "c2=ep", "c3=ep", NULL },
+                          (const char *const[]) { NULL });
+        /* an unknown build has no layout */
+        expect_neighbours((const char *const[]) { "c0=row", "u=nope", "c1=col", NULL }, (const char *const[]) { NULL });
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clean_and_placements_as_sets),
@@ -590,6 +705,7 @@ int main(void) {
                 cmocka_unit_test(test_tied_sorted_lookup),
                 cmocka_unit_test(test_tied_malformed),
                 cmocka_unit_test(test_activation_layout),
+                cmocka_unit_test(test_activation_neighbours),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,13 +22,10 @@ Activation layouts: a family's declared one (the registry's `layout`, decided ov
 comes with its build (BuildInfo.layout.activations), and build_module records it on the module
 as the layout the module applies. A trainer that applies another records that instead
 (set_activation_layout); validate_model sends the recorded one and Validate reports each field
-that differs from the constructed one (ACTIVATION_LAYOUT_CONFLICT). validate_model itself
-compares neighbours: the modules whose layout says is_boundary, in walk order; for two next to
-each other (neither inside the other) that both state the first's out_dst and the second's
-in_src and name a mesh dimension in common, those lists must agree over the dimensions both name
-(ACTIVATION_NEIGHBOUR_MISMATCH, a violation made here). A module that is no boundary (a norm)
-keeps the placements it is given, so it is passed over; neighbours over different mesh
-dimensions (an expert view's ep after tp) say nothing about each other.
+that differs from the constructed one (ACTIVATION_LAYOUT_CONFLICT). The boundaries go in walk
+order, which is the model's, so Validate also compares neighbours
+(ACTIVATION_NEIGHBOUR_MISMATCH, docs/semantics.md Validate 7): each module's sent layout, else
+its build's.
 """
 
 from dataclasses import dataclass
@@ -43,7 +40,6 @@ from familyd.torch.build import ACTIVATION_ATTR, build_info
 from familyd.torch.distributed import JobMesh, axis_groups, mesh_groups
 from familyd.torch.fsdp import FSDP_AXIS_ATTR
 
-NEIGHBOUR_REASON = "ACTIVATION_NEIGHBOUR_MISMATCH"
 
 _TORCH_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -185,61 +181,6 @@ def activation_layout(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _activation_key(activation: Mapping[str, Any]) -> Tuple[Tuple[str, str, int], ...]:
-    """One activation's placements, comparable: (axis, kind, dim for shard), sorted by axis."""
-    out = []
-    for p in activation.get("placements", []):
-        kind = p.get("kind", "")
-        out.append((p.get("axis", ""), kind, int(p.get("dim", 0)) if kind == "shard" else 0))
-    return tuple(sorted(out))
-
-
-def _activation_text(activations: List[Mapping[str, Any]]) -> str:
-    """[{tp: shard(1), dp: replicate}] as the registry writes it."""
-    def one(a: Mapping[str, Any]) -> str:
-        return "{%s}" % ", ".join(
-            "%s: %s" % (axis, "shard(%d)" % dim if kind == "shard" else kind)
-            for axis, kind, dim in _activation_key(a))
-    return "[%s]" % ", ".join(one(a) for a in activations)
-
-
-def _inside(outer: str, inner: str) -> bool:
-    return outer == "" or inner == outer or inner.startswith(outer + ".")
-
-
-def _axes(activations: List[Mapping[str, Any]]) -> set:
-    return {p.get("axis", "") for a in activations for p in a.get("placements", [])}
-
-
-def _over(activations: List[Mapping[str, Any]], axes: set) -> List[Tuple[Tuple[str, str, int], ...]]:
-    """Each activation's placements over the given mesh dimensions only, comparable."""
-    return [tuple(x for x in _activation_key(a) if x[0] in axes) for a in activations]
-
-
-def neighbour_mismatches(client: Client, boundaries: List[Boundary]) -> List[Any]:
-    """Violations (made here, reason ACTIVATION_NEIGHBOUR_MISMATCH) for each two modules whose
-    activation layouts say is_boundary, next to each other among those in the walk, neither
-    inside the other, whose out_dst and in_src are both stated, name a mesh dimension in common
-    and differ over the dimensions both name (as many activations, the same placements)."""
-    Violation = client.protos.cls("familyd.v1.Violation")
-    layouts = [(b, activation_layout(b.module)) for b in boundaries]
-    marked = [(b, la) for b, la in layouts if la and la.get("isBoundary")]
-    out = []
-    for (a, la), (b, lb) in zip(marked, marked[1:]):
-        fa, fb = (a.fqns[0] if a.fqns else ""), (b.fqns[0] if b.fqns else "")
-        if _inside(fa, fb) or _inside(fb, fa):
-            continue
-        if not la.get("outDst") or not lb.get("inSrc"):
-            continue
-        common = _axes(la["outDst"]) & _axes(lb["inSrc"])
-        if not common or _over(la["outDst"], common) == _over(lb["inSrc"], common):
-            continue
-        out.append(Violation(fqns=[fa, fb], reason=NEIGHBOUR_REASON, message=(
-            "out_dst at %r %s disagrees with in_src at %r %s, the next component"
-            % (fa, _activation_text(la["outDst"]), fb, _activation_text(lb["inSrc"])))))
-    return out
-
-
 def _all_parameters(module: torch.nn.Module) -> List[Tuple[str, Any]]:
     """Every (name, parameter) of the module, a parameter reached under several names once per
     name (torch 1.13's named_parameters has no remove_duplicate)."""
@@ -368,8 +309,8 @@ def validate_model(client: Client, model: torch.nn.Module,
     process groups are not its mesh's) is LAYOUT_MESH_MISMATCH: "constructed families cannot
     be applied with a different job mesh" (docs/torch.md). The activation layout recorded on
     each module (its build's, or one set_activation_layout applied) is sent and compared
-    (ACTIVATION_LAYOUT_CONFLICT); neighbouring boundaries whose out_dst and in_src disagree
-    are reported after the daemon's violations (ACTIVATION_NEIGHBOUR_MISMATCH)."""
+    (ACTIVATION_LAYOUT_CONFLICT); Validate reports neighbouring boundaries whose out_dst and
+    in_src disagree (ACTIVATION_NEIGHBOUR_MISMATCH)."""
     boundaries = model_boundaries(model)
     check = _MeshCheck(client, context if isinstance(context, JobMesh) else None)
     request = [{"fqns": list(b.fqns), "build_id": b.build_id,
@@ -377,12 +318,12 @@ def validate_model(client: Client, model: torch.nn.Module,
                for b in boundaries]
     result = client.validate(request, _context(context),
                              shared_parameters=shared_parameters(boundaries))
-    violations = list(result.violations) + neighbour_mismatches(client, boundaries)
+    violations = list(result.violations)
     if violations and raise_errors:
         raise ModelValidationError(violations)
     return violations
 
 
 __all__ = ["Boundary", "ModelValidationError", "activation_layout", "applied_layout",
-           "model_boundaries", "neighbour_mismatches", "set_activation_layout",
+           "model_boundaries", "set_activation_layout",
            "shared_parameters", "validate_model"]
