@@ -199,7 +199,8 @@ static const ConfigOption config_options[] = {
           DEFAULT(HUGE_PAGES_AUTO),
           .help = "Host shards on huge pages: auto, never or require",
           .note = "auto: on the huge pages the host has reserved (vm.nr_hugepages) while enough "
-                  "are free, else on normal pages (logged once); require: a Build whose pages "
+                  "are free, else on normal pages (logged once), and a shard smaller than one "
+                  "huge page on normal pages; require: a Build whose pages "
                   "cannot be reserved fails, and so does a start without any reserved; never: "
                   "normal pages only. A shard on huge pages is rounded up to whole pages, in "
                   "--shm-budget too." },
