@@ -80,7 +80,9 @@ def setUpModule():
     with open(os.path.join(reg, "initexpr.yaml"), "w") as f:
         f.write(REGISTRY_YAML)
     D = H.Daemon(registry=reg, host_devices=8, node_name="itest-initexpr", protos=TB.P,
-                 extra_args=["--build-grace-ms", "0"])
+                 # Normal pages whatever the machine's hugetlb pool: the handout's sizes are then
+                 # the layout's (test_build.py's fetch checks them).
+                 extra_args=["--build-grace-ms", "0", "--huge-pages", "never"])
     D.start()
 
 
