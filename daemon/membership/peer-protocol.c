@@ -8,8 +8,8 @@
 #include "gossip.h"
 #include "name-index.h"
 #include "peer-protocol.h"
-#include "resource-limits.h"
 #include "verdict-sync.h"
+#include "core/resource-limits.h"
 
 #define PROTOCOL_VERSION_NOTE_SLOTS 64u
 
