@@ -143,6 +143,12 @@ static char *requires_to_string(const Familyd__V1__Variant *v) {
         for (size_t i = 0; i < v->n_requires; i++) {
                 const Familyd__V1__ValueList *l = v->requires[i]->value;
 
+                /* A flag: the one bool it must be. */
+                if (l && l->n_values == 1 && l->values[0]->kind_case == FAMILYD__V1__VALUE__KIND_BOOL_VALUE) {
+                        fprintf(f, "%s%s=%s", i > 0 ? " " : "", strempty(v->requires[i]->key),
+                                l->values[0]->bool_value ? "true" : "false");
+                        continue;
+                }
                 fprintf(f, "%s%s in [", i > 0 ? " " : "", strempty(v->requires[i]->key));
                 for (size_t j = 0; l && j < l->n_values; j++) {
                         _cleanup_free_ char *s = ctl_value_to_string(l->values[j]);

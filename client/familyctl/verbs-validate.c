@@ -172,7 +172,7 @@ static const VerbDef validate_verb = {
                 "table FQNS REASON MESSAGE, in the order of the model's boundaries, then of its\n"
                 "shared parameters.\n"
                 "\n"
-                "MODEL.json (see client/README.md):\n"
+                "MODEL.json (see client/familyctl/README.md):\n"
                 "  {\"boundaries\": [{\"fqns\": [\"layers.0.moe\", \"model.layers.0.moe\"],\n"
                 "                   \"buildId\": \"bld-...\",\n"
                 "                   \"appliedLayout\": {\"meshId\": \"...\", \"parameters\": [{\"name\": \"w\",\n"

@@ -1,5 +1,6 @@
 /* build-checkpoint-read.c: shard slices filled from a client's checkpoint: the plan's boxes read once, converted, scattered. */
 
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,6 +24,7 @@ typedef struct Box {
         uint64_t dst_base;
         uint64_t run;                     /* elements per run */
         bool dst_contiguous;              /* a run lands in consecutive slice elements */
+        bool read_whole;                  /* BuildCheckpointTensor.read_whole */
 } Box;
 
 static void box_layout(Box *x, const ParameterLayout *p, const ShardSlice *slice) {
@@ -98,15 +100,39 @@ static int read_full(const BuildCheckpointFile *f, uint8_t *buf, size_t size, ui
         return 0;
 }
 
+/* A box of several runs in a tensor the node reads whole: the whole rows its runs lie in
+ * (other ranks' parts of them included), asked of the kernel ahead in one hint, so the disk
+ * sees large requests, not one per run. */
+static void read_ahead(const Box *x, uint64_t outer) {
+        const CheckpointBlock *b = x->block;
+        uint64_t first = 0, last = 0;
+
+        if (!x->read_whole || outer < 2 || x->m == 0)
+                return;
+        for (size_t j = 0; j < x->m; j++) {
+                first += (uint64_t) b->src_offset[j] * x->src_stride[j];
+                last += (uint64_t) (b->src_offset[j] + b->src_extent[j] - 1) * x->src_stride[j];
+        }
+        /* src_stride[m - 1]: the elements of one row of axis m - 1 (every axis inside it). */
+        uint64_t at = x->file->header->data_offset + x->tensor->begin + first * x->in;
+        uint64_t len = (last - first + x->src_stride[x->m - 1]) * x->in;
+        if (at <= INT64_MAX && len <= INT64_MAX)
+                (void) posix_fadvise(x->file->fd, (off_t) at, (off_t) len, POSIX_FADV_WILLNEED);
+}
+
 static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t staging_size,
                     uint64_t *bytes_read, FamilyError *ret_error) {
         const CheckpointBlock *b = x->block;
         uint64_t outer = 1, chunk = staging_size / x->in;
         int64_t idx[FAMILYD_MAX_SHAPE_RANK] = {};
+        /* A run in the parameter's own type landing in consecutive elements is read straight
+         * into the slice: one copy (the kernel's), not two. */
+        bool direct = x->dst_contiguous && checkpoint_dtype_same(x->tensor->dtype, to);
         int r;
 
         for (size_t j = 0; j < x->m; j++)
                 outer *= (uint64_t) b->src_extent[j];
+        read_ahead(x, outer);
         for (uint64_t o = 0; o < outer; o++) {
                 uint64_t rem = o, src = 0, base = x->dst_base;
                 for (size_t j = x->m; j-- > 0;) {
@@ -122,11 +148,13 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
                         size_t n = (size_t) (x->run - first < chunk ? x->run - first : chunk);
                         uint64_t at = x->file->header->data_offset + x->tensor->begin +
                                       (src + first) * x->in;
-                        r = read_full(x->file, staging, n * x->in, at, ret_error);
+                        uint8_t *buf = direct ? dst + (base + first) * x->out : staging;
+                        r = read_full(x->file, buf, n * x->in, at, ret_error);
                         if (r < 0)
                                 return r;
                         *bytes_read += n * x->in;
-                        scatter(x, x->tensor->dtype, to, staging, base, first, n, dst);
+                        if (!direct)
+                                scatter(x, x->tensor->dtype, to, staging, base, first, n, dst);
                 }
         }
         return 0;
@@ -150,7 +178,8 @@ int build_checkpoint_read_slice(const BuildCheckpoint *c, const CheckpointSource
                 const BuildCheckpointTensor *t = build_checkpoint_find(c, blocks[i].tensor);
                 Box x = { .file = &c->files[t->file], .tensor = t->tensor, .block = &blocks[i],
                           .in = safetensors_dtype_bits(t->tensor->dtype) / 8,
-                          .out = dtype_size(p->dtype), .k = blocks[i].n_src_dims };
+                          .out = dtype_size(p->dtype), .k = blocks[i].n_src_dims,
+                          .read_whole = t->read_whole };
                 if (checkpoint_dtype_check(t->tensor->dtype, p->dtype, why, sizeof why) < 0) {
                         r = family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
                                              "CHECKPOINT_DTYPE", NULL,

@@ -20,6 +20,7 @@ BuildCheckpoint *build_checkpoint_free(BuildCheckpoint *c) {
         }
         free(c->files);
         free(c->tensors);
+        free(c->node_reads);
         return mfree(c);
 }
 

@@ -28,8 +28,10 @@
  * The reader (build_checkpoint_read_slice) plans a slice (core/checkpoint-plan.h), then reads
  * each box: the box's rows are contiguous in the file (rows that are whole rows of the tensor
  * merge into longer runs), read with pread into a staging buffer of bounded size, converted to
- * the parameter's dtype (core/checkpoint-dtype.h) and scattered into the slice. Every byte a
- * slice needs is read once; nothing else is read.
+ * the parameter's dtype (core/checkpoint-dtype.h) and scattered into the slice; a run already
+ * in the parameter's dtype that lands in consecutive elements is read straight into the slice.
+ * Every byte a slice needs is read once; nothing else is read (a tensor the node reads whole
+ * is read ahead as a whole: see read_whole).
  */
 
 typedef struct BuildCheckpointFile {
@@ -42,13 +44,22 @@ typedef struct BuildCheckpointFile {
 typedef struct BuildCheckpointTensor {
         const SafetensorsTensor *tensor; /* in its file's header */
         size_t file;
+        /* The node's ranks need every byte of it (found when the Build is planned): a strided
+         * box (a column shard: part of every row) then asks the kernel to read its whole span
+         * ahead (POSIX_FADV_WILLNEED), in large requests, and the node's other ranks find their
+         * parts of the same rows cached; without it each part is a small read of its own. */
+        bool read_whole;
 } BuildCheckpointTensor;
+
+typedef struct BuildCheckpointBox BuildCheckpointBox;
 
 typedef struct BuildCheckpoint {
         BuildCheckpointFile *files;
         size_t n_files;
         BuildCheckpointTensor *tensors; /* every file's, by name */
         size_t n_tensors;
+        BuildCheckpointBox *node_reads; /* build_checkpoint_note_read()'s, until marked */
+        size_t n_node_reads;
 } BuildCheckpoint;
 
 BuildCheckpoint *build_checkpoint_free(BuildCheckpoint *c);
@@ -80,6 +91,15 @@ const BuildCheckpointTensor *build_checkpoint_find(const BuildCheckpoint *c, con
 /* The CheckpointShapeFunc of a checkpoint (userdata: the BuildCheckpoint). */
 int build_checkpoint_shape_of(const char *name, size_t *ret_n_dims,
                               int64_t ret_shape[static FAMILYD_MAX_SHAPE_RANK], void *userdata);
+
+/*
+ * Which tensors the node reads whole (BuildCheckpointTensor.read_whole), from every box its
+ * ranks read: each noted (a planned block of a tensor of c), then marked once. A box two ranks
+ * read counts once: a tensor is read whole when its distinct boxes add up to its bytes (a
+ * layout's boxes of one tensor tile it). Marking drops the notes. 0 or -ENOMEM.
+ */
+int build_checkpoint_note_read(BuildCheckpoint *c, const CheckpointBlock *block);
+int build_checkpoint_mark_read_whole(BuildCheckpoint *c);
 
 /*
  * Fills slice (of parameter p, whose checkpoint source is src; dst: the slice's first byte, in

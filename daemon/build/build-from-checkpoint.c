@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #include "build-private.h"
+#include "common/populate.h"
 #include "core/checkpoint-dtype.h"
 
 #define CHECKPOINT_PIECE_BYTES (UINT64_C(16) << 20)
@@ -59,7 +60,8 @@ static int source_by_name(PlanParameter *p) {
         return 0;
 }
 
-/* Plans slice s (of b's layout) against b->checkpoint: its refusals, and the bytes it reads. */
+/* Plans slice s (of b's layout) against b->checkpoint: its refusals, the bytes it reads, and
+ * its boxes (noted for build_checkpoint_mark_read_whole()). */
 static int plan_slice(const BuildState *b, const ShardSlice *s, uint64_t *bytes,
                       FamilyError *ret_error) {
         const PlanParameter *pp = &b->plan.parameters[s->parameter];
@@ -86,9 +88,26 @@ static int plan_slice(const BuildState *b, const ShardSlice *s, uint64_t *bytes,
                 for (size_t d = 0; d < blocks[i].n_src_dims; d++)
                         elements *= (uint64_t) blocks[i].src_extent[d];
                 *bytes += elements * (safetensors_dtype_bits(t->tensor->dtype) / 8);
+                r = build_checkpoint_note_read(b->checkpoint, &blocks[i]);
         }
         checkpoint_blocks_free(blocks, n);
         return r;
+}
+
+/* Plans every slice the node's ranks read: b->checkpoint_bytes, and the tensors read whole. */
+static int plan_node(BuildState *b, FamilyError *ret_error) {
+        int r = 0;
+
+        for (size_t i = 0; r >= 0 && i < b->n_ranks; i++) {
+                const RankLayout *rl = &b->layout.ranks[i];
+                if (!b->ranks[i].materialized || b->ranks[i].replica)
+                        continue;
+                for (size_t k = 0; r >= 0 && k < rl->n_slices; k++)
+                        if (rl->slices[k].byte_length > 0)
+                                r = plan_slice(b, &rl->slices[k], &b->checkpoint_bytes,
+                                               ret_error);
+        }
+        return r < 0 ? r : build_checkpoint_mark_read_whole(b->checkpoint);
 }
 
 int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildRequest *req,
@@ -137,18 +156,9 @@ int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildR
         if (!b->checkpoint_prefix)
                 return -ENOMEM;
 
-        for (size_t i = 0; i < b->n_ranks; i++) {
-                const RankLayout *rl = &b->layout.ranks[i];
-                if (!b->ranks[i].materialized || b->ranks[i].replica)
-                        continue;
-                for (size_t k = 0; k < rl->n_slices; k++) {
-                        if (rl->slices[k].byte_length == 0)
-                                continue;
-                        r = plan_slice(b, &rl->slices[k], &b->checkpoint_bytes, ret_error);
-                        if (r < 0)
-                                return r;
-                }
-        }
+        r = plan_node(b, ret_error);
+        if (r < 0)
+                return r;
         return build_checkpoint_identity(b->checkpoint, b->checkpoint_identity);
 }
 
@@ -253,6 +263,8 @@ static void read_piece(void *userdata, uint64_t chunk) {
                 read_fail(rr, -ENOMEM, &e);
                 return;
         }
+        if (rr->base)
+                (void) memory_populate_write(rr->base + at, (size_t) size);
         r = build_checkpoint_read_slice(
                 b->checkpoint, &b->plan.parameters[s->parameter].checkpoint,
                 b->checkpoint_prefix, &b->layout.parameters[s->parameter], &part,

@@ -312,6 +312,11 @@ static int layout_encode(Arena *a, const CodecBuild *b, Familyd__V1__Layout **re
                 pb->parameters[i] = e;
         }
         pb->n_parameters = l->n_parameters;
+        if (b->plan->has_activations) {
+                r = codec_activation_layout_encode(a, &b->plan->activations, &pb->activations);
+                if (r < 0)
+                        return r;
+        }
         *ret = pb;
         return 0;
 }
@@ -508,6 +513,13 @@ int codec_model_decode(Arena *a, Familyd__V1__ModelBoundary *const *pb, size_t n
                                         return r;
                         }
                         b[i].layout.n_parameters = l->n_parameters;
+                        if (l->activations) {
+                                r = codec_activation_layout_decode(a, l->activations,
+                                                                   &b[i].layout.activations, ret_error);
+                                if (r < 0)
+                                        return r;
+                                b[i].layout.has_activations = true;
+                        }
                 }
         }
         *ret = b;

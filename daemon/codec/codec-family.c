@@ -28,7 +28,33 @@ static int typed_fields_encode(Arena *a, const TypedField *fields, size_t n,
         return 0;
 }
 
+/* A placement that depends on the job: kind "cases", dim 0, and each case. */
+static int placement_cases_encode(Arena *a, const PlacementCases *c, Familyd__V1__Placement *e) {
+        e->kind = (char *) "cases";
+        e->dim = 0;
+        if (!ARRAY_NEW(a, e->cases, c->n))
+                return -ENOMEM;
+        for (size_t i = 0; i < c->n; i++) {
+                const PlacementCase *pc = &c->items[i];
+                Familyd__V1__PlacementCase *x =
+                        MSG_NEW(a, Familyd__V1__PlacementCase, familyd__v1__placement_case__init);
+                _cleanup_free_ char *when = pc->when ? expr_to_string(pc->when) : strdup("");
+
+                if (!x || !when)
+                        return -ENOMEM;
+                x->when = arena_strdup(a, when);
+                x->kind = arena_strdup(a, pc->none ? "none" : placement_kind_to_string(pc->kind));
+                if (!x->when || !x->kind)
+                        return -ENOMEM;
+                x->dim = !pc->none && pc->kind == PLACEMENT_SHARD ? pc->dim : 0;
+                e->cases[i] = x;
+        }
+        e->n_cases = c->n;
+        return 0;
+}
+
 static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__ParameterSpec **ret) {
+        int r;
         Familyd__V1__ParameterSpec *pb =
                 MSG_NEW(a, Familyd__V1__ParameterSpec, familyd__v1__parameter_spec__init);
         if (!pb)
@@ -64,6 +90,11 @@ static int parameter_encode(Arena *a, const ParameterSpec *p, Familyd__V1__Param
                 if (!e->axis || !e->kind)
                         return -ENOMEM;
                 e->dim = pl->kind == PLACEMENT_SHARD ? pl->dim : 0;
+                if (p->placement_cases && p->placement_cases[i].n > 0) {
+                        r = placement_cases_encode(a, &p->placement_cases[i], e);
+                        if (r < 0)
+                                return r;
+                }
                 pb->placements[i] = e;
         }
         pb->n_placements = p->n_placements;
@@ -108,6 +139,29 @@ static int requirement_encode(Arena *a, const Requirement *q,
         return 0;
 }
 
+/* A job flag's requirement: its name -> a list of the one bool it must be. */
+static int flag_requirement_encode(Arena *a, JobFlag f, bool value,
+                                   Familyd__V1__Variant__RequiresEntry **ret) {
+        Familyd__V1__Variant__RequiresEntry *pb = MSG_NEW(
+                a, Familyd__V1__Variant__RequiresEntry, familyd__v1__variant__requires_entry__init);
+        Value v = { .kind = VALUE_BOOL, .b = value };
+        int r;
+
+        if (!pb)
+                return -ENOMEM;
+        pb->key = arena_strdup(a, job_flag_to_string(f));
+        pb->value = MSG_NEW(a, Familyd__V1__ValueList, familyd__v1__value_list__init);
+        if (!pb->key || !pb->value || !ARRAY_NEW(a, pb->value->values, 1))
+                return -ENOMEM;
+        r = codec_value_encode(a, &v, &pb->value->values[0]);
+        if (r < 0)
+                return r;
+        pb->value->n_values = 1;
+
+        *ret = pb;
+        return 0;
+}
+
 static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret) {
         Familyd__V1__Variant *pb = MSG_NEW(a, Familyd__V1__Variant, familyd__v1__variant__init);
         int r;
@@ -128,7 +182,10 @@ static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret
         }
         pb->n_accepts = v->n_accepts;
 
-        if (!ARRAY_NEW(a, pb->requires, v->n_requires))
+        size_t n_flags = 0;
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++)
+                n_flags += v->requires_flag[f];
+        if (!ARRAY_NEW(a, pb->requires, v->n_requires + n_flags))
                 return -ENOMEM;
         for (size_t i = 0; i < v->n_requires; i++) {
                 r = requirement_encode(a, &v->requires[i], &pb->requires[i]);
@@ -136,6 +193,13 @@ static int variant_encode(Arena *a, const Variant *v, Familyd__V1__Variant **ret
                         return r;
         }
         pb->n_requires = v->n_requires;
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++)
+                if (v->requires_flag[f]) {
+                        r = flag_requirement_encode(a, f, v->required_value[f], &pb->requires[pb->n_requires]);
+                        if (r < 0)
+                                return r;
+                        pb->n_requires++;
+                }
 
         if (v->has_parameters) {
                 r = parameters_encode(a, v->parameters, v->n_parameters, &pb->parameters,
@@ -237,8 +301,118 @@ int codec_family_encode(Arena *a, const Family *f, Familyd__V1__Family **ret) {
                               &pb->n_parameters);
         if (r < 0)
                 return r;
+        if (f->has_layout) {
+                r = codec_activation_layout_encode(a, &f->layout, &pb->layout);
+                if (r < 0)
+                        return r;
+        }
 
         *ret = pb;
+        return 0;
+}
+
+int codec_activation_layout_encode(Arena *a, const ActivationLayout *l, Familyd__V1__ActivationLayout **ret) {
+        Familyd__V1__ActivationLayout *pb =
+                MSG_NEW(a, Familyd__V1__ActivationLayout, familyd__v1__activation_layout__init);
+        Familyd__V1__Activation ***lists[_ACTIVATION_PLACEMENT_FIELDS];
+        size_t *counts[_ACTIVATION_PLACEMENT_FIELDS];
+
+        if (!pb)
+                return -ENOMEM;
+        lists[ACTIVATION_IN_SRC] = &pb->in_src;
+        lists[ACTIVATION_IN_DST] = &pb->in_dst;
+        lists[ACTIVATION_OUT_SRC] = &pb->out_src;
+        lists[ACTIVATION_OUT_DST] = &pb->out_dst;
+        counts[ACTIVATION_IN_SRC] = &pb->n_in_src;
+        counts[ACTIVATION_IN_DST] = &pb->n_in_dst;
+        counts[ACTIVATION_OUT_SRC] = &pb->n_out_src;
+        counts[ACTIVATION_OUT_DST] = &pb->n_out_dst;
+        for (size_t f = 0; f < _ACTIVATION_PLACEMENT_FIELDS; f++) {
+                if (!ARRAY_NEW(a, *lists[f], l->n_lists[f]))
+                        return -ENOMEM;
+                for (size_t i = 0; i < l->n_lists[f]; i++) {
+                        const Activation *act = &l->lists[f][i];
+                        Familyd__V1__Activation *e =
+                                MSG_NEW(a, Familyd__V1__Activation, familyd__v1__activation__init);
+
+                        if (!e || !ARRAY_NEW(a, e->placements, act->n_placements))
+                                return -ENOMEM;
+                        for (size_t j = 0; j < act->n_placements; j++) {
+                                Familyd__V1__Placement *p =
+                                        MSG_NEW(a, Familyd__V1__Placement, familyd__v1__placement__init);
+
+                                if (!p || !(p->axis = arena_strdup(a, act->placements[j].axis)) ||
+                                    !(p->kind = arena_strdup(a, act->placements[j].kind)))
+                                        return -ENOMEM;
+                                p->dim = streq(act->placements[j].kind, "shard") ? act->placements[j].dim : 0;
+                                e->placements[j] = p;
+                        }
+                        e->n_placements = act->n_placements;
+                        (*lists[f])[i] = e;
+                }
+                *counts[f] = l->n_lists[f];
+        }
+        if (!ARRAY_NEW(a, pb->out_names, l->n_out_names))
+                return -ENOMEM;
+        for (size_t i = 0; i < l->n_out_names; i++)
+                if (!(pb->out_names[i] = arena_strdup(a, l->out_names[i])))
+                        return -ENOMEM;
+        pb->n_out_names = l->n_out_names;
+        pb->is_boundary = l->is_boundary;
+        *ret = pb;
+        return 0;
+}
+
+int codec_activation_layout_decode(Arena *a, const Familyd__V1__ActivationLayout *pb, ActivationLayout *ret,
+                                   FamilyError *ret_error) {
+        Familyd__V1__Activation *const *lists[_ACTIVATION_PLACEMENT_FIELDS] = {
+                pb->in_src, pb->in_dst, pb->out_src, pb->out_dst,
+        };
+        const size_t counts[_ACTIVATION_PLACEMENT_FIELDS] = {
+                pb->n_in_src, pb->n_in_dst, pb->n_out_src, pb->n_out_dst,
+        };
+
+        *ret = (ActivationLayout) { .is_boundary = pb->is_boundary };
+        for (size_t f = 0; f < _ACTIVATION_PLACEMENT_FIELDS; f++) {
+                if (counts[f] > FAMILYD_MAX_MESH_DIMS)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT", "applied_layout",
+                                                "an activation layout lists more than %u activations",
+                                                FAMILYD_MAX_MESH_DIMS);
+                if (!ARRAY_NEW(a, ret->lists[f], counts[f]))
+                        return -ENOMEM;
+                for (size_t i = 0; i < counts[f]; i++) {
+                        const Familyd__V1__Activation *e = lists[f][i];
+                        Activation *act = &ret->lists[f][i];
+
+                        if (e->n_placements > FAMILYD_MAX_MESH_DIMS)
+                                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT",
+                                                        "applied_layout",
+                                                        "an activation has more than %u placements",
+                                                        FAMILYD_MAX_MESH_DIMS);
+                        if (!ARRAY_NEW(a, act->placements, e->n_placements))
+                                return -ENOMEM;
+                        for (size_t j = 0; j < e->n_placements; j++) {
+                                const Familyd__V1__Placement *p = e->placements[j];
+
+                                if (codec_check_length(p->axis, FAMILYD_MAX_NAME_LENGTH, "applied_layout", ret_error) < 0 ||
+                                    codec_check_length(p->kind, FAMILYD_MAX_NAME_LENGTH, "applied_layout", ret_error) < 0)
+                                        return -EINVAL;
+                                act->placements[j] = (ActivationPlacement) {
+                                        .axis = p->axis, .kind = p->kind, .dim = p->dim,
+                                };
+                        }
+                        act->n_placements = e->n_placements;
+                }
+                ret->n_lists[f] = counts[f];
+        }
+        if (pb->n_out_names > FAMILYD_MAX_MESH_DIMS)
+                return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "LIMIT", "applied_layout",
+                                        "an activation layout names more than %u outputs", FAMILYD_MAX_MESH_DIMS);
+        for (size_t i = 0; i < pb->n_out_names; i++)
+                if (codec_check_length(pb->out_names[i], FAMILYD_MAX_NAME_LENGTH, "applied_layout", ret_error) < 0)
+                        return -EINVAL;
+        ret->out_names = pb->out_names;
+        ret->n_out_names = pb->n_out_names;
         return 0;
 }
 
@@ -347,6 +521,8 @@ int codec_resolved_family_encode(Arena *a, const ResolvedFamily *res,
                 pb->axis_sizes[x] = e;
         }
         pb->n_axis_sizes = _AXIS_MAX;
+        pb->sequence_parallel = res->flag[JOB_FLAG_SEQUENCE_PARALLEL];
+        pb->loss_parallel = res->flag[JOB_FLAG_LOSS_PARALLEL];
 
         *ret = pb;
         return 0;

@@ -326,6 +326,24 @@ static int plan_decode(const Familyd__V1__Build *pb, BuildPlan *plan, Why *w) {
         else
                 return CORRUPT(w, "the build's origin '%.32s' is unknown", info->origin);
         plan->reset_after_materialization = info->reset_after_materialization;
+
+        if (info->layout->activations) {
+                _cleanup_(arena_done) Arena a;
+                FamilyError e = FAMILY_ERROR_NULL;
+                ActivationLayout borrowed;
+
+                arena_init(&a);
+                r = codec_activation_layout_decode(&a, info->layout->activations, &borrowed, &e);
+                family_error_done(&e);
+                if (r == -ENOMEM)
+                        return r;
+                if (r < 0)
+                        return CORRUPT(w, "the build's activation layout cannot be read");
+                r = activation_layout_copy(&borrowed, &plan->activations);
+                if (r < 0)
+                        return r;
+                plan->has_activations = true;
+        }
         return 0;
 }
 

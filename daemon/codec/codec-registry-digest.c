@@ -5,7 +5,8 @@
  * later counts without a change here. What the loader keeps in file order but what no call
  * depends on is sorted: selectors and arguments (looked up by name), variants (by name), a
  * variant's requires and a rule's when (maps), a parameter's placements (nested in the mesh's
- * dimension order whatever their order); a negative shard dim is counted from the end. What
+ * dimension order whatever their order); a negative shard dim is counted from the end, in a
+ * placement's cases too. What
  * is an order stays one: the rules (the first match decides), the parameters (Build lays them
  * out and fills them in declared order), accepts and shapes (lists). `source` (a file name and
  * line) is cleared. The message cannot tell a variant whose `parameters: {}` replaces the
@@ -62,9 +63,17 @@ static void parameters_canonicalize(Familyd__V1__ParameterSpec **params, size_t 
         for (size_t i = 0; i < n; i++) {
                 Familyd__V1__ParameterSpec *p = params[i];
 
-                for (size_t j = 0; j < p->n_placements; j++)
+                for (size_t j = 0; j < p->n_placements; j++) {
                         if (streq(p->placements[j]->kind, "shard") && p->placements[j]->dim < 0)
                                 p->placements[j]->dim += (int64_t) p->n_shape;
+                        /* a case list is an order (the first that holds decides) */
+                        for (size_t k = 0; k < p->placements[j]->n_cases; k++) {
+                                Familyd__V1__PlacementCase *c = p->placements[j]->cases[k];
+
+                                if (streq(c->kind, "shard") && c->dim < 0)
+                                        c->dim += (int64_t) p->n_shape;
+                        }
+                }
                 SORT(p->placements, p->n_placements, placement_cmp);
         }
 }

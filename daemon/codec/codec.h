@@ -50,6 +50,11 @@ int codec_resolve_request_decode(const Familyd__V1__ResolveRequest *pb, ResolveR
 int codec_resolved_family_encode(Arena *a, const ResolvedFamily *r,
                                  Familyd__V1__ResolvedFamily **ret);
 int codec_family_encode(Arena *a, const Family *f, Familyd__V1__Family **ret);
+int codec_activation_layout_encode(Arena *a, const ActivationLayout *l, Familyd__V1__ActivationLayout **ret);
+/* Borrows pb's strings, arrays in a; bounds every count (16) and string (256 bytes): INVALID_ARGUMENT
+ * LIMIT, field applied_layout. The result is not freed: it lives as long as a and pb. */
+int codec_activation_layout_decode(Arena *a, const Familyd__V1__ActivationLayout *pb, ActivationLayout *ret,
+                                   FamilyError *ret_error);
 
 struct BuildRequest;
 int codec_build_request_decode(const Familyd__V1__BuildRequest *pb, struct BuildRequest *ret,

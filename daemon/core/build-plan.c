@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "build-plan.h"
+#include "placement-case.h"
 #include "repr.h"
 
 void source_module_done(SourceModule *m) {
@@ -132,6 +133,7 @@ void build_plan_done(BuildPlan *p) {
         value_map_done(&p->init_fields);
         materialize_options_done(&p->materialize);
         parameter_dtypes_free(p->parameter_dtypes, p->n_parameter_dtypes);
+        activation_layout_done(&p->activations);
         *p = (BuildPlan) {};
 }
 
@@ -704,6 +706,74 @@ static int plan_parameters(const Family *f, const Variant *v, const BuildRequest
         return 0;
 }
 
+static const char *eval_problem(const ExprEvalError *err, char buf[static 64]) {
+        switch (err->failure) {
+        case EXPR_FAILURE_DIVISION_BY_ZERO:
+                return "division by zero";
+        case EXPR_FAILURE_NOT_DIVISIBLE:
+                snprintf(buf, 64, "%" PRId64 " / %" PRId64 " does not divide exactly", err->lhs, err->rhs);
+                return buf;
+        default:
+                return "overflows int64";
+        }
+}
+
+/*
+ * Placements that depend on the job (registry.md): each decided by its first case whose
+ * condition holds over the job's axis sizes and flags; none holding, or `none`, leaves the axis
+ * unplaced. The plan's parameters are the member's, in order, with their placements copied.
+ */
+static int plan_job_placements(const Family *f, const Variant *v, const PlacementJob *job,
+                               BuildPlan *plan, FamilyError *e) {
+        const ParameterSpec *params;
+        size_t n;
+        int r;
+
+        variant_parameters(f, v, &params, &n);
+        for (size_t i = 0; i < n && i < plan->n_parameters; i++) {
+                const ParameterSpec *p = &params[i];
+                PlanParameter *out = &plan->parameters[i];
+                size_t keep = 0;
+
+                if (!p->placement_cases || out->n_placements != p->n_placements)
+                        continue;
+                for (size_t j = 0; j < out->n_placements; j++) {
+                        const PlacementCases *c = &p->placement_cases[j];
+                        ExprEvalError err = {};
+                        size_t k;
+
+                        if (c->n == 0) {
+                                out->placements[keep++] = out->placements[j];
+                                continue;
+                        }
+                        r = placement_cases_decide(c, job, &k, &err);
+                        if (r == -EINVAL) {
+                                _cleanup_free_ char *when = expr_to_string(c->items[k].when);
+                                char buf[64];
+
+                                if (!when)
+                                        return -ENOMEM;
+                                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "PLACEMENT", p->name,
+                                                        "parameter '%s': the placement over '%s' cannot be "
+                                                        "decided: case %zu's condition '%s' %s",
+                                                        p->name, out->placements[j].axis, k + 1, when,
+                                                        eval_problem(&err, buf));
+                        }
+                        if (r < 0)
+                                return r;
+                        if (k == c->n || c->items[k].none) {
+                                free(out->placements[j].axis);
+                                continue;
+                        }
+                        out->placements[j].kind = c->items[k].kind;
+                        out->placements[j].dim = c->items[k].kind == PLACEMENT_SHARD ? c->items[k].dim : 0;
+                        out->placements[keep++] = out->placements[j];
+                }
+                out->n_placements = keep;
+        }
+        return 0;
+}
+
 static int copy_request(const BuildRequest *req, const JobContext *ctx, ResolveRequest *ret) {
         _cleanup_(resolve_request_done) ResolveRequest r = {};
         int k;
@@ -732,6 +802,7 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         const Variant *v;
         const char *fqn = NULL;
         int64_t size[_AXIS_MAX];
+        bool flag[_JOB_FLAG_MAX];
         int r;
 
         if (!reg || !req || !ret)
@@ -764,7 +835,8 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         r = resolve_axis_sizes(meshes, &ctx, size, &plan.mesh, ret_error);
         if (r < 0)
                 return r;
-        r = resolve_select(f, &req->arguments, size, &plan.resolved, ret_error);
+        resolve_job_flags(&ctx, plan.mesh, flag);
+        r = resolve_select(f, &req->arguments, size, flag, &plan.resolved, ret_error);
         if (r < 0)
                 return r;
         v = family_find_variant(f, plan.resolved.variant);
@@ -778,6 +850,24 @@ int build_plan(const Registry *reg, MeshTable *meshes, const BuildRequest *req, 
         r = plan_parameters(f, v, req, plan.origin, fqn, &plan, ret_error);
         if (r < 0)
                 return r;
+        {
+                PlacementJob job = {
+                        .sequence_parallel = plan.mesh ? plan.mesh->spec.sequence_parallel : ctx.sequence_parallel,
+                        .loss_parallel = plan.mesh ? plan.mesh->spec.loss_parallel : ctx.loss_parallel,
+                };
+
+                memcpy(job.axis_size, plan.resolved.axis_size, sizeof job.axis_size);
+                r = plan_job_placements(f, v, &job, &plan, ret_error);
+                if (r < 0)
+                        return r;
+        }
+
+        if (f->has_layout) {
+                r = activation_layout_copy(&f->layout, &plan.activations);
+                if (r < 0)
+                        return r;
+                plan.has_activations = true;
+        }
 
         /* hyper_parallel marks a direct build whose module can reset its parameters; here every
          * parameter has an init (zeros when none is declared), so any parameter qualifies. */

@@ -146,6 +146,8 @@ typedef struct BuildPlan {
         MaterializeOptions materialize;
         ParameterDtype *parameter_dtypes; /* the request's; build_plan_check_dtypes() checks them */
         size_t n_parameter_dtypes;
+        bool has_activations;         /* the family declares a `layout` */
+        ActivationLayout activations; /* a copy of it: the Build reply's Layout.activations */
 } BuildPlan;
 
 void build_plan_done(BuildPlan *p);

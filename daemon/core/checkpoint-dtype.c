@@ -53,7 +53,7 @@ static float load_float(SafetensorsDtype from, const uint8_t *p) {
         }
 }
 
-static bool same_type(SafetensorsDtype from, Dtype to) {
+bool checkpoint_dtype_same(SafetensorsDtype from, Dtype to) {
         return (from == SAFETENSORS_F32 && to == DTYPE_FLOAT32) ||
                (from == SAFETENSORS_BF16 && to == DTYPE_BFLOAT16) ||
                (from == SAFETENSORS_F16 && to == DTYPE_FLOAT16);
@@ -65,7 +65,7 @@ void checkpoint_dtype_convert(SafetensorsDtype from, Dtype to, const void *src, 
         const uint8_t *s = src;
         uint8_t *d = dst;
 
-        if (same_type(from, to)) {
+        if (checkpoint_dtype_same(from, to)) {
                 memcpy(dst, src, n * out);
                 return;
         }

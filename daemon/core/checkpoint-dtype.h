@@ -24,6 +24,9 @@
 /* 0 when from converts to to; -EINVAL with why ("BF16 cannot become float16: ...") otherwise. */
 int checkpoint_dtype_check(SafetensorsDtype from, Dtype to, char *why, size_t why_size);
 
+/* Whether from is to's own type: its elements convert by copying their bytes. */
+bool checkpoint_dtype_same(SafetensorsDtype from, Dtype to);
+
 /* n elements of from at src as to at dst (both unaligned-safe); from -> to must check. */
 void checkpoint_dtype_convert(SafetensorsDtype from, Dtype to, const void *src, void *dst,
                               size_t n);

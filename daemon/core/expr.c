@@ -1,4 +1,5 @@
-/* expr.c: shape expressions: a recursive-descent parser, canonical text and checked evaluation. */
+/* expr.c: shape expressions and conditions: a recursive-descent parser, canonical text and checked
+ * evaluation. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +15,16 @@ typedef enum ExprType {
         EXPR_SUB,
         EXPR_MUL,
         EXPR_DIV,
+        /* conditions only (expr_parse_condition): 1 when true, 0 when false */
+        EXPR_EQ,
+        EXPR_NE,
+        EXPR_LT,
+        EXPR_LE,
+        EXPR_GT,
+        EXPR_GE,
+        EXPR_NOT,
+        EXPR_AND,
+        EXPR_OR,
         _EXPR_TYPE_MAX,
 } ExprType;
 
@@ -21,7 +32,7 @@ struct Expr {
         ExprType type;
         int64_t value;  /* EXPR_INT */
         char *name;     /* EXPR_FIELD */
-        Expr *lhs, *rhs; /* EXPR_NEG uses lhs only */
+        Expr *lhs, *rhs; /* EXPR_NEG and EXPR_NOT use lhs only */
 };
 
 Expr *expr_free(Expr *e) {
@@ -41,6 +52,7 @@ typedef struct Parser {
         unsigned depth;
         char *message; /* the first syntax error */
         bool oom;
+        bool condition; /* comparisons, not, and, or allowed */
 } Parser;
 
 static int parser_fail(Parser *p, const char *format, ...) _printf_(2, 3);
@@ -101,6 +113,23 @@ static Expr *expr_new(ExprType type) {
 }
 
 static int parse_sum(Parser *p, Expr **ret);
+static int parse_or(Parser *p, Expr **ret);
+
+static bool text_eq(const char *s, const char *word, size_t n) {
+        return strncmp(s, word, n) == 0;
+}
+
+/* In a condition the words not, and, or are operators, never field names. */
+static bool is_keyword(const char *s, size_t n) {
+        return (n == 3 && (text_eq(s, "not", 3) || text_eq(s, "and", 3))) || (n == 2 && text_eq(s, "or", 2));
+}
+
+/* The keyword word at the current position, if any (a whole identifier). */
+static bool parser_at_word(Parser *p, const char *word) {
+        size_t n = strlen(word);
+
+        return text_eq(p->text + p->pos, word, n) && !is_ident_char(p->text[p->pos + n]);
+}
 
 static int parse_primary(Parser *p, Expr **ret) {
         _cleanup_(expr_freep) Expr *e = NULL;
@@ -134,6 +163,10 @@ static int parse_primary(Parser *p, Expr **ret) {
 
                 while (is_ident_char(p->text[p->pos]))
                         p->pos++;
+                if (p->condition && is_keyword(p->text + start, p->pos - start)) {
+                        p->pos = start;
+                        return parser_unexpected(p);
+                }
 
                 e = expr_new(EXPR_FIELD);
                 if (!e)
@@ -149,7 +182,7 @@ static int parse_primary(Parser *p, Expr **ret) {
                         return parser_fail(p, "expression nested too deeply (more than %u levels)",
                                            FAMILYD_MAX_EXPR_DEPTH);
                 p->pos++;
-                r = parse_sum(p, &e);
+                r = p->condition ? parse_or(p, &e) : parse_sum(p, &e);
                 if (r < 0)
                         return r;
                 parser_skip_space(p);
@@ -241,6 +274,110 @@ static int parse_sum(Parser *p, Expr **ret) {
         return parse_level(p, ret, '+', EXPR_ADD, '-', EXPR_SUB, parse_product);
 }
 
+/* A sum, or two sums compared (not chained: "a < b < c" is a syntax error). */
+static int parse_comparison(Parser *p, Expr **ret) {
+        static const struct {
+                const char *op;
+                ExprType type;
+        } ops[] = {
+                { "==", EXPR_EQ }, { "!=", EXPR_NE }, { "<=", EXPR_LE },
+                { ">=", EXPR_GE }, { "<", EXPR_LT },  { ">", EXPR_GT },
+        };
+        _cleanup_(expr_freep) Expr *lhs = NULL, *rhs = NULL;
+        ExprType t = _EXPR_TYPE_MAX;
+        int r;
+
+        r = parse_sum(p, &lhs);
+        if (r < 0)
+                return r;
+        parser_skip_space(p);
+        for (size_t i = 0; i < ELEMENTSOF(ops); i++)
+                if (text_eq(p->text + p->pos, ops[i].op, strlen(ops[i].op))) {
+                        t = ops[i].type;
+                        p->pos += strlen(ops[i].op);
+                        break;
+                }
+        if (t == _EXPR_TYPE_MAX) {
+                *ret = TAKE_PTR(lhs);
+                return 0;
+        }
+        r = parse_sum(p, &rhs);
+        if (r < 0)
+                return r;
+
+        Expr *e = expr_new(t);
+        if (!e)
+                return -ENOMEM;
+        e->lhs = TAKE_PTR(lhs);
+        e->rhs = TAKE_PTR(rhs);
+        *ret = e;
+        return 0;
+}
+
+static int parse_not(Parser *p, Expr **ret) {
+        _cleanup_(expr_freep) Expr *operand = NULL;
+        int r;
+
+        parser_skip_space(p);
+        if (!parser_at_word(p, "not"))
+                return parse_comparison(p, ret);
+
+        if (++p->depth > FAMILYD_MAX_EXPR_DEPTH)
+                return parser_fail(p, "expression nested too deeply (more than %u levels)",
+                                   FAMILYD_MAX_EXPR_DEPTH);
+        p->pos += 3;
+        r = parse_not(p, &operand);
+        if (r < 0)
+                return r;
+        p->depth--;
+
+        Expr *e = expr_new(EXPR_NOT);
+        if (!e)
+                return -ENOMEM;
+        e->lhs = TAKE_PTR(operand);
+        *ret = e;
+        return 0;
+}
+
+/* operand (word operand)*, left associative. */
+static int parse_words(Parser *p, Expr **ret, const char *word, ExprType type,
+                       int (*operand)(Parser *p, Expr **ret)) {
+        _cleanup_(expr_freep) Expr *lhs = NULL;
+        int r;
+
+        r = operand(p, &lhs);
+        if (r < 0)
+                return r;
+        for (;;) {
+                _cleanup_(expr_freep) Expr *rhs = NULL;
+
+                parser_skip_space(p);
+                if (!parser_at_word(p, word))
+                        break;
+                p->pos += strlen(word);
+                r = operand(p, &rhs);
+                if (r < 0)
+                        return r;
+
+                Expr *e = expr_new(type);
+                if (!e)
+                        return -ENOMEM;
+                e->lhs = TAKE_PTR(lhs);
+                e->rhs = TAKE_PTR(rhs);
+                lhs = e;
+        }
+        *ret = TAKE_PTR(lhs);
+        return 0;
+}
+
+static int parse_and(Parser *p, Expr **ret) {
+        return parse_words(p, ret, "and", EXPR_AND, parse_not);
+}
+
+static int parse_or(Parser *p, Expr **ret) {
+        return parse_words(p, ret, "or", EXPR_OR, parse_and);
+}
+
 /*
  * The limit counts significant characters, blanks aside, so that the canonical text (which adds
  * blanks around operators but never adds anything else) of an accepted expression is accepted
@@ -258,9 +395,9 @@ static bool expr_too_long(const char *text) {
         return false;
 }
 
-int expr_parse(const char *text, Expr **ret, char **ret_message) {
+static int parse_text(const char *text, bool condition, Expr **ret, char **ret_message) {
         _cleanup_(expr_freep) Expr *e = NULL;
-        Parser p = { .text = text };
+        Parser p = { .text = text, .condition = condition };
         int r;
 
         if (!text || !ret)
@@ -273,7 +410,7 @@ int expr_parse(const char *text, Expr **ret, char **ret_message) {
                 if (text[p.pos] == 0)
                         r = parser_fail(&p, "empty expression");
                 else {
-                        r = parse_sum(&p, &e);
+                        r = condition ? parse_or(&p, &e) : parse_sum(&p, &e);
                         if (r >= 0) {
                                 parser_skip_space(&p);
                                 if (text[p.pos] != 0)
@@ -294,9 +431,30 @@ int expr_parse(const char *text, Expr **ret, char **ret_message) {
         return 0;
 }
 
+int expr_parse(const char *text, Expr **ret, char **ret_message) {
+        return parse_text(text, false, ret, ret_message);
+}
+
+int expr_parse_condition(const char *text, Expr **ret, char **ret_message) {
+        return parse_text(text, true, ret, ret_message);
+}
+
 /* Binding strength: a child binding less tightly than its parent needs parentheses. */
 static int expr_precedence(const Expr *e) {
         switch (e->type) {
+        case EXPR_OR:
+                return -3;
+        case EXPR_AND:
+                return -2;
+        case EXPR_NOT:
+                return -1;
+        case EXPR_EQ:
+        case EXPR_NE:
+        case EXPR_LT:
+        case EXPR_LE:
+        case EXPR_GT:
+        case EXPR_GE:
+                return 0;
         case EXPR_ADD:
         case EXPR_SUB:
                 return 1;
@@ -310,18 +468,34 @@ static int expr_precedence(const Expr *e) {
         }
 }
 
-static char expr_operator(const Expr *e) {
+static const char *expr_operator(const Expr *e) {
         switch (e->type) {
         case EXPR_ADD:
-                return '+';
+                return "+";
         case EXPR_SUB:
-                return '-';
+                return "-";
         case EXPR_MUL:
-                return '*';
+                return "*";
         case EXPR_DIV:
-                return '/';
+                return "/";
+        case EXPR_EQ:
+                return "==";
+        case EXPR_NE:
+                return "!=";
+        case EXPR_LT:
+                return "<";
+        case EXPR_LE:
+                return "<=";
+        case EXPR_GT:
+                return ">";
+        case EXPR_GE:
+                return ">=";
+        case EXPR_AND:
+                return "and";
+        case EXPR_OR:
+                return "or";
         default:
-                return '?';
+                return "?";
         }
 }
 
@@ -349,11 +523,26 @@ static void expr_print(const Expr *e, FILE *f) {
                 fputc('-', f);
                 expr_print_child(e->lhs, expr_precedence(e->lhs) < prec, f);
                 break;
+        case EXPR_NOT:
+                fputs("not ", f);
+                expr_print_child(e->lhs, expr_precedence(e->lhs) < prec, f);
+                break;
+        case EXPR_EQ:
+        case EXPR_NE:
+        case EXPR_LT:
+        case EXPR_LE:
+        case EXPR_GT:
+        case EXPR_GE:
+                /* not associative: both operands parenthesised at equal strength */
+                expr_print_child(e->lhs, expr_precedence(e->lhs) <= prec, f);
+                fprintf(f, " %s ", expr_operator(e));
+                expr_print_child(e->rhs, expr_precedence(e->rhs) <= prec, f);
+                break;
         default:
                 /* Left associative: the right operand needs parentheses at equal strength too,
                  * so that "a - (b - c)" keeps them and the text parses back to the same tree. */
                 expr_print_child(e->lhs, expr_precedence(e->lhs) < prec, f);
-                fprintf(f, " %c ", expr_operator(e));
+                fprintf(f, " %s ", expr_operator(e));
                 expr_print_child(e->rhs, expr_precedence(e->rhs) <= prec, f);
                 break;
         }
@@ -471,6 +660,29 @@ static int expr_eval_one(const Expr *e, ExprLookup lookup, void *userdata, int64
                 *ret = v;
                 return 0;
 
+        case EXPR_NOT:
+                r = expr_eval_one(e->lhs, lookup, userdata, &a, err);
+                if (r < 0)
+                        return r;
+                *ret = a == 0;
+                return 0;
+
+        case EXPR_AND:
+        case EXPR_OR:
+                /* short-circuit: the right operand is evaluated only when it decides */
+                r = expr_eval_one(e->lhs, lookup, userdata, &a, err);
+                if (r < 0)
+                        return r;
+                if ((e->type == EXPR_AND) == (a == 0)) {
+                        *ret = a != 0;
+                        return 0;
+                }
+                r = expr_eval_one(e->rhs, lookup, userdata, &b, err);
+                if (r < 0)
+                        return r;
+                *ret = b != 0;
+                return 0;
+
         default:
                 break;
         }
@@ -502,6 +714,16 @@ static int expr_eval_one(const Expr *e, ExprLookup lookup, void *userdata, int64
                         return eval_fail(err, EXPR_FAILURE_NOT_DIVISIBLE, NULL, a, b);
                 overflow = false;
                 v = a / b;
+                break;
+        case EXPR_EQ:
+        case EXPR_NE:
+        case EXPR_LT:
+        case EXPR_LE:
+        case EXPR_GT:
+        case EXPR_GE:
+                overflow = false;
+                v = e->type == EXPR_EQ ? a == b : e->type == EXPR_NE ? a != b : e->type == EXPR_LT ? a < b :
+                    e->type == EXPR_LE ? a <= b : e->type == EXPR_GT ? a > b : a >= b;
                 break;
         default:
                 return -EINVAL;

@@ -1,4 +1,4 @@
-/* expr.h: shape expressions: integers, config field names, + - * /, unary -, parentheses. */
+/* expr.h: shape expressions (integers, field names, + - * /, unary -, parentheses) and conditions. */
 #pragma once
 
 #include <stdbool.h>
@@ -14,6 +14,14 @@ typedef struct Expr Expr;
  * Integers out of int64 range are syntax errors. Nesting and length are bounded (resource-limits.h).
  */
 int expr_parse(const char *text, Expr **ret, char **ret_message);
+/*
+ * Parses a condition: an expression as expr_parse() takes, or such expressions compared (==, !=,
+ * <, <=, >, >=; not chained), combined with not, and, or (in rising strength: or, and, not,
+ * comparison), parentheses around any of them. Its value is an int: a comparison, not, and, or
+ * give 1 or 0; and/or evaluate their right operand only when it decides. In a condition the
+ * words not, and, or are never field names.
+ */
+int expr_parse_condition(const char *text, Expr **ret, char **ret_message);
 Expr *expr_free(Expr *e);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Expr *, expr_free);
 

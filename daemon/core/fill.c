@@ -40,6 +40,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "common/populate.h"
 #include "fill.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
@@ -677,6 +678,8 @@ static void fill_chunk(const FillSlice *s, uint64_t start, uint64_t n) {
         size_t size = dtype_size(spec->dtype);
         uint8_t *dst = (uint8_t *) s->dst + start * size;
 
+        if (s->populate)
+                (void) memory_populate_write(dst, n * size);
         switch (spec->kind) {
         case INIT_ZEROS:
                 store_pattern(dst, n, spec->dtype, 0.0f);

@@ -88,6 +88,9 @@ typedef struct FillSlice {
         const int64_t *local_shape;
         const int64_t *global_offset;
         void *dst;
+        /* dst is fresh shared memory (a segment): each chunk's pages are made present in one
+         * call before it is written (common/populate.h). */
+        bool populate;
 } FillSlice;
 
 /* Checks a slice: 0, or -EINVAL (bad spec, negative extent, slice outside the shape), -E2BIG

@@ -276,9 +276,12 @@ int layout_ranks_new(Layout *l, const MeshSpec *spec) {
         return 0;
 }
 
-/* Fills one slice's box from the rank's coordinates in the parameter's view. */
-static void slice_box(const ParameterLayout *p, const MeshView *view, const int64_t *target,
-                      const int64_t *coords, ShardSlice *s) {
+/*
+ * Fills one slice's box from the rank's coordinates in the parameter's view. The ep axis splits
+ * experts: the piece it splits must divide evenly over its size, else a sentence (EXPERTS_UNEVEN).
+ */
+static int slice_box(const ParameterLayout *p, const MeshView *view, const int64_t *target,
+                     const int64_t *coords, ShardSlice *s, FamilyError *ret_error) {
         for (size_t d = 0; d < p->n_dims; d++) {
                 s->global_offset[d] = 0;
                 s->local_shape[d] = p->shape[d];
@@ -288,10 +291,17 @@ static void slice_box(const ParameterLayout *p, const MeshView *view, const int6
 
                 if (d < 0)
                         continue;
+                if (streq(strempty(view->dims[k].name), LAYOUT_EXPERT_AXIS) &&
+                    s->local_shape[d] % view->dims[k].size != 0)
+                        return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "EXPERTS_UNEVEN", p->name,
+                                                "parameter '%s': %" PRId64 " experts (dimension %" PRId64 ") do not "
+                                                "divide over ep=%" PRId64 "; each ep rank must hold the same number of experts",
+                                                p->name, s->local_shape[d], d, view->dims[k].size);
                 chunk_piece(s->local_shape[d], view->dims[k].size, coords[k], &start, &len);
                 s->global_offset[d] += start;
                 s->local_shape[d] = len;
         }
+        return 0;
 }
 
 int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n_parameters,
@@ -365,9 +375,11 @@ int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n
                         ShardSlice *s = &rl->slices[i];
                         uint64_t n = 1;
 
-                        slice_box(p, on_expert ? expert : device,
-                                  plan + i * (n_device > n_expert ? n_device : n_expert),
-                                  on_expert ? rl->expert_coords : rl->device_coords, s);
+                        r = slice_box(p, on_expert ? expert : device,
+                                      plan + i * (n_device > n_expert ? n_device : n_expert),
+                                      on_expert ? rl->expert_coords : rl->device_coords, s, ret_error);
+                        if (r < 0)
+                                return r;
 
                         /* A piece is no larger than its tensor, whose byte size fits in int64. */
                         for (size_t d = 0; d < p->n_dims; d++)

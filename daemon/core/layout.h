@@ -19,6 +19,8 @@
 #define LAYOUT_MAX_ENTRIES    (1u << 23)
 /* Smallest alignment of a slice's byte_offset; larger ones must be powers of two. */
 #define LAYOUT_MIN_ALIGN      64u
+/* The mesh dimension whose shards are experts: they must divide evenly over it. */
+#define LAYOUT_EXPERT_AXIS    "ep"
 
 typedef enum LayoutView {
         LAYOUT_VIEW_DEVICE,
@@ -115,7 +117,8 @@ int layout_ranks_new(Layout *l, const MeshSpec *spec);
  * device view, else on the device view; an axis that view lacks has size 1. shard(d) over an axis
  * of size n splits a piece of length L like torch.chunk: chunk = ceil(L / n), the piece at
  * coordinate c is [min(L, c * chunk), min(L, (c + 1) * chunk)); axes sharding the same dim nest
- * in the view's dimension order.
+ * in the view's dimension order. The axis named LAYOUT_EXPERT_AXIS splits experts: every piece it
+ * splits must be a multiple of its size (checked rank by rank, in rank order).
  *
  * Each parameter has its own dtype: its LayoutParameter's when has_dtype, else dtype (the build's);
  * its slices' byte lengths count that dtype's element size, and every slice of any size starts at
@@ -124,7 +127,9 @@ int layout_ranks_new(Layout *l, const MeshSpec *spec);
  * User-facing failures fill ret_error and return -EINVAL: INVALID_ARGUMENT "SHAPE" (field: the
  * parameter) for a negative dimension, more than FAMILYD_MAX_SHAPE_RANK dimensions or
  * LAYOUT_MAX_PLACEMENTS placements, a shard dim out of range, an axis placed twice, or a size
- * that does not fit in int64 bytes (a parameter's tensor, or a rank's segment: field NULL); RESOURCE_EXHAUSTED "LAYOUT_LIMIT" past LAYOUT_MAX_PARAMETERS or LAYOUT_MAX_ENTRIES.
+ * that does not fit in int64 bytes (a parameter's tensor, or a rank's segment: field NULL);
+ * INVALID_ARGUMENT "EXPERTS_UNEVEN" (field: the parameter) for experts that do not divide over ep;
+ * RESOURCE_EXHAUSTED "LAYOUT_LIMIT" past LAYOUT_MAX_PARAMETERS or LAYOUT_MAX_ENTRIES.
  * On success *ret (previously uninitialised) holds the layout; release it with layout_done().
  */
 int layout_compute(const Mesh *mesh, const LayoutParameter *parameters, size_t n_parameters,

@@ -7,11 +7,11 @@
 
 static const char *const family_keys[] = {
         "name", "baseline", "default_variant", "parallel_axis", "selectors", "arguments",
-        "variants", "rules", "parameters",
+        "variants", "rules", "parameters", "layout",
 };
 enum {
         FK_NAME, FK_BASELINE, FK_DEFAULT_VARIANT, FK_PARALLEL_AXIS, FK_SELECTORS, FK_ARGUMENTS,
-        FK_VARIANTS, FK_RULES, FK_PARAMETERS, _FK_MAX,
+        FK_VARIANTS, FK_RULES, FK_PARAMETERS, FK_LAYOUT, _FK_MAX,
 };
 
 static int load_typed_fields(Loader *l, const Family *f, const YNode *n, const char *ctx,
@@ -42,8 +42,9 @@ static int load_typed_fields(Loader *l, const Family *f, const YNode *n, const c
                 if (!t->name || !fctx)
                         return -ENOMEM;
 
-                if (selectors && streq(e[i].key, "parallel"))
-                        r = loader_diag(l, e[i].key_node, ctx, "selector name 'parallel' is reserved");
+                if (selectors && (streq(e[i].key, "parallel") || job_flag_from_string(e[i].key) >= 0))
+                        /* Rules read these names as the job's: a selector could never be matched. */
+                        r = loader_diag_q(l, e[i].key_node, ctx, "selector name %s is reserved", e[i].key);
                 else if (is_reserved_runtime_name(e[i].key))
                         /* Resolve treats a reserved runtime name as an unknown argument, so a
                          * selector by that name could never be given. */
@@ -138,6 +139,24 @@ bad:
                            axis_to_string(a));
 }
 
+/* `sequence_parallel: true` or `false`: the job's flag must have that value. */
+static int load_flag_requirement(Loader *l, const YNode *val, const char *ctx, JobFlag f, Variant *v) {
+        _cleanup_free_ char *what = NULL;
+        Value b = {};
+        int r;
+
+        what = loader_ctx_push(NULL, "'requires':", job_flag_to_string(f));
+        if (!what)
+                return -ENOMEM;
+        r = loader_typed(l, val, ctx, what, FIELD_TYPE_BOOL, &b);
+        if (r < 0)
+                return r;
+        v->requires_flag[f] = true;
+        v->required_value[f] = b.b;
+        value_done(&b);
+        return 0;
+}
+
 static int load_requires(Loader *l, const YNode *n, const char *ctx, Variant *v) {
         Requirement slots[_AXIS_MAX] = {};
         bool present[_AXIS_MAX] = {};
@@ -145,17 +164,20 @@ static int load_requires(Loader *l, const YNode *n, const char *ctx, Variant *v)
         size_t n_e = 0;
         int acc, r;
 
-        r = loader_map_entries(l, n, ctx, "'requires'", _AXIS_MAX * 2, &e, &n_e);
+        r = loader_map_entries(l, n, ctx, "'requires'", (_AXIS_MAX + _JOB_FLAG_MAX) * 2, &e, &n_e);
         if (r < 0 && r != -EINVAL)
                 return r;
         acc = r;
 
         for (size_t i = 0; i < n_e; i++) {
                 Axis a = axis_from_string(e[i].key);
+                JobFlag f = job_flag_from_string(e[i].key);
 
-                if (a < 0)
+                if (f >= 0)
+                        r = load_flag_requirement(l, e[i].value, ctx, f, v);
+                else if (a < 0)
                         r = loader_diag_q(l, e[i].key_node, ctx,
-                                          "'requires': unknown axis %s (axes are tp, cp, ep, pp)",
+                                          "'requires': unknown key %s (axes are tp, cp, ep, pp; flags are sequence_parallel, loss_parallel)",
                                           e[i].key);
                 else {
                         r = load_requirement(l, e[i].value, ctx, a, &slots[a]);
@@ -327,11 +349,11 @@ static int load_rule(Loader *l, Family *f, const YNode *n, const char *ctx, Rule
                 FieldType t = FIELD_TYPE_BOOL;
                 Value v = {};
 
-                if (!streq(e[i].key, "parallel")) {
+                if (!streq(e[i].key, "parallel") && job_flag_from_string(e[i].key) < 0) {
                         sel = family_find_selector(f, e[i].key);
                         if (!sel) {
                                 r = loader_fold(&acc, loader_diag_q(l, e[i].key_node, ctx,
-                                                             "'when': %s is not a declared selector (nor 'parallel')",
+                                                             "'when': %s is not a declared selector (nor 'parallel', 'sequence_parallel', 'loss_parallel')",
                                                              e[i].key));
                                 if (r < 0)
                                         return r;
@@ -535,6 +557,15 @@ int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_l
         if (v[FK_PARAMETERS]) {
                 r = loader_fold(&acc, loader_parameters(l, v[FK_PARAMETERS], ctx, &f->parameters,
                                                &f->n_parameters));
+                if (r < 0)
+                        return r;
+        }
+
+        if (v[FK_LAYOUT]) {
+                r = loader_activation_layout(l, v[FK_LAYOUT], ctx, &f->layout);
+                if (r >= 0)
+                        f->has_layout = true;
+                r = loader_fold(&acc, r);
                 if (r < 0)
                         return r;
         }

@@ -92,6 +92,12 @@ char *loader_ctx_push(const char *ctx, const char *kind, const char *name);
 int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_line,
                 unsigned *ret_baseline_column);
 
+/* A family's `layout` (registry-activation.c): its activations' placements, out_names, boundary. */
+int loader_activation_layout(Loader *l, const YNode *n, const char *ctx, ActivationLayout *ret);
+
+/* "shard(d)" (blanks inside the parentheses) or "replicate"; -EINVAL otherwise. */
+int registry_parse_placement(const char *s, PlacementKind *ret_kind, int64_t *ret_dim);
+
 int loader_parameters(Loader *l, const YNode *n, const char *ctx, ParameterSpec **ret,
                     size_t *ret_n);
 

@@ -5,11 +5,12 @@
 #include <stdio.h>
 
 #include "fill.h"
+#include "placement-case.h"
 #include "resource-limits.h"
 #include "registry-load.h"
 
 /* "shard(d)" or "replicate". */
-static int parse_placement(const char *s, PlacementKind *ret_kind, int64_t *ret_dim) {
+int registry_parse_placement(const char *s, PlacementKind *ret_kind, int64_t *ret_dim) {
         const char *p;
         char *end;
 
@@ -250,6 +251,104 @@ static int load_shape(Loader *l, const YNode *n, const char *ctx, ParameterSpec 
         return acc;
 }
 
+/* A condition's field that is not the job's: diagnosed, the walk goes on. */
+typedef struct WhenCheck {
+        Loader *l;
+        const YNode *n;
+        const char *ctx;
+        const char *what;
+        int acc;
+} WhenCheck;
+
+static int when_check_field(const char *name, void *userdata) {
+        WhenCheck *w = userdata;
+        _cleanup_free_ char *format = NULL;
+
+        if (placement_job_has_field(name))
+                return 0;
+        if (asprintf(&format, "%s: 'when' names %%s; a condition may name tp_size, cp_size, "
+                     "ep_size, pp_size, sequence_parallel and loss_parallel", w->what) < 0)
+                return -ENOMEM;
+        return loader_fold(&w->acc, loader_diag_q(w->l, w->n, w->ctx, format, name));
+}
+
+/*
+ * A placement that depends on the job: a list of cases {when: CONDITION, placement: P}, the
+ * first whose condition holds deciding at Build; P is shard(d), replicate or none.
+ */
+static int load_placement_cases(Loader *l, const YNode *n, const char *ctx, const char *what,
+                                int64_t rank, bool rank_known, PlacementCases *ret) {
+        static const char *const keys[] = { "when", "placement" };
+        int acc = 0, r;
+
+        if (n->n_items == 0 || n->n_items > FAMILYD_MAX_MESH_DIMS)
+                return loader_diag(l, n, ctx, "%s must list 1 to %u cases", what, FAMILYD_MAX_MESH_DIMS);
+        ret->items = calloc(n->n_items, sizeof(PlacementCase));
+        if (!ret->items)
+                return -ENOMEM;
+
+        for (size_t i = 0; i < n->n_items; i++) {
+                const YNode *item = n->items[i], *values[ELEMENTSOF(keys)] = {};
+                _cleanup_free_ char *cwhat = NULL, *s = NULL, *when = NULL, *message = NULL;
+                PlacementCase *c = &ret->items[ret->n];
+                int cacc = 0;
+
+                if (asprintf(&cwhat, "%s case %zu", what, i + 1) < 0)
+                        return -ENOMEM;
+                r = loader_expect_kind(l, item, ctx, cwhat, YNODE_MAPPING);
+                if (r >= 0)
+                        r = loader_map_fixed(l, item, ctx, keys, values, ELEMENTSOF(keys));
+                r = loader_fold(&cacc, r);
+                if (r < 0)
+                        return r;
+                if (item->kind != YNODE_MAPPING) {
+                        acc = -EINVAL;
+                        continue;
+                }
+
+                if (!values[1])
+                        r = loader_missing_key(l, item, ctx, "placement");
+                else {
+                        r = loader_string(l, values[1], ctx, cwhat, FAMILYD_MAX_NAME_LENGTH, &s);
+                        if (r >= 0 && streq(s, "none"))
+                                c->none = true;
+                        else if (r >= 0 && registry_parse_placement(s, &c->kind, &c->dim) < 0)
+                                r = loader_diag(l, values[1], ctx, "%s must be shard(d), replicate or none", cwhat);
+                        else if (r >= 0 && c->kind == PLACEMENT_SHARD && rank_known &&
+                                 (c->dim < -rank || c->dim >= rank))
+                                r = loader_diag(l, values[1], ctx,
+                                                "%s: shard(%" PRId64 ") is out of range for %" PRId64 " dimensions",
+                                                cwhat, c->dim, rank);
+                }
+                r = loader_fold(&cacc, r);
+                if (r < 0)
+                        return r;
+
+                if (values[0]) {
+                        r = loader_string(l, values[0], ctx, cwhat, FAMILYD_MAX_EXPR_LENGTH * 4, &when);
+                        if (r >= 0) {
+                                r = expr_parse_condition(when, &c->when, &message);
+                                if (r == -EINVAL)
+                                        r = loader_diag(l, values[0], ctx, "%s: 'when': %s", cwhat, message);
+                        }
+                        if (r >= 0) {
+                                WhenCheck w = { .l = l, .n = values[0], .ctx = ctx, .what = cwhat };
+
+                                r = expr_foreach_field(c->when, when_check_field, &w);
+                                if (r >= 0)
+                                        r = w.acc;
+                        }
+                        r = loader_fold(&cacc, r);
+                        if (r < 0)
+                                return r;
+                }
+                ret->n++;
+                if (cacc < 0)
+                        acc = cacc;
+        }
+        return acc;
+}
+
 static int load_placements(Loader *l, const YNode *n, const char *ctx, ParameterSpec *p,
                            bool rank_known) {
         _cleanup_free_ Entry *e = NULL;
@@ -273,8 +372,31 @@ static int load_placements(Loader *l, const YNode *n, const char *ctx, Parameter
                 what = loader_ctx_push(NULL, "placement", e[i].key);
                 if (!what)
                         return -ENOMEM;
+                if (e[i].value->kind == YNODE_SEQUENCE) {
+                        if (!p->placement_cases) {
+                                p->placement_cases = calloc(n_e, sizeof(PlacementCases));
+                                if (!p->placement_cases)
+                                        return -ENOMEM;
+                        }
+                        r = load_placement_cases(l, e[i].value, ctx, what, rank, rank_known,
+                                                 &p->placement_cases[p->n_placements]);
+                        if (r >= 0) {
+                                Placement *pl = &p->placements[p->n_placements];
+                                pl->axis = strdup(e[i].key);
+                                if (!pl->axis)
+                                        return -ENOMEM;
+                                pl->kind = PLACEMENT_REPLICATE;
+                                pl->dim = 0;
+                                p->n_placements++;
+                        } else
+                                placement_cases_done(&p->placement_cases[p->n_placements]);
+                        r = loader_fold(&acc, r);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
                 r = loader_string(l, e[i].value, ctx, what, FAMILYD_MAX_NAME_LENGTH, &s);
-                if (r >= 0 && parse_placement(s, &kind, &dim) < 0)
+                if (r >= 0 && registry_parse_placement(s, &kind, &dim) < 0)
                         r = loader_diag(l, e[i].value, ctx, "%s must be shard(d) or replicate", what);
                 else if (r >= 0 && kind == PLACEMENT_SHARD && rank_known && (dim < -rank || dim >= rank))
                         r = loader_diag(l, e[i].value, ctx,

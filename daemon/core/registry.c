@@ -1,6 +1,7 @@
 /* registry.c: the registry snapshot's lifetime, lookups and load diagnostics. */
 #include <stdio.h>
 
+#include "placement-case.h"
 #include "registry.h"
 #include "repr.h"
 
@@ -25,9 +26,13 @@ void parameter_spec_done(ParameterSpec *p) {
         for (size_t i = 0; i < p->n_dims; i++)
                 expr_free(p->shape[i]);
         free(p->shape);
-        for (size_t i = 0; i < p->n_placements; i++)
+        for (size_t i = 0; i < p->n_placements; i++) {
                 free(p->placements[i].axis);
+                if (p->placement_cases)
+                        placement_cases_done(&p->placement_cases[i]);
+        }
         free(p->placements);
+        free(p->placement_cases);
         free(p->init.a.field);
         free(p->init.b.field);
         free(p->init_text);
@@ -73,6 +78,7 @@ void family_done(Family *f) {
                 rule_done(&f->rules[i]);
         free(f->rules);
         parameter_specs_free(f->parameters, f->n_parameters);
+        activation_layout_done(&f->layout);
         free(f->source);
         *f = (Family) { .parallel_axis = _AXIS_INVALID };
 }
@@ -263,6 +269,26 @@ const char *init_kind_to_string(InitKind k) {
         if (k < 0 || k >= _INIT_KIND_MAX)
                 return NULL;
         return init_kind_table[k];
+}
+
+static const char *const job_flag_table[_JOB_FLAG_MAX] = {
+        [JOB_FLAG_SEQUENCE_PARALLEL] = "sequence_parallel",
+        [JOB_FLAG_LOSS_PARALLEL] = "loss_parallel",
+};
+
+const char *job_flag_to_string(JobFlag f) {
+        if (f < 0 || f >= _JOB_FLAG_MAX)
+                return NULL;
+        return job_flag_table[f];
+}
+
+JobFlag job_flag_from_string(const char *s) {
+        if (!s)
+                return _JOB_FLAG_INVALID;
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++)
+                if (streq(job_flag_table[f], s))
+                        return f;
+        return _JOB_FLAG_INVALID;
 }
 
 bool is_reserved_runtime_name(const char *name) {

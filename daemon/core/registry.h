@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "activation-layout.h"
 #include "axis.h"
 #include "checkpoint-source.h"
 #include "error.h"
@@ -17,7 +18,7 @@ typedef struct TypedField {
 } TypedField;
 
 typedef struct RuleCondition {
-        char *key; /* a selector name, or "parallel" */
+        char *key; /* a selector name, "parallel", or a job flag's name */
         Value value;
 } RuleCondition;
 
@@ -35,6 +36,17 @@ typedef struct Rule {
         RuleOutcome outcome;
         char *text; /* variant name, or the error/unsupported message */
 } Rule;
+
+/* The job's switches that are not axes: Resolve's rules and requires may name them. */
+typedef enum JobFlag {
+        JOB_FLAG_SEQUENCE_PARALLEL,
+        JOB_FLAG_LOSS_PARALLEL,
+        _JOB_FLAG_MAX,
+        _JOB_FLAG_INVALID = -EINVAL,
+} JobFlag;
+
+const char *job_flag_to_string(JobFlag f); /* "sequence_parallel" | "loss_parallel" */
+JobFlag job_flag_from_string(const char *s);
 
 typedef struct Requirement {
         Axis axis;
@@ -55,6 +67,22 @@ typedef struct Placement {
         PlacementKind kind;
         int64_t dim; /* shard only; -rank <= dim < rank */
 } Placement;
+
+/*
+ * One case of a placement that depends on the job (registry.md, "Placements that depend on the
+ * job"): the first case whose condition holds decides the axis's placement at Build.
+ */
+typedef struct PlacementCase {
+        Expr *when;         /* a condition over the job (placement-case.h); NULL: always */
+        bool none;          /* the axis is not placed */
+        PlacementKind kind; /* unless none */
+        int64_t dim;        /* shard only; -rank <= dim < rank */
+} PlacementCase;
+
+typedef struct PlacementCases {
+        PlacementCase *items;
+        size_t n; /* 0: the placement is static, as Placement says */
+} PlacementCases;
 
 typedef enum InitKind {
         INIT_ZEROS,
@@ -82,8 +110,9 @@ typedef struct ParameterSpec {
         char *name;
         Expr **shape;
         size_t n_dims;
-        Placement *placements;
+        Placement *placements; /* one with cases: replicate, dim 0, until Build decides */
         size_t n_placements;
+        PlacementCases *placement_cases; /* NULL, or one per placement */
         InitSpec init;
         char *init_text; /* canonical text: "zeros", "constant(value=1)", "normal(mean=0, std=x)" */
         char *dtype;     /* its element type, canonical ("float32"); NULL: none named */
@@ -98,6 +127,8 @@ typedef struct Variant {
         size_t n_accepts;
         Requirement *requires; /* axes in tp, cp, ep, pp order */
         size_t n_requires;
+        bool requires_flag[_JOB_FLAG_MAX];   /* the flag is constrained... */
+        bool required_value[_JOB_FLAG_MAX];  /* ...to this value */
         bool has_parameters; /* the variant's own parameters replace the family's */
         ParameterSpec *parameters;
         size_t n_parameters;
@@ -118,6 +149,8 @@ typedef struct Family {
         size_t n_rules;
         ParameterSpec *parameters;
         size_t n_parameters;
+        bool has_layout;         /* the family declares `layout` */
+        ActivationLayout layout; /* its inputs' and outputs' placements (registry.md) */
         char *source; /* "file:line" */
 } Family;
 

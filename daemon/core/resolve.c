@@ -164,7 +164,7 @@ int resolve_axis_sizes(MeshTable *meshes, const JobContext *ctx, int64_t ret_siz
                 if (r < 0)
                         return r;
 
-                /* Flags are ignored with a mesh: the mesh's sizes are the job's. */
+                /* Axis flags are ignored with a mesh: the mesh's sizes are the job's. */
                 for (Axis a = 0; a < _AXIS_MAX; a++) {
                         size[a] = mesh->axis_size[a];
                         if (ctx->has_size[a] && ctx->size[a] != size[a]) {
@@ -191,6 +191,13 @@ int resolve_axis_sizes(MeshTable *meshes, const JobContext *ctx, int64_t ret_siz
         if (ret_mesh)
                 *ret_mesh = TAKE_PTR(mesh);
         return 0;
+}
+
+void resolve_job_flags(const JobContext *ctx, const Mesh *mesh, bool ret_flag[_JOB_FLAG_MAX]) {
+        const MeshSpec *s = mesh ? &mesh->spec : NULL;
+
+        ret_flag[JOB_FLAG_SEQUENCE_PARALLEL] = s ? s->sequence_parallel : ctx && ctx->sequence_parallel;
+        ret_flag[JOB_FLAG_LOSS_PARALLEL] = s ? s->loss_parallel : ctx && ctx->loss_parallel;
 }
 
 /*
@@ -245,12 +252,16 @@ static int effective_selectors(const Family *f, const ValueMap *arguments, Value
         return 0;
 }
 
-static bool rule_matches(const Rule *rule, const ValueMap *selectors, bool parallel) {
+static bool rule_matches(const Rule *rule, const ValueMap *selectors, bool parallel,
+                         const bool flag[_JOB_FLAG_MAX]) {
         for (size_t i = 0; i < rule->n_when; i++) {
                 const RuleCondition *c = &rule->when[i];
+                JobFlag jf = job_flag_from_string(c->key);
 
-                if (streq(c->key, "parallel")) {
-                        if (c->value.kind != VALUE_BOOL || c->value.b != parallel)
+                if (streq(c->key, "parallel") || jf >= 0) {
+                        bool have = jf >= 0 ? flag[jf] : parallel;
+
+                        if (c->value.kind != VALUE_BOOL || c->value.b != have)
                                 return false;
                         continue;
                 }
@@ -270,7 +281,8 @@ static const Requirement *variant_requirement(const Variant *v, Axis a) {
 }
 
 /* Step 7. */
-static int check_requires(const Variant *v, const int64_t size[_AXIS_MAX], FamilyError *e) {
+static int check_requires(const Variant *v, const int64_t size[_AXIS_MAX], const bool flag[_JOB_FLAG_MAX],
+                          FamilyError *e) {
         for (Axis a = 0; a < _AXIS_MAX; a++) {
                 const Requirement *req = variant_requirement(v, a);
                 const char *axis = axis_to_string(a);
@@ -299,13 +311,30 @@ static int check_requires(const Variant *v, const int64_t size[_AXIS_MAX], Famil
                                         "variant %s requires %s=%" PRId64 "; job has %s=%" PRId64,
                                         q, axis, req->n_values > 0 ? req->values[0] : 0, axis, size[a]);
         }
+
+        /* Then the flags, sequence_parallel before loss_parallel, in Python's spelling. */
+        for (JobFlag f = 0; f < _JOB_FLAG_MAX; f++) {
+                const char *name = job_flag_to_string(f);
+
+                if (!v->requires_flag[f] || v->required_value[f] == flag[f])
+                        continue;
+
+                _cleanup_free_ char *q = repr_string(v->name);
+                if (!q)
+                        return -ENOMEM;
+                return family_error_set(e, FAMILY_STATUS_FAILED_PRECONDITION, "REQUIREMENT", name,
+                                        "variant %s requires %s=%s; job has %s=%s", q, name,
+                                        v->required_value[f] ? "True" : "False", name,
+                                        flag[f] ? "True" : "False");
+        }
         return 0;
 }
 
 /* Steps 6-8. */
 int resolve_select(const Family *f, const ValueMap *arguments, const int64_t size[_AXIS_MAX],
-                   ResolvedFamily *ret, FamilyError *ret_error) {
+                   const bool flag_or_null[_JOB_FLAG_MAX], ResolvedFamily *ret, FamilyError *ret_error) {
         _cleanup_(resolved_family_done) ResolvedFamily res = {};
+        const bool *flag = flag_or_null ? flag_or_null : (const bool[_JOB_FLAG_MAX]) {};
         const Variant *v = NULL;
         int r;
 
@@ -321,7 +350,7 @@ int resolve_select(const Family *f, const ValueMap *arguments, const int64_t siz
         for (size_t i = 0; i < f->n_rules && !v; i++) {
                 const Rule *rule = &f->rules[i];
 
-                if (!rule_matches(rule, &res.selectors, parallel))
+                if (!rule_matches(rule, &res.selectors, parallel, flag))
                         continue;
 
                 switch (rule->outcome) {
@@ -355,7 +384,7 @@ int resolve_select(const Family *f, const ValueMap *arguments, const int64_t siz
                 return family_error_set(ret_error, FAMILY_STATUS_INVALID_ARGUMENT, "MEMBER_IS_FACTORY", "variant",
                                         "a concrete family member cannot be its public factory");
 
-        r = check_requires(v, size, ret_error);
+        r = check_requires(v, size, flag, ret_error);
         if (r < 0)
                 return r;
 
@@ -380,6 +409,7 @@ int resolve_select(const Family *f, const ValueMap *arguments, const int64_t siz
         if (!res.family || !res.variant || !res.constructor)
                 return -ENOMEM;
         memcpy(res.axis_size, size, sizeof(res.axis_size));
+        memcpy(res.flag, flag, sizeof(res.flag));
 
         *ret = res;
         res = (ResolvedFamily) {};
@@ -391,6 +421,7 @@ int resolve_family(const Registry *reg, MeshTable *meshes, const ResolveRequest 
         _cleanup_(mesh_unrefp) Mesh *mesh = NULL;
         const Family *f = NULL;
         int64_t size[_AXIS_MAX];
+        bool flag[_JOB_FLAG_MAX];
         int r;
 
         if (!reg || !req || !ret)
@@ -409,5 +440,6 @@ int resolve_family(const Registry *reg, MeshTable *meshes, const ResolveRequest 
         if (r < 0)
                 return r;
 
-        return resolve_select(f, &req->arguments, size, ret, ret_error);
+        resolve_job_flags(&req->context, mesh, flag);
+        return resolve_select(f, &req->arguments, size, flag, ret, ret_error);
 }

@@ -37,6 +37,7 @@ typedef struct ResolvedFamily {
         ValueMap arguments; /* the caller's, without selectors */
         ValueMap selectors; /* every selector, defaults filled, in declaration order */
         int64_t axis_size[_AXIS_MAX];
+        bool flag[_JOB_FLAG_MAX]; /* the job's sequence_parallel and loss_parallel */
 } ResolvedFamily;
 
 void resolved_family_done(ResolvedFamily *r);
@@ -59,6 +60,9 @@ int resolve_check_arguments(const Family *f, const ValueMap *arguments,
 int resolve_axis_sizes(MeshTable *meshes, const JobContext *ctx, int64_t ret_size[_AXIS_MAX],
                        Mesh **ret_mesh, FamilyError *ret_error);
 
-/* Steps 6-8: select by rules, check requires, fill *ret. */
+/* Step 4's flags: the mesh's when there is one (its word wins), else the context's. */
+void resolve_job_flags(const JobContext *ctx, const Mesh *mesh, bool ret_flag[_JOB_FLAG_MAX]);
+
+/* Steps 6-8: select by rules, check requires, fill *ret. flag may be NULL: every flag off. */
 int resolve_select(const Family *f, const ValueMap *arguments, const int64_t size[_AXIS_MAX],
-                   ResolvedFamily *ret, FamilyError *ret_error);
+                   const bool flag[_JOB_FLAG_MAX], ResolvedFamily *ret, FamilyError *ret_error);

@@ -306,6 +306,26 @@ static int validate_boundary(const ModelBoundary *all, size_t index, const bool 
                 if (r < 0)
                         return r;
         }
+
+        /* The activation layout the model applies, field by field, against the constructed one
+         * (none declared: empty). */
+        if (b->layout.has_activations) {
+                static const ActivationLayout none = {};
+                const ActivationLayout *built_act = built.activations ?: &none;
+
+                for (ActivationField a = 0; a < _ACTIVATION_FIELD_MAX; a++) {
+                        if (activation_layout_field_equal(&b->layout.activations, built_act, a))
+                                continue;
+                        _cleanup_free_ char *q = repr_string(b->n_fqns > 0 ? b->fqns[0] : "");
+                        if (!q)
+                                return -ENOMEM;
+                        r = violation_add(l, f, "ACTIVATION_LAYOUT_CONFLICT",
+                                          "%s at %s conflicts with its constructed family layout",
+                                          activation_field_to_string(a), q);
+                        if (r < 0)
+                                return r;
+                }
+        }
         return 0;
 }
 

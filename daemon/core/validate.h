@@ -21,6 +21,8 @@ typedef struct AppliedLayout {
         char *mesh_id; /* NULL or "": none named */
         ValidateParameter *parameters;
         size_t n_parameters;
+        bool has_activations;         /* the model states its activation layout */
+        ActivationLayout activations; /* borrowed; compared with the build's */
 } AppliedLayout;
 
 /* One built family instance inside the model, with every path that reaches it. */
@@ -41,6 +43,7 @@ typedef struct BuiltFamily {
         const ValidateParameter *parameters; /* logical shapes, normalised placements */
         size_t n_parameters;
         bool sorted; /* parameters in strcmp() order of their names: found by bisection */
+        const ActivationLayout *activations; /* the family's declared one; NULL: none (empty) */
 } BuiltFamily;
 
 /* 0 and *ret when the build exists, 1 when it does not (unknown or released). */
@@ -92,7 +95,7 @@ void violation_list_done(ViolationList *l);
 
 /*
  * Every violation of docs/semantics.md's Validate, in the order of the boundaries and, within one,
- * unknown build, mesh problems, cp, ep, shared shapes, layout; then those of the shared
+ * unknown build, mesh problems, cp, ep, shared shapes, layout, activation layout fields; then those of the shared
  * parameters (already checked by validate_shared_check()), in their order. Negative errno only
  * for OOM.
  */

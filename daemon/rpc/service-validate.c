@@ -73,6 +73,7 @@ static int built_family_make(Arena *arena, const BuildState *b, BuiltFamily *ret
                 .parameters = params,
                 .n_parameters = b->layout.n_parameters,
                 .sorted = true,
+                .activations = b->plan.has_activations ? &b->plan.activations : NULL,
         };
         return 0;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/populate.h"
 #include "fill-share.h"
 
 /* How often a waiting follower asks whether its own fill is cancelled. */
@@ -122,6 +123,7 @@ static int copy_slices(const Leader *l, ShardSegment *seg, const MaterializeSlic
                     slices[i].byte_offset > shard_segment_size(seg) - slices[i].byte_length)
                         return -EINVAL;
         for (size_t i = 0; i < n; i++) {
+                (void) memory_populate_write(to + slices[i].byte_offset, slices[i].byte_length);
                 memcpy(to + slices[i].byte_offset, from + slices[i].byte_offset,
                        slices[i].byte_length);
                 fill_bound_progress_add(slices[i].byte_length);

@@ -56,6 +56,7 @@ int materialize_host_write(ShardSegment *seg, const MaterializeSlice *slices, si
                         return -EINVAL;
                 fills[i] = slices[i].fill;
                 fills[i].dst = base + slices[i].byte_offset;
+                fills[i].populate = true;
         }
 
         return fill_run(fills, n, 0);

@@ -705,7 +705,7 @@ finish:
 }
 
 /*
- * Populating a mapping as libfamilyd does (familyd_shard_populate(), client/shard.c): the
+ * Populating a mapping as libfamilyd does (familyd_shard_populate(), client/libfamilyd/shard.c): the
  * mapping's page tables filled up front by MADV_POPULATE_READ on up to 4 threads of at least
  * 64 MiB each, in whole 2 MiB pieces. The bench does not link libfamilyd: the same few lines.
  */

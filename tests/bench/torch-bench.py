@@ -28,6 +28,11 @@ builds (GetStatus shm_bytes_in_use), so other processes on the machine do not co
 for both modes; each familyd run uses a new seed, so nothing is answered from an earlier run.
 Prints a table of each mode's medians over the --repeat runs and the ratios familyd / inprocess. --smoke: a tiny model once, to check that
 the benchmark still runs (goals not judged).
+
+--huge-pages N (root): reserves N 2 MiB huge pages (vm.nr_hugepages) for the run and puts the
+old value back at the end, so the daemon (--huge-pages auto, its default) makes every segment on
+them, as on a node whose operator reserved them; the in-process ranks' memory is anonymous and
+gets the kernel's transparent huge pages as the machine's setting says (printed).
 """
 
 import argparse
@@ -282,6 +287,27 @@ def report(results, a):
     return rows
 
 
+def reserve_huge_pages(n):
+    """vm.nr_hugepages = n; returns the old value (restored by the caller)."""
+    path = "/proc/sys/vm/nr_hugepages"
+    with open(path) as f:
+        old = int(f.read())
+    with open(path, "w") as f:
+        f.write(str(n))
+    with open(path) as f:
+        got = int(f.read())
+    if got < n:
+        with open(path, "w") as f:
+            f.write(str(old))
+        raise SystemExit("torch-bench: only %d of %d huge pages could be reserved" % (got, n))
+    return old
+
+
+def thp_setting():
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        return f.read().split("[")[1].split("]")[0]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -297,14 +323,24 @@ def main():
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--json", help="write the median rows here (and every run's, under runs)")
+    p.add_argument("--huge-pages", type=int, default=0, metavar="N",
+                   help="reserve N 2 MiB huge pages for the run (root; restored at the end)")
     a = p.parse_args()
     if a.worker:
         return worker(a)
     if a.smoke:
         a.layers, a.hidden, a.intermediate, a.tokens, a.repeat = 2, 32, 64, 8, 1
     binary = familyd_binary(a)
+    old_huge = reserve_huge_pages(a.huge_pages) if a.huge_pages else None
+    print("torch-bench: %d huge pages of 2 MiB reserved for the daemon; anonymous transparent "
+          "huge pages: %s" % (a.huge_pages, thp_setting()))
     tmp = tempfile.mkdtemp(prefix="fd-torch-bench-")
-    proc, sock = start_daemon(binary, tmp)
+    try:
+        proc, sock = start_daemon(binary, tmp)
+    except BaseException:
+        if old_huge is not None:
+            reserve_huge_pages(old_huge)
+        raise
     try:
         results = {mode: [] for mode in MODES}
         for r in range(a.repeat):
@@ -324,6 +360,7 @@ def main():
                         raise SystemExit("torch-bench: %s %s is %r" % (mode, k, v))
             print("torch-bench: smoke run complete")
         rows["runs"] = results
+        rows["huge_pages"] = a.huge_pages
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
@@ -331,6 +368,8 @@ def main():
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
+        if old_huge is not None:
+            reserve_huge_pages(old_huge)
     if proc.returncode != 0:
         raise SystemExit("torch-bench: familyd exited with %d" % proc.returncode)
 

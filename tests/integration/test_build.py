@@ -28,6 +28,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 import shard_client as SC  # noqa: E402
+from google.protobuf import json_format  # noqa: E402  (present: the harness imported it)
 
 try:
     import torch  # noqa: F401  (used only when present)
@@ -97,6 +98,41 @@ families:
       v:
         shape: [5]
         init: {constant: {value: -2.5}}
+  - name: jobplace
+    baseline: itest.JobPlace
+    default_variant: plain
+    variants:
+      plain:
+        constructor: itest.JobPlacePlain
+        accepts: [config]
+      bad:
+        constructor: itest.JobPlaceBad
+        accepts: [config]
+        parameters:
+          w:
+            shape: [4]
+            placements:
+              tp: [{when: 'tp_size / (cp_size - 1) > 1', placement: shard(0)}]
+    selectors:
+      pick: {type: string, default: plain}
+    rules:
+      - {when: {pick: bad}, variant: bad}
+    parameters:
+      head:
+        shape: [vocab, hidden]
+        placements:
+          tp:
+            - {when: 'loss_parallel', placement: shard(0)}
+            - {when: 'tp_size > 1', placement: shard(-1)}
+            - {placement: none}
+        init: {uniform: {low: 0, high: 1}}
+    layout:
+      in_src: [{tp: shard(1), dp: replicate}]
+      in_dst: [{tp: replicate}]
+      out_src: [{tp: partial}]
+      out_dst: [{tp: replicate}]
+      out_names: [logits]
+      boundary: true
   - name: noconfig
     baseline: itest.NoConfig
     default_variant: grouped
@@ -691,7 +727,7 @@ class TestBuildErrors(Base):
         self.assertEqual(res.code, "NOT_FOUND")
 
     def test_mesh_use_count(self):
-        m = self.mesh([("ep", 8)])
+        m = self.mesh([("dp", 2), ("ep", 4)])
         b1 = self.assertOk(self.build(GE, GE_SMALL, mesh_id=m.mesh_id)).build
         b2 = self.assertOk(self.build(GE, GE_SMALL, context={"mesh_id": m.mesh_id},
                                       materialize={})).build
@@ -859,7 +895,7 @@ class TestLayout(Base):
         return exp
 
     def test_layout_on_meshes(self):
-        for E in (8, 6, 3):
+        for E in (8, 4, 12):
             cfg = dict(GE_SMALL, num_experts=E)
             for device, expert, ranks in LAYOUT_MESHES:
                 with self.subTest(E=E, device=device, expert=expert, ranks=ranks):
@@ -872,18 +908,44 @@ class TestLayout(Base):
                     self.assertFalse(any(s.token for s in b.shards))
                     self.release(b.build_id)
 
+    def test_experts_that_do_not_divide_over_ep_are_refused(self):
+        """semantics.md, Layout: experts divide over ep; an uneven split is refused, on every
+        mesh (the ep dimension in the device view or in the expert view), materialised or not."""
+        for E in (6, 3, 9):
+            for device, expert, ranks in LAYOUT_MESHES:
+                for materialize in (None, {}):
+                    with self.subTest(E=E, device=device, expert=expert, materialize=materialize):
+                        m = self.mesh(device, expert, ranks)
+                        res = self.assertBuildFails(
+                            (GE, dict(GE_SMALL, num_experts=E)), "INVALID_ARGUMENT",
+                            "parameter 'gate_up_proj': %d experts (dimension 0) do not divide over "
+                            "ep=4; each ep rank must hold the same number of experts" % E,
+                            "EXPERTS_UNEVEN", mesh_id=m.mesh_id,
+                            **({} if materialize is None else {"materialize": materialize}))
+                        infos = self.d.client.error_details(res)[1]
+                        self.assertEqual(dict(infos[0].metadata).get("field"), "gate_up_proj")
+
     def test_empty_ranks_have_no_token(self):
-        cfg = dict(GE_SMALL, num_experts=3)
-        for device, expert, ranks in LAYOUT_MESHES[:2]:
-            with self.subTest(device=device, expert=expert):
-                m = self.mesh(device, expert, ranks)
+        """tp may split unevenly: attention's 3 rows over tp=4 leave tp coordinate 3 empty."""
+        cfg = dict(ATT_CFG, num_attention_heads=3, num_key_value_heads=3, head_dim=1, hidden_size=8)
+        shapes = {"wq": ([3, 8], 0), "wk": ([3, 8], 0), "wv": ([3, 8], 0), "wo": ([8, 3], 1)}
+        for device, ranks in (([("dp", 2), ("tp", 4)], None),
+                              ([("tp", 4), ("dp", 2)], [1, 3, 5, 7, 0, 2, 4, 6])):
+            with self.subTest(device=device):
+                m = self.mesh(device, [], ranks)
                 in_use = self.state()[1]
-                b = self.built(GE, cfg, mesh_id=m.mesh_id, materialize={"dtype": "bf16"})
-                self.assertEqual(b.info.layout.parameters[0].dtype, "bfloat16")
-                exp = self.check_layout(b, cfg, device, expert, ranks, 2)
+                b = self.built(ATT, cfg, mesh_id=m.mesh_id, materialize={"dtype": "bf16"})
+                exp = {}
+                for p in b.info.layout.parameters:
+                    shape, dim = shapes[p.name]
+                    exp[p.name], _ = expected_layout(shape, [("tp", "shard", dim)], device, [],
+                                                     ranks if ranks is not None else range(8))
                 empties = 0
                 for s in b.shards:
-                    empty = exp["gate_up_proj"][s.rank][0][0] == 0
+                    for sl in s.slices:
+                        self.assertEqual((list(sl.local_shape), list(sl.global_offset)),
+                                         exp[sl.parameter][s.rank])
+                    empty = all(0 in exp[n][s.rank][0] for n in shapes)
                     if empty:
                         empties += 1
                         self.assertEqual(s.size_bytes, 0, "rank %d" % s.rank)
@@ -892,12 +954,13 @@ class TestLayout(Base):
                         self.assertGreater(s.size_bytes, 0)
                         self.assertTrue(s.token, "rank %d holds bytes: needs a token" % s.rank)
                     self.assertEqual(s.device_kind, "host")
-                self.assertEqual(empties, 2)   # ep coordinate 3, two replicas
+                self.assertEqual(empties, 2)   # tp coordinate 3, two replicas
                 # Replicas (the same slices) share one segment, counted once (docs/sharing.md).
                 distinct = {tuple(x.SerializeToString(deterministic=True) for x in s.slices):
                             s.size_bytes for s in b.shards}
                 self.assertEqual(self.state()[1] - in_use, sum(distinct.values()))
                 self.release(b.build_id)
+        self.assertTrue(b.shard_socket)
 
     def test_nested_shards_and_missing_axes(self):
         """nest.w: {ep: shard(0), dp: shard(0), tp: shard(-1)}: axes on one dim nest in the
@@ -906,7 +969,9 @@ class TestLayout(Base):
         cases = [([("dp", 2), ("tp", 2), ("ep", 2)], [], None),
                  ([("ep", 2), ("dp", 2), ("tp", 2)], [], [4, 5, 6, 7, 0, 1, 2, 3]),
                  ([("dp", 2), ("tp", 4)], [("dp", 2), ("ep", 4)], None)]
-        for n in (7, 3):
+        # n is a multiple of 8, so ep divides it however the other axes nest around it
+        # (semantics.md, Layout); tp's 3 columns still split unevenly, some over tp=4 empty.
+        for n in (8, 16):
             for device, expert, ranks in cases:
                 with self.subTest(n=n, device=device, expert=expert):
                     m = self.mesh(device, expert, ranks)
@@ -930,6 +995,12 @@ class TestLayout(Base):
                                                  ref_uniform("w", 3, n * 3, 0, 1)])
                     self.assertEqual(full["v"], [f32_bits(-2.5)] * 5)
                     self.release(b.build_id)
+        # dp splits 6 as 3 + 3 before ep=2 splits each piece: 3 experts do not divide over ep
+        m = self.mesh(cases[0][0], [], None)
+        self.assertBuildFails(("nest", {"n": 6}), "INVALID_ARGUMENT",
+                              "parameter 'w': 3 experts (dimension 0) do not divide over ep=2; "
+                              "each ep rank must hold the same number of experts",
+                              "EXPERTS_UNEVEN", mesh_id=m.mesh_id)
 
     def test_dtype_aliases(self):
         for given, canon, size in (("", "float32", 4), ("f32", "float32", 4),
@@ -960,10 +1031,125 @@ class TestLayout(Base):
         self.assertTrue(b.shard_socket)
 
 
+class TestJobPlacements(Base):
+    """registry.md, "Placements that depend on the job": GetFamily shows the cases; Build decides
+    each placement by the first case that holds over the job (the mesh's sizes and flags), lays
+    it out and fills the same values whatever the layout; a condition that cannot be evaluated
+    is refused."""
+    daemon = None
+
+    def setUp(self):
+        self.daemon = X
+
+    def flagged_mesh(self, device, **flags):
+        m = {"deviceMesh": [{"name": n, "size": s} for n, s in device]}
+        m.update(flags)
+        return self.assertOk(self.call("familyd.v1.MeshService/CreateMesh", {"mesh": m}))
+
+    def test_get_family_shows_the_cases(self):
+        f = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="jobplace"))
+        head = [p for p in f.parameters if p.name == "head"][0]
+        self.assertEqual([(p.axis, p.kind, p.dim) for p in head.placements], [("tp", "cases", 0)])
+        self.assertEqual([(c.when, c.kind, c.dim) for c in head.placements[0].cases],
+                         [("loss_parallel", "shard", 0), ("tp_size > 1", "shard", -1),
+                          ("", "none", 0)])
+
+    def test_build_decides_by_the_job(self):
+        cfg = {"vocab": 8, "hidden": 6}
+        want_full = None
+        for flags, device, want in (
+                ({"lossParallel": True}, [("dp", 2), ("tp", 4)], [("tp", "shard", 0)]),
+                ({}, [("dp", 2), ("tp", 4)], [("tp", "shard", 1)]),
+                ({"sequenceParallel": True}, [("dp", 8)], [])):
+            with self.subTest(flags=flags, device=device):
+                m = self.flagged_mesh(device, **flags)
+                b = self.built("jobplace", cfg, mesh_id=m.mesh_id, materialize={"seed": 5})
+                head = b.info.layout.parameters[0]
+                self.assertEqual([(x.axis, x.kind, x.dim) for x in head.placements], want)
+                exp, _ = expected_layout([8, 6], want, device, [], range(8))
+                for sh in b.shards:
+                    sl = sh.slices[0]
+                    self.assertEqual((list(sl.local_shape), list(sl.global_offset)), exp[sh.rank])
+                full = self.assemble(b, "I")["head"]
+                if want_full is None:
+                    want_full = full
+                self.assertEqual(full, want_full, "the values do not depend on the layout")
+                self.release(b.build_id)
+        # without a mesh: the context's flags and sizes
+        b = self.built("jobplace", cfg, context={"loss_parallel": True})
+        self.assertEqual([(x.axis, x.kind, x.dim) for x in b.info.layout.parameters[0].placements],
+                         [("tp", "shard", 0)])
+
+    def test_a_condition_that_cannot_be_evaluated(self):
+        self.assertBuildFails(("jobplace", {}, None, {"pick": "bad"}), "INVALID_ARGUMENT",
+                              "parameter 'w': the placement over 'tp' cannot be decided: case 1's "
+                              "condition 'tp_size / (cp_size - 1) > 1' division by zero",
+                              "PLACEMENT")
+
+
+class TestActivationLayout(Base):
+    """registry.md, "Activation layouts": GetFamily shows the family's `layout`, the Build reply
+    carries it (Layout.activations), and Validate refuses a model whose applied activation
+    layout differs, field by field (semantics.md, Validate)."""
+
+    def setUp(self):
+        self.daemon = X
+
+    WANT = {"inSrc": [{"placements": [{"axis": "tp", "kind": "shard", "dim": "1"},
+                                      {"axis": "dp", "kind": "replicate"}]}],
+            "inDst": [{"placements": [{"axis": "tp", "kind": "replicate"}]}],
+            "outSrc": [{"placements": [{"axis": "tp", "kind": "partial"}]}],
+            "outDst": [{"placements": [{"axis": "tp", "kind": "replicate"}]}],
+            "outNames": ["logits"], "isBoundary": True}
+
+    def as_json(self, msg):
+        return json_format.MessageToDict(msg)
+
+    def test_declared_shown_and_carried(self):
+        f = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="jobplace"))
+        self.assertEqual(self.as_json(f.layout), self.WANT)
+        noconfig = self.assertOk(self.call("familyd.v1.FamilyService/GetFamily", family="noconfig"))
+        self.assertFalse(noconfig.HasField("layout"))
+        b = self.built("jobplace", {"vocab": 8, "hidden": 6})
+        self.assertEqual(self.as_json(b.info.layout.activations), self.WANT)
+        got = self.assertOk(self.call("familyd.v1.FamilyService/GetBuild", build_id=b.build_id))
+        self.assertEqual(self.as_json(got.info.layout.activations), self.WANT)
+
+    def validate(self, build_id, activations):
+        layout = {"parameters": []}
+        if activations is not None:
+            layout["activations"] = activations
+        req = {"boundaries": [{"fqns": ["lm_head", "tied"], "buildId": build_id,
+                               "appliedLayout": layout}]}
+        return self.assertOk(self.call("familyd.v1.FamilyService/Validate", req))
+
+    def test_validate_compares_each_field(self):
+        b = self.built("jobplace", {"vocab": 8, "hidden": 6})
+        self.assertEqual(list(self.validate(b.build_id, None).violations), [])
+        self.assertEqual(list(self.validate(b.build_id, self.WANT).violations), [])
+        # another axis order inside one activation is the same placement
+        same = dict(self.WANT, inSrc=[{"placements": list(reversed(self.WANT["inSrc"][0]["placements"]))}])
+        self.assertEqual(list(self.validate(b.build_id, same).violations), [])
+        changed = dict(self.WANT, outSrc=[{"placements": [{"axis": "tp", "kind": "replicate"}]}],
+                       outNames=["y"], isBoundary=False)
+        res = self.validate(b.build_id, changed)
+        self.assertFalse(res.ok)
+        self.assertEqual([(v.reason, list(v.fqns), v.message) for v in res.violations], [
+            ("ACTIVATION_LAYOUT_CONFLICT", ["lm_head", "tied"],
+             "%s at 'lm_head' conflicts with its constructed family layout" % field)
+            for field in ("out_src", "out_names", "is_boundary")])
+        # a family that declares none: an applied one that states any field conflicts
+        n = self.built("nest", {"n": 8})
+        self.assertEqual(list(self.validate(n.build_id, {}).violations), [])
+        res = self.validate(n.build_id, {"inSrc": [{}]})
+        self.assertEqual([v.message for v in res.violations],
+                         ["in_src at 'lm_head' conflicts with its constructed family layout"])
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. Invariance across meshes
 
-INV_CFG = {"num_experts": 6, "hidden_size": 16, "moe_intermediate_size": 8,
+INV_CFG = {"num_experts": 8, "hidden_size": 16, "moe_intermediate_size": 8,
            "initializer_range": 0.02}
 INV_MESHES = [None, ([("dp", 2), ("ep", 4)], []),
               ([("dp", 8)], [("edp_shard", 2), ("ep", 4)], [3, 1, 4, 0, 5, 2, 6, 7])]

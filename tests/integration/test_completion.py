@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""familyctl's bash completion (client/completion/familyctl.bash) in a scripted bash session.
+"""familyctl's bash completion (client/familyctl/completion/familyctl.bash) in a scripted bash session.
 
 bash sources the script, then each case sets COMP_WORDS/COMP_CWORD as bash does for a line
 and calls the completion function; COMPREPLY must hold exactly the expected words. familyctl is
@@ -18,7 +18,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import familyd_harness as H  # noqa: E402
 
-SCRIPT = os.path.join(H.SOURCE_ROOT, "client", "completion", "familyctl.bash")
+SCRIPT = os.path.join(H.SOURCE_ROOT, "client", "familyctl", "completion", "familyctl.bash")
 REGISTRY = os.path.join(H.SOURCE_ROOT, "deploy", "registry")
 
 

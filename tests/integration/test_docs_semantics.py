@@ -753,6 +753,9 @@ class TestLiveErrors(unittest.TestCase):
         four = cls.ok(cls.create_mesh([("dp", 4)], ranks=[0, 1, 2, 3])).mesh_id
         err("Build", cls.build(GE, GE_CFG, mesh_id=four, materialize={"ranks": [1, 5]}),
             {"rank": 5})
+        ep4 = cls.ok(cls.create_mesh([("dp", 2), ("ep", 4)])).mesh_id
+        err("Build", cls.build(GE, dict(GE_CFG, num_experts=6), mesh_id=ep4),
+            {"parameter": "gate_up_proj", "experts": 6, "dim": 0, "ep": 4})
         err("GetBuild", cls.call("FamilyService/GetBuild", build_id="bld-nope"),
             {"build_id": "bld-nope"})
         # Budgets: 4 experts x 32 x 64 + 4 x 32 x 32 float32 = 49152 bytes, one rank.

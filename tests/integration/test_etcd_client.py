@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""familyd's etcd client (daemon/coord/) against a real etcd, through tests/coord/coord-probe.
+"""familyd's etcd client (daemon/coord/) against a real etcd, through tests/probes/coord-probe.
 
 Each test starts its own etcd on free loopback ports (etcd_harness.py). The probe prints one
 line per result or watch event; its log (stderr) is checked for the one line each refusal and

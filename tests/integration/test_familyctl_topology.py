@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The cluster topology through the clients: familyctl topology [--watch] [--devices], forget,
 status, the table options over topology's two tables; libfamilyd's watch API (through
-client/watch-probe); the Python module's topology, watch_topology and forget_node.
+tests/probes/watch-probe); the Python module's topology, watch_topology and forget_node.
 
 Three real daemons form a cluster over UCX on loopback (--listen/--peers on free ports, short
 heartbeat/suspect/down times). TestCluster keeps all three up; TestNodeLoss starts its own

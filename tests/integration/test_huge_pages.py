@@ -11,6 +11,8 @@ default mode, auto:
   rounded up to 2 MiB, the pages come out of HugePages_Free, and the bytes past the rank's end
   are zero;
 - the same request built on normal pages (no free huge pages left) gives the very same bytes;
+- a copy-on-write mapping (mode "private") of a shard that took the last huge pages maps
+  without a reservation and reads the same bytes;
 - auto falls back to normal pages and logs why exactly once, however many fall back;
 - GetStatus counts the rounded bytes against --shm-budget;
 - under a service manager (fake_manager.py) hugetlb segments go into the fd store and a
@@ -172,6 +174,24 @@ class HugePagesTest(unittest.TestCase):
         self.assertIn("Huge pages: a shard segment of %d bytes is on normal pages: its 2 huge "
                       "pages of 2048 kB could not be reserved (0 of 2 free)" % size_bytes, log)
         self.assertIn("(--huge-pages auto; logged once)", log)
+
+    def test_copy_on_write_mapping_with_every_huge_page_taken(self):
+        # A frozen module's mapping (mode "private") of a shard whose segment took the last
+        # huge pages: the pool has none to reserve for copies, so the client maps it without
+        # a reservation instead of failing with ENOMEM, and reads the daemon's bytes.
+        write_int(NR_HUGEPAGES, 2)
+        ro = self.c.build("blob", config={"n": N_FLOATS}, seed=9)
+        self.assertEqual(meminfo("HugePages_Free"), 0)
+        cow = self.c.build("blob", config={"n": N_FLOATS}, seed=9, mode="private")
+        self.assertEqual(cow.id, ro.id)
+        size_bytes = ro.message.shards[0].size_bytes
+        pt = cow.ranks[0]
+        self.assertEqual(smaps_of(pt.mmap).get("KernelPageSize"), 2048)
+        self.assertEqual(bytes(pt.mmap[:size_bytes]), bytes(ro.ranks[0].mmap[:size_bytes]))
+        self.assertNotEqual(bytes(pt.mmap[:64]), bytes(64))
+        for b in (cow, ro):
+            b.close()
+            b.release()
 
     def test_no_huge_pages_reserved_logs_why(self):
         b = self.build()

@@ -697,6 +697,67 @@ class TestValidateModel(Base):
         self.assertRegex(got[0].message, "^shared parameter 'b.weight' has shape ")
 
 
+class TestActivationLayouts(Base):
+    """Activation layouts (docs/torch.md, validate_model): the family's declared one comes with
+    its build; one the trainer applies otherwise is ACTIVATION_LAYOUT_CONFLICT per field (the
+    daemon's Validate); neighbours whose out_dst and in_src disagree are
+    ACTIVATION_NEIGHBOUR_MISMATCH (validate_model's own)."""
+
+    def model(self, *families):
+        model = torch.nn.Module()
+        for i, family in enumerate(families):
+            setattr(model, "c%d" % i, self.build(family, CFG, fqn="c%d" % i, seed=1))
+        return model
+
+    def test_declared_layout_comes_with_the_build(self):
+        m = self.build("tb_row", CFG, fqn="r", seed=1)
+        got = FT.activation_layout(m)
+        self.assertEqual(got["outNames"], ["hidden"])
+        self.assertTrue(got["isBoundary"])
+        self.assertEqual(got["outSrc"], [{"placements": [{"axis": "tp", "kind": "partial"}]}])
+        self.assertIsNone(FT.activation_layout(self.build("tb_linear", CFG, fqn="l", seed=1)))
+        # nothing applied: nothing sent
+        self.assertNotIn("activations", V.applied_layout(m))
+
+    def test_neighbours(self):
+        # column then row: the split output is what the row-parallel linear takes in
+        self.assertEqual(FT.validate_model(client, self.model("tb_col", "tb_row")), [])
+        # row then row: a replicated output into a split input
+        got = FT.validate_model(client, self.model("tb_row", "tb_row"))
+        self.assertEqual([(v.reason, list(v.fqns), v.message) for v in got], [
+            ("ACTIVATION_NEIGHBOUR_MISMATCH", ["c0", "c1"],
+             "out_dst at 'c0' [{tp: replicate}] disagrees with in_src at 'c1' [{tp: shard(-1)}], "
+             "the next component")])
+        with self.assertRaises(FT.ModelValidationError):
+            FT.validate_model(client, self.model("tb_row", "tb_col", "tb_col"), raise_errors=True)
+        # a family that declares none has no neighbours to compare
+        self.assertEqual(FT.validate_model(client, self.model("tb_row", "tb_linear", "tb_col")), [])
+
+    def test_applied_layout_that_differs(self):
+        model = self.model("tb_col", "tb_row")
+        row = model.c1
+        applied = FT.activation_layout(row)
+        applied["inSrc"] = [{"placements": [{"axis": "tp", "kind": "replicate"}]}]
+        applied["isBoundary"] = False
+        FT.set_activation_layout(row, applied)
+        got = FT.validate_model(client, model)
+        self.assertEqual([(v.reason, list(v.fqns), v.message) for v in got], [
+            ("ACTIVATION_LAYOUT_CONFLICT", ["c1"],
+             "in_src at 'c1' conflicts with its constructed family layout"),
+            ("ACTIVATION_LAYOUT_CONFLICT", ["c1"],
+             "is_boundary at 'c1' conflicts with its constructed family layout"),
+            ("ACTIVATION_NEIGHBOUR_MISMATCH", ["c0", "c1"],
+             "out_dst at 'c0' [{tp: shard(-1)}] disagrees with in_src at 'c1' [{tp: replicate}], "
+             "the next component")])
+        # the same as built, applied explicitly: nothing
+        FT.set_activation_layout(row, FT.build_info(row).layout.activations)
+        self.assertEqual(FT.validate_model(client, model), [])
+        FT.set_activation_layout(row, None)
+        self.assertEqual(FT.validate_model(client, model), [])
+        with self.assertRaisesRegex(ValueError, "was not built by familyd"):
+            FT.set_activation_layout(torch.nn.Linear(2, 2), {})
+
+
 class TestProcessGroupOrder(unittest.TestCase):
     """The groups every rank creates, in the order it creates them (pure functions)."""
 

@@ -474,12 +474,15 @@ class TestRegistryAgreement(unittest.TestCase):
                               "module_fqn": "x", "module": None}.get(a)
                           for a in variant["accepts"] if a not in ("config", "context")}
                 if "context" in variant["accepts"]:
-                    kwargs["context"] = M.ParallelContext()
+                    # a job as the variant's requires has it (the sequence-parallel norm)
+                    flags = {k: v for k, v in variant.get("requires", {}).items()
+                             if k in ("sequence_parallel", "loss_parallel")}
+                    kwargs["context"] = M.ParallelContext(**flags)
                 m = cls(config=cfg(), device="meta", **kwargs)
                 self.assertEqual([n for n, _ in m.named_parameters()],
                                  list(fam["parameters"]), cls_name)
                 self.assertTrue(all(p.is_meta for p in m.parameters()))
-        self.assertEqual(len(seen), 12)
+        self.assertEqual(len(seen), 13)
 
     def test_local_shard_shapes(self):
         def shapes(cls, axis, size, rank, c=None, **kw):

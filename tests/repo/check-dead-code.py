@@ -8,7 +8,7 @@ given, relative to ROOT). A function with a body (check-function-length.py's sca
 when its name appears anywhere else in those files: called, taken as a pointer, named in a
 macro or a table. Prototypes and forward declarations (a statement `TYPE name(...);`) do not
 count, nor does the definition itself. Entry points are exempt: main, the libFuzzer entry, and
-the C library's exported symbols (client/libfamilyd.sym). Each unused function is printed as
+the C library's exported symbols (client/libfamilyd/libfamilyd.sym). Each unused function is printed as
 FILE:LINE name; the exit status is 1 when there is any.
 """
 
@@ -63,7 +63,7 @@ def without_prototypes(text):
 
 
 def exported(root):
-    path = os.path.join(root, "client", "libfamilyd.sym")
+    path = os.path.join(root, "client", "libfamilyd", "libfamilyd.sym")
     if not os.path.exists(path):
         return set()
     with open(path) as f:

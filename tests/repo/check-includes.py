@@ -108,8 +108,11 @@ def check_file(root, rel):
                 continue
             if "/" not in name:
                 home = os.path.join(root, folder_of_layer(layer))
+                # libfamilyd's public header, named bare by familyctl as by any user of it.
+                public = os.path.join(root, "client", "libfamilyd") if layer == "client" else home
                 if os.path.exists(os.path.join(here, name)) or \
                         os.path.exists(os.path.join(home, name)) or \
+                        os.path.exists(os.path.join(public, name)) or \
                         name.endswith(".pb-c.h") or name == "build-config.h":
                     continue
                 problems.append('%s:%d: #include "%s": not in %s/; name another folder\'s '

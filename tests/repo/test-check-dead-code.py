@@ -26,8 +26,8 @@ TREE = {
     "daemon/main.c": '#include "common/util.h"\n'
                      'int main(void) { const char *s = "unused()"; (void) s;\n'
                      "        return inline_used() + VIA_MACRO(2) + table[0](); }\n",
-    "client/lib.c": "int familyd_exported(void) { return 0; }\n",
-    "client/libfamilyd.sym": "LIBFAMILYD_1 {\n global:\n  familyd_exported;\n local: *;\n};\n",
+    "client/libfamilyd/lib.c": "int familyd_exported(void) { return 0; }\n",
+    "client/libfamilyd/libfamilyd.sym": "LIBFAMILYD_1 {\n global:\n  familyd_exported;\n local: *;\n};\n",
 }
 
 

@@ -32,7 +32,7 @@ CLEAN = {
                           '#include <systemd/sd-event.h>\n',
     "daemon/daemon.c": '#include "rpc/service.h"\n#include "peer/peer.h"\n'
                        '#include <systemd/sd-daemon.h>\n#include "build-config.h"\n',
-    "client/familyd.h": '#include "familyd-v1-family.pb-c.h"\n#include "common/macro.h"\n',
+    "client/libfamilyd/familyd.h": '#include "familyd-v1-family.pb-c.h"\n#include "common/macro.h"\n',
     "client/familyctl/verbs.c": '#include "familyd.h"\n#include <grpc/grpc.h>\n',
 }
 
@@ -44,8 +44,8 @@ BAD = {
     "daemon/peer/peer2.c": ('#include "handout/token.h"\n', "daemon/peer may not include daemon/handout"),
     "daemon/rpc/peer-use.c": ('#include "peer/peer.h"\n', "daemon/rpc may not include daemon/peer"),
     "daemon/state/flat.c": ('#include "mesh.h"\n', "not in daemon/state/"),
-    "client/shard.c": ('#include "../daemon/hw/cuda-driver.h"\n', "a relative path"),
-    "client/calls.c": ('#include "core/macro.h"\n', "client may not include daemon/core"),
+    "client/libfamilyd/shard.c": ('#include "../daemon/hw/cuda-driver.h"\n', "a relative path"),
+    "client/libfamilyd/calls.c": ('#include "core/macro.h"\n', "client may not include daemon/core"),
     "common/crc.c": ('#include "core/mesh.h"\n', "common may not include daemon/core"),
     # The membership protocol is pure, over core/ alone: core/ may not use it, nor it an adapter.
     "daemon/core/members.c": ('#include "membership/membership.h"\n',

@@ -13,7 +13,9 @@ Output, whitespace-separated tokens, one record per line:
   expect_rank RANK SIZE_BYTES NDEVICE COORD.. NEXPERT COORD..
   expect_slice NDIMS LOCAL_SHAPE.. GLOBAL_OFFSET.. BYTE_OFFSET BYTE_LENGTH
   end
-expect_slice lines follow their expect_rank line, one per parameter in order.
+expect_slice lines follow their expect_rank line, one per parameter in order. A case whose experts
+do not divide over ep (a piece the axis named ep splits is no multiple of its size) is refused:
+after its param lines comes "refused NAME" (the first such parameter, ranks in order) and end.
 """
 
 import random
@@ -40,6 +42,10 @@ def unravel(index, sizes):
 
 def round_up(x, align):
     return (x + align - 1) // align * align
+
+
+class Refused(Exception):
+    """Experts that do not divide over ep: the parameter's name."""
 
 
 def layout(mesh, params, elem, align):
@@ -76,6 +82,8 @@ def layout(mesh, params, elem, align):
             for k, (vdim, vsize) in enumerate(view):
                 for axis, kind, d, _ in norm:
                     if kind == "shard" and axis == vdim:
+                        if axis == "ep" and length[d] % vsize:
+                            raise Refused(name)
                         s, l = torch_chunk_piece(length[d], vsize, coords[k])
                         start[d] += s
                         length[d] = l
@@ -96,7 +104,10 @@ def layout(mesh, params, elem, align):
 
 
 def emit(name, mesh, params, elem=4, align=64):
-    laid, ranks = layout(mesh, params, elem, align)
+    try:
+        laid, ranks = layout(mesh, params, elem, align)
+    except Refused as e:
+        laid, ranks, refused = None, None, e.args[0]
     w = sys.stdout.write
     w("case %s\n" % name)
     w("elem %d align %d\n" % (elem, align))
@@ -110,6 +121,9 @@ def emit(name, mesh, params, elem=4, align=64):
     for pname, shape, placements in params:
         w("param %s %d %s %d %s\n" % (pname, len(shape), " ".join(map(str, shape)), len(placements),
                                       " ".join("%s %s %d" % p for p in placements)))
+    if laid is None:
+        w("refused %s\nend\n" % refused)
+        return
     for pname, _, vname, _, norm in laid:
         w("expect_param %s %s %d %s\n" % (pname, vname, len(norm), " ".join("%s %s %d %d" % n for n in norm)))
     for rank, size, dc, ec, slices in ranks:
@@ -143,12 +157,16 @@ def hand_cases():
     emit("two_dims", mesh_of([("dp", 2), ("tp", 3)], ranks=[5, 4, 3, 2, 1, 0]),
          [("w", [4, 7], [("dp", "shard", 0), ("tp", "shard", 1)]), ("n", [9], [("tp", "replicate", 0)])])
     emit("expert_view", mesh_of([("dp", 2), ("tp", 2)], [("edp", 1), ("ep", 4)]),
-         [("experts", [6, 3, 2], [("ep", "shard", 0), ("tp", "shard", -1)]),
+         [("experts", [8, 3, 2], [("ep", "shard", 0), ("tp", "shard", -1)]),
           ("router", [6, 4], [("tp", "shard", 0)]),
           ("shared", [8], [("dp", "shard", 0), ("ep", "replicate", 0)])])
     emit("expert_shared_name", mesh_of([("dp", 2), ("tp", 2)], [("ep", 2), ("tp", 2)]),
          [("a", [4, 4], [("tp", "shard", 1), ("ep", "shard", 0)]),
           ("b", [4, 4], [("tp", "shard", 1), ("dp", "shard", 0)])])
+    emit("experts_uneven", mesh_of([("dp", 2), ("tp", 2)], [("edp", 1), ("ep", 4)]),
+         [("router", [6, 4], [("tp", "shard", 0)]), ("experts", [6, 3, 2], [("ep", "shard", 0)])])
+    emit("experts_uneven_nested", mesh_of([("edp", 2), ("ep", 2)]),
+         [("w", [6, 2], [("ep", "shard", 0), ("edp", "shard", 0)])])
     emit("unknown_axis", mesh_of([("tp", 2)]), [("w", [4], [("pp", "shard", 0), ("tp", "shard", 0)])])
     emit("align_4096_bf16", mesh_of([("tp", 2)]),
          [("a", [3, 3], [("tp", "shard", 0)]), ("b", [1], []), ("c", [5], [("tp", "shard", 0)])],
@@ -202,6 +220,13 @@ def random_cases(count, seed):
                     placements.append((axis, "shard", rng.randrange(-rank, rank)))
                 else:
                     placements.append((axis, "replicate", 0))
+            # Mostly experts that divide over ep (a multiple of the rank count divides over
+            # every nesting of sizes multiplying to it); the rest are refused.
+            if mesh is not None and rng.random() < 0.8:
+                n_ranks = len(mesh["ranks"])
+                for axis, kind, dim in placements:
+                    if axis == "ep" and kind == "shard":
+                        shape[dim] = n_ranks * rng.randint(0, 2)
             params.append(("p%d" % j, shape, placements))
         emit("random_%d" % i, mesh, params, elem=rng.choice([1, 2, 4, 8]), align=rng.choice([64, 128, 256, 4096]))
 

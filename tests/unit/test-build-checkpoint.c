@@ -8,7 +8,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -215,12 +219,136 @@ static void test_open_refusals(void **state) {
         family_error_done(&err);
 }
 
+/* The node reads a tensor whole when its distinct boxes add up to it: two halves do, one half
+ * does not, nor does the same half read by two ranks. */
+static void test_read_whole_marking(void **state) {
+        _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = open_mixtral();
+        char *name = (char *) "m.experts.1.w2.weight";
+        CheckpointBlock left = { .tensor = name, .n_src_dims = 2, .src_offset = { 0, 0 },
+                                 .src_extent = { H, I / 2 } };
+        CheckpointBlock right = { .tensor = name, .n_src_dims = 2, .src_offset = { 0, I / 2 },
+                                  .src_extent = { H, I - I / 2 } };
+        CheckpointBlock unknown = { .tensor = (char *) "m.nothing", .n_src_dims = 1 };
+
+        assert_int_equal(build_checkpoint_note_read(c, &left), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c), 0);
+        assert_false(build_checkpoint_find(c, name)->read_whole);
+
+        assert_int_equal(build_checkpoint_note_read(c, &left), 0);
+        assert_int_equal(build_checkpoint_note_read(c, &left), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c), 0);
+        assert_false(build_checkpoint_find(c, name)->read_whole);
+
+        assert_int_equal(build_checkpoint_note_read(c, &right), 0);
+        assert_int_equal(build_checkpoint_note_read(c, &left), 0);
+        assert_int_equal(build_checkpoint_note_read(c, &right), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c), 0);
+        for (size_t i = 0; i < c->n_tensors; i++)
+                assert_int_equal(c->tensors[i].read_whole,
+                                 streq(c->tensors[i].tensor->name, name));
+        assert_int_equal(build_checkpoint_note_read(c, &unknown), -EINVAL);
+}
+
+/* Of the file's data bytes [from, to): the fraction of its whole pages in the page cache. */
+static double cached(int fd, uint64_t from, uint64_t to) {
+        size_t page = (size_t) sysconf(_SC_PAGESIZE);
+        uint64_t first = (from + page - 1) / page, last = to / page;
+        size_t n = (size_t) (last + 1);
+        _cleanup_free_ unsigned char *vec = calloc(n, 1);
+        void *p = mmap(NULL, n * page, PROT_READ, MAP_SHARED, fd, 0);
+        size_t in = 0;
+
+        assert_non_null(vec);
+        assert_true(p != MAP_FAILED);
+        assert_int_equal(mincore(p, n * page, vec), 0);
+        for (uint64_t i = first; i < last; i++)
+                in += vec[i] & 1;
+        assert_int_equal(munmap(p, n * page), 0);
+        return (double) in / (double) (last - first);
+}
+
+/* The memfd's bytes in an unlinked file of /var/tmp, a disk's page cache (not a tmpfs). */
+static int on_disk(int memfd) {
+        char path[] = "/var/tmp/test-build-checkpoint-XXXXXX";
+        struct statfs sfs;
+        struct stat st;
+        int fd = mkstemp(path);
+
+        assert_true(fd >= 0);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(fstatfs(fd, &sfs), 0);
+        if (sfs.f_type == 0x01021994 /* TMPFS_MAGIC */)
+                fail_msg("/var/tmp is a tmpfs: the read-ahead test needs a disk's page cache");
+        assert_int_equal(fstat(memfd, &st), 0);
+        for (off_t done = 0; done < st.st_size;) {
+                char buf[65536];
+                ssize_t n = pread(memfd, buf, sizeof buf, done);
+                assert_true(n > 0);
+                assert_int_equal(pwrite(fd, buf, (size_t) n, done), n);
+                done += n;
+        }
+        assert_int_equal(close(memfd), 0);
+        return fd;
+}
+
+/* A column shard (half of every row) of a tensor: read ahead as a whole span when the node
+ * reads the tensor whole (the other half's pages come with it), alone otherwise. The file's
+ * own read-ahead is off (POSIX_FADV_RANDOM), so only the reader's hint brings pages in. */
+static void test_read_ahead(void **state) {
+        enum { R = 64, C = 8192 };
+        Spec t = { "w", "F32", R, C };
+        int fd = on_disk(write_file(&t, 1, 0));
+        BuildCheckpoint *c = NULL;
+        FamilyError err = FAMILY_ERROR_NULL;
+        const char *names[1] = { "w.safetensors" };
+
+        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
+        CheckpointPart part = { "w", false };
+        CheckpointSource src = { .parts = &part, .n_parts = 1 };
+        int64_t shape[2] = { R, C }, o[2] = { 0, 0 }, l[2] = { R, C / 2 };
+        ParameterLayout p = { .name = (char *) "w", .shape = shape, .n_dims = 2,
+                              .dtype = DTYPE_FLOAT32 };
+        ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 2 };
+        _cleanup_free_ float *out = calloc(R * C / 2, sizeof(float));
+        const BuildCheckpointFile *f = &c->files[0];
+        uint64_t from = f->header->data_offset, to = f->size;
+
+        assert_non_null(out);
+        for (int whole = 0; whole < 2; whole++) {
+                uint64_t read = 0;
+                assert_int_equal(fdatasync(f->fd), 0);
+                assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+                assert_true(cached(f->fd, from, to) == 0.0);
+                assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM), 0);
+                c->tensors[0].read_whole = whole;
+                assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s,
+                                                             (uint8_t *) out, staging,
+                                                             sizeof staging, &read, &err), 0);
+                assert_int_equal(read, (uint64_t) R * C / 2 * 4);
+                for (int64_t r = 0; r < R; r++)
+                        for (int64_t k = 0; k < C / 2; k += 997)
+                                assert_true(out[r * C / 2 + k] ==
+                                            element(0, (uint64_t) (r * C + k)));
+                double in = cached(f->fd, from, to);
+                /* The hinted pages are read asynchronously: wait for them (up to 5 s). */
+                for (int i = 0; whole && in < 1.0 && i < 500; i++) {
+                        (void) nanosleep(&(struct timespec) { .tv_nsec = 10000000 }, NULL);
+                        in = cached(f->fd, from, to);
+                }
+                if (whole ? in < 1.0 : in > 0.8)
+                        fail_msg("read_whole %d: %.3f of the tensor's pages cached", whole, in);
+        }
+        build_checkpoint_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_gate_up),
                 cmocka_unit_test(test_rows_and_bytes_read),
                 cmocka_unit_test(test_refusals),
                 cmocka_unit_test(test_open_refusals),
+                cmocka_unit_test(test_read_whole_marking),
+                cmocka_unit_test(test_read_ahead),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <cmocka.h>
+#include <inttypes.h>
 
 #include "core/build-plan.h"
 #include "common/macro.h"
@@ -77,6 +78,37 @@ static const char extra_yaml[] =
         "        shape: [hidden_size / num_groups, 2]\n"
         "        placements: {dp: replicate, tp: shard(-1)}\n"
         "        init: {uniform: {low: lo, high: 1.5}}\n"
+        "  - name: jobdep\n"
+        "    baseline: pkg.JobDep\n"
+        "    default_variant: v\n"
+        "    variants:\n"
+        "      v: {constructor: pkg.JobDepV, accepts: [config, module]}\n"
+        "      bad:\n"
+        "        constructor: pkg.JobDepBad\n"
+        "        accepts: [config]\n"
+        "        parameters:\n"
+        "          w:\n"
+        "            shape: [4]\n"
+        "            placements:\n"
+        "              tp: [{when: 'loss_parallel or tp_size / (cp_size - 1) > 1', placement: shard(0)}]\n"
+        "    selectors:\n"
+        "      pick: {type: string, default: v}\n"
+        "    rules:\n"
+        "      - {when: {pick: bad}, variant: bad}\n"
+        "    parameters:\n"
+        "      experts:\n"
+        "        shape: [8, 4]\n"
+        "        placements:\n"
+        "          dp: replicate\n"
+        "          ep: [{when: ep_size > 1, placement: shard(0)}]\n"
+        "          tp:\n"
+        "            - {when: ep_size > 1, placement: none}\n"
+        "            - {when: tp_size > 1 and sequence_parallel, placement: shard(-1)}\n"
+        "            - {placement: replicate}\n"
+        "      norm:\n"
+        "        shape: [4]\n"
+        "        placements:\n"
+        "          tp: [{when: loss_parallel, placement: shard(0)}]\n"
         "  - name: nop\n"
         "    baseline: pkg.Nop\n"
         "    default_variant: v\n"
@@ -213,7 +245,8 @@ static void set_str(char **p, const char *s) {
 }
 
 static const Registry *registry_for(const BuildRequest *r) {
-        return strncmp(r->family, "pkg.", 4) == 0 || streq(r->family, "attn") || streq(r->family, "nop") ?
+        return strncmp(r->family, "pkg.", 4) == 0 || streq(r->family, "attn") || streq(r->family, "nop") ||
+                streq(r->family, "jobdep") ?
                 fx.extra : fx.conformance;
 }
 
@@ -265,8 +298,9 @@ static void assert_shape(const PlanParameter *p, const char *name, size_t n, ...
         assert_int_equal(p->n_elements, elements);
 }
 
-static char *create_mesh(const char *device, const char *expert) {
-        MeshSpec s = {};
+static char *create_mesh_flags(const char *device, const char *expert, bool sequence_parallel,
+                               bool loss_parallel) {
+        MeshSpec s = { .sequence_parallel = sequence_parallel, .loss_parallel = loss_parallel };
         const char *views[2] = { device, expert };
         MeshView *targets[2] = { &s.device, &s.expert };
 
@@ -294,6 +328,10 @@ static char *create_mesh(const char *device, const char *expert) {
         mesh_unref(got);
         mesh_unref(m);
         return id;
+}
+
+static char *create_mesh(const char *device, const char *expert) {
+        return create_mesh_flags(device, expert, false, false);
 }
 
 /* Step 1: target and arguments as Resolve 1-2, then `config` among the arguments. */
@@ -1372,6 +1410,87 @@ static void test_helpers(void **state) {
         build_request_done(&q);
 }
 
+/* Placements that depend on the job: the first case that holds decides, over Resolve's axis
+ * sizes and the flags (the mesh's when there is one). */
+static void expect_placements(const PlanParameter *p, const char *want) {
+        char got[256] = "";
+
+        for (size_t i = 0; i < p->n_placements; i++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s:%s(%" PRId64 ")", i ? " " : "",
+                         p->placements[i].axis, placement_kind_to_string(p->placements[i].kind),
+                         p->placements[i].dim);
+        assert_string_equal(got, want);
+}
+
+static void test_job_placements(void **state) {
+        {
+                /* no job: ep has no case that holds (not placed), tp falls to replicate */
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "dp:replicate(0) tp:replicate(0)");
+                expect_placements(&p.parameters[1], "");
+        }
+        {
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                size(&r, AXIS_EP, 4);
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "dp:replicate(0) ep:shard(0)");
+        }
+        {
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                size(&r, AXIS_TP, 2);
+                r.context.sequence_parallel = true;
+                r.context.loss_parallel = true;
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "dp:replicate(0) tp:shard(-1)");
+                expect_placements(&p.parameters[1], "tp:shard(0)");
+        }
+        {
+                /* sequence_parallel without tp > 1 does not hold */
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                r.context.sequence_parallel = true;
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "dp:replicate(0) tp:replicate(0)");
+        }
+        {
+                /* the mesh's sizes and flags */
+                _cleanup_free_ char *id = create_mesh_flags("dp=4 tp=2", "", true, true);
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                set_str(&r.mesh_id, id);
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "dp:replicate(0) tp:shard(-1)");
+                expect_placements(&p.parameters[1], "tp:shard(0)");
+        }
+        {
+                _cleanup_free_ char *id = create_mesh("dp=4 tp=2", "edp=2 ep=4");
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                set_str(&r.mesh_id, id);
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "dp:replicate(0) ep:shard(0)");
+                expect_placements(&p.parameters[1], "");
+        }
+        {
+                /* a condition that cannot be evaluated: and/or decide left to right */
+                BuildRequest r = req("jobdep");
+                r.has_config = true;
+                arg(&r, "pick", STRING("bad"));
+                INVALID(r, "PLACEMENT", "parameter 'w': the placement over 'tp' cannot be decided: case 1's "
+                                        "condition 'loss_parallel or tp_size / (cp_size - 1) > 1' division by zero");
+                r = req("jobdep");
+                r.has_config = true;
+                arg(&r, "pick", STRING("bad"));
+                r.context.loss_parallel = true;
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(r);
+                expect_placements(&p.parameters[0], "tp:shard(0)");
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_step1),
@@ -1388,6 +1507,7 @@ int main(void) {
                 cmocka_unit_test(test_replacement_source_config_bound),
                 cmocka_unit_test(test_parameter_dtypes),
                 cmocka_unit_test(test_helpers),
+                cmocka_unit_test(test_job_placements),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -370,6 +370,99 @@ static void test_long_chain(void **state) {
         assert_int_equal(expr_parse(s, &again, NULL), 0);
 }
 
+/* Conditions: the job's facts as fields. */
+static int job_lookup(const char *name, int64_t *ret, void *userdata) {
+        static const Field job[] = {
+                { "tp_size", 2 }, { "cp_size", 1 }, { "ep_size", 4 }, { "pp_size", 1 },
+                { "sequence_parallel", 1 }, { "loss_parallel", 0 },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(job); i++)
+                if (streq(job[i].name, name)) {
+                        *ret = job[i].value;
+                        return 0;
+                }
+        return -ENOENT;
+}
+
+static int64_t cond_ok(const char *text, const char *canonical) {
+        _cleanup_(expr_freep) Expr *e = NULL, *again = NULL;
+        _cleanup_free_ char *s = NULL, *s2 = NULL, *msg = NULL;
+        ExprEvalError err = {};
+        int64_t v = -424242, v2 = -424242;
+
+        assert_int_equal(expr_parse_condition(text, &e, &msg), 0);
+        assert_null(msg);
+        s = expr_to_string(e);
+        assert_non_null(s);
+        assert_string_equal(s, canonical);
+        assert_int_equal(expr_eval(e, job_lookup, NULL, &v, &err), 0);
+        /* the canonical text is a fixed point with the same value */
+        assert_int_equal(expr_parse_condition(s, &again, NULL), 0);
+        s2 = expr_to_string(again);
+        assert_string_equal(s2, s);
+        assert_int_equal(expr_eval(again, job_lookup, NULL, &v2, &err), 0);
+        assert_int_equal(v, v2);
+        return v;
+}
+
+static void check_condition_error(const char *text, const char *want) {
+        _cleanup_free_ char *msg = NULL;
+        Expr *e = NULL;
+
+        assert_int_equal(expr_parse_condition(text, &e, &msg), -EINVAL);
+        assert_null(e);
+        assert_non_null(msg);
+        assert_string_equal(msg, want);
+}
+
+static void test_conditions(void **state) {
+        assert_int_equal(cond_ok("sequence_parallel", "sequence_parallel"), 1);
+        assert_int_equal(cond_ok("ep_size>1", "ep_size > 1"), 1);
+        assert_int_equal(cond_ok("ep_size == 1", "ep_size == 1"), 0);
+        assert_int_equal(cond_ok("tp_size != 2", "tp_size != 2"), 0);
+        assert_int_equal(cond_ok("tp_size <= 2", "tp_size <= 2"), 1);
+        assert_int_equal(cond_ok("tp_size < 2", "tp_size < 2"), 0);
+        assert_int_equal(cond_ok("ep_size >= tp_size * 2", "ep_size >= tp_size * 2"), 1);
+        assert_int_equal(cond_ok("not loss_parallel", "not loss_parallel"), 1);
+        assert_int_equal(cond_ok("not not ep_size", "not not ep_size"), 1);
+        /* or binds less tightly than and, and than not, and than a comparison */
+        assert_int_equal(cond_ok("loss_parallel and tp_size > 1 or sequence_parallel",
+                                 "loss_parallel and tp_size > 1 or sequence_parallel"), 1);
+        assert_int_equal(cond_ok("loss_parallel and (tp_size > 1 or sequence_parallel)",
+                                 "loss_parallel and (tp_size > 1 or sequence_parallel)"), 0);
+        assert_int_equal(cond_ok("not (loss_parallel or cp_size > 1)", "not (loss_parallel or cp_size > 1)"), 1);
+        assert_int_equal(cond_ok("(ep_size > 1) + (tp_size > 1)", "(ep_size > 1) + (tp_size > 1)"), 2);
+        assert_int_equal(cond_ok("((tp_size))", "tp_size"), 2);
+        /* a comparison's operands are sums; comparisons nest only in parentheses */
+        assert_int_equal(cond_ok("(tp_size == 2) == 1", "(tp_size == 2) == 1"), 1);
+        /* and/or decide without their right operand: no division by zero */
+        assert_int_equal(cond_ok("loss_parallel and 1 / 0", "loss_parallel and 1 / 0"), 0);
+        assert_int_equal(cond_ok("sequence_parallel or 1 / 0", "sequence_parallel or 1 / 0"), 1);
+        {
+                _cleanup_(expr_freep) Expr *e = NULL;
+                ExprEvalError err = {};
+                int64_t v;
+
+                assert_int_equal(expr_parse_condition("sequence_parallel and 1 / 0", &e, NULL), 0);
+                assert_int_equal(expr_eval(e, job_lookup, NULL, &v, &err), -EINVAL);
+                assert_int_equal(err.failure, EXPR_FAILURE_DIVISION_BY_ZERO);
+        }
+
+        check_condition_error("tp_size < 2 < 3", "unexpected '<' at column 13");
+        check_condition_error("and", "unexpected 'a' at column 1");
+        check_condition_error("tp_size and", "unexpected end of expression");
+        check_condition_error("not", "unexpected end of expression");
+        check_condition_error("tp_size = 2", "unexpected '=' at column 9");
+        check_condition_error("tp_size andx", "unexpected 'a' at column 9");
+        check_condition_error("(tp_size or", "unexpected end of expression");
+        /* shapes keep their grammar: no comparisons, and, or, not there */
+        check_syntax_error("a > 1", "unexpected '>' at column 3");
+        check_syntax_error("a and b", "unexpected 'a' at column 3");
+        _cleanup_(expr_freep) Expr *field = NULL;
+        assert_int_equal(expr_parse("not", &field, NULL), 0); /* a field named not */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_canonical_text),
@@ -380,6 +473,7 @@ int main(void) {
                 cmocka_unit_test(test_foreach_field),
                 cmocka_unit_test(test_syntax_errors),
                 cmocka_unit_test(test_long_chain),
+                cmocka_unit_test(test_conditions),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

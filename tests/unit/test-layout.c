@@ -223,7 +223,7 @@ static void test_expert_view(void **state) {
         _cleanup_(layout_done) Layout l = {};
         LayoutParameter p[] = {
                 /* ep is only in the expert view: laid out there, where tp has size 1 */
-                { "experts", SHAPE(6, 3), PLACE(SHARD("ep", 0), SHARD("tp", -1)) },
+                { "experts", SHAPE(8, 3), PLACE(SHARD("ep", 0), SHARD("tp", -1)) },
                 /* no expert-only axis: the device view; pp is in neither view, so of size 1 */
                 { "router", SHAPE(6, 4), PLACE(SHARD("tp", 0), REPLICATE("pp")) },
                 { "dense", SHAPE(8), PLACE(SHARD("dp", 0)) },
@@ -241,14 +241,14 @@ static void test_expert_view(void **state) {
         assert_int_equal(l.parameters[2].view, LAYOUT_VIEW_DEVICE);
         assert_int_equal(l.parameters[3].view, LAYOUT_VIEW_EXPERT);
         assert_string_equal(layout_view_to_string(l.parameters[3].view), "expert");
-        /* experts: 6 over ep=4, chunk 2: 2 2 2 0 */
+        /* experts: 8 over ep=4, 2 each */
         expect_slice(&l, 0, 0, V(2, 3), V(0, 0), 0, 24);
-        expect_slice(&l, 3, 0, V(0, 3), V(6, 0), 0, 0);
+        expect_slice(&l, 3, 0, V(2, 3), V(6, 0), 0, 24);
         /* router over device tp: rank 3 is (dp 1, tp 1) */
-        expect_slice(&l, 3, 1, V(3, 4), V(3, 0), 0, 48);
-        expect_slice(&l, 3, 2, V(4), V(4), 64, 16);
+        expect_slice(&l, 3, 1, V(3, 4), V(3, 0), 64, 48);
+        expect_slice(&l, 3, 2, V(4), V(4), 128, 16);
         /* gate: dp has size 1 in the expert view, so every rank holds it whole */
-        expect_slice(&l, 3, 3, V(8), V(0), 128, 32);
+        expect_slice(&l, 3, 3, V(8), V(0), 192, 32);
         assert_int_equal(l.ranks[3].n_device_coords, 2);
         assert_int_equal(l.ranks[3].n_expert_coords, 2);
         assert_int_equal(l.ranks[3].expert_coords[0], 0);
@@ -354,6 +354,52 @@ static void expect_error(const Mesh *m, const LayoutParameter *p, size_t n, Dtyp
         assert_string_equal(e.reason, reason);
         assert_string_equal(e.message, message);
         family_error_done(&e);
+}
+
+/* Experts split over ep must divide evenly: an uneven split is refused, never laid out. */
+static void test_experts_uneven(void **state) {
+        _cleanup_(mesh_unrefp) Mesh *m = mesh_make("dp=2 tp=2", "edp=1 ep=4", NULL, 4);
+        _cleanup_(mesh_unrefp) Mesh *nested = mesh_make("edp=2 ep=2", "", NULL, 4);
+        _cleanup_(mesh_unrefp) Mesh *device_ep = mesh_make("ep=4", "", NULL, 4);
+        LayoutParameter six[] = {
+                { "router", SHAPE(6, 4), PLACE(SHARD("tp", 0)) }, /* tp stays allowed uneven */
+                { "experts", SHAPE(6, 3), PLACE(SHARD("ep", 0), SHARD("tp", -1)) },
+        };
+        /* edp splits 6 as 3 + 3 first: 3 experts do not divide over ep=2 */
+        LayoutParameter inner[] = { { "w", SHAPE(6, 2), PLACE(SHARD("ep", 0), SHARD("edp", 0)) } };
+        /* dimension 1, counted after normalising shard(-1) */
+        LayoutParameter last[] = { { "w", SHAPE(2, 5), PLACE(SHARD("ep", -1)) } };
+        LayoutParameter ok[] = {
+                { "w", SHAPE(4, 2), PLACE(SHARD("ep", 0), SHARD("edp", 0)) },
+                { "z", SHAPE(0, 3), PLACE(SHARD("ep", 0)) }, /* no experts divide evenly */
+                { "r", SHAPE(3), PLACE(REPLICATE("ep")) },   /* replicated: nothing to split */
+        };
+        _cleanup_(layout_done) Layout l = {};
+
+        expect_error(m, six, 2, F32, FAMILY_STATUS_INVALID_ARGUMENT, "EXPERTS_UNEVEN",
+                     "parameter 'experts': 6 experts (dimension 0) do not divide over ep=4; "
+                     "each ep rank must hold the same number of experts");
+        expect_error(nested, inner, 1, F32, FAMILY_STATUS_INVALID_ARGUMENT, "EXPERTS_UNEVEN",
+                     "parameter 'w': 3 experts (dimension 0) do not divide over ep=2; "
+                     "each ep rank must hold the same number of experts");
+        expect_error(device_ep, last, 1, F32, FAMILY_STATUS_INVALID_ARGUMENT, "EXPERTS_UNEVEN",
+                     "parameter 'w': 5 experts (dimension 1) do not divide over ep=4; "
+                     "each ep rank must hold the same number of experts");
+        {
+                FamilyError e = FAMILY_ERROR_NULL;
+                Layout bad = {};
+
+                assert_int_equal(layout_compute(m, six, 2, F32, 64, &bad, &e), -EINVAL);
+                assert_string_equal(e.field, "experts");
+                family_error_done(&e);
+        }
+
+        compute(nested, ok, ELEMENTSOF(ok), F32, 64, &l);
+        expect_slice(&l, 3, 0, V(1, 2), V(3, 0), 0, 8);
+        /* without a mesh, or with ep of size 1, nothing is split */
+        _cleanup_(layout_done) Layout whole = {};
+        compute(NULL, six, 2, F32, 64, &whole);
+        expect_slice(&whole, 0, 1, V(6, 3), V(0, 0), 128, 72);
 }
 
 static void test_errors(void **state) {
@@ -486,6 +532,12 @@ static void test_tiling_property(void **state) {
                                 pl[i][npl++] = rnd(4) ? SHARD(axis_names[a], (int64_t) rnd(2 * rank) - (int64_t) rank)
                                                       : REPLICATE(axis_names[a]);
                         }
+                        /* experts divide over ep (else refused, test_experts_uneven): a multiple of
+                         * n divides over every nesting of the view's sizes, which multiply to n */
+                        for (size_t j = 0; j < npl; j++)
+                                if (pl[i][j].kind == PLACEMENT_SHARD && streq(pl[i][j].axis, "ep"))
+                                        shapes[i][pl[i][j].dim < 0 ? pl[i][j].dim + (int64_t) rank : pl[i][j].dim] =
+                                                (int64_t) (n * rnd(3));
                         /* mixed element sizes: some parameters name their own dtype */
                         p[i] = (LayoutParameter) { "p", shapes[i], rank, pl[i], npl, rnd(2) == 0,
                                                    (Dtype) rnd(_DTYPE_MAX) };
@@ -609,6 +661,8 @@ typedef struct RefParam {
         size_t n_placements;
 } RefParam;
 
+static size_t n_refused;
+
 static const char *check_case(Tokens *t) {
         static char name[128];
         _cleanup_(mesh_unrefp) Mesh *m = NULL;
@@ -663,6 +717,18 @@ static const char *check_case(Tokens *t) {
         /* The reference counts bytes per element (1, 2, 4 or 8); dtypes have 2 or 4, and the
          * others' boxes are still compared. */
         bool bytes = elem == 2 || elem == 4;
+        if (streq(s, "refused")) {
+                FamilyError e = FAMILY_ERROR_NULL;
+                Layout bad = {};
+
+                n_refused++;
+                assert_int_equal(layout_compute(m, p, np, elem == 2 ? BF16 : F32, align, &bad, &e), -EINVAL);
+                assert_string_equal(e.reason, "EXPERTS_UNEVEN");
+                assert_string_equal(e.field, tok(t));
+                family_error_done(&e);
+                tok_expect(t, "end");
+                return name;
+        }
         compute(m, p, np, elem == 2 ? BF16 : F32, align, &l);
 
         for (size_t i = 0; i < np; i++, s = tok(t)) {
@@ -741,8 +807,9 @@ static void test_reference(void **state) {
                         fail_msg("layout_reference.py: expected case, got '%s'", c);
                 (void) check_case(&t);
         }
-        /* the hand cases and every random one were compared */
+        /* the hand cases and every random one were compared, refusals among them */
         assert_true(n_cases >= 250);
+        assert_true(n_refused >= 2 && n_refused < n_cases / 4);
 }
 
 int main(void) {
@@ -755,6 +822,7 @@ int main(void) {
                 cmocka_unit_test(test_rank_order),
                 cmocka_unit_test(test_expert_view),
                 cmocka_unit_test(test_expert_name_in_both_views),
+                cmocka_unit_test(test_experts_uneven),
                 cmocka_unit_test(test_alignment),
                 cmocka_unit_test(test_mixed_dtypes),
                 cmocka_unit_test(test_errors),

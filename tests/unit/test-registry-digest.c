@@ -253,6 +253,10 @@ static void test_counts_what_resolve_and_build_read(void **state) {
         expect_differs("  act: {type: string}\n", "  act: {type: string}\n  gain: {type: float}\n");
         expect_differs("default_variant: plain\n", "default_variant: bare\n");
         expect_differs("parallel_axis: ep\n", "parallel_axis: tp\n");
+        /* An activation layout: declared or not, and each of its fields. */
+        expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {}\n");
+        expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {boundary: true}\n");
+        expect_differs("parallel_axis: ep\n", "parallel_axis: ep\nlayout: {out_src: [{tp: partial}]}\n");
         /* Variants: constructor, accepts (a list: its order too), requires, and a variant
          * whose `parameters: {}` replaces the family's with none. */
         expect_differs("pkg.BareExperts", "pkg.OtherExperts");
@@ -263,6 +267,29 @@ static void test_counts_what_resolve_and_build_read(void **state) {
         expect_differs("[num_experts, hidden_size]", "[num_experts, 2 * hidden_size]");
         expect_differs("tp: replicate", "tp: shard(1)");
         expect_differs("ep: shard(-2)", "ep: shard(-1)");
+        /* Placements that depend on the job: a case list is not its static placement, and its
+         * conditions, outcomes and order count; the condition's spacing and a negative dim do not. */
+        expect_differs("tp: replicate", "tp: [{placement: replicate}]");
+        {
+                char a[REGISTRY_DIGEST_LENGTH + 1], b[REGISTRY_DIGEST_LENGTH + 1];
+                char c[REGISTRY_DIGEST_LENGTH + 1], d[REGISTRY_DIGEST_LENGTH + 1];
+                _cleanup_free_ char *one = replace(EXPERTS, "tp: replicate",
+                        "tp: [{when: 'tp_size>1', placement: shard(1)}, {placement: none}]");
+                _cleanup_free_ char *spaced = replace(EXPERTS, "tp: replicate",
+                        "tp: [{when: '(tp_size  >  1)', placement: shard(-1)}, {placement: none}]");
+                _cleanup_free_ char *swapped = replace(EXPERTS, "tp: replicate",
+                        "tp: [{placement: none}, {when: 'tp_size>1', placement: shard(1)}]");
+                _cleanup_free_ char *other = replace(EXPERTS, "tp: replicate",
+                        "tp: [{when: 'tp_size>2', placement: shard(1)}, {placement: none}]");
+
+                digest_files(a, "a.yaml", one, "b.yaml", NORM, NULL);
+                digest_files(b, "a.yaml", spaced, "b.yaml", NORM, NULL);
+                digest_files(c, "a.yaml", swapped, "b.yaml", NORM, NULL);
+                digest_files(d, "a.yaml", other, "b.yaml", NORM, NULL);
+                assert_string_equal(a, b);
+                assert_string_not_equal(a, c);
+                assert_string_not_equal(a, d);
+        }
         expect_differs("    init: zeros\n", "    init: ones\n");
         expect_differs("{normal: {std: initializer_range}}", "{normal: {std: 0.02}}");
         expect_differs("  w1:\n"

@@ -678,6 +678,10 @@ static void test_schema_errors_family(void **state) {
 static void test_schema_errors_fields(void **state) {
         expect_error(BASE "selectors:\n  parallel: {type: bool, default: false}\n",
                      "f.yaml:8:3: family 'x': selector name 'parallel' is reserved");
+        expect_error(BASE "selectors:\n  sequence_parallel: {type: bool, default: false}\n",
+                     "f.yaml:8:3: family 'x': selector name 'sequence_parallel' is reserved");
+        expect_error(BASE "selectors:\n  loss_parallel: {type: bool, default: false}\n",
+                     "f.yaml:8:3: family 'x': selector name 'loss_parallel' is reserved");
         expect_error(BASE "selectors:\n  context: {type: bool, default: false}\n",
                      "f.yaml:8:3: family 'x': selector name 'context' is reserved");
         expect_error(BASE "selectors:\n  s: {type: int, default: 0}\n  module_fqn: {type: string, default: a}\n",
@@ -737,7 +741,13 @@ static void test_schema_errors_variants(void **state) {
         expect_error("name: x\nbaseline: a.B\nvariants:\n  v:\n    constructor: a.V\n    accepts: [[config]]\n",
                      "f.yaml:6:15: family 'x': variant 'v': 'accepts' entries must be a string, not a collection");
         expect_error(BASE "    requires: {xp: 1}\n",
-                     "f.yaml:7:16: family 'x': variant 'v': 'requires': unknown axis 'xp' (axes are tp, cp, ep, pp)");
+                     "f.yaml:7:16: family 'x': variant 'v': 'requires': unknown key 'xp' (axes are tp, cp, ep, pp; flags are sequence_parallel, loss_parallel)");
+        expect_error(BASE "    requires: {sequence_parallel: 1}\n",
+                     "f.yaml:7:35: family 'x': variant 'v': 'requires': 'sequence_parallel' must be bool");
+        expect_error(BASE "    requires: {loss_parallel: [true]}\n",
+                     "f.yaml:7:31: family 'x': variant 'v': 'requires': 'loss_parallel' must be bool");
+        expect_error(BASE "    requires: {loss_parallel: true, loss_parallel: false}\n",
+                     "f.yaml:7:37: family 'x': variant 'v': duplicate key 'loss_parallel'");
         expect_error(BASE "    requires: {tp: 0}\n",
                      "f.yaml:7:20: family 'x': variant 'v': 'requires' tp must be an integer >= 1 or a non-empty list of them");
         expect_error(BASE "    requires: {ep: []}\n",
@@ -759,7 +769,11 @@ static void test_schema_errors_rules(void **state) {
         expect_error(SEL "rules:\n  - {when: {}, variant: v}\n",
                      "f.yaml:10:12: family 'x': rule 1: 'when' must not be empty");
         expect_error(SEL "rules:\n  - {when: {s: 1}, variant: v}\n  - {when: {t: 1}, variant: v}\n",
-                     "f.yaml:11:13: family 'x': rule 2: 'when': 't' is not a declared selector (nor 'parallel')");
+                     "f.yaml:11:13: family 'x': rule 2: 'when': 't' is not a declared selector (nor 'parallel', 'sequence_parallel', 'loss_parallel')");
+        expect_error(SEL "rules:\n  - {when: {sequence_parallel: yes}, variant: v}\n",
+                     "f.yaml:10:32: family 'x': rule 1: 'when': 'sequence_parallel' must be bool");
+        expect_error(SEL "rules:\n  - {when: {loss_parallel: 0}, variant: v}\n",
+                     "f.yaml:10:28: family 'x': rule 1: 'when': 'loss_parallel' must be bool");
         expect_error(SEL "rules:\n  - {when: {s: x}, variant: v}\n",
                      "f.yaml:10:16: family 'x': rule 1: 'when': 's' must be int");
         expect_error(SEL "rules:\n  - {when: {parallel: 1}, variant: v}\n",
@@ -837,6 +851,121 @@ static void test_schema_errors_parameters(void **state) {
                      "    parameters:\n      w: {shape: [a +]}\n",
                      "f.yaml:8:19: family 'x': variant 'v': parameter 'w': 'shape': unexpected end of expression");
 #undef PAR
+}
+
+/* Placements that depend on the job: cases {when, placement}, the first that holds deciding. */
+static void test_placement_cases(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "parameters:\n"
+                "  w:\n"
+                "    shape: [8, 4]\n"
+                "    placements:\n"
+                "      dp: replicate\n"
+                "      tp:\n"
+                "        - {when: 'sequence_parallel and tp_size>1', placement: shard( -2 )}\n"
+                "        - {when: 'ep_size == 1 or not loss_parallel', placement: none}\n"
+                "        - {placement: shard(1)}\n"
+                "  v:\n"
+                "    shape: [4]\n"
+                "    placements: {ep: shard(0)}\n");
+        const ParameterSpec *w = &reg->families[0].parameters[0];
+        const ParameterSpec *v = &reg->families[0].parameters[1];
+        _cleanup_free_ char *t0 = NULL, *t1 = NULL;
+
+        assert_int_equal(w->n_placements, 2);
+        assert_non_null(w->placement_cases);
+        assert_int_equal(w->placement_cases[0].n, 0); /* dp is static */
+        assert_int_equal(w->placements[0].kind, PLACEMENT_REPLICATE);
+        assert_string_equal(w->placements[1].axis, "tp");
+        /* until Build decides: replicate, dim 0 */
+        assert_int_equal(w->placements[1].kind, PLACEMENT_REPLICATE);
+        const PlacementCases *c = &w->placement_cases[1];
+        assert_int_equal(c->n, 3);
+        t0 = expr_to_string(c->items[0].when);
+        t1 = expr_to_string(c->items[1].when);
+        assert_string_equal(t0, "sequence_parallel and tp_size > 1");
+        assert_string_equal(t1, "ep_size == 1 or not loss_parallel");
+        assert_false(c->items[0].none);
+        assert_int_equal(c->items[0].kind, PLACEMENT_SHARD);
+        assert_int_equal(c->items[0].dim, -2);
+        assert_true(c->items[1].none);
+        assert_null(c->items[2].when);
+        assert_int_equal(c->items[2].dim, 1);
+        assert_null(v->placement_cases);
+
+#define PC BASE "parameters:\n  w:\n    shape: [4]\n    placements:\n      tp:\n"
+        expect_error(PC "        - {when: 'hidden_size > 1', placement: shard(0)}\n",
+                     "f.yaml:12:18: family 'x': parameter 'w': placement 'tp' case 1: 'when' names "
+                     "'hidden_size'; a condition may name tp_size, cp_size, ep_size, pp_size, "
+                     "sequence_parallel and loss_parallel");
+        expect_error(PC "        - {when: 'tp_size >', placement: shard(0)}\n",
+                     "f.yaml:12:18: family 'x': parameter 'w': placement 'tp' case 1: 'when': "
+                     "unexpected end of expression");
+        expect_error(PC "        - {placement: replicate}\n        - {placement: shard(1)}\n",
+                     "f.yaml:13:23: family 'x': parameter 'w': placement 'tp' case 2: shard(1) is "
+                     "out of range for 1 dimensions");
+        expect_error(PC "        - {placement: split}\n",
+                     "f.yaml:12:23: family 'x': parameter 'w': placement 'tp' case 1 must be "
+                     "shard(d), replicate or none");
+        expect_error(PC "        - {when: sequence_parallel}\n",
+                     "f.yaml:12:11: family 'x': parameter 'w': missing key 'placement'");
+        expect_error(PC "        - {placement: replicate, if: tp_size}\n",
+                     "f.yaml:12:34: family 'x': parameter 'w': unknown key 'if'");
+        expect_error(PC "        - replicate\n",
+                     "f.yaml:12:11: family 'x': parameter 'w': placement 'tp' case 1 must be a mapping");
+        expect_error(BASE "parameters:\n  w:\n    shape: [4]\n    placements: {tp: []}\n",
+                     "f.yaml:10:22: family 'x': parameter 'w': placement 'tp' must list 1 to 16 cases");
+#undef PC
+}
+
+/* A family's activation layout: its inputs' and outputs' placements, out_names, boundary. */
+static void test_activation_layout(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE
+                "layout:\n"
+                "  in_src: [{tp: shard(1), dp: replicate}]\n"
+                "  in_dst: [{tp: replicate}]\n"
+                "  out_src: [{tp: partial}, {}]\n"
+                "  out_dst: [{tp: shard( -1 )}]\n"
+                "  out_names: [hidden, aux]\n"
+                "  boundary: true\n");
+        const Family *f = &reg->families[0];
+        const ActivationLayout *l = &f->layout;
+
+        assert_true(f->has_layout);
+        assert_int_equal(l->n_lists[ACTIVATION_IN_SRC], 1);
+        assert_int_equal(l->lists[ACTIVATION_IN_SRC][0].n_placements, 2);
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].axis, "tp");
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].kind, "shard");
+        assert_int_equal(l->lists[ACTIVATION_IN_SRC][0].placements[0].dim, 1);
+        assert_string_equal(l->lists[ACTIVATION_IN_SRC][0].placements[1].kind, "replicate");
+        assert_int_equal(l->n_lists[ACTIVATION_OUT_SRC], 2);
+        assert_string_equal(l->lists[ACTIVATION_OUT_SRC][0].placements[0].kind, "partial");
+        assert_int_equal(l->lists[ACTIVATION_OUT_SRC][1].n_placements, 0);
+        assert_int_equal(l->lists[ACTIVATION_OUT_DST][0].placements[0].dim, -1);
+        assert_int_equal(l->n_out_names, 2);
+        assert_string_equal(l->out_names[1], "aux");
+        assert_true(l->is_boundary);
+
+        _cleanup_(registry_unrefp) Registry *none = load_text(BASE);
+        assert_false(none->families[0].has_layout);
+        _cleanup_(registry_unrefp) Registry *empty = load_text(BASE "layout: {}\n");
+        assert_true(empty->families[0].has_layout);
+        assert_false(empty->families[0].layout.is_boundary);
+
+        expect_error(BASE "layout: {in_src: [{tp: split}]}\n",
+                     "f.yaml:7:24: family 'x': 'in_src' entry 1 placement 'tp' must be shard(d), replicate or partial");
+        expect_error(BASE "layout: {in_dst: {tp: replicate}}\n",
+                     "f.yaml:7:18: family 'x': 'in_dst' must be a list");
+        expect_error(BASE "layout: {out_names: [y, y]}\n",
+                     "f.yaml:7:25: family 'x': 'out_names' names 'y' twice");
+        expect_error(BASE "layout: {boundary: 1}\n",
+                     "f.yaml:7:20: family 'x': 'boundary' must be bool");
+        expect_error(BASE "layout: {is_boundary: true}\n",
+                     "f.yaml:7:10: family 'x': unknown key 'is_boundary'");
+        expect_error(BASE "layout: [in_src]\n",
+                     "f.yaml:7:9: family 'x': 'layout' must be a mapping");
 }
 
 /* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
@@ -1206,6 +1335,8 @@ int main(void) {
                 cmocka_unit_test(test_schema_errors_variants),
                 cmocka_unit_test(test_schema_errors_rules),
                 cmocka_unit_test(test_schema_errors_parameters),
+                cmocka_unit_test(test_placement_cases),
+                cmocka_unit_test(test_activation_layout),
                 cmocka_unit_test(test_parameter_dtype),
                 cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),

@@ -61,7 +61,26 @@ static const char extra_yaml[] =
         "      - when: {parallel: true, count: 3}\n"
         "        variant: tp_only\n"
         "      - when: {count: 4}\n"
-        "        unsupported: \"count=4 is not supported\"\n";
+        "        unsupported: \"count=4 is not supported\"\n"
+        "  - name: seq\n"
+        "    baseline: pkg.Seq\n"
+        "    default_variant: plain\n"
+        "    selectors:\n"
+        "      fused: {type: bool, default: false}\n"
+        "    variants:\n"
+        "      plain: {constructor: pkg.SeqPlain, accepts: [config], requires: {sequence_parallel: false}}\n"
+        "      sp:\n"
+        "        constructor: pkg.SeqSP\n"
+        "        accepts: [config]\n"
+        "        requires: {loss_parallel: false, tp: [2, 4], sequence_parallel: true}\n"
+        "      fused_lp: {constructor: pkg.SeqLP, accepts: [config], requires: {loss_parallel: true, sequence_parallel: false}}\n"
+        "    rules:\n"
+        "      - when: {sequence_parallel: true, fused: false}\n"
+        "        variant: sp\n"
+        "      - when: {fused: true, loss_parallel: false}\n"
+        "        error: \"fused needs loss_parallel\"\n"
+        "      - when: {fused: true}\n"
+        "        variant: fused_lp\n";
 
 typedef struct Fixture {
         Registry *conformance;
@@ -144,7 +163,8 @@ static void mesh_id(ResolveRequest *r, const char *id) {
 }
 
 static const Registry *registry_for(const ResolveRequest *r) {
-        return strncmp(r->family, "pkg.", 4) == 0 || streq(r->family, "factory") || streq(r->family, "knobs") ?
+        return strncmp(r->family, "pkg.", 4) == 0 || streq(r->family, "factory") || streq(r->family, "knobs") ||
+                streq(r->family, "seq") ?
                 fx.extra : fx.conformance;
 }
 
@@ -215,6 +235,33 @@ static char *create_mesh(const char *device, const char *expert, Axis declared, 
         if (declared >= 0) {
                 s.has_size[declared] = true;
                 s.size[declared] = declared_size;
+        }
+
+        FamilyError e = FAMILY_ERROR_NULL;
+        Mesh *m = NULL, *got = NULL;
+        int k = mesh_new(&s, 8, &m, &e);
+        if (k < 0)
+                fail_msg("mesh_new: %s", strempty(e.message));
+        mesh_spec_done(&s);
+        assert_int_equal(mesh_table_add(fx.meshes, m, &got, &e), 0);
+        char *id = strdup(got->id);
+        mesh_unref(got);
+        mesh_unref(m);
+        return id;
+}
+
+/* A mesh of the device view `device` with the two flags set. */
+static char *create_flag_mesh(const char *device, bool sequence_parallel, bool loss_parallel) {
+        MeshSpec s = { .sequence_parallel = sequence_parallel, .loss_parallel = loss_parallel };
+        _cleanup_free_ char *copy = strdup(device);
+        char *save = NULL;
+
+        s.device.dims = calloc(8, sizeof(MeshDim));
+        for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+                char *eq = strchr(t, '=');
+                *eq = 0;
+                s.device.dims[s.device.n].name = strdup(t);
+                s.device.dims[s.device.n++].size = atoll(eq + 1);
         }
 
         FamilyError e = FAMILY_ERROR_NULL;
@@ -766,7 +813,7 @@ static void test_select_mixed_numbers(void **state) {
                 Value v = cases[i].given;
 
                 assert_int_equal(value_map_put(&args, "s", &v), 0);
-                assert_int_equal(resolve_select(&f, &args, sizes, &out, &e), 0);
+                assert_int_equal(resolve_select(&f, &args, sizes, NULL, &out, &e), 0);
                 assert_string_equal(out.variant, cases[i].variant);
         }
 
@@ -778,7 +825,7 @@ static void test_select_mixed_numbers(void **state) {
                 FamilyError e = FAMILY_ERROR_NULL;
 
                 f.default_variant = (char *) defaults[i];
-                assert_int_equal(resolve_select(&f, &args, sizes, &out, &e), -EINVAL);
+                assert_int_equal(resolve_select(&f, &args, sizes, NULL, &out, &e), -EINVAL);
                 assert_string_equal(out.family, "untouched");
                 assert_int_equal(e.status, FAMILY_STATUS_INVALID_ARGUMENT);
                 assert_string_equal(e.reason, "NO_DEFAULT_VARIANT");
@@ -858,6 +905,112 @@ static void test_requires(void **state) {
                 assert_string_equal(out.variant, "strict");
                 assert_sizes(&out, 2, 1, 1, 4);
         }
+}
+
+static void assert_flags(const ResolvedFamily *out, bool sequence_parallel, bool loss_parallel) {
+        assert_int_equal(out->flag[JOB_FLAG_SEQUENCE_PARALLEL], sequence_parallel);
+        assert_int_equal(out->flag[JOB_FLAG_LOSS_PARALLEL], loss_parallel);
+}
+
+static ResolveRequest seq(bool sequence_parallel, bool loss_parallel) {
+        ResolveRequest r = req("seq");
+        r.context.sequence_parallel = sequence_parallel;
+        r.context.loss_parallel = loss_parallel;
+        return r;
+}
+
+/* sequence_parallel and loss_parallel: rules select on them, requires demand or exclude them,
+ * the answer carries them, and a mesh's flags are the job's whatever the context says. */
+static void test_job_flags(void **state) {
+        ResolveRequest r;
+
+        {
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(seq(false, false));
+                assert_string_equal(out.variant, "plain");
+                assert_flags(&out, false, false);
+        }
+        r = seq(true, false);
+        size(&r, AXIS_TP, 2);
+        {
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
+                assert_string_equal(out.variant, "sp");
+                assert_flags(&out, true, false);
+        }
+        /* Axes first, then sequence_parallel, then loss_parallel, whatever the file's order. */
+        r = seq(true, true);
+        expect_fail(r, FAMILY_STATUS_FAILED_PRECONDITION, "REQUIREMENT",
+                    "variant 'sp' requires tp in [2, 4]; job has tp=1");
+        r = seq(true, true);
+        size(&r, AXIS_TP, 4);
+        expect_fail(r, FAMILY_STATUS_FAILED_PRECONDITION, "REQUIREMENT",
+                    "variant 'sp' requires loss_parallel=False; job has loss_parallel=True");
+        {
+                FamilyError e = FAMILY_ERROR_NULL;
+                ResolvedFamily out = {};
+                r = seq(true, true);
+                size(&r, AXIS_TP, 4);
+                assert_int_equal(resolve_family(fx.extra, fx.meshes, &r, &out, &e), -EINVAL);
+                assert_string_equal(e.field, "loss_parallel");
+                family_error_done(&e);
+                resolve_request_done(&r);
+        }
+        r = seq(false, false);
+        arg(&r, "fused", BOOL(true));
+        expect_fail(r, FAMILY_STATUS_INVALID_ARGUMENT, "RULE_ERROR", "fused needs loss_parallel");
+        r = seq(false, true);
+        arg(&r, "fused", BOOL(true));
+        {
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
+                assert_string_equal(out.variant, "fused_lp");
+                assert_flags(&out, false, true);
+        }
+        /* A flag may be excluded: fused_lp refuses sequence parallelism. */
+        r = seq(true, true);
+        arg(&r, "fused", BOOL(true));
+        expect_fail(r, FAMILY_STATUS_FAILED_PRECONDITION, "REQUIREMENT",
+                    "variant 'fused_lp' requires sequence_parallel=False; job has sequence_parallel=True");
+
+        /* A mesh's word wins over the request's, both ways. */
+        _cleanup_free_ char *plain_mesh = create_mesh("dp=4 tp=2", "", _AXIS_INVALID, 0);
+        _cleanup_free_ char *sp_mesh = create_flag_mesh("dp=4 tp=2", true, false);
+        _cleanup_free_ char *lp_mesh = create_flag_mesh("dp=4 tp=2", false, true);
+        r = seq(true, true);
+        mesh_id(&r, plain_mesh);
+        {
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
+                assert_string_equal(out.variant, "plain");
+                assert_flags(&out, false, false);
+        }
+        r = seq(false, true);
+        mesh_id(&r, sp_mesh);
+        {
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
+                assert_string_equal(out.variant, "sp");
+                assert_flags(&out, true, false);
+        }
+        r = seq(false, false);
+        mesh_id(&r, lp_mesh);
+        arg(&r, "fused", BOOL(true));
+        {
+                _cleanup_(resolved_family_done) ResolvedFamily out = expect_ok(r);
+                assert_string_equal(out.variant, "fused_lp");
+                assert_flags(&out, false, true);
+        }
+
+        /* The stages alone: resolve_job_flags, and resolve_select without flags (all off). */
+        bool flag[_JOB_FLAG_MAX] = { true, true };
+        JobContext ctx = { .sequence_parallel = true };
+        resolve_job_flags(&ctx, NULL, flag);
+        assert_true(flag[JOB_FLAG_SEQUENCE_PARALLEL]);
+        assert_false(flag[JOB_FLAG_LOSS_PARALLEL]);
+        resolve_job_flags(NULL, NULL, flag);
+        assert_false(flag[JOB_FLAG_SEQUENCE_PARALLEL]);
+
+        assert_string_equal(job_flag_to_string(JOB_FLAG_LOSS_PARALLEL), "loss_parallel");
+        assert_null(job_flag_to_string(_JOB_FLAG_MAX));
+        assert_int_equal(job_flag_from_string("sequence_parallel"), JOB_FLAG_SEQUENCE_PARALLEL);
+        assert_int_equal(job_flag_from_string("parallel"), _JOB_FLAG_INVALID);
+        assert_int_equal(job_flag_from_string(NULL), _JOB_FLAG_INVALID);
 }
 
 static void test_axis_sizes(void **state) {
@@ -974,6 +1127,7 @@ int main(void) {
                 cmocka_unit_test(test_select_mixed_numbers),
                 cmocka_unit_test(test_rules_parallel_and_outcomes),
                 cmocka_unit_test(test_requires),
+                cmocka_unit_test(test_job_flags),
                 cmocka_unit_test(test_axis_sizes),
                 cmocka_unit_test(test_helpers),
         };

@@ -125,7 +125,8 @@ static void test_bad_arguments(void **state) {
         close(fd);
 }
 
-/* A shard on huge pages: populated whole, hugetlb pages in this mapping (as root only). */
+/* A shard on huge pages: populated whole, hugetlb pages in this mapping, and mapped
+ * copy-on-write with no huge page free (as root only). */
 static void test_hugetlb(void **state) {
         char saved[32] = "";
         int lock, nr;
@@ -151,6 +152,13 @@ static void test_hugetlb(void **state) {
         assert_int_equal(familyd_shard_map_mode(fd, 8 * MiB, FAMILYD_MAP_READ_ONLY, &p), 0);
         assert_int_equal(smaps_kib(p, "Shared_Hugetlb") + smaps_kib(p, "Private_Hugetlb"),
                          8192);
+        assert_int_equal(familyd_shard_unmap(p, 8 * MiB), 0);
+        /* Copy-on-write (a frozen module's mapping) while the shard holds every huge page:
+         * nothing is left to reserve for copies, so it maps without a reservation, and its
+         * bytes read as they are. */
+        assert_int_equal(familyd_shard_map_mode(fd, 8 * MiB, FAMILYD_MAP_PRIVATE, &p), 0);
+        assert_int_equal(((const uint8_t *) p)[0], 0x11);
+        assert_int_equal(((const uint8_t *) p)[8 * MiB - 1], 0x11);
         assert_int_equal(familyd_shard_unmap(p, 8 * MiB), 0);
         close(fd);
 

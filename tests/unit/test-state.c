@@ -352,8 +352,11 @@ static void test_build_record_round_trip(void **state) {
          * own segment. */
         for (size_t i = 0; i < rb->n_ranks; i++)
                 assert_false(rb->ranks[i].replica);
+        /* no activation layout declared: none read back */
+        assert_false(rb->plan.has_activations);
         codec_record_done(&rec);
         free(TAKE_PTR(data));
+
 
         /* A rank in GPU memory is never kept: its record is refused. */
         ranks[0].device_kind = CODEC_DEVICE_KIND_CUDA;
@@ -377,6 +380,57 @@ static void test_build_record_round_trip(void **state) {
 /* A (dp 2, tp 2) build of a tp-sharded parameter: the dp=1 ranks (indices 2 and 3) hold the
  * bytes of the dp=0 ones (0 and 1). The record's replicas section says so; the build's bytes
  * count each segment once; a section that does not hold together is refused. */
+/* The family's activation layout is kept with the build and read back whole. */
+static void test_build_record_activations(void **state) {
+        _cleanup_(mesh_unrefp) Mesh *m = mesh_of(2, 2);
+        const int64_t shape[] = { 4, 8 };
+        const Placement place[] = { { .axis = (char *) "tp", .kind = PLACEMENT_SHARD, .dim = 1 } };
+        const LayoutParameter param = { "w", shape, 2, place, 1 };
+        ActivationPlacement in[] = { { (char *) "tp", (char *) "shard", -1 } };
+        ActivationPlacement out[] = { { (char *) "tp", (char *) "partial", 0 } };
+        Activation in_act = { in, 1 }, out_act = { out, 1 };
+        char *names[] = { (char *) "hidden" };
+        FamilyError e = FAMILY_ERROR_NULL;
+        _cleanup_(layout_done) Layout layout = {};
+        _cleanup_free_ uint8_t *data = NULL;
+        StateRecord rec = {};
+        char why[256];
+        size_t size;
+
+        assert_int_equal(layout_compute(m, &param, 1, DTYPE_FLOAT32, LAYOUT_MIN_ALIGN, &layout, &e), 0);
+        BuildPlan with = {
+                .request = { .family = (char *) "attention" },
+                .resolved = { .family = (char *) "attention", .variant = (char *) "gqa",
+                              .constructor = (char *) "Attention" },
+                .origin = BUILD_ORIGIN_DIRECT,
+                .mesh = m,
+                .has_activations = true,
+                .activations = {
+                        .lists = { &in_act, &in_act, &out_act, NULL },
+                        .n_lists = { 1, 1, 1, 0 },
+                        .out_names = names,
+                        .n_out_names = 1,
+                        .is_boundary = true,
+                },
+        };
+        CodecBuildRank ranks[] = {
+                { "n0", 0, CODEC_DEVICE_KIND_HOST, 0, NULL }, { "n0", 1, CODEC_DEVICE_KIND_HOST, 0, NULL },
+                { "n1", 0, CODEC_DEVICE_KIND_HOST, 0, NULL }, { "n1", 1, CODEC_DEVICE_KIND_HOST, 0, NULL },
+        };
+        CodecBuild wb = { &with, &layout, DTYPE_FLOAT32, 42, "00112233445566778899aabbccddeeff", ranks, 4 };
+
+        assert_int_equal(codec_record_encode_build("bld-0000abcd-7", &wb, NULL, 0, 99, &data, &size), 0);
+        assert_int_equal(codec_record_decode(data, size, &rec, why, sizeof why), 0);
+        const ActivationLayout *got = &rec.build->plan.activations;
+        assert_true(rec.build->plan.has_activations);
+        for (ActivationField f = 0; f < _ACTIVATION_FIELD_MAX; f++)
+                assert_true(activation_layout_field_equal(got, &with.activations, f));
+        assert_string_equal(got->lists[ACTIVATION_IN_SRC][0].placements[0].kind, "shard");
+        assert_int_equal(got->lists[ACTIVATION_IN_SRC][0].placements[0].dim, -1);
+        assert_int_equal(got->n_lists[ACTIVATION_OUT_DST], 0);
+        codec_record_done(&rec);
+}
+
 static void test_build_record_replicas(void **state) {
         _cleanup_(mesh_unrefp) Mesh *m = mesh_of(2, 2);
         const int64_t shape[] = { 4, 8 };
@@ -591,6 +645,7 @@ int main(void) {
                 cmocka_unit_test(test_mesh_record_round_trip),
                 cmocka_unit_test(test_damaged_records_are_refused),
                 cmocka_unit_test(test_build_record_round_trip),
+                cmocka_unit_test(test_build_record_activations),
                 cmocka_unit_test(test_build_record_replicas),
                 cmocka_unit_test(test_store_in_a_state_dir),
                 cmocka_unit_test(test_store_without_a_place),

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <cmocka.h>
 
 #include "core/resource-limits.h"
@@ -470,6 +471,113 @@ static void test_tied_malformed(void **state) {
         }
 }
 
+/* The activation layout a model applies, against the constructed family's, field by field. */
+static ActivationPlacement tp_replicate[] = { { .axis = (char *) "tp", .kind = (char *) "replicate" } };
+static ActivationPlacement tp_partial[] = { { .axis = (char *) "tp", .kind = (char *) "partial" } };
+static ActivationPlacement seq[] = {
+        { .axis = (char *) "tp", .kind = (char *) "shard", .dim = 1 },
+        { .axis = (char *) "dp", .kind = (char *) "replicate" },
+};
+static ActivationPlacement seq_reordered[] = {
+        { .axis = (char *) "dp", .kind = (char *) "replicate" },
+        { .axis = (char *) "tp", .kind = (char *) "shard", .dim = 1 },
+};
+static ActivationPlacement seq_other_dim[] = {
+        { .axis = (char *) "tp", .kind = (char *) "shard", .dim = 0 },
+        { .axis = (char *) "dp", .kind = (char *) "replicate" },
+};
+static Activation act_replicate = { tp_replicate, 1 }, act_partial = { tp_partial, 1 }, act_seq = { seq, 2 },
+                  act_seq_reordered = { seq_reordered, 2 }, act_seq_other = { seq_other_dim, 2 };
+static char *names_h[] = { (char *) "hidden" }, *names_y[] = { (char *) "y" };
+
+static ActivationLayout constructed(void) {
+        return (ActivationLayout) {
+                .lists = { &act_seq, &act_replicate, &act_partial, &act_seq },
+                .n_lists = { 1, 1, 1, 1 },
+                .out_names = names_h,
+                .n_out_names = 1,
+                .is_boundary = true,
+        };
+}
+
+static ActivationLayout built_activations;
+
+static int lookup_act(const char *id, BuiltFamily *ret, void *userdata) {
+        int r = lookup(id, ret, userdata);
+        if (r == 0 && streq(id, "b1"))
+                ret->activations = userdata ? &built_activations : NULL;
+        return r;
+}
+
+static void expect_activation_violations(const ActivationLayout *applied, bool declared, const char *const *want) {
+        char *fqns[] = { (char *) "layers.0.mlp", (char *) "alias" };
+        ModelBoundary b = { .fqns = fqns, .n_fqns = 2, .build_id = (char *) "b1", .has_layout = true,
+                            .layout = { .mesh_id = (char *) "m1", .parameters = built_params,
+                                        .n_parameters = 1, .has_activations = true,
+                                        .activations = *applied } };
+        ValidateJob j = job_on_mesh();
+        _cleanup_(violation_list_done) ViolationList v = {};
+        size_t n = 0;
+
+        built_activations = constructed();
+        assert_int_equal(validate_model(&b, 1, NULL, 0, &j, lookup_act, declared ? (void *) 1 : NULL, &v), 0);
+        while (want[n])
+                n++;
+        if (v.n != n)
+                for (size_t i = 0; i < v.n; i++)
+                        print_message("violation %zu: %s %s\n", i, v.items[i].reason, v.items[i].message);
+        assert_int_equal(v.n, n);
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_free_ char *msg = NULL;
+                assert_true(asprintf(&msg, "%s at 'layers.0.mlp' conflicts with its constructed family layout",
+                                     want[i]) > 0);
+                assert_string_equal(v.items[i].reason, "ACTIVATION_LAYOUT_CONFLICT");
+                assert_string_equal(v.items[i].message, msg);
+                assert_int_equal(v.items[i].n_fqns, 2);
+        }
+}
+
+static void test_activation_layout(void **state) {
+        ActivationLayout a = constructed();
+
+        /* the same, placements in another axis order: nothing */
+        expect_activation_violations(&a, true, (const char *const[]) { NULL });
+        a.lists[ACTIVATION_IN_SRC] = &act_seq_reordered;
+        expect_activation_violations(&a, true, (const char *const[]) { NULL });
+
+        /* each field alone, then several in field order */
+        a = constructed();
+        a.lists[ACTIVATION_IN_SRC] = &act_seq_other;
+        expect_activation_violations(&a, true, (const char *const[]) { "in_src", NULL });
+        a = constructed();
+        a.lists[ACTIVATION_IN_DST] = &act_partial;
+        expect_activation_violations(&a, true, (const char *const[]) { "in_dst", NULL });
+        a = constructed();
+        a.lists[ACTIVATION_OUT_SRC] = &act_replicate;
+        expect_activation_violations(&a, true, (const char *const[]) { "out_src", NULL });
+        a = constructed();
+        a.n_lists[ACTIVATION_OUT_DST] = 0;
+        expect_activation_violations(&a, true, (const char *const[]) { "out_dst", NULL });
+        a = constructed();
+        a.out_names = names_y;
+        expect_activation_violations(&a, true, (const char *const[]) { "out_names", NULL });
+        a = constructed();
+        a.is_boundary = false;
+        expect_activation_violations(&a, true, (const char *const[]) { "is_boundary", NULL });
+        a = constructed();
+        a.lists[ACTIVATION_IN_DST] = &act_seq;
+        a.n_out_names = 0;
+        a.is_boundary = false;
+        expect_activation_violations(&a, true, (const char *const[]) { "in_dst", "out_names", "is_boundary", NULL });
+
+        /* a family that declares none: an applied one that states anything conflicts */
+        ActivationLayout empty = {};
+        expect_activation_violations(&empty, false, (const char *const[]) { NULL });
+        a = constructed();
+        expect_activation_violations(&a, false, (const char *const[]) {
+                "in_src", "in_dst", "out_src", "out_dst", "out_names", "is_boundary", NULL });
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clean_and_placements_as_sets),
@@ -481,6 +589,7 @@ int main(void) {
                 cmocka_unit_test(test_tied_against_the_first),
                 cmocka_unit_test(test_tied_sorted_lookup),
                 cmocka_unit_test(test_tied_malformed),
+                cmocka_unit_test(test_activation_layout),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,13 @@ Parallelism, and who does what:
       averaged over dp (over edp_shard for the experts' parameters, laid out on the expert
       view) before AdamW steps.
 
+--sequence-parallel makes the mesh say sequence_parallel: outside attention each tp rank
+holds its piece of the sequence (the embedding reduce-scatters, attention all-gathers and
+reduce-scatters, the norms are the registry's sequence-parallel member); the experts then
+take the rank's own tokens as they are, and the head gathers the sequence. --loss-parallel
+makes it say loss_parallel: the head's logits stay split over the vocabulary and the loss is
+familyd.torch.vocab_parallel_cross_entropy. Either prints the same losses.
+
 Run it under torchrun, 4 processes on one node:
 
     torchrun --standalone --nproc-per-node 4 client/python/examples/train_moe.py \\
@@ -131,7 +138,8 @@ def seeded_router(hidden: int, experts: int, seed: int, fqn: str) -> torch.nn.Li
 class MoEBlock(torch.nn.Module):
     """x + attn(norm(x)), then + experts(norm(x)) routed top-k."""
 
-    def __init__(self, build: Any, seed: int, fqn: str, tp_group: Any) -> None:
+    def __init__(self, build: Any, seed: int, fqn: str, tp_group: Any,
+                 sequence_parallel: bool) -> None:
         super().__init__()
         self.attn_norm = build("norm", fqn + ".attn_norm")
         self.attn = build("attention", fqn + ".attn", rope_theta=ROPE_THETA)
@@ -140,10 +148,20 @@ class MoEBlock(torch.nn.Module):
                                     fqn + ".router")
         self.experts = build("grouped_experts", fqn + ".experts")
         self.tp_group = tp_group
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
         h = self.moe_norm(x).reshape(-1, x.shape[-1])
+        if self.sequence_parallel:
+            # Each tp rank holds its own piece of the sequence: its tokens go to the experts as
+            # they are, and the router, seeing only them, sums its gradient over tp.
+            router = self.router.weight
+            if self.tp_group is not None:
+                router = _CopyToGroup.apply(router, self.tp_group)
+            weights, chosen = torch.softmax(F.linear(h, router), dim=-1).topk(TOP_K, dim=-1)
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+            return x + self.experts(h, chosen, weights).reshape(x.shape)
         weights, chosen = torch.softmax(self.router(h), dim=-1).topk(TOP_K, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         # The tp group's ranks hold the same tokens: each sends its own slice to the experts.
@@ -161,13 +179,19 @@ class MoETransformer(torch.nn.Module):
                                    **arguments)
 
         self.tp_group = mesh.groups.get("tp") if mesh is not None else None
+        # The job's flags, as the mesh says them (ParallelContext, from familyd's mesh).
+        self.sequence_parallel = mesh is not None and mesh.context.sequence_parallel
+        self.loss_parallel = mesh is not None and mesh.context.loss_parallel
         self.embed = build("embedding", "embed")
         self.layers = torch.nn.ModuleList(
-            [MoEBlock(build, seed, "layers.%d" % i, self.tp_group) for i in range(layers)])
+            [MoEBlock(build, seed, "layers.%d" % i, self.tp_group, self.sequence_parallel)
+             for i in range(layers)])
         self.norm = build("norm", "norm")
         self.head = build("embedding", "head")       # [vocab, hidden], rows sharded over tp
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The logits: [B, S, vocab], or with loss parallelism this rank's vocabulary columns
+        (the head's rows, from self.head.vocab_start)."""
         x = self.embed(ids)
         for layer in self.layers:
             x = layer(x)
@@ -176,8 +200,20 @@ class MoETransformer(torch.nn.Module):
         head = head.to_local() if isinstance(head, DTensor) else head
         if self.tp_group is None:
             return x @ head.t()
-        logits = _CopyToGroup.apply(x, self.tp_group) @ head.t()
+        if self.sequence_parallel:    # the whole sequence; the gradient reduce-scattered back
+            x = FT.gather_sequence(x, self.tp_group)
+        else:
+            x = _CopyToGroup.apply(x, self.tp_group)
+        logits = x @ head.t()
+        if self.loss_parallel:
+            return logits             # never gathered: vocab_parallel_cross_entropy
         return gather(logits, -1, self.tp_group)     # this rank's vocabulary rows, then all
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.loss_parallel and self.tp_group is not None:
+            return FT.vocab_parallel_cross_entropy(logits, targets, self.tp_group,
+                                                   vocab_start=self.head.vocab_start)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 # --- training -------------------------------------------------------------------------------
@@ -257,7 +293,7 @@ def train(model: torch.nn.Module, mesh: Optional[FT.JobMesh],
     for step, tokens in enumerate(batches(args.seed, args.steps, args.batch, args.seq)):
         tokens = tokens[dp_rank * rows:(dp_rank + 1) * rows]
         logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss = model.loss(logits, tokens[:, 1:])
         optimizer.zero_grad()
         loss.backward()
         if mesh is not None:
@@ -287,6 +323,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--ep", type=int, default=2, help="expert-parallel size (default 2)")
     p.add_argument("--batch", type=int, default=4, help="global batch, in sequences")
     p.add_argument("--seq", type=int, default=8, help="tokens per sequence")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="the mesh says sequence_parallel: activations split over the sequence "
+                        "across tp outside attention")
+    p.add_argument("--loss-parallel", action="store_true",
+                   help="the mesh says loss_parallel: the loss from the logits split over the "
+                        "vocabulary, never gathered")
     p.add_argument("--unsharded", action="store_true",
                    help="one plain process, the whole model and the whole global batch")
     p.add_argument("--json", metavar="FILE",
@@ -310,12 +352,16 @@ def setup(client: Any, args: argparse.Namespace) -> Optional[FT.JobMesh]:
         refusal = "a dp rank's tokens do not split over tp=%d" % args.tp
     elif CONFIG["vocab_size"] % args.tp:
         refusal = "the head's vocabulary does not split evenly over tp=%d" % args.tp
+    elif args.sequence_parallel and args.seq % args.tp:
+        refusal = "--seq %d does not split over tp=%d" % (args.seq, args.tp)
     if refusal is not None:         # every rank refuses: leave torch.distributed together
         dist.barrier()
         dist.destroy_process_group()
         raise SystemExit("train_moe: " + refusal)
     return FT.job_mesh(client, job, {"dp": world // args.tp, "tp": args.tp},
-                       {"edp_shard": world // args.ep, "ep": args.ep})
+                       {"edp_shard": world // args.ep, "ep": args.ep},
+                       sequence_parallel=args.sequence_parallel,
+                       loss_parallel=args.loss_parallel)
 
 
 def build_ids(model: torch.nn.Module, mesh: Optional[FT.JobMesh]) -> Dict[str, List[str]]:
@@ -338,7 +384,9 @@ def report(model: torch.nn.Module, mesh: Optional[FT.JobMesh], steps: Dict[str, 
         "%s %s: %s" % (v.reason, list(v.fqns), v.message) for v in violations)), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(steps, builds=ids,
+            variants = {FT.build_info(m).fqn: FT.build_info(m).member.variant  # type: ignore
+                        for m in model.modules() if FT.build_info(m) is not None}
+            json.dump(dict(steps, builds=ids, variants=variants,
                            mesh_id=mesh.mesh_id if mesh is not None else "",
                            violations=[v.reason for v in violations]), f, indent=1)
 

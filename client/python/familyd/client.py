@@ -501,6 +501,11 @@ class Client:
         req = self.protos.cls("familyd.v1.CreateMeshRequest")(mesh=m)
         return self.call("familyd.v1.MeshService/CreateMesh", req)
 
+    def get_mesh(self, mesh_id: str) -> Message:
+        """GetMesh: the familyd.v1.Mesh as stored (.device_mesh, .expert_mesh, .ranks)."""
+        return self.call("familyd.v1.MeshService/GetMesh",
+                         self.protos.cls("familyd.v1.GetMeshRequest")(mesh_id=mesh_id))
+
     def delete_mesh(self, mesh_id: str) -> None:
         """DeleteMesh."""
         self.call("familyd.v1.MeshService/DeleteMesh",

@@ -75,6 +75,7 @@ def check_mode(mode: str) -> str:
 MADV_HUGEPAGE = 14
 MADV_POPULATE_READ = 22
 MADV_POPULATE_WRITE = 23
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)   # Linux
 POPULATE_MAX_THREADS = 4
 POPULATE_BYTES_PER_THREAD = 64 << 20
 _PIECE = 2 << 20  # ranges are whole 2 MiB pieces: a huge page never straddles two
@@ -188,7 +189,15 @@ class ShardHandle:
                              "familyd.cuda.DeviceShard" % self.device_kind)
         prot = mmap.PROT_READ | (0 if mode == "read-only" else mmap.PROT_WRITE)
         flags = mmap.MAP_PRIVATE if mode == "private" else mmap.MAP_SHARED
-        mm = mmap.mmap(self.fd, self.size, flags=flags, prot=prot)
+        try:
+            mm = mmap.mmap(self.fd, self.size, flags=flags, prot=prot)
+        except OSError as e:
+            # A private mapping of a hugetlb shard reserves a huge page for each possible
+            # copy; where the pool has none left, map without the reservation (reads need
+            # none; a write finding no free huge page is SIGBUS), as libfamilyd does.
+            if e.errno != errno.ENOMEM or mode != "private":
+                raise
+            mm = mmap.mmap(self.fd, self.size, flags=flags | MAP_NORESERVE, prot=prot)
         # Huge folios of a memfd under shmem THP `advise` map huge only where asked for.
         _libc.madvise(_address(mm), self.size, MADV_HUGEPAGE)
         if not lazy:

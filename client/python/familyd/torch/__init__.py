@@ -30,20 +30,25 @@ __all__ = ["modules", "distributed", "build", "validate", "init", "create_mesh",
            "check_device_mesh", "mesh_groups", "job_mesh", "Job",
            "JobError", "JobMesh", "build_module", "build_info", "register", "release",
            "derive_seed", "BuildInfo", "ModuleBuildError", "validate_model", "model_boundaries",
-           "ModelValidationError", "fsdp", "clip", "fully_shard", "FullyShardError",
+           "ModelValidationError", "activation_layout", "set_activation_layout", "fsdp", "clip", "fully_shard", "FullyShardError",
            "clip_grad_norm_", "pretrained", "load_pretrained", "LlamaForCausalLM",
-           "PretrainedError", "checkpoint", "save_checkpoint", "CheckpointSaveError"]
+           "PretrainedError", "checkpoint", "save_checkpoint", "CheckpointSaveError",
+           "vocab_parallel_cross_entropy", "gather_sequence", "reduce_scatter_sequence",
+           "scatter_sequence"]
 
 _DISTRIBUTED = ("init", "create_mesh", "process_groups", "parallel_context", "device_mesh",
                 "make_device_mesh", "check_device_mesh", "mesh_groups", "job_mesh", "Job",
                 "JobError", "JobMesh")
 _BUILD = ("build_module", "build_info", "register", "release", "derive_seed", "BuildInfo",
           "ModuleBuildError")
-_VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError")
+_VALIDATE = ("validate_model", "model_boundaries", "ModelValidationError", "activation_layout",
+             "set_activation_layout")
 _FSDP = ("fully_shard", "FullyShardError")
 _CLIP = ("clip_grad_norm_",)
 _PRETRAINED = ("load_pretrained", "LlamaForCausalLM", "PretrainedError")
 _CHECKPOINT = ("save_checkpoint", "CheckpointSaveError")
+_MODULES = ("vocab_parallel_cross_entropy", "gather_sequence", "reduce_scatter_sequence",
+            "scatter_sequence")
 
 
 def torch_release(version: str) -> Optional[Tuple[int, int]]:
@@ -87,6 +92,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("familyd.torch.pretrained"), name)
     if name in _CHECKPOINT:
         return getattr(importlib.import_module("familyd.torch.checkpoint"), name)
+    if name in _MODULES:
+        return getattr(importlib.import_module("familyd.torch.modules"), name)
     if name in ("modules", "distributed", "build", "validate", "fsdp", "clip", "pretrained",
                 "checkpoint"):
         return importlib.import_module("familyd.torch." + name)

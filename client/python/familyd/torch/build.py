@@ -40,6 +40,7 @@ two identical blocks get different weights and different builds.
 """
 
 import copy
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -528,7 +529,8 @@ def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, cont
     constructor = _constructor(member.constructor, where)
     accepts = _accepts(client, member, where)
     arguments = {k: client.protos.py(v) for k, v in member.arguments.items()}
-    runtime = {"config": config, "module": module, "module_fqn": fqn, "context": context}
+    runtime = {"config": config, "module": module, "module_fqn": fqn,
+               "context": _with_flags(context, member)}
     try:
         kwargs = bind_arguments(member, constructor, accepts, arguments, runtime,
                                 replacement=module is not None)
@@ -542,6 +544,17 @@ def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, cont
                               trainable)
     _materialize_buffers(result, member, constructor, kwargs, where)
     return result, shapes
+
+
+def _with_flags(context: Any, member: Any) -> Any:
+    """The member's context with the job's sequence_parallel and loss_parallel as Resolve
+    answered them (the mesh's: its word wins over anything the trainer's context says)."""
+    sp, lp = bool(member.sequence_parallel), bool(member.loss_parallel)
+    if isinstance(context, ParallelContext):
+        return dataclasses.replace(context, sequence_parallel=sp, loss_parallel=lp)
+    if isinstance(context, dict):
+        return dict(context, sequence_parallel=sp, loss_parallel=lp)
+    return context
 
 
 def _materialize_buffers(result: torch.nn.Module, member: Any, constructor: Any,

@@ -267,7 +267,8 @@ def _size(dims: Sequence[Tuple[str, int]], name: str) -> int:
 def parallel_context(mesh: Any, groups: Mapping[str, Any]) -> ParallelContext:
     """The familyd.torch.modules ParallelContext of the mesh: tp, cp and pp sizes from the
     device view (pp_size from the mesh when it has no pp axis), ep from the expert view when
-    there is one; the groups of those axes from process_groups()."""
+    there is one; the groups of those axes from process_groups(); the mesh's
+    sequence_parallel and loss_parallel."""
     device = _view(mesh, "device_mesh")
     expert = _view(mesh, "expert_mesh")
     pp = _size(device, "pp")
@@ -281,7 +282,9 @@ def parallel_context(mesh: Any, groups: Mapping[str, Any]) -> ParallelContext:
         if group is not None:
             picked[axis] = group
     return ParallelContext(tp_size=_size(device, "tp"), ep_size=ep, cp_size=_size(device, "cp"),
-                           pp_size=pp, groups=picked)
+                           pp_size=pp, groups=picked,
+                           sequence_parallel=bool(mesh.sequence_parallel),
+                           loss_parallel=bool(mesh.loss_parallel))
 
 
 @dataclass

@@ -11,18 +11,25 @@ except on `meta`, where they stay empty for binding to familyd's shards.
     mlp              PlainSwiGLUMLP, TPSwiGLUMLP, FusedSwiGLUMLP
     attention        EagerGQAAttention, FlashGQAAttention, RingGQAAttention (cp)
     embedding        PlainEmbedding, VocabParallelEmbedding
-    norm             PlainRMSNorm
+    norm             PlainRMSNorm, SequenceParallelRMSNorm
+
+Sequence and loss parallelism (docs/torch.md): the collectives gather_sequence,
+reduce_scatter_sequence and scatter_sequence, and vocab_parallel_cross_entropy.
 """
 
+from ._comm import gather_sequence, reduce_scatter_sequence, scatter_sequence
 from ._common import ParallelContext, chunk_range
 from .attention import EagerGQAAttention, FlashGQAAttention, RingGQAAttention
 from .embedding import PlainEmbedding, VocabParallelEmbedding
 from .grouped_experts import (EPGroupedExperts, GroupedExpertsLocal, MXFP8GroupedSwiGLU,
                               mxfp8_dequantize, mxfp8_quantize)
 from .mlp import FusedSwiGLUMLP, PlainSwiGLUMLP, TPSwiGLUMLP
-from .norm import PlainRMSNorm
+from .loss import vocab_parallel_cross_entropy
+from .norm import PlainRMSNorm, SequenceParallelRMSNorm
 
 __all__ = ["EPGroupedExperts", "EagerGQAAttention", "FlashGQAAttention", "FusedSwiGLUMLP",
            "GroupedExpertsLocal", "MXFP8GroupedSwiGLU", "ParallelContext", "PlainEmbedding",
-           "PlainRMSNorm", "PlainSwiGLUMLP", "RingGQAAttention", "TPSwiGLUMLP",
-           "VocabParallelEmbedding", "chunk_range", "mxfp8_dequantize", "mxfp8_quantize"]
+           "PlainRMSNorm", "PlainSwiGLUMLP", "RingGQAAttention", "SequenceParallelRMSNorm",
+           "TPSwiGLUMLP", "VocabParallelEmbedding", "chunk_range", "gather_sequence",
+           "mxfp8_dequantize", "mxfp8_quantize", "reduce_scatter_sequence", "scatter_sequence",
+           "vocab_parallel_cross_entropy"]

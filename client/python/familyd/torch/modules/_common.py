@@ -24,6 +24,14 @@ class ParallelContext:
     ranks that hold the other shards of this member). ranks: optional axis -> this process's
     coordinate on that axis, for building shapes without a group (on `meta`); with a group the
     coordinate is the group rank.
+
+    sequence_parallel: outside the tensor-parallel blocks, activations are split over the
+    sequence dimension across the tp group (each rank its equal piece): the tensor-parallel
+    members all-gather the sequence on the way in and reduce-scatter it on the way out, the
+    sequence-parallel norm sums its weight's gradient over tp. loss_parallel: the logits stay
+    split over the vocabulary and the loss is vocab_parallel_cross_entropy (the trainer's
+    choice: the members do not compute the loss). Both are the job's (its mesh's), as Resolve
+    answers them (ResolvedFamily.sequence_parallel / .loss_parallel).
     """
 
     tp_size: int = 1
@@ -32,6 +40,8 @@ class ParallelContext:
     pp_size: int = 1
     groups: dict = field(default_factory=dict)
     ranks: dict = field(default_factory=dict)
+    sequence_parallel: bool = False
+    loss_parallel: bool = False
 
 
 def config_value(config: Any, name: str, default: Any = _MISSING, owner: str = "module") -> Any:
@@ -117,6 +127,15 @@ def context_axis(context: Any, axis: str, owner: str, coordinate: bool = True) -
         raise ValueError("%s: %s_size=%d needs context.groups['%s'] (or context.ranks['%s'])"
                          % (owner, axis, size, axis, axis))
     return Axis(axis, size, rank, group)
+
+
+def context_flag(context: Any, name: str, owner: str) -> bool:
+    """The job flag `name` ("sequence_parallel" or "loss_parallel") of the context; False
+    when the context does not say."""
+    value = _context_get(context, name, False)
+    if not isinstance(value, bool):
+        raise ValueError("%s: context %s must be a bool, not %r" % (owner, name, value))
+    return value
 
 
 def reject_axis(context: Any, axis: str, owner: str, instead: str) -> None:

@@ -9,7 +9,10 @@ Parameters (deploy/registry/attention.yaml), [out_features, in_features]:
 head_dim is the config's, else hidden_size / num_attention_heads (as transformers derives it).
 Over tp the heads are split: each rank holds num_attention_heads / tp query heads and
 num_key_value_heads / tp key/value heads (both must divide), runs attention on them and
-all-reduces its partial output projection over the tp group. RoPE as Llama applies it
+all-reduces its partial output projection over the tp group (with the job's sequence
+parallelism: takes this rank's piece of the sequence, all-gathers it over tp, and
+reduce-scatters the output projection back to the piece; position_ids, when given, are the
+whole sequence's). RoPE as Llama applies it
 (rotate_half over the two halves of head_dim, frequencies rope_theta ** (-2i / head_dim)),
 causal, and with window > 0 a sliding window: position i sees positions i - window + 1 .. i.
 
@@ -32,9 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ._common import (config_int, config_value, context_axis, init_normal, local,
+from ._common import (config_int, config_value, context_axis, context_flag, init_normal, local,
                       new_parameter, reject_axis, resolve_config)
-from ._comm import copy_to_parallel, reduce_from_parallel
+from ._comm import (copy_to_parallel, gather_sequence, reduce_from_parallel,
+                    reduce_scatter_sequence)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
@@ -73,6 +77,7 @@ class _GQAAttentionBase(torch.nn.Module):
         config = resolve_config(config, module, owner)
         self._tp = context_axis(context, "tp", owner)
         self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self.sequence_parallel = context_flag(context, "sequence_parallel", owner)
         self.hidden_size = config_int(config, "hidden_size", owner)
         self.num_heads = config_int(config, "num_attention_heads", owner)
         self.num_kv_heads = config_int(config, "num_key_value_heads", owner)
@@ -154,15 +159,19 @@ class _GQAAttentionBase(torch.nn.Module):
         the tokens' positions in the sequence (0..S-1 without cp)."""
         group = self._tp.require_group(type(self).__name__)
         x, unbatched = self._inputs(hidden_states)
+        # With sequence parallelism this rank holds its piece of the sequence: the whole
+        # sequence in (reduce-scatter of the gradient), this rank's piece of the sum out.
+        x = gather_sequence(x, group) if self.sequence_parallel else copy_to_parallel(x, group)
         batch, seq, _ = x.shape
         first = self._first_position(batch, seq)
         if position_ids is None:
             position_ids = torch.arange(first, first + seq, device=x.device)
-        x = copy_to_parallel(x, group)
         q, k, v = self._project(x, position_ids)
         out = self._attend(q, k, v)
         out = out.transpose(1, 2).reshape(batch, seq, self.local_heads * self.head_dim)
-        out = reduce_from_parallel(out @ local(self.wo).t(), group)
+        out = out @ local(self.wo).t()
+        out = reduce_scatter_sequence(out, group) if self.sequence_parallel \
+            else reduce_from_parallel(out, group)
         return out.squeeze(0) if unbatched else out
 
     def extra_repr(self) -> str:

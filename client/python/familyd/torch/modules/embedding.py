@@ -5,6 +5,9 @@ forward(token ids, any shape) -> [..., hidden_size]. VocabParallelEmbedding hold
 coordinate's rows of the vocabulary (a torch.chunk range, familyd's shard(0)): tokens outside
 it give zeros there, and the all-reduce over tp adds the one rank that holds each token. Every
 tp rank must be given the same token ids. A token id outside [0, vocab_size) is an error.
+With the job's sequence parallelism the sum is reduce-scattered instead: each tp rank gets its
+piece of the sequence ([..., S/tp, hidden_size]; the sequence is the ids' last dimension and
+must split evenly over tp).
 """
 
 from typing import Any, Callable, Tuple
@@ -12,9 +15,9 @@ from typing import Any, Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (chunk_range, config_int, config_value, context_axis, init_normal, local,
-                      new_parameter, resolve_config)
-from ._comm import reduce_from_parallel
+from ._common import (chunk_range, config_int, config_value, context_axis, context_flag,
+                      init_normal, local, new_parameter, resolve_config)
+from ._comm import reduce_from_parallel, reduce_scatter_sequence
 
 
 class _EmbeddingBase(torch.nn.Module):
@@ -71,6 +74,8 @@ class VocabParallelEmbedding(_EmbeddingBase):
         super().__init__()
         self._tp = context_axis(context, "tp", type(self).__name__)
         self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self.sequence_parallel = context_flag(context, "sequence_parallel",
+                                              type(self).__name__)
         self._setup(config, module, module_fqn,
                     lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
 
@@ -86,4 +91,6 @@ class VocabParallelEmbedding(_EmbeddingBase):
             out = out + weight.sum()               # keeps the (empty) weight in the graph
         else:
             out = F.embedding(rows, weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_sequence(out, group)
         return reduce_from_parallel(out, group)

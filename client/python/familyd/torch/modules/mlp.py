@@ -10,6 +10,10 @@ the tp coordinate's rows of gate_proj/up_proj and the same columns of down_proj 
 ranges of intermediate_size), and all-reduces its partial output over the tp group; the input is
 the whole x on every tp rank. FusedSwiGLUMLP computes gate and up in one matmul over the
 concatenated weights, with or without tp.
+
+With the job's sequence parallelism (context.sequence_parallel) the tensor-parallel members take
+and give this rank's piece of the sequence ([..., S/tp, H]): the sequence is all-gathered on the
+way in and the partial output reduce-scattered on the way out, instead of the all-reduce.
 """
 
 from typing import Any, Callable, Tuple
@@ -17,9 +21,10 @@ from typing import Any, Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (chunk_range, config_int, config_value, context_axis, init_normal, local,
-                      new_parameter, reject_axis, resolve_config)
-from ._comm import copy_to_parallel, reduce_from_parallel
+from ._common import (chunk_range, config_int, config_value, context_axis, context_flag,
+                      init_normal, local, new_parameter, reject_axis, resolve_config)
+from ._comm import (copy_to_parallel, gather_sequence, reduce_from_parallel,
+                    reduce_scatter_sequence)
 
 
 class _SwiGLUMLPBase(torch.nn.Module):
@@ -46,6 +51,19 @@ class _SwiGLUMLPBase(torch.nn.Module):
         return (F.silu(x @ local(self.gate_proj).t()) * (x @ local(self.up_proj).t())) @ \
             local(self.down_proj).t()
 
+    def _enter(self, x: torch.Tensor, group: Any) -> torch.Tensor:
+        """The block's input: the whole sequence, its gradient summed over tp."""
+        if getattr(self, "sequence_parallel", False):
+            return gather_sequence(x, group)
+        return copy_to_parallel(x, group)
+
+    def _leave(self, y: torch.Tensor, group: Any) -> torch.Tensor:
+        """The block's partial output summed over tp (this rank's piece of the sequence with
+        sequence parallelism)."""
+        if getattr(self, "sequence_parallel", False):
+            return reduce_scatter_sequence(y, group)
+        return reduce_from_parallel(y, group)
+
     def extra_repr(self) -> str:
         return "hidden_size=%d, intermediate=[%d, %d) of %d" % (
             self.hidden_size, self.inter_start, self.inter_stop, self.intermediate_size)
@@ -71,12 +89,13 @@ class TPSwiGLUMLP(_SwiGLUMLPBase):
         super().__init__()
         self._tp = context_axis(context, "tp", type(self).__name__)
         self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self.sequence_parallel = context_flag(context, "sequence_parallel", type(self).__name__)
         self._setup(config, module, module_fqn,
                     lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self._tp.require_group(type(self).__name__)
-        return reduce_from_parallel(self._local(copy_to_parallel(x, group)), group)
+        return self._leave(self._local(self._enter(x, group)), group)
 
 
 class FusedSwiGLUMLP(_SwiGLUMLPBase):
@@ -93,14 +112,15 @@ class FusedSwiGLUMLP(_SwiGLUMLPBase):
         reject_axis(context, "pp", owner, "PlainSwiGLUMLP or TPSwiGLUMLP")
         self._tp = context_axis(context, "tp", owner)
         self.tp_size, self.tp_rank = self._tp.size, self._tp.rank
+        self.sequence_parallel = context_flag(context, "sequence_parallel", owner)
         self._setup(config, module, module_fqn,
                     lambda n: chunk_range(n, self._tp.size, self._tp.rank), device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self._tp.require_group(type(self).__name__)
-        x = copy_to_parallel(x, group)
+        x = self._enter(x, group)
         gate_up = torch.cat((local(self.gate_proj), local(self.up_proj)))
         h = F.linear(x, gate_up)
         rows = self.inter_stop - self.inter_start
         gate, up = h[..., :rows], h[..., rows:]
-        return reduce_from_parallel(F.linear(F.silu(gate) * up, local(self.down_proj)), group)
+        return self._leave(F.linear(F.silu(gate) * up, local(self.down_proj)), group)

@@ -5,7 +5,7 @@ For each TTL (default 2000 and 5000 ms) and run (default 10), starts a one-membe
 its default timing (tests/integration/etcd_harness.py), holds a key with coord-probe hold,
 waits two TTLs, SIGKILLs the probe and polls the key every 20 ms until it is gone. Prints the
 granted TTL and the min, median and max of the times. COORD_PROBE names the probe (default
-build/tests/coord/coord-probe). Numbers for docs/coordinator.md.
+build/tests/probes/coord-probe). Numbers for docs/coordinator.md.
 """
 
 import os

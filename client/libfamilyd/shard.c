@@ -557,6 +557,11 @@ int familyd_shard_map_flags(int fd, uint64_t size, FamilydMapMode mode, unsigned
         if (mode == FAMILYD_MAP_PRIVATE)
                 map_flags = MAP_PRIVATE;
         p = mmap(NULL, (size_t) size, prot, map_flags, fd, 0);
+        /* A private mapping of a hugetlb shard reserves a huge page for each possible copy;
+         * where the pool has none left (the daemon's shards hold them), it maps without the
+         * reservation: reads need none, and a write finding no free huge page is SIGBUS. */
+        if (p == MAP_FAILED && errno == ENOMEM && mode == FAMILYD_MAP_PRIVATE)
+                p = mmap(NULL, (size_t) size, prot, map_flags | MAP_NORESERVE, fd, 0);
         if (p == MAP_FAILED)
                 return -errno;
         /* Huge folios of a memfd under shmem THP `advise` are mapped huge only where the

@@ -307,6 +307,9 @@ int familyd_checkpoint_deposit(
  *                          zero-copy until the first write to a page, which copies that page
  *                          into this process (copy-on-write); the daemon's bytes and every
  *                          other process's view never change. For training on a shared build.
+ *                          On hugetlb pages with none left to reserve for copies, mapped
+ *                          without the reservation (MAP_NORESERVE): reads work, a write that
+ *                          finds no free huge page is SIGBUS.
  *   FAMILYD_MAP_SHARED     MAP_SHARED, PROT_READ | PROT_WRITE of a writable descriptor: writes
  *                          reach every process mapping the shard. Only for builds made writable
  *                          (BuildRequest.writable); fetching a writable descriptor of any other
