@@ -42,6 +42,7 @@ typedef struct BuilderFixture {
         Manager *manager;
         ShardTable *shards;
         State *state;
+        CheckpointDeposits *deposits; /* the test's, or NULL: Builds from checkpoints find none */
         Builder builder;
 } BuilderFixture;
 
@@ -83,7 +84,8 @@ static inline void builder_fixture_start(BuilderFixture *f, const char *state_di
         if (state_dir)
                 assert_int_equal(state_new(&(StateParams) { .state_dir = state_dir }, &f->state),
                                  0);
-        f->builder = (Builder) { .manager = f->manager, .shards = f->shards, .state = f->state };
+        f->builder = (Builder) { .manager = f->manager, .shards = f->shards, .state = f->state,
+                                 .deposits = f->deposits };
         assert_int_equal(build_restore(&f->builder), 0);
         assert_int_equal(build_sharing_start(&f->builder, grace_ms), 0);
 }
@@ -169,13 +171,13 @@ static inline void builder_fixture_build(BuilderFixture *f, int64_t n, pid_t pid
         value_map_done(&req.config);
 }
 
-/* The shard behind token holds n x n float32 threes (the init). */
-static inline void builder_fixture_expect_filled(BuilderFixture *f, const char *token,
-                                                 int64_t n) {
+/* The first count float32 values of the shard behind token, into ret. */
+static inline void builder_fixture_read_shard(BuilderFixture *f, const char *token, size_t count,
+                                              float *ret) {
         _cleanup_(shard_segment_unrefp) ShardSegment *s = NULL;
-        size_t size = (size_t) (n * n) * sizeof(float);
+        size_t size = count * sizeof(float);
         _cleanup_close_ int fd = -1;
-        float *v;
+        void *v;
 
         assert_int_equal(shard_table_lookup(f->shards, token, &s), 0);
         assert_true(shard_segment_size(s) >= size);
@@ -185,9 +187,19 @@ static inline void builder_fixture_expect_filled(BuilderFixture *f, const char *
         assert_int_equal(shard_segment_open(s, false, &fd), 0);
         v = mmap(NULL, map_size, PROT_READ, MAP_SHARED, fd, 0);
         assert_true(v != MAP_FAILED);
+        memcpy(ret, v, size);
+        assert_int_equal(munmap(v, map_size), 0);
+}
+
+/* The shard behind token holds n x n float32 threes (the init). */
+static inline void builder_fixture_expect_filled(BuilderFixture *f, const char *token,
+                                                 int64_t n) {
+        float v[64];
+
+        assert_true(n * n <= 64);
+        builder_fixture_read_shard(f, token, (size_t) (n * n), v);
         for (int64_t i = 0; i < n * n; i++)
                 assert_true(v[i] == 3.0f);
-        assert_int_equal(munmap(v, map_size), 0);
 }
 
 /* This process's reference to build id goes; freed: whether that freed it. */
