@@ -13,8 +13,8 @@
 
 #include "config.h"
 #include "codec/codec-registry-digest.h"
-#include "core/membership.h"
-#include "core/peer-protocol.h"
+#include "membership/membership.h"
+#include "membership/peer-protocol.h"
 #include "core/registry.h"
 #include "core/resource-limits.h"
 #include "common/log.h"
@@ -40,7 +40,7 @@ typedef enum OptionType {
         OPTION_INT64,     /* int64_t in [min, max] (unset: -1) */
         OPTION_LOG_LEVEL, /* a level name: debug, info, notice, warning, err */
         OPTION_HUGE_PAGES, /* a mode: auto, never, require (shm/huge-pages.h) */
-        OPTION_MEMBERSHIP, /* a protocol: all-to-all, swim (core/peer-protocol.h) */
+        OPTION_MEMBERSHIP, /* a protocol: all-to-all, swim (membership/peer-protocol.h) */
         OPTION_OPTIONAL,  /* an action that may take a value, only after `=` (--check-config) */
 } OptionType;
 
@@ -199,7 +199,8 @@ static const ConfigOption config_options[] = {
           DEFAULT(HUGE_PAGES_AUTO),
           .help = "Host shards on huge pages: auto, never or require",
           .note = "auto: on the huge pages the host has reserved (vm.nr_hugepages) while enough "
-                  "are free, else on normal pages (logged once); require: a Build whose pages "
+                  "are free, else on normal pages (logged once), and a shard smaller than one "
+                  "huge page on normal pages; require: a Build whose pages "
                   "cannot be reserved fails, and so does a start without any reserved; never: "
                   "normal pages only. A shard on huge pages is rounded up to whole pages, in "
                   "--shm-budget too." },

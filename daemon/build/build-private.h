@@ -63,6 +63,20 @@ void mesh_keep_install(State *s, MeshTable *meshes);
 /* CLOCK_REALTIME ns: the order records keep across a restart. */
 uint64_t build_keep_now_ns(void);
 
+/* ---- build-share-key.c: the sharing key ------------------------------------------------- */
+
+/*
+ * The sharing key of b (build-share.c's DESIGN) for a Build (writable: BuildRequest.writable)
+ * by a caller of uid, handed to its group's uids too with share_group: the Build message b
+ * would be, without tokens, sizes or its group name (codec_build_key()), then, each ending in
+ * a NUL: "mesh=ID", "seed=N", "dtype=D", "ranks=" a 0 or 1 per rank (materialised here),
+ * "writable=0|1", "uid=N[ share=group]", "module=FQN", "registry=DIGEST", with a checkpoint
+ * "checkpoint=ID prefix=P names=parameters|registry", and with init fields
+ * "init_fields=NAME=VALUE;..." (ints in decimal, floats exactly, %a). *ret is the caller's.
+ */
+int build_share_key(const BuildState *b, bool writable, uint32_t uid, bool share_group,
+                    uint8_t **ret, size_t *ret_size);
+
 /* ---- build-share.c: shared builds, references, grace ------------------------------------- */
 
 typedef struct BuildFlight BuildFlight;

@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/peer-message.h"
+#include "membership/peer-message.h"
 
 /* Decodes and checks untrusted bytes against every limit of resource-limits.h; -EBADMSG when
  * they are not a valid message (nothing is kept), -ENOMEM. */

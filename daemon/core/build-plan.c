@@ -340,9 +340,94 @@ static int eval_direct_dim(const ParameterSpec *p, size_t d, const ValueMap *con
         }
 }
 
-/* A number of a direct build's init: a literal, or a config field holding an int or a float. */
-static int init_number_direct(const char *param, const InitNumber *x, const ValueMap *config, double *ret,
+static const char *const init_number_names[_INIT_KIND_MAX][4] = {
+        [INIT_CONSTANT] = { "value" },
+        [INIT_NORMAL] = { "mean", "std" },
+        [INIT_UNIFORM] = { "low", "high" },
+        [INIT_TRUNC_NORMAL] = { "mean", "std", "a", "b" },
+};
+
+static const char *init_number_name(InitKind kind, size_t i) {
+        const char *s = kind >= 0 && kind < _INIT_KIND_MAX && i < 4 ? init_number_names[kind][i] : NULL;
+        return s ?: "value";
+}
+
+/* The shortest of %.15g..%.17g that reads back as v (as the registry shows its numbers). */
+static void format_double(double v, char buf[static 32]) {
+        for (int prec = 15; prec <= 17; prec++) {
+                snprintf(buf, 32, "%.*g", prec, v);
+                if (strtod(buf, NULL) == v)
+                        return;
+        }
+}
+
+/* An init expression's failure as the Build's error (docs/semantics.md, Build failures, step 6). */
+static int fail_init_expr(FamilyError *e, const char *param, InitKind kind, size_t i, const InitExpr *x,
+                          const InitExprError *err) {
+        _cleanup_free_ char *q = repr_string(param), *text = init_expr_to_string(x), *qt = NULL;
+        const char *what = init_number_name(kind, i);
+        char v[32];
+
+        if (!q || !text)
+                return -ENOMEM;
+        qt = repr_string(text);
+        if (!qt)
+                return -ENOMEM;
+        switch (err->failure) {
+        case INIT_EXPR_FAILURE_MISSING_FIELD:
+                return fail_qq(e, "CONFIG", err->field, "parameter %s needs config field %s", param, err->field);
+        case INIT_EXPR_FAILURE_NOT_NUMBER:
+                return fail_q(e, "CONFIG", err->field, "config field %s must be float", err->field);
+        case INIT_EXPR_FAILURE_FAN_RANK:
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "INIT", param,
+                                        "parameter %s: init %s %s uses %s, which needs at least 2 dimensions; "
+                                        "the parameter has %.0f",
+                                        q, what, qt, err->field, err->value);
+        case INIT_EXPR_FAILURE_SQRT_NEGATIVE:
+                format_double(err->value, v);
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "INIT", param,
+                                        "parameter %s: init %s %s takes the square root of %s", q, what, qt, v);
+        case INIT_EXPR_FAILURE_NOT_FINITE:
+                return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "INIT", param,
+                                        "parameter %s: init %s %s is not finite", q, what, qt);
+        default:
+                return -EIO;
+        }
+}
+
+static int config_number(const ValueMap *config, const char *name, double *ret) {
+        const Value *v = value_map_get(config, name);
+
+        if (!v)
+                return -ENOENT;
+        if (v->kind == VALUE_INT)
+                *ret = (double) v->i;
+        else if (v->kind == VALUE_FLOAT)
+                *ret = v->f;
+        else
+                return -EDOM;
+        return 0;
+}
+
+static int lookup_direct(const char *name, double *ret, void *userdata) {
+        return config_number(userdata, name, ret);
+}
+
+/* A number of a direct build's init: a literal, a config field holding an int or a float, or an
+ * expression of them and the parameter's fans. */
+static int init_number_direct(const char *param, const InitNumber *x, InitKind kind, size_t i,
+                              const ValueMap *config, const int64_t *shape, size_t n_dims, double *ret,
                               FamilyError *e) {
+        if (x->expr) {
+                InitExprEnv env = {
+                        .lookup = lookup_direct, .userdata = (void *) config, .shape = shape, .n_dims = n_dims,
+                };
+                InitExprError err;
+                int r = init_expr_eval(x->expr, &env, ret, &err);
+                if (r == -EINVAL)
+                        return fail_init_expr(e, param, kind, i, x->expr, &err);
+                return r;
+        }
         if (!x->field) {
                 *ret = x->value;
                 return 0;
@@ -361,18 +446,76 @@ static int init_number_direct(const char *param, const InitNumber *x, const Valu
         return 0;
 }
 
-/*
- * A number of a replacement build's init: a literal, a field the source's shapes bound, else
- * source_config's field (an int or a float; recorded in init_fields). 1: *ret set; 0: the field
- * is in neither (the init is then zeros); -EINVAL with e filled: source_config's field is no number.
- */
-static int init_number_bound(const InitNumber *x, const ValueMap *bound,
-                             const ValueMap *source_config, ValueMap *init_fields, double *ret,
-                             FamilyError *e) {
-        const Value *v;
+static int record_init_field(const char *name, const ValueMap *source_config, ValueMap *init_fields) {
+        const Value *v = value_map_get(source_config, name);
         Value copy;
         int r;
 
+        if (!v || value_map_get(init_fields, name))
+                return 0;
+        r = value_copy(v, &copy);
+        if (r < 0)
+                return r;
+        r = value_map_put(init_fields, name, &copy);
+        if (r < 0)
+                value_done(&copy);
+        return r;
+}
+
+typedef struct BoundLookup {
+        const ValueMap *bound;
+        const ValueMap *source_config;
+        ValueMap *init_fields;
+} BoundLookup;
+
+/* A field the source's shapes bound (an int), else source_config's (an int or a float). */
+static int lookup_bound(const char *name, double *ret, void *userdata) {
+        const BoundLookup *b = userdata;
+        const Value *v = value_map_get(b->bound, name);
+
+        if (v && v->kind == VALUE_INT) {
+                *ret = (double) v->i;
+                return 0;
+        }
+        return config_number(b->source_config, name, ret);
+}
+
+static int record_bound_field(const char *name, void *userdata) {
+        const BoundLookup *b = userdata;
+        const Value *v = value_map_get(b->bound, name);
+
+        if (v && v->kind == VALUE_INT)
+                return 0;
+        return record_init_field(name, b->source_config, b->init_fields);
+}
+
+/*
+ * A number of a replacement build's init: a literal, a field the source's shapes bound, else
+ * source_config's field (an int or a float; recorded in init_fields), or an expression of them.
+ * 1: *ret set; 0: a field is in neither (the init is then zeros); -EINVAL with e filled:
+ * source_config's field is no number, or the expression fails.
+ */
+static int init_number_bound(const char *param, const InitNumber *x, InitKind kind, size_t i,
+                             const ValueMap *bound, const ValueMap *source_config, ValueMap *init_fields,
+                             const int64_t *shape, size_t n_dims, double *ret, FamilyError *e) {
+        const Value *v;
+        int r;
+
+        if (x->expr) {
+                BoundLookup b = { .bound = bound, .source_config = source_config, .init_fields = init_fields };
+                InitExprEnv env = { .lookup = lookup_bound, .userdata = &b, .shape = shape, .n_dims = n_dims };
+                InitExprError err;
+
+                r = init_expr_eval(x->expr, &env, ret, &err);
+                if (r == -EINVAL && err.failure == INIT_EXPR_FAILURE_MISSING_FIELD)
+                        return 0;
+                if (r == -EINVAL)
+                        return fail_init_expr(e, param, kind, i, x->expr, &err);
+                if (r < 0)
+                        return r;
+                r = init_expr_foreach_field(x->expr, record_bound_field, &b);
+                return r < 0 ? r : 1;
+        }
         if (!x->field) {
                 *ret = x->value;
                 return 1;
@@ -387,24 +530,45 @@ static int init_number_bound(const InitNumber *x, const ValueMap *bound,
         v = value_map_get(source_config, x->field);
         if (!v)
                 return 0;
-        if (v->kind == VALUE_INT)
-                *ret = (double) v->i;
-        else if (v->kind == VALUE_FLOAT)
-                *ret = v->f;
-        else
+        if (v->kind != VALUE_INT && v->kind != VALUE_FLOAT)
                 return fail_q(e, "CONFIG", x->field, "config field %s must be float", x->field);
+        *ret = v->kind == VALUE_INT ? (double) v->i : v->f;
+        r = record_init_field(x->field, source_config, init_fields);
+        return r < 0 ? r : 1;
+}
 
-        if (value_map_get(init_fields, x->field))
-                return 1;
-        r = value_copy(v, &copy);
-        if (r < 0)
-                return r;
-        r = value_map_put(init_fields, x->field, &copy);
-        if (r < 0) {
-                value_done(&copy);
-                return r;
+/* The resolved numbers' own rules: a std not negative (trunc_normal: positive), a < b. */
+static int check_resolved_init(const char *param, const ResolvedInit *init, FamilyError *e) {
+        _cleanup_free_ char *q = repr_string(param);
+        char v[32], w[32];
+
+        if (!q)
+                return -ENOMEM;
+        switch (init->kind) {
+        case INIT_NORMAL:
+                if (init->b < 0) {
+                        format_double(init->b, v);
+                        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "INIT", param,
+                                                "parameter %s: init std must not be negative, got %s", q, v);
+                }
+                return 0;
+        case INIT_TRUNC_NORMAL:
+                if (!(init->b > 0)) {
+                        format_double(init->b, v);
+                        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "INIT", param,
+                                                "parameter %s: init std must be positive, got %s", q, v);
+                }
+                if (!(init->c < init->d)) {
+                        format_double(init->c, v);
+                        format_double(init->d, w);
+                        return family_error_set(e, FAMILY_STATUS_INVALID_ARGUMENT, "INIT", param,
+                                                "parameter %s: init bound a must be less than b, got a=%s, b=%s",
+                                                q, v, w);
+                }
+                return 0;
+        default:
+                return 0;
         }
-        return 1;
 }
 
 static int copy_placements(const ParameterSpec *p, PlanParameter *out) {
@@ -479,10 +643,14 @@ static int plan_direct_parameter(const ParameterSpec *p, const ValueMap *config,
                 return r;
 
         out->init.kind = p->init.kind;
-        r = init_number_direct(p->name, &p->init.a, config, &out->init.a, e);
-        if (r < 0)
-                return r;
-        r = init_number_direct(p->name, &p->init.b, config, &out->init.b, e);
+        const InitNumber *xs[] = { &p->init.a, &p->init.b, &p->init.c, &p->init.d };
+        double *vs[] = { &out->init.a, &out->init.b, &out->init.c, &out->init.d };
+        for (size_t i = 0; i < ELEMENTSOF(xs); i++) {
+                r = init_number_direct(p->name, xs[i], p->init.kind, i, config, out->shape, out->n_dims, vs[i], e);
+                if (r < 0)
+                        return r;
+        }
+        r = check_resolved_init(p->name, &out->init, e);
         if (r < 0)
                 return r;
         out->init_resolved = true;
@@ -608,18 +776,26 @@ static int bind_lone_fields(const ParameterSpec *params, size_t n, const char *f
 static int resolve_replacement_inits(const ParameterSpec *params, size_t n, const ValueMap *bound,
                                      const ValueMap *source_config, PlanParameter *out, ValueMap *init_fields,
                                      FamilyError *e) {
-        int ra, rb;
+        int r;
 
         for (size_t i = 0; i < n; i++) {
                 ResolvedInit init = { .kind = params[i].init.kind };
+                const InitNumber *xs[] = { &params[i].init.a, &params[i].init.b, &params[i].init.c,
+                                           &params[i].init.d };
+                double *vs[] = { &init.a, &init.b, &init.c, &init.d };
+                bool resolved = true;
 
-                ra = init_number_bound(&params[i].init.a, bound, source_config, init_fields, &init.a, e);
-                if (ra < 0)
-                        return ra;
-                rb = init_number_bound(&params[i].init.b, bound, source_config, init_fields, &init.b, e);
-                if (rb < 0)
-                        return rb;
-                if (ra > 0 && rb > 0) {
+                for (size_t k = 0; k < ELEMENTSOF(xs); k++) {
+                        r = init_number_bound(params[i].name, xs[k], init.kind, k, bound, source_config,
+                                              init_fields, out[i].shape, out[i].n_dims, vs[k], e);
+                        if (r < 0)
+                                return r;
+                        resolved = resolved && r > 0;
+                }
+                if (resolved) {
+                        r = check_resolved_init(params[i].name, &init, e);
+                        if (r < 0)
+                                return r;
                         out[i].init = init;
                         out[i].init_resolved = true;
                 } else

@@ -99,8 +99,10 @@ const char *build_origin_to_string(BuildOrigin o); /* "direct" | "replacement" *
 /* An init with every number a number: config field names resolved. */
 typedef struct ResolvedInit {
         InitKind kind;
-        double a; /* constant: value; normal: mean; uniform: low */
-        double b; /* normal: std; uniform: high */
+        double a; /* constant: value; normal, trunc_normal: mean; uniform: low */
+        double b; /* normal, trunc_normal: std; uniform: high */
+        double c; /* trunc_normal: the lower bound a */
+        double d; /* trunc_normal: the upper bound b */
 } ResolvedInit;
 
 /*

@@ -36,6 +36,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -240,16 +241,45 @@ float float16_to_float(uint16_t h) {
 
 int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t seed, const char *name,
                    Dtype dtype) {
-        if (!ret || kind < 0 || kind >= _INIT_KIND_MAX || dtype < 0 || dtype >= _DTYPE_MAX)
+        return fill_spec_init4(ret, kind, (const double[4]) { a, b, 0, 0 }, seed, name, dtype);
+}
+
+/* Phi(x), the standard normal CDF, for the trunc_normal bounds (once per spec). */
+static double normal_cdf(double x) {
+        return 0.5 * erfc(-x * M_SQRT1_2);
+}
+
+int fill_spec_init4(FillSpec *ret, InitKind kind, const double numbers[4], uint64_t seed, const char *name,
+                    Dtype dtype) {
+        if (!ret || !numbers || kind < 0 || kind >= _INIT_KIND_MAX || dtype < 0 || dtype >= _DTYPE_MAX)
                 return -EINVAL;
         *ret = (FillSpec) {
                 .kind = kind,
-                .a = a,
-                .b = b,
+                .a = numbers[0],
+                .b = numbers[1],
+                .c = numbers[2],
+                .d = numbers[3],
                 .seed = seed,
                 .name_hash = fnv1a32_string(name),
                 .dtype = dtype,
+                .sign = 1,
         };
+        if (kind == INIT_TRUNC_NORMAL) {
+                double mean = numbers[0], std = numbers[1];
+
+                if (!(std > 0) || !(numbers[2] < numbers[3]) || !isfinite(std) || !isfinite(mean))
+                        return -EINVAL;
+                double alpha = (numbers[2] - mean) / std, beta = (numbers[3] - mean) / std;
+                /* Bounds above the mean are mirrored below it, where Phi has its precision. */
+                if (alpha > 0) {
+                        double t = -beta;
+                        beta = -alpha;
+                        alpha = t;
+                        ret->sign = -1;
+                }
+                ret->cdf_low = normal_cdf(alpha);
+                ret->cdf_span = normal_cdf(beta) - ret->cdf_low;
+        }
         return 0;
 }
 
@@ -259,6 +289,10 @@ typedef struct GenParams {
         uint32_t k0, k1, h;
         float low, span; /* uniform: low, (float) high - (float) low */
         float mean, std;  /* normal: rounded to float32 */
+        /* trunc_normal, in double: mean, sign * std, Phi at the (mirrored) lower bound and the
+         * span to the upper; the bounds rounded to float32 clamp the result. */
+        double t_mean, t_scale, cdf_low, cdf_span;
+        float t_low, t_high;
 } GenParams;
 
 static GenParams gen_params(const FillSpec *spec) {
@@ -272,6 +306,12 @@ static GenParams gen_params(const FillSpec *spec) {
                 .span = high - low,
                 .mean = (float) spec->a,
                 .std = (float) spec->b,
+                .t_mean = spec->a,
+                .t_scale = spec->sign * spec->b,
+                .cdf_low = spec->cdf_low,
+                .cdf_span = spec->cdf_span,
+                .t_low = (float) spec->c,
+                .t_high = (float) spec->d,
         };
 }
 
@@ -493,6 +533,110 @@ void fill_normal_from_bits(float mean, float std, const uint32_t *x0, const uint
         memcpy(out + whole, v, (n - whole) * sizeof(float));
 }
 
+/*
+ * trunc_normal: one uniform per element, u = (x0 + 1/2) 2^-32 (exact in double, in (0, 1)),
+ * p = cdf_low + u cdf_span, z = Phi^-1(p), value mean + sign std z rounded to float32 and
+ * clamped to [a, b] (as float32): the inverse CDF of torch.nn.init.trunc_normal_, with every
+ * step an IEEE double operation (no FMA, no libm), so the bits never depend on the path.
+ *
+ * ln x for normal doubles x in (0, 1]: x = 2^e m, m in [sqrt(1/2), sqrt(2)), s = (m - 1) / (m + 1),
+ * ln m = 2 s (1 + s^2/3 + s^4/5 + ... + s^16/17) (|s| < 0.172: the next term is below 3e-14
+ * relative), ln x = e ln 2 + ln m.
+ */
+extern double sqrt(double t) __attribute__((const, nothrow, leaf));
+
+static inline __attribute__((always_inline)) double ln_double(double x) {
+        uint64_t bits;
+        memcpy(&bits, &x, sizeof(bits));
+        int64_t e = (int64_t) ((bits >> 52) & 0x7ff) - 1023;
+        uint64_t mant = bits & UINT64_C(0xfffffffffffff);
+        /* sqrt(2)'s mantissa bits: above them m is halved (exactly). */
+        uint64_t big = mant > UINT64_C(0x6a09e667f3bcd);
+        e += (int64_t) big;
+        uint64_t mb = mant | (big ? UINT64_C(0x3fe0000000000000) : UINT64_C(0x3ff0000000000000));
+        double m;
+        memcpy(&m, &mb, sizeof(m));
+
+        double s = (m - 1.0) / (m + 1.0);
+        double s2 = s * s;
+        double q = 1.0 / 17;
+        q = q * s2 + 1.0 / 15;
+        q = q * s2 + 1.0 / 13;
+        q = q * s2 + 1.0 / 11;
+        q = q * s2 + 1.0 / 9;
+        q = q * s2 + 1.0 / 7;
+        q = q * s2 + 1.0 / 5;
+        q = q * s2 + 1.0 / 3;
+        q = q * s2 + 1.0;
+        double ln_m = 2.0 * s * q;
+        return (double) e * 0x1.62e42fefa39efp-1 + ln_m;
+}
+
+/* Phi^-1(p) for p in (0, 1): P. J. Acklam's rational approximations (relative error below
+ * 1.2e-9, far below float32's resolution), central region |p - 1/2| <= 0.47575, tails through
+ * sqrt(-2 ln p). */
+static inline __attribute__((always_inline)) double normal_quantile(double p) {
+        const double p_low = 0.02425;
+
+        if (p < p_low || p > 1.0 - p_low) {
+                double t = p < p_low ? p : 1.0 - p;
+                double q = sqrt(-2.0 * ln_double(t));
+                double num = -7.784894002430293e-03;
+                num = num * q - 3.223964580411365e-01;
+                num = num * q - 2.400758277161838e+00;
+                num = num * q - 2.549732539343734e+00;
+                num = num * q + 4.374664141464968e+00;
+                num = num * q + 2.938163982698783e+00;
+                double den = 7.784695709041462e-03;
+                den = den * q + 3.224671290700398e-01;
+                den = den * q + 2.445134137142996e+00;
+                den = den * q + 3.754408661907416e+00;
+                den = den * q + 1.0;
+                double z = num / den;
+                return p < p_low ? z : -z;
+        }
+
+        double q = p - 0.5, r = q * q;
+        double num = -3.969683028665376e+01;
+        num = num * r + 2.209460984245205e+02;
+        num = num * r - 2.759285104469687e+02;
+        num = num * r + 1.383577518672690e+02;
+        num = num * r - 3.066479806614716e+01;
+        num = num * r + 2.506628277459239e+00;
+        double den = -5.447609879822406e+01;
+        den = den * r + 1.615858368580409e+02;
+        den = den * r - 1.556989798598866e+02;
+        den = den * r + 6.680131188771972e+01;
+        den = den * r - 1.328068155288572e+01;
+        den = den * r + 1.0;
+        return num * q / den;
+}
+
+double fill_normal_quantile(double p) {
+        return normal_quantile(p);
+}
+
+static inline __attribute__((always_inline)) float trunc_normal_value(const GenParams *p, uint32_t x0) {
+        double u = ((double) x0 + 0.5) * 0x1p-32;
+        double t = p->cdf_span * u;
+        double c = p->cdf_low + t;
+        /* Rounding may reach 0 or 1 at extreme bounds; the clamp below takes the value then. */
+        c = c < 0x1p-1022 ? 0x1p-1022 : c;
+        c = c > 1.0 - 0x1p-53 ? 1.0 - 0x1p-53 : c;
+        double z = normal_quantile(c);
+        double s = p->t_scale * z;
+        float v = (float) (p->t_mean + s);
+        v = v < p->t_low ? p->t_low : v;
+        return v > p->t_high ? p->t_high : v;
+}
+
+_fill_clones_ static void trunc_normal_from_bits(const GenParams *p, const uint32_t *restrict x0, size_t n,
+                                                 float *restrict out) {
+        for (size_t b = 0; b < n; b += FILL_BLOCK, x0 += FILL_BLOCK, out += FILL_BLOCK)
+                for (size_t j = 0; j < FILL_BLOCK; j++)
+                        out[j] = trunc_normal_value(p, x0[j]);
+}
+
 /* n values for the indices idx[0..n) (NULL: first + [0, n)), n a multiple of FILL_BLOCK and at
  * most FILL_BATCH. */
 static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *idx, uint64_t first, size_t n,
@@ -502,6 +646,8 @@ static void generate(const FillSpec *spec, const GenParams *p, const uint64_t *i
         philox_batch(p, idx, first, n, x0, x1);
         if (spec->kind == INIT_UNIFORM)
                 uniform_from_bits(p, x0, n, out);
+        else if (spec->kind == INIT_TRUNC_NORMAL)
+                trunc_normal_from_bits(p, x0, n, out);
         else
                 normal_from_bits(p, x0, x1, n, out);
 }

@@ -49,16 +49,29 @@ float float16_to_float(uint16_t h);
 
 typedef struct FillSpec {
         InitKind kind;
-        double a;           /* constant: value; normal: mean; uniform: low; else unused */
-        double b;           /* normal: std; uniform: high; else unused */
+        double a;           /* constant: value; normal, trunc_normal: mean; uniform: low; else unused */
+        double b;           /* normal, trunc_normal: std; uniform: high; else unused */
+        double c;           /* trunc_normal: the lower bound a */
+        double d;           /* trunc_normal: the upper bound b */
         uint64_t seed;
         uint32_t name_hash; /* fnv1a32 of the parameter name */
         Dtype dtype;
+        /* trunc_normal, set by fill_spec_init4(): sampled as mean + sign * std * Phi^-1(p), p =
+         * cdf_low + u * cdf_span (sign -1: the bounds mirrored into the lower tail). */
+        double cdf_low, cdf_span, sign;
 } FillSpec;
 
 /* A spec from resolved numbers; name is hashed. Returns -EINVAL for an invalid kind or dtype. */
 int fill_spec_init(FillSpec *ret, InitKind kind, double a, double b, uint64_t seed, const char *name,
                    Dtype dtype);
+/* The same with the four numbers of an init (ResolvedInit's a, b, c, d); trunc_normal needs
+ * std > 0 and a < b (-EINVAL otherwise). */
+int fill_spec_init4(FillSpec *ret, InitKind kind, const double numbers[4], uint64_t seed, const char *name,
+                    Dtype dtype);
+
+/* The standard normal quantile Phi^-1(p) for p in (0, 1), in double arithmetic with fill.c's
+ * own logarithm (no libm), as trunc_normal computes it: for tests. */
+double fill_normal_quantile(double p);
 
 /*
  * One element's float32 value before the dtype conversion, through the same code as the bulk

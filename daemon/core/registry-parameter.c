@@ -50,8 +50,11 @@ static void format_number(double v, char buf[static 32]) {
         }
 }
 
+/* An init's number: an int, a finite float, a config field name, or a float expression in a
+ * string ("initializer_range / sqrt(2 * num_layers)", "1 / sqrt(fan_in)"). */
 static int load_init_number(Loader *l, const YNode *n, const char *ctx, const char *what,
                             InitNumber *ret) {
+        _cleanup_free_ char *message = NULL;
         Value v = {};
         int r;
 
@@ -68,27 +71,45 @@ static int load_init_number(Loader *l, const YNode *n, const char *ctx, const ch
                 *ret = (InitNumber) { .value = v.f };
                 return 0;
         case VALUE_STRING:
-                if (loader_is_identifier(v.s) && strlen(v.s) <= FAMILYD_MAX_NAME_LENGTH) {
-                        *ret = (InitNumber) { .field = TAKE_PTR(v.s) };
-                        return 0;
-                }
                 break;
         default:
-                break;
+                value_done(&v);
+                return loader_diag(l, n, ctx, "%s must be a number, a config field name or an expression",
+                                   what);
         }
-        value_done(&v);
-        return loader_diag(l, n, ctx, "%s must be a number or a config field name", what);
+
+        _cleanup_free_ char *s = TAKE_PTR(v.s);
+        /* A lone field name stays a field (fan_in and fan_out are the expression's own names). */
+        if (loader_is_identifier(s) && strlen(s) <= FAMILYD_MAX_NAME_LENGTH && !streq(s, "fan_in") &&
+            !streq(s, "fan_out") && !streq(s, "sqrt")) {
+                *ret = (InitNumber) { .field = TAKE_PTR(s) };
+                return 0;
+        }
+        InitExpr *e = NULL;
+        r = init_expr_parse(s, &e, &message);
+        if (r == -EINVAL)
+                return loader_diag(l, n, ctx, "%s: %s", what, message);
+        if (r < 0)
+                return r;
+        *ret = (InitNumber) { .expr = e };
+        return 0;
 }
 
-static const char *init_number_text(const InitNumber *x, char buf[static 32]) {
+/* The canonical text of a number; *ret_free gets what must be freed (an expression's text). */
+static const char *init_number_text(const InitNumber *x, char buf[static 32], char **ret_free) {
+        *ret_free = NULL;
         if (x->field)
                 return x->field;
+        if (x->expr)
+                return *ret_free = init_expr_to_string(x->expr);
         format_number(x->value, buf);
         return buf;
 }
 
 static int init_make_text(ParameterSpec *p) {
-        char a[32], b[32];
+        _cleanup_free_ char *fa = NULL, *fb = NULL, *fc = NULL, *fd = NULL;
+        char a[32], b[32], c[32], d[32];
+        const char *ta, *tb, *tc, *td;
         int k;
 
         switch (p->init.kind) {
@@ -96,16 +117,28 @@ static int init_make_text(ParameterSpec *p) {
         case INIT_ONES:
                 p->init_text = strdup(init_kind_to_string(p->init.kind));
                 return p->init_text ? 0 : -ENOMEM;
+        default:
+                break;
+        }
+        ta = init_number_text(&p->init.a, a, &fa);
+        tb = init_number_text(&p->init.b, b, &fb);
+        tc = init_number_text(&p->init.c, c, &fc);
+        td = init_number_text(&p->init.d, d, &fd);
+        if (!ta || !tb || !tc || !td)
+                return -ENOMEM;
+
+        switch (p->init.kind) {
         case INIT_CONSTANT:
-                k = asprintf(&p->init_text, "constant(value=%s)", init_number_text(&p->init.a, a));
+                k = asprintf(&p->init_text, "constant(value=%s)", ta);
                 break;
         case INIT_NORMAL:
-                k = asprintf(&p->init_text, "normal(mean=%s, std=%s)", init_number_text(&p->init.a, a),
-                             init_number_text(&p->init.b, b));
+                k = asprintf(&p->init_text, "normal(mean=%s, std=%s)", ta, tb);
                 break;
         case INIT_UNIFORM:
-                k = asprintf(&p->init_text, "uniform(low=%s, high=%s)", init_number_text(&p->init.a, a),
-                             init_number_text(&p->init.b, b));
+                k = asprintf(&p->init_text, "uniform(low=%s, high=%s)", ta, tb);
+                break;
+        case INIT_TRUNC_NORMAL:
+                k = asprintf(&p->init_text, "trunc_normal(mean=%s, std=%s, a=%s, b=%s)", ta, tb, tc, td);
                 break;
         default:
                 return -EINVAL;
@@ -118,18 +151,21 @@ static int init_make_text(ParameterSpec *p) {
 }
 
 static int load_init(Loader *l, const YNode *n, const char *ctx, ParameterSpec *p) {
-        static const char *const kinds[] = { "constant", "normal", "uniform" };
+        static const char *const kinds[] = { "constant", "normal", "uniform", "trunc_normal" };
         static const char *const constant_keys[] = { "value" };
         static const char *const normal_keys[] = { "mean", "std" };
         static const char *const uniform_keys[] = { "low", "high" };
-        static const char *const *const arg_keys[] = { constant_keys, normal_keys, uniform_keys };
-        static const size_t n_arg_keys[] = { 1, 2, 2 };
-        static const InitKind kind_of[] = { INIT_CONSTANT, INIT_NORMAL, INIT_UNIFORM };
+        static const char *const trunc_keys[] = { "mean", "std", "a", "b" };
+        static const char *const *const arg_keys[] = { constant_keys, normal_keys, uniform_keys,
+                                                       trunc_keys };
+        static const size_t n_arg_keys[] = { 1, 2, 2, 4 };
+        static const InitKind kind_of[] = { INIT_CONSTANT, INIT_NORMAL, INIT_UNIFORM, INIT_TRUNC_NORMAL };
         static const char *const usage =
-                "'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}";
-        const YNode *values[ELEMENTSOF(kinds)] = {}, *args[2] = {}, *m = NULL;
+                "'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, "
+                "uniform: {low, high}, trunc_normal: {mean, std, a, b}";
+        const YNode *values[ELEMENTSOF(kinds)] = {}, *args[4] = {}, *m = NULL;
         size_t which = 0, n_present = 0;
-        int acc = 0, r;
+        int acc = 0, r = 0;
 
         if (n->kind == YNODE_SCALAR) {
                 _cleanup_free_ char *s = NULL;
@@ -170,32 +206,40 @@ static int load_init(Loader *l, const YNode *n, const char *ctx, ParameterSpec *
         if (r < 0)
                 return r;
 
-        InitSpec init = { .kind = kind_of[which] };
+        _cleanup_(init_spec_done) InitSpec init = { .kind = kind_of[which] };
+        InitNumber *numbers[] = { &init.a, &init.b, &init.c, &init.d };
+        if (kind_of[which] == INIT_TRUNC_NORMAL) {
+                /* torch.nn.init.trunc_normal_'s defaults: mean 0, std 1, a -2, b 2. */
+                init.b.value = 1;
+                init.c.value = -2;
+                init.d.value = 2;
+        }
         for (size_t i = 0; i < n_arg_keys[which]; i++) {
                 _cleanup_free_ char *what = NULL;
-                InitNumber *x = i == 0 ? &init.a : &init.b;
 
                 if (!args[i]) {
-                        /* normal's mean is the one optional number; it defaults to 0. */
-                        if (kind_of[which] == INIT_NORMAL && i == 0)
+                        /* normal's mean and all of trunc_normal's are optional (defaults above). */
+                        if ((kind_of[which] == INIT_NORMAL && i == 0) || kind_of[which] == INIT_TRUNC_NORMAL)
                                 continue;
                         r = loader_missing_key(l, m, ictx, arg_keys[which][i]);
                 } else {
                         if (asprintf(&what, "'%s'", arg_keys[which][i]) < 0)
                                 r = -ENOMEM;
                         else
-                                r = load_init_number(l, args[i], ictx, what, x);
+                                r = load_init_number(l, args[i], ictx, what, numbers[i]);
                 }
                 r = loader_fold(&acc, r);
                 if (r < 0)
                         break;
         }
-        if (r < 0 || acc < 0) {
-                free(init.a.field);
-                free(init.b.field);
+        if (r < 0 || acc < 0)
                 return r < 0 ? r : acc;
-        }
+        /* Literal bounds are checked here; bounds from the config at Build (docs/semantics.md). */
+        if (kind_of[which] == INIT_TRUNC_NORMAL && !init.c.field && !init.c.expr && !init.d.field &&
+            !init.d.expr && !(init.c.value < init.d.value))
+                return loader_diag(l, m, ictx, "'a' must be less than 'b'");
         p->init = init;
+        init = (InitSpec) {};
         return 0;
 }
 

@@ -19,6 +19,23 @@ static void rule_done(Rule *r) {
         free(r->text);
 }
 
+void init_number_done(InitNumber *x) {
+        if (!x)
+                return;
+        free(x->field);
+        init_expr_free(x->expr);
+        *x = (InitNumber) {};
+}
+
+void init_spec_done(InitSpec *s) {
+        if (!s)
+                return;
+        init_number_done(&s->a);
+        init_number_done(&s->b);
+        init_number_done(&s->c);
+        init_number_done(&s->d);
+}
+
 void parameter_spec_done(ParameterSpec *p) {
         if (!p)
                 return;
@@ -33,8 +50,7 @@ void parameter_spec_done(ParameterSpec *p) {
         }
         free(p->placements);
         free(p->placement_cases);
-        free(p->init.a.field);
-        free(p->init.b.field);
+        init_spec_done(&p->init);
         free(p->init_text);
         free(p->dtype);
         checkpoint_source_done(&p->checkpoint);
@@ -263,6 +279,7 @@ static const char *const init_kind_table[_INIT_KIND_MAX] = {
         [INIT_CONSTANT] = "constant",
         [INIT_NORMAL] = "normal",
         [INIT_UNIFORM] = "uniform",
+        [INIT_TRUNC_NORMAL] = "trunc_normal",
 };
 
 const char *init_kind_to_string(InitKind k) {

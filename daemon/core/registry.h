@@ -9,6 +9,7 @@
 #include "checkpoint-source.h"
 #include "error.h"
 #include "expr.h"
+#include "init-expr.h"
 #include "value.h"
 
 typedef struct TypedField {
@@ -90,20 +91,25 @@ typedef enum InitKind {
         INIT_CONSTANT,
         INIT_NORMAL,
         INIT_UNIFORM,
+        INIT_TRUNC_NORMAL,
         _INIT_KIND_MAX,
         _INIT_KIND_INVALID = -EINVAL,
 } InitKind;
 
-/* A number in an init, or the name of a config field that supplies it. */
+/* A number in an init: a literal, the name of a config field that supplies it, or a float
+ * expression (init-expr.h) evaluated at Build. At most one of field and expr is set. */
 typedef struct InitNumber {
-        char *field; /* NULL: use value */
+        char *field;   /* NULL: use value (or expr) */
+        InitExpr *expr; /* NULL: field or value */
         double value;
 } InitNumber;
 
 typedef struct InitSpec {
         InitKind kind;
-        InitNumber a; /* constant: value; normal: mean; uniform: low */
-        InitNumber b; /* normal: std; uniform: high */
+        InitNumber a; /* constant: value; normal, trunc_normal: mean; uniform: low */
+        InitNumber b; /* normal, trunc_normal: std; uniform: high */
+        InitNumber c; /* trunc_normal: the lower bound a */
+        InitNumber d; /* trunc_normal: the upper bound b */
 } InitSpec;
 
 typedef struct ParameterSpec {
@@ -209,6 +215,8 @@ int registry_new(const char *path, uint64_t generation, Family *families, size_t
 /* Release what a Family or ParameterSpec owns (all of it) and reset it; accept NULL. */
 void family_done(Family *f);
 void parameter_spec_done(ParameterSpec *p);
+void init_number_done(InitNumber *x);
+void init_spec_done(InitSpec *s);
 
 const Variant *family_find_variant(const Family *f, const char *name);
 const TypedField *family_find_selector(const Family *f, const char *name);

@@ -12,7 +12,7 @@
 
 #include <stdbool.h>
 
-#include "core/membership.h"
+#include "membership/membership.h"
 #include "peer-key.h"
 
 /* Sets record->record_mac with keys->keys[0] (no key: clears it). -ENOMEM only. */

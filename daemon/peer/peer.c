@@ -1,7 +1,7 @@
 /* peer.c: membership over UCX: the peer thread, its loop, and the protocol's sink on peer-ucx. */
 
 /*
- * DESIGN: one thread owns the UCX worker and the membership protocol (core/peer-protocol.h,
+ * DESIGN: one thread owns the UCX worker and the membership protocol (membership/peer-protocol.h,
  * which decides what to send when and what to believe). It makes the worker, its loop and
  * their sources itself, adds the seeds and publishes the first topology, then tells
  * peer_new(), which waits, how that went (so a bad --listen or a port in use fails the
@@ -33,7 +33,7 @@
 #include "codec/codec-peer.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "core/peer-protocol.h"
+#include "membership/peer-protocol.h"
 #include "peer-record.h"
 #include "peer-ucx.h"
 #include "peer.h"

@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "core/manager.h"
-#include "core/membership.h"
-#include "core/peer-protocol.h"
+#include "membership/membership.h"
+#include "membership/peer-protocol.h"
 #include "peer-key.h"
 
 typedef struct PeerParams {

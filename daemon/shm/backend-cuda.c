@@ -17,7 +17,7 @@
  * not hand that to a trainer), writes the slices, synchronises, and unmaps. A slice with a
  * constant pattern or a uniform init, of at most FK_RANK_MAX dimensions the walk needs, is
  * written by the fill kernel (cuda-fill.cu, embedded as PTX and loaded into each GPU's
- * primary context at start); every other slice (normal, or when the kernel could not be
+ * primary context at start); every other slice (normal, trunc_normal, or when the kernel could not be
  * loaded, or FAMILYD_CUDA_FILL=host) is computed by fill.c into a host staging buffer, in
  * pieces of whole rows of its first dimension, and copied up with cuMemcpyHtoD. Both are
  * bit-exact with the host backend: staging by construction, the kernel by the rules of

@@ -98,11 +98,18 @@ bool huge_pages_shmem_advise(void) {
         return read_small(SHMEM_THP_PATH, line, sizeof line) >= 0 && strstr(line, "[advise]");
 }
 
+bool huge_pages_wanted(uint64_t size, const HugePagesHost *h) {
+        HugePagesMode mode = huge_pages_mode();
+
+        if (mode == HUGE_PAGES_NEVER || h->page_size == 0 || h->total == 0)
+                return false;
+        return mode == HUGE_PAGES_REQUIRE || size >= h->page_size;
+}
+
 uint64_t huge_pages_allocation_size(uint64_t size) {
         HugePagesHost h;
 
-        if (huge_pages_mode() == HUGE_PAGES_NEVER || huge_pages_host(&h) < 0 ||
-            h.page_size == 0 || h.total == 0)
+        if (huge_pages_host(&h) < 0 || !huge_pages_wanted(size, &h))
                 return size;
         /* Past UINT64_MAX less a page the size is refused later anyway. */
         if (size > UINT64_MAX - h.page_size)

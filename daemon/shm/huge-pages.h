@@ -10,7 +10,9 @@
  *
  *   auto     hugetlb when the pages are there: a segment whose pages cannot be reserved (none
  *            reserved, or too few free) is made on normal pages instead; the first such
- *            fallback is logged, once per process, with why. The default.
+ *            fallback is logged, once per process, with why. A segment smaller than one huge
+ *            page stays on normal pages (a norm's 8 KiB would take 2 MiB), not logged. The
+ *            default.
  *   never    normal pages only.
  *   require  hugetlb or nothing: a segment whose pages cannot be reserved fails (-ENOMEM;
  *            huge_pages_error() is the Build's sentence).
@@ -58,8 +60,12 @@ int huge_pages_host(HugePagesHost *ret);
 /* Whether shmem transparent huge pages are in `advise` mode (MADV_HUGEPAGE asks for them). */
 bool huge_pages_shmem_advise(void);
 
-/* The bytes a host segment of size bytes will take: rounded up to the huge page size when the
- * mode is not never and the host has hugetlb pages reserved; else size. */
+/* Whether a host segment of size bytes is to go on hugetlb pages of h: the host has them
+ * reserved, the mode is not never, and under auto the segment is at least one page. */
+bool huge_pages_wanted(uint64_t size, const HugePagesHost *h);
+
+/* The bytes a host segment of size bytes will take: rounded up to the huge page size when it
+ * is to go on huge pages (huge_pages_wanted()); else size. */
 uint64_t huge_pages_allocation_size(uint64_t size);
 
 /* Logs, once per process, that a segment went on normal pages and why (auto's fallback). */

@@ -140,6 +140,8 @@ static int segment_memfd_huge(ShardSegment *s, const char *name, uint64_t size) 
                                               "(vm.nr_hugepages is 0)");
                 return 1;
         }
+        if (!huge_pages_wanted(size, &h))
+                return 1; /* under auto, smaller than a page: not worth one */
         if (size > UINT64_MAX - h.page_size)
                 return -EINVAL;
         s->size = (size + h.page_size - 1) / h.page_size * h.page_size;

@@ -3,9 +3,9 @@
 /*
  * DESIGN
  *
- * One real Protocol (core/peer-protocol.h, swim or all-to-all, 1 device a member) with a sink that
- * builds every topology it is given, as the daemon's does (membership_topology(): a copy of
- * every record), and drops it. --members members say hello, --per-ms of them a millisecond of
+ * One real Protocol (membership/peer-protocol.h, swim or all-to-all, 1 device a member) with a
+ * sink that builds every topology it is given, as the daemon's does (membership_topology(): a
+ * copy of every record), and drops it. --members members say hello, --per-ms of them a millisecond of
  * a fake clock (a cold start's burst as one daemon sees it), with a flush after each hello:
  * the worst case, one event-loop wakeup a message. The burst runs twice, with publish gap 0
  * (every change published: the baseline) and with --gap-ms (PROTOCOL_PUBLISH_GAP_MS by
@@ -23,7 +23,7 @@
 
 #include "common/macro.h"
 
-#include "core/peer-protocol.h"
+#include "membership/peer-protocol.h"
 
 typedef struct Run {
         unsigned long published;

@@ -3,7 +3,7 @@
 /*
  * An input is what a peer could send: one PeerMessage's bytes. It is decoded as the peer
  * thread decodes it (codec_peer_decode()) and, when valid, handed to the very protocol the
- * daemon runs (core/peer-protocol.h) through a sink in memory; the fuzz build has no MAC to
+ * daemon runs (membership/peer-protocol.h) through a sink in memory; the fuzz build has no MAC to
  * check. The input's first byte says where it came from: the link this daemon dialed to
  * node-b (so a refusal counts), a keyed link bound to node-b's start, or a link another
  * daemon dialed. Then ticks and the topology every daemon computes. The protocol starts with
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/peer-protocol.h"
+#include "membership/peer-protocol.h"
 #include "codec/codec-peer.h"
 #include "core/resource-limits.h"
 

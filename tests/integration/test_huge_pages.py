@@ -15,6 +15,7 @@ default mode, auto:
   without a reservation and reads the same bytes;
 - auto falls back to normal pages and logs why exactly once, however many fall back;
 - GetStatus counts the rounded bytes against --shm-budget;
+- under auto, a segment smaller than one huge page stays on normal pages, at its own size;
 - under a service manager (fake_manager.py) hugetlb segments go into the fd store and a
   daemon killed and started again re-adopts them, same bytes, still on huge pages.
 require and never, which need the option of the command line, are tested in-process by
@@ -193,6 +194,19 @@ class HugePagesTest(unittest.TestCase):
             b.close()
             b.release()
 
+    def test_small_segment_stays_on_normal_pages(self):
+        # A shard smaller than one huge page (a norm's weight) would waste most of a 2 MiB
+        # page: auto keeps it on normal pages, silently, with pages free.
+        write_int(NR_HUGEPAGES, 2)
+        b = self.c.build("blob", config={"n": 1000}, seed=7, private_build=True)
+        self.assertEqual(b.message.shards[0].allocation_bytes, b.message.shards[0].size_bytes)
+        self.assertLess(b.message.shards[0].size_bytes, 2 * MiB)
+        self.assertEqual(smaps_of(b.ranks[0].mmap).get("KernelPageSize"), 4)
+        self.assertEqual(meminfo("HugePages_Free"), 2)
+        self.assertNotIn(FALLBACK, self.d.stderr())
+        b.close()
+        b.release()
+
     def test_no_huge_pages_reserved_logs_why(self):
         b = self.build()
         self.assertEqual(b.ranks[0].size, 3 * MiB + 64)
@@ -288,7 +302,9 @@ class HugePagesRestartTest(unittest.TestCase):
 
     def start(self, m):
         mark = m.mark()
-        d = ManagedDaemon(m, self.tmp)
+        # require: the build's small shards go on huge pages too (auto keeps a segment under
+        # one huge page on normal pages).
+        d = ManagedDaemon(m, self.tmp, extra_args=["--huge-pages", "require"])
         self.daemons.append(d)
         d.start()
         m.wait_for("READY", "1", after=mark)

@@ -19,13 +19,16 @@ CLEAN = {
     "common/macro.h": "#pragma once\n#include <stddef.h>\n",
     "daemon/core/mesh.h": '#pragma once\n#include "common/macro.h"\n',
     "daemon/core/mesh.c": '#include "mesh.h"\n#include "core/mesh.h"\n#include <yaml.h>\n',
+    "daemon/membership/membership.c": '#include "membership.h"\n#include "core/mesh.h"\n',
     "daemon/codec/codec-mesh.c": '#include "core/mesh.h"\n#include "familyd-v1-mesh.pb-c.h"\n'
-                                 '#include <protobuf-c/protobuf-c.h>\n',
+                                 '#include <protobuf-c/protobuf-c.h>\n'
+                                 '#include "membership/peer-message.h"\n',
     "daemon/state/store.c": '#include "common/macro.h"\n#include <systemd/sd-event.h>\n',
     "daemon/shm/server.c": '#include "codec/codec.h"\n#include <systemd/sd-event.h>\n',
     "daemon/build/build.c": '#include "state/store.h"\n#include "codec/codec.h"\n',
     "daemon/rpc/service.c": '#include "build/build.h"\n#include <grpc/grpc.h>\n',
-    "daemon/peer/peer.c": '#include "codec/codec.h"\n#include <ucp/api/ucp.h>\n'
+    "daemon/peer/peer.c": '#include "codec/codec.h"\n#include "membership/membership.h"\n'
+                          '#include <ucp/api/ucp.h>\n'
                           '#include <systemd/sd-event.h>\n',
     "daemon/daemon.c": '#include "rpc/service.h"\n#include "peer/peer.h"\n'
                        '#include <systemd/sd-daemon.h>\n#include "build-config.h"\n',
@@ -44,6 +47,12 @@ BAD = {
     "client/libfamilyd/shard.c": ('#include "../daemon/hw/cuda-driver.h"\n', "a relative path"),
     "client/libfamilyd/calls.c": ('#include "core/macro.h"\n', "client may not include daemon/core"),
     "common/crc.c": ('#include "core/mesh.h"\n', "common may not include daemon/core"),
+    # The membership protocol is pure, over core/ alone: core/ may not use it, nor it an adapter.
+    "daemon/core/members.c": ('#include "membership/membership.h"\n',
+                              "daemon/core may not include daemon/membership"),
+    "daemon/membership/encode.c": ('#include "codec/codec.h"\n',
+                                   "daemon/membership may not include daemon/codec"),
+    "daemon/membership/loop.c": ('#include <systemd/sd-event.h>\n', "sd-event is every thread's"),
     "daemon/core/reg.c": ('#include <grpc/grpc.h>\n', "gRPC belongs to rpc/"),
     "daemon/build/uses-ucx.c": ('#include <ucp/api/ucp.h>\n', "UCX belongs to peer/"),
     "daemon/rpc/uses-sd.c": ('#include <systemd/sd-journal.h>\n', "libsystemd belongs to sd/"),
@@ -69,7 +78,8 @@ def make_tree(files):
     # Headers the clean tree names, so that bare and qualified names resolve.
     for rel in ("daemon/state/store.h", "daemon/codec/codec.h", "daemon/build/build.h",
                 "daemon/rpc/service.h", "daemon/peer/peer.h", "daemon/shm/accel.h",
-                "daemon/handout/token.h", "daemon/rpc/build-state.h"):
+                "daemon/handout/token.h", "daemon/rpc/build-state.h",
+                "daemon/membership/membership.h", "daemon/membership/peer-message.h"):
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "a").close()
@@ -105,8 +115,8 @@ class TestCheckIncludes(unittest.TestCase):
                 self.assertIn(text.strip().split(" ", 1)[1], lines[0])
 
     def test_sd_event_in_every_daemon_layer_above_core(self):
-        # Every layer includes sd-event and sd-daemon: sd-event is refused to common/, core/
-        # and the client only; the rest of libsystemd stays in sd/ and the shell.
+        # Every layer includes sd-event and sd-daemon: sd-event is refused to common/, core/,
+        # membership/ and the client only; the rest of libsystemd stays in sd/ and the shell.
         rels = {layer: {"common": "common/loop.c", "client": "client/loop.c",
                         "shell": "daemon/loop.c"}.get(layer, "daemon/%s/loop.c" % layer)
                 for layer in checker.LAYERS}
@@ -117,7 +127,7 @@ class TestCheckIncludes(unittest.TestCase):
         for layer, rel in rels.items():
             event = [l for l in out.splitlines() if l.strip().startswith(rel + ":1:")]
             daemon = [l for l in out.splitlines() if l.strip().startswith(rel + ":2:")]
-            self.assertEqual(len(event), int(layer in ("common", "core", "client")),
+            self.assertEqual(len(event), int(layer in ("common", "core", "membership", "client")),
                              "%s: sd-event\n%s" % (layer, out))
             self.assertEqual(len(daemon), int(layer not in ("sd", "shell")),
                              "%s: sd-daemon\n%s" % (layer, out))

@@ -3,7 +3,7 @@
 
 /*
  * DESIGN: a discrete-event simulation, single-threaded. Each simulated node is a real
- * Protocol (core/peer-protocol.h) whose sink is this file: a message sent is encoded with the
+ * Protocol (membership/peer-protocol.h) whose sink is this file: a message sent is encoded with the
  * real codec (codec/codec-peer.h, so the bytes counted are the wire's, plus the frame of an
  * authenticated link), dropped with the loss rate or across a partition, and otherwise
  * decoded and handed to the destination's protocol_on_message() after the latency and its
@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/peer-protocol.h"
+#include "membership/peer-protocol.h"
 
 typedef struct SimConfig {
         size_t max_nodes;          /* capacity: members plus joiners */

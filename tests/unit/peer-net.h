@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The seed of the simulator (tests/sim): each node is a real Protocol (core/peer-protocol.h);
+ * The seed of the simulator (tests/sim): each node is a real Protocol (membership/peer-protocol.h);
  * its sink queues copies of what it sends, and the test delivers them in order, as UCX would,
  * between ticks of a clock the test moves (at protocol_tick_interval_ms(): a heartbeat with
  * all-to-all, half of one with swim). An endpoint is one link a node dialed; a reply travels
@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/peer-protocol.h"
+#include "membership/peer-protocol.h"
 
 #define MAX_NODES 8
 #define MAX_QUEUE 4096

@@ -1,4 +1,5 @@
 /* test-build-plan.c: Build steps 1-4 (the plan), every text of semantics.md and both origins. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,6 +50,17 @@ static const char extra_yaml[] =
         "          norm: {shape: [4], dtype: float32}\n"
         "          w: {shape: [4, 4], dtype: bf16}\n"
         "          v: {shape: [2]}\n"
+        "      exprinit:\n"
+        "        constructor: pkg.ExprInit\n"
+        "        accepts: [config, module]\n"
+        "        parameters:\n"
+        "          w: {shape: [n, 3 * n], init: {normal: {std: 'r / sqrt(2 * layers)'}}}\n"
+        "          t: {shape: [n, n, 2], init: {trunc_normal: {mean: mu, std: '1 / sqrt(fan_in)', a: '-2 / sqrt(fan_in)', b: hi}}}\n"
+        "      fan1d:\n"
+        "        constructor: pkg.Fan1d\n"
+        "        accepts: [config]\n"
+        "        parameters:\n"
+        "          v: {shape: [n], init: {uniform: {low: 0, high: '1 / fan_in'}}}\n"
         "      square:\n"
         "        constructor: pkg.Square\n"
         "        accepts: [module]\n"
@@ -67,6 +79,10 @@ static const char extra_yaml[] =
         "        variant: bound_init\n"
         "      - when: {pick: mixed}\n"
         "        variant: mixed\n"
+        "      - when: {pick: exprinit}\n"
+        "        variant: exprinit\n"
+        "      - when: {pick: fan1d}\n"
+        "        variant: fan1d\n"
         "      - when: {pick: square}\n"
         "        variant: square\n"
         "    parameters:\n"
@@ -718,6 +734,81 @@ static void test_direct_success(void **state) {
         assert_int_equal(p.materialize.ranks[1], 5);
         assert_string_equal(p.request.family, "attn");
         assert_null(p.request.context.mesh_id);
+}
+
+/* Expression inits and trunc_normal: evaluated at Build in double, with the parameter's fans. */
+static BuildRequest exprinit_request(int64_t n, double r, int64_t layers, double hi) {
+        BuildRequest q = req("attn");
+        arg(&q, "pick", STRING("exprinit"));
+        cfg(&q, "n", INT(n));
+        cfg(&q, "r", FLOAT(r));
+        cfg(&q, "layers", INT(layers));
+        cfg(&q, "mu", INT(0));
+        cfg(&q, "hi", FLOAT(hi));
+        return q;
+}
+
+static void test_init_expressions(void **state) {
+        {
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(exprinit_request(4, 0.02, 12, 0.5));
+                assert_int_equal(p.parameters[0].init.kind, INIT_NORMAL);
+                assert_true(p.parameters[0].init.b == 0.02 / sqrt(2.0 * 12));
+                assert_string_equal(p.parameters[0].init_text, "normal(mean=0, std=r / sqrt(2 * layers))");
+                /* fan_in of [4, 4, 2]: 4 * 2 */
+                assert_int_equal(p.parameters[1].init.kind, INIT_TRUNC_NORMAL);
+                assert_true(p.parameters[1].init.a == 0);
+                assert_true(p.parameters[1].init.b == 1 / sqrt(8.0));
+                assert_true(p.parameters[1].init.c == -2 / sqrt(8.0));
+                assert_true(p.parameters[1].init.d == 0.5);
+                assert_string_equal(p.parameters[1].init_text,
+                                    "trunc_normal(mean=mu, std=1 / sqrt(fan_in), a=-2 / sqrt(fan_in), b=hi)");
+        }
+        INVALID(exprinit_request(4, 0.02, 0, 0.5), "INIT",
+                "parameter 'w': init std 'r / sqrt(2 * layers)' is not finite");
+        INVALID(exprinit_request(4, 0.02, -1, 0.5), "INIT",
+                "parameter 'w': init std 'r / sqrt(2 * layers)' takes the square root of -2");
+        INVALID(exprinit_request(4, -0.02, 2, 0.5), "INIT", "parameter 'w': init std must not be negative, got -0.01");
+        INVALID(exprinit_request(4, 0.02, 2, -1), "INIT",
+                "parameter 't': init bound a must be less than b, got a=-0.7071067811865475, b=-1");
+        {
+                BuildRequest q = req("attn");
+                arg(&q, "pick", STRING("exprinit"));
+                cfg(&q, "n", INT(4));
+                cfg(&q, "r", FLOAT(0.02));
+                INVALID(q, "CONFIG", "parameter 'w' needs config field 'layers'");
+        }
+        {
+                BuildRequest q = exprinit_request(4, 0.02, 2, 0.5);
+                Value v = STRING("x");
+                assert_int_equal(value_map_put(&q.config, "r", &v), 0);
+                INVALID(q, "CONFIG", "config field 'r' must be float");
+        }
+        {
+                BuildRequest q = req("attn");
+                arg(&q, "pick", STRING("fan1d"));
+                cfg(&q, "n", INT(4));
+                INVALID(q, "INIT",
+                        "parameter 'v': init high '1 / fan_in' uses fan_in, which needs at least 2 dimensions; "
+                        "the parameter has 1");
+        }
+        /* A replacement: fields from the source's shapes and source_config; one in neither leaves zeros. */
+        {
+                BuildRequest q = req("attn");
+                arg(&q, "pick", STRING("exprinit"));
+                module(&q, "m");
+                src(&q, "w", 2, (int64_t) 4, (int64_t) 12);
+                src(&q, "t", 3, (int64_t) 4, (int64_t) 4, (int64_t) 2);
+                scfg(&q, "r", FLOAT(0.02));
+                scfg(&q, "layers", INT(2));
+                _cleanup_(build_plan_done) BuildPlan p = expect_ok(q);
+                assert_true(p.parameters[0].init_resolved);
+                assert_true(p.parameters[0].init.b == 0.02 / 2);
+                assert_false(p.parameters[1].init_resolved); /* mu and hi are in neither */
+                assert_int_equal(p.parameters[1].init.kind, INIT_ZEROS);
+                assert_int_equal(p.init_fields.n, 2);
+                assert_non_null(value_map_get(&p.init_fields, "r"));
+                assert_non_null(value_map_get(&p.init_fields, "layers"));
+        }
 }
 
 static void test_direct_variants(void **state) {
@@ -1499,6 +1590,7 @@ int main(void) {
                 cmocka_unit_test(test_step3_resolve_and_binding),
                 cmocka_unit_test(test_direct_success),
                 cmocka_unit_test(test_direct_variants),
+                cmocka_unit_test(test_init_expressions),
                 cmocka_unit_test(test_direct_failures),
                 cmocka_unit_test(test_direct_failures_sizes),
                 cmocka_unit_test(test_replacement_success),

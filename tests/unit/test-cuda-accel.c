@@ -147,10 +147,12 @@ static size_t make_slices(MaterializeSlice *m, int64_t *shape, int64_t *local, i
                           Dtype dtype) {
         static const struct {
                 InitKind kind;
-                double a, b;
+                double a, b, c, d;
         } inits[] = {
                 { INIT_UNIFORM, -1, 1 }, { INIT_CONSTANT, 1.5, 0 }, { INIT_NORMAL, 0.5, 2 },
                 { INIT_ONES, 0, 0 },     { INIT_ZEROS, 0, 0 },
+                /* not in the kernel: staged through host memory like normal */
+                { INIT_TRUNC_NORMAL, 0, 0.02, -0.03, 0.04 },
         };
         uint64_t at = 64;
 
@@ -159,8 +161,10 @@ static size_t make_slices(MaterializeSlice *m, int64_t *shape, int64_t *local, i
                 sh[0] = 40, sh[1] = 7, sh[2] = 9;
                 lo[0] = 13, lo[1] = 7, lo[2] = 4;
                 of[0] = 5, of[1] = 0, of[2] = 3;
-                assert_int_equal(fill_spec_init(&m[i].spec, inits[i].kind, inits[i].a, inits[i].b,
-                                                42, i % 2 ? "experts.w1" : "experts.w2", dtype),
+                assert_int_equal(fill_spec_init4(&m[i].spec, inits[i].kind,
+                                                 (const double[4]) { inits[i].a, inits[i].b, inits[i].c,
+                                                                     inits[i].d },
+                                                 42, i % 2 ? "experts.w1" : "experts.w2", dtype),
                                  0);
                 m[i].fill = (FillSlice) { .spec = &m[i].spec, .rank = 3, .shape = sh,
                                           .local_shape = lo, .global_offset = of };
@@ -186,8 +190,8 @@ static void check_gpu_fill(bool kernel) {
         _cleanup_(accel_unrefp) Accel *a = NULL;
         _cleanup_(shard_segment_unrefp) ShardSegment *g = NULL, *h = NULL;
         FamilyError e = FAMILY_ERROR_NULL;
-        MaterializeSlice m[5];
-        int64_t shape[15], local[15], offset[15];
+        MaterializeSlice m[6];
+        int64_t shape[18], local[18], offset[18];
         Device d[2];
 
         if (!kernel)
@@ -218,7 +222,8 @@ static void check_gpu_fill(bool kernel) {
                 /* The daemon's own mapping and reservation are gone. */
                 assert_int_equal(fake_count("mappings"), 0);
                 assert_int_equal(fake_count("reservations"), 0);
-                /* uniform, constant, ones, zeros by the kernel; normal through host memory */
+                /* uniform, constant, ones, zeros by the kernel; normal and trunc_normal through
+                 * host memory */
                 assert_int_equal(fake_count("launches") - launches, kernel ? 4 : 0);
 
                 uint8_t *gb = segment_bytes(g), *hb = segment_bytes(h);

@@ -157,6 +157,10 @@ static void test_params_refuse(void **state) {
         m.fill = (FillSlice) { .spec = &m.spec, .rank = 1, .shape = shape, .local_shape = local,
                                .global_offset = offset };
         assert_false(cuda_fill_kernel_params(&m, 0, &p));
+        /* trunc_normal: fill.c's double inverse CDF, never on the device either */
+        assert_int_equal(fill_spec_init4(&m.spec, INIT_TRUNC_NORMAL, (const double[4]) { 0, 1, -2, 2 }, 0, "w",
+                                         DTYPE_FLOAT32), 0);
+        assert_false(cuda_fill_kernel_params(&m, 0, &p));
 
         /* a walk of more than FK_RANK_MAX outer dimensions */
         assert_int_equal(fill_spec_init(&m.spec, INIT_UNIFORM, 0, 1, 0, "w", DTYPE_FLOAT32), 0);

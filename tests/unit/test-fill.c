@@ -17,6 +17,10 @@
 #define GOLDEN_NORMAL_BF16 UINT32_C(0x60f1f2b6)
 #define GOLDEN_NORMAL_F16 UINT32_C(0x9c52e7b5)
 #define GOLDEN_UNIFORM_F32 UINT32_C(0x2e3d0e23)
+/* trunc_normal (2026-12-07): the inverse-CDF fill in double, first computed by this test. */
+#define GOLDEN_TRUNC_F32 UINT32_C(0x1845c7ab)
+#define GOLDEN_TRUNC_BF16 UINT32_C(0xd3932b16)
+#define GOLDEN_TRUNC_UPPER_F32 UINT32_C(0xd872d47b)
 
 static uint32_t bits_of(float f) {
         uint32_t u;
@@ -388,6 +392,93 @@ static void test_invariance(void **state) {
                                                                 1234 + sh, "layers.3.mlp.w", d), 0);
                                 check_invariance(&spec, shapes[sh]);
                         }
+        /* trunc_normal, both in the lower half and mirrored (bounds above the mean). */
+        static const double truncs[][4] = { { 0, 0.02, -0.04, 0.04 }, { 0, 1, 0.5, 3 } };
+        for (size_t sh = 0; sh < ELEMENTSOF(shapes); sh++)
+                for (size_t i = 0; i < ELEMENTSOF(truncs); i++)
+                        for (Dtype d = 0; d < _DTYPE_MAX; d++) {
+                                FillSpec spec;
+                                assert_int_equal(fill_spec_init4(&spec, INIT_TRUNC_NORMAL, truncs[i], 77 + sh,
+                                                                 "layers.3.mlp.w", d), 0);
+                                check_invariance(&spec, shapes[sh]);
+                        }
+}
+
+/* Phi^-1 against libm's erfc: z relative to the root of Phi(z) = p (found by Newton steps
+ * from it, in double) within 1.2e-9, Acklam's bound, at both tails and the centre, through
+ * fill.c's own logarithm. */
+static void test_normal_quantile(void **state) {
+        double worst = 0;
+
+        for (int k = -1000; k <= 1000; k++) {
+                double p = k < 0 ? pow(10, -1 - (k + 1000) * 0.012) : k == 0 ? 0.5 : 0.5 + 0.4999999 * k / 1000.0;
+                for (int side = 0; side < 2; side++) {
+                        double q = side ? 1 - p : p;
+                        if (!(q > 0 && q < 1) || q == 0.5)
+                                continue;
+                        double z = fill_normal_quantile(q), x = z;
+                        for (int it = 0; it < 4; it++) {
+                                /* Phi(x) - q, from the tail q lies in, for precision. */
+                                double f = q < 0.5 ? 0.5 * erfc(-x / sqrt(2)) - q : (1 - q) - 0.5 * erfc(x / sqrt(2));
+                                x -= f / (exp(-x * x / 2) / sqrt(2 * M_PI));
+                        }
+                        double rel = fabs(z - x) / fabs(x);
+                        worst = rel > worst ? rel : worst;
+                }
+        }
+        print_message("worst relative error of Phi^-1: %.3g\n", worst);
+        assert_true(worst < 1.2e-9);
+        assert_true(fill_normal_quantile(0.5) == 0);
+}
+
+/* Draws of 2^20 elements: all within [a, b], mean and std of the truncated distribution. */
+static void check_trunc_statistics(const double t[4]) {
+        const size_t n = 1u << 20;
+        float *v = malloc(n * sizeof(float));
+        FillSpec spec;
+        double sum = 0, sum2 = 0;
+        double mean = t[0], std = t[1];
+        double alpha = (t[2] - mean) / std, beta = (t[3] - mean) / std;
+        double phi_a = exp(-alpha * alpha / 2) / sqrt(2 * M_PI), phi_b = exp(-beta * beta / 2) / sqrt(2 * M_PI);
+        double zmass = 0.5 * erfc(-beta / sqrt(2)) - 0.5 * erfc(-alpha / sqrt(2));
+        double want_mean = mean + std * (phi_a - phi_b) / zmass;
+        double want_var = std * std *
+                          (1 + (alpha * phi_a - beta * phi_b) / zmass - pow((phi_a - phi_b) / zmass, 2));
+
+        assert_non_null(v);
+        assert_int_equal(fill_spec_init4(&spec, INIT_TRUNC_NORMAL, t, 5, "t", DTYPE_FLOAT32), 0);
+        fill_values(&spec, 0, n, v);
+        for (size_t i = 0; i < n; i++) {
+                assert_true(v[i] >= (float) t[2] && v[i] <= (float) t[3]);
+                sum += v[i];
+                sum2 += (double) v[i] * v[i];
+        }
+        double m = sum / n, var = sum2 / n - m * m;
+        print_message("trunc_normal(%g, %g, %g, %g): mean %.6g (want %.6g), std %.6g (want %.6g)\n", t[0],
+                      t[1], t[2], t[3], m, want_mean, sqrt(var), sqrt(want_var));
+        /* 2^20 draws: the mean's standard error is std/1024; 5 of them. */
+        assert_true(fabs(m - want_mean) < 5 * sqrt(want_var) / 1024);
+        assert_true(fabs(sqrt(var) / sqrt(want_var) - 1) < 0.01);
+        free(v);
+}
+
+static void test_trunc_normal_statistics(void **state) {
+        static const double cases[][4] = {
+                { 0, 0.02, -0.04, 0.04 }, /* timm's ViT init: +-2 std */
+                { 0, 1, -2, 2 },          /* torch's defaults */
+                { 1, 2, 0, 10 },          /* asymmetric */
+                { 0, 1, 1.5, 4 },         /* bounds above the mean: the mirrored path */
+                { 0, 1, -6, -4 },         /* far in the lower tail */
+        };
+
+        for (size_t c = 0; c < ELEMENTSOF(cases); c++)
+                check_trunc_statistics(cases[c]);
+
+        FillSpec spec;
+        assert_int_equal(fill_spec_init4(&spec, INIT_TRUNC_NORMAL, (const double[4]) { 0, 0, -1, 1 }, 0, "t",
+                                         DTYPE_FLOAT32), -EINVAL);
+        assert_int_equal(fill_spec_init4(&spec, INIT_TRUNC_NORMAL, (const double[4]) { 0, 1, 1, 1 }, 0, "t",
+                                         DTYPE_FLOAT32), -EINVAL);
 }
 
 static void test_slice_errors(void **state) {
@@ -722,15 +813,22 @@ static void test_golden_digest(void **state) {
                 { INIT_NORMAL, 0.5, 0.02, DTYPE_BFLOAT16, GOLDEN_NORMAL_BF16 },
                 { INIT_NORMAL, -1.0, 3.0, DTYPE_FLOAT16, GOLDEN_NORMAL_F16 },
                 { INIT_UNIFORM, -0.25, 0.75, DTYPE_FLOAT32, GOLDEN_UNIFORM_F32 },
+                { INIT_TRUNC_NORMAL, 0.0, 0.02, DTYPE_FLOAT32, GOLDEN_TRUNC_F32 },
+                { INIT_TRUNC_NORMAL, 0.5, 1.0, DTYPE_BFLOAT16, GOLDEN_TRUNC_BF16 },
+                { INIT_TRUNC_NORMAL, -1.0, 3.0, DTYPE_FLOAT32, GOLDEN_TRUNC_UPPER_F32 },
         };
+        /* trunc_normal's bounds, by case (a, b); the others have none. */
+        static const double bounds[][2] = { [4] = { -0.04, 0.04 }, [5] = { -1.5, 2.5 }, [6] = { 2.0, 11.0 } };
         uint8_t *buf = malloc(200 * 1000 * 4);
         uint32_t got[ELEMENTSOF(cases)];
 
         assert_non_null(buf);
         for (size_t c = 0; c < ELEMENTSOF(cases); c++) {
                 FillSpec spec;
-                assert_int_equal(fill_spec_init(&spec, cases[c].kind, cases[c].a, cases[c].b, 99,
-                                                "experts.gate_up_proj", cases[c].dtype), 0);
+                assert_int_equal(fill_spec_init4(&spec, cases[c].kind,
+                                                 (const double[4]) { cases[c].a, cases[c].b, bounds[c][0],
+                                                                     bounds[c][1] },
+                                                 99, "experts.gate_up_proj", cases[c].dtype), 0);
                 FillSlice s = { .spec = &spec, .rank = 2, .shape = shape, .local_shape = local,
                                 .global_offset = offset, .dst = buf };
                 assert_int_equal(fill_run(&s, 1, 0), 0);
@@ -844,6 +942,8 @@ int main(void) {
                 cmocka_unit_test(test_slice_errors),
                 cmocka_unit_test(test_normal_statistics),
                 cmocka_unit_test(test_uniform_statistics),
+                cmocka_unit_test(test_normal_quantile),
+                cmocka_unit_test(test_trunc_normal_statistics),
                 cmocka_unit_test(test_normal_bit_exact),
                 cmocka_unit_test(test_normal_ulps),
                 cmocka_unit_test(test_golden_digest),

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "core/gossip.h"
+#include "membership/gossip.h"
 
 /* Least told first, the newest first among equals; an item told `limit` times is gone. */
 static void test_pick_order_and_limit(void **state) {

@@ -206,7 +206,8 @@ static void test_require_without_pages(void **state) {
         huge_pages_set_mode(HUGE_PAGES_AUTO);
 }
 
-/* auto: hugetlb when the pages are free, normal pages (exact size) when not. */
+/* auto: hugetlb when the pages are free, normal pages (exact size) when not, and for a
+ * segment smaller than one huge page. */
 static void test_auto_falls_back(void **state) {
         _cleanup_(shard_segment_unrefp) ShardSegment *h = NULL, *n = NULL, *z = NULL;
 
@@ -221,6 +222,28 @@ static void test_auto_falls_back(void **state) {
         assert_false(fd_is_hugetlb(shard_segment_fd(n)));
         assert_int_equal(shard_segment_size(n), 3 * MiB);
         assert_true(shard_segment_is_sealed(n));
+        set_nr_hugepages(0);
+        assert_int_equal(shard_segment_new_host("auto-none", 5000, 0, &z), 0);
+        assert_false(fd_is_hugetlb(shard_segment_fd(z)));
+        assert_int_equal(shard_segment_size(z), 5000);
+        z = shard_segment_unref(z);
+        /* Pages free, but a segment under one huge page stays on normal pages under auto (an
+         * 8 KiB norm would take 2 MiB); require still rounds it up (h holds two of the
+         * three). */
+        set_nr_hugepages(3);
+        assert_int_equal(huge_pages_allocation_size(5000), 5000);
+        assert_int_equal(huge_pages_allocation_size(2 * MiB), 2 * MiB);
+        assert_int_equal(shard_segment_new_host("auto-small", 5000, 0, &z), 0);
+        assert_false(fd_is_hugetlb(shard_segment_fd(z)));
+        assert_int_equal(shard_segment_size(z), 5000);
+        z = shard_segment_unref(z);
+        huge_pages_set_mode(HUGE_PAGES_REQUIRE);
+        assert_int_equal(huge_pages_allocation_size(5000), 2 * MiB);
+        assert_int_equal(shard_segment_new_host("require-small", 5000, 0, &z), 0);
+        assert_true(fd_is_hugetlb(shard_segment_fd(z)));
+        assert_int_equal(shard_segment_size(z), 2 * MiB);
+        z = shard_segment_unref(z);
+        huge_pages_set_mode(HUGE_PAGES_AUTO);
         set_nr_hugepages(0);
         assert_int_equal(shard_segment_new_host("auto-none", 5000, 0, &z), 0);
         assert_false(fd_is_hugetlb(shard_segment_fd(z)));

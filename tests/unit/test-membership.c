@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "core/membership.h"
+#include "membership/membership.h"
 #include "core/resource-limits.h"
 
 static const MembershipTimeouts timeouts = {

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "core/name-index.h"
+#include "membership/name-index.h"
 
 #define N_NAMES 2000u
 

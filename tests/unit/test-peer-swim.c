@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "core/verdict-sync.h"
+#include "membership/verdict-sync.h"
 #include "peer-net.h"
 
 static int swim_setup(void **state) {

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "core/peer-protocol.h"
+#include "membership/peer-protocol.h"
 
 typedef struct Seen {
         unsigned published;

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "core/rank-index.h"
+#include "membership/rank-index.h"
 
 /* The table: ranks by position. */
 static int64_t ranks[16];

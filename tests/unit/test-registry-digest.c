@@ -203,6 +203,18 @@ static void expect_same(const char *from, const char *to) {
                 fail_msg("digest changed after replacing '%s' with '%s'", from, to);
 }
 
+/* EXPERTS with its flow-style init replaced by a, then by b: the digests compared. */
+static void expect_inits(const char *a, const char *b, bool same) {
+        char da[REGISTRY_DIGEST_LENGTH + 1], db[REGISTRY_DIGEST_LENGTH + 1];
+        _cleanup_free_ char *ta = replace(EXPERTS, "{normal: {std: initializer_range}}", a),
+                            *tb = replace(EXPERTS, "{normal: {std: initializer_range}}", b);
+
+        digest_files(da, "a.yaml", ta, "b.yaml", NORM, NULL);
+        digest_files(db, "a.yaml", tb, "b.yaml", NORM, NULL);
+        if (streq(da, db) != same)
+                fail_msg("init '%s' and init '%s': digests %s", a, b, same ? "differ" : "are the same");
+}
+
 /* ---- the digest ---- */
 
 static void test_format_and_determinism(void **state) {
@@ -242,6 +254,10 @@ static void test_ignores_comments_names_order_and_style(void **state) {
         expect_same("2 * hidden_size", "(2*hidden_size)");
         expect_same("{normal: {std: initializer_range}}",
                     "{normal: {mean: 0, std: initializer_range}}");
+        /* an init expression counts by its canonical text, not its spelling */
+        expect_inits("{normal: {std: 'initializer_range/sqrt(2*num_layers)'}}",
+                     "{normal: {std: '(initializer_range) / sqrt(2 * num_layers)'}}", true);
+        expect_inits("{trunc_normal: {std: 0.02}}", "{trunc_normal: {mean: 0, std: 0.02, a: -2, b: 2}}", true);
 }
 
 static void test_counts_what_resolve_and_build_read(void **state) {
@@ -310,6 +326,14 @@ static void test_counts_what_resolve_and_build_read(void **state) {
         }
         expect_differs("    init: zeros\n", "    init: ones\n");
         expect_differs("{normal: {std: initializer_range}}", "{normal: {std: 0.02}}");
+        expect_differs("{normal: {std: initializer_range}}",
+                       "{normal: {std: 'initializer_range / sqrt(2 * num_layers)'}}");
+        expect_inits("{normal: {std: 'initializer_range / sqrt(2 * num_layers)'}}",
+                     "{normal: {std: 'initializer_range / sqrt(2 * num_hidden_layers)'}}", false);
+        expect_inits("{normal: {std: '1 / sqrt(fan_in)'}}", "{normal: {std: '1 / sqrt(fan_out)'}}", false);
+        expect_inits("{normal: {std: 'a - b - c'}}", "{normal: {std: 'a - (b - c)'}}", false);
+        expect_inits("{normal: {std: 0.02}}", "{trunc_normal: {std: 0.02}}", false);
+        expect_inits("{trunc_normal: {std: 0.02, a: -0.04}}", "{trunc_normal: {std: 0.02, a: -0.05}}", false);
         expect_differs("  w1:\n"
                        "    shape: [num_experts, 2 * hidden_size]\n"
                        "    placements: {ep: shard(0), tp: replicate}\n"

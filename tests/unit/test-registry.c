@@ -907,9 +907,9 @@ static void test_schema_errors_parameters(void **state) {
         expect_error(PAR "    shape: [4]\n    placements: [tp]\n",
                      "f.yaml:10:17: family 'x': parameter 'w': 'placements' must be a mapping");
         expect_error(PAR "    shape: [4]\n    init: random\n",
-                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}");
+                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}, trunc_normal: {mean, std, a, b}");
         expect_error(PAR "    shape: [4]\n    init: {normal: {std: 1}, uniform: {low: 0, high: 1}}\n",
-                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}");
+                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}, trunc_normal: {mean, std, a, b}");
         expect_error(PAR "    shape: [4]\n    init: {xavier: {gain: 1}}\n",
                      "f.yaml:10:12: family 'x': parameter 'w': unknown key 'xavier'");
         expect_error(PAR "    shape: [4]\n    init: {normal: {mean: 0}}\n",
@@ -920,8 +920,20 @@ static void test_schema_errors_parameters(void **state) {
                      "f.yaml:10:22: family 'x': parameter 'w': init constant: missing key 'value'");
         expect_error(PAR "    shape: [4]\n    init: {constant: 1}\n",
                      "f.yaml:10:22: family 'x': parameter 'w': init constant: the init's arguments must be a mapping");
-        expect_error(PAR "    shape: [4]\n    init: {normal: {std: '0.02'}}\n",
-                     "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std' must be a number or a config field name");
+        expect_error(PAR "    shape: [4]\n    init: {normal: {std: [0.02]}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std' must be a number, a config field name or an expression");
+        expect_error(PAR "    shape: [4]\n    init: {normal: {std: '0.02 *'}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std': unexpected end of expression at column 7");
+        expect_error(PAR "    shape: [4]\n    init: {normal: {std: '1 / log(fan_in)'}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std': unknown function 'log' at column 5 (only sqrt)");
+        expect_error(PAR "    shape: [4]\n    init: {normal: {std: '(1 / sqrt(fan_in)'}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std': unclosed '(' at column 1");
+        expect_error(PAR "    shape: [4]\n    init: {normal: {std: 'sqrt'}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std': sqrt at column 1 needs an argument in parentheses");
+        expect_error(PAR "    shape: [4]\n    init: {trunc_normal: {std: 1, a: 2, b: -2}}\n",
+                     "f.yaml:10:26: family 'x': parameter 'w': init trunc_normal: 'a' must be less than 'b'");
+        expect_error(PAR "    shape: [4]\n    init: {trunc_normal: {std: 1, low: -2}}\n",
+                     "f.yaml:10:35: family 'x': parameter 'w': init trunc_normal: unknown key 'low'");
         expect_error(PAR "    shape: [4]\n    init: {normal: {std: .inf}}\n",
                      "f.yaml:10:26: family 'x': parameter 'w': init normal: 'std' must be finite");
         expect_error(PAR "    shape: [4]\n    init: {constant: {value: 1, scale: 2}}\n",
@@ -1116,6 +1128,35 @@ static void test_activation_layout_cases(void **state) {
                      "sequence_parallel and loss_parallel");
         expect_error(BASE "layout: {in_src: [{tp: [{placement: partial, if: x}]}]}\n",
                      "f.yaml:7:46: family 'x': unknown key 'if'");
+}
+
+/* Expression inits and trunc_normal: canonical texts (GetFamily's), lone names still fields. */
+static void test_init_expressions(void **state) {
+        _cleanup_(registry_unrefp) Registry *reg = load_text(
+                BASE "parameters:\n"
+                "  a:\n    shape: [4, 8]\n    init: {normal: {std: 'initializer_range/sqrt( 2*num_layers )'}}\n"
+                "  b:\n    shape: [4, 8]\n    init: {normal: {mean: 0, std: '1 / sqrt(fan_in)'}}\n"
+                "  c:\n    shape: [4, 8]\n    init: {trunc_normal: {std: 0.02, a: -0.04, b: 0.04}}\n"
+                "  d:\n    shape: [4, 8]\n    init: {trunc_normal: {mean: m, std: 'fan_out * 2e-3', a: '-(2 * s)', b: '(x - y) - (z - 1.5)'}}\n"
+                "  e:\n    shape: [4]\n    init: {trunc_normal: {}}\n"
+                "  f:\n    shape: [4]\n    init: {uniform: {low: '-1 / sqrt(h)', high: '1 / sqrt(h)'}}\n"
+                "  g:\n    shape: [4]\n    init: {constant: {value: '0.5'}}\n");
+        const Family *f = &reg->families[0];
+
+        assert_int_equal(f->n_parameters, 7);
+        assert_string_equal(f->parameters[0].init_text, "normal(mean=0, std=initializer_range / sqrt(2 * num_layers))");
+        assert_non_null(f->parameters[0].init.b.expr);
+        assert_string_equal(f->parameters[1].init_text, "normal(mean=0, std=1 / sqrt(fan_in))");
+        assert_int_equal(f->parameters[2].init.kind, INIT_TRUNC_NORMAL);
+        assert_string_equal(f->parameters[2].init_text, "trunc_normal(mean=0, std=0.02, a=-0.04, b=0.04)");
+        assert_string_equal(f->parameters[3].init_text,
+                            "trunc_normal(mean=m, std=fan_out * 0.002, a=-(2 * s), b=x - y - (z - 1.5))");
+        assert_string_equal(f->parameters[3].init.a.field, "m");
+        assert_null(f->parameters[3].init.a.expr);
+        /* torch.nn.init.trunc_normal_'s defaults */
+        assert_string_equal(f->parameters[4].init_text, "trunc_normal(mean=0, std=1, a=-2, b=2)");
+        assert_string_equal(f->parameters[5].init_text, "uniform(low=-1 / sqrt(h), high=1 / sqrt(h))");
+        assert_string_equal(f->parameters[6].init_text, "constant(value=0.5)");
 }
 
 /* A parameter's `checkpoint`: the tensors its values come from (checkpoint-source.h), kept
@@ -1489,6 +1530,7 @@ int main(void) {
                 cmocka_unit_test(test_activation_layout),
                 cmocka_unit_test(test_activation_layout_cases),
                 cmocka_unit_test(test_parameter_dtype),
+                cmocka_unit_test(test_init_expressions),
                 cmocka_unit_test(test_parameter_checkpoint),
                 cmocka_unit_test(test_all_diagnostics_collected),
                 cmocka_unit_test(test_values_and_texts),

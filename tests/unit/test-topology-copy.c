@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "core/membership.h"
+#include "membership/membership.h"
 #include "core/topology.h"
 
 #define MANY_MEMBERS 1000u

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "core/resource-limits.h"
-#include "core/verdict-sync.h"
+#include "membership/verdict-sync.h"
 
 #define HB 1000u
 

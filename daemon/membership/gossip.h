@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * DESIGN: the dissemination half of SWIM (core/peer-protocol.c, --membership swim). An item
+ * DESIGN: the dissemination half of SWIM (membership/peer-protocol.c, --membership swim). An item
  * names one start of a member whose state changed (or that was forgotten, by an operator);
  * what is told is read from the member table when a message goes out, so an item always
  * carries the newest verdict. One item per name: news about a name replaces the older item and
@@ -10,7 +10,7 @@
  * equals), and an item told `limit` times (about 3 log2 N, the caller's) is dropped: a change
  * reaches every member in O(log N) probe periods, and a quiet cluster sends no news at all.
  * At most GOSSIP_MAX_ITEMS wait; past that the most told is dropped first (the member table's
- * digest still makes tables that differ meet, core/peer-protocol.h).
+ * digest still makes tables that differ meet, membership/peer-protocol.h).
  */
 
 #include <stdbool.h>

@@ -3,7 +3,7 @@
 
 /*
  * DESIGN: the protocol (peer-protocol.h) speaks these structs; codec/codec-peer.h turns them
- * into familyd.v1.PeerMessage bytes and back, so the core never sees the wire.
+ * into familyd.v1.PeerMessage bytes and back, so the protocol never sees the wire.
  */
 
 #include <stddef.h>

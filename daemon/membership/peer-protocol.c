@@ -1,108 +1,11 @@
 /* peer-protocol.c: the membership protocol's state machine, driven by a clock and a sink. */
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gossip.h"
-#include "name-index.h"
-#include "peer-protocol.h"
-#include "resource-limits.h"
-#include "verdict-sync.h"
-
-#define PROTOCOL_VERSION_NOTE_SLOTS 64u
-
-typedef struct ProtocolLink {
-        char *address;
-        void *endpoint;    /* NULL while waiting to dial again */
-        bool seed;         /* from --peers: dialed even when no member lives there */
-        bool refused;      /* that daemon refused us: dialed again at retry_at_ms */
-        unsigned refusals; /* in a row, for the backoff */
-        bool failing;      /* a failure was noted; the next success is noted too */
-        bool reached;      /* heard from since the last failure */
-        unsigned failures;
-        int64_t retry_at_ms;
-        int64_t dialed_at_ms;    /* when the endpoint was made */
-        bool differs;            /* the member's table digest is not ours */
-        int64_t differs_since_ms; /* since then, or since we last asked it for its table */
-        int64_t used_at_ms;       /* swim: last sent on */
-        uint64_t answered_boot_id; /* the start that last answered on it (0: none) */
-        struct ProtocolLink *next;
-} ProtocolLink;
-
-/* swim: where this daemon's probe of the period stands. */
-typedef enum SwimPhase {
-        SWIM_IDLE,     /* answered, or none */
-        SWIM_DIRECT,   /* pinged, waiting for its ack */
-        SWIM_INDIRECT, /* others asked to ping it */
-} SwimPhase;
-
-/* swim: a ping_req being answered: the ack of our ping goes back to the requester. */
-typedef struct SwimRelay {
-        char *requester; /* its address; NULL: the slot is free */
-        char *target;
-        uint64_t target_boot_id;
-        uint32_t their_seq, our_seq;
-} SwimRelay;
-
-struct Protocol {
-        ProtocolSink sink;
-        Membership *membership;
-        MemberInfo self;
-        ProtocolMode mode;
-        unsigned heartbeat_ms;
-        ProtocolLink *links;
-        size_t n_links;
-        NameIndex links_by_address; /* address -> (uintptr_t) ProtocolLink * */
-        uint64_t published_version;
-        uint64_t published_revision; /* membership_revision(): digests change it, not versions */
-        unsigned publish_gap_ms;
-        int64_t published_at_ms; /* INT64_MIN: never */
-        bool publish_held;       /* a change waits for the gap to pass */
-        uint64_t sent_changes; /* membership_changes() when heartbeats last went out eagerly */
-        int64_t eager_at_ms;
-        bool dirty; /* the members changed in a way the version may not show */
-        int64_t pulled_at_ms; /* a table was last asked for; 0: never */
-        uint64_t pulled_digest; /* ours then */
-        unsigned fruitless;     /* tables asked for in a row that did not change ours */
-        uint64_t random;
-        int64_t version_noted_ms[PROTOCOL_VERSION_NOTE_SLOTS];
-        int64_t link_lie_noted_ms;
-
-        /* swim */
-        uint32_t seq;
-        unsigned ticks;
-        SwimPhase phase;
-        char *probe_name; /* the member probed this period */
-        uint64_t probe_boot_id;
-        uint32_t probe_seq;
-        char *probe_next; /* a member to probe next period (it may have restarted) */
-        SwimRelay relays[PROTOCOL_SWIM_RELAYS];
-        size_t next_relay;
-        Gossip gossip;
-        bool differs; /* a member's table digest differs from ours (links are few) */
-        int64_t differs_since_ms;
-        bool greeted; /* said hello to every member of the first table we got */
-        VerdictPull verdict_pull;
-        int64_t answers_at_ms; /* the heartbeat in which pulls were last answered */
-        unsigned answers;      /* how many in it */
-};
-
-/* swim: ours, raised to refute a suspicion of us (kept in the table's own entry, which the
- * verdict digest counts). */
-static uint64_t own_incarnation(const Protocol *p) {
-        return membership_get(p->membership, 0)->incarnation;
-}
-
-static void note(Protocol *p, ProtocolNote n) {
-        if (p->sink.note)
-                p->sink.note(p->sink.userdata, &n);
-}
-
-static void note_no_memory(Protocol *p) {
-        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_NO_MEMORY });
-}
+#include "peer-protocol-internal.h"
+#include "core/resource-limits.h"
 
 /* --- sending --- */
 
@@ -151,7 +54,7 @@ static void link_send(Protocol *p, ProtocolLink *l, PeerMessage *m) {
         p->sink.send(p->sink.userdata, l->endpoint, l->address, m);
 }
 
-static void reply(Protocol *p, const ProtocolOrigin *o, PeerMessage *m) {
+void protocol_reply(Protocol *p, const ProtocolOrigin *o, PeerMessage *m) {
         stamp(p, m);
         p->sink.reply(p->sink.userdata, o->reply, m);
 }
@@ -175,22 +78,22 @@ static size_t hello_chunk(const PeerKnown *known, size_t n) {
 }
 
 /* On our link l, or (NULL) as the answer to o. */
-static void send_or_reply(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, PeerMessage *m) {
+void protocol_send_or_reply(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, PeerMessage *m) {
         if (l)
                 link_send(p, l, m);
         else
-                reply(p, o, m);
+                protocol_reply(p, o, m);
 }
 
 /* The sender's whole record, and with `table` every member it knows: on our link l, or (l
  * NULL) as the answer to o. */
-static void send_hello(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, bool table,
-                       int64_t now) {
+void protocol_send_hello(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, bool table,
+                         int64_t now) {
         _cleanup_free_ PeerKnown *known = NULL;
         size_t n, chunk;
 
         if (!table) {
-                send_or_reply(p, l, o, &(PeerMessage) { .body = PEER_HELLO });
+                protocol_send_or_reply(p, l, o, &(PeerMessage) { .body = PEER_HELLO });
                 return;
         }
         if (known_list(p, NULL, now, &known, &n) < 0) {
@@ -201,7 +104,7 @@ static void send_hello(Protocol *p, ProtocolLink *l, const ProtocolOrigin *o, bo
         for (size_t at = 0; at == 0 || at < n; at += chunk) {
                 PeerMessage m = { .body = PEER_HELLO, .members = known + at,
                                   .n_members = MIN(chunk, n - at) };
-                send_or_reply(p, l, o, &m);
+                protocol_send_or_reply(p, l, o, &m);
                 if (n == 0)
                         break;
         }
@@ -221,7 +124,7 @@ static void announce(Protocol *p, const char *name, int64_t now) {
 }
 
 /* xorshift64: which links hear a change first; no secret, only spread. */
-static uint64_t protocol_random(Protocol *p) {
+uint64_t protocol_random(Protocol *p) {
         p->random ^= p->random << 13;
         p->random ^= p->random >> 7;
         p->random ^= p->random << 17;
@@ -257,7 +160,7 @@ static const char *link_address_at(const void *userdata, uintptr_t value) {
         return ((const ProtocolLink *) value)->address;
 }
 
-static ProtocolLink *link_find(Protocol *p, const char *address) {
+ProtocolLink *protocol_link_find(Protocol *p, const char *address) {
         uintptr_t l;
 
         if (!name_index_find(&p->links_by_address, address, link_address_at, NULL, &l))
@@ -280,7 +183,7 @@ static void link_close(Protocol *p, ProtocolLink *l) {
         l->endpoint = NULL;
 }
 
-static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
+void protocol_link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
         int r = p->sink.dial(p->sink.userdata, l->address, &l->endpoint);
         if (r < 0) {
                 l->endpoint = NULL;
@@ -298,15 +201,15 @@ static void link_dial(Protocol *p, ProtocolLink *l, int64_t now) {
         /* The table follows when the other side's digest asks for it (table_check()). With
          * swim only a seed needs our record first: the others know us from tables. */
         if (p->mode == PROTOCOL_ALL_TO_ALL || l->seed)
-                send_hello(p, l, NULL, false, now);
+                protocol_send_hello(p, l, NULL, false, now);
 }
 
-static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64_t now) {
+ProtocolLink *protocol_link_add(Protocol *p, const char *address, bool seed, int64_t now) {
         ProtocolLink *l;
 
         if (streq(address, p->self.address))
                 return NULL;
-        l = link_find(p, address);
+        l = protocol_link_find(p, address);
         if (l) {
                 l->seed = l->seed || seed;
                 return l;
@@ -324,11 +227,11 @@ static ProtocolLink *link_add(Protocol *p, const char *address, bool seed, int64
         l->next = p->links;
         p->links = l;
         p->n_links++;
-        link_dial(p, l, now);
+        protocol_link_dial(p, l, now);
         return l;
 }
 
-static void link_free(Protocol *p, ProtocolLink *l) {
+void protocol_link_free(Protocol *p, ProtocolLink *l) {
         link_close(p, l);
         p->n_links--;
         (void) name_index_remove(&p->links_by_address, l->address, (uintptr_t) l);
@@ -344,12 +247,12 @@ static void link_free(Protocol *p, ProtocolLink *l) {
  * restarts, and their first probe after was lost). */
 static void link_heard(Protocol *p, const char *address, int64_t stale_ms, uint64_t boot_id,
                        int64_t now) {
-        ProtocolLink *l = link_find(p, address);
+        ProtocolLink *l = protocol_link_find(p, address);
         bool stale;
 
         if (!l) {
                 if (p->mode == PROTOCOL_ALL_TO_ALL) /* swim: links are made on demand */
-                        (void) link_add(p, address, false, now);
+                        (void) protocol_link_add(p, address, false, now);
                 return;
         }
         if (l->refused || l->failing)
@@ -366,7 +269,7 @@ static void link_heard(Protocol *p, const char *address, int64_t stale_ms, uint6
         if (l->endpoint && stale)
                 link_close(p, l); /* our old link went to its previous start */
         if (!l->endpoint)
-                link_dial(p, l, now);
+                protocol_link_dial(p, l, now);
 }
 
 static const char *member_address_at(const void *userdata, uintptr_t i) {
@@ -375,7 +278,7 @@ static const char *member_address_at(const void *userdata, uintptr_t i) {
 
 /* Drops links to addresses no member has, except seeds: one index of the members' addresses,
  * then one lookup per link (not a scan of the members per link). */
-static void links_prune(Protocol *p) {
+void protocol_links_prune(Protocol *p) {
         _cleanup_(name_index_done) NameIndex addresses = {};
         size_t n = membership_count(p->membership);
         uintptr_t unused;
@@ -397,7 +300,7 @@ static void links_prune(Protocol *p) {
                         continue;
                 }
                 *pl = l->next;
-                link_free(p, l);
+                protocol_link_free(p, l);
         }
 }
 
@@ -417,7 +320,7 @@ void protocol_on_link_failed(Protocol *p, void *endpoint, const char *cause, int
 }
 
 int protocol_add_seed(Protocol *p, const char *address, int64_t now_ms) {
-        if (!link_add(p, address, true, now_ms) && !streq(address, p->self.address))
+        if (!protocol_link_add(p, address, true, now_ms) && !streq(address, p->self.address))
                 return -ENOMEM;
         return 0;
 }
@@ -434,9 +337,6 @@ static int64_t last_heard_of(Protocol *p, const MemberInfo *sender) {
 
         return e && e->info->boot_id != sender->boot_id ? e->last_heard_ms : INT64_MIN;
 }
-
-static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64_t incarnation,
-                         NodeState state, int64_t now);
 
 static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
         for (size_t i = 0; i < m->n_members; i++) {
@@ -457,8 +357,9 @@ static void learn(Protocol *p, const PeerMessage *m, int64_t now) {
                         return;
                 }
                 if (p->mode == PROTOCOL_SWIM && (v == MEMBER_KNOWN || v == MEMBER_JOINED))
-                        verdict_take(p, info->name, info->boot_id, m->members[i].incarnation,
-                                     m->members[i].state, now);
+                        protocol_swim_verdict_take(p, info->name, info->boot_id,
+                                                   m->members[i].incarnation,
+                                                   m->members[i].state, now);
                 if (v == MEMBER_JOINED || v == MEMBER_RESTARTED) {
                         note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_LEARNED,
                                                  .member = &m->members[i].info,
@@ -476,7 +377,7 @@ static void refuse(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
 
         note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_REFUSING, .member = &m->sender,
                                  .text = reason });
-        reply(p, o, &answer);
+        protocol_reply(p, o, &answer);
 }
 
 /* A refusal is believed only on the link it answers, and closes that link alone. */
@@ -560,7 +461,7 @@ static void note_version_refused(Protocol *p, const PeerMessage *m, int64_t now)
  * change nothing here (they name a member we refuse or forgot). */
 static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
                         int64_t now) {
-        ProtocolLink *l = link_find(p, m->sender.address);
+        ProtocolLink *l = protocol_link_find(p, m->sender.address);
         uint64_t digest = membership_digest(p->membership);
         bool fruitless, *differs = l ? &l->differs : &p->differs;
         int64_t *since = l ? &l->differs_since_ms : &p->differs_since_ms;
@@ -594,7 +495,7 @@ static void table_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage 
         p->pulled_at_ms = now;
         p->pulled_digest = digest;
         *since = now;
-        reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_table = true });
+        protocol_reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_table = true });
 }
 
 /* Whether the others must hear of a member that joined through us: when it knows less than
@@ -604,368 +505,6 @@ static bool announce_due(Protocol *p, const PeerMessage *m) {
 }
 
 
-/* --- swim: probes and gossip --- */
-
-/* How many times each news item is told: PROTOCOL_GOSSIP_TELL x ceil(log2(members + 1)). */
-static unsigned gossip_limit(Protocol *p) {
-        unsigned log2n = 1;
-
-        while (log2n < 32 && ((size_t) 1 << log2n) < membership_count(p->membership) + 1)
-                log2n++;
-        return PROTOCOL_GOSSIP_TELL * log2n;
-}
-
-static void gossip_news(Protocol *p, const char *name, uint64_t boot_id, bool forgotten) {
-        if (gossip_add(&p->gossip, name, boot_id, forgotten) < 0)
-                note_no_memory(p);
-}
-
-static void verdict_take(Protocol *p, const char *name, uint64_t boot_id, uint64_t incarnation,
-                         NodeState state, int64_t now) {
-        if (membership_verdict(p->membership, name, boot_id, incarnation, state, now) > 0)
-                gossip_news(p, name, boot_id, false);
-}
-
-/* A suspicion or down verdict about this very start: raise our incarnation above it (not one
- * further ahead than a member can have seen: a lie, MEMBERSHIP_INCARNATION_SLACK). */
-static void refute(Protocol *p, uint64_t boot_id, NodeState state, uint64_t incarnation) {
-        uint64_t ours = own_incarnation(p);
-
-        if (boot_id != p->self.boot_id || state == NODE_UP || incarnation < ours ||
-            incarnation > ours + MEMBERSHIP_INCARNATION_SLACK)
-                return;
-        membership_set_local_incarnation(p->membership, incarnation + 1);
-        gossip_news(p, p->self.name, p->self.boot_id, false);
-}
-
-typedef struct GossipOut {
-        PeerUpdate updates[PROTOCOL_GOSSIP_PER_MESSAGE];
-} GossipOut;
-
-/* Puts the news due next into m (borrowing from the table and the queue until gossip_told()). */
-static void gossip_attach(Protocol *p, PeerMessage *m, GossipOut *out) {
-        GossipItem *items[PROTOCOL_GOSSIP_PER_MESSAGE];
-        size_t n = gossip_pick(&p->gossip, PROTOCOL_GOSSIP_PER_MESSAGE, items);
-
-        m->updates = out->updates;
-        for (size_t i = 0; i < n; i++) {
-                GossipItem *it = items[i];
-                const Member *e = membership_find(p->membership, it->name);
-
-                if (it->forgotten) {
-                        out->updates[m->n_updates++] = (PeerUpdate) {
-                                .name = it->name, .boot_id = it->boot_id, .forgotten = true };
-                        continue;
-                }
-                if (!e || e->info->boot_id != it->boot_id) {
-                        it->told = UINT_MAX - 1; /* stale: dropped by gossip_told() */
-                        continue;
-                }
-                out->updates[m->n_updates++] = (PeerUpdate) {
-                        .name = e->info->name, .boot_id = it->boot_id,
-                        .incarnation = e->incarnation, .state = e->state };
-        }
-}
-
-/* Our link to address, dialed now if there is none: NULL when it cannot carry a message. */
-static ProtocolLink *swim_link(Protocol *p, const char *address, int64_t now) {
-        ProtocolLink *l = link_find(p, address);
-
-        if (!l)
-                l = link_add(p, address, false, now);
-        else if (!l->endpoint && !l->refused)
-                link_dial(p, l, now);
-        if (!l || !l->endpoint || l->refused)
-                return NULL;
-        l->used_at_ms = now;
-        return l;
-}
-
-/* A probe message with the news due, to address (l NULL: as the answer to o). */
-static void swim_send(Protocol *p, const char *address, const ProtocolOrigin *o, PeerMessage *m,
-                      int64_t now) {
-        ProtocolLink *l = address ? swim_link(p, address, now) : NULL;
-        GossipOut out;
-
-        if (address && !l)
-                return;
-        gossip_attach(p, m, &out);
-        send_or_reply(p, l, o, m);
-        gossip_told(&p->gossip, gossip_limit(p));
-}
-
-static void swim_ping(Protocol *p, const Member *e, uint32_t seq, int64_t now) {
-        PeerMessage m = { .body = PEER_PING,
-                          .probe = { .name = e->info->name, .boot_id = e->info->boot_id,
-                                     .seq = seq, .state = e->state,
-                                     .incarnation = e->incarnation } };
-
-        swim_send(p, e->info->address, NULL, &m, now);
-}
-
-/* This period's member to probe: one named to us as possibly restarted, else one at random. */
-static const Member *probe_target(Protocol *p) {
-        size_t n = membership_count(p->membership);
-        const Member *e = p->probe_next ? membership_find(p->membership, p->probe_next) : NULL;
-
-        p->probe_next = mfree(p->probe_next);
-        if (e && !e->local)
-                return e;
-        return n < 2 ? NULL : membership_get(p->membership, 1 + protocol_random(p) % (n - 1));
-}
-
-static void probe_start(Protocol *p, int64_t now) {
-        const Member *e = probe_target(p);
-
-        p->phase = SWIM_IDLE;
-        p->probe_name = mfree(p->probe_name);
-        if (!e)
-                return;
-        p->probe_name = strdup(e->info->name);
-        if (!p->probe_name) {
-                note_no_memory(p);
-                return;
-        }
-        p->probe_boot_id = e->info->boot_id;
-        p->probe_seq = ++p->seq;
-        p->phase = SWIM_DIRECT;
-        swim_ping(p, e, p->probe_seq, now);
-}
-
-static const Member *probed(Protocol *p) {
-        const Member *e = p->probe_name ? membership_find(p->membership, p->probe_name) : NULL;
-
-        return e && e->info->boot_id == p->probe_boot_id ? e : NULL;
-}
-
-/* No ack in half a period: PROTOCOL_SWIM_HELPERS up members are asked to ping it for us. */
-static void probe_indirect(Protocol *p, int64_t now) {
-        const Member *t = probed(p);
-        size_t n = membership_count(p->membership), asked = 0;
-
-        p->phase = SWIM_INDIRECT;
-        if (!t || t->state == NODE_DOWN || n < 3)
-                return;
-        for (unsigned tries = 0; asked < PROTOCOL_SWIM_HELPERS && tries < 4 * PROTOCOL_SWIM_HELPERS;
-             tries++) {
-                const Member *h = membership_get(p->membership, 1 + protocol_random(p) % (n - 1));
-                PeerMessage m = { .body = PEER_PING_REQ,
-                                  .probe = { .name = t->info->name, .boot_id = t->info->boot_id,
-                                             .seq = p->probe_seq, .state = t->state,
-                                             .incarnation = t->incarnation } };
-
-                if (h == t || h->state != NODE_UP)
-                        continue;
-                swim_send(p, h->info->address, NULL, &m, now);
-                asked++;
-        }
-}
-
-/* No ack at all within the period: the member is suspect (it hears so from gossip, or from
- * the state in the next ping it gets from a member that holds it suspect). */
-static void probe_failed(Protocol *p, int64_t now) {
-        const Member *t = probed(p);
-
-        p->phase = SWIM_IDLE;
-        if (!t || t->state != NODE_UP)
-                return; /* suspect or down already: its timer runs */
-        verdict_take(p, t->info->name, t->info->boot_id, t->incarnation, NODE_SUSPECT, now);
-}
-
-/* A ping_req: we ping the member, and its ack goes back to the requester. */
-static void swim_relay(Protocol *p, const PeerMessage *m, int64_t now) {
-        const Member *t = membership_find(p->membership, m->probe.name);
-        SwimRelay *r = &p->relays[p->next_relay++ % PROTOCOL_SWIM_RELAYS];
-
-        if (!t || t->local || t->info->boot_id != m->probe.boot_id)
-                return;
-        free(r->requester);
-        free(r->target);
-        *r = (SwimRelay) { .requester = strdup(m->sender.address), .target = strdup(t->info->name),
-                           .target_boot_id = t->info->boot_id, .their_seq = m->probe.seq,
-                           .our_seq = ++p->seq };
-        if (!r->requester || !r->target) {
-                r->requester = mfree(r->requester);
-                r->target = mfree(r->target);
-                note_no_memory(p);
-                return;
-        }
-        swim_ping(p, t, r->our_seq, now);
-}
-
-/* An ack: of our probe, or of a ping we sent for another member's ping_req. */
-static void swim_acked(Protocol *p, const PeerMessage *m, int64_t now) {
-        const PeerProbe *a = &m->probe;
-
-        if (p->phase != SWIM_IDLE && a->seq == p->probe_seq && p->probe_name &&
-            streq(a->name, p->probe_name) && a->boot_id == p->probe_boot_id) {
-                p->phase = SWIM_IDLE;
-                verdict_take(p, a->name, a->boot_id, a->incarnation, NODE_UP, now);
-                return;
-        }
-        for (size_t i = 0; i < PROTOCOL_SWIM_RELAYS; i++) {
-                SwimRelay *r = &p->relays[i];
-                if (!r->requester || r->our_seq != a->seq || r->target_boot_id != a->boot_id ||
-                    !streq(r->target, a->name))
-                        continue;
-                PeerMessage ack = { .body = PEER_ACK,
-                                    .probe = { .name = r->target, .boot_id = a->boot_id,
-                                               .seq = r->their_seq,
-                                               .incarnation = a->incarnation } };
-                swim_send(p, r->requester, NULL, &ack, now);
-                r->requester = mfree(r->requester);
-                r->target = mfree(r->target);
-                return;
-        }
-}
-
-/* A ping is answered whoever sent it (even a start we do not know yet). */
-static void swim_answer(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
-                        int64_t now) {
-        PeerMessage ack = { .body = PEER_ACK,
-                            .probe = { .name = p->self.name, .boot_id = p->self.boot_id,
-                                       .seq = m->probe.seq } };
-
-        if (streq(m->probe.name, p->self.name))
-                refute(p, m->probe.boot_id, m->probe.state, m->probe.incarnation);
-        ack.probe.incarnation = own_incarnation(p);
-        swim_send(p, NULL, o, &ack, now);
-}
-
-/* swim: a member whose verdicts have differed from ours for a while (and whose table does not)
- * is asked for them where they differ (verdict-sync.h). */
-static void verdict_check(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
-                          int64_t now) {
-        unsigned n_buckets = verdict_sync_buckets(membership_count(p->membership));
-        _cleanup_free_ uint64_t *buckets = NULL;
-
-        if (!m->has_table || m->table_digest != membership_digest(p->membership) ||
-            !verdict_pull_due(&p->verdict_pull, membership_verdict_digest(p->membership),
-                              m->verdict_digest, now, p->heartbeat_ms,
-                              VERDICT_SYNC_ROUNDS))
-                return;
-        buckets = calloc(n_buckets, sizeof(uint64_t));
-        if (!buckets) {
-                note_no_memory(p);
-                return;
-        }
-        membership_verdict_buckets(p->membership, n_buckets, buckets);
-        reply(p, o, &(PeerMessage) { .body = PEER_WHO, .want_verdicts = buckets,
-                                     .n_want_verdicts = n_buckets });
-}
-
-/* A pull: our verdicts where the asker's buckets differ, at most VERDICT_SYNC_ANSWERS a
- * heartbeat. */
-static void verdicts_answer(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m,
-                            int64_t now) {
-        _cleanup_free_ PeerUpdate *list = NULL;
-        size_t n;
-
-        if (now - p->answers_at_ms >= (int64_t) p->heartbeat_ms) {
-                p->answers_at_ms = now;
-                p->answers = 0;
-        }
-        if (p->answers >= VERDICT_SYNC_ANSWERS)
-                return;
-        p->answers++;
-        if (verdict_sync_answer(p->membership, m->want_verdicts, m->n_want_verdicts, &list,
-                                &n) < 0) {
-                note_no_memory(p);
-                return;
-        }
-        for (size_t at = 0, k; at < n; at += k) {
-                k = verdict_sync_chunk(list, n, at);
-                reply(p, o, &(PeerMessage) { .body = PEER_VERDICTS, .updates = list + at,
-                                             .n_updates = k });
-        }
-}
-
-/* The verdicts a probe message carries. */
-static void gossip_take(Protocol *p, const PeerMessage *m, int64_t now) {
-        for (size_t i = 0; i < m->n_updates; i++) {
-                const PeerUpdate *u = &m->updates[i];
-
-                if (streq(u->name, p->self.name)) {
-                        if (!u->forgotten)
-                                refute(p, u->boot_id, u->state, u->incarnation);
-                } else if (u->forgotten) {
-                        if (membership_forget(p->membership, u->name, u->boot_id, true, now,
-                                              NULL) <= 0)
-                                continue;
-                        note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT, .name = u->name,
-                                                 .text = m->sender.name });
-                        links_prune(p);
-                        gossip_news(p, u->name, u->boot_id, true);
-                } else
-                        verdict_take(p, u->name, u->boot_id, u->incarnation, u->state, now);
-        }
-}
-
-/* Past PROTOCOL_SWIM_LINKS links, closes those not sent on for PROTOCOL_SWIM_LINK_IDLE_PERIODS
- * (made again when next needed); failed ones go once their backoff is over. Seeds stay, and are
- * dialed again as with all-to-all. Below the bound no live link is closed: closing one may cut
- * the other side's link to us that UCX pairs with it, without an error reaching it. */
-static void swim_links(Protocol *p, int64_t now) {
-        int64_t idle = (int64_t) p->heartbeat_ms * PROTOCOL_SWIM_LINK_IDLE_PERIODS;
-        size_t n = p->n_links;
-
-        for (ProtocolLink **pl = &p->links; *pl;) {
-                ProtocolLink *l = *pl;
-                bool due = !l->endpoint && now >= l->retry_at_ms;
-                bool stale = l->endpoint && n > PROTOCOL_SWIM_LINKS &&
-                             now - l->used_at_ms >= idle;
-
-                if (l->seed || (!due && !stale)) {
-                        if (due)
-                                link_dial(p, l, now);
-                        pl = &l->next;
-                        continue;
-                }
-                *pl = l->next;
-                link_free(p, l);
-                n--;
-        }
-}
-
-/* The timeouts; links to addresses no member lives at any more go (only a forgotten member
- * leaves: an O(N) pass on every state change would cost O(N) per change at 10,000 members). */
-static void tick_members(Protocol *p, int64_t now) {
-        size_t before = membership_count(p->membership);
-
-        if (membership_tick(p->membership, now) && membership_count(p->membership) < before)
-                links_prune(p);
-}
-
-/* Every half period; a probe starts on every other tick. */
-static void swim_tick(Protocol *p, int64_t now) {
-        bool period = p->ticks++ % 2 == 0;
-
-        tick_members(p, now);
-        swim_links(p, now);
-        if (!period) {
-                if (p->phase == SWIM_DIRECT)
-                        probe_indirect(p, now);
-                return;
-        }
-        if (p->phase != SWIM_IDLE)
-                probe_failed(p, now);
-        probe_start(p, now);
-}
-
-/* Once we know a table: every member hears our start from us (a join or a restart is believed
- * only from the node itself), as with all-to-all a node that knows the table dials everyone. */
-static void swim_greet(Protocol *p, int64_t now) {
-        size_t n = membership_count(p->membership);
-
-        p->greeted = true;
-        for (size_t i = 1; i < n; i++) {
-                ProtocolLink *l = swim_link(p, membership_get(p->membership, i)->info->address,
-                                            now);
-                if (l)
-                        send_hello(p, l, NULL, false, now);
-        }
-}
-
 /* What a message asks of us once its sender is believed. */
 static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, int64_t now) {
         switch (m->body) {
@@ -974,34 +513,34 @@ static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, 
                 learn(p, m, now);
                 break;
         case PEER_WHO: {
-                ProtocolLink *l = link_find(p, m->sender.address);
+                ProtocolLink *l = protocol_link_find(p, m->sender.address);
                 /* A daemon without digests learns tables from hellos only. swim: answered on
                  * the link it came on (we may have none to the sender). */
                 if (p->mode == PROTOCOL_SWIM && m->n_want_verdicts > 0)
-                        verdicts_answer(p, o, m, now);
+                        protocol_swim_verdicts_answer(p, o, m, now);
                 else if (p->mode == PROTOCOL_SWIM)
-                        send_hello(p, NULL, o, m->want_table || !m->has_table, now);
+                        protocol_send_hello(p, NULL, o, m->want_table || !m->has_table, now);
                 else if (l)
-                        send_hello(p, l, NULL, m->want_table || !m->has_table, now);
+                        protocol_send_hello(p, l, NULL, m->want_table || !m->has_table, now);
                 break;
         }
         case PEER_PING:
-                gossip_take(p, m, now);
-                swim_answer(p, o, m, now);
+                protocol_swim_take_gossip(p, m, now);
+                protocol_swim_answer(p, o, m, now);
                 break;
         case PEER_ACK:
-                gossip_take(p, m, now);
-                swim_acked(p, m, now);
+                protocol_swim_take_gossip(p, m, now);
+                protocol_swim_acked(p, m, now);
                 break;
         case PEER_PING_REQ:
-                gossip_take(p, m, now);
-                swim_relay(p, m, now);
+                protocol_swim_take_gossip(p, m, now);
+                protocol_swim_relay(p, m, now);
                 break;
         case PEER_VERDICTS:
                 if (p->mode != PROTOCOL_SWIM)
                         break;
                 verdict_pull_took(&p->verdict_pull, m->n_updates);
-                gossip_take(p, m, now);
+                protocol_swim_take_gossip(p, m, now);
                 break;
         case PEER_FORGET:
                 if (membership_forget(p->membership, m->forget_name, m->forget_boot_id, true,
@@ -1009,7 +548,7 @@ static void on_body(Protocol *p, const ProtocolOrigin *o, const PeerMessage *m, 
                         note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT,
                                                  .name = m->forget_name,
                                                  .text = m->sender.name });
-                        links_prune(p);
+                        protocol_links_prune(p);
                 }
                 break;
         default:
@@ -1028,7 +567,7 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                 return;
         if (o->dialed) {
                 /* An answer on our own link: the start it reaches (see link_heard()). */
-                ProtocolLink *l = link_find(p, m->sender.address);
+                ProtocolLink *l = protocol_link_find(p, m->sender.address);
                 if (l && l->endpoint == o->dialed)
                         l->answered_boot_id = m->sender.boot_id;
         }
@@ -1058,16 +597,16 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                 refuse(p, o, m, strempty(refusal));
                 return;
         case MEMBER_UNKNOWN:
-                reply(p, o, &(PeerMessage) { .body = PEER_WHO });
+                protocol_reply(p, o, &(PeerMessage) { .body = PEER_WHO });
                 if (m->body == PEER_PING)
-                        swim_answer(p, o, m, now);
+                        protocol_swim_answer(p, o, m, now);
                 return;
         case MEMBER_DEFERRED:
                 /* swim: the start we hold up may be gone (nobody may probe it soon). */
                 if (p->mode == PROTOCOL_SWIM && !p->probe_next)
                         p->probe_next = strdup(m->sender.name); /* NULL: at random */
                 if (m->body == PEER_PING)
-                        swim_answer(p, o, m, now);
+                        protocol_swim_answer(p, o, m, now);
                 return;
         case MEMBER_STALE:
                 return;
@@ -1080,9 +619,10 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
                            m->sender.boot_id, now);
                 if (p->mode == PROTOCOL_SWIM) {
                         /* It joined through us and knows little: our table, on its link (we
-                         * dial no one back); it greets the others itself (swim_greet()). */
+                         * dial no one back); it greets the others itself
+                         * (protocol_swim_greet()). */
                         if (announce_due(p, m) && m->body == PEER_HELLO)
-                                send_hello(p, NULL, o, true, now);
+                                protocol_send_hello(p, NULL, o, true, now);
                 } else if (announce_due(p, m))
                         announce(p, m->sender.name, now);
                 break;
@@ -1094,30 +634,40 @@ void protocol_on_message(Protocol *p, const ProtocolOrigin *o, const PeerMessage
          * refuted yet is told again, so that our answer carries it to the member. */
         if (p->mode == PROTOCOL_SWIM) {
                 const Member *e = membership_find(p->membership, m->sender.name);
-                verdict_take(p, m->sender.name, m->sender.boot_id, m->incarnation, NODE_UP, now);
+                protocol_swim_verdict_take(p, m->sender.name, m->sender.boot_id,
+                                           m->incarnation, NODE_UP, now);
                 if (e && e->info->boot_id == m->sender.boot_id && e->state != NODE_UP)
-                        gossip_news(p, m->sender.name, m->sender.boot_id, false);
+                        protocol_swim_news(p, m->sender.name, m->sender.boot_id, false);
         }
         on_body(p, o, m, now);
         table_check(p, o, m, now);
         if (p->mode == PROTOCOL_SWIM)
-                verdict_check(p, o, m, now);
+                protocol_swim_verdict_check(p, o, m, now);
 }
 
 /* --- time and commands --- */
 
+/* The timeouts; links to addresses no member lives at any more go (only a forgotten member
+ * leaves: an O(N) pass on every state change would cost O(N) per change at 10,000 members). */
+void protocol_tick_members(Protocol *p, int64_t now) {
+        size_t before = membership_count(p->membership);
+
+        if (membership_tick(p->membership, now) && membership_count(p->membership) < before)
+                protocol_links_prune(p);
+}
+
 void protocol_tick(Protocol *p, int64_t now) {
         if (p->mode == PROTOCOL_SWIM) {
-                swim_tick(p, now);
+                protocol_swim_tick(p, now);
                 return;
         }
-        tick_members(p, now);
+        protocol_tick_members(p, now);
         for (ProtocolLink *l = p->links; l; l = l->next)
                 if (!l->endpoint && now >= l->retry_at_ms) {
                         if (l->refused)
                                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_ASKING_AGAIN,
                                                          .address = l->address });
-                        link_dial(p, l, now);
+                        protocol_link_dial(p, l, now);
                 }
         send_heartbeats(p, 0);
 }
@@ -1143,9 +693,9 @@ int protocol_forget(Protocol *p, const char *node, int64_t now, FamilyError *ret
                 PeerMessage m = { .body = PEER_FORGET, .forget_name = (char *) node,
                                   .forget_boot_id = boot };
                 note(p, (ProtocolNote) { .kind = PROTOCOL_NOTE_FORGOT, .name = node });
-                links_prune(p);
+                protocol_links_prune(p);
                 if (p->mode == PROTOCOL_SWIM)
-                        gossip_news(p, node, boot, true);
+                        protocol_swim_news(p, node, boot, true);
                 else
                         for (ProtocolLink *l = p->links; l; l = l->next)
                                 link_send(p, l, &m);
@@ -1164,7 +714,7 @@ static void flush(Protocol *p, int64_t now, int64_t now_unix, bool gap) {
          * rest within a heartbeat interval; versions merely taken from peers are not echoed.
          * (To every link, a change all N members see cost N^2 messages.) */
         if (p->mode == PROTOCOL_SWIM && !p->greeted && membership_count(p->membership) > 2)
-                swim_greet(p, now);
+                protocol_swim_greet(p, now);
         if (p->mode == PROTOCOL_ALL_TO_ALL && changes != p->sent_changes &&
             now - p->eager_at_ms >= (int64_t) p->heartbeat_ms / 4) {
                 p->sent_changes = changes;
@@ -1256,7 +806,7 @@ Protocol *protocol_free(Protocol *p) {
         while (p->links) {
                 ProtocolLink *l = p->links;
                 p->links = l->next;
-                link_free(p, l);
+                protocol_link_free(p, l);
         }
         name_index_done(&p->links_by_address);
         gossip_done(&p->gossip);

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * DESIGN: pure and single-threaded (the membership protocol, core/peer-protocol.h, owns it,
+ * DESIGN: pure and single-threaded (the membership protocol, membership/peer-protocol.h, owns it,
  * on the peer thread); time comes in as arguments, so the unit tests drive it with a fake
  * clock. A member's state is this daemon's own observation:
  * up while heard within suspect_ms, suspect until down_ms, then down; a down member keeps its
@@ -24,8 +24,8 @@
 
 #include <stdint.h>
 
-#include "error.h"
-#include "topology.h"
+#include "core/error.h"
+#include "core/topology.h"
 
 /* A record's MAC under the cluster key (peer/peer-auth.h), made by the node itself. */
 #define MEMBER_RECORD_MAC_BYTES 32

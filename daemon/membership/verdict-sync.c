@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "common/macro.h"
-#include "resource-limits.h"
 #include "verdict-sync.h"
+#include "core/resource-limits.h"
 
 bool verdict_pull_due(VerdictPull *v, uint64_t ours, uint64_t theirs, int64_t now_ms,
                       unsigned heartbeat_ms, unsigned rounds) {

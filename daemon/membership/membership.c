@@ -9,7 +9,7 @@
 #include "membership.h"
 #include "name-index.h"
 #include "rank-index.h"
-#include "resource-limits.h"
+#include "core/resource-limits.h"
 
 /* A forgotten start is remembered for a while, so that a peer's older table does not bring it
  * back; a live node that speaks to us directly always can. */

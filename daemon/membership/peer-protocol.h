@@ -5,7 +5,7 @@
  * DESIGN: transport-free and single-threaded. The protocol owns the Membership and the links
  * this daemon dials (which addresses, the backoff after failures and refusals); it is driven by
  * the caller's monotonic clock (every call takes `now`) and speaks through a ProtocolSink:
- * dial, send, reply, bind, close, published, and notes for the caller's log (the core never
+ * dial, send, reply, bind, close, published, and notes for the caller's log (membership/ never
  * logs). peer/peer.c maps the sink onto UCX and sd-event; the unit tests and the fuzzer wire
  * it to memory, so they run the very code the daemon runs.
  *
@@ -32,7 +32,7 @@
  * at random; without an ack within half an interval it asks PROTOCOL_SWIM_HELPERS others to
  * ping it (ping_req) and passes their acks on; still without one at the end of the interval it
  * holds the member suspect (membership_verdict()). States are verdicts, shared by gossip
- * (core/gossip.h): each probe message carries up to PROTOCOL_GOSSIP_PER_MESSAGE of the newest
+ * (membership/gossip.h): each probe message carries up to PROTOCOL_GOSSIP_PER_MESSAGE of the newest
  * verdicts, each told PROTOCOL_GOSSIP_TELL log2 N times, and a ping names the state its sender
  * holds for the receiver; a member that hears itself suspected or down raises its incarnation,
  * which refutes it. A suspicion that lasts membership_suspicion_ms() is down. So a quiet
@@ -46,7 +46,7 @@
  * that start next, so it is suspected within a period and the new start believed on its next
  * word. Tables still meet by digest, and verdicts by theirs: a daemon whose verdict digest has
  * differed from those it hears pulls the member's verdicts where they differ (a who with its
- * digest in buckets, answered with PEER_VERDICTS; core/verdict-sync.h), so a mass change such
+ * digest in buckets, answered with PEER_VERDICTS; membership/verdict-sync.h), so a mass change such
  * as a healed partition spreads in about log2 N pulls instead of waiting for gossip. On a
  * restart a swim daemon also makes anew every link to the node that the new start has not
  * answered on: it hears most members only through others, so the last news of the previous
