@@ -45,9 +45,9 @@ static int unknown(FamilyError *e, int32_t pid, const char *why) {
                                 (int) pid, why);
 }
 
-int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller *ret,
+int build_caller_identify(int32_t pid, uint32_t uid, int caller_pidfd, BuildCaller *ret,
                           int *ret_pidfd, FamilyError *ret_error) {
-        _cleanup_close_ int pidfd = peer_pidfd;
+        _cleanup_close_ int pidfd = caller_pidfd;
         uint64_t start;
         int r;
 

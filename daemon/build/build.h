@@ -87,12 +87,12 @@ typedef struct BuildCaller {
 } BuildCaller;
 
 /*
- * Names the peer process (pid, uid from SO_PEERCRED; peer_pidfd from SO_PEERPIDFD or -1, taken):
+ * Names the client process (pid, uid from SO_PEERCRED; caller_pidfd from SO_PEERPIDFD or -1, taken):
  * a pidfd for it (*ret_pidfd, opened before its start time is read, so the start time is the
  * process's that the pidfd watches) and its start time. UNAVAILABLE CALLER_UNKNOWN when the
  * process cannot be named (pid 0: another pid namespace; gone already).
  */
-int build_caller_identify(int32_t pid, uint32_t uid, int peer_pidfd, BuildCaller *ret,
+int build_caller_identify(int32_t pid, uint32_t uid, int caller_pidfd, BuildCaller *ret,
                           int *ret_pidfd, FamilyError *ret_error);
 
 /* Who asks, by the connection's credentials: whose uid a Build counts against, and who may pin,

@@ -24,22 +24,22 @@
  * so:
  *  - a connection has at most one descriptor-carrying reply unread: once a reply's descriptors
  *    have left (with its first byte), the connection reads no further frame (back-pressure)
- *    until SIOCOUTQ, which for AF_UNIX counts what was sent and not yet consumed by the peer,
- *    is 0. Replies without descriptors still pipeline. The thread learns that the peer has read
- *    from an edge-triggered EPOLLOUT (the kernel wakes a writer each time its peer frees a
+ *    until SIOCOUTQ, which for AF_UNIX counts what was sent and not yet consumed by the client,
+ *    is 0. Replies without descriptors still pipeline. The thread learns that the client has read
+ *    from an edge-triggered EPOLLOUT (the kernel wakes a writer each time its client frees a
  *    buffer of it) and, as that wakeup can come a moment before the count drops, from a
  *    re-check every SHARD_SOCKET_UNREAD_RECHECK_MS while such connections exist. Neither spins:
- *    an edge needs the peer to consume something, and the watch is changed only when the
+ *    an edge needs the client to consume something, and the watch is changed only when the
  *    state changes.
  *  - a cap on concurrent connections per peer uid (SO_PEERCRED at accept), besides the global
  *    one.
- *  - a connection waiting for its peer to read is never idle-closed: closing it would free its
- *    slot while the descriptors stay in the peer's receive queue, still charged to us, and the
+ *  - a connection waiting for its client to read is never idle-closed: closing it would free its
+ *    slot while the descriptors stay in the client's receive queue, still charged to us, and the
  *    client could pin 253 more on a new connection, again and again. After the unread timeout
  *    it is shut down (SHUT_RDWR: the client reads what was sent, then EOF; no more requests),
- *    but we keep the socket, and its slot, until SIOCOUTQ is 0: the peer read everything or
+ *    but we keep the socket, and its slot, until SIOCOUTQ is 0: the client read everything or
  *    closed its end (which frees its queue).
- * Hence the bound, at all times: at most per-uid cap x 253 descriptors in flight for one peer
+ * Hence the bound, at all times: at most per-uid cap x 253 descriptors in flight for one client
  * uid (4,048 with the defaults), global cap x 253 over all (32,384), plus up to 253 per
  * connection in our own table while a reply waits for room in a full socket (those are ours,
  * and closed by an idle close). Every other way a connection ends happens while none of its
@@ -94,7 +94,7 @@
 /* After EMFILE and friends, accepting pauses this long instead of spinning. */
 #define SHARD_SOCKET_ACCEPT_PAUSE_MS 250u
 #define SHARD_SOCKET_LOG_INTERVAL_MS 10000u
-/* While a connection waits for its peer to read a reply with descriptors, SIOCOUTQ is checked
+/* While a connection waits for its client to read a reply with descriptors, SIOCOUTQ is checked
  * this often besides on EPOLLOUT (see DESIGN). */
 #define SHARD_SOCKET_UNREAD_RECHECK_MS 50u
 #define UNREAD_RECHECK_USEC (SHARD_SOCKET_UNREAD_RECHECK_MS * 1000u)
@@ -137,9 +137,9 @@ struct Connection {
         int in_fds[SHARD_SOCKET_MAX_TOKENS];
         size_t n_in_fds;
         bool close_after_reply;
-        /* Descriptors we sent may be unread by the peer: no frame is read (see DESIGN). */
+        /* Descriptors we sent may be unread by the client: no frame is read (see DESIGN). */
         bool unread_fds;
-        /* Shut down at the unread timeout: freed once the peer has read or closed. */
+        /* Shut down at the unread timeout: freed once the client has read or closed. */
         bool shut_down;
 };
 
@@ -268,7 +268,7 @@ static void connection_touch(ShardServer *s, Connection *c) {
         connection_set_deadline(s, c, atomic_load(&s->idle_timeout_ms));
 }
 
-/* Level-triggered EPOLLOUT while a reply waits for room, edge-triggered while the peer has
+/* Level-triggered EPOLLOUT while a reply waits for room, edge-triggered while the client has
  * descriptors to read (the socket is writable then: only a new edge says anything), otherwise
  * level-triggered EPOLLIN. Changed only when it differs: re-arming an edge-triggered watch on
  * a writable socket reports it at once, which would spin. */
@@ -284,7 +284,7 @@ static int connection_watch(Connection *c) {
         return 0;
 }
 
-/* Clears unread_fds once the whole reply has left and the peer has consumed everything sent.
+/* Clears unread_fds once the whole reply has left and the client has consumed everything sent.
  * Returns whether descriptors may still be unread. */
 static bool connection_check_unread(ShardServer *s, Connection *c) {
         int n = 0;
@@ -594,7 +594,7 @@ static int connection_flush(ShardServer *s, Connection *c) {
                         atomic_fetch_add_explicit(&s->descriptors_total, c->n_fds,
                                                   memory_order_relaxed);
                         /* The kernel holds the descriptors now, attached to the first byte,
-                         * charged to us until the peer reads them (see DESIGN). */
+                         * charged to us until the client reads them (see DESIGN). */
                         for (size_t i = 0; i < c->n_fds; i++)
                                 safe_close(c->fds[i]);
                         c->n_fds = 0;
@@ -741,7 +741,7 @@ static bool connection_dispatch(ShardServer *s, Connection *c, uint32_t events) 
         if (r == 0 && c->shut_down && !connection_check_unread(s, c))
                 r = -ECONNRESET;
         /* Reading waits while descriptors may be unread: then EOF or a hangup closes nothing
-         * either, since the peer's queue still holds them (see DESIGN). The wait ends with an
+         * either, since the client's queue still holds them (see DESIGN). The wait ends with an
          * EPOLLOUT edge or a re-check, with no EPOLLIN: frames may be waiting, so try. */
         if (r == 0 && c->n_out == 0 && !c->shut_down &&
             (events & (EPOLLIN | EPOLLHUP | EPOLLERR) || c->unread_fds))
@@ -915,7 +915,7 @@ static int on_listener_io(sd_event_source *source, int listen_fd, uint32_t reven
                 struct ucred cred;
                 socklen_t len = sizeof cred;
                 if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-                        log_debug_errno(-errno, "Shard socket: failed to read the peer's "
+                        log_debug_errno(-errno, "Shard socket: failed to read the client's "
                                                 "credentials, closing the connection: %m");
                         safe_close(fd);
                         continue;

@@ -22,8 +22,8 @@
 /* A connection that completes no request frame (and takes no reply) for this long is closed;
  * not while a reply with descriptors is unread, though: the unread timeout applies then. */
 #define SHARD_SOCKET_IDLE_TIMEOUT_MS 5000u
-/* A connection whose descriptor-carrying reply stays unread this long is shut down (the peer
- * reads what was sent, then EOF); its slot is held until the peer reads it or closes. */
+/* A connection whose descriptor-carrying reply stays unread this long is shut down (the client
+ * reads what was sent, then EOF); its slot is held until the client reads it or closes. */
 #define SHARD_SOCKET_UNREAD_TIMEOUT_MS 60000u
 
 typedef struct ShardServer ShardServer;

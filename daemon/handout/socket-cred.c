@@ -1,4 +1,4 @@
-/* socket-cred.c: whether a Unix socket's peer is an admin (API socket and shard socket alike),
+/* socket-cred.c: whether the process at a Unix socket's other end is an admin (API socket and shard socket alike),
  * and which process it is. */
 
 #include <errno.h>
@@ -20,10 +20,10 @@
 #define SO_PEERPIDFD 77 /* Linux 6.5 */
 #endif
 
-/* Groups read per peer: more than NGROUPS_MAX of any sane system. */
+/* Groups read per client: more than NGROUPS_MAX of any sane system. */
 #define PEER_CRED_MAX_GROUPS 65536u
 
-/* Whether the peer of fd has gid among its supplementary groups. */
+/* Whether the process at fd's other end has gid among its supplementary groups. */
 static bool peer_in_group(int fd, gid_t gid) {
         _cleanup_free_ gid_t *groups = NULL;
         socklen_t len = 64 * sizeof(gid_t);

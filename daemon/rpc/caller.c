@@ -6,7 +6,7 @@
  * accepts the socket and before gRPC has it, and filed under N together with the socket's
  * inode: a lookup answers only for the same socket (same inode at N), and a new connection
  * given N replaces the entry of the closed one, so a reused number never carries the old
- * peer's credentials. gRPC keeps N open while a call on it lives, so a call's lookup finds its
+ * client's credentials. gRPC keeps N open while a call on it lives, so a call's lookup finds its
  * own connection. The table is indexed by descriptor number: bounded by the open-file limit,
  * nothing to prune.
  *
@@ -125,7 +125,7 @@ int caller_table_add(CallerTable *t, int fd, const RpcRefusal *refusal) {
                 return -EBADF;
         if (fstat(fd, &st) < 0)
                 return -errno;
-        /* A peer in another pid namespace shows pid 0: known by uid, not as a process. */
+        /* A caller in another pid namespace shows pid 0: known by uid, not as a process. */
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
                 return -errno;
         c = calloc(1, sizeof *c);

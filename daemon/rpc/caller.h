@@ -54,7 +54,7 @@ int caller_table_new(gid_t admin_gid, const CallerQueueLimits *limits, CallerTab
 CallerTable *caller_table_ref(CallerTable *t);
 CallerTable *caller_table_unref(CallerTable *t);
 
-/* At accept, before gRPC has the socket: reads the peer's credentials and files them under
+/* At accept, before gRPC has the socket: reads the client's credentials and files them under
  * the descriptor's number, replacing whatever a closed connection left there. refusal: NULL,
  * or why the connection is over a cap. */
 int caller_table_add(CallerTable *t, int fd, const RpcRefusal *refusal);

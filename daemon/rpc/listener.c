@@ -3,7 +3,7 @@
 /*
  * DESIGN: gRPC owns a connection once it has its fd and never says when it closes it. To count
  * live connections without holding a second reference to each socket (which would keep it open
- * after gRPC closes it), the listener remembers each accepted socket's inode and its peer's pid
+ * after gRPC closes it), the listener remembers each accepted socket's inode and its client's pid
  * and, only when a cap is reached, prunes the ones no longer open in /proc/self/fd.
  *
  * The loop watches the listening socket level-triggered: a connection left in the queue wakes
@@ -12,7 +12,7 @@
  * the pending one (the classic reserve-fd trick). Refusals are logged at most once per episode
  * or interval, never once per connection.
  *
- * A connection over a cap (--max-connections, per peer, per uid) is not closed bare, which a
+ * A connection over a cap (--max-connections, per process, per uid) is not closed bare, which a
  * client reports only as "Socket closed": it is handed to gRPC marked with its refusal, its
  * first call is answered RESOURCE_EXHAUSTED with the reason (rpc/call.c), and then it is closed.
  * At most LISTENER_MAX_REFUSING such connections are open at once; past that, or when the
@@ -41,7 +41,7 @@ typedef struct LogLimit {
 
 typedef struct Connection {
         ino_t inode;
-        pid_t pid; /* 0: unknown (not a Unix socket, or the peer is outside our pid namespace) */
+        pid_t pid; /* 0: unknown (not a Unix socket, or the client is outside our pid namespace) */
         uid_t uid; /* (uid_t) -1: unknown */
         bool refusing; /* over a cap: answers its first call with the refusal, then closes */
 } Connection;

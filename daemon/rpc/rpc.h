@@ -110,14 +110,14 @@ bool rpc_pending_expired(RpcPending *p);
 void rpc_pending_finish(RpcPending *p, ProtobufCMessage *reply, FamilyError *error);
 
 /* On a worker inside a handler: the credentials of the call's connection, taken when it was
- * accepted (rpc/caller.c). -ENOTCONN: the peer cannot be told. */
+ * accepted (rpc/caller.c). -ENOTCONN: the client cannot be told. */
 int rpc_call_caller(RpcCaller *ret);
 
 /*
  * On a worker inside a handler: the process at the other end of the call's connection, pid and
  * uid as rpc_call_caller() has them, and a pidfd for it (SO_PEERPIDFD: the process that
  * connected, even if its pid was reused since; -1 where the kernel has none). -ENOTCONN: the
- * peer cannot be told, or is outside familyd's pid namespace.
+ * client cannot be told, or is outside familyd's pid namespace.
  */
 int rpc_call_peer(int32_t *ret_pid, uint32_t *ret_uid, int *ret_pidfd);
 
