@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """checkpoint-bench.py: loading a safetensors checkpoint through familyd against the disk, memory
-and the usual per-rank path, in one run (issue 31; docs/benchmarks.md, "Checkpoint loads").
+and the usual per-rank path, in one run (docs/benchmarks.md, "Checkpoint loads").
 
     .venv/bin/python3 tests/bench/checkpoint-bench.py [--smoke] [--gib G] [--files N]
                                                      [--repeat R] [--dir DIR]

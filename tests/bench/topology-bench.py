@@ -30,7 +30,7 @@ tcp on lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo); the bench talks to them only throug
    daemons' median [min-max], the lone daemon's, and their ratio. utime+stime counts 10 ms
    ticks; the on-CPU nanoseconds of every thread (/proc/PID/task/*/schedstat) are printed
    beside it, and the ratio of those too, because a lone idle daemon may not use one tick.
-4. The cluster key's cost (issue 16). --auth-reps boots (default 5) of --auth-daemons daemons
+4. The cluster key's cost. --auth-reps boots (default 5) of --auth-daemons daemons
    (default 8) with --cluster-key and as many without (loopback needs no --insecure-peers),
    alternating, at each converge heartbeat: serving -> agreed is the handshakes, hellos and
    the version round; then a keyed and a plain cluster at rest side by side over the same
@@ -65,7 +65,7 @@ from cluster_harness import Cluster, REGISTRY, new_key, write_key  # noqa: E402
 
 HOST_DEVICES = 2
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-AUTH_IDLE_GOAL = 1.10   # issue 16: authentication costs at most 10% of idle CPU
+AUTH_IDLE_GOAL = 1.10   # authentication costs at most 10% of idle CPU
 
 
 def log(msg):

@@ -8,7 +8,7 @@
  * node-b (so a refusal counts), a keyed link bound to node-b's start, or a link another
  * daemon dialed. Then ticks and the topology every daemon computes. The protocol starts with
  * two known members, and the clock moves with the input, so joins, restarts, refusals, states
- * and forgetting all happen. The rules of issue 16 hold as the protocol applies them: the
+ * and forgetting all happen. The peer protocol's rules (docs/security.md) hold as the protocol applies them: the
  * membership is capped at 8 nodes (--max-nodes), a hello that would pass it is refused whole,
  * and versions come only from members. Checks besides "no crash": the version never goes
  * down, never reaches half the limit (no input can freeze the topology), the table never

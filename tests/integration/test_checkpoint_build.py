@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Builds from checkpoints (issue 31; docs/checkpoints.md): deposits on the shard socket, the
+"""Builds from checkpoints (docs/checkpoints.md): deposits on the shard socket, the
 values read into the shards, sharing by the files' identity, and every refusal.
 
 The checkpoints are written by the safetensors library (numpy), an independent writer; the

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""No client holds the daemon's memory (issue 16): queued replies and connection caps.
+"""No client holds the daemon's memory (docs/security.md): queued replies and connection caps.
 
 Measured before the fix: a raw HTTP/2 client with a zero flow-control window, 6 connections
 of 127 ListBuilds each, made the daemon keep every reply (+2.1 GB, not returned after the

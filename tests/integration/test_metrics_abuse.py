@@ -5,7 +5,7 @@ Each abuse is refused on its own: 500 idle connections (all but the per-IP limit
 once, the rest after the request deadline), 16 connections from two addresses dripping a
 header byte every half second (closed at the request deadline however the bytes trickle in,
 where the idle timeout, which counts a dripped byte as traffic, kept every other scraper out
-for 12 s before issue 37's fix; a scraper from a third address retrying meanwhile gets its
+for 12 s before the request deadline (docs/decisions.md); a scraper from a third address retrying meanwhile gets its
 answer within the deadline and a second), a request with 1 MiB of headers (431 or a closed
 connection, never an answer), a POST (405), path traversals (404). Meanwhile a separate
 process keeps all of that going while this one measures Resolve: its p50 stays within 10% of

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Users own their builds (issue 16): who calls, what needs an admin, and the audit lines.
+"""Users own their builds (docs/security.md): who calls, what needs an admin, and the audit lines.
 
 The real daemon runs as root with `--admin-group users`; its clients are real processes of
 other uids (setpriv): uid 65534 and 65533 in no group, uid 65532 with `users` among its

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 16's peer rules that need no rogue: a refused node keeps asking with backoff and joins
+"""The peer protocol's rules (docs/security.md) that need no rogue: a refused node keeps asking with backoff and joins
 once the other side's configuration changes; --max-nodes refuses the node that would pass it;
 the traffic counters count only what was sent.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 16's attack table, replayed by a rogue peer against real daemons.
+"""The peer protocol's attack table (docs/security.md), replayed by a rogue peer against real daemons.
 
 tests/rogue/rogue-peer (C, the daemon's own peer and codec layers) dials a real daemon and
 lies: with no key or a wrong one (an outsider), and with the cluster's key (a member by mistake,

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Sequence and loss parallelism take effect (issue 32): the mesh's flags reach Resolve's rules
+"""Sequence and loss parallelism take effect (docs/torch.md): the mesh's flags reach Resolve's rules
 and requires and the constructed members, and the example job trains to the same losses.
 
 One daemon (deploy/registry, --host-devices 4). The example (client/python/examples/

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Who may pin, unpin and release, per-uid limits, and freed shards still held (issue 37).
+"""Who may pin, unpin and release, per-uid limits, and freed shards still held (docs/security.md).
 
 The real daemon runs as root; its clients are real processes of two test users this file
 creates (useradd) and removes (userdel), and root. Each client is this file run again with
@@ -212,7 +212,7 @@ class PinRules:
         cls.d.stop_checked()
 
     def test_another_uid_cannot_pin_or_unpin_and_so_free(self):
-        # The issue's attack: the owner (uid A) pins, releases its own reference; uid B's pin
+        # The attack this guards against: the owner (uid A) pins, releases its own reference; uid B's pin
         # and unpin are refused and the build stays, held by A's pin alone.
         d = self.d
         a, b = self.client(d, UID_A), self.client(d, UID_B)

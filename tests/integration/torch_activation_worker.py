@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""One of 4 workers (torchrun, gloo) checking activation layouts on the example job (issue 32):
+"""One of 4 workers (torchrun, gloo) checking activation layouts on the example job (docs/torch.md):
 the example's model (client/python/examples/train_moe.py, one layer) built by familyd on the
 job's mesh (dp=2,tp=2, expert view edp_shard=2,ep=2), with and without sequence parallelism.
 Started as `torch_activation_worker.py --worker OUTDIR SOCKET`; writes OUTDIR/RANK.json:

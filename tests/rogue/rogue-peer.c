@@ -1,4 +1,4 @@
-/* rogue-peer.c: issue 16's attacks on the peer protocol, one per subcommand, against a real familyd. */
+/* rogue-peer.c: the attacks on the peer protocol that docs/security.md lists, one per subcommand, against a real familyd. */
 
 /*
  * DESIGN: a member that errs or lies, or an outsider, built from the daemon's own peer layer
@@ -392,7 +392,7 @@ static int flood_connect(const struct sockaddr_in *from, const struct sockaddr_i
 }
 
 /* --count idle TCP connections to the peer port from --bind, for --hold-ms: each one the
- * daemon closes is opened again (at most every 50 ms a round), as issue 16's flood did. */
+ * daemon closes is opened again (at most every 50 ms a round), as the flood attack does. */
 static int attack_flood(const Options *o) {
         _cleanup_free_ struct pollfd *fds = calloc(o->count ? o->count : 1, sizeof(struct pollfd));
         _cleanup_free_ char *host = NULL, *port = NULL;

@@ -348,8 +348,9 @@ static double log2_ceil(size_t n) {
 
 /* Every run agreed, a crash was suspected and seen down within a tick of the timeouts (plus a
  * flush and the latency), and a join cost O(N) messages, not one per pair of members. swim: a
- * crash is suspected within 5 s (issue 18's goal), and down everywhere within the suspicion
- * (membership_suspicion_ms()) after 3 log2 N heartbeats for the suspicion to spread. */
+ * crash is suspected within 5 s (docs/scale.md's goal), and down everywhere within the
+ * suspicion (membership_suspicion_ms()) after 3 log2 N heartbeats for the suspicion to
+ * spread. */
 static bool row_within_bounds(const SimOptions *o, const SimRow *r) {
         const SimConfig *c = &o->config;
         double tick = c->heartbeat_ms / 1000.0, slack = 0.1;

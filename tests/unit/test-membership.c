@@ -326,7 +326,7 @@ static void test_version_never_wraps(void **state) {
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), UINT64_MAX, 0),
                          MEMBER_JOINED);
         assert_true(membership_version(m) < 10);
-        /* Nor one at the limit, even from the only other member (issue 16: 2^53 froze the
+        /* Nor one at the limit, even from the only other member (an attack: 2^53 froze the
          * topology of every daemon). */
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), FAMILYD_MAX_TOPOLOGY_VERSION,
                                1),
@@ -359,7 +359,7 @@ static void test_version_from_non_member_ignored(void **state) {
         assert_int_equal(heard_v(m, info("node-c", 1, "h:3", 3, 100), v + 5, 0, 1, &refused),
                          MEMBER_REFUSED);
         assert_false(refused);
-        /* A heartbeat of a start nobody knows, with 2^53 (issue 16's attack). */
+        /* A heartbeat of a start nobody knows, with 2^53 (an attack docs/security.md lists). */
         slim.partial = true;
         slim.n_devices = 0;
         assert_int_equal(heard(m, slim, FAMILYD_MAX_TOPOLOGY_VERSION, 2), MEMBER_UNKNOWN);
@@ -426,7 +426,7 @@ static void test_restart_only_from_the_node(void **state) {
 
         assert_int_equal(heard(m, info("node-b", -1, "h:2", 2, 100), 1, 0), MEMBER_JOINED);
         uint64_t version = membership_version(m);
-        /* Another member's report of a later start with 256 devices (issue 16's attack). */
+        /* Another member's report of a later start with 256 devices (an attack docs/security.md lists). */
         MemberInfo forged = info("node-b", -1, "h:2", 66, 5000);
         assert_int_equal(membership_learn(m, &forged, 0, 10, &v), 0);
         assert_int_equal(v, MEMBER_STALE);

@@ -411,7 +411,7 @@ static void test_verdicts_hostile(void **state) {
 }
 
 /* Devices per node are bounded: a hello naming one member with more is refused whole, with
- * the sender and every other member (issue 16: 630 members of 256 devices took 3.5 GB). */
+ * the sender and every other member (an attack: 630 members of 256 devices took 3.5 GB). */
 static void test_device_bound(void **state) {
         enum { N = FAMILYD_MAX_NODE_DEVICES + 1 };
         Familyd__V1__PeerMember sender = FAMILYD__V1__PEER_MEMBER__INIT, good = sender, big = sender;
