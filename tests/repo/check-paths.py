@@ -4,8 +4,9 @@
 usage: check-paths.py [SOURCE_DIR]
 
 A clone is everything a user gets, so no file may name a folder beside the checkout, a design
-file that is not in the repository, a home directory, or the absolute folder of a checkout
-(the one this runs in, or the one the project was developed in). The patterns are built from
+file that is not in the repository, a home directory, the absolute folder of a checkout (the
+one this runs in, or the one the project was developed in), or an issue of the project's
+tracker by its number (users do not have the tracker: a file says what it means instead). The patterns are built from
 pieces so that this file does not match itself. Files are those `git ls-files` lists, or, with
 no git metadata (an exported tarball, or no git installed), every file outside build folders,
 .venv and node_modules.
@@ -29,6 +30,8 @@ def patterns(source):
         ("/" + "root" + "/", "root's home directory"),
         ("/" + "home" + "/", "a home directory"),
         (r"(?<![\w.-])/" + "work" + r"/", "the folder of one development machine"),
+        (r"\b[Ii]ssue" + r"s? #?[0-9]+\b", "a tracker's issue number, which users do not have: "
+         "say what it means"),
     ]
     for folder in {source, os.path.realpath(source)}:
         if folder not in ("", "/"):
