@@ -380,6 +380,32 @@ int shard_segment_seal(ShardSegment *s) {
         return 0;
 }
 
+int shard_segment_finish_unsealed(ShardSegment *s) {
+        if (s->mapping)
+                return -EBUSY;
+        s->final = true;
+        return 0;
+}
+
+int shard_segment_seal_writes(ShardSegment *s) {
+        int seals;
+
+        s->writes_allowed = false;
+        if (s->ops)
+                return 0; /* device memory: nothing to seal (DESIGN in segment.h) */
+        seals = fcntl(s->fd, F_GET_SEALS);
+        if (seals < 0)
+                return errno == EINVAL ? 0 : -errno; /* EINVAL: a --state-dir file (DESIGN) */
+        if (seals & F_SEAL_WRITE)
+                return 0;
+        if (seals & F_SEAL_SEAL)
+                return -EPERM;
+        /* EBUSY while any process (or the daemon) maps it writable. */
+        if (fcntl(s->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                return -errno;
+        return 0;
+}
+
 bool shard_segment_is_final(const ShardSegment *s) {
         return s->final;
 }
