@@ -15,12 +15,14 @@ client: a read-only Build before the publish is refused MODULE_INIT_PENDING with
 a publish while the shards are mapped writable is refused MAPPED_WRITABLE and changes nothing;
 after the publish a descriptor fetched writable before it cannot map the memory writable
 (F_SEAL_WRITE), a writable fetch is refused, and the read-only Build gets the same build; a
-build without init: module is NOT_PUBLISHABLE.
+build without init: module is NOT_PUBLISHABLE; another uid's PublishBuild of a root build is
+PUBLISH_NOT_ALLOWED (a process of uid nobody, through other_uid.py).
 """
 
 import json
 import mmap
 import os
+import pwd
 import sys
 import tempfile
 import unittest
@@ -60,6 +62,7 @@ families:
       weight: {shape: [out_size, hidden_size], init: {normal: {std: 0.02}}}
       bias: {shape: [out_size], init: zeros}
 """ % {"c": CONSTRUCTOR}
+PUBLISH = "familyd.v1.FamilyService/PublishBuild"
 PENDING = ("parameter 'weight' of mi_linear is initialised by its module (init: module) and no "
            "published build of this request is here yet: build it writable, run the module's "
            "init into it and PublishBuild it first (familyd.torch does)")
@@ -126,7 +129,9 @@ class ModuleInit(unittest.TestCase):
             f.write(REGISTRY)
         cls.daemon = H.Daemon(registry=reg, host_devices=4, node_name="itest-modinit",
                               extra_args=["--build-grace-ms=600000"])
+        os.chmod(cls.daemon.tmpdir, 0o755)
         cls.daemon.start()
+        os.chmod(cls.daemon.socket, 0o666)  # the other uid's PublishBuild
         outdir = tempfile.mkdtemp(prefix="out-", dir=cls.tmp)
         cls.rc, cls.out, cls.results = C.worker_job(os.path.abspath(__file__), 4,
                                                     cls.daemon.socket, outdir, timeout=TIMEOUT)
@@ -222,8 +227,48 @@ class ModuleInit(unittest.TestCase):
             self.client.publish_build("bld-nope")
         self.assertEqual(e.exception.code_name, "NOT_FOUND")
 
+    def test_publish_by_another_uid(self):
+        import other_uid
+        uid = pwd.getpwnam("nobody").pw_uid
+        w = self.client.build("mi_linear", mode="shared", config=CFG, seed=21)
+        w.close()
+        self.addCleanup(w.release)
+        copy = other_uid.harness_copy(os.path.abspath(__file__),
+                                      os.path.join(HERE, "torch_job_common.py"),
+                                      prefix="fd-modinit-")
+        self.addCleanup(copy.cleanup)
+        argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups",
+                other_uid.other_uid_python(), copy.path(os.path.basename(__file__)),
+                "--client", self.daemon.socket]
+        c = other_uid.LineClient(argv, copy)
+        self.addCleanup(c.close)
+        ans = c.ask(PUBLISH, {"buildId": w.id})
+        self.assertEqual((ans["code"], ans["reason"]), ("PERMISSION_DENIED",
+                                                        "PUBLISH_NOT_ALLOWED"), ans)
+        self.assertEqual(ans["message"], "PublishBuild needs the build's owner (uid 0) or an "
+                         "admin; uid %d is neither" % uid)
+        self.assertTrue(self.client.get_build(w.id).writable)
+
+
+def client_main(socket_path):
+    """--client SOCKET (as another uid): {"rpc", "request"} lines in, answers out."""
+    protos = H.Protos()
+    client = H.Client(socket_path, protos)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("op") == "exit":
+            return
+        res = client.call(cmd["rpc"], cmd.get("request", {}), timeout=60)
+        _, infos = client.error_details(res)
+        sys.stdout.write(json.dumps({"code": res.code, "message": res.message,
+                                     "reason": infos[0].reason if infos else ""}) + "\n")
+        sys.stdout.flush()
+
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--client":
+        client_main(sys.argv[2])
+        sys.exit(0)
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3])
         sys.exit(0)
