@@ -15,7 +15,8 @@ client: a read-only Build before the publish is refused MODULE_INIT_PENDING with
 a publish while the shards are mapped writable is refused MAPPED_WRITABLE and changes nothing;
 after the publish a descriptor fetched writable before it cannot map the memory writable
 (F_SEAL_WRITE), a writable fetch is refused, and the read-only Build gets the same build; a
-build without init: module is NOT_PUBLISHABLE; another uid's PublishBuild of a root build is
+build without init: module is NOT_PUBLISHABLE; a process that is not its node's filler gives
+up waiting for the publish with a sentence; another uid's PublishBuild of a root build is
 PUBLISH_NOT_ALLOWED (a process of uid nobody, through other_uid.py).
 """
 
@@ -211,6 +212,16 @@ class ModuleInit(unittest.TestCase):
         r.close()
         r.release()
         w.release()
+
+    def test_a_process_that_is_not_the_filler_gives_up_waiting(self):
+        # Its filler died (or never came): the read-only Build stays refused until the wait
+        # ends, then the sentence.
+        from familyd.torch import module_init as MI
+        with self.assertRaises(TimeoutError) as e:
+            MI.wait_published(self.client, "mi_linear", dict(config=CFG, seed=31), "W",
+                              wait=0.3)
+        self.assertEqual(str(e.exception), "W: waited 0.3 s for the node's filler (LOCAL_RANK "
+                         "0) to publish the build of its init: module parameters")
 
     def test_publish_refusals(self):
         import familyd
