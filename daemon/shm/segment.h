@@ -142,8 +142,9 @@ int shard_segment_seal(ShardSegment *s);
 int shard_segment_finish_unsealed(ShardSegment *s);
 /* The publish: no writable handouts any more, and the memfd sealed against writes and further
  * seals, so a descriptor handed out writable before cannot write either. -EBUSY while any
- * process maps it writable (shared); -EPERM when its seals are final without the write seal.
- * Idempotent; nothing to seal for a device segment or a --state-dir file. */
+ * process maps it writable (shared), -EPERM when its seals are final without the write seal:
+ * nothing changed then. Idempotent; nothing to seal for a device segment or a --state-dir
+ * file. */
 int shard_segment_seal_writes(ShardSegment *s);
 bool shard_segment_is_final(const ShardSegment *s);
 

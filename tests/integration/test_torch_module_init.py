@@ -12,7 +12,8 @@ are its slices of nn.Linear(4, 8)'s reset_parameters under torch.manual_seed(the
 derived seed), computed here independently; the same member as a training handout has the same
 values; _hp_reset_after_materialization is False on both. Without the job, through the Python
 client: a read-only Build before the publish is refused MODULE_INIT_PENDING with its sentence;
-a publish while the shards are mapped writable is refused MAPPED_WRITABLE and changes nothing;
+a publish while the shards are mapped writable is refused MAPPED_WRITABLE and leaves the build
+writable (fetched writable again, written);
 after the publish a descriptor fetched writable before it cannot map the memory writable
 (F_SEAL_WRITE), a writable fetch is refused, and the read-only Build gets the same build; a
 build without init: module is NOT_PUBLISHABLE; a process that is not its node's filler gives
@@ -195,6 +196,8 @@ class ModuleInit(unittest.TestCase):
         self.assertEqual(e.exception.message,
                          "build %s is still mapped writable (rank 0): unmap its shards before "
                          "PublishBuild" % w.id)
+        (again,) = S.fetch(w.shard_socket, [token], True, protos=self.client.protos)
+        again.close()
         w.ranks[0]["weight"][0, 0] = 7.0
         w.close()
         published = self.client.publish_build(w.id)
