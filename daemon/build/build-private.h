@@ -168,6 +168,14 @@ int build_fill_run(const Builder *builder, int32_t local_device, const FillPoolW
 void build_fill_bind(const Builder *builder, int32_t local_device, FillProgress *progress,
                      bool (*cancelled)(void *userdata), void *userdata);
 
+/* ---- build-publish.c: builds whose values a client's module init writes ------------------ */
+
+/* The first parameter of b whose init is `module` (NULL: none, or values from a checkpoint). */
+const PlanParameter *build_module_init_parameter(const BuildState *b);
+/* A draft of b may be made: FAILED_PRECONDITION MODULE_INIT_PENDING for a read-only build that
+ * materialises a member with init: module (its published build is found by key, not made). */
+int build_module_init_check(const BuildState *b, FamilyError *ret_error);
+
 /* ---- build-from-checkpoint.c: a Build's values from a deposited checkpoint --------------- */
 
 /*

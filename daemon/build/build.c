@@ -182,6 +182,9 @@ int build_draft_reserve(const Builder *builder, BuildState *b, BuildDraft **ret,
 
         if (!d)
                 return -ENOMEM;
+        r = build_module_init_check(b, ret_error);
+        if (r < 0)
+                return r;
         r = shard_token_new(&b->group);
         if (r < 0)
                 return r;
@@ -331,7 +334,11 @@ static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_er
                  * every other segment is sealed against writes, for root too. */
                 if (b->writable)
                         shard_segment_allow_writes(b->ranks[i].segment);
-                r = shard_segment_seal(b->ranks[i].segment);
+                /* init: module: sealed against writes when its filler publishes it. */
+                if (b->writable && build_module_init_parameter(b))
+                        r = shard_segment_finish_unsealed(b->ranks[i].segment);
+                else
+                        r = shard_segment_seal(b->ranks[i].segment);
                 if (r < 0)
                         return r;
                 r = shard_table_add(shards, b->group.hex, b->ranks[i].segment,

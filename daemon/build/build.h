@@ -215,6 +215,18 @@ int build_release_held(const Builder *builder, const char *id, const BuildCaller
 int build_pin(const Builder *builder, const char *id, const BuildActor *actor, bool pin,
               BuildRecord **ret, FamilyError *ret_error);
 
+/*
+ * PublishBuild as actor (build-publish.c): a writable build of a member with init: module,
+ * filled by its caller, becomes the node's read-only build of its request: its segments sealed
+ * against writes (FAILED_PRECONDITION MAPPED_WRITABLE while a process maps one writable), found
+ * by the read-only Builds of the same request from then on. The build's owner or an admin only
+ * (PERMISSION_DENIED PUBLISH_NOT_ALLOWED); FAILED_PRECONDITION NOT_PUBLISHABLE for a build
+ * without init: module or a training handout. Publishing a published build changes nothing.
+ * *ret a new reference. NOT_FOUND as build_table_get().
+ */
+int build_publish(const Builder *builder, const char *id, const BuildActor *actor,
+                  BuildRecord **ret, FamilyError *ret_error);
+
 /* ---- progress of materialising builds (build-state.c) ------------------------------------ */
 
 /* A watcher is told again at most this often while a build fills. */

@@ -529,6 +529,16 @@ void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *
         (void) pthread_mutex_unlock(&t->lock);
 }
 
+void build_table_set_published(BuildTable *t, BuildRecord *rec, uint8_t *key, size_t key_size) {
+        (void) pthread_mutex_lock(&t->lock);
+        rec->holding.writable = false;
+        free(rec->holding.key);
+        rec->holding.key = key;
+        rec->holding.key_size = key ? key_size : 0;
+        rec->holding.key_hash = key ? key_hash(key, key_size) : 0;
+        (void) pthread_mutex_unlock(&t->lock);
+}
+
 void build_table_set_referenced(BuildTable *t, BuildRecord *rec) {
         (void) pthread_mutex_lock(&t->lock);
         rec->holding.referenced = true;

@@ -196,6 +196,9 @@ void build_table_init_holding(BuildTable *t, BuildRecord *rec, BuildRecordInit *
  * period can start. Set after its first references, so it is never idle before them. */
 void build_table_set_referenced(BuildTable *t, BuildRecord *rec);
 
+/* A writable build published read-only (build/build-publish.c): not writable any more, found by
+ * key (taken; NULL: never found) as a read-only build of its request. */
+void build_table_set_published(BuildTable *t, BuildRecord *rec, uint8_t *key, size_t key_size);
 /* A live record with this key (a new reference), or -ENOENT. */
 int build_table_find_key(BuildTable *t, const uint8_t *key, size_t key_size, BuildRecord **ret);
 /* Adds a reference of h (a process already listed counts one more) and ends a grace period. -ESTALE: the

@@ -115,6 +115,7 @@ static int init_make_text(ParameterSpec *p) {
         switch (p->init.kind) {
         case INIT_ZEROS:
         case INIT_ONES:
+        case INIT_MODULE:
                 p->init_text = strdup(init_kind_to_string(p->init.kind));
                 return p->init_text ? 0 : -ENOMEM;
         default:
@@ -161,7 +162,7 @@ static int load_init(Loader *l, const YNode *n, const char *ctx, ParameterSpec *
         static const size_t n_arg_keys[] = { 1, 2, 2, 4 };
         static const InitKind kind_of[] = { INIT_CONSTANT, INIT_NORMAL, INIT_UNIFORM, INIT_TRUNC_NORMAL };
         static const char *const usage =
-                "'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, "
+                "'init' must be zeros, ones, module, or one of constant: {value}, normal: {mean, std}, "
                 "uniform: {low, high}, trunc_normal: {mean, std, a, b}";
         const YNode *values[ELEMENTSOF(kinds)] = {}, *args[4] = {}, *m = NULL;
         size_t which = 0, n_present = 0;
@@ -177,6 +178,8 @@ static int load_init(Loader *l, const YNode *n, const char *ctx, ParameterSpec *
                         p->init = (InitSpec) { .kind = INIT_ZEROS };
                 else if (streq(s, "ones"))
                         p->init = (InitSpec) { .kind = INIT_ONES };
+                else if (streq(s, "module"))
+                        p->init = (InitSpec) { .kind = INIT_MODULE };
                 else
                         return loader_diag(l, n, ctx, "%s", usage);
                 return 0;

@@ -280,6 +280,7 @@ static const char *const init_kind_table[_INIT_KIND_MAX] = {
         [INIT_NORMAL] = "normal",
         [INIT_UNIFORM] = "uniform",
         [INIT_TRUNC_NORMAL] = "trunc_normal",
+        [INIT_MODULE] = "module",
 };
 
 const char *init_kind_to_string(InitKind k) {

@@ -92,6 +92,7 @@ typedef enum InitKind {
         INIT_NORMAL,
         INIT_UNIFORM,
         INIT_TRUNC_NORMAL,
+        INIT_MODULE, /* the constructed module's own init, run by a client (docs/registry.md) */
         _INIT_KIND_MAX,
         _INIT_KIND_INVALID = -EINVAL,
 } InitKind;

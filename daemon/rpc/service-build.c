@@ -547,6 +547,29 @@ static int unpin_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *re
         return pin_or_unpin(ctx, arena, req->build_id, false, ret_reply, ret_error);
 }
 
+static int publish_build(RpcContext *ctx, Arena *arena, const ProtobufCMessage *request,
+                         ProtobufCMessage **ret_reply, FamilyError *ret_error) {
+        const Familyd__V1__PublishBuildRequest *req =
+                (const Familyd__V1__PublishBuildRequest *) request;
+        _cleanup_(build_record_unrefp) BuildRecord *rec = NULL;
+        Builder builder = builder_of(ctx);
+        BuildActor actor = actor_of();
+        Familyd__V1__Build *reply;
+        int r;
+
+        r = codec_check_length(req->build_id, FAMILYD_MAX_NAME_LENGTH, "build_id", ret_error);
+        if (r < 0)
+                return r;
+        r = build_publish(&builder, req->build_id, &actor, &rec, ret_error);
+        if (r < 0)
+                return r;
+        r = build_reply(ctx, arena, rec, &reply);
+        if (r < 0)
+                return r;
+        *ret_reply = &reply->base;
+        return 0;
+}
+
 static const RpcMethod methods[] = {
         { "/familyd.v1.FamilyService/Build", RPC_UNARY, &familyd__v1__build_request__descriptor,
           build, NULL,
@@ -568,6 +591,9 @@ static const RpcMethod methods[] = {
           .audited = true },
         { "/familyd.v1.FamilyService/UnpinBuild", RPC_UNARY,
           &familyd__v1__unpin_build_request__descriptor, unpin_build, NULL,
+          .audited = true },
+        { "/familyd.v1.FamilyService/PublishBuild", RPC_UNARY,
+          &familyd__v1__publish_build_request__descriptor, publish_build, NULL,
           .audited = true },
 };
 

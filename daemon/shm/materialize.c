@@ -20,7 +20,9 @@ int materialize_slices(const BuildPlan *plan, const Layout *layout, const RankLa
                 if (s->byte_length == 0)
                         continue;
                 /* Each parameter in its own dtype: its slice's bytes were laid out for it. */
-                r = fill_spec_init4(&m->spec, p->init.kind,
+                /* init: module: zeros here; a client runs the module's own init into the
+                 * writable build and publishes it (build-publish.c). */
+                r = fill_spec_init4(&m->spec, p->init.kind == INIT_MODULE ? INIT_ZEROS : p->init.kind,
                                     (const double[4]) { p->init.a, p->init.b, p->init.c, p->init.d }, seed,
                                     p->name, layout->parameters[s->parameter].dtype);
                 if (r < 0)

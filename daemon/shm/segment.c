@@ -380,6 +380,32 @@ int shard_segment_seal(ShardSegment *s) {
         return 0;
 }
 
+int shard_segment_finish_unsealed(ShardSegment *s) {
+        if (s->mapping)
+                return -EBUSY;
+        s->final = true;
+        return 0;
+}
+
+int shard_segment_seal_writes(ShardSegment *s) {
+        int seals;
+
+        if (!s->ops) { /* device memory: nothing to seal (DESIGN in segment.h) */
+                seals = fcntl(s->fd, F_GET_SEALS);
+                if (seals < 0 && errno != EINVAL) /* EINVAL: a --state-dir file (DESIGN) */
+                        return -errno;
+                if (seals >= 0 && !(seals & F_SEAL_WRITE)) {
+                        if (seals & F_SEAL_SEAL)
+                                return -EPERM;
+                        /* EBUSY while any process (or the daemon) maps it writable. */
+                        if (fcntl(s->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                                return -errno;
+                }
+        }
+        s->writes_allowed = false;
+        return 0;
+}
+
 bool shard_segment_is_final(const ShardSegment *s) {
         return s->final;
 }

@@ -137,6 +137,15 @@ bool shard_segment_writes_allowed(const ShardSegment *s);
  * to do for a device segment, a --state-dir file, or a memfd adopted with its seals final.
  */
 int shard_segment_seal(ShardSegment *s);
+/* Instead of shard_segment_seal() for a writable build that is published later (init: module,
+ * build/build-publish.c): handed out from now on, its seals still open. -EBUSY while mapped. */
+int shard_segment_finish_unsealed(ShardSegment *s);
+/* The publish: no writable handouts any more, and the memfd sealed against writes and further
+ * seals, so a descriptor handed out writable before cannot write either. -EBUSY while any
+ * process maps it writable (shared), -EPERM when its seals are final without the write seal:
+ * nothing changed then. Idempotent; nothing to seal for a device segment or a --state-dir
+ * file. */
+int shard_segment_seal_writes(ShardSegment *s);
 bool shard_segment_is_final(const ShardSegment *s);
 
 /*

@@ -325,6 +325,7 @@ static void test_counts_what_resolve_and_build_read(void **state) {
                 assert_string_not_equal(a, d);
         }
         expect_differs("    init: zeros\n", "    init: ones\n");
+        expect_differs("    init: zeros\n", "    init: module\n");
         expect_differs("{normal: {std: initializer_range}}", "{normal: {std: 0.02}}");
         expect_differs("{normal: {std: initializer_range}}",
                        "{normal: {std: 'initializer_range / sqrt(2 * num_layers)'}}");

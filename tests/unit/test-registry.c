@@ -420,6 +420,7 @@ static void test_helpers(void **state) {
         assert_null(placement_kind_to_string(_PLACEMENT_KIND_MAX));
         assert_string_equal(init_kind_to_string(INIT_ZEROS), "zeros");
         assert_string_equal(init_kind_to_string(INIT_UNIFORM), "uniform");
+        assert_string_equal(init_kind_to_string(INIT_MODULE), "module");
         assert_null(init_kind_to_string(_INIT_KIND_INVALID));
         assert_true(is_reserved_runtime_name("config"));
         assert_true(is_reserved_runtime_name("module"));
@@ -907,9 +908,9 @@ static void test_schema_errors_parameters(void **state) {
         expect_error(PAR "    shape: [4]\n    placements: [tp]\n",
                      "f.yaml:10:17: family 'x': parameter 'w': 'placements' must be a mapping");
         expect_error(PAR "    shape: [4]\n    init: random\n",
-                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}, trunc_normal: {mean, std, a, b}");
+                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, module, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}, trunc_normal: {mean, std, a, b}");
         expect_error(PAR "    shape: [4]\n    init: {normal: {std: 1}, uniform: {low: 0, high: 1}}\n",
-                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}, trunc_normal: {mean, std, a, b}");
+                     "f.yaml:10:11: family 'x': parameter 'w': 'init' must be zeros, ones, module, or one of constant: {value}, normal: {mean, std}, uniform: {low, high}, trunc_normal: {mean, std, a, b}");
         expect_error(PAR "    shape: [4]\n    init: {xavier: {gain: 1}}\n",
                      "f.yaml:10:12: family 'x': parameter 'w': unknown key 'xavier'");
         expect_error(PAR "    shape: [4]\n    init: {normal: {mean: 0}}\n",
@@ -1374,7 +1375,8 @@ static void test_values_and_texts(void **state) {
                 "  n1: {shape: [\"hidden_size / 2\", 16], init: {normal: {mean: 0.1, std: 0.02}}}\n"
                 "  n2: {shape: [8], init: {normal: {mean: mu, std: sigma}}}\n"
                 "  z: {shape: [8], init: zeros}\n"
-                "  big: {shape: [8], init: {constant: {value: 1e300}}}\n");
+                "  big: {shape: [8], init: {constant: {value: 1e300}}}\n"
+                "  mod: {shape: [8], init: module}\n");
         const Family *f = &reg->families[0];
 
         assert_int_equal(family_find_selector(f, "f")->default_value.kind, VALUE_FLOAT);
@@ -1408,7 +1410,7 @@ static void test_values_and_texts(void **state) {
         assert_string_equal(p[0].name, "own");
         assert_string_equal(p[0].init_text, "zeros");
         variant_parameters(f, NULL, &p, &n);
-        assert_int_equal(n, 6);
+        assert_int_equal(n, 7);
 
         assert_string_equal(p[0].init_text, "constant(value=1)");
         assert_int_equal(p[0].n_dims, 0);
@@ -1423,6 +1425,8 @@ static void test_values_and_texts(void **state) {
         assert_string_equal(p[3].init.a.field, "mu");
         assert_string_equal(p[4].init_text, "zeros");
         assert_string_equal(p[5].init_text, "constant(value=1e+300)");
+        assert_string_equal(p[6].init_text, "module");
+        assert_int_equal(p[6].init.kind, INIT_MODULE);
 }
 
 /* ---- robustness: nothing crashes or leaks on mangled input ---- */

@@ -757,6 +757,13 @@ class Client:
         return self.call("familyd.v1.FamilyService/UnpinBuild",
                          self.protos.cls("familyd.v1.UnpinBuildRequest")(build_id=build_id))
 
+    def publish_build(self, build_id: str) -> Message:
+        """PublishBuild: a writable build of a member with init: module, its module's values
+        written and its shards unmapped, becomes the node's read-only build of its request
+        (sealed against writes). Answers the familyd.v1.Build."""
+        return self.call("familyd.v1.FamilyService/PublishBuild",
+                         self.protos.cls("familyd.v1.PublishBuildRequest")(build_id=build_id))
+
     # -- Validate ------------------------------------------------------------------------
 
     _CONTEXT_KWARGS = ("mesh_id", "tp_size", "cp_size", "ep_size", "pp_size", "active",

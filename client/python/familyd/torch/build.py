@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from familyd import shard as _shard
 from familyd.client import Build, Client, FamilydError
+from familyd.torch import module_init as _module_init
 from familyd.torch.distributed import JobMesh
 from familyd.torch.modules._common import ParallelContext
 
@@ -244,13 +245,15 @@ def _constructor(path: str, where: str) -> Any:
                                % (where, path, e, path)) from None
 
 
-def _accepts(client: Client, member: Any, where: str) -> List[str]:
+def _accepts(client: Client, member: Any, where: str) -> Tuple[List[str], List[str]]:
+    """The member's `accepts`, and its parameters whose init is `module`."""
     family = client.get_family(member.family)
     for v in family.variants:
         if v.name == member.variant:
             if v.constructor != member.constructor:
                 break
-            return list(v.accepts)
+            params = v.parameters if len(v.parameters) else family.parameters
+            return list(v.accepts), [p.name for p in params if p.init == "module"]
     raise ModuleBuildError("%s: member %r changed in the registry while building (reloaded?); "
                            "build again" % (where, member.variant))
 
@@ -493,19 +496,19 @@ def build_module(client: Client, family: Any, config: Any = None,
         checkpoint_prefix=checkpoint_prefix if token is not None else "",
         checkpoint_names=checkpoint_names if token is not None else "")
     request = client.build_request(family, writable=trainable, **request_kw)
+    made_config = config if module is None else taken
+    member_of = _MemberOf(client, made_config, module, fqn, context, where, dtype, derived)
     try:
-        build = client.build(family, mode="shared" if trainable else "private", **request_kw)
+        build = _first_build(client, family, request_kw, trainable, member_of, where)
     except FamilydError as e:
         # The cached deposit of a path was dropped by the daemon (120 s unused): once more.
         if e.reason != "CHECKPOINT_TOKEN" or token is None or token == checkpoint:
             raise
         request_kw["checkpoint"] = client.checkpoint_token(checkpoint, fresh=True)
         request = client.build_request(family, writable=trainable, **request_kw)
-        build = client.build(family, mode="shared" if trainable else "private", **request_kw)
+        build = _first_build(client, family, request_kw, trainable, member_of, where)
     try:
-        result, shapes = _make(client, build, config if module is None else taken, module, fqn,
-                               context, rank, where, parameter_dtypes or {}, dtype, mesh,
-                               trainable)
+        result, shapes = _make(member_of, build, rank, parameter_dtypes or {}, mesh, trainable)
     except BaseException:
         build.close()
         try:
@@ -528,29 +531,89 @@ def build_module(client: Client, family: Any, config: Any = None,
     return result
 
 
-def _make(client: Client, build: Build, config: Any, module: Any, fqn: str, context: Any,
-          rank: int, where: str, parameter_dtypes: Mapping[str, str], dtype: str,
+@dataclass
+class _Member:
+    """A built member's constructor and its bound keyword arguments."""
+    member: Any
+    constructor: Any
+    kwargs: Dict[str, Any]
+    where: str
+    module_init: List[str]   # its parameters of init: module
+
+
+@dataclass
+class _MemberOf:
+    """What build_module constructs a member from, for any of its builds."""
+    client: Client
+    config: Any
+    module: Any
+    fqn: str
+    context: Any
+    where: str
+    dtype: str
+    seed: int
+
+    def __call__(self, build: Build) -> _Member:
+        member = build.message.info.resolved
+        where = "%s: member %r (%s)" % (self.where, member.variant, member.constructor)
+        constructor = _constructor(member.constructor, where)
+        accepts, module_init = _accepts(self.client, member, where)
+        arguments = {k: self.client.protos.py(v) for k, v in member.arguments.items()}
+        runtime = {"config": self.config, "module": self.module, "module_fqn": self.fqn,
+                   "context": _with_flags(self.context, member)}
+        try:
+            kwargs = bind_arguments(member, constructor, accepts, arguments, runtime,
+                                    replacement=self.module is not None)
+        except TypeError as e:
+            raise TypeError("%s: %s" % (where, e)) from None
+        if "dtype" in inspect.signature(constructor).parameters:
+            kwargs["dtype"] = _TORCH_DTYPES[_DTYPE_ALIASES.get(self.dtype, self.dtype)]
+        return _Member(member, constructor, kwargs, where, module_init)
+
+    def values(self, build: Build) -> Tuple[List[str], Dict[str, torch.Tensor]]:
+        """The names of build's init: module parameters and the module's full values."""
+        m = self(build)
+        if not m.module_init:
+            return [], {}
+        return m.module_init, _module_init.module_values(m.constructor, m.kwargs, self.seed)
+
+
+def _first_build(client: Client, family: str, request_kw: Dict[str, Any], trainable: bool,
+                 member_of: _MemberOf, where: str) -> Build:
+    """The Build of build_module: a training handout, or the node's shared build; one of a
+    member with init: module parameters is filled by its node's filler first (module_init)."""
+    if trainable:
+        return client.build(family, mode="shared", **request_kw)
+    try:
+        return client.build(family, mode="private", **request_kw)
+    except FamilydError as e:
+        if e.reason != "MODULE_INIT_PENDING":
+            raise
+    if not _module_init.is_filler():
+        return _module_init.wait_published(client, family, request_kw, where)
+    filled = _module_init.fill_and_publish(client, family, request_kw, member_of.values, where)
+    try:
+        return _module_init.wait_published(client, family, request_kw, where)
+    finally:
+        filled.release()
+
+
+def _make(member_of: _MemberOf, build: Build, rank: int, parameter_dtypes: Mapping[str, str],
           mesh: Optional[JobMesh],
           trainable: bool) -> Tuple[torch.nn.Module, Dict[str, Tuple[int, ...]]]:
-    member = build.message.info.resolved
-    where = "%s: member %r (%s)" % (where, member.variant, member.constructor)
-    constructor = _constructor(member.constructor, where)
-    accepts = _accepts(client, member, where)
-    arguments = {k: client.protos.py(v) for k, v in member.arguments.items()}
-    runtime = {"config": config, "module": module, "module_fqn": fqn,
-               "context": _with_flags(context, member)}
-    try:
-        kwargs = bind_arguments(member, constructor, accepts, arguments, runtime,
-                                replacement=module is not None)
-    except TypeError as e:
-        raise TypeError("%s: %s" % (where, e)) from None
-    if "dtype" in inspect.signature(constructor).parameters:
-        kwargs["dtype"] = _TORCH_DTYPES[_DTYPE_ALIASES.get(dtype, dtype)]
-    result = _construct(member, constructor, kwargs, where)
+    m = member_of(build)
+    result = _construct(m.member, m.constructor, m.kwargs, m.where)
+    if trainable and m.module_init:
+        # This process's own handout: the module's values go straight into its rank.
+        values = _module_init.module_values(m.constructor, m.kwargs, member_of.seed)
+        _module_init.write_rank(build, rank, m.module_init, values, m.where)
     tensors = _rank_tensors(build, rank)
-    shapes = _bind_parameters(result, tensors, build, parameter_dtypes, where, mesh, rank,
+    shapes = _bind_parameters(result, tensors, build, parameter_dtypes, m.where, mesh, rank,
                               trainable)
-    _materialize_buffers(result, member, constructor, kwargs, where)
+    _materialize_buffers(result, m.member, m.constructor, m.kwargs, m.where)
+    # Its values are final (the registry's init, a checkpoint, or the module's own, once per
+    # node): a trainer's reset after materialisation must leave them (docs/torch.md).
+    result._hp_reset_after_materialization = False
     return result, shapes
 
 
