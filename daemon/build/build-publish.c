@@ -53,7 +53,7 @@ static int check_publishable(const BuildRecord *rec, const BuildHolding *h,
                                         "PublishBuild needs the build's owner (uid %" PRIu32
                                         ") or an admin; uid %" PRIu32 " is neither",
                                         h->owner_uid, actor->uid);
-        if (!build_module_init_parameter(b))
+        if (!build_module_init_parameter(b) && !b->module_init_pending)
                 return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
                                         "NOT_PUBLISHABLE", "build_id",
                                         "build %s has no parameter with init: module; only such "
@@ -105,7 +105,11 @@ int build_publish(const Builder *builder, const char *id, const BuildActor *acto
                 if (r < 0)
                         return r;
         }
-        b->writable = false;
+        /* Two publishes at once: both sealed (idempotent), one goes on. */
+        if (!atomic_exchange(&b->writable, false)) {
+                *ret = TAKE_PTR(rec);
+                return 0;
+        }
         /* Never shared (a Build without a caller): published, still found by id only. */
         if (h.has_owner) {
                 r = build_share_key(b, false, h.owner_uid, h.share_group, &key, &key_size);

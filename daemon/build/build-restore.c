@@ -254,11 +254,22 @@ static int adopt_segment(Restore *x, const char *id, BuildState *b, size_t i, ch
                                 strerror(-r));
                 return r;
         }
+        /* A build of init: module is kept writable, and its record is not written again when
+         * it is published (nor does it hold the parameters' inits): a write-sealed memfd says
+         * it was published before the stop; a writable one without final seals (only such a
+         * build keeps them open, build.c) is still its filler's to publish. */
+        int seals = b->writable ? shard_segment_seals(rs->segment) : -EINVAL;
+        if (seals >= 0 && (seals & F_SEAL_WRITE))
+                b->writable = false;
         if (b->writable)
                 shard_segment_allow_writes(rs->segment);
-        /* Kept before its seals were final (the daemon stopped between its fill and its
-         * publication), or by a daemon that sealed at creation: final either way now. */
-        r = shard_segment_seal(rs->segment);
+        if (b->writable && seals >= 0 && !(seals & F_SEAL_SEAL)) {
+                b->module_init_pending = true;
+                r = shard_segment_finish_unsealed(rs->segment);
+        } else
+                /* Kept before its seals were final, or by a daemon that sealed at creation:
+                 * final either way now. */
+                r = shard_segment_seal(rs->segment);
         if (r < 0) {
                 (void) snprintf(why, why_size, "its shard %s cannot be sealed: %s", name,
                                 strerror(-r));

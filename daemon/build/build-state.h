@@ -1,6 +1,8 @@
 /* build-state.h: what the daemon keeps for one live build (a BuildRecord's payload). */
 #pragma once
 
+#include <stdatomic.h>
+
 #include "core/arena.h"
 #include "core/build-plan.h"
 #include "core/build-table.h"
@@ -33,7 +35,12 @@ typedef struct BuildState {
         BuildPlan plan;
         Layout layout;
         Dtype dtype;
-        bool writable; /* BuildRequest.writable: its segments are handed out writable */
+        /* BuildRequest.writable: its segments are handed out writable. Atomic: PublishBuild
+         * turns it off on a committed build that other threads read (build-publish.c). */
+        atomic_bool writable;
+        /* Restored writable with its seals open: an init: module build not yet published,
+         * whose plan came back without the parameters' inits (build-restore.c). */
+        bool module_init_pending;
         /* A training handout (private_build and writable): the process that made it, from
          * the draft on, so that no token leaks before its record has its holding. */
         BuildBinding binding;

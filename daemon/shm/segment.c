@@ -410,6 +410,15 @@ bool shard_segment_is_final(const ShardSegment *s) {
         return s->final;
 }
 
+int shard_segment_seals(const ShardSegment *s) {
+        int seals;
+
+        if (s->ops)
+                return -EINVAL;
+        seals = fcntl(s->fd, F_GET_SEALS);
+        return seals < 0 ? -errno : seals;
+}
+
 int shard_segment_open(const ShardSegment *s, bool writable, int *ret_fd) {
         int fd;
 

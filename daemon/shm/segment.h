@@ -147,6 +147,9 @@ int shard_segment_finish_unsealed(ShardSegment *s);
  * file. */
 int shard_segment_seal_writes(ShardSegment *s);
 bool shard_segment_is_final(const ShardSegment *s);
+/* A host memfd's seals (F_GET_SEALS); -EINVAL for a device segment or a --state-dir file,
+ * which have none. */
+int shard_segment_seals(const ShardSegment *s);
 
 /*
  * A new O_CLOEXEC descriptor for a client: writable, a dup of the memfd; else read-only (see

@@ -279,6 +279,77 @@ def client_main(socket_path):
         sys.stdout.flush()
 
 
+class ModuleInitRestart(unittest.TestCase):
+    """Under a service manager (fake_manager.py: the fd store) a daemon killed and started again
+    gives back an init: module build as it was: published (read-only, its values) or still its
+    filler's to publish (writable, and publishable then)."""
+
+    def setUp(self):
+        from fake_manager import FakeManager
+        from test_durability_fdstore import ManagedDaemon
+        self.tmp = H.short_tmpdir()
+        self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
+        self.reg = os.path.join(self.tmp, "registry")
+        os.mkdir(self.reg)
+        with open(os.path.join(self.reg, "families.yaml"), "w") as f:
+            f.write(REGISTRY)
+        self.m = FakeManager(self.tmp)
+        self.addCleanup(self.m.close)
+        self.Managed = ManagedDaemon
+        self.daemons = []
+
+    def tearDown(self):
+        for d in self.daemons:
+            if d.alive():
+                d.stop()
+
+    def start(self):
+        import familyd
+        mark = self.m.mark()
+        d = self.Managed(self.m, self.tmp, extra_args=["--build-grace-ms=600000"])
+        d.registry = self.reg
+        self.daemons.append(d)
+        d.start()
+        self.m.wait_for("READY", "1", after=mark)
+        return d, familyd.Client(d.socket)
+
+    def kill(self, d, client):
+        client.close()
+        d.proc.send_signal(__import__("signal").SIGKILL)
+        d.proc.wait()
+
+    def test_published_and_unpublished_builds_come_back_as_they_were(self):
+        d1, c1 = self.start()
+        pub = c1.build("mi_linear", mode="shared", config=CFG, seed=31)
+        pub.ranks[0]["weight"][0, 0] = 5.0
+        pub.close()
+        self.assertFalse(c1.publish_build(pub.id).writable)
+        unpub = c1.build("mi_linear", mode="shared", config=CFG, seed=32)
+        unpub.ranks[0]["weight"][0, 0] = 6.0
+        unpub.close()
+        self.kill(d1, c1)
+
+        d2, c2 = self.start()
+        self.assertRegex(d2.stderr(), r"Re-adopted 2 builds")
+        # Published before the kill: read-only, shared by read-only Builds, its values.
+        r = c2.build("mi_linear", mode="read-only", config=CFG, seed=31)
+        self.assertEqual(r.id, pub.id)
+        self.assertFalse(r.message.writable)
+        self.assertEqual(float(r.ranks[0]["weight"][0, 0]), 5.0)
+        r.close()
+        # Not published yet: still writable, and its filler can publish it now.
+        again = c2.build("mi_linear", mode="shared", config=CFG, seed=32)
+        self.assertEqual(again.id, unpub.id)
+        self.assertTrue(again.message.writable)
+        self.assertEqual(float(again.ranks[0]["weight"][0, 0]), 6.0)
+        again.close()
+        self.assertFalse(c2.publish_build(unpub.id).writable)
+        r = c2.build("mi_linear", mode="read-only", config=CFG, seed=32)
+        self.assertEqual(r.id, unpub.id)
+        r.close()
+        c2.close()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--client":
         client_main(sys.argv[2])
