@@ -37,6 +37,7 @@ static const Verb verbs[] = {
         { "release",  verb_release,  "release ID [--force]           drop this process's hold on a build (--force: free it)" },
         { "pin",      verb_pin,      "pin ID                         keep a build whatever processes hold it" },
         { "unpin",    verb_unpin,    "unpin ID                       undo pin: the build goes when nothing holds it" },
+        { "publish",  verb_publish,  "publish ID                     seal a filled init: module build for the node" },
         { "shard",    verb_shard,    "shard ID RANK                  map a rank's shard and print its slices" },
         { "checkpoint", verb_checkpoint, "checkpoint inspect PATH        list a safetensors checkpoint's tensors (no daemon)" },
         { "validate", verb_validate, "validate MODEL.json            check a model's builds against the job (--mesh, --tp...)" },

@@ -233,6 +233,7 @@ int verb_build_info(Context *ctx, int argc, char **argv);
 int verb_release(Context *ctx, int argc, char **argv);
 int verb_pin(Context *ctx, int argc, char **argv);
 int verb_unpin(Context *ctx, int argc, char **argv);
+int verb_publish(Context *ctx, int argc, char **argv);
 int verb_shard(Context *ctx, int argc, char **argv);
 int verb_validate(Context *ctx, int argc, char **argv);
 int verb_checkpoint(Context *ctx, int argc, char **argv);

@@ -1,4 +1,4 @@
-/* verbs-hold.c: familyctl pin, unpin, release: who holds a build, and letting it go. */
+/* verbs-hold.c: familyctl pin, unpin, release, publish: what keeps a build, letting it go, and sealing it for the node. */
 
 #include <errno.h>
 #include <getopt.h>
@@ -62,6 +62,40 @@ static const VerbDef unpin_verb = {
         .what = "unpin build",
         .print = hold_print,
 };
+
+static int publish_call(VerbRun *v) {
+        return familyd_publish_build(v->ctx->client, v->args[0], (Familyd__V1__Build **) &v->response, &v->error);
+}
+
+static int publish_print(VerbRun *v) {
+        const Familyd__V1__Build *b = (const Familyd__V1__Build *) v->response;
+
+        ctl_print_field("build id", "%s", strempty(b->build_id));
+        ctl_print_field("writable", "%s", b->writable ? "yes" : "no (published)");
+        return EXIT_OK;
+}
+
+static const VerbDef publish_verb = {
+        .name = "publish",
+        .help = "Usage: familyctl publish [OPTIONS] BUILD_ID\n"
+                "\n"
+                "Publishes a writable build of a member whose parameters say init: module, once\n"
+                "its filler has written the module's values and unmapped it: the daemon seals it\n"
+                "against writes and the node's read-only Builds of the same request share it.\n"
+                "familyd.torch does this itself. --json prints the familyd.v1.Build.\n"
+                "\n",
+        .min_args = 1,
+        .max_args = 1,
+        .args_missing = "expected exactly one build id",
+        .args_extra = "expected exactly one build id",
+        .call = publish_call,
+        .what = "publish build",
+        .print = publish_print,
+};
+
+int verb_publish(Context *ctx, int argc, char **argv) {
+        return verb_run(ctx, &publish_verb, argc, argv);
+}
 
 int verb_pin(Context *ctx, int argc, char **argv) {
         return verb_run(ctx, &pin_verb, argc, argv);

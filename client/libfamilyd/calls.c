@@ -162,7 +162,7 @@ int familyd_release_build_full(FamilydClient *client, const char *build_id, bool
         return 0;
 }
 
-/* PinBuild and UnpinBuild: a build id in, the build out. */
+/* PinBuild, UnpinBuild and PublishBuild: a build id in, the build out. */
 static int pin_call(FamilydClient *client, const char *method, ProtobufCMessage *req, Familyd__V1__Build **ret_build, FamilydError *ret_error) {
         Familyd__V1__Build *build = NULL;
         int r;
@@ -197,6 +197,17 @@ int familyd_unpin_build(FamilydClient *client, const char *build_id, Familyd__V1
         }
         req.build_id = (char *) build_id;
         return pin_call(client, FAMILY_SERVICE "UnpinBuild", &req.base, ret_build, ret_error);
+}
+
+int familyd_publish_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error) {
+        Familyd__V1__PublishBuildRequest req = FAMILYD__V1__PUBLISH_BUILD_REQUEST__INIT;
+
+        if (!build_id) {
+                familyd_error_clear(ret_error);
+                return -EINVAL;
+        }
+        req.build_id = (char *) build_id;
+        return pin_call(client, FAMILY_SERVICE "PublishBuild", &req.base, ret_build, ret_error);
 }
 
 int familyd_validate(FamilydClient *client, const Familyd__V1__ValidateRequest *request, Familyd__V1__ValidateResponse **ret_response, FamilydError *ret_error) {

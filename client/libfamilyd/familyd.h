@@ -207,6 +207,10 @@ int familyd_release_build_full(FamilydClient *client, const char *build_id, bool
  * NULL: not returned) is the build after the call; free it with familyd__v1__build__free_unpacked. */
 int familyd_pin_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
 int familyd_unpin_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
+/* PublishBuild: a writable build of a member with init: module parameters, filled by its
+ * caller and no longer mapped writable, sealed read-only and shared by the node's read-only
+ * Builds of the same request from now on (docs/registry.md, "init: module"). */
+int familyd_publish_build(FamilydClient *client, const char *build_id, Familyd__V1__Build **ret_build, FamilydError *ret_error);
 
 /* Validate: the trainer's model (its boundaries: every fqn of one built instance, the build id,
  * optionally the layout applied afterwards) against the job context. A model with violations

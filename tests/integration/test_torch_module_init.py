@@ -226,6 +226,39 @@ class ModuleInit(unittest.TestCase):
         self.assertEqual(str(e.exception), "W: waited 0.3 s for the node's filler (LOCAL_RANK "
                          "0) to publish the build of its init: module parameters")
 
+    def test_familyctl_publish(self):
+        # The C library's familyd_publish_build() through familyctl: refused while nothing
+        # marks the build as init: module's, then published, --json the Build.
+        import subprocess
+        ctl = [H.familyctl_bin(), "--socket", self.daemon.socket]
+        w = self.client.build("mi_linear", mode="shared", config=CFG, seed=41)
+        w.ranks[0]["weight"][0, 0] = 3.0
+        w.close()
+        p = subprocess.run(ctl + ["publish", w.id], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("no (published)", p.stdout)
+        p = subprocess.run(ctl + ["--json", "publish", w.id], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["buildId"], w.id)
+        plain = self.client.build("mi_plain", mode="shared", config=CFG, seed=42)
+        p = subprocess.run(ctl + ["publish", plain.id], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertIn("build %s has no parameter with init: module" % plain.id, p.stderr)
+        p = subprocess.run(ctl + ["publish"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("expected exactly one build id", p.stderr)
+        r = self.client.build("mi_linear", mode="read-only", config=CFG, seed=41)
+        self.assertEqual(r.id, w.id)
+        self.assertEqual(float(r.ranks[0]["weight"][0, 0]), 3.0)
+        for b in (r, plain):
+            b.close()
+            b.release()
+        w.release()
+
     def test_publish_refusals(self):
         import familyd
         b = self.client.build("mi_plain", mode="shared", config=CFG, seed=1)

@@ -23,7 +23,7 @@ _familyctl_query() {
 _familyctl() {
         local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
         local verbs="families family resolve mesh meshes topology forget status version reload build
-                     builds build-info release pin unpin shard validate keygen checkpoint"
+                     builds build-info release pin unpin publish shard validate keygen checkpoint"
         local globals="--socket --json --timeout --help --version"
         local verb="" i
 
@@ -65,7 +65,7 @@ _familyctl() {
         local words=""
         case $verb in
         family|resolve|build) [[ $prev == "$verb" ]] && words=$(_familyctl_query families name) ;;
-        build-info|release|pin|unpin|shard)
+        build-info|release|pin|unpin|publish|shard)
                 [[ $prev == "$verb" ]] && words=$(_familyctl_query builds build_id) ;;
         mesh)
                 if [[ $prev == mesh ]]; then
