@@ -11,26 +11,6 @@ static const char *const layout_keys[] = {
         "in_src", "in_dst", "out_src", "out_dst", "out_names", "boundary",
 };
 
-typedef struct WhenCheck {
-        Loader *l;
-        const YNode *n;
-        const char *ctx, *what;
-        int acc;
-} WhenCheck;
-
-/* A condition names only what placement_job_has_field() allows, as a parameter's cases. */
-static int when_check_field(const char *name, void *userdata) {
-        WhenCheck *w = userdata;
-        _cleanup_free_ char *format = NULL;
-
-        if (placement_job_has_field(name))
-                return 0;
-        if (asprintf(&format, "%s: 'when' names %%s; a condition may name tp_size, cp_size, "
-                     "ep_size, pp_size, sequence_parallel and loss_parallel", w->what) < 0)
-                return -ENOMEM;
-        return loader_fold(&w->acc, loader_diag_q(w->l, w->n, w->ctx, format, name));
-}
-
 /* "shard(d)", "replicate" or "partial" (and with cases "none": kind NULL); -EINVAL otherwise. */
 static int parse_activation_placement(const char *s, bool allow_none, char **ret_kind, int64_t *ret_dim) {
         PlacementKind kind = PLACEMENT_REPLICATE;
@@ -66,7 +46,7 @@ static int load_activation_cases(Loader *l, const YNode *n, const char *ctx, con
                 return -ENOMEM;
         for (size_t i = 0; i < n->n_items; i++) {
                 const YNode *item = n->items[i], *values[ELEMENTSOF(keys)] = {};
-                _cleanup_free_ char *cwhat = NULL, *s = NULL, *when = NULL, *message = NULL;
+                _cleanup_free_ char *cwhat = NULL, *s = NULL;
                 ActivationCase *c = &ret->cases[ret->n_cases];
 
                 if (asprintf(&cwhat, "%s case %zu", what, i + 1) < 0)
@@ -97,20 +77,7 @@ static int load_activation_cases(Loader *l, const YNode *n, const char *ctx, con
                         return r;
 
                 if (values[0]) {
-                        r = loader_string(l, values[0], ctx, cwhat, FAMILYD_MAX_EXPR_LENGTH * 4, &when);
-                        if (r >= 0) {
-                                r = expr_parse_condition(when, &c->when, &message);
-                                if (r == -EINVAL)
-                                        r = loader_diag(l, values[0], ctx, "%s: 'when': %s", cwhat, message);
-                        }
-                        if (r >= 0) {
-                                WhenCheck w = { .l = l, .n = values[0], .ctx = ctx, .what = cwhat };
-
-                                r = expr_foreach_field(c->when, when_check_field, &w);
-                                if (r >= 0)
-                                        r = w.acc;
-                        }
-                        r = loader_fold(&acc, r);
+                        r = loader_fold(&acc, loader_job_condition(l, values[0], ctx, cwhat, &c->when));
                         if (r < 0)
                                 return r;
                 }

@@ -94,6 +94,10 @@ int loader_family(Loader *l, const YNode *n, Family *f, unsigned *ret_baseline_l
 
 /* A family's `layout` (registry-activation.c): its activations' placements, out_names, boundary. */
 int loader_activation_layout(Loader *l, const YNode *n, const char *ctx, ActivationLayout *ret);
+/* A case's condition over the job (`when:`, placement-case.h): parsed into *ret, each field it
+ * names checked to be the job's (axis sizes, sequence_parallel, loss_parallel), diagnosed. */
+int loader_job_condition(Loader *l, const YNode *n, const char *ctx, const char *what,
+                         Expr **ret);
 
 /* "shard(d)" (blanks inside the parentheses) or "replicate"; -EINVAL otherwise. */
 int registry_parse_placement(const char *s, PlacementKind *ret_kind, int64_t *ret_dim);

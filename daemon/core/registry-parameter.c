@@ -319,6 +319,24 @@ static int when_check_field(const char *name, void *userdata) {
         return loader_fold(&w->acc, loader_diag_q(w->l, w->n, w->ctx, format, name));
 }
 
+int loader_job_condition(Loader *l, const YNode *n, const char *ctx, const char *what,
+                         Expr **ret) {
+        _cleanup_free_ char *when = NULL, *message = NULL;
+        int r;
+
+        r = loader_string(l, n, ctx, what, FAMILYD_MAX_EXPR_LENGTH * 4, &when);
+        if (r < 0)
+                return r;
+        r = expr_parse_condition(when, ret, &message);
+        if (r == -EINVAL)
+                return loader_diag(l, n, ctx, "%s: 'when': %s", what, message);
+        if (r < 0)
+                return r;
+        WhenCheck w = { .l = l, .n = n, .ctx = ctx, .what = what };
+        r = expr_foreach_field(*ret, when_check_field, &w);
+        return r < 0 ? r : w.acc;
+}
+
 /*
  * A placement that depends on the job: a list of cases {when: CONDITION, placement: P}, the
  * first whose condition holds deciding at Build; P is shard(d), replicate or none.
@@ -336,7 +354,7 @@ static int load_placement_cases(Loader *l, const YNode *n, const char *ctx, cons
 
         for (size_t i = 0; i < n->n_items; i++) {
                 const YNode *item = n->items[i], *values[ELEMENTSOF(keys)] = {};
-                _cleanup_free_ char *cwhat = NULL, *s = NULL, *when = NULL, *message = NULL;
+                _cleanup_free_ char *cwhat = NULL, *s = NULL;
                 PlacementCase *c = &ret->items[ret->n];
                 int cacc = 0;
 
@@ -372,20 +390,7 @@ static int load_placement_cases(Loader *l, const YNode *n, const char *ctx, cons
                         return r;
 
                 if (values[0]) {
-                        r = loader_string(l, values[0], ctx, cwhat, FAMILYD_MAX_EXPR_LENGTH * 4, &when);
-                        if (r >= 0) {
-                                r = expr_parse_condition(when, &c->when, &message);
-                                if (r == -EINVAL)
-                                        r = loader_diag(l, values[0], ctx, "%s: 'when': %s", cwhat, message);
-                        }
-                        if (r >= 0) {
-                                WhenCheck w = { .l = l, .n = values[0], .ctx = ctx, .what = cwhat };
-
-                                r = expr_foreach_field(c->when, when_check_field, &w);
-                                if (r >= 0)
-                                        r = w.acc;
-                        }
-                        r = loader_fold(&cacc, r);
+                        r = loader_fold(&cacc, loader_job_condition(l, values[0], ctx, cwhat, &c->when));
                         if (r < 0)
                                 return r;
                 }
