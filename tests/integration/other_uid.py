@@ -163,11 +163,13 @@ class ReadableCopy:
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def harness_copy(*extra, package=False, prefix="fd-uid-"):
+def harness_copy(*extra, package=False, familyctl=None, prefix="fd-uid-"):
     """A ReadableCopy of what this folder's client scripts import: familyd_harness.py,
     shard_client.py and this module, the descriptor set (as familyd.binpb), with package the
     Python package (as client/python/familyd, where familyd_harness.SOURCE_ROOT finds it under
-    harness_env()), and each of extra (paths, copied under their base names)."""
+    harness_env()), with familyctl that binary and its library where its RUNPATH looks
+    ($ORIGIN/libfamilyd/libfamilyd.so.0, as in the build folder), and each of extra (paths,
+    copied under their base names)."""
     import familyd_harness as H
 
     entries = {n: os.path.join(HERE, n)
@@ -176,6 +178,10 @@ def harness_copy(*extra, package=False, prefix="fd-uid-"):
     if package:
         entries["client/python/familyd"] = os.path.join(H.SOURCE_ROOT, "client", "python",
                                                         "familyd")
+    if familyctl:
+        entries["familyctl"] = familyctl
+        entries["libfamilyd/libfamilyd.so.0"] = os.path.join(os.path.dirname(familyctl),
+                                                             "libfamilyd", "libfamilyd.so.0")
     for p in extra:
         entries[os.path.basename(p)] = p
     return ReadableCopy(entries, prefix=prefix)

@@ -82,9 +82,8 @@ def setUpModule():
         raise unittest.SkipTest("familyctl not built")
     TMP = tempfile.mkdtemp(prefix="fd-ctlck-")
     os.chmod(TMP, 0o755)
-    # familyctl as another uid runs from a copy it can read (libfamilyd.so.0 beside it).
-    COPY = other_uid.harness_copy(CTL, os.path.join(os.path.dirname(CTL), "libfamilyd.so.0"),
-                                  prefix="fd-ctlck-copy-")
+    # familyctl as another uid runs from a copy it can read (its library where it looks).
+    COPY = other_uid.harness_copy(familyctl=CTL, prefix="fd-ctlck-copy-")
     D = H.Daemon(registry=REGISTRY, host_devices=4, node_name="ctlck-node")
     os.chmod(D.tmpdir, 0o755)
     D.start()

@@ -54,10 +54,9 @@ def setUpModule():
     PYTHON = other_uid.other_uid_python()
     ctl = H.familyctl_bin()
     extra = [os.path.abspath(__file__)]
-    if ctl and os.path.exists(ctl):
-        # familyctl finds libfamilyd.so.0 beside it ($ORIGIN).
-        extra += [ctl, os.path.join(os.path.dirname(ctl), "libfamilyd.so.0")]
-    COPY = other_uid.harness_copy(*extra, package=True, prefix="fd-own-")
+    has_ctl = ctl and os.path.exists(ctl)
+    COPY = other_uid.harness_copy(*extra, package=True, familyctl=ctl if has_ctl else None,
+                                  prefix="fd-own-")
     P = H.Protos()
     D = H.Daemon(registry=REGISTRY, host_devices=4, protos=P,
                  extra_args=["--admin-group", ADMIN_GROUP, "--log-level", "debug",
