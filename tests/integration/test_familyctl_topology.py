@@ -57,7 +57,8 @@ def free_ports(n):
 
 def start_cluster(n=3, extra=None, node_ranks=True):
     """n daemons n1..nN, node ranks 0..N-1 (or none configured), 2 host devices each, all
-    seeded with n1's address; returns them once every one sees all n nodes up."""
+    seeded with n1's address; returns them once every one sees all n nodes up and their
+    topology versions agree and stay."""
     ports = free_ports(n)
     daemons = []
     try:
@@ -80,6 +81,20 @@ def start_cluster(n=3, extra=None, node_ranks=True):
                     raise AssertionError("cluster did not form within %.0f s: %s sees %r"
                                          % (FORM_TIMEOUT, d.node_name, t.reply))
                 time.sleep(0.1)
+        # ... and settled: every daemon on the same topology version, unchanged over 5
+        # heartbeats, so that a watch started now sees only the changes a test makes (a
+        # version can still move once after all are up, with no state changed).
+        last = None
+        while True:
+            versions = {d.client.call("familyd.v1.MeshService/GetTopology").reply.version
+                        for d in daemons}
+            if len(versions) == 1 and versions == last:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError("cluster did not settle within %.0f s: versions %r"
+                                     % (FORM_TIMEOUT, sorted(versions)))
+            last = versions
+            time.sleep(0.5)
         return daemons
     except BaseException:
         stop_cluster(daemons)
