@@ -9,7 +9,7 @@
 # sanitizers and built when it does not exist yet; FAMILYD_BIN and FAMILYD_LOAD, when set (meson
 # test sets them), name the binaries instead. The daemon gets the conformance registry and
 # --host-devices 8; it must stop with status 0 on SIGTERM afterwards. LOAD_ARGS go to
-# familyd-load (--clients, --procs, --rss-growth-pct, --fd-growth, --samples FILE, ...).
+# familyd-load (--clients, --procs, --rss-growth-pct, --fd-growth, --fd-swing, --samples FILE, ...).
 #
 # Under ASan (the CI build) the daemon's quarantine of freed memory is cut to 16 MiB so that
 # it fills during the warm-up instead of looking like growth, and the memory limit is 32 MiB
