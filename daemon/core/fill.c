@@ -369,34 +369,47 @@ __attribute__((target("avx2"))) static inline __m128i low_halves_avx2(__m256i v)
         return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
 }
 
+/* Two vectors of four lanes per step: a round is a chain of multiply, shift and xors that one
+ * vector alone leaves mostly waiting on the multiply's latency. */
 __attribute__((target("avx2"))) static void philox_batch_avx2(const GenParams *p, const uint64_t *restrict idx,
                                                               uint64_t first, size_t n, uint32_t *restrict x0,
                                                               uint32_t *restrict x1) {
         const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
         const __m256i c2_0 = _mm256_set1_epi64x(p->h), lanes = _mm256_setr_epi64x(0, 1, 2, 3);
+        const __m256i four = _mm256_set1_epi64x(4);
         __m256i k0[10], k1[10];
 
         for (uint32_t r = 0; r < 10; r++) {
                 k0[r] = _mm256_set1_epi64x(p->k0 + r * PHILOX_W0);
                 k1[r] = _mm256_set1_epi64x(p->k1 + r * PHILOX_W1);
         }
-        for (size_t j = 0; j < n; j += 4) {
-                __m256i c0 = idx ? _mm256_loadu_si256((const __m256i *) (idx + j))
+        for (size_t j = 0; j < n; j += 8) {
+                __m256i a0 = idx ? _mm256_loadu_si256((const __m256i *) (idx + j))
                                  : _mm256_add_epi64(_mm256_set1_epi64x((long long) (first + j)), lanes);
-                __m256i c1 = _mm256_srli_epi64(c0, 32);
-                __m256i c2 = c2_0, c3 = _mm256_setzero_si256();
+                __m256i b0 = idx ? _mm256_loadu_si256((const __m256i *) (idx + j + 4))
+                                 : _mm256_add_epi64(a0, four);
+                __m256i a1 = _mm256_srli_epi64(a0, 32), b1 = _mm256_srli_epi64(b0, 32);
+                __m256i a2 = c2_0, b2 = c2_0, a3 = _mm256_setzero_si256(), b3 = a3;
 
                 for (unsigned r = 0; r < 9; r++) {
-                        __m256i p0 = _mm256_mul_epu32(c0, m0), p1 = _mm256_mul_epu32(c2, m1);
-                        c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), k0[r]);
-                        c1 = p1;
-                        c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), k1[r]);
-                        c3 = p0;
+                        __m256i pa0 = _mm256_mul_epu32(a0, m0), pa1 = _mm256_mul_epu32(a2, m1);
+                        __m256i pb0 = _mm256_mul_epu32(b0, m0), pb1 = _mm256_mul_epu32(b2, m1);
+                        a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa1, 32), a1), k0[r]);
+                        b0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb1, 32), b1), k0[r]);
+                        a1 = pa1;
+                        b1 = pb1;
+                        a2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa0, 32), a3), k1[r]);
+                        b2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb0, 32), b3), k1[r]);
+                        a3 = pa0;
+                        b3 = pb0;
                 }
-                __m256i p1 = _mm256_mul_epu32(c2, m1);
-                __m256i r0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), k0[9]);
-                _mm_storeu_si128((__m128i *) (x0 + j), low_halves_avx2(r0));
-                _mm_storeu_si128((__m128i *) (x1 + j), low_halves_avx2(p1));
+                __m256i pa1 = _mm256_mul_epu32(a2, m1), pb1 = _mm256_mul_epu32(b2, m1);
+                __m256i ra = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa1, 32), a1), k0[9]);
+                __m256i rb = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb1, 32), b1), k0[9]);
+                _mm_storeu_si128((__m128i *) (x0 + j), low_halves_avx2(ra));
+                _mm_storeu_si128((__m128i *) (x0 + j + 4), low_halves_avx2(rb));
+                _mm_storeu_si128((__m128i *) (x1 + j), low_halves_avx2(pa1));
+                _mm_storeu_si128((__m128i *) (x1 + j + 4), low_halves_avx2(pb1));
         }
 }
 #endif
