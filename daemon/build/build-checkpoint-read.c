@@ -1,4 +1,4 @@
-/* build-checkpoint-read.c: shard slices filled from a client's checkpoint: the plan's boxes read once, converted, scattered. */
+/* build-checkpoint-read.c: shard slices filled from a client's checkpoint: the plan's boxes read once (or taken from a band in memory), converted, scattered. */
 
 #include <fcntl.h>
 #include <inttypes.h>
@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/populate.h"
 #include "core/checkpoint-dtype.h"
 #include "build-checkpoint.h"
 
@@ -25,6 +26,8 @@ typedef struct Box {
         uint64_t run;                     /* elements per run */
         bool dst_contiguous;              /* a run lands in consecutive slice elements */
         bool read_whole;                  /* BuildCheckpointTensor.read_whole */
+        const uint8_t *band;              /* non-NULL: the tensor's elements from band_first */
+        uint64_t band_first;              /* on, in memory: nothing is read */
 } Box;
 
 static void box_layout(Box *x, const ParameterLayout *p, const ShardSlice *slice) {
@@ -82,9 +85,10 @@ static void scatter(const Box *x, SafetensorsDtype from, Dtype to, const uint8_t
 }
 
 static int read_full(const BuildCheckpointFile *f, uint8_t *buf, size_t size, uint64_t offset,
-                     FamilyError *ret_error) {
+                     BuildCheckpointReads *reads, FamilyError *ret_error) {
         while (size > 0) {
                 ssize_t n = pread(f->fd, buf, size, (off_t) offset);
+                reads->calls++;
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0)
@@ -96,6 +100,7 @@ static int read_full(const BuildCheckpointFile *f, uint8_t *buf, size_t size, ui
                 buf += n;
                 size -= (size_t) n;
                 offset += (uint64_t) n;
+                reads->bytes += (uint64_t) n;
         }
         return 0;
 }
@@ -121,9 +126,9 @@ static void read_ahead(const Box *x, uint64_t outer) {
 }
 
 static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t staging_size,
-                    uint64_t *bytes_read, FamilyError *ret_error) {
+                    BuildCheckpointReads *reads, FamilyError *ret_error) {
         const CheckpointBlock *b = x->block;
-        uint64_t outer = 1, chunk = staging_size / x->in;
+        uint64_t outer = 1, chunk = x->band ? UINT64_MAX : staging_size / x->in;
         int64_t idx[FAMILYD_MAX_SHAPE_RANK] = {};
         /* A run in the parameter's own type landing in consecutive elements is read straight
          * into the slice: one copy (the kernel's), not two. */
@@ -132,7 +137,8 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
 
         for (size_t j = 0; j < x->m; j++)
                 outer *= (uint64_t) b->src_extent[j];
-        read_ahead(x, outer);
+        if (!x->band)
+                read_ahead(x, outer);
         for (uint64_t o = 0; o < outer; o++) {
                 uint64_t rem = o, src = 0, base = x->dst_base;
                 for (size_t j = x->m; j-- > 0;) {
@@ -144,15 +150,23 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
                                x->src_stride[j];
                 for (size_t j = 0; j < x->m; j++)
                         base += (uint64_t) idx[j] * x->dst_stride[j];
+                if (x->band) {
+                        /* The whole run is in memory: one copy, converted. */
+                        const uint8_t *from = x->band + (src - x->band_first) * x->in;
+                        if (direct)
+                                memcpy(dst + base * x->out, from, x->run * x->in);
+                        else
+                                scatter(x, x->tensor->dtype, to, from, base, 0, x->run, dst);
+                        continue;
+                }
                 for (uint64_t first = 0; first < x->run; first += chunk) {
                         size_t n = (size_t) (x->run - first < chunk ? x->run - first : chunk);
                         uint64_t at = x->file->header->data_offset + x->tensor->begin +
                                       (src + first) * x->in;
                         uint8_t *buf = direct ? dst + (base + first) * x->out : staging;
-                        r = read_full(x->file, buf, n * x->in, at, ret_error);
+                        r = read_full(x->file, buf, n * x->in, at, reads, ret_error);
                         if (r < 0)
                                 return r;
-                        *bytes_read += n * x->in;
                         if (!direct)
                                 scatter(x, x->tensor->dtype, to, staging, base, first, n, dst);
                 }
@@ -160,14 +174,32 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
         return 0;
 }
 
+static int dtype_refused(const ParameterLayout *p, const CheckpointBlock *block,
+                         const SafetensorsTensor *t, FamilyError *ret_error) {
+        char why[160];
+
+        if (checkpoint_dtype_check(t->dtype, p->dtype, why, sizeof why) >= 0)
+                return 0;
+        return family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION, "CHECKPOINT_DTYPE",
+                                NULL, "parameter '%s': checkpoint tensor '%s': %s", p->name,
+                                block->tensor, why);
+}
+
+static Box box_of(const BuildCheckpoint *c, const BuildCheckpointTensor *t,
+                  const ParameterLayout *p, const CheckpointBlock *block) {
+        return (Box) { .file = &c->files[t->file], .tensor = t->tensor, .block = block,
+                       .in = safetensors_dtype_bits(t->tensor->dtype) / 8,
+                       .out = dtype_size(p->dtype), .k = block->n_src_dims,
+                       .read_whole = t->read_whole };
+}
+
 int build_checkpoint_read_slice(const BuildCheckpoint *c, const CheckpointSource *src,
                                 const char *prefix, const ParameterLayout *p,
                                 const ShardSlice *slice, uint8_t *dst, uint8_t *staging,
-                                size_t staging_size, uint64_t *bytes_read,
+                                size_t staging_size, BuildCheckpointReads *reads,
                                 FamilyError *ret_error) {
         CheckpointBlock *blocks = NULL;
         size_t n = 0;
-        char why[160];
         int r;
 
         if (staging_size < READ_STAGING_MIN)
@@ -176,19 +208,85 @@ int build_checkpoint_read_slice(const BuildCheckpoint *c, const CheckpointSource
                                   &blocks, &n, ret_error);
         for (size_t i = 0; r >= 0 && i < n; i++) {
                 const BuildCheckpointTensor *t = build_checkpoint_find(c, blocks[i].tensor);
-                Box x = { .file = &c->files[t->file], .tensor = t->tensor, .block = &blocks[i],
-                          .in = safetensors_dtype_bits(t->tensor->dtype) / 8,
-                          .out = dtype_size(p->dtype), .k = blocks[i].n_src_dims,
-                          .read_whole = t->read_whole };
-                if (checkpoint_dtype_check(t->tensor->dtype, p->dtype, why, sizeof why) < 0) {
-                        r = family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
-                                             "CHECKPOINT_DTYPE", NULL,
-                                             "parameter '%s': checkpoint tensor '%s': %s", p->name,
-                                             blocks[i].tensor, why);
+                if (t->banded)
+                        continue; /* the bands fill it */
+                Box x = box_of(c, t, p, &blocks[i]);
+                r = dtype_refused(p, &blocks[i], t->tensor, ret_error);
+                if (r < 0)
                         break;
-                }
                 box_layout(&x, p, slice);
-                r = read_box(&x, p->dtype, dst, staging, staging_size, bytes_read, ret_error);
+                r = read_box(&x, p->dtype, dst, staging, staging_size, reads, ret_error);
+        }
+        checkpoint_blocks_free(blocks, n);
+        return r;
+}
+
+int build_checkpoint_read_band(const BuildCheckpoint *c, size_t t, int64_t row, int64_t rows,
+                               uint8_t *band, BuildCheckpointReads *reads,
+                               FamilyError *ret_error) {
+        const BuildCheckpointTensor *x = &c->tensors[t];
+        uint64_t row_bytes = build_checkpoint_row_bytes(c, t);
+
+        return read_full(&c->files[x->file], band, (size_t) ((uint64_t) rows * row_bytes),
+                         c->files[x->file].header->data_offset + x->tensor->begin +
+                                 (uint64_t) row * row_bytes,
+                         reads, ret_error);
+}
+
+/* Cuts block to the tensor's rows [row, row + rows) (axis 0) and moves where it lands to
+ * match; false when it has none of them. */
+static bool block_cut(CheckpointBlock *block, size_t n_dims, int64_t row, int64_t rows) {
+        int64_t lo = block->src_offset[0] > row ? block->src_offset[0] : row;
+        int64_t end = block->src_offset[0] + block->src_extent[0];
+        int64_t hi = end < row + rows ? end : row + rows;
+
+        if (hi <= lo)
+                return false;
+        for (size_t d = 0; d < n_dims; d++)
+                if (block->src_axis[d] == 0)
+                        block->dst_offset[d] += lo - block->src_offset[0];
+        block->src_offset[0] = lo;
+        block->src_extent[0] = hi - lo;
+        return true;
+}
+
+/* The slice's rows a cut block lands in, made present, when axis 0 of the tensor is the
+ * slice's own first axis (its rows are then consecutive bytes of the slice). */
+static void populate_rows(const CheckpointBlock *block, const ShardSlice *slice, uint8_t *dst) {
+        if (slice->n_dims == 0 || block->src_axis[0] != 0 || slice->local_shape[0] <= 0)
+                return;
+        uint64_t row_bytes = slice->byte_length / (uint64_t) slice->local_shape[0];
+        (void) memory_populate_write(dst + (uint64_t) block->dst_offset[0] * row_bytes,
+                                     (size_t) ((uint64_t) block->src_extent[0] * row_bytes));
+}
+
+int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
+                                  const char *prefix, const ParameterLayout *p,
+                                  const ShardSlice *slice, size_t t, const uint8_t *band,
+                                  int64_t row, int64_t rows, uint8_t *dst,
+                                  FamilyError *ret_error) {
+        const BuildCheckpointTensor *x = &c->tensors[t];
+        uint64_t row_elements = build_checkpoint_row_bytes(c, t) /
+                                (safetensors_dtype_bits(x->tensor->dtype) / 8);
+        CheckpointBlock *blocks = NULL;
+        size_t n = 0;
+        int r;
+
+        r = checkpoint_plan_slice(src, prefix, p, slice, build_checkpoint_shape_of, (void *) c,
+                                  &blocks, &n, ret_error);
+        for (size_t i = 0; r >= 0 && i < n; i++) {
+                if (build_checkpoint_find(c, blocks[i].tensor) != x ||
+                    !block_cut(&blocks[i], slice->n_dims, row, rows))
+                        continue;
+                r = dtype_refused(p, &blocks[i], x->tensor, ret_error);
+                if (r < 0)
+                        break;
+                Box b = box_of(c, x, p, &blocks[i]);
+                b.band = band;
+                b.band_first = (uint64_t) row * row_elements;
+                box_layout(&b, p, slice);
+                populate_rows(&blocks[i], slice, dst);
+                r = read_box(&b, p->dtype, dst, NULL, 0, NULL, ret_error);
         }
         checkpoint_blocks_free(blocks, n);
         return r;

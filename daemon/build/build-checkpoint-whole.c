@@ -1,4 +1,4 @@
-/* build-checkpoint-whole.c: the checkpoint tensors a node's ranks read whole, from the distinct boxes they read. */
+/* build-checkpoint-whole.c: the checkpoint tensors a node's ranks read whole, and which of them in columns (banded), from the distinct boxes they read. */
 
 #include <string.h>
 
@@ -33,11 +33,29 @@ static int box_compare(const void *a, const void *b) {
         return memcmp(a, b, sizeof(BuildCheckpointBox));
 }
 
-int build_checkpoint_mark_read_whole(BuildCheckpoint *c) {
+/* A box narrower than its tensor along an axis inside the first: part of each row. */
+static bool box_in_columns(const BuildCheckpointBox *x, const SafetensorsTensor *t) {
+        for (size_t d = 1; d < t->n_dims; d++)
+                if ((uint64_t) x->extent[d] < t->shape[d])
+                        return true;
+        return false;
+}
+
+uint64_t build_checkpoint_row_bytes(const BuildCheckpoint *c, size_t t) {
+        const SafetensorsTensor *x = c->tensors[t].tensor;
+        uint64_t elements = 1;
+
+        for (size_t d = 1; d < x->n_dims; d++)
+                elements *= x->shape[d];
+        return elements * (safetensors_dtype_bits(x->dtype) / 8);
+}
+
+int build_checkpoint_mark_read_whole(BuildCheckpoint *c, bool bands) {
         _cleanup_free_ uint64_t *bytes = calloc(c->n_tensors ? c->n_tensors : 1, sizeof *bytes);
+        _cleanup_free_ bool *columns = calloc(c->n_tensors ? c->n_tensors : 1, sizeof *columns);
         BuildCheckpointBox *x = c->node_reads;
 
-        if (!bytes)
+        if (!bytes || !columns)
                 return -ENOMEM;
         if (c->n_node_reads > 0)
                 qsort(x, c->n_node_reads, sizeof *x, box_compare);
@@ -49,12 +67,24 @@ int build_checkpoint_mark_read_whole(BuildCheckpoint *c) {
                 for (size_t d = 0; d < t->n_dims; d++)
                         elements *= (uint64_t) x[i].extent[d];
                 bytes[x[i].tensor] += elements * (safetensors_dtype_bits(t->dtype) / 8);
+                columns[x[i].tensor] |= box_in_columns(&x[i], t);
         }
         for (size_t i = 0; i < c->n_tensors; i++) {
                 const SafetensorsTensor *t = c->tensors[i].tensor;
                 c->tensors[i].read_whole = bytes[i] > 0 && bytes[i] >= t->end - t->begin;
+                c->tensors[i].banded = bands && c->tensors[i].read_whole && columns[i] &&
+                                       t->n_dims >= 2 &&
+                                       build_checkpoint_row_bytes(c, i) <=
+                                               BUILD_CHECKPOINT_BAND_BYTES;
         }
         c->node_reads = mfree(c->node_reads);
         c->n_node_reads = 0;
         return 0;
+}
+
+bool build_checkpoint_has_bands(const BuildCheckpoint *c) {
+        for (size_t i = 0; c && i < c->n_tensors; i++)
+                if (c->tensors[i].banded)
+                        return true;
+        return false;
 }

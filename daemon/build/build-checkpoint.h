@@ -32,6 +32,11 @@
  * in the parameter's dtype that lands in consecutive elements is read straight into the slice.
  * Every byte a slice needs is read once; nothing else is read (a tensor the node reads whole
  * is read ahead as a whole: see read_whole).
+ *
+ * A tensor the node's ranks read whole but each in columns (a column shard: part of every
+ * row) is banded: the slices' reads skip it, and the node reads it once in bands of whole rows
+ * (build_checkpoint_read_band, a few large reads), each band scattered from memory to every
+ * rank's part of it (build_checkpoint_scatter_band; build-checkpoint-bands.c runs the bands).
  */
 
 typedef struct BuildCheckpointFile {
@@ -49,7 +54,19 @@ typedef struct BuildCheckpointTensor {
          * ahead (POSIX_FADV_WILLNEED), in large requests, and the node's other ranks find their
          * parts of the same rows cached; without it each part is a small read of its own. */
         bool read_whole;
+        /* Read whole and in columns, on host ranks only, rows of at most
+         * BUILD_CHECKPOINT_BAND_BYTES: read by bands of whole rows, not by the slices. */
+        bool banded;
 } BuildCheckpointTensor;
+
+/* A band's bytes at most (whole rows of a banded tensor; one row at least). */
+#define BUILD_CHECKPOINT_BAND_BYTES (UINT64_C(16) << 20)
+
+/* What a reader did: the bytes it read from the files, and the read calls that read them. */
+typedef struct BuildCheckpointReads {
+        uint64_t bytes;
+        uint64_t calls;
+} BuildCheckpointReads;
 
 typedef struct BuildCheckpointBox BuildCheckpointBox;
 
@@ -96,20 +113,44 @@ int build_checkpoint_shape_of(const char *name, size_t *ret_n_dims,
  * Which tensors the node reads whole (BuildCheckpointTensor.read_whole), from every box its
  * ranks read: each noted (a planned block of a tensor of c), then marked once. A box two ranks
  * read counts once: a tensor is read whole when its distinct boxes add up to its bytes (a
- * layout's boxes of one tensor tile it). Marking drops the notes. 0 or -ENOMEM.
+ * layout's boxes of one tensor tile it). With bands (every rank that reads is in host memory),
+ * one read whole of which a box is part of each row (narrower than the tensor along an inner
+ * axis) is also banded, when a row has at most BUILD_CHECKPOINT_BAND_BYTES. Marking drops the
+ * notes. 0 or -ENOMEM.
  */
 int build_checkpoint_note_read(BuildCheckpoint *c, const CheckpointBlock *block);
-int build_checkpoint_mark_read_whole(BuildCheckpoint *c);
+int build_checkpoint_mark_read_whole(BuildCheckpoint *c, bool bands);
+
+/* Whether any tensor of c is banded. */
+bool build_checkpoint_has_bands(const BuildCheckpoint *c);
+
+/* The bytes of one row (every axis but the first) of tensor t of c; a scalar's: its size. */
+uint64_t build_checkpoint_row_bytes(const BuildCheckpoint *c, size_t t);
 
 /*
  * Fills slice (of parameter p, whose checkpoint source is src; dst: the slice's first byte, in
- * p's dtype) from c, reading through staging (staging_size bytes, at least 64 KiB). Adds the
- * bytes read to *bytes_read. Refusals: the plan's, and CHECKPOINT_DTYPE (FAILED_PRECONDITION)
- * for a tensor whose dtype does not convert; -EIO-class errors from the files as
- * CHECKPOINT_READ (UNAVAILABLE).
+ * p's dtype) from c, reading through staging (staging_size bytes, at least 64 KiB), all but
+ * its boxes of banded tensors. Adds what it read to *reads. Refusals: the plan's, and
+ * CHECKPOINT_DTYPE (FAILED_PRECONDITION) for a tensor whose dtype does not convert;
+ * -EIO-class errors from the files as CHECKPOINT_READ (UNAVAILABLE).
  */
 int build_checkpoint_read_slice(const BuildCheckpoint *c, const CheckpointSource *src,
                                 const char *prefix, const ParameterLayout *p,
                                 const ShardSlice *slice, uint8_t *dst, uint8_t *staging,
-                                size_t staging_size, uint64_t *bytes_read,
+                                size_t staging_size, BuildCheckpointReads *reads,
                                 FamilyError *ret_error);
+
+/* Rows [row, row + rows) of tensor t of c, whole, into band (rows x its row bytes). Adds what
+ * it read to *reads; file errors as build_checkpoint_read_slice(). */
+int build_checkpoint_read_band(const BuildCheckpoint *c, size_t t, int64_t row, int64_t rows,
+                               uint8_t *band, BuildCheckpointReads *reads,
+                               FamilyError *ret_error);
+
+/* Fills the part of slice (as build_checkpoint_read_slice()) that tensor t's rows [row, row +
+ * rows), in band, hold: its boxes of t cut to those rows, converted and scattered from memory,
+ * their rows of the slice made present first where they are whole rows of it. */
+int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
+                                  const char *prefix, const ParameterLayout *p,
+                                  const ShardSlice *slice, size_t t, const uint8_t *band,
+                                  int64_t row, int64_t rows, uint8_t *dst,
+                                  FamilyError *ret_error);

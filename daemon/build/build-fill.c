@@ -109,3 +109,32 @@ int build_fill_run(const Builder *builder, int32_t local_device, const FillPoolW
         work.caller_runs = work.group < 0;
         return fill_pool_run(f->pool, &work, cancelled, userdata);
 }
+
+void build_fill_failure_init(BuildFillFailure *f) {
+        *f = (BuildFillFailure) { .r = 0, .error = FAMILY_ERROR_NULL };
+        (void) pthread_mutex_init(&f->lock, NULL);
+}
+
+void build_fill_failure_set(BuildFillFailure *f, int r, FamilyError *e) {
+        (void) pthread_mutex_lock(&f->lock);
+        if (f->r >= 0) {
+                f->r = r;
+                f->error = *e;
+                *e = FAMILY_ERROR_NULL;
+        }
+        (void) pthread_mutex_unlock(&f->lock);
+        family_error_done(e);
+        atomic_store(&f->failed, true);
+}
+
+int build_fill_failure_take(BuildFillFailure *f, int r, FamilyError *ret_error) {
+        (void) pthread_mutex_destroy(&f->lock);
+        if (f->r >= 0)
+                return r;
+        if (ret_error && family_error_is_set(&f->error)) {
+                family_error_done(ret_error);
+                *ret_error = f->error;
+        } else
+                family_error_done(&f->error);
+        return f->r;
+}

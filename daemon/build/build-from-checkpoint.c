@@ -9,7 +9,9 @@
  * CHECKPOINT_PIECE_BYTES of the slice (whole rows of its first dimension) handed to the fill
  * threads, each piece with its own staging buffer of CHECKPOINT_STAGING_BYTES, so as many
  * reads are in flight as there are threads and the memory beyond the shards is threads x
- * staging, whatever the model's size. Every byte a shard needs is read once. A rank in GPU
+ * staging, whatever the model's size. Every byte a shard needs is read once. Banded tensors
+ * (columns of a tensor the node reads whole) are left to the bands, which run after every
+ * rank, while the ranks' segments are still mapped (build-checkpoint-bands.c). A rank in GPU
  * memory reads each piece into host memory of the piece's size, then copies it up
  * (accel_write()): the extra memory is threads x (staging + piece).
  */
@@ -94,20 +96,23 @@ static int plan_slice(const BuildState *b, const ShardSlice *s, uint64_t *bytes,
         return r;
 }
 
-/* Plans every slice the node's ranks read: b->checkpoint_bytes, and the tensors read whole. */
+/* Plans every slice the node's ranks read: b->checkpoint_bytes, the tensors read whole, and
+ * which of those are banded (when every rank that reads is in host memory). */
 static int plan_node(BuildState *b, FamilyError *ret_error) {
+        bool host = true;
         int r = 0;
 
         for (size_t i = 0; r >= 0 && i < b->n_ranks; i++) {
                 const RankLayout *rl = &b->layout.ranks[i];
                 if (!b->ranks[i].materialized || b->ranks[i].replica)
                         continue;
+                host = host && !build_rank_on_gpu(&b->ranks[i]);
                 for (size_t k = 0; r >= 0 && k < rl->n_slices; k++)
                         if (rl->slices[k].byte_length > 0)
                                 r = plan_slice(b, &rl->slices[k], &b->checkpoint_bytes,
                                                ret_error);
         }
-        return r < 0 ? r : build_checkpoint_mark_read_whole(b->checkpoint);
+        return r < 0 ? r : build_checkpoint_mark_read_whole(b->checkpoint, host);
 }
 
 int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildRequest *req,
@@ -177,11 +182,8 @@ typedef struct RankRead {
         Piece *pieces;
         size_t n_pieces;
         BuildProgress *progress;
-        atomic_uint_fast64_t bytes_read;
-        atomic_bool failed;
-        pthread_mutex_t lock; /* error */
-        int r;
-        FamilyError error;
+        atomic_uint_fast64_t bytes_read, read_calls;
+        BuildFillFailure failure;
 } RankRead;
 
 /* Bytes of one row of the slice's first dimension (the whole slice for a scalar). */
@@ -218,18 +220,6 @@ static int pieces_of(const RankLayout *rl, Piece **ret, size_t *ret_n) {
         return 0;
 }
 
-static void read_fail(RankRead *rr, int r, FamilyError *e) {
-        (void) pthread_mutex_lock(&rr->lock);
-        if (rr->r >= 0) {
-                rr->r = r;
-                rr->error = *e;
-                *e = FAMILY_ERROR_NULL;
-        }
-        (void) pthread_mutex_unlock(&rr->lock);
-        family_error_done(e);
-        atomic_store(&rr->failed, true);
-}
-
 /* A fill thread: one piece, its rows of the slice read as a slice of their own. */
 static void read_piece(void *userdata, uint64_t chunk) {
         RankRead *rr = userdata;
@@ -239,10 +229,10 @@ static void read_piece(void *userdata, uint64_t chunk) {
         int64_t local[FAMILYD_MAX_SHAPE_RANK], offset[FAMILYD_MAX_SHAPE_RANK];
         FamilyError e = FAMILY_ERROR_NULL;
         _cleanup_free_ uint8_t *staging = NULL;
-        uint64_t bytes = 0;
+        BuildCheckpointReads reads = {};
         int r;
 
-        if (atomic_load(&rr->failed))
+        if (atomic_load(&rr->failure.failed))
                 return;
         ShardSlice part = *s;
         if (s->n_dims > 0) {
@@ -260,7 +250,7 @@ static void read_piece(void *userdata, uint64_t chunk) {
         if (!rr->base && size <= SIZE_MAX)
                 piece = malloc((size_t) size);
         if (!staging || (!rr->base && !piece)) {
-                read_fail(rr, -ENOMEM, &e);
+                build_fill_failure_set(&rr->failure, -ENOMEM, &e);
                 return;
         }
         if (rr->base)
@@ -268,13 +258,14 @@ static void read_piece(void *userdata, uint64_t chunk) {
         r = build_checkpoint_read_slice(
                 b->checkpoint, &b->plan.parameters[s->parameter].checkpoint,
                 b->checkpoint_prefix, &b->layout.parameters[s->parameter], &part,
-                rr->base ? rr->base + at : piece, staging, CHECKPOINT_STAGING_BYTES, &bytes, &e);
-        atomic_fetch_add(&rr->bytes_read, bytes);
-        build_progress_add_read(rr->progress, bytes);
+                rr->base ? rr->base + at : piece, staging, CHECKPOINT_STAGING_BYTES, &reads, &e);
+        atomic_fetch_add(&rr->bytes_read, reads.bytes);
+        atomic_fetch_add(&rr->read_calls, reads.calls);
+        build_progress_add_read(rr->progress, reads.bytes);
         if (r >= 0 && !rr->base)
                 r = accel_write(rr->accel, rr->segment, at, piece, (size_t) size, &e);
         if (r < 0)
-                read_fail(rr, r, &e);
+                build_fill_failure_set(&rr->failure, r, &e);
 }
 
 int build_checkpoint_fill_rank(const Builder *builder, BuildState *b, size_t i,
@@ -282,7 +273,7 @@ int build_checkpoint_fill_rank(const Builder *builder, BuildState *b, size_t i,
                                void *userdata, FamilyError *ret_error) {
         BuildRankState *rs = &b->ranks[i];
         RankRead rr = { .b = b, .accel = builder->accel, .segment = rs->segment,
-                        .progress = progress, .r = 0, .error = FAMILY_ERROR_NULL };
+                        .progress = progress };
         int r;
 
         rr.base = shard_segment_data(rs->segment);
@@ -291,26 +282,27 @@ int build_checkpoint_fill_rank(const Builder *builder, BuildState *b, size_t i,
         r = pieces_of(&b->layout.ranks[i], &rr.pieces, &rr.n_pieces);
         if (r < 0)
                 return r;
-        (void) pthread_mutex_init(&rr.lock, NULL);
+        build_fill_failure_init(&rr.failure);
         r = build_fill_run(builder, rs->local_device,
                            &(FillPoolWork) { .run = read_piece,
                                              .userdata = &rr,
                                              .n_chunks = rr.n_pieces },
                            expired, userdata);
-        (void) pthread_mutex_destroy(&rr.lock);
         free(rr.pieces);
-        if (rr.r < 0) {
-                if (ret_error && family_error_is_set(&rr.error)) {
-                        family_error_done(ret_error);
-                        *ret_error = rr.error;
-                } else
-                        family_error_done(&rr.error);
-                return rr.r;
-        }
+        r = build_fill_failure_take(&rr.failure, r, ret_error);
         if (r < 0)
                 return r;
-        build_count_checkpoint_read(builder, atomic_load(&rr.bytes_read));
-        if (rr.base)
+        build_count_checkpoint_read(builder, 1, atomic_load(&rr.bytes_read),
+                                    atomic_load(&rr.read_calls));
+        /* The bands, after every rank, write into it too. */
+        if (rr.base && !build_checkpoint_has_bands(b->checkpoint))
                 shard_segment_unmap(rs->segment);
         return 0;
+}
+
+void build_checkpoint_unmap(BuildState *b) {
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && !b->ranks[i].replica && b->ranks[i].segment &&
+                    !build_rank_on_gpu(&b->ranks[i]))
+                        shard_segment_unmap(b->ranks[i].segment);
 }

@@ -1,6 +1,9 @@
 /* build-private.h: what the files of build/ share: placement and what is kept across restarts. */
 #pragma once
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include "build.h"
 
 /* ---- build-place.c: where ranks live, what memory they take ---------------------------- */
@@ -86,8 +89,10 @@ typedef struct BuildWatch BuildWatch;
 int64_t build_now_ms(void);
 /* A fill of bytes starts (GetStatus's counters); builder->sharing may be NULL. */
 void build_count_fill(const Builder *builder, uint64_t bytes);
-/* A rank was read from a checkpoint: bytes from its files. */
-void build_count_checkpoint_read(const Builder *builder, uint64_t bytes);
+/* Ranks read from a checkpoint (0: a band pass, whose bytes are several ranks'): the bytes
+ * read from its files and the read calls. */
+void build_count_checkpoint_read(const Builder *builder, unsigned ranks, uint64_t bytes,
+                                 uint64_t calls);
 /* Takes the build out of the table as mode allows, withdraws its tokens, forgets it where it
  * was kept and lets its memory go. -EBUSY when mode refuses; NOT_FOUND as build_table_get(). */
 int build_free(const Builder *builder, const char *id, BuildTakeMode mode, int64_t now_ms,
@@ -168,6 +173,20 @@ int build_fill_run(const Builder *builder, int32_t local_device, const FillPoolW
 void build_fill_bind(const Builder *builder, int32_t local_device, FillProgress *progress,
                      bool (*cancelled)(void *userdata), void *userdata);
 
+/* The first failure of work spread over the fill threads: a chunk that fails sets it (the
+ * first one's error is kept; e is taken), the others see `failed` and stop early; the caller
+ * then takes it (build_fill_failure_take(): the failure's r with its error in *ret_error, else
+ * r), which also ends it. */
+typedef struct BuildFillFailure {
+        pthread_mutex_t lock;
+        atomic_bool failed;
+        int r;
+        FamilyError error;
+} BuildFillFailure;
+void build_fill_failure_init(BuildFillFailure *f);
+void build_fill_failure_set(BuildFillFailure *f, int r, FamilyError *e);
+int build_fill_failure_take(BuildFillFailure *f, int r, FamilyError *ret_error);
+
 /* ---- build-publish.c: builds whose values a client's module init writes ------------------ */
 
 /* The first parameter of b whose init is `module` (NULL: none, or values from a checkpoint). */
@@ -191,3 +210,11 @@ int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildR
 int build_checkpoint_fill_rank(const Builder *builder, BuildState *b, size_t i,
                                BuildProgress *progress, bool (*expired)(void *userdata),
                                void *userdata, FamilyError *ret_error);
+/* After every rank's build_checkpoint_fill_rank(), with their segments still mapped: the
+ * banded tensors (build-checkpoint-bands.c), read once in bands and scattered to every rank;
+ * then each rank's segment is unmapped (build_checkpoint_unmap). 0 when there are none. */
+int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProgress *progress,
+                                bool (*expired)(void *userdata), void *userdata,
+                                FamilyError *ret_error);
+/* Unmaps the host segments a checkpoint's fill left mapped for its bands. */
+void build_checkpoint_unmap(BuildState *b);

@@ -47,7 +47,7 @@ struct BuildSharing {
         uint64_t grace_ms;
         atomic_uint_fast64_t fills_started;
         atomic_uint_fast64_t bytes_filled;
-        atomic_uint_fast64_t checkpoint_ranks, checkpoint_bytes_read;
+        atomic_uint_fast64_t checkpoint_ranks, checkpoint_bytes_read, checkpoint_reads;
         Builder builder; /* a copy, sharing included, for the watcher */
         BuildWatch *watch;
         pthread_mutex_t keep_lock; /* one save of holders at a time (build-holders-keep.c) */
@@ -67,11 +67,13 @@ void build_count_fill(const Builder *builder, uint64_t bytes) {
         atomic_fetch_add(&builder->sharing->bytes_filled, bytes);
 }
 
-void build_count_checkpoint_read(const Builder *builder, uint64_t bytes) {
+void build_count_checkpoint_read(const Builder *builder, unsigned ranks, uint64_t bytes,
+                                 uint64_t calls) {
         if (!builder->sharing)
                 return;
-        atomic_fetch_add(&builder->sharing->checkpoint_ranks, 1);
+        atomic_fetch_add(&builder->sharing->checkpoint_ranks, ranks);
         atomic_fetch_add(&builder->sharing->checkpoint_bytes_read, bytes);
+        atomic_fetch_add(&builder->sharing->checkpoint_reads, calls);
 }
 
 void build_counters(const Builder *builder, BuildCounters *ret) {
@@ -82,6 +84,7 @@ void build_counters(const Builder *builder, BuildCounters *ret) {
         ret->bytes_filled = atomic_load(&builder->sharing->bytes_filled);
         ret->checkpoint_ranks = atomic_load(&builder->sharing->checkpoint_ranks);
         ret->checkpoint_bytes_read = atomic_load(&builder->sharing->checkpoint_bytes_read);
+        ret->checkpoint_reads = atomic_load(&builder->sharing->checkpoint_reads);
         ret->builds_in_grace = build_table_count_idle(builder->manager->builds);
 }
 

@@ -324,6 +324,19 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
         return 0;
 }
 
+static int materialize(const Builder *builder, BuildState *b, const char *id,
+                       BuildProgress *progress, bool (*expired)(void *userdata), void *userdata,
+                       FamilyError *ret_error) {
+        int r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
+
+        if (r >= 0 && b->checkpoint)
+                r = build_checkpoint_fill_bands(builder, b, progress, expired, userdata,
+                                                ret_error);
+        if (b->checkpoint)
+                build_checkpoint_unmap(b);
+        return r;
+}
+
 static int publish_tokens(BuildState *b, ShardTable *shards, FamilyError *ret_error) {
         int r;
 
@@ -381,7 +394,7 @@ static int draft_finish(BuildDraft *d, const char *id, BuildProgress *progress,
         BuildRecord *rec = NULL;
         int r;
 
-        r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
+        r = materialize(builder, b, id, progress, expired, userdata, ret_error);
         if (r >= 0 && expired(userdata))
                 r = -ETIMEDOUT;
         /* Read: its files are the client's again (a deleted one's space comes back). */

@@ -117,6 +117,7 @@ typedef struct BuildCounters {
         unsigned builds_in_grace;
         uint64_t checkpoint_ranks;      /* ranks filled from a checkpoint */
         uint64_t checkpoint_bytes_read; /* bytes read from checkpoints' files for them */
+        uint64_t checkpoint_reads;      /* the read calls that read those bytes */
 } BuildCounters;
 void build_counters(const Builder *builder, BuildCounters *ret);
 

@@ -143,6 +143,7 @@ int metrics_snapshot_gather(const MetricsSources *src, MetricsSnapshot *ret) {
         ret->fills_started = counters.fills_started;
         ret->checkpoint_ranks = counters.checkpoint_ranks;
         ret->checkpoint_bytes_read = counters.checkpoint_bytes_read;
+        ret->checkpoint_reads = counters.checkpoint_reads;
         if (src->builder && src->builder->deposits) {
                 CheckpointDepositCounters dc;
                 checkpoint_deposits_counters(src->builder->deposits, &dc);

@@ -127,6 +127,10 @@ static void render_builds(Text *t, const MetricsSnapshot *s) {
         text_u64(t, "familyd_checkpoint_read_bytes_total", "counter",
                  "Bytes read from checkpoint files into shards (each byte a shard needs, once).",
                  s->checkpoint_bytes_read);
+        text_u64(t, "familyd_checkpoint_reads_total", "counter",
+                 "Read calls on checkpoint files (each up to 4 MiB, or a band of whole rows of "
+                 "up to 16 MiB).",
+                 s->checkpoint_reads);
         text_u64(t, "familyd_checkpoint_deposits", "gauge",
                  "Checkpoint deposits held for Builds (shard socket).", s->checkpoint_deposits);
         text_family(t, "familyd_materialized_bytes_total", "counter",

@@ -28,7 +28,7 @@ typedef struct MetricsSnapshot {
         /* builds */
         unsigned builds_live, builds_pinned, builds_referenced, builds_in_grace;
         uint64_t fills_started;
-        uint64_t checkpoint_ranks, checkpoint_bytes_read; /* filled from checkpoints */
+        uint64_t checkpoint_ranks, checkpoint_bytes_read, checkpoint_reads; /* from checkpoints */
         unsigned checkpoint_deposits;                     /* held on the shard socket now */
         uint64_t materialized_bytes[METRICS_DEVICE_KINDS]; /* by device kind: host, cuda */
         uint64_t fill_ns[METRICS_DEVICE_KINDS];

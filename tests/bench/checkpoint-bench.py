@@ -388,9 +388,16 @@ def load_layers(client, shard_sock, ckpt, mesh_id, cfg, layers):
     return time.perf_counter() - t0, builds
 
 
-def release(client, builds):
+def release(client, builds, gone_ok=False):
+    """Releases builds; with gone_ok, one already freed (its holders exited, grace 0) is
+    passed over."""
+    import familyd
     for b in builds:
-        client.release_build(b.build_id, force=True)
+        try:
+            client.release_build(b.build_id, force=True)
+        except familyd.FamilydError as e:
+            if not (gone_ok and e.reason == "BUILD_NOT_FOUND"):
+                raise
 
 
 # -- rank workers (measure 3) -----------------------------------------------------------------
@@ -597,7 +604,8 @@ def measure(a, tmp, ckpt, files, hidden, inter, layers, needed):
                 r = run_ranks(a, side, ckpt, sock, shard_sock, mesh22, hidden, inter, layers,
                               proc.pid, client)
                 res["ranks_%s_%s" % (state, side)] = r
-                release(client, client.list_builds())   # this daemon's builds are ours
+                # This daemon's builds are ours; the workers' go as they exit (grace 0).
+                release(client, client.list_builds(), gone_ok=True)
             f, s = res["ranks_%s_familyd" % state], res["ranks_%s_safetensors" % state]
             if f["crc"] != s["crc"]:
                 raise SystemExit("checkpoint-bench: the ranks' parameters differ between "

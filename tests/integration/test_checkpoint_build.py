@@ -511,14 +511,23 @@ class TestBuild(Base):
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])
         status = "familyd.v1.AdminService/GetStatus"
-        before = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_read_bytes_total")
+        m0 = M.parse(M.scrape(port)[1])
+        before = M.value(m0, "familyd_checkpoint_read_bytes_total")
         st0 = D.client.call(status).reply
         b = self.build(request(self.deposit(self.single), mesh([("tp", 4)]), private=True))
-        after = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_read_bytes_total")
+        m1 = M.parse(M.scrape(port)[1])
+        after = M.value(m1, "familyd_checkpoint_read_bytes_total")
         st1 = D.client.call(status).reply
         self.assertEqual(len(b.shards), 4)
+        self.check_values(b, self.tensors)
         need = sum(v.nbytes for v in self.tensors.values())
         self.assertEqual(after - before, need)
+        # gate_proj and up_proj are row shards: one read per rank each. down_proj is a column
+        # shard (a quarter of every row per rank) that the node reads whole: banded, one read
+        # of its 64 whole rows for all four ranks, not one per row and rank (4 x 64).
+        reads = (M.value(m1, "familyd_checkpoint_reads_total") -
+                 M.value(m0, "familyd_checkpoint_reads_total"))
+        self.assertEqual(reads, 2 * 4 + 1)
         self.assertEqual(st1.checkpoint_bytes_read - st0.checkpoint_bytes_read, need)
         self.assertEqual(st1.shard_socket, D.shard_socket)
 

@@ -112,12 +112,12 @@ static void read_gate_up(Dtype dtype, const int64_t *off, const int64_t *loc) {
         size_t n = (size_t) (l[0] * l[1] * l[2]), es = dtype_size(dtype);
         _cleanup_free_ uint8_t *out = calloc(n, es);
         FamilyError err = FAMILY_ERROR_NULL;
-        uint64_t read = 0;
+        BuildCheckpointReads read = {};
 
         assert_int_equal(build_checkpoint_read_slice(c, &src, "m", &p, &s, out, staging,
                                                      sizeof staging, &read, &err), 0);
         /* Every byte read is one the slice needs (a transposed box reads whole runs of it). */
-        assert_int_equal(read, (uint64_t) n * 2);
+        assert_int_equal(read.bytes, (uint64_t) n * 2);
         for (int64_t e = 0; e < l[0]; e++)
                 for (int64_t h = 0; h < l[1]; h++)
                         for (int64_t j = 0; j < l[2]; j++) {
@@ -155,11 +155,12 @@ static void test_rows_and_bytes_read(void **state) {
         ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 2 };
         uint16_t out[3 * I];
         FamilyError err = FAMILY_ERROR_NULL;
-        uint64_t read = 0;
+        BuildCheckpointReads read = {};
 
         assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s, (uint8_t *) out, staging,
                                                      sizeof staging, &read, &err), 0);
-        assert_int_equal(read, 3 * I * 4); /* three whole rows: one run of F32 */
+        assert_int_equal(read.bytes, 3 * I * 4); /* three whole rows: one run of F32, one read */
+        assert_int_equal(read.calls, 1);
         for (int64_t i = 0; i < 3 * I; i++)
                 assert_true(bfloat16_to_float(out[i]) == element(2 * E + 1, (uint64_t) (I + i)));
 }
@@ -174,7 +175,7 @@ static void test_refusals(void **state) {
         ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 2 };
         uint16_t out[I * H];
         FamilyError err = FAMILY_ERROR_NULL;
-        uint64_t read = 0;
+        BuildCheckpointReads read = {};
 
         assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s, (uint8_t *) out, staging,
                                                      sizeof staging, &read, &err), -EINVAL);
@@ -220,7 +221,8 @@ static void test_open_refusals(void **state) {
 }
 
 /* The node reads a tensor whole when its distinct boxes add up to it: two halves do, one half
- * does not, nor does the same half read by two ranks. */
+ * does not, nor does the same half read by two ranks. Halves of every row (columns) are banded
+ * where bands are allowed; halves of the rows are not. */
 static void test_read_whole_marking(void **state) {
         _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = open_mixtral();
         char *name = (char *) "m.experts.1.w2.weight";
@@ -231,21 +233,41 @@ static void test_read_whole_marking(void **state) {
         CheckpointBlock unknown = { .tensor = (char *) "m.nothing", .n_src_dims = 1 };
 
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
         assert_false(build_checkpoint_find(c, name)->read_whole);
 
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
         assert_false(build_checkpoint_find(c, name)->read_whole);
+        assert_false(build_checkpoint_has_bands(c));
 
         assert_int_equal(build_checkpoint_note_read(c, &right), 0);
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
         assert_int_equal(build_checkpoint_note_read(c, &right), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c), 0);
-        for (size_t i = 0; i < c->n_tensors; i++)
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
+        for (size_t i = 0; i < c->n_tensors; i++) {
                 assert_int_equal(c->tensors[i].read_whole,
                                  streq(c->tensors[i].tensor->name, name));
+                assert_int_equal(c->tensors[i].banded, streq(c->tensors[i].tensor->name, name));
+        }
+        assert_true(build_checkpoint_has_bands(c));
+
+        /* Not where a rank is on a GPU; nor halves of the rows (each rank's part contiguous). */
+        assert_int_equal(build_checkpoint_note_read(c, &right), 0);
+        assert_int_equal(build_checkpoint_note_read(c, &left), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, false), 0);
+        assert_true(build_checkpoint_find(c, name)->read_whole);
+        assert_false(build_checkpoint_has_bands(c));
+        CheckpointBlock top = { .tensor = name, .n_src_dims = 2, .src_offset = { 0, 0 },
+                                .src_extent = { H / 2, I } };
+        CheckpointBlock bottom = { .tensor = name, .n_src_dims = 2, .src_offset = { H / 2, 0 },
+                                   .src_extent = { H - H / 2, I } };
+        assert_int_equal(build_checkpoint_note_read(c, &top), 0);
+        assert_int_equal(build_checkpoint_note_read(c, &bottom), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
+        assert_true(build_checkpoint_find(c, name)->read_whole);
+        assert_false(build_checkpoint_has_bands(c));
         assert_int_equal(build_checkpoint_note_read(c, &unknown), -EINVAL);
 }
 
@@ -315,7 +337,7 @@ static void test_read_ahead(void **state) {
 
         assert_non_null(out);
         for (int whole = 0; whole < 2; whole++) {
-                uint64_t read = 0;
+                BuildCheckpointReads read = {};
                 assert_int_equal(fdatasync(f->fd), 0);
                 assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED), 0);
                 assert_true(cached(f->fd, from, to) == 0.0);
@@ -324,7 +346,8 @@ static void test_read_ahead(void **state) {
                 assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s,
                                                              (uint8_t *) out, staging,
                                                              sizeof staging, &read, &err), 0);
-                assert_int_equal(read, (uint64_t) R * C / 2 * 4);
+                assert_int_equal(read.bytes, (uint64_t) R * C / 2 * 4);
+                assert_int_equal(read.calls, R); /* a row's half each */
                 for (int64_t r = 0; r < R; r++)
                         for (int64_t k = 0; k < C / 2; k += 997)
                                 assert_true(out[r * C / 2 + k] ==
@@ -341,6 +364,83 @@ static void test_read_ahead(void **state) {
         build_checkpoint_free(c);
 }
 
+/* A banded tensor: the slices' reads skip it; bands of whole rows, read once each, scattered
+ * from memory fill both column halves, and a transposed parameter's half (its rows are the
+ * tensor's columns), band by band. */
+static void test_bands(void **state) {
+        enum { R = 64, C = 256, STEP = 10 };
+        Spec t = { "w", "F32", R, C };
+        int fd = write_file(&t, 1, 0);
+        const char *names[1] = { "w.safetensors" };
+        _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = NULL;
+        FamilyError err = FAMILY_ERROR_NULL;
+        BuildCheckpointReads read = {};
+
+        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
+        c->tensors[0].read_whole = c->tensors[0].banded = true;
+        CheckpointPart part = { "w", false }, transposed = { "w", true };
+        CheckpointSource src = { .parts = &part, .n_parts = 1 };
+        CheckpointSource src_t = { .parts = &transposed, .n_parts = 1 };
+        int64_t shape[2] = { R, C }, shape_t[2] = { C, R }, l[2] = { R, C / 2 },
+                l_t[2] = { C / 2, R }, o_left[2] = { 0, 0 }, o_right[2] = { 0, C / 2 },
+                o_t[2] = { C / 2, 0 };
+        ParameterLayout p = { .name = (char *) "w", .shape = shape, .n_dims = 2,
+                              .dtype = DTYPE_FLOAT32 };
+        ParameterLayout p_t = { .name = (char *) "wt", .shape = shape_t, .n_dims = 2,
+                                .dtype = DTYPE_BFLOAT16 };
+        ShardSlice left = { .local_shape = l, .global_offset = o_left, .n_dims = 2,
+                            .byte_length = R * C / 2 * 4 };
+        ShardSlice right = { .local_shape = l, .global_offset = o_right, .n_dims = 2,
+                             .byte_length = R * C / 2 * 4 };
+        ShardSlice half_t = { .local_shape = l_t, .global_offset = o_t, .n_dims = 2,
+                              .byte_length = R * C / 2 * 2 };
+        _cleanup_free_ float *a = calloc(R * C / 2, sizeof(float));
+        _cleanup_free_ float *b = calloc(R * C / 2, sizeof(float));
+        _cleanup_free_ uint16_t *tt = calloc(R * C / 2, sizeof(uint16_t));
+        _cleanup_free_ uint8_t *band = malloc((size_t) STEP * C * 4);
+
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(tt);
+        assert_non_null(band);
+        assert_int_equal(build_checkpoint_row_bytes(c, 0), C * 4);
+        assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &left, (uint8_t *) a,
+                                                     staging, sizeof staging, &read, &err), 0);
+        assert_int_equal(read.calls, 0);
+        assert_int_equal(read.bytes, 0);
+        assert_true(a[0] == 0.0f && a[R * C / 2 - 1] == 0.0f);
+
+        for (int64_t row = 0; row < R; row += STEP) {
+                int64_t rows = R - row < STEP ? R - row : STEP;
+                assert_int_equal(build_checkpoint_read_band(c, 0, row, rows, band, &read, &err),
+                                 0);
+                assert_int_equal(build_checkpoint_scatter_band(c, &src, "", &p, &left, 0, band,
+                                                               row, rows, (uint8_t *) a, &err),
+                                 0);
+                assert_int_equal(build_checkpoint_scatter_band(c, &src, "", &p, &right, 0, band,
+                                                               row, rows, (uint8_t *) b, &err),
+                                 0);
+                assert_int_equal(build_checkpoint_scatter_band(c, &src_t, "", &p_t, &half_t, 0,
+                                                               band, row, rows,
+                                                               (uint8_t *) tt, &err),
+                                 0);
+        }
+        assert_int_equal(read.calls, (R + STEP - 1) / STEP); /* a band, a read */
+        assert_int_equal(read.bytes, (uint64_t) R * C * 4);  /* every byte once */
+        for (int64_t r = 0; r < R; r++)
+                for (int64_t k = 0; k < C / 2; k++) {
+                        float want_a = element(0, (uint64_t) (r * C + k));
+                        float want_b = element(0, (uint64_t) (r * C + C / 2 + k));
+                        if (a[r * C / 2 + k] != want_a || b[r * C / 2 + k] != want_b)
+                                fail_msg("[%" PRId64 ",%" PRId64 "]: %g %g, not %g %g", r, k,
+                                         a[r * C / 2 + k], b[r * C / 2 + k], want_a, want_b);
+                        /* wt[C/2 + k][r] = w[r][C/2 + k], rounded to bfloat16 */
+                        if (bfloat16_to_float(tt[k * R + r]) !=
+                            bfloat16_to_float(float_to_bfloat16(want_b)))
+                                fail_msg("wt[%" PRId64 ",%" PRId64 "]", C / 2 + k, r);
+                }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_gate_up),
@@ -348,6 +448,7 @@ int main(void) {
                 cmocka_unit_test(test_refusals),
                 cmocka_unit_test(test_open_refusals),
                 cmocka_unit_test(test_read_whole_marking),
+                cmocka_unit_test(test_bands),
                 cmocka_unit_test(test_read_ahead),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

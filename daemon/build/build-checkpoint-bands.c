@@ -1,0 +1,176 @@
+/* build-checkpoint-bands.c: the checkpoint tensors a node reads whole in columns, read once in bands of whole rows and scattered to every rank. */
+
+/*
+ * DESIGN: a column shard is part of every row of its tensor, so a rank's slice of it is one
+ * small read per row, and the node's other ranks read the rest of the same rows. When the
+ * node's ranks together read such a tensor whole (build-checkpoint-whole.c marks it banded),
+ * the slices skip it and this pass reads it instead, after every rank's own reads and before
+ * any segment is unmapped: bands of whole rows of at most BUILD_CHECKPOINT_BAND_BYTES, one read
+ * each (a few large reads in flight, one per fill thread), and each band scattered from memory
+ * into every rank's slices of it. Every byte of the tensor is read once. The band buffers are
+ * a pool of at most one per fill thread at work, freed at the end: the memory beyond the shards
+ * stays threads x band, whatever the model's size. Only builds whose reading ranks are all in
+ * host memory are banded (a GPU rank's piece goes up through a host buffer of its own).
+ */
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "build-private.h"
+
+typedef struct Band {
+        size_t tensor;
+        int64_t row, rows;
+} Band;
+
+typedef struct BandRead {
+        const BuildState *b;
+        uint8_t **bases; /* per rank: its mapping, or NULL (not read: a replica, not here) */
+        Band *bands;
+        size_t n_bands;
+        BuildProgress *progress;
+        atomic_uint_fast64_t bytes, calls;
+        BuildFillFailure failure;
+        pthread_mutex_t lock; /* spare */
+        uint8_t **spare;      /* buffers of BUILD_CHECKPOINT_BAND_BYTES not in use */
+        size_t n_spare;
+} BandRead;
+
+static int bands_of(const BuildCheckpoint *c, Band **ret, size_t *ret_n) {
+        Band *bands = NULL;
+        size_t n = 0;
+
+        for (size_t t = 0; t < c->n_tensors; t++) {
+                if (!c->tensors[t].banded)
+                        continue;
+                uint64_t row_bytes = build_checkpoint_row_bytes(c, t);
+                int64_t rows = (int64_t) c->tensors[t].tensor->shape[0];
+                int64_t per = row_bytes > 0 ? (int64_t) (BUILD_CHECKPOINT_BAND_BYTES / row_bytes)
+                                            : rows;
+                if (per < 1)
+                        per = 1;
+                for (int64_t at = 0; at < rows; at += per) {
+                        Band *grown = reallocarray(bands, n + 1, sizeof *bands);
+                        if (!grown) {
+                                free(bands);
+                                return -ENOMEM;
+                        }
+                        bands = grown;
+                        bands[n++] = (Band) { t, at, rows - at < per ? rows - at : per };
+                }
+        }
+        *ret = bands;
+        *ret_n = n;
+        return 0;
+}
+
+static uint8_t *buffer_take(BandRead *br) {
+        uint8_t *buf = NULL;
+
+        (void) pthread_mutex_lock(&br->lock);
+        if (br->n_spare > 0)
+                buf = br->spare[--br->n_spare];
+        (void) pthread_mutex_unlock(&br->lock);
+        return buf ? buf : malloc(BUILD_CHECKPOINT_BAND_BYTES);
+}
+
+static void buffer_give(BandRead *br, uint8_t *buf) {
+        (void) pthread_mutex_lock(&br->lock);
+        uint8_t **grown = reallocarray(br->spare, br->n_spare + 1, sizeof *grown);
+        if (grown) {
+                br->spare = grown;
+                br->spare[br->n_spare++] = buf;
+                buf = NULL;
+        }
+        (void) pthread_mutex_unlock(&br->lock);
+        free(buf);
+}
+
+/* Band's part of every slice of every rank that reads. */
+static int band_scatter(const BandRead *br, const Band *band, const uint8_t *buf,
+                        FamilyError *e) {
+        const BuildState *b = br->b;
+        int r = 0;
+
+        for (size_t i = 0; r >= 0 && i < b->n_ranks; i++) {
+                const RankLayout *rl = &b->layout.ranks[i];
+                if (!br->bases[i])
+                        continue;
+                for (size_t k = 0; r >= 0 && k < rl->n_slices; k++) {
+                        const ShardSlice *s = &rl->slices[k];
+                        if (s->byte_length == 0)
+                                continue;
+                        r = build_checkpoint_scatter_band(
+                                b->checkpoint, &b->plan.parameters[s->parameter].checkpoint,
+                                b->checkpoint_prefix, &b->layout.parameters[s->parameter], s,
+                                band->tensor, buf, band->row, band->rows,
+                                br->bases[i] + s->byte_offset, e);
+                }
+        }
+        return r;
+}
+
+/* A fill thread: one band, read and scattered. */
+static void band_run(void *userdata, uint64_t chunk) {
+        BandRead *br = userdata;
+        const Band *band = &br->bands[chunk];
+        BuildCheckpointReads reads = {};
+        FamilyError e = FAMILY_ERROR_NULL;
+        uint8_t *buf;
+        int r;
+
+        if (atomic_load(&br->failure.failed))
+                return;
+        buf = buffer_take(br);
+        if (!buf) {
+                build_fill_failure_set(&br->failure, -ENOMEM, &e);
+                return;
+        }
+        r = build_checkpoint_read_band(br->b->checkpoint, band->tensor, band->row, band->rows,
+                                       buf, &reads, &e);
+        atomic_fetch_add(&br->bytes, reads.bytes);
+        atomic_fetch_add(&br->calls, reads.calls);
+        build_progress_add_read(br->progress, reads.bytes);
+        if (r >= 0)
+                r = band_scatter(br, band, buf, &e);
+        buffer_give(br, buf);
+        if (r < 0)
+                build_fill_failure_set(&br->failure, r, &e);
+}
+
+int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProgress *progress,
+                                bool (*expired)(void *userdata), void *userdata,
+                                FamilyError *ret_error) {
+        _cleanup_free_ uint8_t **bases = NULL;
+        BandRead br = { .b = b, .progress = progress };
+        int r;
+
+        if (!build_checkpoint_has_bands(b->checkpoint))
+                return 0;
+        bases = calloc(b->n_ranks, sizeof *bases);
+        if (!bases)
+                return -ENOMEM;
+        for (size_t i = 0; i < b->n_ranks; i++)
+                if (b->ranks[i].materialized && !b->ranks[i].replica && b->ranks[i].segment) {
+                        bases[i] = shard_segment_data(b->ranks[i].segment);
+                        if (!bases[i]) /* banded builds are read into host memory only */
+                                return -EINVAL;
+                }
+        br.bases = bases;
+        r = bands_of(b->checkpoint, &br.bands, &br.n_bands);
+        if (r < 0)
+                return r;
+        (void) pthread_mutex_init(&br.lock, NULL);
+        build_fill_failure_init(&br.failure);
+        r = build_fill_run(builder, -1,
+                           &(FillPoolWork) { .run = band_run, .userdata = &br,
+                                             .n_chunks = br.n_bands },
+                           expired, userdata);
+        (void) pthread_mutex_destroy(&br.lock);
+        for (size_t i = 0; i < br.n_spare; i++)
+                free(br.spare[i]);
+        free(br.spare);
+        free(br.bands);
+        build_count_checkpoint_read(builder, 0, atomic_load(&br.bytes), atomic_load(&br.calls));
+        return build_fill_failure_take(&br.failure, r, ret_error);
+}
