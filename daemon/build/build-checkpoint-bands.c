@@ -6,13 +6,21 @@
  * node's ranks together read such a tensor whole (build-checkpoint-whole.c marks it banded),
  * the slices skip it and this pass reads it instead, after every rank's own reads and before
  * any segment is unmapped: bands of whole rows of at most BUILD_CHECKPOINT_BAND_BYTES, one read
- * each (a few large reads in flight, one per fill thread), and each band scattered from memory
- * into every rank's slices of it. Every byte of the tensor is read once. The band buffers are
- * a pool of at most one per fill thread at work, freed at the end: the memory beyond the shards
- * stays threads x band, whatever the model's size. Only builds whose reading ranks are all in
- * host memory are banded (a GPU rank's piece goes up through a host buffer of its own).
+ * each (a few large reads in flight, one per fill thread). A band none of whose bytes needs
+ * converting or scattering (the parameter's dtype, each run landing in consecutive elements) is
+ * read with preadv straight into every rank's slices, its runs in file order (up to IOV_MAX a
+ * call): no buffer, no copy but the kernel's. Any other is read into a buffer and scattered
+ * from memory. Every byte of the tensor is read once. The band buffers are a pool of at most
+ * one per fill thread at work, freed at the end: the memory beyond the shards stays threads x
+ * band, whatever the model's size. Only builds whose reading ranks are all in
+ * host memory are banded (a GPU rank's piece goes up through a host buffer of its own). Before
+ * the ranks' own reads begin, the banded tensors are asked of the kernel ahead
+ * (POSIX_FADV_WILLNEED, build_checkpoint_read_ahead_bands): the disk reads them while the
+ * ranks read theirs, and the bands then find most of their rows cached instead of leaving the
+ * disk idle while a band is scattered.
  */
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -86,9 +94,10 @@ static void buffer_give(BandRead *br, uint8_t *buf) {
         free(buf);
 }
 
-/* Band's part of every slice of every rank that reads. */
-static int band_scatter(const BandRead *br, const Band *band, const uint8_t *buf,
-                        FamilyError *e) {
+/* Band's part of every slice of every rank that reads: from buf (read), or, with buf NULL,
+ * noted as runs for one preadv straight into the slices. */
+static int band_slices(const BandRead *br, const Band *band, const uint8_t *buf,
+                       BuildCheckpointRuns *runs, FamilyError *e) {
         const BuildState *b = br->b;
         int r = 0;
 
@@ -98,15 +107,50 @@ static int band_scatter(const BandRead *br, const Band *band, const uint8_t *buf
                         continue;
                 for (size_t k = 0; r >= 0 && k < rl->n_slices; k++) {
                         const ShardSlice *s = &rl->slices[k];
+                        const CheckpointSource *src = &b->plan.parameters[s->parameter].checkpoint;
+                        const ParameterLayout *p = &b->layout.parameters[s->parameter];
+                        uint8_t *dst = br->bases[i] + s->byte_offset;
                         if (s->byte_length == 0)
                                 continue;
-                        r = build_checkpoint_scatter_band(
-                                b->checkpoint, &b->plan.parameters[s->parameter].checkpoint,
-                                b->checkpoint_prefix, &b->layout.parameters[s->parameter], s,
-                                band->tensor, buf, band->row, band->rows,
-                                br->bases[i] + s->byte_offset, e);
+                        r = buf ? build_checkpoint_scatter_band(b->checkpoint, src,
+                                                                b->checkpoint_prefix, p, s,
+                                                                band->tensor, buf, band->row,
+                                                                band->rows, dst, e)
+                                : build_checkpoint_band_runs(b->checkpoint, src,
+                                                             b->checkpoint_prefix, p, s,
+                                                             band->tensor, band->row,
+                                                             band->rows, dst, runs, e);
                 }
         }
+        return r;
+}
+
+/* The band read straight into the slices (no byte converted or scattered), or -EOPNOTSUPP. */
+static int band_direct(const BandRead *br, const Band *band, BuildCheckpointReads *reads,
+                       FamilyError *e) {
+        BuildCheckpointRuns runs = {};
+        int r = band_slices(br, band, NULL, &runs, e);
+
+        if (r >= 0)
+                r = build_checkpoint_read_runs(br->b->checkpoint, band->tensor, band->row,
+                                               band->rows, &runs, reads, e);
+        free(runs.runs);
+        return r;
+}
+
+/* The band through a buffer of the pool: read whole, then converted and scattered. */
+static int band_through_memory(BandRead *br, const Band *band, BuildCheckpointReads *reads,
+                               FamilyError *e) {
+        uint8_t *buf = buffer_take(br);
+        int r;
+
+        if (!buf)
+                return -ENOMEM;
+        r = build_checkpoint_read_band(br->b->checkpoint, band->tensor, band->row, band->rows,
+                                       buf, reads, e);
+        if (r >= 0)
+                r = band_slices(br, band, buf, NULL, e);
+        buffer_give(br, buf);
         return r;
 }
 
@@ -116,26 +160,29 @@ static void band_run(void *userdata, uint64_t chunk) {
         const Band *band = &br->bands[chunk];
         BuildCheckpointReads reads = {};
         FamilyError e = FAMILY_ERROR_NULL;
-        uint8_t *buf;
         int r;
 
         if (atomic_load(&br->failure.failed))
                 return;
-        buf = buffer_take(br);
-        if (!buf) {
-                build_fill_failure_set(&br->failure, -ENOMEM, &e);
-                return;
-        }
-        r = build_checkpoint_read_band(br->b->checkpoint, band->tensor, band->row, band->rows,
-                                       buf, &reads, &e);
+        r = band_direct(br, band, &reads, &e);
+        if (r == -EOPNOTSUPP)
+                r = band_through_memory(br, band, &reads, &e);
         atomic_fetch_add(&br->bytes, reads.bytes);
         atomic_fetch_add(&br->calls, reads.calls);
         build_progress_add_read(br->progress, reads.bytes);
-        if (r >= 0)
-                r = band_scatter(br, band, buf, &e);
-        buffer_give(br, buf);
         if (r < 0)
                 build_fill_failure_set(&br->failure, r, &e);
+}
+
+void build_checkpoint_read_ahead_bands(const BuildCheckpoint *c) {
+        for (size_t t = 0; c && t < c->n_tensors; t++) {
+                const BuildCheckpointTensor *x = &c->tensors[t];
+                const BuildCheckpointFile *f = &c->files[x->file];
+                uint64_t at = f->header->data_offset + x->tensor->begin;
+                uint64_t len = x->tensor->end - x->tensor->begin;
+                if (x->banded && at <= INT64_MAX && len <= INT64_MAX)
+                        (void) posix_fadvise(f->fd, (off_t) at, (off_t) len, POSIX_FADV_WILLNEED);
+        }
 }
 
 int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProgress *progress,

@@ -1,12 +1,13 @@
 /* build-checkpoint-read.c: shard slices filled from a client's checkpoint: the plan's boxes read once (or taken from a band in memory), converted, scattered. */
 
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "common/populate.h"
 #include "core/checkpoint-dtype.h"
 #include "build-checkpoint.h"
 
@@ -28,6 +29,7 @@ typedef struct Box {
         bool read_whole;                  /* BuildCheckpointTensor.read_whole */
         const uint8_t *band;              /* non-NULL: the tensor's elements from band_first */
         uint64_t band_first;              /* on, in memory: nothing is read */
+        BuildCheckpointRuns *runs;        /* non-NULL: each run noted there, nothing read */
 } Box;
 
 static void box_layout(Box *x, const ParameterLayout *p, const ShardSlice *slice) {
@@ -150,6 +152,20 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
                                x->src_stride[j];
                 for (size_t j = 0; j < x->m; j++)
                         base += (uint64_t) idx[j] * x->dst_stride[j];
+                if (x->runs) {
+                        BuildCheckpointRun *grown = reallocarray(x->runs->runs, x->runs->n + 1,
+                                                                 sizeof *grown);
+                        if (!grown)
+                                return -ENOMEM;
+                        x->runs->runs = grown;
+                        grown[x->runs->n++] = (BuildCheckpointRun) {
+                                .at = x->file->header->data_offset + x->tensor->begin +
+                                      src * x->in,
+                                .dst = dst + base * x->out,
+                                .bytes = x->run * x->in,
+                        };
+                        continue;
+                }
                 if (x->band) {
                         /* The whole run is in memory: one copy, converted. */
                         const uint8_t *from = x->band + (src - x->band_first) * x->in;
@@ -250,21 +266,13 @@ static bool block_cut(CheckpointBlock *block, size_t n_dims, int64_t row, int64_
         return true;
 }
 
-/* The slice's rows a cut block lands in, made present, when axis 0 of the tensor is the
- * slice's own first axis (its rows are then consecutive bytes of the slice). */
-static void populate_rows(const CheckpointBlock *block, const ShardSlice *slice, uint8_t *dst) {
-        if (slice->n_dims == 0 || block->src_axis[0] != 0 || slice->local_shape[0] <= 0)
-                return;
-        uint64_t row_bytes = slice->byte_length / (uint64_t) slice->local_shape[0];
-        (void) memory_populate_write(dst + (uint64_t) block->dst_offset[0] * row_bytes,
-                                     (size_t) ((uint64_t) block->src_extent[0] * row_bytes));
-}
-
-int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
-                                  const char *prefix, const ParameterLayout *p,
-                                  const ShardSlice *slice, size_t t, const uint8_t *band,
-                                  int64_t row, int64_t rows, uint8_t *dst,
-                                  FamilyError *ret_error) {
+/* The part of slice in tensor t's rows [row, row + rows): each cut block of t laid out and
+ * read (from band, or noted as runs). Its pages are present already: every piece of a rank
+ * is made present before it is read, the banded boxes too. */
+static int band_blocks(const BuildCheckpoint *c, const CheckpointSource *src, const char *prefix,
+                       const ParameterLayout *p, const ShardSlice *slice, size_t t,
+                       const uint8_t *band, BuildCheckpointRuns *runs, int64_t row, int64_t rows,
+                       uint8_t *dst, FamilyError *ret_error) {
         const BuildCheckpointTensor *x = &c->tensors[t];
         uint64_t row_elements = build_checkpoint_row_bytes(c, t) /
                                 (safetensors_dtype_bits(x->tensor->dtype) / 8);
@@ -284,10 +292,88 @@ int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSour
                 Box b = box_of(c, x, p, &blocks[i]);
                 b.band = band;
                 b.band_first = (uint64_t) row * row_elements;
+                b.runs = runs;
                 box_layout(&b, p, slice);
-                populate_rows(&blocks[i], slice, dst);
+                if (runs && !(b.dst_contiguous && checkpoint_dtype_same(x->tensor->dtype,
+                                                                        p->dtype))) {
+                        r = -EOPNOTSUPP; /* converted or scattered: through memory */
+                        break;
+                }
                 r = read_box(&b, p->dtype, dst, NULL, 0, NULL, ret_error);
         }
         checkpoint_blocks_free(blocks, n);
         return r;
+}
+
+int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
+                                  const char *prefix, const ParameterLayout *p,
+                                  const ShardSlice *slice, size_t t, const uint8_t *band,
+                                  int64_t row, int64_t rows, uint8_t *dst,
+                                  FamilyError *ret_error) {
+        return band_blocks(c, src, prefix, p, slice, t, band, NULL, row, rows, dst, ret_error);
+}
+
+int build_checkpoint_band_runs(const BuildCheckpoint *c, const CheckpointSource *src,
+                               const char *prefix, const ParameterLayout *p,
+                               const ShardSlice *slice, size_t t, int64_t row, int64_t rows,
+                               uint8_t *dst, BuildCheckpointRuns *runs, FamilyError *ret_error) {
+        return band_blocks(c, src, prefix, p, slice, t, NULL, runs, row, rows, dst, ret_error);
+}
+
+static int run_compare(const void *a, const void *b) {
+        const BuildCheckpointRun *x = a, *y = b;
+        return x->at < y->at ? -1 : x->at > y->at;
+}
+
+int build_checkpoint_read_runs(const BuildCheckpoint *c, size_t t, int64_t row, int64_t rows,
+                               BuildCheckpointRuns *runs, BuildCheckpointReads *reads,
+                               FamilyError *ret_error) {
+        const BuildCheckpointFile *f = &c->files[c->tensors[t].file];
+        uint64_t row_bytes = build_checkpoint_row_bytes(c, t);
+        uint64_t at = f->header->data_offset + c->tensors[t].tensor->begin +
+                      (uint64_t) row * row_bytes;
+        uint64_t end = at + (uint64_t) rows * row_bytes;
+        struct iovec iov[IOV_MAX];
+        size_t next = 0;
+
+        if (runs->n > 0)
+                qsort(runs->runs, runs->n, sizeof *runs->runs, run_compare);
+        /* They must tile the rows: one destination per byte, none left out. */
+        uint64_t expect = at;
+        for (size_t i = 0; i < runs->n; expect += runs->runs[i++].bytes)
+                if (runs->runs[i].at != expect)
+                        return -EOPNOTSUPP;
+        if (runs->n == 0 || runs->runs[runs->n - 1].at + runs->runs[runs->n - 1].bytes != end)
+                return -EOPNOTSUPP;
+        while (next < runs->n) {
+                size_t k = 0;
+                for (; k < IOV_MAX && next + k < runs->n; k++)
+                        iov[k] = (struct iovec) { .iov_base = runs->runs[next + k].dst,
+                                                  .iov_len = runs->runs[next + k].bytes };
+                uint64_t from = runs->runs[next].at;
+                ssize_t n = preadv(f->fd, iov, (int) k, (off_t) from);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                reads->calls++;
+                if (n <= 0)
+                        return family_error_set(ret_error, FAMILY_STATUS_UNAVAILABLE,
+                                                "CHECKPOINT_READ", NULL,
+                                                "checkpoint file %s: %s at byte %" PRIu64,
+                                                f->name,
+                                                n < 0 ? strerror(errno)
+                                                      : "it ended early (it changed since it "
+                                                        "was opened)",
+                                                from);
+                reads->bytes += (uint64_t) n;
+                /* Past what was read: whole runs are done, a part-read one goes on. */
+                uint64_t done = (uint64_t) n;
+                while (done > 0 && done >= runs->runs[next].bytes)
+                        done -= runs->runs[next++].bytes;
+                if (done > 0) {
+                        runs->runs[next].at += done;
+                        runs->runs[next].dst += done;
+                        runs->runs[next].bytes -= done;
+                }
+        }
+        return 0;
 }

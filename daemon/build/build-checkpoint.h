@@ -59,6 +59,17 @@ typedef struct BuildCheckpointTensor {
         bool banded;
 } BuildCheckpointTensor;
 
+/* A run of a band read straight into a slice: its bytes in the file from at, to dst. */
+typedef struct BuildCheckpointRun {
+        uint64_t at;
+        uint8_t *dst;
+        uint64_t bytes;
+} BuildCheckpointRun;
+typedef struct BuildCheckpointRuns {
+        BuildCheckpointRun *runs;
+        size_t n;
+} BuildCheckpointRuns;
+
 /* A band's bytes at most (whole rows of a banded tensor; one row at least). */
 #define BUILD_CHECKPOINT_BAND_BYTES (UINT64_C(16) << 20)
 
@@ -146,9 +157,26 @@ int build_checkpoint_read_band(const BuildCheckpoint *c, size_t t, int64_t row, 
                                uint8_t *band, BuildCheckpointReads *reads,
                                FamilyError *ret_error);
 
-/* Fills the part of slice (as build_checkpoint_read_slice()) that tensor t's rows [row, row +
- * rows), in band, hold: its boxes of t cut to those rows, converted and scattered from memory,
- * their rows of the slice made present first where they are whole rows of it. */
+/*
+ * A band straight into the slices, when no byte of it needs converting or scattering: each
+ * slice's runs of tensor t's rows [row, row + rows) are noted (build_checkpoint_band_runs():
+ * appended to *runs; -EOPNOTSUPP when a run would need either),
+ * then build_checkpoint_read_runs() reads them in file order with preadv, up to IOV_MAX runs a
+ * call, straight into their slices: no copy but the kernel's, no buffer. It returns
+ * -EOPNOTSUPP, reading nothing, unless the runs tile the rows exactly (two slices needing the
+ * same bytes, or bytes no slice needs); file errors as build_checkpoint_read_slice().
+ */
+int build_checkpoint_band_runs(const BuildCheckpoint *c, const CheckpointSource *src,
+                               const char *prefix, const ParameterLayout *p,
+                               const ShardSlice *slice, size_t t, int64_t row, int64_t rows,
+                               uint8_t *dst, BuildCheckpointRuns *runs, FamilyError *ret_error);
+int build_checkpoint_read_runs(const BuildCheckpoint *c, size_t t, int64_t row, int64_t rows,
+                               BuildCheckpointRuns *runs, BuildCheckpointReads *reads,
+                               FamilyError *ret_error);
+
+/* Otherwise: fills the part of slice (as build_checkpoint_read_slice()) that tensor t's rows
+ * [row, row + rows), in band, hold: its boxes of t cut to those rows, converted and scattered
+ * from memory. */
 int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
                                   const char *prefix, const ParameterLayout *p,
                                   const ShardSlice *slice, size_t t, const uint8_t *band,

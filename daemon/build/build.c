@@ -327,8 +327,11 @@ static int materialize_all(const Builder *builder, BuildState *b, const char *id
 static int materialize(const Builder *builder, BuildState *b, const char *id,
                        BuildProgress *progress, bool (*expired)(void *userdata), void *userdata,
                        FamilyError *ret_error) {
-        int r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
+        int r;
 
+        if (b->checkpoint)
+                build_checkpoint_read_ahead_bands(b->checkpoint);
+        r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
         if (r >= 0 && b->checkpoint)
                 r = build_checkpoint_fill_bands(builder, b, progress, expired, userdata,
                                                 ret_error);

@@ -366,7 +366,8 @@ static void test_read_ahead(void **state) {
 
 /* A banded tensor: the slices' reads skip it; bands of whole rows, read once each, scattered
  * from memory fill both column halves, and a transposed parameter's half (its rows are the
- * tensor's columns), band by band. */
+ * tensor's columns), band by band; then the same halves read straight into place, a preadv
+ * of each band's runs. */
 static void test_bands(void **state) {
         enum { R = 64, C = 256, STEP = 10 };
         Spec t = { "w", "F32", R, C };
@@ -439,6 +440,42 @@ static void test_bands(void **state) {
                             bfloat16_to_float(float_to_bfloat16(want_b)))
                                 fail_msg("wt[%" PRId64 ",%" PRId64 "]", C / 2 + k, r);
                 }
+
+        /* Straight into the slices: both halves' runs tile each band, one preadv a band. */
+        memset(a, 0, R * C / 2 * sizeof(float));
+        memset(b, 0, R * C / 2 * sizeof(float));
+        read = (BuildCheckpointReads) {};
+        for (int64_t row = 0; row < R; row += STEP) {
+                int64_t rows = R - row < STEP ? R - row : STEP;
+                BuildCheckpointRuns runs = {};
+                assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &left, 0, row, rows,
+                                                            (uint8_t *) a, &runs, &err),
+                                 0);
+                /* One half alone leaves the other's bytes unread: refused, nothing read. */
+                assert_int_equal(build_checkpoint_read_runs(c, 0, row, rows, &runs, &read, &err),
+                                 -EOPNOTSUPP);
+                assert_int_equal(read.calls, (uint64_t) (row / STEP));
+                assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &right, 0, row,
+                                                            rows, (uint8_t *) b, &runs, &err),
+                                 0);
+                assert_int_equal(runs.n, (size_t) (2 * rows));
+                assert_int_equal(build_checkpoint_read_runs(c, 0, row, rows, &runs, &read, &err),
+                                 0);
+                free(runs.runs);
+                /* A bfloat16 parameter converts: not straight. */
+                runs = (BuildCheckpointRuns) {};
+                assert_int_equal(build_checkpoint_band_runs(c, &src_t, "", &p_t, &half_t, 0, row,
+                                                            rows, (uint8_t *) tt, &runs, &err),
+                                 -EOPNOTSUPP);
+                free(runs.runs);
+        }
+        assert_int_equal(read.calls, (R + STEP - 1) / STEP);
+        assert_int_equal(read.bytes, (uint64_t) R * C * 4);
+        for (int64_t r = 0; r < R; r++)
+                for (int64_t k = 0; k < C / 2; k++)
+                        if (a[r * C / 2 + k] != element(0, (uint64_t) (r * C + k)) ||
+                            b[r * C / 2 + k] != element(0, (uint64_t) (r * C + C / 2 + k)))
+                                fail_msg("straight [%" PRId64 ",%" PRId64 "]", r, k);
 }
 
 int main(void) {
