@@ -476,6 +476,25 @@ static void test_bands(void **state) {
                         if (a[r * C / 2 + k] != element(0, (uint64_t) (r * C + k)) ||
                             b[r * C / 2 + k] != element(0, (uint64_t) (r * C + C / 2 + k)))
                                 fail_msg("straight [%" PRId64 ",%" PRId64 "]", r, k);
+
+        /* The file cut short after it was opened: both ways say which file and where. */
+        const BuildCheckpointFile *f = &c->files[0];
+        assert_int_equal(ftruncate(f->fd, (off_t) (f->header->data_offset + C * 4)), 0);
+        BuildCheckpointRuns runs = {};
+        assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &left, 0, 0, STEP,
+                                                    (uint8_t *) a, &runs, &err),
+                         0);
+        assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &right, 0, 0, STEP,
+                                                    (uint8_t *) b, &runs, &err),
+                         0);
+        assert_int_equal(build_checkpoint_read_runs(c, 0, 0, STEP, &runs, &read, &err), -EINVAL);
+        free(runs.runs);
+        assert_string_equal(err.reason, "CHECKPOINT_READ");
+        assert_non_null(strstr(err.message, "checkpoint file w.safetensors: it ended early"));
+        family_error_done(&err);
+        assert_int_equal(build_checkpoint_read_band(c, 0, 0, STEP, band, &read, &err), -EINVAL);
+        assert_string_equal(err.reason, "CHECKPOINT_READ");
+        family_error_done(&err);
 }
 
 int main(void) {
