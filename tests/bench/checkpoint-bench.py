@@ -771,6 +771,15 @@ def main():
                 json.dump({"shape": {"hidden": hidden, "intermediate": inter, "layers": layers,
                                      "bytes": needed, "files": a.files},
                            "measured": res, "ratios": rows}, f, indent=1)
+    except BaseException:
+        # The daemon's log goes with tmp: its end first, for whoever reads the failure.
+        try:
+            with open(os.path.join(tmp, "familyd.log"), errors="replace") as f:
+                sys.stderr.write("checkpoint-bench: the end of familyd's log:\n" +
+                                 "".join(f.readlines()[-40:]))
+        except OSError:
+            pass
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -364,137 +364,182 @@ static void test_read_ahead(void **state) {
         build_checkpoint_free(c);
 }
 
-/* A banded tensor: the slices' reads skip it; bands of whole rows, read once each, scattered
- * from memory fill both column halves, and a transposed parameter's half (its rows are the
- * tensor's columns), band by band; then the same halves read straight into place, a preadv
- * of each band's runs. */
-static void test_bands(void **state) {
-        enum { R = 64, C = 256, STEP = 10 };
-        Spec t = { "w", "F32", R, C };
+/* A banded tensor w [R, C], F32: its column halves as float32 slices, and a transposed
+ * bfloat16 parameter's half (its rows are w's columns), with their buffers. */
+enum { BR = 64, BC = 256, STEP = 10 };
+typedef struct Bands {
+        BuildCheckpoint *c;
+        CheckpointPart part, transposed;
+        CheckpointSource src, src_t;
+        int64_t shape[2], shape_t[2], l[2], l_t[2], o_left[2], o_right[2], o_t[2];
+        ParameterLayout p, p_t;
+        ShardSlice left, right, half_t;
+        float a[BR * BC / 2], b[BR * BC / 2];
+        uint16_t tt[BR * BC / 2];
+        uint8_t band[STEP * BC * 4];
+} Bands;
+
+static Bands *bands_open(void) {
+        Spec t = { "w", "F32", BR, BC };
         int fd = write_file(&t, 1, 0);
         const char *names[1] = { "w.safetensors" };
-        _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = NULL;
+        FamilyError err = FAMILY_ERROR_NULL;
+        Bands *x = calloc(1, sizeof *x);
+
+        assert_non_null(x);
+        assert_int_equal(build_checkpoint_open(&fd, names, 1, &x->c, &err), 0);
+        x->c->tensors[0].read_whole = x->c->tensors[0].banded = true;
+        x->part = (CheckpointPart) { "w", false };
+        x->transposed = (CheckpointPart) { "w", true };
+        x->src = (CheckpointSource) { .parts = &x->part, .n_parts = 1 };
+        x->src_t = (CheckpointSource) { .parts = &x->transposed, .n_parts = 1 };
+        memcpy(x->shape, (int64_t[]) { BR, BC }, sizeof x->shape);
+        memcpy(x->shape_t, (int64_t[]) { BC, BR }, sizeof x->shape_t);
+        memcpy(x->l, (int64_t[]) { BR, BC / 2 }, sizeof x->l);
+        memcpy(x->l_t, (int64_t[]) { BC / 2, BR }, sizeof x->l_t);
+        memcpy(x->o_right, (int64_t[]) { 0, BC / 2 }, sizeof x->o_right);
+        memcpy(x->o_t, (int64_t[]) { BC / 2, 0 }, sizeof x->o_t);
+        x->p = (ParameterLayout) { .name = (char *) "w", .shape = x->shape, .n_dims = 2,
+                                   .dtype = DTYPE_FLOAT32 };
+        x->p_t = (ParameterLayout) { .name = (char *) "wt", .shape = x->shape_t, .n_dims = 2,
+                                     .dtype = DTYPE_BFLOAT16 };
+        x->left = (ShardSlice) { .local_shape = x->l, .global_offset = x->o_left, .n_dims = 2,
+                                 .byte_length = BR * BC / 2 * 4 };
+        x->right = (ShardSlice) { .local_shape = x->l, .global_offset = x->o_right,
+                                  .n_dims = 2, .byte_length = BR * BC / 2 * 4 };
+        x->half_t = (ShardSlice) { .local_shape = x->l_t, .global_offset = x->o_t, .n_dims = 2,
+                                   .byte_length = BR * BC / 2 * 2 };
+        return x;
+}
+
+static void bands_free(Bands *x) {
+        build_checkpoint_free(x->c);
+        free(x);
+}
+
+/* Both float32 halves hold w's values. */
+static void bands_check_halves(const Bands *x) {
+        for (int64_t r = 0; r < BR; r++)
+                for (int64_t k = 0; k < BC / 2; k++)
+                        if (x->a[r * BC / 2 + k] != element(0, (uint64_t) (r * BC + k)) ||
+                            x->b[r * BC / 2 + k] != element(0, (uint64_t) (r * BC + BC / 2 + k)))
+                                fail_msg("[%" PRId64 ",%" PRId64 "]: %g %g", r, k,
+                                         x->a[r * BC / 2 + k], x->b[r * BC / 2 + k]);
+}
+
+/* The slices' reads skip a banded tensor; bands of whole rows, read once each, scattered from
+ * memory, fill both column halves and the transposed half, band by band. */
+static void test_bands_through_memory(void **state) {
+        Bands *x = bands_open();
         FamilyError err = FAMILY_ERROR_NULL;
         BuildCheckpointReads read = {};
 
-        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
-        c->tensors[0].read_whole = c->tensors[0].banded = true;
-        CheckpointPart part = { "w", false }, transposed = { "w", true };
-        CheckpointSource src = { .parts = &part, .n_parts = 1 };
-        CheckpointSource src_t = { .parts = &transposed, .n_parts = 1 };
-        int64_t shape[2] = { R, C }, shape_t[2] = { C, R }, l[2] = { R, C / 2 },
-                l_t[2] = { C / 2, R }, o_left[2] = { 0, 0 }, o_right[2] = { 0, C / 2 },
-                o_t[2] = { C / 2, 0 };
-        ParameterLayout p = { .name = (char *) "w", .shape = shape, .n_dims = 2,
-                              .dtype = DTYPE_FLOAT32 };
-        ParameterLayout p_t = { .name = (char *) "wt", .shape = shape_t, .n_dims = 2,
-                                .dtype = DTYPE_BFLOAT16 };
-        ShardSlice left = { .local_shape = l, .global_offset = o_left, .n_dims = 2,
-                            .byte_length = R * C / 2 * 4 };
-        ShardSlice right = { .local_shape = l, .global_offset = o_right, .n_dims = 2,
-                             .byte_length = R * C / 2 * 4 };
-        ShardSlice half_t = { .local_shape = l_t, .global_offset = o_t, .n_dims = 2,
-                              .byte_length = R * C / 2 * 2 };
-        _cleanup_free_ float *a = calloc(R * C / 2, sizeof(float));
-        _cleanup_free_ float *b = calloc(R * C / 2, sizeof(float));
-        _cleanup_free_ uint16_t *tt = calloc(R * C / 2, sizeof(uint16_t));
-        _cleanup_free_ uint8_t *band = malloc((size_t) STEP * C * 4);
-
-        assert_non_null(a);
-        assert_non_null(b);
-        assert_non_null(tt);
-        assert_non_null(band);
-        assert_int_equal(build_checkpoint_row_bytes(c, 0), C * 4);
-        assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &left, (uint8_t *) a,
-                                                     staging, sizeof staging, &read, &err), 0);
+        assert_int_equal(build_checkpoint_row_bytes(x->c, 0), BC * 4);
+        assert_int_equal(build_checkpoint_read_slice(x->c, &x->src, "", &x->p, &x->left,
+                                                     (uint8_t *) x->a, staging, sizeof staging,
+                                                     &read, &err),
+                         0);
         assert_int_equal(read.calls, 0);
         assert_int_equal(read.bytes, 0);
-        assert_true(a[0] == 0.0f && a[R * C / 2 - 1] == 0.0f);
-
-        for (int64_t row = 0; row < R; row += STEP) {
-                int64_t rows = R - row < STEP ? R - row : STEP;
-                assert_int_equal(build_checkpoint_read_band(c, 0, row, rows, band, &read, &err),
+        assert_true(x->a[0] == 0.0f && x->a[BR * BC / 2 - 1] == 0.0f);
+        for (int64_t row = 0; row < BR; row += STEP) {
+                int64_t rows = BR - row < STEP ? BR - row : STEP;
+                assert_int_equal(build_checkpoint_read_band(x->c, 0, row, rows, x->band, &read,
+                                                            &err),
                                  0);
-                assert_int_equal(build_checkpoint_scatter_band(c, &src, "", &p, &left, 0, band,
-                                                               row, rows, (uint8_t *) a, &err),
+                assert_int_equal(build_checkpoint_scatter_band(x->c, &x->src, "", &x->p,
+                                                               &x->left, 0, x->band, row, rows,
+                                                               (uint8_t *) x->a, &err),
                                  0);
-                assert_int_equal(build_checkpoint_scatter_band(c, &src, "", &p, &right, 0, band,
-                                                               row, rows, (uint8_t *) b, &err),
+                assert_int_equal(build_checkpoint_scatter_band(x->c, &x->src, "", &x->p,
+                                                               &x->right, 0, x->band, row, rows,
+                                                               (uint8_t *) x->b, &err),
                                  0);
-                assert_int_equal(build_checkpoint_scatter_band(c, &src_t, "", &p_t, &half_t, 0,
-                                                               band, row, rows,
-                                                               (uint8_t *) tt, &err),
+                assert_int_equal(build_checkpoint_scatter_band(x->c, &x->src_t, "", &x->p_t,
+                                                               &x->half_t, 0, x->band, row,
+                                                               rows, (uint8_t *) x->tt, &err),
                                  0);
         }
-        assert_int_equal(read.calls, (R + STEP - 1) / STEP); /* a band, a read */
-        assert_int_equal(read.bytes, (uint64_t) R * C * 4);  /* every byte once */
-        for (int64_t r = 0; r < R; r++)
-                for (int64_t k = 0; k < C / 2; k++) {
-                        float want_a = element(0, (uint64_t) (r * C + k));
-                        float want_b = element(0, (uint64_t) (r * C + C / 2 + k));
-                        if (a[r * C / 2 + k] != want_a || b[r * C / 2 + k] != want_b)
-                                fail_msg("[%" PRId64 ",%" PRId64 "]: %g %g, not %g %g", r, k,
-                                         a[r * C / 2 + k], b[r * C / 2 + k], want_a, want_b);
+        assert_int_equal(read.calls, (BR + STEP - 1) / STEP); /* a band, a read */
+        assert_int_equal(read.bytes, (uint64_t) BR * BC * 4); /* every byte once */
+        bands_check_halves(x);
+        for (int64_t r = 0; r < BR; r++)
+                for (int64_t k = 0; k < BC / 2; k++) {
                         /* wt[C/2 + k][r] = w[r][C/2 + k], rounded to bfloat16 */
-                        if (bfloat16_to_float(tt[k * R + r]) !=
-                            bfloat16_to_float(float_to_bfloat16(want_b)))
-                                fail_msg("wt[%" PRId64 ",%" PRId64 "]", C / 2 + k, r);
+                        float want = element(0, (uint64_t) (r * BC + BC / 2 + k));
+                        if (bfloat16_to_float(x->tt[k * BR + r]) !=
+                            bfloat16_to_float(float_to_bfloat16(want)))
+                                fail_msg("wt[%" PRId64 ",%" PRId64 "]", BC / 2 + k, r);
                 }
+        bands_free(x);
+}
 
-        /* Straight into the slices: both halves' runs tile each band, one preadv a band. */
-        memset(a, 0, R * C / 2 * sizeof(float));
-        memset(b, 0, R * C / 2 * sizeof(float));
-        read = (BuildCheckpointReads) {};
-        for (int64_t row = 0; row < R; row += STEP) {
-                int64_t rows = R - row < STEP ? R - row : STEP;
+/* The same halves read straight into place: both halves' runs tile each band, one preadv a
+ * band; one half alone, or a converting parameter, is refused with nothing read. */
+static void test_bands_straight(void **state) {
+        Bands *x = bands_open();
+        FamilyError err = FAMILY_ERROR_NULL;
+        BuildCheckpointReads read = {};
+
+        for (int64_t row = 0; row < BR; row += STEP) {
+                int64_t rows = BR - row < STEP ? BR - row : STEP;
                 BuildCheckpointRuns runs = {};
-                assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &left, 0, row, rows,
-                                                            (uint8_t *) a, &runs, &err),
+                assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p, &x->left,
+                                                            0, row, rows, (uint8_t *) x->a,
+                                                            &runs, &err),
                                  0);
-                /* One half alone leaves the other's bytes unread: refused, nothing read. */
-                assert_int_equal(build_checkpoint_read_runs(c, 0, row, rows, &runs, &read, &err),
+                assert_int_equal(build_checkpoint_read_runs(x->c, 0, row, rows, &runs, &read,
+                                                            &err),
                                  -EOPNOTSUPP);
                 assert_int_equal(read.calls, (uint64_t) (row / STEP));
-                assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &right, 0, row,
-                                                            rows, (uint8_t *) b, &runs, &err),
+                assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p,
+                                                            &x->right, 0, row, rows,
+                                                            (uint8_t *) x->b, &runs, &err),
                                  0);
                 assert_int_equal(runs.n, (size_t) (2 * rows));
-                assert_int_equal(build_checkpoint_read_runs(c, 0, row, rows, &runs, &read, &err),
+                assert_int_equal(build_checkpoint_read_runs(x->c, 0, row, rows, &runs, &read,
+                                                            &err),
                                  0);
                 free(runs.runs);
-                /* A bfloat16 parameter converts: not straight. */
                 runs = (BuildCheckpointRuns) {};
-                assert_int_equal(build_checkpoint_band_runs(c, &src_t, "", &p_t, &half_t, 0, row,
-                                                            rows, (uint8_t *) tt, &runs, &err),
+                assert_int_equal(build_checkpoint_band_runs(x->c, &x->src_t, "", &x->p_t,
+                                                            &x->half_t, 0, row, rows,
+                                                            (uint8_t *) x->tt, &runs, &err),
                                  -EOPNOTSUPP);
                 free(runs.runs);
         }
-        assert_int_equal(read.calls, (R + STEP - 1) / STEP);
-        assert_int_equal(read.bytes, (uint64_t) R * C * 4);
-        for (int64_t r = 0; r < R; r++)
-                for (int64_t k = 0; k < C / 2; k++)
-                        if (a[r * C / 2 + k] != element(0, (uint64_t) (r * C + k)) ||
-                            b[r * C / 2 + k] != element(0, (uint64_t) (r * C + C / 2 + k)))
-                                fail_msg("straight [%" PRId64 ",%" PRId64 "]", r, k);
+        assert_int_equal(read.calls, (BR + STEP - 1) / STEP);
+        assert_int_equal(read.bytes, (uint64_t) BR * BC * 4);
+        bands_check_halves(x);
+        bands_free(x);
+}
 
-        /* The file cut short after it was opened: both ways say which file and where. */
-        const BuildCheckpointFile *f = &c->files[0];
-        assert_int_equal(ftruncate(f->fd, (off_t) (f->header->data_offset + C * 4)), 0);
+/* The file cut short after it was opened: both ways say which file and where. */
+static void test_bands_cut_short(void **state) {
+        Bands *x = bands_open();
+        const BuildCheckpointFile *f = &x->c->files[0];
+        FamilyError err = FAMILY_ERROR_NULL;
+        BuildCheckpointReads read = {};
         BuildCheckpointRuns runs = {};
-        assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &left, 0, 0, STEP,
-                                                    (uint8_t *) a, &runs, &err),
+
+        assert_int_equal(ftruncate(f->fd, (off_t) (f->header->data_offset + BC * 4)), 0);
+        assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p, &x->left, 0, 0,
+                                                    STEP, (uint8_t *) x->a, &runs, &err),
                          0);
-        assert_int_equal(build_checkpoint_band_runs(c, &src, "", &p, &right, 0, 0, STEP,
-                                                    (uint8_t *) b, &runs, &err),
+        assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p, &x->right, 0, 0,
+                                                    STEP, (uint8_t *) x->b, &runs, &err),
                          0);
-        assert_int_equal(build_checkpoint_read_runs(c, 0, 0, STEP, &runs, &read, &err), -EINVAL);
+        assert_int_equal(build_checkpoint_read_runs(x->c, 0, 0, STEP, &runs, &read, &err),
+                         -EINVAL);
         free(runs.runs);
         assert_string_equal(err.reason, "CHECKPOINT_READ");
         assert_non_null(strstr(err.message, "checkpoint file w.safetensors: it ended early"));
         family_error_done(&err);
-        assert_int_equal(build_checkpoint_read_band(c, 0, 0, STEP, band, &read, &err), -EINVAL);
+        assert_int_equal(build_checkpoint_read_band(x->c, 0, 0, STEP, x->band, &read, &err),
+                         -EINVAL);
         assert_string_equal(err.reason, "CHECKPOINT_READ");
         family_error_done(&err);
+        bands_free(x);
 }
 
 int main(void) {
@@ -504,7 +549,9 @@ int main(void) {
                 cmocka_unit_test(test_refusals),
                 cmocka_unit_test(test_open_refusals),
                 cmocka_unit_test(test_read_whole_marking),
-                cmocka_unit_test(test_bands),
+                cmocka_unit_test(test_bands_through_memory),
+                cmocka_unit_test(test_bands_straight),
+                cmocka_unit_test(test_bands_cut_short),
                 cmocka_unit_test(test_read_ahead),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
