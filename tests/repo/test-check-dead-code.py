@@ -2,13 +2,10 @@
 """check-dead-code.py on a fixture tree: functions used in every way pass, and a function
 defined and used nowhere (its prototype is no use) is named with its file and line."""
 
-import os
-import subprocess
-import sys
-import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import fixture_tree
+
 
 TREE = {
     "common/util.h": "#pragma once\nint called(int x);\nint unused(void);\n"
@@ -33,16 +30,7 @@ TREE = {
 
 class TestCheckDeadCode(unittest.TestCase):
     def run_checker(self, files):
-        root = tempfile.mkdtemp(prefix="check-dead-code-")
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        p = subprocess.run([sys.executable, os.path.join(HERE, "check-dead-code.py"), root],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           universal_newlines=True)
-        return p.returncode, p.stdout
+        return fixture_tree.run_checker(self, 'check-dead-code.py', files)
 
     def test_only_the_unused_function_is_named(self):
         rc, out = self.run_checker(TREE)

@@ -4,14 +4,10 @@ repeats and explicit anchors included) pass, links in code are not links, and a 
 missing file, a missing heading of another page or of the same page is named with its file
 and line."""
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import fixture_tree
+
 
 GOOD = {
     "README.md": "# Project\n\n"
@@ -40,17 +36,7 @@ BAD = {
 
 class TestCheckDocLinks(unittest.TestCase):
     def run_checker(self, files):
-        root = tempfile.mkdtemp(prefix="check-doc-links-")
-        self.addCleanup(shutil.rmtree, root, True)
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        p = subprocess.run([sys.executable, os.path.join(HERE, "check-doc-links.py"), root],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           universal_newlines=True)
-        return p.returncode, p.stdout
+        return fixture_tree.run_checker(self, 'check-doc-links.py', files)
 
     def test_good_links_pass(self):
         rc, out = self.run_checker(GOOD)

@@ -4,14 +4,10 @@ only its own files and public trackers passes, and each reach outside the reposi
 tracker's issue number among them, is named with its file and line. The fixtures' strings are
 built from pieces so that the real check does not find them in this file."""
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import fixture_tree
+
 ISSUE = "iss" + "ue"
 
 GOOD = {
@@ -30,17 +26,7 @@ BAD = {
 
 class TestCheckPaths(unittest.TestCase):
     def run_checker(self, files):
-        root = tempfile.mkdtemp(prefix="check-paths-")
-        self.addCleanup(shutil.rmtree, root, True)
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        p = subprocess.run([sys.executable, os.path.join(HERE, "check-paths.py"), root],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           universal_newlines=True)
-        return p.returncode, p.stdout
+        return fixture_tree.run_checker(self, 'check-paths.py', files)
 
     def test_good_tree_passes(self):
         rc, out = self.run_checker(GOOD)
