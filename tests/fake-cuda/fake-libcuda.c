@@ -142,7 +142,28 @@ typedef struct Mapping {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialised;
 static struct FakeContext contexts[MAX_DEVICES];
-static __thread CUcontext current;
+/* The calling thread's current context. A pthread key, not __thread: this library is
+ * dlopen()ed, so __thread would be dynamic TLS, which GCC 12's LeakSanitizer (Debian 12) finds
+ * by a heuristic that fails for some block addresses and crashes its tracer at exit (LLVM
+ * fixed it in 2023, "Fix tls_get_addr handling for glibc >=2.25"). */
+static pthread_key_t current_key;
+static pthread_once_t current_once = PTHREAD_ONCE_INIT;
+
+static void current_key_make(void) {
+        if (pthread_key_create(&current_key, NULL) != 0)
+                abort();
+}
+
+static CUcontext current_get(void) {
+        (void) pthread_once(&current_once, current_key_make);
+        return pthread_getspecific(current_key);
+}
+
+static void current_set(CUcontext ctx) {
+        (void) pthread_once(&current_once, current_key_make);
+        if (pthread_setspecific(current_key, ctx) != 0)
+                abort();
+}
 static Allocation allocations[MAX_OBJECTS];
 static Reservation reservations[MAX_OBJECTS];
 static Mapping mappings[MAX_OBJECTS];
@@ -356,19 +377,21 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
                 return CUDA_ERROR_NOT_INITIALIZED;
         if (ctx && (ctx < contexts || ctx >= contexts + MAX_DEVICES || ctx->refs <= 0))
                 return CUDA_ERROR_INVALID_CONTEXT;
-        current = ctx;
+        current_set(ctx);
         return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetCurrent(CUcontext *ctx) {
         if (!ctx)
                 return CUDA_ERROR_INVALID_VALUE;
-        *ctx = current;
+        *ctx = current_get();
         return CUDA_SUCCESS;
 }
 
 /* Memory operations need a live current context. */
 static int have_context(void) {
+        CUcontext current = current_get();
+
         return initialised && current && current->refs > 0;
 }
 
