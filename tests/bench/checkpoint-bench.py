@@ -5,6 +5,7 @@ and the usual per-rank path, in one run (docs/benchmarks.md, "Checkpoint loads")
     .venv/bin/python3 tests/bench/checkpoint-bench.py [--smoke] [--gib G] [--files N]
                                                      [--repeat R] [--dir DIR]
                                                      [--build-dir DIR] [--json F]
+                                                     [--huge-pages N]
 
 The checkpoint: L layers of Llama-style MLP weights (model.layers.N.mlp.{gate,up,down}_proj.weight,
 float32, intermediate = 4 x hidden), about --gib GiB, written by the safetensors library into
@@ -44,6 +45,12 @@ the rounds' ratios (every round's shown); the daemon's user and system CPU durin
 and the ranks' time inside Build calls are printed beside them, to show where time goes.
 Prints a table of the ratios, each goal and met/missed. --smoke: a 0.02 GiB checkpoint, to check
 that the bench runs and prints every ratio (goals not judged).
+
+--huge-pages N (root): reserves N 2 MiB huge pages (vm.nr_hugepages) for the run and puts the
+old value back at the end, so the daemon (--huge-pages auto, its default) makes its segments on
+them, as on a node whose operator reserved them; the memcpy baseline's memfd is then a hugetlb
+one too, and the safetensors ranks' arrays get what the kernel's transparent huge pages setting
+gives anonymous memory (printed).
 """
 
 import argparse
@@ -59,6 +66,8 @@ import tempfile
 import threading
 import time
 import zlib
+
+import huge_pages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.environ.get("FAMILYD_SOURCE_ROOT") or os.path.dirname(os.path.dirname(HERE))
@@ -229,12 +238,13 @@ def fio_uring8(files, direct):
 
 # -- memcpy baseline --------------------------------------------------------------------------
 
-def memcpy_seconds(files, threads):
+def memcpy_seconds(files, threads, huge):
     """Seconds to copy the files' tensor bytes from their (resident, pre-touched) mappings into
     memory on threads threads, in pieces of 16 MiB: (into fresh memory made as the daemon makes
     a segment, a memfd of the size mapped shared, the making included and every page allocated
     at its first touch by the copy; into the same memory again, every page present: the copy
-    alone), and the bytes."""
+    alone), and the bytes. huge: the memfd on 2 MiB huge pages (MFD_HUGETLB, its size rounded
+    up), as the daemon's segments are when huge pages are reserved."""
     import mmap
     import numpy as np
 
@@ -276,11 +286,12 @@ def memcpy_seconds(files, threads):
     # Fresh memory as the daemon makes a segment: a memfd, its size set, mapped shared (each
     # page allocated at its first touch, by the copy).
     t0 = time.perf_counter()
-    fd = os.memfd_create("checkpoint-bench-memcpy")
-    os.ftruncate(fd, total)
-    seg = mmap.mmap(fd, total)
+    fd = os.memfd_create("checkpoint-bench-memcpy", os.MFD_HUGETLB if huge else 0)
+    size = -(-total // huge_pages.HUGE_PAGE) * huge_pages.HUGE_PAGE if huge else total
+    os.ftruncate(fd, size)
+    seg = mmap.mmap(fd, size)
     os.close(fd)
-    dst = np.frombuffer(seg, dtype=np.uint8)
+    dst = np.frombuffer(seg, dtype=np.uint8)[:total]
     fresh = time.perf_counter() - t0 + copy_all()
     again = copy_all()
     dst = None
@@ -582,8 +593,8 @@ def measure(a, tmp, ckpt, files, hidden, inter, layers, needed):
             cpu1 = cpu_seconds(proc.pid)
             r["warm_user_s"], r["warm_sys_s"] = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
             release(client, builds)
-            r["memcpy_s"], r["memcpy_warm_s"], copied = memcpy_seconds(tensors,
-                                                                       a.fill_threads)
+            r["memcpy_s"], r["memcpy_warm_s"], copied = memcpy_seconds(tensors, a.fill_threads,
+                                                                       a.huge_pages > 0)
             if copied != needed:
                 raise SystemExit("checkpoint-bench: memcpy copied %d of %d bytes"
                                  % (copied, needed))
@@ -740,6 +751,8 @@ def main():
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of the loads beside their baselines (1, 2, 4); medians")
     p.add_argument("--json", help="write the measurements and ratios here")
+    p.add_argument("--huge-pages", type=int, default=0, metavar="N",
+                   help="reserve N 2 MiB huge pages for the run (root; restored at the end)")
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -759,7 +772,10 @@ def main():
         files, needed = write_checkpoint(ckpt, hidden, inter, layers, a.files)
         say("wrote %d layers (%.3f GiB) into %d files in %.1f s (%s)"
             % (layers, needed / GIB, a.files, time.perf_counter() - t0, ckpt))
-        res = measure(a, tmp, ckpt, files, hidden, inter, layers, needed)
+        with huge_pages.reserved(a.huge_pages, "checkpoint-bench"):
+            say("%d huge pages of 2 MiB reserved for the daemon; anonymous transparent huge "
+                "pages: %s" % (a.huge_pages, huge_pages.thp_setting()))
+            res = measure(a, tmp, ckpt, files, hidden, inter, layers, needed)
         rows = report(a, res, hidden, inter, layers, needed, a.files, fstype)
         if a.smoke:   # it ran: every ratio is there and finite (the goals are not judged)
             for r in rows:
@@ -770,7 +786,8 @@ def main():
             with open(a.json, "w") as f:
                 json.dump({"shape": {"hidden": hidden, "intermediate": inter, "layers": layers,
                                      "bytes": needed, "files": a.files},
-                           "measured": res, "ratios": rows}, f, indent=1)
+                           "huge_pages": a.huge_pages, "measured": res, "ratios": rows}, f,
+                          indent=1)
     except BaseException:
         # The daemon's log goes with tmp: its end first, for whoever reads the failure.
         try:

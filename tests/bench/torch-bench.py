@@ -4,6 +4,7 @@ initialising its own shards in process (docs/benchmarks.md, "PyTorch job start")
 
     .venv/bin/python3 tests/bench/torch-bench.py [--smoke] [--build-dir DIR] [--layers L]
                                                 [--hidden H] [--intermediate I] [--repeat N]
+                                                [--huge-pages N]
 
 The model: L blocks of (PlainRMSNorm, TPSwiGLUMLP) on a dp=2,tp=2 mesh over 4 worker processes
 on one node (gloo, float32), about 1 GiB of parameters by default (L=5, H=2048, I=8192), torch 2
@@ -45,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import huge_pages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.environ.get("FAMILYD_SOURCE_ROOT") or os.path.dirname(os.path.dirname(HERE))
@@ -287,27 +290,6 @@ def report(results, a):
     return rows
 
 
-def reserve_huge_pages(n):
-    """vm.nr_hugepages = n; returns the old value (restored by the caller)."""
-    path = "/proc/sys/vm/nr_hugepages"
-    with open(path) as f:
-        old = int(f.read())
-    with open(path, "w") as f:
-        f.write(str(n))
-    with open(path) as f:
-        got = int(f.read())
-    if got < n:
-        with open(path, "w") as f:
-            f.write(str(old))
-        raise SystemExit("torch-bench: only %d of %d huge pages could be reserved" % (got, n))
-    return old
-
-
-def thp_setting():
-    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-        return f.read().split("[")[1].split("]")[0]
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -331,15 +313,21 @@ def main():
     if a.smoke:
         a.layers, a.hidden, a.intermediate, a.tokens, a.repeat = 2, 32, 64, 8, 1
     binary = familyd_binary(a)
-    old_huge = reserve_huge_pages(a.huge_pages) if a.huge_pages else None
-    print("torch-bench: %d huge pages of 2 MiB reserved for the daemon; anonymous transparent "
-          "huge pages: %s" % (a.huge_pages, thp_setting()))
+    with huge_pages.reserved(a.huge_pages, "torch-bench"):
+        print("torch-bench: %d huge pages of 2 MiB reserved for the daemon; anonymous "
+              "transparent huge pages: %s" % (a.huge_pages, huge_pages.thp_setting()))
+        code = run(a, binary)
+    if code != 0:
+        raise SystemExit("torch-bench: familyd exited with %d" % code)
+
+
+def run(a, binary):
+    """Every mode --repeat times beside one daemon; the report; the daemon's exit status."""
     tmp = tempfile.mkdtemp(prefix="fd-torch-bench-")
     try:
         proc, sock = start_daemon(binary, tmp)
     except BaseException:
-        if old_huge is not None:
-            reserve_huge_pages(old_huge)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
         results = {mode: [] for mode in MODES}
@@ -368,10 +356,7 @@ def main():
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
-        if old_huge is not None:
-            reserve_huge_pages(old_huge)
-    if proc.returncode != 0:
-        raise SystemExit("torch-bench: familyd exited with %d" % proc.returncode)
+    return proc.returncode
 
 
 if __name__ == "__main__":
