@@ -6,11 +6,14 @@
  * node's ranks together read such a tensor whole (build-checkpoint-whole.c marks it banded),
  * the slices skip it and this pass reads it instead, after every rank's own reads and before
  * any segment is unmapped: bands of whole rows of at most BUILD_CHECKPOINT_BAND_BYTES, one read
- * each (a few large reads in flight, one per fill thread). A band none of whose bytes needs
- * converting or scattering (the parameter's dtype, each run landing in consecutive elements) is
- * read with preadv straight into every rank's slices, its runs in file order (up to IOV_MAX a
- * call): no buffer, no copy but the kernel's. Any other is read into a buffer and scattered
- * from memory. Every byte of the tensor is read once. The band buffers are a pool of at most
+ * each (a few large reads in flight, one per fill thread). Where a band's rows go is planned
+ * once for the Build, not per band: every slice's blocks of banded tensors (its targets),
+ * sorted by tensor, so a band visits only its tensor's targets, whatever the model's size. A
+ * band none of whose bytes needs converting or scattering (the parameter's dtype, each run
+ * landing in consecutive elements), whose runs tile its rows and average BAND_RUN_MIN_BYTES
+ * or more, is read with preadv straight into every rank's slices, its runs in file order (up
+ * to IOV_MAX a call): no buffer, no copy but the kernel's. Any other is read into a buffer and
+ * scattered from memory. Every byte of the tensor is read once. The band buffers are a pool of at most
  * one per fill thread at work, freed at the end: the memory beyond the shards stays threads x
  * band, whatever the model's size. Only builds whose reading ranks are all in
  * host memory are banded (a GPU rank's piece goes up through a host buffer of its own). Before
@@ -26,14 +29,19 @@
 
 #include "build-private.h"
 
+/* A band whose runs average fewer bytes than this goes through memory: a preadv's iovec per
+ * run would cost more than the copy it saves, and the runs' list stays at most 1/40 of the band. */
+#define BAND_RUN_MIN_BYTES 1024
+
 typedef struct Band {
         size_t tensor;
         int64_t row, rows;
+        size_t first, n_targets; /* the tensor's targets in BandRead.targets */
 } Band;
 
 typedef struct BandRead {
         const BuildState *b;
-        uint8_t **bases; /* per rank: its mapping, or NULL (not read: a replica, not here) */
+        BuildCheckpointTargets targets; /* every slice's blocks of banded tensors, by tensor */
         Band *bands;
         size_t n_bands;
         BuildProgress *progress;
@@ -44,13 +52,48 @@ typedef struct BandRead {
         size_t n_spare;
 } BandRead;
 
-static int bands_of(const BuildCheckpoint *c, Band **ret, size_t *ret_n) {
+static int target_compare(const void *a, const void *b) {
+        const BuildCheckpointTarget *x = a, *y = b;
+        return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
+}
+
+/* Every slice of every rank that reads (bases[i]: its mapping, NULL for a replica or a rank
+ * not here), planned once: its blocks of banded tensors, sorted by tensor. */
+static int targets_of(const BuildState *b, uint8_t *const *bases, BuildCheckpointTargets *ret,
+                      FamilyError *ret_error) {
+        int r = 0;
+
+        for (size_t i = 0; r >= 0 && i < b->n_ranks; i++) {
+                const RankLayout *rl = &b->layout.ranks[i];
+                for (size_t k = 0; r >= 0 && bases[i] && k < rl->n_slices; k++) {
+                        const ShardSlice *s = &rl->slices[k];
+                        if (s->byte_length > 0)
+                                r = build_checkpoint_band_targets(
+                                        b->checkpoint, &b->plan.parameters[s->parameter].checkpoint,
+                                        b->checkpoint_prefix, &b->layout.parameters[s->parameter],
+                                        s, bases[i] + s->byte_offset, ret, ret_error);
+                }
+        }
+        if (r >= 0 && ret->n > 0)
+                qsort(ret->targets, ret->n, sizeof *ret->targets, target_compare);
+        return r;
+}
+
+/* The bands of every banded tensor (whole rows, BUILD_CHECKPOINT_BAND_BYTES at most), each
+ * with its tensor's targets. */
+static int bands_of(const BuildCheckpoint *c, const BuildCheckpointTargets *targets,
+                    Band **ret, size_t *ret_n) {
         Band *bands = NULL;
-        size_t n = 0;
+        size_t n = 0, first = 0;
 
         for (size_t t = 0; t < c->n_tensors; t++) {
                 if (!c->tensors[t].banded)
                         continue;
+                while (first < targets->n && targets->targets[first].tensor < t)
+                        first++;
+                size_t end = first;
+                while (end < targets->n && targets->targets[end].tensor == t)
+                        end++;
                 uint64_t row_bytes = build_checkpoint_row_bytes(c, t);
                 int64_t rows = (int64_t) c->tensors[t].tensor->shape[0];
                 int64_t per = row_bytes > 0 ? (int64_t) (BUILD_CHECKPOINT_BAND_BYTES / row_bytes)
@@ -64,8 +107,10 @@ static int bands_of(const BuildCheckpoint *c, Band **ret, size_t *ret_n) {
                                 return -ENOMEM;
                         }
                         bands = grown;
-                        bands[n++] = (Band) { t, at, rows - at < per ? rows - at : per };
+                        bands[n++] = (Band) { t, at, rows - at < per ? rows - at : per, first,
+                                              end - first };
                 }
+                first = end;
         }
         *ret = bands;
         *ret_n = n;
@@ -94,33 +139,17 @@ static void buffer_give(BandRead *br, uint8_t *buf) {
         free(buf);
 }
 
-/* Band's part of every slice of every rank that reads: from buf (read), or, with buf NULL,
- * noted as runs for one preadv straight into the slices. */
-static int band_slices(const BandRead *br, const Band *band, const uint8_t *buf,
-                       BuildCheckpointRuns *runs, FamilyError *e) {
-        const BuildState *b = br->b;
+/* Band's part of every target of its tensor: from buf (read), or, with buf NULL, noted as
+ * runs for one preadv straight into the slices. */
+static int band_targets(const BandRead *br, const Band *band, const uint8_t *buf,
+                        BuildCheckpointRuns *runs, FamilyError *e) {
+        const BuildCheckpoint *c = br->b->checkpoint;
         int r = 0;
 
-        for (size_t i = 0; r >= 0 && i < b->n_ranks; i++) {
-                const RankLayout *rl = &b->layout.ranks[i];
-                if (!br->bases[i])
-                        continue;
-                for (size_t k = 0; r >= 0 && k < rl->n_slices; k++) {
-                        const ShardSlice *s = &rl->slices[k];
-                        const CheckpointSource *src = &b->plan.parameters[s->parameter].checkpoint;
-                        const ParameterLayout *p = &b->layout.parameters[s->parameter];
-                        uint8_t *dst = br->bases[i] + s->byte_offset;
-                        if (s->byte_length == 0)
-                                continue;
-                        r = buf ? build_checkpoint_scatter_band(b->checkpoint, src,
-                                                                b->checkpoint_prefix, p, s,
-                                                                band->tensor, buf, band->row,
-                                                                band->rows, dst, e)
-                                : build_checkpoint_band_runs(b->checkpoint, src,
-                                                             b->checkpoint_prefix, p, s,
-                                                             band->tensor, band->row,
-                                                             band->rows, dst, runs, e);
-                }
+        for (size_t i = band->first; r >= 0 && i < band->first + band->n_targets; i++) {
+                const BuildCheckpointTarget *x = &br->targets.targets[i];
+                r = buf ? build_checkpoint_scatter_band(c, x, buf, band->row, band->rows, e)
+                        : build_checkpoint_band_runs(c, x, band->row, band->rows, runs, e);
         }
         return r;
 }
@@ -128,8 +157,10 @@ static int band_slices(const BandRead *br, const Band *band, const uint8_t *buf,
 /* The band read straight into the slices (no byte converted or scattered), or -EOPNOTSUPP. */
 static int band_direct(const BandRead *br, const Band *band, BuildCheckpointReads *reads,
                        FamilyError *e) {
-        BuildCheckpointRuns runs = {};
-        int r = band_slices(br, band, NULL, &runs, e);
+        uint64_t bytes = (uint64_t) band->rows *
+                         build_checkpoint_row_bytes(br->b->checkpoint, band->tensor);
+        BuildCheckpointRuns runs = { .max = (size_t) (bytes / BAND_RUN_MIN_BYTES) + 1 };
+        int r = band_targets(br, band, NULL, &runs, e);
 
         if (r >= 0)
                 r = build_checkpoint_read_runs(br->b->checkpoint, band->tensor, band->row,
@@ -149,7 +180,7 @@ static int band_through_memory(BandRead *br, const Band *band, BuildCheckpointRe
         r = build_checkpoint_read_band(br->b->checkpoint, band->tensor, band->row, band->rows,
                                        buf, reads, e);
         if (r >= 0)
-                r = band_slices(br, band, buf, NULL, e);
+                r = band_targets(br, band, buf, NULL, e);
         buffer_give(br, buf);
         return r;
 }
@@ -165,7 +196,7 @@ static void band_run(void *userdata, uint64_t chunk) {
         if (atomic_load(&br->failure.failed))
                 return;
         r = band_direct(br, band, &reads, &e);
-        if (r == -EOPNOTSUPP)
+        if (r == -EOPNOTSUPP || r == -ENOMEM) /* the runs would not do, or not fit */
                 r = band_through_memory(br, band, &reads, &e);
         atomic_fetch_add(&br->bytes, reads.bytes);
         atomic_fetch_add(&br->calls, reads.calls);
@@ -203,10 +234,13 @@ int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProg
                         if (!bases[i]) /* banded builds are read into host memory only */
                                 return -EINVAL;
                 }
-        br.bases = bases;
-        r = bands_of(b->checkpoint, &br.bands, &br.n_bands);
-        if (r < 0)
+        r = targets_of(b, bases, &br.targets, ret_error);
+        if (r >= 0)
+                r = bands_of(b->checkpoint, &br.targets, &br.bands, &br.n_bands);
+        if (r < 0) {
+                build_checkpoint_targets_done(&br.targets);
                 return r;
+        }
         (void) pthread_mutex_init(&br.lock, NULL);
         build_fill_failure_init(&br.failure);
         r = build_fill_run(builder, -1,
@@ -218,6 +252,7 @@ int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProg
                 free(br.spare[i]);
         free(br.spare);
         free(br.bands);
+        build_checkpoint_targets_done(&br.targets);
         build_count_checkpoint_read(builder, 0, atomic_load(&br.bytes), atomic_load(&br.calls));
         return build_fill_failure_take(&br.failure, r, ret_error);
 }

@@ -127,6 +127,24 @@ static void read_ahead(const Box *x, uint64_t outer) {
                 (void) posix_fadvise(x->file->fd, (off_t) at, (off_t) len, POSIX_FADV_WILLNEED);
 }
 
+/* Room for one more run in runs: -EOPNOTSUPP at its max (runs too small for a preadv each
+ * to pay), -ENOMEM. */
+static int runs_grow(BuildCheckpointRuns *runs) {
+        if (runs->n >= runs->max)
+                return -EOPNOTSUPP;
+        if (runs->n < runs->allocated)
+                return 0;
+        size_t want = runs->allocated ? runs->allocated * 2 : 64;
+        if (want > runs->max)
+                want = runs->max;
+        BuildCheckpointRun *grown = reallocarray(runs->runs, want, sizeof *grown);
+        if (!grown)
+                return -ENOMEM;
+        runs->runs = grown;
+        runs->allocated = want;
+        return 0;
+}
+
 static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t staging_size,
                     BuildCheckpointReads *reads, FamilyError *ret_error) {
         const CheckpointBlock *b = x->block;
@@ -153,12 +171,10 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
                 for (size_t j = 0; j < x->m; j++)
                         base += (uint64_t) idx[j] * x->dst_stride[j];
                 if (x->runs) {
-                        BuildCheckpointRun *grown = reallocarray(x->runs->runs, x->runs->n + 1,
-                                                                 sizeof *grown);
-                        if (!grown)
-                                return -ENOMEM;
-                        x->runs->runs = grown;
-                        grown[x->runs->n++] = (BuildCheckpointRun) {
+                        r = runs_grow(x->runs);
+                        if (r < 0)
+                                return r;
+                        x->runs->runs[x->runs->n++] = (BuildCheckpointRun) {
                                 .at = x->file->header->data_offset + x->tensor->begin +
                                       src * x->in,
                                 .dst = dst + base * x->out,
@@ -266,16 +282,49 @@ static bool block_cut(CheckpointBlock *block, size_t n_dims, int64_t row, int64_
         return true;
 }
 
-/* The part of slice in tensor t's rows [row, row + rows): each cut block of t laid out and
- * read (from band, or noted as runs). Its pages are present already: every piece of a rank
- * is made present before it is read, the banded boxes too. */
-static int band_blocks(const BuildCheckpoint *c, const CheckpointSource *src, const char *prefix,
-                       const ParameterLayout *p, const ShardSlice *slice, size_t t,
-                       const uint8_t *band, BuildCheckpointRuns *runs, int64_t row, int64_t rows,
-                       uint8_t *dst, FamilyError *ret_error) {
-        const BuildCheckpointTensor *x = &c->tensors[t];
-        uint64_t row_elements = build_checkpoint_row_bytes(c, t) /
-                                (safetensors_dtype_bits(x->tensor->dtype) / 8);
+/* Target x's part of its tensor's rows [row, row + rows): its block cut to them, laid out
+ * and read (from band, or noted as runs). Its pages are present already: every piece of a
+ * rank is made present before it is read, the banded boxes too. */
+static int band_block(const BuildCheckpoint *c, const BuildCheckpointTarget *x,
+                      const uint8_t *band, BuildCheckpointRuns *runs, int64_t row, int64_t rows,
+                      FamilyError *ret_error) {
+        const BuildCheckpointTensor *t = &c->tensors[x->tensor];
+        uint64_t row_elements = build_checkpoint_row_bytes(c, x->tensor) /
+                                (safetensors_dtype_bits(t->tensor->dtype) / 8);
+        CheckpointBlock block = x->block;
+        int r;
+
+        if (!block_cut(&block, x->slice->n_dims, row, rows))
+                return 0;
+        r = dtype_refused(x->p, &block, t->tensor, ret_error);
+        if (r < 0)
+                return r;
+        Box b = box_of(c, t, x->p, &block);
+        b.band = band;
+        b.band_first = (uint64_t) row * row_elements;
+        b.runs = runs;
+        box_layout(&b, x->p, x->slice);
+        if (runs && !(b.dst_contiguous && checkpoint_dtype_same(t->tensor->dtype, x->p->dtype)))
+                return -EOPNOTSUPP; /* converted or scattered: through memory */
+        return read_box(&b, x->p->dtype, x->dst, NULL, 0, NULL, ret_error);
+}
+
+int build_checkpoint_scatter_band(const BuildCheckpoint *c, const BuildCheckpointTarget *x,
+                                  const uint8_t *band, int64_t row, int64_t rows,
+                                  FamilyError *ret_error) {
+        return band_block(c, x, band, NULL, row, rows, ret_error);
+}
+
+int build_checkpoint_band_runs(const BuildCheckpoint *c, const BuildCheckpointTarget *x,
+                               int64_t row, int64_t rows, BuildCheckpointRuns *runs,
+                               FamilyError *ret_error) {
+        return band_block(c, x, NULL, runs, row, rows, ret_error);
+}
+
+int build_checkpoint_band_targets(const BuildCheckpoint *c, const CheckpointSource *src,
+                                  const char *prefix, const ParameterLayout *p,
+                                  const ShardSlice *slice, uint8_t *dst,
+                                  BuildCheckpointTargets *targets, FamilyError *ret_error) {
         CheckpointBlock *blocks = NULL;
         size_t n = 0;
         int r;
@@ -283,41 +332,31 @@ static int band_blocks(const BuildCheckpoint *c, const CheckpointSource *src, co
         r = checkpoint_plan_slice(src, prefix, p, slice, build_checkpoint_shape_of, (void *) c,
                                   &blocks, &n, ret_error);
         for (size_t i = 0; r >= 0 && i < n; i++) {
-                if (build_checkpoint_find(c, blocks[i].tensor) != x ||
-                    !block_cut(&blocks[i], slice->n_dims, row, rows))
+                const BuildCheckpointTensor *t = build_checkpoint_find(c, blocks[i].tensor);
+                if (!t->banded)
                         continue;
-                r = dtype_refused(p, &blocks[i], x->tensor, ret_error);
-                if (r < 0)
-                        break;
-                Box b = box_of(c, x, p, &blocks[i]);
-                b.band = band;
-                b.band_first = (uint64_t) row * row_elements;
-                b.runs = runs;
-                box_layout(&b, p, slice);
-                if (runs && !(b.dst_contiguous && checkpoint_dtype_same(x->tensor->dtype,
-                                                                        p->dtype))) {
-                        r = -EOPNOTSUPP; /* converted or scattered: through memory */
+                BuildCheckpointTarget *grown = reallocarray(targets->targets, targets->n + 1,
+                                                            sizeof *grown);
+                if (!grown) {
+                        r = -ENOMEM;
                         break;
                 }
-                r = read_box(&b, p->dtype, dst, NULL, 0, NULL, ret_error);
+                targets->targets = grown;
+                grown[targets->n++] = (BuildCheckpointTarget) {
+                        .tensor = (size_t) (t - c->tensors), .p = p, .slice = slice, .dst = dst,
+                        .block = blocks[i],
+                };
+                blocks[i].tensor = NULL; /* the target's now */
         }
         checkpoint_blocks_free(blocks, n);
         return r;
 }
 
-int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
-                                  const char *prefix, const ParameterLayout *p,
-                                  const ShardSlice *slice, size_t t, const uint8_t *band,
-                                  int64_t row, int64_t rows, uint8_t *dst,
-                                  FamilyError *ret_error) {
-        return band_blocks(c, src, prefix, p, slice, t, band, NULL, row, rows, dst, ret_error);
-}
-
-int build_checkpoint_band_runs(const BuildCheckpoint *c, const CheckpointSource *src,
-                               const char *prefix, const ParameterLayout *p,
-                               const ShardSlice *slice, size_t t, int64_t row, int64_t rows,
-                               uint8_t *dst, BuildCheckpointRuns *runs, FamilyError *ret_error) {
-        return band_blocks(c, src, prefix, p, slice, t, NULL, runs, row, rows, dst, ret_error);
+void build_checkpoint_targets_done(BuildCheckpointTargets *targets) {
+        for (size_t i = 0; i < targets->n; i++)
+                free(targets->targets[i].block.tensor);
+        targets->targets = mfree(targets->targets);
+        targets->n = 0;
 }
 
 static int run_compare(const void *a, const void *b) {

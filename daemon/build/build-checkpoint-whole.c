@@ -50,35 +50,43 @@ uint64_t build_checkpoint_row_bytes(const BuildCheckpoint *c, size_t t) {
         return elements * (safetensors_dtype_bits(x->dtype) / 8);
 }
 
-int build_checkpoint_mark_read_whole(BuildCheckpoint *c, bool bands) {
-        _cleanup_free_ uint64_t *bytes = calloc(c->n_tensors ? c->n_tensors : 1, sizeof *bytes);
-        _cleanup_free_ bool *columns = calloc(c->n_tensors ? c->n_tensors : 1, sizeof *columns);
+int build_checkpoint_mark_read_whole(BuildCheckpoint *c, bool bands, uint64_t *ret_bytes) {
+        size_t n = c->n_tensors ? c->n_tensors : 1;
+        _cleanup_free_ uint64_t *distinct = calloc(n, sizeof *distinct);
+        _cleanup_free_ uint64_t *all = calloc(n, sizeof *all);
+        _cleanup_free_ bool *columns = calloc(n, sizeof *columns);
         BuildCheckpointBox *x = c->node_reads;
+        uint64_t read = 0;
 
-        if (!bytes || !columns)
+        if (!distinct || !all || !columns)
                 return -ENOMEM;
         if (c->n_node_reads > 0)
                 qsort(x, c->n_node_reads, sizeof *x, box_compare);
         for (size_t i = 0; i < c->n_node_reads; i++) {
                 const SafetensorsTensor *t = c->tensors[x[i].tensor].tensor;
                 uint64_t elements = 1;
-                if (i > 0 && box_compare(&x[i], &x[i - 1]) == 0)
-                        continue;
                 for (size_t d = 0; d < t->n_dims; d++)
                         elements *= (uint64_t) x[i].extent[d];
-                bytes[x[i].tensor] += elements * (safetensors_dtype_bits(t->dtype) / 8);
+                all[x[i].tensor] += elements * (safetensors_dtype_bits(t->dtype) / 8);
+                if (i > 0 && box_compare(&x[i], &x[i - 1]) == 0)
+                        continue;
+                distinct[x[i].tensor] += elements * (safetensors_dtype_bits(t->dtype) / 8);
                 columns[x[i].tensor] |= box_in_columns(&x[i], t);
         }
         for (size_t i = 0; i < c->n_tensors; i++) {
                 const SafetensorsTensor *t = c->tensors[i].tensor;
-                c->tensors[i].read_whole = bytes[i] > 0 && bytes[i] >= t->end - t->begin;
+                c->tensors[i].read_whole = distinct[i] > 0 && distinct[i] >= t->end - t->begin;
                 c->tensors[i].banded = bands && c->tensors[i].read_whole && columns[i] &&
                                        t->n_dims >= 2 &&
                                        build_checkpoint_row_bytes(c, i) <=
                                                BUILD_CHECKPOINT_BAND_BYTES;
+                /* The slices read their boxes, a box two ranks need twice; bands, once. */
+                read += c->tensors[i].banded ? t->end - t->begin : all[i];
         }
         c->node_reads = mfree(c->node_reads);
         c->n_node_reads = 0;
+        if (ret_bytes)
+                *ret_bytes = read;
         return 0;
 }
 

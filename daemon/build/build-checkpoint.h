@@ -67,8 +67,22 @@ typedef struct BuildCheckpointRun {
 } BuildCheckpointRun;
 typedef struct BuildCheckpointRuns {
         BuildCheckpointRun *runs;
-        size_t n;
+        size_t n, allocated;
+        size_t max; /* more runs than this: the band goes through memory (-EOPNOTSUPP) */
 } BuildCheckpointRuns;
+
+/* A slice's block of a banded tensor: where each band's rows of it go. */
+typedef struct BuildCheckpointTarget {
+        size_t tensor; /* index in the checkpoint's tensors */
+        const ParameterLayout *p;
+        const ShardSlice *slice;
+        uint8_t *dst;         /* the slice's first byte, in p's dtype */
+        CheckpointBlock block; /* owned (its tensor name) */
+} BuildCheckpointTarget;
+typedef struct BuildCheckpointTargets {
+        BuildCheckpointTarget *targets;
+        size_t n;
+} BuildCheckpointTargets;
 
 /* A band's bytes at most (whole rows of a banded tensor; one row at least). */
 #define BUILD_CHECKPOINT_BAND_BYTES (UINT64_C(16) << 20)
@@ -127,10 +141,12 @@ int build_checkpoint_shape_of(const char *name, size_t *ret_n_dims,
  * layout's boxes of one tensor tile it). With bands (every rank that reads is in host memory),
  * one read whole of which a box is part of each row (narrower than the tensor along an inner
  * axis) is also banded, when a row has at most BUILD_CHECKPOINT_BAND_BYTES. Marking drops the
- * notes. 0 or -ENOMEM.
+ * notes and says in *ret_bytes (when not NULL) the bytes the node will read: every noted box's
+ * (a box two ranks need, such as a writable build's dp ranks, is read by each) but a banded
+ * tensor's bytes once. 0 or -ENOMEM.
  */
 int build_checkpoint_note_read(BuildCheckpoint *c, const CheckpointBlock *block);
-int build_checkpoint_mark_read_whole(BuildCheckpoint *c, bool bands);
+int build_checkpoint_mark_read_whole(BuildCheckpoint *c, bool bands, uint64_t *ret_bytes);
 
 /* Whether any tensor of c is banded. */
 bool build_checkpoint_has_bands(const BuildCheckpoint *c);
@@ -158,27 +174,36 @@ int build_checkpoint_read_band(const BuildCheckpoint *c, size_t t, int64_t row, 
                                FamilyError *ret_error);
 
 /*
- * A band straight into the slices, when no byte of it needs converting or scattering: each
- * slice's runs of tensor t's rows [row, row + rows) are noted (build_checkpoint_band_runs():
- * appended to *runs; -EOPNOTSUPP when a run would need either),
- * then build_checkpoint_read_runs() reads them in file order with preadv, up to IOV_MAX runs a
- * call, straight into their slices: no copy but the kernel's, no buffer. It returns
- * -EOPNOTSUPP, reading nothing, unless the runs tile the rows exactly (two slices needing the
- * same bytes, or bytes no slice needs); file errors as build_checkpoint_read_slice().
+ * The targets of slice (as build_checkpoint_read_slice(); dst its first byte): its blocks of
+ * banded tensors, appended to *targets, planned once for every band of the Build. Refusals as
+ * the plan's; free with build_checkpoint_targets_done().
  */
-int build_checkpoint_band_runs(const BuildCheckpoint *c, const CheckpointSource *src,
-                               const char *prefix, const ParameterLayout *p,
-                               const ShardSlice *slice, size_t t, int64_t row, int64_t rows,
-                               uint8_t *dst, BuildCheckpointRuns *runs, FamilyError *ret_error);
+int build_checkpoint_band_targets(const BuildCheckpoint *c, const CheckpointSource *src,
+                                  const char *prefix, const ParameterLayout *p,
+                                  const ShardSlice *slice, uint8_t *dst,
+                                  BuildCheckpointTargets *targets, FamilyError *ret_error);
+void build_checkpoint_targets_done(BuildCheckpointTargets *targets);
+
+/*
+ * A band straight into the slices, when no byte of it needs converting or scattering: each
+ * target's runs in tensor rows [row, row + rows) are noted (build_checkpoint_band_runs():
+ * appended to *runs; -EOPNOTSUPP when a run would need either, or when runs->max runs would
+ * not hold them), then build_checkpoint_read_runs() reads them in file order with preadv, up
+ * to IOV_MAX runs a call, straight into their slices: no copy but the kernel's, no buffer. It
+ * returns -EOPNOTSUPP, reading nothing, unless the runs tile the rows exactly (two slices
+ * needing the same bytes, or bytes no slice needs); file errors as
+ * build_checkpoint_read_slice().
+ */
+int build_checkpoint_band_runs(const BuildCheckpoint *c, const BuildCheckpointTarget *x,
+                               int64_t row, int64_t rows, BuildCheckpointRuns *runs,
+                               FamilyError *ret_error);
 int build_checkpoint_read_runs(const BuildCheckpoint *c, size_t t, int64_t row, int64_t rows,
                                BuildCheckpointRuns *runs, BuildCheckpointReads *reads,
                                FamilyError *ret_error);
 
-/* Otherwise: fills the part of slice (as build_checkpoint_read_slice()) that tensor t's rows
- * [row, row + rows), in band, hold: its boxes of t cut to those rows, converted and scattered
- * from memory. */
-int build_checkpoint_scatter_band(const BuildCheckpoint *c, const CheckpointSource *src,
-                                  const char *prefix, const ParameterLayout *p,
-                                  const ShardSlice *slice, size_t t, const uint8_t *band,
-                                  int64_t row, int64_t rows, uint8_t *dst,
+/* Otherwise: fills target x's part of its tensor's rows [row, row + rows), which band holds
+ * (as build_checkpoint_read_band() read them): its block cut to those rows, converted and
+ * scattered from memory. */
+int build_checkpoint_scatter_band(const BuildCheckpoint *c, const BuildCheckpointTarget *x,
+                                  const uint8_t *band, int64_t row, int64_t rows,
                                   FamilyError *ret_error);

@@ -62,10 +62,9 @@ static int source_by_name(PlanParameter *p) {
         return 0;
 }
 
-/* Plans slice s (of b's layout) against b->checkpoint: its refusals, the bytes it reads, and
- * its boxes (noted for build_checkpoint_mark_read_whole()). */
-static int plan_slice(const BuildState *b, const ShardSlice *s, uint64_t *bytes,
-                      FamilyError *ret_error) {
+/* Plans slice s (of b's layout) against b->checkpoint: its refusals and its boxes (noted for
+ * build_checkpoint_mark_read_whole()). */
+static int plan_slice(const BuildState *b, const ShardSlice *s, FamilyError *ret_error) {
         const PlanParameter *pp = &b->plan.parameters[s->parameter];
         const ParameterLayout *p = &b->layout.parameters[s->parameter];
         CheckpointBlock *blocks = NULL;
@@ -79,7 +78,6 @@ static int plan_slice(const BuildState *b, const ShardSlice *s, uint64_t *bytes,
         for (size_t i = 0; r >= 0 && i < n; i++) {
                 const BuildCheckpointTensor *t = build_checkpoint_find(b->checkpoint,
                                                                        blocks[i].tensor);
-                uint64_t elements = 1;
                 if (checkpoint_dtype_check(t->tensor->dtype, p->dtype, why, sizeof why) < 0) {
                         r = family_error_set(ret_error, FAMILY_STATUS_FAILED_PRECONDITION,
                                              "CHECKPOINT_DTYPE", NULL,
@@ -87,17 +85,15 @@ static int plan_slice(const BuildState *b, const ShardSlice *s, uint64_t *bytes,
                                              p->name, blocks[i].tensor, why);
                         break;
                 }
-                for (size_t d = 0; d < blocks[i].n_src_dims; d++)
-                        elements *= (uint64_t) blocks[i].src_extent[d];
-                *bytes += elements * (safetensors_dtype_bits(t->tensor->dtype) / 8);
                 r = build_checkpoint_note_read(b->checkpoint, &blocks[i]);
         }
         checkpoint_blocks_free(blocks, n);
         return r;
 }
 
-/* Plans every slice the node's ranks read: b->checkpoint_bytes, the tensors read whole, and
- * which of those are banded (when every rank that reads is in host memory). */
+/* Plans every slice the node's ranks read: the tensors read whole, which of those are banded
+ * (when every rank that reads is in host memory), and b->checkpoint_bytes, what the node will
+ * read. */
 static int plan_node(BuildState *b, FamilyError *ret_error) {
         bool host = true;
         int r = 0;
@@ -109,10 +105,11 @@ static int plan_node(BuildState *b, FamilyError *ret_error) {
                 host = host && !build_rank_on_gpu(&b->ranks[i]);
                 for (size_t k = 0; r >= 0 && k < rl->n_slices; k++)
                         if (rl->slices[k].byte_length > 0)
-                                r = plan_slice(b, &rl->slices[k], &b->checkpoint_bytes,
-                                               ret_error);
+                                r = plan_slice(b, &rl->slices[k], ret_error);
         }
-        return r < 0 ? r : build_checkpoint_mark_read_whole(b->checkpoint, host);
+        return r < 0 ? r
+                     : build_checkpoint_mark_read_whole(b->checkpoint, host,
+                                                        &b->checkpoint_bytes);
 }
 
 int build_checkpoint_prepare(const Builder *builder, BuildState *b, const BuildRequest *req,

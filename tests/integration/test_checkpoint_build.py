@@ -507,6 +507,40 @@ class TestBuild(Base):
         self.assertEqual((p.bytes_read, p.bytes_to_read), (0, 0))
         self.assertGreater(p.bytes_total, 0)
 
+    def test_watch_build_counts_a_banded_tensor_once(self):
+        """A writable dp=2 x tp=2 Build has no replicas: each dp rank reads its own halves of
+        the row-sharded gate_proj and up_proj (each read twice), while down_proj, a column
+        shard the node reads whole, is banded and read once for all four ranks (its two copies
+        of each column half scattered from memory). bytes_to_read says so, bytes_read reaches
+        it, and every rank holds the checkpoint's values."""
+        req = request(self.deposit(self.single), mesh([("dp", 2), ("tp", 2)]), private=True)
+        req.writable = True
+        req.progress_tag = "ckpt-banded-once"
+        b = self.build(req)
+        self.assertEqual(len(b.shards), 4)
+        self.check_values(b, self.tensors)
+        p = D.client.stream_first("familyd.v1.FamilyService/WatchBuild",
+                                  {"progressTag": "ckpt-banded-once"}).reply
+        self.assertEqual(p.state, 2)  # BUILD_PROGRESS_STATE_DONE
+        t = {n.rsplit(".", 2)[-2]: v.nbytes for n, v in self.tensors.items()}
+        need = 2 * (t["gate_proj"] + t["up_proj"]) + t["down_proj"]
+        self.assertEqual((p.bytes_read, p.bytes_to_read), (need, need))
+
+    def test_wide_column_shards_read_straight_into_place(self):
+        """down_proj's column halves of 2 KiB a row (hidden 16, intermediate 1024): large
+        enough runs for its band to be read straight into both ranks' slices (one preadv),
+        where the narrow tensors above go through memory; the values are the file's."""
+        rng = np.random.default_rng(21)
+        wide = {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(np.float32)
+                for n, s in [("gate_proj", (1024, 16)), ("up_proj", (1024, 16)),
+                             ("down_proj", (16, 1024))]}
+        path = os.path.join(self.dir, "wide.safetensors")
+        save(wide, path)
+        config = {"hidden_size": 16, "intermediate_size": 1024, "initializer_range": 0.02}
+        b = self.build(request(self.deposit(path), mesh([("tp", 2)]), private=True,
+                               config=config))
+        self.check_values(b, wide)
+
     def test_metrics_count_bytes_read(self):
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])

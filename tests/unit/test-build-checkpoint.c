@@ -222,7 +222,8 @@ static void test_open_refusals(void **state) {
 
 /* The node reads a tensor whole when its distinct boxes add up to it: two halves do, one half
  * does not, nor does the same half read by two ranks. Halves of every row (columns) are banded
- * where bands are allowed; halves of the rows are not. */
+ * where bands are allowed; halves of the rows are not. The bytes the node reads: each rank's
+ * boxes, but a banded tensor once (three halves noted, one tensor read). */
 static void test_read_whole_marking(void **state) {
         _cleanup_(build_checkpoint_freep) BuildCheckpoint *c = open_mixtral();
         char *name = (char *) "m.experts.1.w2.weight";
@@ -231,21 +232,26 @@ static void test_read_whole_marking(void **state) {
         CheckpointBlock right = { .tensor = name, .n_src_dims = 2, .src_offset = { 0, I / 2 },
                                   .src_extent = { H, I - I / 2 } };
         CheckpointBlock unknown = { .tensor = (char *) "m.nothing", .n_src_dims = 1 };
+        const SafetensorsTensor *w2 = build_checkpoint_find(c, name)->tensor;
+        uint64_t whole = w2->end - w2->begin, half = whole / 2 /* I even */, bytes = 0;
 
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true, &bytes), 0);
+        assert_int_equal(bytes, half);
         assert_false(build_checkpoint_find(c, name)->read_whole);
 
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true, &bytes), 0);
+        assert_int_equal(bytes, 2 * half);
         assert_false(build_checkpoint_find(c, name)->read_whole);
         assert_false(build_checkpoint_has_bands(c));
 
         assert_int_equal(build_checkpoint_note_read(c, &right), 0);
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
         assert_int_equal(build_checkpoint_note_read(c, &right), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true, &bytes), 0);
+        assert_int_equal(bytes, whole);
         for (size_t i = 0; i < c->n_tensors; i++) {
                 assert_int_equal(c->tensors[i].read_whole,
                                  streq(c->tensors[i].tensor->name, name));
@@ -256,7 +262,8 @@ static void test_read_whole_marking(void **state) {
         /* Not where a rank is on a GPU; nor halves of the rows (each rank's part contiguous). */
         assert_int_equal(build_checkpoint_note_read(c, &right), 0);
         assert_int_equal(build_checkpoint_note_read(c, &left), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c, false), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, false, &bytes), 0);
+        assert_int_equal(bytes, whole);
         assert_true(build_checkpoint_find(c, name)->read_whole);
         assert_false(build_checkpoint_has_bands(c));
         CheckpointBlock top = { .tensor = name, .n_src_dims = 2, .src_offset = { 0, 0 },
@@ -265,7 +272,8 @@ static void test_read_whole_marking(void **state) {
                                    .src_extent = { H - H / 2, I } };
         assert_int_equal(build_checkpoint_note_read(c, &top), 0);
         assert_int_equal(build_checkpoint_note_read(c, &bottom), 0);
-        assert_int_equal(build_checkpoint_mark_read_whole(c, true), 0);
+        assert_int_equal(build_checkpoint_mark_read_whole(c, true, &bytes), 0);
+        assert_int_equal(bytes, whole);
         assert_true(build_checkpoint_find(c, name)->read_whole);
         assert_false(build_checkpoint_has_bands(c));
         assert_int_equal(build_checkpoint_note_read(c, &unknown), -EINVAL);
@@ -374,6 +382,7 @@ typedef struct Bands {
         int64_t shape[2], shape_t[2], l[2], l_t[2], o_left[2], o_right[2], o_t[2];
         ParameterLayout p, p_t;
         ShardSlice left, right, half_t;
+        BuildCheckpointTargets targets; /* left into a, right into b, half_t into tt */
         float a[BR * BC / 2], b[BR * BC / 2];
         uint16_t tt[BR * BC / 2];
         uint8_t band[STEP * BC * 4];
@@ -409,10 +418,28 @@ static Bands *bands_open(void) {
                                   .n_dims = 2, .byte_length = BR * BC / 2 * 4 };
         x->half_t = (ShardSlice) { .local_shape = x->l_t, .global_offset = x->o_t, .n_dims = 2,
                                    .byte_length = BR * BC / 2 * 2 };
+        /* Each slice's one block of the banded w, planned once, in the order asked. */
+        assert_int_equal(build_checkpoint_band_targets(x->c, &x->src, "", &x->p, &x->left,
+                                                       (uint8_t *) x->a, &x->targets, &err),
+                         0);
+        assert_int_equal(build_checkpoint_band_targets(x->c, &x->src, "", &x->p, &x->right,
+                                                       (uint8_t *) x->b, &x->targets, &err),
+                         0);
+        assert_int_equal(build_checkpoint_band_targets(x->c, &x->src_t, "", &x->p_t,
+                                                       &x->half_t, (uint8_t *) x->tt,
+                                                       &x->targets, &err),
+                         0);
+        assert_int_equal(x->targets.n, 3);
+        for (size_t i = 0; i < 3; i++)
+                assert_int_equal(x->targets.targets[i].tensor, 0);
+        assert_ptr_equal(x->targets.targets[1].dst, (uint8_t *) x->b);
+        assert_ptr_equal(x->targets.targets[1].slice, &x->right);
         return x;
 }
 
 static void bands_free(Bands *x) {
+        build_checkpoint_targets_done(&x->targets);
+        assert_null(x->targets.targets);
         build_checkpoint_free(x->c);
         free(x);
 }
@@ -447,18 +474,11 @@ static void test_bands_through_memory(void **state) {
                 assert_int_equal(build_checkpoint_read_band(x->c, 0, row, rows, x->band, &read,
                                                             &err),
                                  0);
-                assert_int_equal(build_checkpoint_scatter_band(x->c, &x->src, "", &x->p,
-                                                               &x->left, 0, x->band, row, rows,
-                                                               (uint8_t *) x->a, &err),
-                                 0);
-                assert_int_equal(build_checkpoint_scatter_band(x->c, &x->src, "", &x->p,
-                                                               &x->right, 0, x->band, row, rows,
-                                                               (uint8_t *) x->b, &err),
-                                 0);
-                assert_int_equal(build_checkpoint_scatter_band(x->c, &x->src_t, "", &x->p_t,
-                                                               &x->half_t, 0, x->band, row,
-                                                               rows, (uint8_t *) x->tt, &err),
-                                 0);
+                for (size_t i = 0; i < x->targets.n; i++)
+                        assert_int_equal(build_checkpoint_scatter_band(x->c,
+                                                                       &x->targets.targets[i],
+                                                                       x->band, row, rows, &err),
+                                         0);
         }
         assert_int_equal(read.calls, (BR + STEP - 1) / STEP); /* a band, a read */
         assert_int_equal(read.bytes, (uint64_t) BR * BC * 4); /* every byte once */
@@ -483,28 +503,31 @@ static void test_bands_straight(void **state) {
 
         for (int64_t row = 0; row < BR; row += STEP) {
                 int64_t rows = BR - row < STEP ? BR - row : STEP;
-                BuildCheckpointRuns runs = {};
-                assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p, &x->left,
-                                                            0, row, rows, (uint8_t *) x->a,
-                                                            &runs, &err),
+                const BuildCheckpointTarget *t = x->targets.targets;
+                BuildCheckpointRuns runs = { .max = (size_t) (2 * rows) };
+                assert_int_equal(build_checkpoint_band_runs(x->c, &t[0], row, rows, &runs, &err),
                                  0);
                 assert_int_equal(build_checkpoint_read_runs(x->c, 0, row, rows, &runs, &read,
                                                             &err),
                                  -EOPNOTSUPP);
                 assert_int_equal(read.calls, (uint64_t) (row / STEP));
-                assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p,
-                                                            &x->right, 0, row, rows,
-                                                            (uint8_t *) x->b, &runs, &err),
+                assert_int_equal(build_checkpoint_band_runs(x->c, &t[1], row, rows, &runs, &err),
                                  0);
                 assert_int_equal(runs.n, (size_t) (2 * rows));
+                assert_true(runs.allocated >= runs.n && runs.allocated <= runs.max);
                 assert_int_equal(build_checkpoint_read_runs(x->c, 0, row, rows, &runs, &read,
                                                             &err),
                                  0);
+                /* One run fewer allowed than the halves need: refused, to go through memory. */
+                runs.n = 0;
+                runs.max = (size_t) (2 * rows - 1);
+                assert_int_equal(build_checkpoint_band_runs(x->c, &t[0], row, rows, &runs, &err),
+                                 0);
+                assert_int_equal(build_checkpoint_band_runs(x->c, &t[1], row, rows, &runs, &err),
+                                 -EOPNOTSUPP);
                 free(runs.runs);
-                runs = (BuildCheckpointRuns) {};
-                assert_int_equal(build_checkpoint_band_runs(x->c, &x->src_t, "", &x->p_t,
-                                                            &x->half_t, 0, row, rows,
-                                                            (uint8_t *) x->tt, &runs, &err),
+                runs = (BuildCheckpointRuns) { .max = SIZE_MAX };
+                assert_int_equal(build_checkpoint_band_runs(x->c, &t[2], row, rows, &runs, &err),
                                  -EOPNOTSUPP);
                 free(runs.runs);
         }
@@ -520,15 +543,13 @@ static void test_bands_cut_short(void **state) {
         const BuildCheckpointFile *f = &x->c->files[0];
         FamilyError err = FAMILY_ERROR_NULL;
         BuildCheckpointReads read = {};
-        BuildCheckpointRuns runs = {};
+        BuildCheckpointRuns runs = { .max = SIZE_MAX };
 
         assert_int_equal(ftruncate(f->fd, (off_t) (f->header->data_offset + BC * 4)), 0);
-        assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p, &x->left, 0, 0,
-                                                    STEP, (uint8_t *) x->a, &runs, &err),
-                         0);
-        assert_int_equal(build_checkpoint_band_runs(x->c, &x->src, "", &x->p, &x->right, 0, 0,
-                                                    STEP, (uint8_t *) x->b, &runs, &err),
-                         0);
+        for (size_t i = 0; i < 2; i++)
+                assert_int_equal(build_checkpoint_band_runs(x->c, &x->targets.targets[i], 0, STEP,
+                                                            &runs, &err),
+                                 0);
         assert_int_equal(build_checkpoint_read_runs(x->c, 0, 0, STEP, &runs, &read, &err),
                          -EINVAL);
         free(runs.runs);
