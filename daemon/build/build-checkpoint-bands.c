@@ -16,11 +16,10 @@
  * scattered from memory. Every byte of the tensor is read once. The band buffers are a pool of at most
  * one per fill thread at work, freed at the end: the memory beyond the shards stays threads x
  * band, whatever the model's size. Only builds whose reading ranks are all in
- * host memory are banded (a GPU rank's piece goes up through a host buffer of its own). Before
- * the ranks' own reads begin, the banded tensors are asked of the kernel ahead
- * (POSIX_FADV_WILLNEED, build_checkpoint_read_ahead_bands): the disk reads them while the
- * ranks read theirs, and the bands then find most of their rows cached instead of leaving the
- * disk idle while a band is scattered.
+ * host memory are banded (a GPU rank's piece goes up through a host buffer of its own). A
+ * thread asks the kernel for the next band's rows before it reads its own (every window of
+ * them: build_checkpoint_will_need), so the disk has a band's requests in flight while a band
+ * is read and scattered, instead of the kernel's readahead of one window or two.
  */
 
 #include <fcntl.h>
@@ -185,7 +184,20 @@ static int band_through_memory(BandRead *br, const Band *band, BuildCheckpointRe
         return r;
 }
 
-/* A fill thread: one band, read and scattered. */
+/* Band's rows asked of the kernel ahead, every window of them (build_checkpoint_will_need). */
+static void band_will_need(const BandRead *br, const Band *band) {
+        const BuildCheckpoint *c = br->b->checkpoint;
+        const BuildCheckpointTensor *x = &c->tensors[band->tensor];
+        uint64_t row_bytes = build_checkpoint_row_bytes(c, band->tensor);
+
+        build_checkpoint_will_need(c->files[x->file].fd,
+                                   c->files[x->file].header->data_offset + x->tensor->begin +
+                                           (uint64_t) band->row * row_bytes,
+                                   (uint64_t) band->rows * row_bytes);
+}
+
+/* A fill thread: one band, read and scattered. Its rows and the next band's are asked ahead
+ * first: the disk works on both while this band is read in order and scattered. */
 static void band_run(void *userdata, uint64_t chunk) {
         BandRead *br = userdata;
         const Band *band = &br->bands[chunk];
@@ -195,6 +207,10 @@ static void band_run(void *userdata, uint64_t chunk) {
 
         if (atomic_load(&br->failure.failed))
                 return;
+        if (chunk == 0)
+                band_will_need(br, band);
+        if (chunk + 1 < br->n_bands)
+                band_will_need(br, &br->bands[chunk + 1]);
         r = band_direct(br, band, &reads, &e);
         if (r == -EOPNOTSUPP || r == -ENOMEM) /* the runs would not do, or not fit */
                 r = band_through_memory(br, band, &reads, &e);
@@ -203,17 +219,6 @@ static void band_run(void *userdata, uint64_t chunk) {
         build_progress_add_read(br->progress, reads.bytes);
         if (r < 0)
                 build_fill_failure_set(&br->failure, r, &e);
-}
-
-void build_checkpoint_read_ahead_bands(const BuildCheckpoint *c) {
-        for (size_t t = 0; c && t < c->n_tensors; t++) {
-                const BuildCheckpointTensor *x = &c->tensors[t];
-                const BuildCheckpointFile *f = &c->files[x->file];
-                uint64_t at = f->header->data_offset + x->tensor->begin;
-                uint64_t len = x->tensor->end - x->tensor->begin;
-                if (x->banded && at <= INT64_MAX && len <= INT64_MAX)
-                        (void) posix_fadvise(f->fd, (off_t) at, (off_t) len, POSIX_FADV_WILLNEED);
-        }
 }
 
 int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProgress *progress,

@@ -216,7 +216,5 @@ int build_checkpoint_fill_rank(const Builder *builder, BuildState *b, size_t i,
 int build_checkpoint_fill_bands(const Builder *builder, BuildState *b, BuildProgress *progress,
                                 bool (*expired)(void *userdata), void *userdata,
                                 FamilyError *ret_error);
-/* Asks the kernel to read c's banded tensors ahead (before the ranks' own reads). */
-void build_checkpoint_read_ahead_bands(const BuildCheckpoint *c);
 /* Unmaps the host segments a checkpoint's fill left mapped for its bands. */
 void build_checkpoint_unmap(BuildState *b);

@@ -329,8 +329,6 @@ static int materialize(const Builder *builder, BuildState *b, const char *id,
                        FamilyError *ret_error) {
         int r;
 
-        if (b->checkpoint)
-                build_checkpoint_read_ahead_bands(b->checkpoint);
         r = materialize_all(builder, b, id, progress, expired, userdata, ret_error);
         if (r >= 0 && b->checkpoint)
                 r = build_checkpoint_fill_bands(builder, b, progress, expired, userdata,

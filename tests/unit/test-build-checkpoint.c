@@ -321,6 +321,61 @@ static int on_disk(int memfd) {
         return fd;
 }
 
+/* Waits up to 5 s for [from, to) of fd to be cached (hinted pages come asynchronously). */
+static double cached_soon(int fd, uint64_t from, uint64_t to) {
+        double in = cached(fd, from, to);
+
+        for (int i = 0; in < 1.0 && i < 500; i++) {
+                (void) nanosleep(&(struct timespec) { .tv_nsec = 10000000 }, NULL);
+                in = cached(fd, from, to);
+        }
+        return in;
+}
+
+/* A 16 MiB tensor, all of it asked ahead: every window comes in (one POSIX_FADV_WILLNEED
+ * reads only the device's readahead size, 128 KiB by default). A row shard's box (one run) is
+ * asked ahead whole before its first read: a read that fails at once (its destination not
+ * writable) leaves the box's pages cached, the file's own read-ahead off. */
+static void test_will_need_every_window(void **state) {
+        enum { R = 512, C = 8192 };
+        Spec t = { "w", "F32", R, C };
+        int fd = on_disk(write_file(&t, 1, 0));
+        BuildCheckpoint *c = NULL;
+        FamilyError err = FAMILY_ERROR_NULL;
+        const char *names[1] = { "w.safetensors" };
+        BuildCheckpointReads read = {};
+
+        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
+        const BuildCheckpointFile *f = &c->files[0];
+        uint64_t from = f->header->data_offset, to = f->size, half = (to - from) / 2;
+        assert_int_equal(fdatasync(f->fd), 0);
+        assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+        assert_true(cached(f->fd, from, to) == 0.0);
+        build_checkpoint_will_need(f->fd, from, to - from);
+        assert_true(cached_soon(f->fd, from, to) == 1.0);
+
+        CheckpointPart part = { "w", false };
+        CheckpointSource src = { .parts = &part, .n_parts = 1 };
+        int64_t shape[2] = { R, C }, o[2] = { R / 2, 0 }, l[2] = { R / 2, C };
+        ParameterLayout p = { .name = (char *) "w", .shape = shape, .n_dims = 2,
+                              .dtype = DTYPE_FLOAT32 };
+        ShardSlice s = { .local_shape = l, .global_offset = o, .n_dims = 2 };
+        void *dst = mmap(NULL, (size_t) half, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        assert_true(dst != MAP_FAILED);
+        assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+        assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM), 0);
+        assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s, dst, staging,
+                                                     sizeof staging, &read, &err),
+                         -EINVAL);
+        assert_string_equal(err.reason, "CHECKPOINT_READ");
+        family_error_done(&err);
+        assert_int_equal(read.calls, 1);
+        assert_true(cached(f->fd, from, from + half) < 0.1); /* the top half: not asked */
+        assert_true(cached_soon(f->fd, from + half, to) == 1.0);
+        assert_int_equal(munmap(dst, (size_t) half), 0);
+        build_checkpoint_free(c);
+}
+
 /* A column shard (half of every row) of a tensor: read ahead as a whole span when the node
  * reads the tensor whole (the other half's pages come with it), alone otherwise. The file's
  * own read-ahead is off (POSIX_FADV_RANDOM), so only the reader's hint brings pages in. */
@@ -574,6 +629,7 @@ int main(void) {
                 cmocka_unit_test(test_bands_straight),
                 cmocka_unit_test(test_bands_cut_short),
                 cmocka_unit_test(test_read_ahead),
+                cmocka_unit_test(test_will_need_every_window),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
