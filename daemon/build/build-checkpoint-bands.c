@@ -18,7 +18,7 @@
  * band, whatever the model's size. Only builds whose reading ranks are all in
  * host memory are banded (a GPU rank's piece goes up through a host buffer of its own). A
  * thread asks the kernel for the next band's rows before it reads its own (every window of
- * them: build_checkpoint_will_need), so the disk has a band's requests in flight while a band
+ * them: hw/read-ahead.h), so the disk has a band's requests in flight while a band
  * is read and scattered, instead of the kernel's readahead of one window or two.
  */
 
@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 
 #include "build-private.h"
+#include "hw/read-ahead.h"
 
 /* A band whose runs average fewer bytes than this goes through memory: a preadv's iovec per
  * run would cost more than the copy it saves, and the runs' list stays at most 1/40 of the band. */
@@ -184,16 +185,16 @@ static int band_through_memory(BandRead *br, const Band *band, BuildCheckpointRe
         return r;
 }
 
-/* Band's rows asked of the kernel ahead, every window of them (build_checkpoint_will_need). */
+/* Band's rows asked of the kernel ahead, every window of them (hw/read-ahead.h). */
 static void band_will_need(const BandRead *br, const Band *band) {
         const BuildCheckpoint *c = br->b->checkpoint;
         const BuildCheckpointTensor *x = &c->tensors[band->tensor];
+        const BuildCheckpointFile *f = &c->files[x->file];
         uint64_t row_bytes = build_checkpoint_row_bytes(c, band->tensor);
 
-        build_checkpoint_will_need(c->files[x->file].fd,
-                                   c->files[x->file].header->data_offset + x->tensor->begin +
-                                           (uint64_t) band->row * row_bytes,
-                                   (uint64_t) band->rows * row_bytes);
+        read_ahead(f->fd,
+                   f->header->data_offset + x->tensor->begin + (uint64_t) band->row * row_bytes,
+                   (uint64_t) band->rows * row_bytes, f->read_ahead);
 }
 
 /* A fill thread: one band, read and scattered. Its rows and the next band's are asked ahead

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/checkpoint-dtype.h"
+#include "hw/read-ahead.h"
 #include "build-checkpoint.h"
 
 #define READ_STAGING_MIN (64u << 10)
@@ -107,23 +108,12 @@ static int read_full(const BuildCheckpointFile *f, uint8_t *buf, size_t size, ui
         return 0;
 }
 
-void build_checkpoint_will_need(int fd, uint64_t at, uint64_t len) {
-        if (at > INT64_MAX || len > INT64_MAX - at)
-                return;
-        for (uint64_t done = 0; done < len; done += BUILD_CHECKPOINT_READ_AHEAD_WINDOW) {
-                uint64_t n = len - done < BUILD_CHECKPOINT_READ_AHEAD_WINDOW
-                                     ? len - done
-                                     : BUILD_CHECKPOINT_READ_AHEAD_WINDOW;
-                (void) posix_fadvise(fd, (off_t) (at + done), (off_t) n, POSIX_FADV_WILLNEED);
-        }
-}
-
 /* What a box reads, asked of the kernel ahead, every window of it, so the disk sees many
  * requests, not the one or two of the kernel's own readahead: a box of one run, its bytes; a
  * box of several runs in a tensor the node reads whole, the whole rows its runs lie in (other
  * ranks' parts of them included). A column shard the node holds without its neighbours gets
  * no hint: the rows' other columns are not the node's to read. */
-static void read_ahead(const Box *x, uint64_t outer) {
+static void box_read_ahead(const Box *x, uint64_t outer) {
         const CheckpointBlock *b = x->block;
         uint64_t first = 0, last = 0;
 
@@ -133,7 +123,7 @@ static void read_ahead(const Box *x, uint64_t outer) {
                 first += (uint64_t) b->src_offset[j] * x->src_stride[j];
         uint64_t at = x->file->header->data_offset + x->tensor->begin + first * x->in;
         if (outer == 1) {
-                build_checkpoint_will_need(x->file->fd, at, x->run * x->in);
+                read_ahead(x->file->fd, at, x->run * x->in, x->file->read_ahead);
                 return;
         }
         first = 0;
@@ -143,8 +133,8 @@ static void read_ahead(const Box *x, uint64_t outer) {
         }
         /* src_stride[m - 1]: the elements of one row of axis m - 1 (every axis inside it). */
         at = x->file->header->data_offset + x->tensor->begin + first * x->in;
-        build_checkpoint_will_need(x->file->fd, at,
-                                   (last - first + x->src_stride[x->m - 1]) * x->in);
+        read_ahead(x->file->fd, at, (last - first + x->src_stride[x->m - 1]) * x->in,
+                   x->file->read_ahead);
 }
 
 /* Room for one more run in runs: -EOPNOTSUPP at its max (runs too small for a preadv each
@@ -178,7 +168,7 @@ static int read_box(Box *x, Dtype to, uint8_t *dst, uint8_t *staging, size_t sta
         for (size_t j = 0; j < x->m; j++)
                 outer *= (uint64_t) b->src_extent[j];
         if (!x->band && !x->runs) /* a band's rows were asked ahead for all of it */
-                read_ahead(x, outer);
+                box_read_ahead(x, outer);
         for (uint64_t o = 0; o < outer; o++) {
                 uint64_t rem = o, src = 0, base = x->dst_base;
                 for (size_t j = x->m; j-- > 0;) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "build-checkpoint.h"
+#include "hw/read-ahead.h"
 
 BuildCheckpoint *build_checkpoint_free(BuildCheckpoint *c) {
         if (!c)
@@ -115,6 +116,7 @@ int build_checkpoint_open(int *fds, const char *const *names, size_t n, BuildChe
                                                 "CHECKPOINT_INVALID", NULL, "checkpoint file %s: %s",
                                                 c->files[i].name, *why ? why : strerror(-r));
                 c->files[i].size = (uint64_t) st.st_size;
+                c->files[i].read_ahead = read_ahead_window(c->files[i].fd);
         }
         if (r < 0)
                 return r;

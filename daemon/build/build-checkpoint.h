@@ -44,6 +44,7 @@ typedef struct BuildCheckpointFile {
         char *name; /* for messages: the file name the client gave */
         SafetensorsHeader *header;
         uint64_t size;
+        uint64_t read_ahead; /* what one read-ahead hint brings in (hw/read-ahead.h) */
 } BuildCheckpointFile;
 
 typedef struct BuildCheckpointTensor {
@@ -86,15 +87,6 @@ typedef struct BuildCheckpointTargets {
 
 /* A band's bytes at most (whole rows of a banded tensor; one row at least). */
 #define BUILD_CHECKPOINT_BAND_BYTES (UINT64_C(16) << 20)
-
-/* The most one POSIX_FADV_WILLNEED is sure to read ahead: the kernel reads at most the
- * device's readahead size a call (the larger of read_ahead_kb and max_sectors_kb; 128 KiB by
- * default), whatever length it is given. */
-#define BUILD_CHECKPOINT_READ_AHEAD_WINDOW (UINT64_C(128) << 10)
-
-/* Asks the kernel to read [at, at + len) of fd ahead, all of it: one hint per window, each
- * queued at once, so the disk has many requests in flight while the caller reads in order. */
-void build_checkpoint_will_need(int fd, uint64_t at, uint64_t len);
 
 /* What a reader did: the bytes it read from the files, and the read calls that read them. */
 typedef struct BuildCheckpointReads {

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "build/build-checkpoint.h"
+#include "hw/read-ahead.h"
 
 enum { E = 3, H = 5, I = 4 };
 
@@ -351,7 +352,7 @@ static void test_will_need_every_window(void **state) {
         assert_int_equal(fdatasync(f->fd), 0);
         assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED), 0);
         assert_true(cached(f->fd, from, to) == 0.0);
-        build_checkpoint_will_need(f->fd, from, to - from);
+        read_ahead(f->fd, from, to - from, f->read_ahead);
         assert_true(cached_soon(f->fd, from, to) == 1.0);
 
         CheckpointPart part = { "w", false };
