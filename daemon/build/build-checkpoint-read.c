@@ -91,9 +91,9 @@ static int read_full(const BuildCheckpointFile *f, uint8_t *buf, size_t size, ui
                      BuildCheckpointReads *reads, FamilyError *ret_error) {
         while (size > 0) {
                 ssize_t n = pread(f->fd, buf, size, (off_t) offset);
-                reads->calls++;
                 if (n < 0 && errno == EINTR)
                         continue;
+                reads->calls++;
                 if (n <= 0)
                         return family_error_set(ret_error, FAMILY_STATUS_UNAVAILABLE,
                                                 "CHECKPOINT_READ", NULL,

@@ -541,6 +541,33 @@ class TestBuild(Base):
                                config=config))
         self.check_values(b, wide)
 
+    def test_bands_of_many_runs(self):
+        """down_proj [5000, 1024] (20 MB, rows of 4 KiB) over tp=2: two bands (4096 rows, then
+        the 904 left), each more runs (two a row) than one preadv takes (IOV_MAX, 1024): 8
+        calls for the first band, 2 for the second, straight into both ranks' halves. The
+        row-sharded gate_proj and up_proj halves (10 MB each) are 3 reads of 4 MiB or less per
+        rank. The values are the file's."""
+        import test_metrics_common as M
+        port = int(D.extra_args[1].rsplit(":", 1)[1])
+        rng = np.random.default_rng(22)
+        big = {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(np.float32)
+               for n, s in [("gate_proj", (1024, 5000)), ("up_proj", (1024, 5000)),
+                            ("down_proj", (5000, 1024))]}
+        path = os.path.join(self.dir, "many-runs.safetensors")
+        save(big, path)
+        config = {"hidden_size": 5000, "intermediate_size": 1024, "initializer_range": 0.02}
+        before = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_reads_total")
+        b = self.build(request(self.deposit(path), mesh([("tp", 2)]), private=True,
+                               config=config))
+        after = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_reads_total")
+        self.check_values(b, big)
+        half = 512 * 5000 * 4
+        rows_reads = 2 * 2 * -(-half // (4 << 20))
+        band_reads = -(-4096 * 2 // 1024) + -(-904 * 2 // 1024)
+        self.assertEqual((rows_reads, band_reads), (12, 10))
+        self.assertEqual(after - before, rows_reads + band_reads)
+        D.client.call(RELEASE, build_id=b.build_id, force=True)
+
     def test_metrics_count_bytes_read(self):
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])
