@@ -197,8 +197,9 @@ static void band_will_need(const BandRead *br, const Band *band) {
                    (uint64_t) band->rows * row_bytes, f->read_ahead);
 }
 
-/* A fill thread: one band, read and scattered. Its rows and the next band's are asked ahead
- * first: the disk works on both while this band is read in order and scattered. */
+/* A fill thread: one band, read and scattered. The next band's rows are asked ahead first
+ * (the first band's too, by its thread), so the disk works on them while this band is read in
+ * order and scattered. */
 static void band_run(void *userdata, uint64_t chunk) {
         BandRead *br = userdata;
         const Band *band = &br->bands[chunk];

@@ -117,7 +117,7 @@ static void box_read_ahead(const Box *x, uint64_t outer) {
         const CheckpointBlock *b = x->block;
         uint64_t first = 0, last = 0;
 
-        if (outer > 1 && (!x->read_whole || x->m == 0))
+        if (outer == 0 || (outer > 1 && (!x->read_whole || x->m == 0)))
                 return;
         for (size_t j = 0; j < x->k; j++)
                 first += (uint64_t) b->src_offset[j] * x->src_stride[j];

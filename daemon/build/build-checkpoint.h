@@ -30,8 +30,10 @@
  * merge into longer runs), read with pread into a staging buffer of bounded size, converted to
  * the parameter's dtype (core/checkpoint-dtype.h) and scattered into the slice; a run already
  * in the parameter's dtype that lands in consecutive elements is read straight into the slice.
- * Every byte a slice needs is read once; nothing else is read (a tensor the node reads whole
- * is read ahead as a whole: see read_whole).
+ * Every byte a slice needs is read once; nothing else is read. Each box is asked of the kernel
+ * ahead before it is read (hw/read-ahead.h: in windows of the device's readahead size): a
+ * box of one run, its bytes; a strided box of a tensor the node reads whole, the whole rows
+ * it lies in (see read_whole).
  *
  * A tensor the node's ranks read whole but each in columns (a column shard: part of every
  * row) is banded: the slices' reads skip it, and the node reads it once in bands of whole rows
@@ -51,9 +53,10 @@ typedef struct BuildCheckpointTensor {
         const SafetensorsTensor *tensor; /* in its file's header */
         size_t file;
         /* The node's ranks need every byte of it (found when the Build is planned): a strided
-         * box (a column shard: part of every row) then asks the kernel to read its whole span
-         * ahead (POSIX_FADV_WILLNEED), in large requests, and the node's other ranks find their
-         * parts of the same rows cached; without it each part is a small read of its own. */
+         * box (a column shard: part of every row) then asks the kernel to read the whole rows
+         * it lies in ahead (POSIX_FADV_WILLNEED), in large requests, and the node's other
+         * ranks find their parts of the same rows cached; without it each part is a small
+         * read of its own. */
         bool read_whole;
         /* Read whole and in columns, on host ranks only, rows of at most
          * BUILD_CHECKPOINT_BAND_BYTES: read by bands of whole rows, not by the slices. */

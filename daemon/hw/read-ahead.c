@@ -35,7 +35,7 @@ uint64_t read_ahead_window_at(const char *sys_dev_block, dev_t dev) {
                 uint64_t ra = kib_at(dir, "read_ahead_kb"), io = kib_at(dir, "max_sectors_kb");
                 uint64_t kib = ra > io ? ra : io;
                 if (kib > 0)
-                        return kib << 10 > READ_AHEAD_DEFAULT ? kib << 10 : READ_AHEAD_DEFAULT;
+                        return kib << 10; /* a device's own: honoured whole, however small */
         }
         return READ_AHEAD_DEFAULT;
 }

@@ -11,7 +11,8 @@
  * brings in 128 KiB. The window is read once per file from sysfs (the block device's queue,
  * a partition's disk's), and a hint goes as one call per window, each queued at once, so the
  * disk has many requests in flight. Where sysfs says nothing (a network or stacked
- * filesystem, no /sys), the window is the kernel's default, which every device honours.
+ * filesystem, no /sys), the window is the kernel's default; a device whose own is smaller
+ * (an operator's setting) gets its own.
  */
 
 /* The kernel's default readahead: the window when nothing better is known. */

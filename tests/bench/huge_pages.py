@@ -18,9 +18,13 @@ def _read():
 
 
 def thp_setting():
-    """The kernel's transparent huge pages mode for anonymous memory (always, madvise, never)."""
-    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-        return f.read().split("[")[1].split("]")[0]
+    """The kernel's transparent huge pages mode for anonymous memory (always, madvise, never;
+    "not built in" on a kernel without them)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "not built in"
 
 
 @contextlib.contextmanager

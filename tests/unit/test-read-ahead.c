@@ -63,6 +63,10 @@ static int tree_make(void **state) {
         dir("devices/huge/queue");
         put("devices/huge/queue/read_ahead_kb", "1048576\n");
         put("devices/huge/queue/max_sectors_kb", "garbage\n");
+        dir("devices/small");
+        dir("devices/small/queue");
+        put("devices/small/queue/read_ahead_kb", "64\n");
+        put("devices/small/queue/max_sectors_kb", "60\n");
         dir("devices/off");
         dir("devices/off/queue");
         put("devices/off/queue/read_ahead_kb", "0\n");
@@ -73,6 +77,7 @@ static int tree_make(void **state) {
         link_to("../devices/nvme0n1", "block/259:0");
         link_to("../devices/huge", "block/8:0");
         link_to("../devices/off", "block/8:16");
+        link_to("../devices/small", "block/8:32");
         return 0;
 }
 
@@ -83,8 +88,9 @@ static int tree_remove(void **state) {
         return system(cmd) == 0 ? 0 : -1;
 }
 
-/* The larger of read_ahead_kb and max_sectors_kb, a partition's from its disk, between the
- * kernel's default and READ_AHEAD_MAX; the default where nothing is known. */
+/* The larger of read_ahead_kb and max_sectors_kb, a partition's from its disk, at most
+ * READ_AHEAD_MAX, a device's own even below the kernel's default; the default where nothing
+ * is known. */
 static void test_window_from_sysfs(void **state) {
         char block[600];
 
@@ -94,12 +100,15 @@ static void test_window_from_sysfs(void **state) {
         assert_int_equal(read_ahead_window_at(block, makedev(259, 0)), 1280u << 10);
         assert_int_equal(read_ahead_window_at(block, makedev(8, 0)), READ_AHEAD_MAX);
         assert_int_equal(read_ahead_window_at(block, makedev(8, 16)), READ_AHEAD_DEFAULT);
+        assert_int_equal(read_ahead_window_at(block, makedev(8, 32)), 64u << 10);
         assert_int_equal(read_ahead_window_at(block, makedev(0, 42)), READ_AHEAD_DEFAULT);
         assert_int_equal(read_ahead_window_at("/nonexistent", makedev(253, 0)),
                          READ_AHEAD_DEFAULT);
 }
 
-/* This machine's /var/tmp: a window the kernel honours whole, at least its default. */
+/* This machine's /var/tmp: a window of whole pages, at most READ_AHEAD_MAX (that the kernel
+ * honours it whole is test-build-checkpoint's test_will_need_every_window); a descriptor
+ * that is not open: the default. */
 static void test_window_of_a_file(void **state) {
         char path[] = "/var/tmp/test-read-ahead-XXXXXX";
         int fd = mkstemp(path);
@@ -107,7 +116,7 @@ static void test_window_of_a_file(void **state) {
         assert_true(fd >= 0);
         assert_int_equal(unlink(path), 0);
         uint64_t w = read_ahead_window(fd);
-        assert_true(w >= READ_AHEAD_DEFAULT && w <= READ_AHEAD_MAX);
+        assert_true(w >= 4096 && w % 1024 == 0 && w <= READ_AHEAD_MAX);
         assert_int_equal(close(fd), 0);
         assert_int_equal(read_ahead_window(-1), READ_AHEAD_DEFAULT);
 }
