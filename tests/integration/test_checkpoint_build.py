@@ -101,10 +101,10 @@ def tearDownModule():
 
 # ---- checkpoints ----------------------------------------------------------------------
 
-def mlp_tensors(seed, dtype=np.float32):
+def mlp_tensors(seed, dtype=np.float32, hidden=HIDDEN, inter=INTER):
     rng = np.random.default_rng(seed)
-    shapes = {"gate_proj": (INTER, HIDDEN), "up_proj": (INTER, HIDDEN),
-              "down_proj": (HIDDEN, INTER)}
+    shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+              "down_proj": (hidden, inter)}
     return {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(dtype)
             for n, s in shapes.items()}
 
@@ -530,15 +530,11 @@ class TestBuild(Base):
         """down_proj's column halves of 2 KiB a row (hidden 16, intermediate 1024): large
         enough runs for its band to be read straight into both ranks' slices (one preadv),
         where the narrow tensors above go through memory; the values are the file's."""
-        rng = np.random.default_rng(21)
-        wide = {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(np.float32)
-                for n, s in [("gate_proj", (1024, 16)), ("up_proj", (1024, 16)),
-                             ("down_proj", (16, 1024))]}
+        wide = mlp_tensors(21, hidden=16, inter=1024)
         path = os.path.join(self.dir, "wide.safetensors")
         save(wide, path)
-        config = {"hidden_size": 16, "intermediate_size": 1024, "initializer_range": 0.02}
         b = self.build(request(self.deposit(path), mesh([("tp", 2)]), private=True,
-                               config=config))
+                               config=dict(CONFIG, hidden_size=16, intermediate_size=1024)))
         self.check_values(b, wide)
 
     def test_bands_of_many_runs(self):
@@ -549,13 +545,10 @@ class TestBuild(Base):
         rank. The values are the file's."""
         import test_metrics_common as M
         port = int(D.extra_args[1].rsplit(":", 1)[1])
-        rng = np.random.default_rng(22)
-        big = {"%s.%s.weight" % (PREFIX, n): rng.standard_normal(s).astype(np.float32)
-               for n, s in [("gate_proj", (1024, 5000)), ("up_proj", (1024, 5000)),
-                            ("down_proj", (5000, 1024))]}
+        big = mlp_tensors(22, hidden=5000, inter=1024)
         path = os.path.join(self.dir, "many-runs.safetensors")
         save(big, path)
-        config = {"hidden_size": 5000, "intermediate_size": 1024, "initializer_range": 0.02}
+        config = dict(CONFIG, hidden_size=5000, intermediate_size=1024)
         before = M.value(M.parse(M.scrape(port)[1]), "familyd_checkpoint_reads_total")
         b = self.build(request(self.deposit(path), mesh([("tp", 2)]), private=True,
                                config=config))

@@ -333,6 +333,18 @@ static double cached_soon(int fd, uint64_t from, uint64_t to) {
         return in;
 }
 
+/* An F32 tensor w [rows, cols] in a file on disk (on_disk), opened as a checkpoint. */
+static BuildCheckpoint *open_on_disk(uint64_t rows, uint64_t cols) {
+        Spec t = { "w", "F32", rows, cols };
+        int fd = on_disk(write_file(&t, 1, 0));
+        const char *names[1] = { "w.safetensors" };
+        FamilyError err = FAMILY_ERROR_NULL;
+        BuildCheckpoint *c = NULL;
+
+        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
+        return c;
+}
+
 /* fd's pages out of the page cache, [from, to) checked: read first, so that no page is still
  * being read in (those stay). */
 static void evict(int fd, uint64_t from, uint64_t to) {
@@ -351,14 +363,9 @@ static void evict(int fd, uint64_t from, uint64_t to) {
  * writable) leaves the box's pages cached, the file's own read-ahead off. */
 static void test_will_need_every_window(void **state) {
         enum { R = 512, C = 8192 };
-        Spec t = { "w", "F32", R, C };
-        int fd = on_disk(write_file(&t, 1, 0));
-        BuildCheckpoint *c = NULL;
+        BuildCheckpoint *c = open_on_disk(R, C);
         FamilyError err = FAMILY_ERROR_NULL;
-        const char *names[1] = { "w.safetensors" };
         BuildCheckpointReads read = {};
-
-        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
         const BuildCheckpointFile *f = &c->files[0];
         uint64_t from = f->header->data_offset, to = f->size, half = (to - from) / 2;
         uint64_t window = f->read_ahead < to - from ? f->read_ahead : to - from;
@@ -400,13 +407,8 @@ static void test_will_need_every_window(void **state) {
  * own read-ahead is off (POSIX_FADV_RANDOM), so only the reader's hint brings pages in. */
 static void test_read_ahead(void **state) {
         enum { R = 64, C = 8192 };
-        Spec t = { "w", "F32", R, C };
-        int fd = on_disk(write_file(&t, 1, 0));
-        BuildCheckpoint *c = NULL;
+        BuildCheckpoint *c = open_on_disk(R, C);
         FamilyError err = FAMILY_ERROR_NULL;
-        const char *names[1] = { "w.safetensors" };
-
-        assert_int_equal(build_checkpoint_open(&fd, names, 1, &c, &err), 0);
         CheckpointPart part = { "w", false };
         CheckpointSource src = { .parts = &part, .n_parts = 1 };
         int64_t shape[2] = { R, C }, o[2] = { 0, 0 }, l[2] = { R, C / 2 };
@@ -421,8 +423,7 @@ static void test_read_ahead(void **state) {
         for (int whole = 0; whole < 2; whole++) {
                 BuildCheckpointReads read = {};
                 assert_int_equal(fdatasync(f->fd), 0);
-                assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-                assert_true(cached(f->fd, from, to) == 0.0);
+                evict(f->fd, from, to);
                 assert_int_equal(posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM), 0);
                 c->tensors[0].read_whole = whole;
                 assert_int_equal(build_checkpoint_read_slice(c, &src, "", &p, &s,
@@ -434,12 +435,7 @@ static void test_read_ahead(void **state) {
                         for (int64_t k = 0; k < C / 2; k += 997)
                                 assert_true(out[r * C / 2 + k] ==
                                             element(0, (uint64_t) (r * C + k)));
-                double in = cached(f->fd, from, to);
-                /* The hinted pages are read asynchronously: wait for them (up to 5 s). */
-                for (int i = 0; whole && in < 1.0 && i < 500; i++) {
-                        (void) nanosleep(&(struct timespec) { .tv_nsec = 10000000 }, NULL);
-                        in = cached(f->fd, from, to);
-                }
+                double in = whole ? cached_soon(f->fd, from, to) : cached(f->fd, from, to);
                 if (whole ? in < 1.0 : in > 0.8)
                         fail_msg("read_whole %d: %.3f of the tensor's pages cached", whole, in);
         }
